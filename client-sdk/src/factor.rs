@@ -1,0 +1,199 @@
+//! Factors: ordered sets of attributes reported together, and their product domain.
+
+/// Default cap on the number of cells of a factor's product domain (2^20).
+pub const DEFAULT_MAX_CELLS: usize = 1 << 20;
+
+/// Why a factor cannot be built or an index is invalid.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FactorError {
+    /// A factor needs at least one attribute.
+    #[error("a factor needs at least one attribute")]
+    Empty,
+    /// The same attribute appears twice.
+    #[error("attribute #{0} appears twice in the factor")]
+    DuplicateAttribute(usize),
+    /// An attribute index beyond the schema.
+    #[error("attribute #{index} does not exist (schema has {len})")]
+    UnknownAttribute {
+        /// The index.
+        index: usize,
+        /// Number of attributes in the schema.
+        len: usize,
+    },
+    /// The product domain overflows `usize` or exceeds the cap.
+    #[error("product domain exceeds the cap of {cap} cells")]
+    TooManyCells {
+        /// The cap in force.
+        cap: usize,
+    },
+    /// A code or index out of range, or the wrong number of codes.
+    #[error("index out of range: {0}")]
+    OutOfRange(String),
+}
+
+/// An ordered set of attributes (indices into the schema) and their domain sizes.
+///
+/// Its product domain has `cells() = Π dims` values, indexed row-major: the last attribute
+/// varies fastest. A pair is a factor of size 2.
+///
+/// ```
+/// use ldpsyn::factor::Factor;
+/// let f = Factor::new(vec![2, 0], &[3, 5, 4], 1 << 20).unwrap(); // attributes 2 then 0
+/// assert_eq!(f.dims(), &[4, 3]);
+/// assert_eq!(f.ravel(&[1, 2]).unwrap(), 5);
+/// assert_eq!(f.unravel(5).unwrap(), vec![1, 2]);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Factor {
+    attributes: Vec<usize>,
+    dims: Vec<usize>,
+    cells: usize,
+}
+
+impl Factor {
+    /// A factor over `attributes` (in this order) of a schema whose domain sizes are
+    /// `domain_sizes`, with at most `max_cells` cells.
+    ///
+    /// Errors: [`FactorError`] for an empty or repeated list, an unknown attribute, or a
+    /// product domain that overflows or exceeds `max_cells`.
+    pub fn new(
+        attributes: Vec<usize>,
+        domain_sizes: &[usize],
+        max_cells: usize,
+    ) -> Result<Self, FactorError> {
+        if attributes.is_empty() {
+            return Err(FactorError::Empty);
+        }
+        let mut dims = Vec::with_capacity(attributes.len());
+        let mut cells: usize = 1;
+        for (i, &a) in attributes.iter().enumerate() {
+            if attributes[..i].contains(&a) {
+                return Err(FactorError::DuplicateAttribute(a));
+            }
+            let k = *domain_sizes.get(a).ok_or(FactorError::UnknownAttribute {
+                index: a,
+                len: domain_sizes.len(),
+            })?;
+            cells = cells
+                .checked_mul(k)
+                .filter(|&c| c <= max_cells)
+                .ok_or(FactorError::TooManyCells { cap: max_cells })?;
+            dims.push(k);
+        }
+        Ok(Self {
+            attributes,
+            dims,
+            cells,
+        })
+    }
+
+    /// The attribute indices, in factor order.
+    pub fn attributes(&self) -> &[usize] {
+        &self.attributes
+    }
+
+    /// Domain size of each attribute, in factor order.
+    pub fn dims(&self) -> &[usize] {
+        &self.dims
+    }
+
+    /// Number of cells of the product domain.
+    pub fn cells(&self) -> usize {
+        self.cells
+    }
+
+    /// Row-major index of `codes` (one per factor attribute, in factor order).
+    pub fn ravel(&self, codes: &[u32]) -> Result<usize, FactorError> {
+        if codes.len() != self.dims.len() {
+            return Err(FactorError::OutOfRange(format!(
+                "{} codes for a factor of {} attributes",
+                codes.len(),
+                self.dims.len()
+            )));
+        }
+        let mut index = 0;
+        for (&c, &k) in codes.iter().zip(&self.dims) {
+            if c as usize >= k {
+                return Err(FactorError::OutOfRange(format!(
+                    "code {c} >= domain size {k}"
+                )));
+            }
+            // Cannot overflow: index < cells <= max_cells.
+            index = index * k + c as usize;
+        }
+        Ok(index)
+    }
+
+    /// Row-major index of a full record's codes (one per schema attribute).
+    pub fn ravel_record(&self, record_codes: &[u32]) -> Result<usize, FactorError> {
+        let codes: Vec<u32> =
+            self.attributes
+                .iter()
+                .map(|&a| {
+                    record_codes.get(a).copied().ok_or_else(|| {
+                        FactorError::OutOfRange(format!("record has no attribute #{a}"))
+                    })
+                })
+                .collect::<Result<_, _>>()?;
+        self.ravel(&codes)
+    }
+
+    /// Inverse of [`Factor::ravel`].
+    pub fn unravel(&self, mut index: usize) -> Result<Vec<u32>, FactorError> {
+        if index >= self.cells {
+            return Err(FactorError::OutOfRange(format!(
+                "index {index} >= {} cells",
+                self.cells
+            )));
+        }
+        let mut codes = vec![0u32; self.dims.len()];
+        for (c, &k) in codes.iter_mut().zip(&self.dims).rev() {
+            *c = (index % k) as u32;
+            index /= k;
+        }
+        Ok(codes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn errors() {
+        assert_eq!(Factor::new(vec![], &[2], 10), Err(FactorError::Empty));
+        assert_eq!(
+            Factor::new(vec![0, 0], &[2], 10),
+            Err(FactorError::DuplicateAttribute(0))
+        );
+        assert!(matches!(
+            Factor::new(vec![3], &[2], 10),
+            Err(FactorError::UnknownAttribute { .. })
+        ));
+        assert_eq!(
+            Factor::new(vec![0, 1], &[4, 4], 15),
+            Err(FactorError::TooManyCells { cap: 15 })
+        );
+        assert_eq!(
+            Factor::new(vec![0, 1, 2], &[usize::MAX / 2, 3, 2], usize::MAX),
+            Err(FactorError::TooManyCells { cap: usize::MAX })
+        );
+        let f = Factor::new(vec![1, 0], &[4, 4], 16).unwrap();
+        assert!(f.ravel(&[4, 0]).is_err());
+        assert!(f.ravel(&[1]).is_err());
+        assert!(f.unravel(16).is_err());
+        assert_eq!(f.ravel_record(&[3, 1]).unwrap(), 7);
+    }
+
+    proptest! {
+        #[test]
+        fn ravel_unravel_round_trip(dims in proptest::collection::vec(1usize..9, 1..6), seed in any::<u64>()) {
+            let attrs: Vec<usize> = (0..dims.len()).rev().collect();
+            let f = Factor::new(attrs, &dims, DEFAULT_MAX_CELLS).unwrap();
+            let index = (seed as usize) % f.cells();
+            let codes = f.unravel(index).unwrap();
+            prop_assert_eq!(f.ravel(&codes).unwrap(), index);
+        }
+    }
+}

@@ -1,0 +1,417 @@
+//! Wire protocol v1: the JSON shapes exchanged between the SDK and the aggregator, and the
+//! one list of problem types (RFC 9457) used by the server, the SDK's typed errors and the
+//! WASM client's `code`.
+//!
+//! Report payloads (DESIGN.md "Wire formats"):
+//!
+//! ```
+//! use ldpsyn::protocol::{Payload, OueBits};
+//! assert_eq!(serde_json::to_string(&Payload::Grr(17)).unwrap(), r#"{"grr":17}"#);
+//! assert_eq!(serde_json::to_string(&Payload::GrrPair([3, 5])).unwrap(), r#"{"grr_pair":[3,5]}"#);
+//! // OUE: base64url without padding, ⌈k/8⌉ bytes, bit i in byte i/8, LSB first.
+//! let p = Payload::Oue(OueBits(vec![0b0000_0101, 0b1]));
+//! assert_eq!(serde_json::to_string(&p).unwrap(), r#"{"oue":"BQE"}"#);
+//! ```
+//!
+//! A task and a report:
+//!
+//! ```
+//! use ldpsyn::protocol::{Task, Report};
+//! let task: Task = serde_json::from_str(r#"{
+//!   "collection_id": "c0ffee00-0000-4000-8000-000000000000", "round": 2, "factor": [0, 3],
+//!   "mechanism": "oue", "epsilon": 4.0, "token": "opaque", "expires_at": 1790000000
+//! }"#).unwrap();
+//! let report: Report = serde_json::from_str(r#"{
+//!   "id": "0b5a3c47-3cfd-4b5e-9a3a-7e2f3c1d2e10", "token": "opaque", "payload": {"grr": 17}
+//! }"#).unwrap();
+//! assert_eq!(task.factor, vec![0, 3]);
+//! # let _ = report;
+//! ```
+
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::Epsilon;
+use crate::mechanism::MechanismKind;
+use crate::schema::Schema;
+
+/// Version of this wire protocol; the HTTP paths carry it as `/v1/`.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// An OUE bitset: `⌈k/8⌉` bytes, bit i in byte i/8, least significant bit first.
+/// Serialized as base64url without padding.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct OueBits(pub Vec<u8>);
+
+impl Serialize for OueBits {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for OueBits {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(s.as_bytes())
+            .map(OueBits)
+            .map_err(|e| {
+                serde::de::Error::custom(format!("OUE bits are not base64url without padding: {e}"))
+            })
+    }
+}
+
+/// A randomized report payload. Exactly one key, as in DESIGN.md.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Payload {
+    /// Row-major index in the factor's product domain.
+    Grr(u64),
+    /// The two randomized codes of a SamPrivSyn pair report.
+    GrrPair([u64; 2]),
+    /// The OUE bitset.
+    Oue(OueBits),
+}
+
+impl Payload {
+    /// The mechanism this payload belongs to.
+    pub fn kind(&self) -> MechanismKind {
+        match self {
+            Payload::Grr(_) => MechanismKind::Grr,
+            Payload::GrrPair(_) => MechanismKind::GrrPair,
+            Payload::Oue(_) => MechanismKind::Oue,
+        }
+    }
+}
+
+fn default_omega() -> f64 {
+    0.5
+}
+fn default_rounds() -> u32 {
+    6
+}
+fn default_phi() -> f64 {
+    0.3
+}
+fn default_alpha() -> f64 {
+    0.05
+}
+fn default_sigma() -> u64 {
+    4096
+}
+fn default_batch_size() -> u64 {
+    2000
+}
+
+/// PrivIncr parameters (EDBT 2023), names as in DESIGN.md.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrivIncrParams {
+    /// Share of users that build the dependency graph (phase 1), in (0, 1); default 0.5.
+    #[serde(default = "default_omega")]
+    pub omega: f64,
+    /// Phase-1 rounds T ≥ 1; default 6 (`noincremental` forces 1).
+    #[serde(default = "default_rounds")]
+    pub rounds: u32,
+    /// Cramér's-V-like strength φ in τ = min(|Ω_i|−1, |Ω_j|−1)·φ²/2 (eq. 15); default 0.3.
+    #[serde(default = "default_phi")]
+    pub phi: f64,
+    /// Failure probability α of the relaxed threshold ℓ = τ − ΔI(η) (Theorem 5.2); default 0.05.
+    #[serde(default = "default_alpha")]
+    pub alpha: f64,
+    /// Clique domain size above which Algorithm 2 factorizes the clique; default 4096.
+    #[serde(default = "default_sigma")]
+    pub sigma: u64,
+}
+
+impl Default for PrivIncrParams {
+    fn default() -> Self {
+        Self {
+            omega: default_omega(),
+            rounds: default_rounds(),
+            phi: default_phi(),
+            alpha: default_alpha(),
+            sigma: default_sigma(),
+        }
+    }
+}
+
+/// SamPrivSyn parameters (Sci China Inf Sci 2023).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SamPrivSynParams {
+    /// Reports between re-weightings B ≥ 1; default 2000 (the paper finds 1000–5000 best).
+    #[serde(default = "default_batch_size")]
+    pub batch_size: u64,
+}
+
+impl Default for SamPrivSynParams {
+    fn default() -> Self {
+        Self {
+            batch_size: default_batch_size(),
+        }
+    }
+}
+
+/// A collection protocol and its parameters. JSON: `{"protocol": "privincr", "omega": 0.5, …}`
+/// flattened into the collection config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "protocol", rename_all = "snake_case")]
+pub enum Protocol {
+    /// PrivIncr: incremental graph construction with pruning, then clique measurement.
+    Privincr(PrivIncrParams),
+    /// PrivIncr with a single phase-1 round (T = 1).
+    Noincremental(PrivIncrParams),
+    /// SamPrivSyn: MI-weighted pair sampling, pair reports of two GRRs at ε/2.
+    Samprivsyn(SamPrivSynParams),
+    /// Each user reports one attribute; synthesis from the product of 1-way marginals.
+    Independence {},
+    /// The project's recommended default: the engine chooses factors and mechanisms.
+    Auto(PrivIncrParams),
+}
+
+impl Protocol {
+    /// The protocol's name on the wire.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Protocol::Privincr(_) => "privincr",
+            Protocol::Noincremental(_) => "noincremental",
+            Protocol::Samprivsyn(_) => "samprivsyn",
+            Protocol::Independence {} => "independence",
+            Protocol::Auto(_) => "auto",
+        }
+    }
+}
+
+/// The public configuration of a collection, as served by `GET /v1/collections/{id}`.
+///
+/// ```
+/// use ldpsyn::protocol::{CollectionConfig, Protocol};
+/// let c: CollectionConfig = serde_json::from_str(r#"{
+///   "version": 1, "id": "c0ffee00-0000-4000-8000-000000000000",
+///   "schema": {"attributes": [{"name": "sex", "type": "categorical", "labels": ["F", "M"]},
+///                             {"name": "smoker", "type": "categorical", "labels": ["no", "yes"]}]},
+///   "epsilon": 4.0, "target_users": 100000, "protocol": "privincr", "rounds": 6
+/// }"#).unwrap();
+/// assert!(matches!(c.protocol, Protocol::Privincr(ref p) if p.rounds == 6 && p.omega == 0.5));
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CollectionConfig {
+    /// Protocol version, [`PROTOCOL_VERSION`].
+    pub version: u32,
+    /// Collection id.
+    pub id: Uuid,
+    /// The schema every record follows.
+    pub schema: Schema,
+    /// ε of every report.
+    pub epsilon: Epsilon,
+    /// Number of users N the collection aims at.
+    pub target_users: u64,
+    /// Protocol and parameters.
+    #[serde(flatten)]
+    pub protocol: Protocol,
+}
+
+/// What the server asks one person to report. Issued by `GET /v1/collections/{id}/task`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Task {
+    /// The collection.
+    pub collection_id: Uuid,
+    /// Round (PrivIncr) or batch (SamPrivSyn) the task belongs to.
+    pub round: u32,
+    /// The factor, as attribute indices into the schema, in report order.
+    pub factor: Vec<usize>,
+    /// The mechanism to randomize with.
+    pub mechanism: MechanismKind,
+    /// ε of the report.
+    pub epsilon: Epsilon,
+    /// Opaque signed token binding all of the above; the report carries it back.
+    pub token: String,
+    /// Expiry, Unix seconds.
+    pub expires_at: i64,
+}
+
+/// One person's randomized report, as posted in `POST /v1/collections/{id}/reports`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Report {
+    /// Random UUID v4, chosen on the device; retries reuse it.
+    pub id: Uuid,
+    /// The task token this report answers.
+    pub token: String,
+    /// The randomized payload.
+    pub payload: Payload,
+}
+
+/// Outcome of one report of an upload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReportStatus {
+    /// Validated and durably committed.
+    Accepted,
+    /// A report with this id was committed before; it counts once.
+    Duplicate,
+    /// Refused; see the problem.
+    Rejected,
+}
+
+/// The answer for one report of an upload (the 200 body is an array of these).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReportAnswer {
+    /// The report id.
+    pub id: Uuid,
+    /// What happened.
+    pub status: ReportStatus,
+    /// Why it was rejected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<Problem>,
+}
+
+macro_rules! problem_types {
+    ($( $(#[$doc:meta])* $variant:ident = $slug:literal, $status:literal, $title:literal; )*) => {
+        /// The one list of problem types (RFC 9457 `type`), shared by server, SDK and WASM.
+        /// Each serializes as `urn:ldpsyn:problem:<slug>`.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum ProblemType {
+            $( $(#[$doc])* $variant, )*
+        }
+
+        impl ProblemType {
+            /// Every problem type.
+            pub const ALL: &'static [ProblemType] = &[$(ProblemType::$variant),*];
+
+            /// The short name, e.g. `invalid-token` (the WASM client's `code`).
+            pub fn slug(self) -> &'static str {
+                match self { $(ProblemType::$variant => $slug,)* }
+            }
+
+            /// The HTTP status the server answers with.
+            pub fn status(self) -> u16 {
+                match self { $(ProblemType::$variant => $status,)* }
+            }
+
+            /// A short human-readable summary.
+            pub fn title(self) -> &'static str {
+                match self { $(ProblemType::$variant => $title,)* }
+            }
+        }
+    };
+}
+
+problem_types! {
+    /// The body is not valid JSON of the expected shape.
+    MalformedRequest = "malformed-request", 400, "Malformed request";
+    /// A query or body parameter has an invalid value.
+    InvalidParameter = "invalid-parameter", 400, "Invalid parameter";
+    /// The schema is invalid.
+    InvalidSchema = "invalid-schema", 400, "Invalid schema";
+    /// A record does not fit the schema (client side).
+    InvalidRecord = "invalid-record", 400, "Invalid record";
+    /// The payload does not match the task's mechanism or domain.
+    InvalidPayload = "invalid-payload", 400, "Invalid report payload";
+    /// The token is malformed, forged, or signed for another collection.
+    InvalidToken = "invalid-token", 400, "Invalid task token";
+    /// The token has expired.
+    TokenExpired = "token-expired", 400, "Task token expired";
+    /// The token already answered another report.
+    TokenReused = "token-reused", 409, "Task token already used";
+    /// Missing or wrong admin credentials.
+    Unauthorized = "unauthorized", 401, "Unauthorized";
+    /// No such collection.
+    UnknownCollection = "unknown-collection", 404, "Unknown collection";
+    /// No such resource.
+    NotFound = "not-found", 404, "Not found";
+    /// The collection is finalized and takes no more tasks or reports.
+    CollectionFinalized = "collection-finalized", 409, "Collection finalized";
+    /// The model is not built yet (finalize first).
+    ModelNotReady = "model-not-ready", 409, "Model not ready";
+    /// The request conflicts with the collection's state.
+    Conflict = "conflict", 409, "Conflict";
+    /// The body is too large, or the batch has too many reports.
+    PayloadTooLarge = "payload-too-large", 413, "Payload too large";
+    /// Too many requests from this client; retry later.
+    RateLimited = "rate-limited", 429, "Too many requests";
+    /// The server or a config asks for more ε than the app accepts (client side).
+    EpsilonTooLarge = "epsilon-too-large", 400, "Epsilon above the accepted maximum";
+    /// The device budget for this collection is spent (client side).
+    BudgetExhausted = "budget-exhausted", 403, "Privacy budget exhausted";
+    /// An internal error; details are logged, not returned.
+    Internal = "internal", 500, "Internal error";
+    /// The server is overloaded or shutting down; retry later.
+    Unavailable = "unavailable", 503, "Service unavailable";
+}
+
+/// Prefix of every problem type URI.
+pub const PROBLEM_TYPE_PREFIX: &str = "urn:ldpsyn:problem:";
+
+impl ProblemType {
+    /// The full type URI, `urn:ldpsyn:problem:<slug>`.
+    pub fn uri(self) -> String {
+        format!("{PROBLEM_TYPE_PREFIX}{}", self.slug())
+    }
+
+    /// Parses a full URI or a bare slug.
+    pub fn parse(s: &str) -> Option<Self> {
+        let slug = s.strip_prefix(PROBLEM_TYPE_PREFIX).unwrap_or(s);
+        Self::ALL.iter().copied().find(|t| t.slug() == slug)
+    }
+}
+
+impl std::fmt::Display for ProblemType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.slug())
+    }
+}
+
+impl Serialize for ProblemType {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.uri())
+    }
+}
+
+impl<'de> Deserialize<'de> for ProblemType {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        Self::parse(&s)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown problem type `{s}`")))
+    }
+}
+
+/// An RFC 9457 problem document (`application/problem+json`).
+///
+/// ```
+/// use ldpsyn::protocol::{Problem, ProblemType};
+/// let p = Problem::new(ProblemType::TokenExpired, "token expired at 1790000000");
+/// assert_eq!(serde_json::to_value(&p).unwrap(), serde_json::json!({
+///   "type": "urn:ldpsyn:problem:token-expired", "title": "Task token expired",
+///   "status": 400, "detail": "token expired at 1790000000"}));
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Problem {
+    /// The problem type.
+    #[serde(rename = "type")]
+    pub problem_type: ProblemType,
+    /// Short summary of the type.
+    pub title: String,
+    /// HTTP status.
+    pub status: u16,
+    /// What went wrong in this occurrence.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub detail: String,
+}
+
+impl Problem {
+    /// A problem of `problem_type` with its title and status and the given detail.
+    pub fn new(problem_type: ProblemType, detail: impl Into<String>) -> Self {
+        Self {
+            problem_type,
+            title: problem_type.title().to_owned(),
+            status: problem_type.status(),
+            detail: detail.into(),
+        }
+    }
+}
+
+/// Media type of problem documents.
+pub const PROBLEM_CONTENT_TYPE: &str = "application/problem+json";

@@ -1,0 +1,983 @@
+//! Schemas, record encoding and decoding.
+//!
+//! A [`Schema`] is an ordered list of attributes, each with a finite domain of integer codes
+//! `0..domain_size`. Categorical attributes map labels to codes in list order; numeric ones
+//! are cut into `bins` equal-width bins between `min` and `max` (`max` falls in the last bin).
+//! With the `category` missing-value policy an attribute gets one more code, the last one,
+//! for "missing".
+//!
+//! Schema JSON:
+//!
+//! ```
+//! use ldpsyn::schema::Schema;
+//! let schema: Schema = serde_json::from_str(r#"{
+//!   "attributes": [
+//!     {"name": "age", "type": "numeric", "min": 17, "max": 90, "bins": 16, "integer": true},
+//!     {"name": "hours", "type": "numeric", "min": 1, "max": 99, "bins": 8,
+//!      "out_of_range": "clamp"},
+//!     {"name": "sex", "type": "categorical", "labels": ["Female", "Male"]},
+//!     {"name": "workclass", "type": "categorical", "labels": ["Private", "Self-emp"],
+//!      "missing": "category", "missing_markers": ["?", ""]}
+//!   ]
+//! }"#).unwrap();
+//! assert_eq!(schema.domain_sizes(), vec![16, 8, 2, 3]);
+//! let record = schema.encode_json(&serde_json::json!(
+//!     {"age": 37, "hours": 120, "sex": "Male", "workclass": "?"})).unwrap();
+//! assert_eq!(record.codes(), &[4, 7, 1, 2]);
+//! ```
+
+use std::collections::{HashMap, HashSet};
+
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+/// What to do with a numeric value outside `[min, max]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutOfRangePolicy {
+    /// Refuse the record (the default).
+    #[default]
+    Reject,
+    /// Move the value to the nearest bound.
+    Clamp,
+}
+
+/// What to do with a missing value (JSON `null`, an absent key or one of the markers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MissingPolicy {
+    /// Refuse the record (the default).
+    #[default]
+    Reject,
+    /// "Missing" is one more value of the domain, with the last code.
+    Category,
+}
+
+/// How a numeric bin is turned back into a number when decoding synthetic data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NumericDecoding {
+    /// Uniform within the bin (whole numbers for `integer` attributes), from a seeded RNG.
+    #[default]
+    Uniform,
+    /// The bin's midpoint (rounded for `integer` attributes).
+    Midpoint,
+}
+
+/// The kind of an attribute and its domain definition.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum AttributeKind {
+    /// An ordered list of labels; code `i` is `labels[i]`.
+    Categorical {
+        /// The labels, in code order.
+        labels: Vec<String>,
+    },
+    /// Equal-width bins over `[min, max]`.
+    Numeric {
+        /// Lower bound (inclusive), finite.
+        min: f64,
+        /// Upper bound (inclusive; falls in the last bin), finite, > `min`.
+        max: f64,
+        /// Number of bins, ≥ 1.
+        bins: u32,
+        /// Decoded values are whole numbers.
+        #[serde(default)]
+        integer: bool,
+        /// What to do outside `[min, max]`.
+        #[serde(default)]
+        out_of_range: OutOfRangePolicy,
+    },
+}
+
+fn default_markers() -> Vec<String> {
+    vec![String::new()]
+}
+
+/// One attribute of a schema.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Attribute {
+    /// Unique, non-empty name (the CSV column / JSON key).
+    pub name: String,
+    /// Kind and domain.
+    #[serde(flatten)]
+    pub kind: AttributeKind,
+    /// Missing-value policy.
+    #[serde(default)]
+    pub missing: MissingPolicy,
+    /// Strings that mean "missing" (compared after trimming whitespace); default `[""]`.
+    #[serde(default = "default_markers")]
+    pub missing_markers: Vec<String>,
+}
+
+/// Why a schema is invalid. Every variant names the attribute at fault.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SchemaError {
+    /// The schema has no attributes.
+    #[error("schema has no attributes")]
+    NoAttributes,
+    /// An attribute has an empty name.
+    #[error("attribute #{index} has an empty name")]
+    EmptyName {
+        /// Position of the attribute.
+        index: usize,
+    },
+    /// Two attributes share a name.
+    #[error("duplicate attribute name `{attribute}`")]
+    DuplicateName {
+        /// The repeated name.
+        attribute: String,
+    },
+    /// A categorical attribute lists the same label twice.
+    #[error("attribute `{attribute}`: duplicate label `{label}`")]
+    DuplicateLabel {
+        /// The attribute.
+        attribute: String,
+        /// The repeated label.
+        label: String,
+    },
+    /// The domain has no values.
+    #[error("attribute `{attribute}`: empty domain")]
+    EmptyDomain {
+        /// The attribute.
+        attribute: String,
+    },
+    /// The domain has one value: nothing to learn and nothing to hide.
+    #[error("attribute `{attribute}`: domain has a single value")]
+    SingleValueDomain {
+        /// The attribute.
+        attribute: String,
+    },
+    /// A numeric attribute with `bins == 0`.
+    #[error("attribute `{attribute}`: bins must be >= 1")]
+    ZeroBins {
+        /// The attribute.
+        attribute: String,
+    },
+    /// A numeric attribute with `min >= max`.
+    #[error("attribute `{attribute}`: min ({min}) must be < max ({max})")]
+    MinNotBelowMax {
+        /// The attribute.
+        attribute: String,
+        /// Its min.
+        min: f64,
+        /// Its max.
+        max: f64,
+    },
+    /// A numeric attribute with a NaN or infinite bound.
+    #[error("attribute `{attribute}`: bounds must be finite")]
+    NonFiniteBound {
+        /// The attribute.
+        attribute: String,
+    },
+}
+
+/// An input value for one attribute.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    /// A string: a label, a number to parse, or a missing marker.
+    Text(String),
+    /// A number.
+    Number(f64),
+    /// Explicitly missing.
+    Missing,
+}
+
+impl From<&str> for Value {
+    fn from(s: &str) -> Self {
+        Value::Text(s.to_owned())
+    }
+}
+impl From<String> for Value {
+    fn from(s: String) -> Self {
+        Value::Text(s)
+    }
+}
+impl From<f64> for Value {
+    fn from(x: f64) -> Self {
+        Value::Number(x)
+    }
+}
+impl From<i64> for Value {
+    fn from(x: i64) -> Self {
+        Value::Number(x as f64)
+    }
+}
+impl From<i32> for Value {
+    fn from(x: i32) -> Self {
+        Value::Number(f64::from(x))
+    }
+}
+
+impl std::fmt::Display for Value {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Value::Text(s) => write!(f, "{s:?}"),
+            Value::Number(x) => write!(f, "{x}"),
+            Value::Missing => write!(f, "missing"),
+        }
+    }
+}
+
+/// Why a record could not be encoded. Names the attribute and, where there is one, the value.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RecordError {
+    /// The value is missing and the attribute's policy is `reject`.
+    #[error("attribute `{attribute}`: value is missing")]
+    Missing {
+        /// The attribute.
+        attribute: String,
+    },
+    /// Not one of the attribute's labels.
+    #[error("attribute `{attribute}`: unknown label {value}")]
+    UnknownLabel {
+        /// The attribute.
+        attribute: String,
+        /// The offending value.
+        value: String,
+    },
+    /// Not a number (for a numeric attribute), or not finite.
+    #[error("attribute `{attribute}`: not a finite number: {value}")]
+    NotANumber {
+        /// The attribute.
+        attribute: String,
+        /// The offending value.
+        value: String,
+    },
+    /// Outside `[min, max]` with policy `reject`.
+    #[error("attribute `{attribute}`: {value} is outside [{min}, {max}]")]
+    OutOfRange {
+        /// The attribute.
+        attribute: String,
+        /// The offending value.
+        value: f64,
+        /// Lower bound.
+        min: f64,
+        /// Upper bound.
+        max: f64,
+    },
+    /// A key that is not an attribute of the schema (JSON records and the builder).
+    #[error("unknown attribute `{attribute}`")]
+    UnknownAttribute {
+        /// The key.
+        attribute: String,
+    },
+    /// The JSON value is not an object, or a field is an array/object/bool.
+    #[error("attribute `{attribute}`: unsupported JSON value {value}")]
+    UnsupportedJson {
+        /// The attribute (empty when the whole record is not an object).
+        attribute: String,
+        /// The offending value.
+        value: String,
+    },
+    /// A CSV header lacks a column for an attribute.
+    #[error("CSV header has no column `{attribute}`")]
+    MissingColumn {
+        /// The attribute.
+        attribute: String,
+    },
+    /// A CSV row has fewer fields than its header.
+    #[error("CSV row has {found} fields, header has {expected}")]
+    ShortRow {
+        /// Fields in the header.
+        expected: usize,
+        /// Fields in the row.
+        found: usize,
+    },
+    /// Encoded codes do not fit the schema (wrong length or a code out of the domain).
+    #[error("encoded record does not fit the schema: {0}")]
+    BadCodes(String),
+}
+
+impl Attribute {
+    /// Number of codes of this attribute, including the "missing" code under
+    /// [`MissingPolicy::Category`].
+    pub fn domain_size(&self) -> usize {
+        let base = match &self.kind {
+            AttributeKind::Categorical { labels } => labels.len(),
+            AttributeKind::Numeric { bins, .. } => *bins as usize,
+        };
+        base + usize::from(self.missing == MissingPolicy::Category)
+    }
+
+    /// The code of "missing", if this attribute has one.
+    pub fn missing_code(&self) -> Option<u32> {
+        (self.missing == MissingPolicy::Category).then(|| (self.domain_size() - 1) as u32)
+    }
+
+    fn is_missing_marker(&self, s: &str) -> bool {
+        let t = s.trim();
+        self.missing_markers.iter().any(|m| m.trim() == t)
+    }
+
+    fn missing(&self) -> Result<u32, RecordError> {
+        self.missing_code().ok_or_else(|| RecordError::Missing {
+            attribute: self.name.clone(),
+        })
+    }
+
+    /// Encodes one value to its code in `0..domain_size()`.
+    ///
+    /// Errors: [`RecordError`] naming this attribute and the value.
+    pub fn encode_value(&self, value: &Value) -> Result<u32, RecordError> {
+        match value {
+            Value::Missing => return self.missing(),
+            Value::Text(s) if self.is_missing_marker(s) => return self.missing(),
+            _ => {}
+        }
+        match &self.kind {
+            AttributeKind::Categorical { labels } => {
+                let text = match value {
+                    Value::Text(s) => s.trim().to_owned(),
+                    Value::Number(x) => format!("{x}"),
+                    Value::Missing => unreachable!("handled above"),
+                };
+                labels
+                    .iter()
+                    .position(|l| *l == text)
+                    .map(|i| i as u32)
+                    .ok_or_else(|| RecordError::UnknownLabel {
+                        attribute: self.name.clone(),
+                        value: value.to_string(),
+                    })
+            }
+            AttributeKind::Numeric {
+                min,
+                max,
+                bins,
+                out_of_range,
+                ..
+            } => {
+                let x = match value {
+                    Value::Number(x) => *x,
+                    Value::Text(s) => {
+                        s.trim()
+                            .parse::<f64>()
+                            .map_err(|_| RecordError::NotANumber {
+                                attribute: self.name.clone(),
+                                value: value.to_string(),
+                            })?
+                    }
+                    Value::Missing => unreachable!("handled above"),
+                };
+                if !x.is_finite() {
+                    return Err(RecordError::NotANumber {
+                        attribute: self.name.clone(),
+                        value: value.to_string(),
+                    });
+                }
+                let x = if x < *min || x > *max {
+                    match out_of_range {
+                        OutOfRangePolicy::Reject => {
+                            return Err(RecordError::OutOfRange {
+                                attribute: self.name.clone(),
+                                value: x,
+                                min: *min,
+                                max: *max,
+                            });
+                        }
+                        OutOfRangePolicy::Clamp => x.clamp(*min, *max),
+                    }
+                } else {
+                    x
+                };
+                Ok(numeric_bin(x, *min, *max, *bins))
+            }
+        }
+    }
+
+    /// Decodes a code back to a value: the label, or a number within the bin (see
+    /// [`NumericDecoding`]); the "missing" code decodes to [`DecodedValue::Missing`].
+    ///
+    /// Panics if `code >= domain_size()`.
+    pub fn decode<R: Rng + ?Sized>(
+        &self,
+        code: u32,
+        numeric: NumericDecoding,
+        rng: &mut R,
+    ) -> DecodedValue {
+        assert!(
+            (code as usize) < self.domain_size(),
+            "code {code} out of the domain of `{}`",
+            self.name
+        );
+        if Some(code) == self.missing_code() {
+            return DecodedValue::Missing;
+        }
+        match &self.kind {
+            AttributeKind::Categorical { labels } => {
+                DecodedValue::Label(labels[code as usize].clone())
+            }
+            AttributeKind::Numeric {
+                min,
+                max,
+                bins,
+                integer,
+                ..
+            } => {
+                let width = (max - min) / f64::from(*bins);
+                let lo = min + width * f64::from(code);
+                let hi = if code + 1 == *bins { *max } else { lo + width };
+                let x = if *integer {
+                    // Whole numbers whose bin is `code`; a bin narrower than 1 may hold none.
+                    let mut a = lo.ceil();
+                    let mut b = hi.floor();
+                    while a <= b && numeric_bin(a, *min, *max, *bins) < code {
+                        a += 1.0;
+                    }
+                    while b >= a && numeric_bin(b, *min, *max, *bins) > code {
+                        b -= 1.0;
+                    }
+                    if a > b {
+                        ((lo + hi) / 2.0).round()
+                    } else {
+                        match numeric {
+                            NumericDecoding::Midpoint => ((a + b) / 2.0).round(),
+                            NumericDecoding::Uniform => {
+                                rng.random_range(a as i64..=b as i64) as f64
+                            }
+                        }
+                    }
+                } else {
+                    match numeric {
+                        NumericDecoding::Midpoint => (lo + hi) / 2.0,
+                        NumericDecoding::Uniform => lo + (hi - lo) * rng.random::<f64>(),
+                    }
+                };
+                DecodedValue::Number(x)
+            }
+        }
+    }
+
+    fn validate(&self, index: usize) -> Result<(), SchemaError> {
+        let attribute = self.name.clone();
+        if self.name.trim().is_empty() {
+            return Err(SchemaError::EmptyName { index });
+        }
+        match &self.kind {
+            AttributeKind::Categorical { labels } => {
+                let mut seen = HashSet::new();
+                for l in labels {
+                    if !seen.insert(l) {
+                        return Err(SchemaError::DuplicateLabel {
+                            attribute,
+                            label: l.clone(),
+                        });
+                    }
+                }
+                if labels.is_empty() {
+                    return Err(SchemaError::EmptyDomain { attribute });
+                }
+            }
+            AttributeKind::Numeric { min, max, bins, .. } => {
+                if !min.is_finite() || !max.is_finite() {
+                    return Err(SchemaError::NonFiniteBound { attribute });
+                }
+                if min >= max {
+                    return Err(SchemaError::MinNotBelowMax {
+                        attribute,
+                        min: *min,
+                        max: *max,
+                    });
+                }
+                if *bins == 0 {
+                    return Err(SchemaError::ZeroBins { attribute });
+                }
+            }
+        }
+        if self.domain_size() < 2 {
+            return Err(SchemaError::SingleValueDomain { attribute });
+        }
+        Ok(())
+    }
+}
+
+/// Equal-width bin of `x ∈ [min, max]`; `max` falls in the last bin.
+fn numeric_bin(x: f64, min: f64, max: f64, bins: u32) -> u32 {
+    let b = ((x - min) / (max - min) * f64::from(bins)).floor();
+    // `as` saturates; the clamp puts `max` (and rounding at the top) in the last bin.
+    (b.max(0.0) as u32).min(bins - 1)
+}
+
+/// A decoded value of synthetic data.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DecodedValue {
+    /// A categorical label.
+    Label(String),
+    /// A number (whole for `integer` attributes).
+    Number(f64),
+    /// The "missing" code.
+    Missing,
+}
+
+impl std::fmt::Display for DecodedValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DecodedValue::Label(s) => f.write_str(s),
+            DecodedValue::Number(x) => write!(f, "{x}"),
+            DecodedValue::Missing => Ok(()),
+        }
+    }
+}
+
+impl DecodedValue {
+    /// As a JSON value (`null` for missing).
+    pub fn to_json(&self) -> serde_json::Value {
+        match self {
+            DecodedValue::Label(s) => serde_json::Value::String(s.clone()),
+            DecodedValue::Number(x) => serde_json::json!(x),
+            DecodedValue::Missing => serde_json::Value::Null,
+        }
+    }
+}
+
+/// A validated schema: attributes with unique names and domains of at least two values.
+///
+/// Deserializing checks everything [`Schema::new`] checks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "RawSchema")]
+pub struct Schema {
+    attributes: Vec<Attribute>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSchema {
+    attributes: Vec<Attribute>,
+}
+
+impl TryFrom<RawSchema> for Schema {
+    type Error = SchemaError;
+    fn try_from(raw: RawSchema) -> Result<Self, SchemaError> {
+        Schema::new(raw.attributes)
+    }
+}
+
+/// A record encoded to codes, one per attribute in schema order.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EncodedRecord(Vec<u32>);
+
+impl EncodedRecord {
+    /// The codes, length = number of attributes.
+    pub fn codes(&self) -> &[u32] {
+        &self.0
+    }
+}
+
+impl Schema {
+    /// Validates attributes. Errors: the first [`SchemaError`] found, naming its attribute.
+    pub fn new(attributes: Vec<Attribute>) -> Result<Self, SchemaError> {
+        if attributes.is_empty() {
+            return Err(SchemaError::NoAttributes);
+        }
+        let mut names = HashSet::new();
+        for (i, a) in attributes.iter().enumerate() {
+            a.validate(i)?;
+            if !names.insert(a.name.as_str()) {
+                return Err(SchemaError::DuplicateName {
+                    attribute: a.name.clone(),
+                });
+            }
+        }
+        Ok(Self { attributes })
+    }
+
+    /// The attributes, in code order.
+    pub fn attributes(&self) -> &[Attribute] {
+        &self.attributes
+    }
+
+    /// Number of attributes `d`.
+    pub fn len(&self) -> usize {
+        self.attributes.len()
+    }
+
+    /// Always false: a schema has at least one attribute.
+    pub fn is_empty(&self) -> bool {
+        self.attributes.is_empty()
+    }
+
+    /// `|Ω_A|` for every attribute, length `d`.
+    pub fn domain_sizes(&self) -> Vec<usize> {
+        self.attributes.iter().map(Attribute::domain_size).collect()
+    }
+
+    /// Position of the attribute called `name`.
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.attributes.iter().position(|a| a.name == name)
+    }
+
+    /// Encodes a JSON object `{name: value}`: strings, numbers, `null` (missing). An absent
+    /// key counts as missing; a key that is not an attribute is an error.
+    pub fn encode_json(&self, record: &serde_json::Value) -> Result<EncodedRecord, RecordError> {
+        let obj = record
+            .as_object()
+            .ok_or_else(|| RecordError::UnsupportedJson {
+                attribute: String::new(),
+                value: record.to_string(),
+            })?;
+        if let Some(k) = obj.keys().find(|k| self.index_of(k).is_none()) {
+            return Err(RecordError::UnknownAttribute {
+                attribute: k.clone(),
+            });
+        }
+        let codes = self
+            .attributes
+            .iter()
+            .map(|a| {
+                let v = match obj.get(&a.name) {
+                    None | Some(serde_json::Value::Null) => Value::Missing,
+                    Some(serde_json::Value::String(s)) => Value::Text(s.clone()),
+                    Some(serde_json::Value::Number(n)) => {
+                        // serde_json numbers without arbitrary precision always fit f64.
+                        Value::Number(n.as_f64().unwrap_or(f64::NAN))
+                    }
+                    Some(other) => {
+                        return Err(RecordError::UnsupportedJson {
+                            attribute: a.name.clone(),
+                            value: other.to_string(),
+                        });
+                    }
+                };
+                a.encode_value(&v)
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(EncodedRecord(codes))
+    }
+
+    /// Checks that `codes` fit the schema and wraps them.
+    pub fn encoded(&self, codes: Vec<u32>) -> Result<EncodedRecord, RecordError> {
+        if codes.len() != self.len() {
+            return Err(RecordError::BadCodes(format!(
+                "{} codes for {} attributes",
+                codes.len(),
+                self.len()
+            )));
+        }
+        for (a, &c) in self.attributes.iter().zip(&codes) {
+            if c as usize >= a.domain_size() {
+                return Err(RecordError::BadCodes(format!(
+                    "code {c} outside the domain of `{}` (size {})",
+                    a.name,
+                    a.domain_size()
+                )));
+            }
+        }
+        Ok(EncodedRecord(codes))
+    }
+
+    /// A CSV encoder for rows laid out as `header` (extra columns are ignored).
+    /// Errors: [`RecordError::MissingColumn`] for an attribute without a column.
+    pub fn csv_encoder<S: AsRef<str>>(&self, header: &[S]) -> Result<CsvEncoder<'_>, RecordError> {
+        let positions: HashMap<&str, usize> = header
+            .iter()
+            .enumerate()
+            .map(|(i, h)| (h.as_ref().trim(), i))
+            .collect();
+        let columns =
+            self.attributes
+                .iter()
+                .map(|a| {
+                    positions.get(a.name.as_str()).copied().ok_or_else(|| {
+                        RecordError::MissingColumn {
+                            attribute: a.name.clone(),
+                        }
+                    })
+                })
+                .collect::<Result<_, _>>()?;
+        Ok(CsvEncoder {
+            schema: self,
+            columns,
+            width: header.len(),
+        })
+    }
+
+    /// Starts a [`RecordBuilder`].
+    pub fn record(&self) -> RecordBuilder<'_> {
+        RecordBuilder {
+            schema: self,
+            values: vec![Value::Missing; self.len()],
+            error: None,
+        }
+    }
+
+    /// Decodes codes back to values (see [`Attribute::decode`]). Panics if `codes` do not
+    /// fit the schema.
+    pub fn decode<R: Rng + ?Sized>(
+        &self,
+        codes: &[u32],
+        numeric: NumericDecoding,
+        rng: &mut R,
+    ) -> Vec<DecodedValue> {
+        assert_eq!(codes.len(), self.len(), "one code per attribute");
+        self.attributes
+            .iter()
+            .zip(codes)
+            .map(|(a, &c)| a.decode(c, numeric, rng))
+            .collect()
+    }
+}
+
+/// Encodes CSV rows with a fixed header layout; see [`Schema::csv_encoder`].
+#[derive(Debug, Clone)]
+pub struct CsvEncoder<'a> {
+    schema: &'a Schema,
+    columns: Vec<usize>,
+    width: usize,
+}
+
+impl CsvEncoder<'_> {
+    /// Encodes one row (fields in header order).
+    pub fn encode<S: AsRef<str>>(&self, row: &[S]) -> Result<EncodedRecord, RecordError> {
+        if row.len() < self.width {
+            return Err(RecordError::ShortRow {
+                expected: self.width,
+                found: row.len(),
+            });
+        }
+        let codes = self
+            .schema
+            .attributes
+            .iter()
+            .zip(&self.columns)
+            .map(|(a, &c)| a.encode_value(&Value::Text(row[c].as_ref().to_owned())))
+            .collect::<Result<_, _>>()?;
+        Ok(EncodedRecord(codes))
+    }
+}
+
+/// Builds a record value by value: `schema.record().set("age", 37).set("sex", "Male").build()`.
+/// Attributes never set count as missing.
+#[derive(Debug, Clone)]
+pub struct RecordBuilder<'a> {
+    schema: &'a Schema,
+    values: Vec<Value>,
+    error: Option<RecordError>,
+}
+
+impl RecordBuilder<'_> {
+    /// Sets attribute `name` (an unknown name is reported by [`RecordBuilder::build`]).
+    pub fn set(mut self, name: &str, value: impl Into<Value>) -> Self {
+        match self.schema.index_of(name) {
+            Some(i) => self.values[i] = value.into(),
+            None => {
+                self.error.get_or_insert(RecordError::UnknownAttribute {
+                    attribute: name.to_owned(),
+                });
+            }
+        }
+        self
+    }
+
+    /// Encodes the record. Errors: the first [`RecordError`].
+    pub fn build(self) -> Result<EncodedRecord, RecordError> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        let codes = self
+            .schema
+            .attributes
+            .iter()
+            .zip(&self.values)
+            .map(|(a, v)| a.encode_value(v))
+            .collect::<Result<_, _>>()?;
+        Ok(EncodedRecord(codes))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use rand::SeedableRng;
+
+    fn schema() -> Schema {
+        serde_json::from_value(serde_json::json!({"attributes": [
+            {"name": "age", "type": "numeric", "min": 17, "max": 90, "bins": 16, "integer": true},
+            {"name": "w", "type": "numeric", "min": 0.0, "max": 1.0, "bins": 4, "out_of_range": "clamp"},
+            {"name": "sex", "type": "categorical", "labels": ["F", "M"]},
+            {"name": "wc", "type": "categorical", "labels": ["a", "b", "c"],
+             "missing": "category", "missing_markers": ["?", ""]}
+        ]}))
+        .unwrap()
+    }
+
+    fn err(json: serde_json::Value) -> String {
+        serde_json::from_value::<Schema>(json)
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn validation_errors_name_the_attribute() {
+        let e = err(serde_json::json!({"attributes": [
+            {"name": "x", "type": "categorical", "labels": ["a", "b"]},
+            {"name": "x", "type": "categorical", "labels": ["a", "b"]}]}));
+        assert!(e.contains("duplicate attribute name `x`"), "{e}");
+        let e = err(
+            serde_json::json!({"attributes": [{"name": "c", "type": "categorical", "labels": []}]}),
+        );
+        assert!(e.contains("`c`: empty domain"), "{e}");
+        let e = err(
+            serde_json::json!({"attributes": [{"name": "c", "type": "categorical", "labels": ["x"]}]}),
+        );
+        assert!(e.contains("`c`: domain has a single value"), "{e}");
+        let e = err(
+            serde_json::json!({"attributes": [{"name": "n", "type": "numeric", "min": 0, "max": 1, "bins": 0}]}),
+        );
+        assert!(e.contains("`n`: bins must be >= 1"), "{e}");
+        let e = err(
+            serde_json::json!({"attributes": [{"name": "n", "type": "numeric", "min": 2, "max": 1, "bins": 3}]}),
+        );
+        assert!(e.contains("`n`: min (2) must be < max (1)"), "{e}");
+        let a = Attribute {
+            name: "inf".into(),
+            kind: AttributeKind::Numeric {
+                min: 0.0,
+                max: f64::INFINITY,
+                bins: 3,
+                integer: false,
+                out_of_range: OutOfRangePolicy::Reject,
+            },
+            missing: MissingPolicy::Reject,
+            missing_markers: vec![],
+        };
+        assert_eq!(
+            Schema::new(vec![a]),
+            Err(SchemaError::NonFiniteBound {
+                attribute: "inf".into()
+            })
+        );
+        // One bin is allowed once "missing" makes it a two-value domain.
+        let ok = serde_json::from_value::<Schema>(serde_json::json!({"attributes": [
+            {"name": "n", "type": "numeric", "min": 0, "max": 1, "bins": 1, "missing": "category"}]}));
+        assert_eq!(ok.unwrap().domain_sizes(), vec![2]);
+    }
+
+    #[test]
+    fn encoding_json_csv_and_builder_agree() {
+        let s = schema();
+        let a = s
+            .encode_json(&serde_json::json!({"age": 90, "w": 7.5, "sex": "M", "wc": null}))
+            .unwrap();
+        let enc = s.csv_encoder(&["extra", "wc", "sex", "w", "age"]).unwrap();
+        let b = enc.encode(&["zz", "?", "M", "7.5", "90"]).unwrap();
+        let c = s
+            .record()
+            .set("age", 90)
+            .set("w", 7.5)
+            .set("sex", "M")
+            .build()
+            .unwrap();
+        assert_eq!(a.codes(), &[15, 3, 1, 3]);
+        assert_eq!(a, b);
+        assert_eq!(a, c);
+        assert_eq!(
+            s.encode_json(&serde_json::json!({"age": 17, "w": 0, "sex": "F", "wc": "b"}))
+                .unwrap()
+                .codes(),
+            &[0, 0, 0, 1]
+        );
+    }
+
+    #[test]
+    fn encoding_errors_name_attribute_and_value() {
+        let s = schema();
+        let e = s
+            .record()
+            .set("age", 91)
+            .set("sex", "M")
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(e, RecordError::OutOfRange { ref attribute, value, .. } if attribute == "age" && value == 91.0)
+        );
+        let e = s
+            .record()
+            .set("age", 30)
+            .set("w", 0.5)
+            .set("sex", "X")
+            .build()
+            .unwrap_err();
+        assert_eq!(e.to_string(), "attribute `sex`: unknown label \"X\"");
+        let e = s.record().set("age", "abc").build().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "attribute `age`: not a finite number: \"abc\""
+        );
+        let e = s.record().set("age", 30).set("w", 0.5).build().unwrap_err();
+        assert_eq!(
+            e,
+            RecordError::Missing {
+                attribute: "sex".into()
+            }
+        );
+        let e = s.record().set("nope", 1).build().unwrap_err();
+        assert_eq!(
+            e,
+            RecordError::UnknownAttribute {
+                attribute: "nope".into()
+            }
+        );
+        assert!(matches!(
+            s.csv_encoder(&["age"]),
+            Err(RecordError::MissingColumn { .. })
+        ));
+        assert!(s.encode_json(&serde_json::json!([1])).is_err());
+        assert!(s.encode_json(&serde_json::json!({"age": true})).is_err());
+    }
+
+    #[test]
+    fn decoding_numeric_bins() {
+        let s = schema();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        let age = &s.attributes()[0];
+        // Bin 0 of age covers [17, 21.5625): whole numbers 17..=21.
+        for _ in 0..200 {
+            let DecodedValue::Number(x) = age.decode(0, NumericDecoding::Uniform, &mut rng) else {
+                panic!()
+            };
+            assert!((17.0..=21.0).contains(&x) && x.fract() == 0.0, "{x}");
+        }
+        assert_eq!(
+            age.decode(15, NumericDecoding::Midpoint, &mut rng),
+            DecodedValue::Number(88.0)
+        );
+        let w = &s.attributes()[1];
+        assert_eq!(
+            w.decode(1, NumericDecoding::Midpoint, &mut rng),
+            DecodedValue::Number(0.375)
+        );
+        assert_eq!(
+            s.attributes()[3].decode(3, NumericDecoding::Midpoint, &mut rng),
+            DecodedValue::Missing
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn encode_decode_round_trip(age in 0u32..16, w in 0u32..4, sex in 0u32..2, wc in 0u32..4, seed: u64) {
+            let s = schema();
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+            let codes = vec![age, w, sex, wc];
+            for mode in [NumericDecoding::Uniform, NumericDecoding::Midpoint] {
+                let decoded = s.decode(&codes, mode, &mut rng);
+                let obj: serde_json::Map<String, serde_json::Value> = s.attributes().iter()
+                    .zip(&decoded).map(|(a, v)| (a.name.clone(), v.to_json())).collect();
+                let back = s.encode_json(&serde_json::Value::Object(obj)).unwrap();
+                prop_assert_eq!(back.codes(), &codes[..]);
+            }
+        }
+
+        #[test]
+        fn schema_json_round_trip(bins in 1u32..40, min in -1e6f64..1e6, width in 1e-3f64..1e6, labels in proptest::collection::hash_set("[a-z]{1,6}", 2..10)) {
+            let labels: Vec<String> = labels.into_iter().collect();
+            let s = Schema::new(vec![
+                Attribute { name: "n".into(), kind: AttributeKind::Numeric { min, max: min + width, bins: bins + 1, integer: false, out_of_range: OutOfRangePolicy::Clamp }, missing: MissingPolicy::Reject, missing_markers: vec!["?".into()] },
+                Attribute { name: "c".into(), kind: AttributeKind::Categorical { labels }, missing: MissingPolicy::Category, missing_markers: vec![] },
+            ]).unwrap();
+            let json = serde_json::to_string(&s).unwrap();
+            prop_assert_eq!(serde_json::from_str::<Schema>(&json).unwrap(), s);
+        }
+    }
+}

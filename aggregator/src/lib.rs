@@ -1,0 +1,2 @@
+//! # ldpsyn-aggregator
+#![warn(missing_docs)]

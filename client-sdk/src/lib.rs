@@ -32,5 +32,7 @@ pub mod mechanism;
 pub mod protocol;
 pub mod schema;
 
+#[cfg(feature = "http")]
+pub mod client;
 
 pub use epsilon::{Epsilon, EpsilonError};

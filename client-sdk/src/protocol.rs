@@ -39,6 +39,12 @@ use crate::schema::Schema;
 /// Version of this wire protocol; the HTTP paths carry it as `/v1/`.
 pub const PROTOCOL_VERSION: u32 = 1;
 
+/// Most tasks one `GET …/task?count=n` may ask for.
+pub const MAX_TASKS_PER_REQUEST: usize = 1000;
+
+/// Default most reports in one upload (`POST …/reports`); servers may configure another.
+pub const DEFAULT_MAX_REPORTS_PER_UPLOAD: usize = 1000;
+
 /// An OUE bitset: `⌈k/8⌉` bytes, bit i in byte i/8, least significant bit first.
 /// Serialized as base64url without padding.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -106,7 +112,6 @@ fn default_batch_size() -> u64 {
 
 /// PrivIncr parameters (EDBT 2023), names as in DESIGN.md.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct PrivIncrParams {
     /// Share of users that build the dependency graph (phase 1), in (0, 1); default 0.5.
     #[serde(default = "default_omega")]
@@ -139,7 +144,6 @@ impl Default for PrivIncrParams {
 
 /// SamPrivSyn parameters (Sci China Inf Sci 2023).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct SamPrivSynParams {
     /// Reports between re-weightings B ≥ 1; default 2000 (the paper finds 1000–5000 best).
     #[serde(default = "default_batch_size")]
@@ -155,7 +159,8 @@ impl Default for SamPrivSynParams {
 }
 
 /// A collection protocol and its parameters. JSON: `{"protocol": "privincr", "omega": 0.5, …}`
-/// flattened into the collection config.
+/// flattened into the collection config. Unknown keys are ignored here so that clients keep
+/// working when the server adds fields; the server checks its own create requests strictly.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "protocol", rename_all = "snake_case")]
 pub enum Protocol {
@@ -213,7 +218,9 @@ pub struct CollectionConfig {
     pub protocol: Protocol,
 }
 
-/// What the server asks one person to report. Issued by `GET /v1/collections/{id}/task`.
+/// What the server asks one person to report. `GET /v1/collections/{id}/task` answers one
+/// `Task` object; `GET …/task?count=n` (n ≤ [`MAX_TASKS_PER_REQUEST`]) a JSON array of n
+/// independently drawn tasks.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Task {
     /// The collection.

@@ -1,0 +1,587 @@
+//! The native HTTP client (feature `http`): fetch a collection's public config, then for one
+//! person's record fetch a task, randomize on the device, record the spend in the
+//! [`BudgetLedger`], and post the report.
+//!
+//! The client trusts the server with nothing private: it refuses a config or task asking
+//! more ε than the app accepts (or a task whose ε differs from the config's), validates and
+//! encodes the record *before* fetching a task, and never randomizes twice for a collection
+//! whatever the server answers (see [`crate::ledger`]).
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), ldpsyn::client::ClientError> {
+//! use ldpsyn::{Epsilon, client::{Client, ClientOptions}, ledger::FileLedger};
+//! let collection = "c0ffee00-0000-4000-8000-000000000000".parse().unwrap();
+//! let ledger = FileLedger::open("ldpsyn-ledger.json")?;
+//! let options = ClientOptions::new(Epsilon::new(4.0).unwrap());
+//! let mut client = Client::connect("http://127.0.0.1:8080", collection, options, ledger).await?;
+//! let receipt = client.submit(&serde_json::json!({"age": 37, "sex": "Male"})).await?;
+//! println!("report {} {:?}", receipt.report_id, receipt.status);
+//! # Ok(()) }
+//! ```
+
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use uuid::Uuid;
+
+use crate::Epsilon;
+use crate::factor::{DEFAULT_MAX_CELLS, Factor};
+use crate::ledger::{
+    BudgetLedger, LedgerEntry, LedgerError, NextStep, ReportState, next_step, remaining_budget,
+};
+use crate::mechanism::{Mechanism, MechanismError};
+use crate::protocol::{
+    CollectionConfig, DEFAULT_MAX_REPORTS_PER_UPLOAD, MAX_TASKS_PER_REQUEST, PROTOCOL_VERSION,
+    Problem, ProblemType, Report, ReportAnswer, ReportStatus, Task,
+};
+use crate::schema::{EncodedRecord, RecordError, Schema};
+
+/// Errors of the HTTP client. [`ClientError::problem_type`] maps each to the shared list.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The record does not fit the schema; nothing was fetched or spent.
+    #[error("invalid record: {0}")]
+    Record(#[from] RecordError),
+    /// The config or a task asks more ε than the app accepts; nothing was spent.
+    #[error("server asks epsilon {requested}, above the accepted maximum {max}")]
+    EpsilonTooLarge {
+        /// ε asked for.
+        requested: f64,
+        /// The app's maximum.
+        max: f64,
+    },
+    /// The task does not match the collection's public config; nothing was spent.
+    #[error("invalid task from server: {0}")]
+    InvalidTask(String),
+    /// This device already spent its budget for the collection.
+    #[error(
+        "privacy budget for collection {collection} is exhausted (epsilon {epsilon_spent} spent)"
+    )]
+    BudgetExhausted {
+        /// The collection.
+        collection: Uuid,
+        /// ε already spent.
+        epsilon_spent: f64,
+    },
+    /// The server answered with a problem (a 4xx, or a per-report `rejected`).
+    #[error("server problem {}: {}", .0.problem_type, .0.detail)]
+    Problem(Problem),
+    /// The server kept failing (5xx, 429) or could not be reached after every retry. A
+    /// report that was already randomized stays pending; the next `submit` resends it.
+    #[error("aggregator unavailable after {attempts} attempts: {last_error}")]
+    Unavailable {
+        /// Attempts made.
+        attempts: u32,
+        /// The last failure.
+        last_error: String,
+    },
+    /// The server's answer could not be understood.
+    #[error("unexpected answer from the aggregator: {0}")]
+    Protocol(String),
+    /// The budget ledger failed.
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+}
+
+impl ClientError {
+    /// The problem type of the shared list this error corresponds to.
+    pub fn problem_type(&self) -> ProblemType {
+        match self {
+            ClientError::Record(_) => ProblemType::InvalidRecord,
+            ClientError::EpsilonTooLarge { .. } => ProblemType::EpsilonTooLarge,
+            ClientError::InvalidTask(_) | ClientError::Protocol(_) => ProblemType::MalformedRequest,
+            ClientError::BudgetExhausted { .. } => ProblemType::BudgetExhausted,
+            ClientError::Problem(p) => p.problem_type,
+            ClientError::Unavailable { .. } => ProblemType::Unavailable,
+            ClientError::Ledger(_) => ProblemType::Internal,
+        }
+    }
+}
+
+/// Client settings. [`ClientOptions::new`] gives the defaults.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// The largest ε per report the app accepts.
+    pub max_epsilon: Epsilon,
+    /// Timeout of one HTTP request.
+    pub request_timeout: Duration,
+    /// Attempts per request on 5xx, 429 and connection errors (≥ 1).
+    pub max_attempts: u32,
+    /// First retry delay; doubles each attempt up to `max_backoff` (jittered).
+    pub initial_backoff: Duration,
+    /// Largest retry delay.
+    pub max_backoff: Duration,
+    /// Seed of the privacy RNG, for tests and simulations only. `None` (the default) seeds
+    /// ChaCha12 (`StdRng`, a CSPRNG) from the operating system.
+    pub seed: Option<u64>,
+}
+
+impl ClientOptions {
+    /// Defaults: 10 s timeout, 5 attempts, backoff 100 ms doubling to 5 s, OS-seeded RNG.
+    pub fn new(max_epsilon: Epsilon) -> Self {
+        Self {
+            max_epsilon,
+            request_timeout: Duration::from_secs(10),
+            max_attempts: 5,
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(5),
+            seed: None,
+        }
+    }
+}
+
+/// The outcome of a successful submission.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Receipt {
+    /// The collection.
+    pub collection_id: Uuid,
+    /// The report id.
+    pub report_id: Uuid,
+    /// `accepted`, or `duplicate` when a resend found the report already committed.
+    pub status: ReportStatus,
+    /// ε spent on this report.
+    pub epsilon_spent: f64,
+}
+
+/// One simulated person for [`Client::submit_batch`]: their record and their own ledger.
+#[derive(Debug, Clone)]
+pub struct SimulatedPerson<L> {
+    /// The person's encoded record.
+    pub record: EncodedRecord,
+    /// The person's own budget ledger.
+    pub ledger: L,
+}
+
+/// A client bound to one collection of one aggregator, with the device's ledger `L`.
+pub struct Client<L> {
+    http: reqwest::Client,
+    base: String,
+    config: CollectionConfig,
+    options: ClientOptions,
+    ledger: L,
+    rng: StdRng,
+}
+
+impl<L> std::fmt::Debug for Client<L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("base", &self.base)
+            .field("collection", &self.config.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<L: BudgetLedger> Client<L> {
+    /// Fetches the public config of `collection_id` from `base_url` and checks it: protocol
+    /// version, and ε ≤ `options.max_epsilon`.
+    ///
+    /// Errors: [`ClientError::EpsilonTooLarge`], [`ClientError::Problem`] (e.g. unknown
+    /// collection), [`ClientError::Unavailable`], [`ClientError::Protocol`].
+    pub async fn connect(
+        base_url: &str,
+        collection_id: Uuid,
+        options: ClientOptions,
+        ledger: L,
+    ) -> Result<Self, ClientError> {
+        let http = reqwest::Client::builder()
+            .timeout(options.request_timeout)
+            .build()
+            .map_err(|e| ClientError::Protocol(format!("cannot build HTTP client: {e}")))?;
+        let rng = match options.seed {
+            Some(s) => StdRng::seed_from_u64(s),
+            None => StdRng::from_os_rng(),
+        };
+        let base = base_url.trim_end_matches('/').to_owned();
+        let url = format!("{base}/v1/collections/{collection_id}");
+        let config: CollectionConfig = send_json(&http, &options, |h| h.get(&url)).await?;
+        if config.version != PROTOCOL_VERSION {
+            return Err(ClientError::Protocol(format!(
+                "protocol version {} (this SDK speaks {PROTOCOL_VERSION})",
+                config.version
+            )));
+        }
+        if config.id != collection_id {
+            return Err(ClientError::Protocol("config of another collection".into()));
+        }
+        check_epsilon(config.epsilon, options.max_epsilon)?;
+        Ok(Self {
+            http,
+            base,
+            config,
+            options,
+            ledger,
+            rng,
+        })
+    }
+
+    /// The collection's public config.
+    pub fn config(&self) -> &CollectionConfig {
+        &self.config
+    }
+
+    /// The collection's schema.
+    pub fn schema(&self) -> &Schema {
+        &self.config.schema
+    }
+
+    /// The device ledger.
+    pub fn ledger(&self) -> &L {
+        &self.ledger
+    }
+
+    /// ε this device may still spend on the collection: the collection's ε before the first
+    /// report, 0 after.
+    pub fn remaining_budget(&self) -> Result<f64, ClientError> {
+        let entry = self.ledger.get(self.config.id)?;
+        Ok(remaining_budget(entry.as_ref(), self.config.epsilon.get()))
+    }
+
+    /// Submits one person's record given as a JSON object `{attribute: value}`.
+    ///
+    /// Encodes first (an invalid record fails with [`ClientError::Record`] before any
+    /// request), then follows the ledger: resend a pending report, refuse when the budget is
+    /// spent, else fetch a task, check it, randomize, record in the ledger, post.
+    pub async fn submit(&mut self, record: &serde_json::Value) -> Result<Receipt, ClientError> {
+        let encoded = self.config.schema.encode_json(record)?;
+        self.submit_encoded(&encoded).await
+    }
+
+    /// As [`Client::submit`], for a record already encoded with this collection's schema
+    /// (checked again here).
+    pub async fn submit_encoded(&mut self, record: &EncodedRecord) -> Result<Receipt, ClientError> {
+        let record = self.config.schema.encoded(record.codes().to_vec())?;
+        let collection = self.config.id;
+        let report = match next_step(self.ledger.get(collection)?.as_ref()) {
+            NextStep::Exhausted { epsilon_spent } => {
+                return Err(ClientError::BudgetExhausted {
+                    collection,
+                    epsilon_spent,
+                });
+            }
+            NextStep::Resend(report) => report,
+            NextStep::Randomize => {
+                let task = self
+                    .fetch_tasks(1)
+                    .await?
+                    .pop()
+                    .ok_or_else(|| ClientError::Protocol("the server sent no task".into()))?;
+                let report = randomize_task(
+                    &self.config,
+                    self.options.max_epsilon,
+                    &task,
+                    &record,
+                    &mut self.rng,
+                )?;
+                self.ledger.put(collection, pending(&task, &report))?;
+                report
+            }
+        };
+        let answers = self.post_reports(std::slice::from_ref(&report)).await;
+        let answer = match answers {
+            Ok(mut a) if a.len() == 1 && a[0].id == report.id => a.remove(0),
+            Ok(_) => {
+                return Err(ClientError::Protocol(
+                    "answer does not match the report".into(),
+                ));
+            }
+            Err(ClientError::Problem(p)) => {
+                // A permanent refusal of the whole upload: the budget stays spent.
+                self.settle(collection, ReportState::Refused)?;
+                return Err(ClientError::Problem(p));
+            }
+            Err(e) => return Err(e),
+        };
+        self.finish(collection, answer)
+    }
+
+    fn settle(&mut self, collection: Uuid, state: ReportState) -> Result<LedgerEntry, ClientError> {
+        let mut entry = self
+            .ledger
+            .get(collection)?
+            .ok_or_else(|| ClientError::Protocol("ledger lost the pending report".into()))?;
+        entry.state = state;
+        self.ledger.put(collection, entry.clone())?;
+        Ok(entry)
+    }
+
+    fn finish(&mut self, collection: Uuid, answer: ReportAnswer) -> Result<Receipt, ClientError> {
+        match answer.status {
+            ReportStatus::Accepted | ReportStatus::Duplicate => {
+                let entry = self.settle(collection, ReportState::Acknowledged)?;
+                Ok(Receipt {
+                    collection_id: collection,
+                    report_id: answer.id,
+                    status: answer.status,
+                    epsilon_spent: entry.epsilon_spent,
+                })
+            }
+            ReportStatus::Rejected => {
+                self.settle(collection, ReportState::Refused)?;
+                Err(ClientError::Problem(answer.problem.unwrap_or_else(|| {
+                    Problem::new(ProblemType::InvalidPayload, "rejected without a reason")
+                })))
+            }
+        }
+    }
+
+    /// Submits for many distinct simulated people at once (for simulations and load tests):
+    /// tasks are fetched `count` at a time, each person randomizes their own task and records
+    /// it in their own ledger, and the reports are posted in uploads of up to
+    /// [`DEFAULT_MAX_REPORTS_PER_UPLOAD`]. Returns one result per person, in order.
+    ///
+    /// Errors of the whole call (the server unreachable, a problem answer to a task fetch)
+    /// are returned as `Err`; people whose reports were already randomized keep them pending.
+    pub async fn submit_batch<M: BudgetLedger>(
+        &mut self,
+        people: &mut [SimulatedPerson<M>],
+    ) -> Result<Vec<Result<Receipt, ClientError>>, ClientError> {
+        let collection = self.config.id;
+        let mut results: Vec<Option<Result<Receipt, ClientError>>> =
+            (0..people.len()).map(|_| None).collect();
+        let mut outgoing: Vec<(usize, Report)> = Vec::with_capacity(people.len());
+        let mut need_task = Vec::new();
+        for (i, person) in people.iter_mut().enumerate() {
+            match self.config.schema.encoded(person.record.codes().to_vec()) {
+                Err(e) => results[i] = Some(Err(e.into())),
+                Ok(_) => match next_step(person.ledger.get(collection)?.as_ref()) {
+                    NextStep::Exhausted { epsilon_spent } => {
+                        results[i] = Some(Err(ClientError::BudgetExhausted {
+                            collection,
+                            epsilon_spent,
+                        }))
+                    }
+                    NextStep::Resend(r) => outgoing.push((i, r)),
+                    NextStep::Randomize => need_task.push(i),
+                },
+            }
+        }
+        for chunk in need_task.chunks(MAX_TASKS_PER_REQUEST) {
+            let tasks = self.fetch_tasks(chunk.len()).await?;
+            if tasks.len() != chunk.len() {
+                return Err(ClientError::Protocol(format!(
+                    "asked {} tasks, got {}",
+                    chunk.len(),
+                    tasks.len()
+                )));
+            }
+            for (&i, task) in chunk.iter().zip(&tasks) {
+                let person = &mut people[i];
+                match randomize_task(
+                    &self.config,
+                    self.options.max_epsilon,
+                    task,
+                    &person.record,
+                    &mut self.rng,
+                ) {
+                    Ok(report) => {
+                        person.ledger.put(collection, pending(task, &report))?;
+                        outgoing.push((i, report));
+                    }
+                    Err(e) => results[i] = Some(Err(e)),
+                }
+            }
+        }
+        for chunk in outgoing.chunks(DEFAULT_MAX_REPORTS_PER_UPLOAD) {
+            let reports: Vec<Report> = chunk.iter().map(|(_, r)| r.clone()).collect();
+            match self.post_reports(&reports).await {
+                Ok(answers) => {
+                    if answers.len() != chunk.len() {
+                        return Err(ClientError::Protocol(
+                            "one answer per report expected".into(),
+                        ));
+                    }
+                    for ((i, report), answer) in chunk.iter().zip(answers) {
+                        if answer.id != report.id {
+                            return Err(ClientError::Protocol("answers out of order".into()));
+                        }
+                        let ledger = &mut people[*i].ledger;
+                        let mut entry = ledger.get(collection)?.ok_or_else(|| {
+                            ClientError::Protocol("ledger lost the pending report".into())
+                        })?;
+                        results[*i] = Some(match answer.status {
+                            ReportStatus::Accepted | ReportStatus::Duplicate => {
+                                entry.state = ReportState::Acknowledged;
+                                Ok(Receipt {
+                                    collection_id: collection,
+                                    report_id: answer.id,
+                                    status: answer.status,
+                                    epsilon_spent: entry.epsilon_spent,
+                                })
+                            }
+                            ReportStatus::Rejected => {
+                                entry.state = ReportState::Refused;
+                                Err(ClientError::Problem(answer.problem.unwrap_or_else(|| {
+                                    Problem::new(
+                                        ProblemType::InvalidPayload,
+                                        "rejected without a reason",
+                                    )
+                                })))
+                            }
+                        });
+                        ledger.put(collection, entry)?;
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(ClientError::Protocol("no outcome".into()))))
+            .collect())
+    }
+
+    async fn fetch_tasks(&mut self, count: usize) -> Result<Vec<Task>, ClientError> {
+        let url = format!("{}/v1/collections/{}/task", self.base, self.config.id);
+        if count == 1 {
+            let task: Task = send_json(&self.http, &self.options, |h| h.get(&url)).await?;
+            Ok(vec![task])
+        } else {
+            let count = count.to_string();
+            send_json(&self.http, &self.options, |h| {
+                h.get(&url).query(&[("count", count.as_str())])
+            })
+            .await
+        }
+    }
+
+    async fn post_reports(&mut self, reports: &[Report]) -> Result<Vec<ReportAnswer>, ClientError> {
+        let url = format!("{}/v1/collections/{}/reports", self.base, self.config.id);
+        // Serialized once: every retry sends identical bytes.
+        let body = serde_json::to_vec(reports).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        send_json(&self.http, &self.options, |h| {
+            h.post(&url)
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body.clone())
+        })
+        .await
+    }
+}
+
+/// Sends a request with retries on connection errors, timeouts, 5xx and 429 (honouring
+/// `Retry-After` seconds), and decodes a 2xx JSON body or a problem document.
+async fn send_json<T: serde::de::DeserializeOwned>(
+    http: &reqwest::Client,
+    options: &ClientOptions,
+    build: impl Fn(&reqwest::Client) -> reqwest::RequestBuilder,
+) -> Result<T, ClientError> {
+    let mut delay = options.initial_backoff;
+    let attempts = options.max_attempts.max(1);
+    let mut last_error = String::new();
+    for attempt in 1..=attempts {
+        let mut retry_after = None;
+        match build(http).send().await {
+            Ok(resp) => {
+                let status = resp.status();
+                if status.is_success() {
+                    let bytes = resp
+                        .bytes()
+                        .await
+                        .map_err(|e| ClientError::Protocol(e.to_string()))?;
+                    return serde_json::from_slice(&bytes)
+                        .map_err(|e| ClientError::Protocol(format!("bad JSON answer: {e}")));
+                }
+                retry_after = resp
+                    .headers()
+                    .get(reqwest::header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .map(Duration::from_secs);
+                let bytes = resp.bytes().await.unwrap_or_default();
+                let problem = serde_json::from_slice::<Problem>(&bytes).unwrap_or_else(|_| {
+                    Problem::new(
+                        if status.is_server_error() {
+                            ProblemType::Internal
+                        } else {
+                            ProblemType::MalformedRequest
+                        },
+                        format!("HTTP {status}: {}", String::from_utf8_lossy(&bytes)),
+                    )
+                });
+                if !(status.is_server_error() || status.as_u16() == 429) {
+                    return Err(ClientError::Problem(problem));
+                }
+                last_error = format!("HTTP {status}: {}", problem.detail);
+            }
+            Err(e) => last_error = e.to_string(),
+        }
+        if attempt < attempts {
+            let jitter = rand::rng().random_range(0.5..1.0);
+            let wait = retry_after
+                .unwrap_or(delay.mul_f64(jitter))
+                .min(options.max_backoff.max(delay));
+            tracing::debug!(attempt, ?wait, %last_error, "retrying");
+            tokio::time::sleep(wait).await;
+            delay = (delay * 2).min(options.max_backoff);
+        }
+    }
+    Err(ClientError::Unavailable {
+        attempts,
+        last_error,
+    })
+}
+
+fn check_epsilon(requested: Epsilon, max: Epsilon) -> Result<(), ClientError> {
+    if requested > max {
+        return Err(ClientError::EpsilonTooLarge {
+            requested: requested.get(),
+            max: max.get(),
+        });
+    }
+    Ok(())
+}
+
+/// Checks `task` against the collection config and the app's maximum ε, then randomizes the
+/// record's factor value with the task's mechanism. Shared by the native and WASM clients.
+///
+/// Errors: [`ClientError::EpsilonTooLarge`], [`ClientError::InvalidTask`] (other collection,
+/// ε differing from the config's, unknown attributes, mechanism not fitting the factor).
+pub fn randomize_task<R: Rng + ?Sized>(
+    config: &CollectionConfig,
+    max_epsilon: Epsilon,
+    task: &Task,
+    record: &EncodedRecord,
+    rng: &mut R,
+) -> Result<Report, ClientError> {
+    check_epsilon(task.epsilon, max_epsilon)?;
+    if task.collection_id != config.id {
+        return Err(ClientError::InvalidTask(
+            "task of another collection".into(),
+        ));
+    }
+    if task.epsilon != config.epsilon {
+        return Err(ClientError::InvalidTask(format!(
+            "task epsilon {} differs from the collection's {}",
+            task.epsilon, config.epsilon
+        )));
+    }
+    let factor = Factor::new(
+        task.factor.clone(),
+        &config.schema.domain_sizes(),
+        DEFAULT_MAX_CELLS,
+    )
+    .map_err(|e| ClientError::InvalidTask(e.to_string()))?;
+    let mechanism = Mechanism::new(task.mechanism, task.epsilon, factor.dims())
+        .map_err(|e: MechanismError| ClientError::InvalidTask(e.to_string()))?;
+    let codes: Vec<u32> = factor
+        .attributes()
+        .iter()
+        .map(|&a| record.codes()[a])
+        .collect();
+    let payload = mechanism
+        .randomize(&codes, rng)
+        .map_err(|e| ClientError::InvalidTask(e.to_string()))?;
+    Ok(Report {
+        id: uuid::Builder::from_random_bytes(rng.random()).into_uuid(),
+        token: task.token.clone(),
+        payload,
+    })
+}
+
+fn pending(task: &Task, report: &Report) -> LedgerEntry {
+    LedgerEntry {
+        epsilon_spent: task.epsilon.get(),
+        report: report.clone(),
+        state: ReportState::Pending,
+    }
+}

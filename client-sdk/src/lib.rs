@@ -31,6 +31,7 @@ pub mod ledger;
 pub mod mechanism;
 pub mod protocol;
 pub mod schema;
+pub mod submission;
 
 #[cfg(feature = "http")]
 pub mod client;

@@ -419,12 +419,13 @@ async fn batch_mode_gives_every_person_their_own_task_and_ledger() {
             .iter()
             .all(|r| matches!(r, Ok(rc) if rc.status == ReportStatus::Accepted))
     );
-    let seen = fake.seen.lock().unwrap();
-    assert_eq!(seen.task_fetches, 2, "1000 + 500 tasks");
-    assert_eq!(seen.tasks_issued, 1500);
-    assert_eq!(seen.upload_bodies.len(), 2);
-    assert_eq!(seen.accepted.len(), 1500);
-    drop(seen);
+    {
+        let seen = fake.seen.lock().unwrap();
+        assert_eq!(seen.task_fetches, 2, "1000 + 500 tasks");
+        assert_eq!(seen.tasks_issued, 1500);
+        assert_eq!(seen.upload_bodies.len(), 2);
+        assert_eq!(seen.accepted.len(), 1500);
+    }
     for p in &people {
         assert_eq!(
             p.ledger.get(fake.config.id).unwrap().unwrap().state,

@@ -1,0 +1,177 @@
+//! The submission rules shared by the native HTTP client and the WASM client: the typed
+//! errors, the checks of a config and a task against what the app accepts, and the
+//! randomization of one record for one task. No networking here.
+
+use rand::Rng;
+use uuid::Uuid;
+
+use crate::Epsilon;
+use crate::factor::{DEFAULT_MAX_CELLS, Factor};
+use crate::ledger::{LedgerEntry, LedgerError, ReportState};
+use crate::mechanism::{Mechanism, MechanismError};
+use crate::protocol::{
+    CollectionConfig, PROTOCOL_VERSION, Problem, ProblemType, Report, ReportStatus, Task,
+};
+use crate::schema::{EncodedRecord, RecordError};
+
+/// Errors of a submission (native or WASM client). [`ClientError::problem_type`] maps each to the shared list.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The record does not fit the schema; nothing was fetched or spent.
+    #[error("invalid record: {0}")]
+    Record(#[from] RecordError),
+    /// The config or a task asks more ε than the app accepts; nothing was spent.
+    #[error("server asks epsilon {requested}, above the accepted maximum {max}")]
+    EpsilonTooLarge {
+        /// ε asked for.
+        requested: f64,
+        /// The app's maximum.
+        max: f64,
+    },
+    /// The task does not match the collection's public config; nothing was spent.
+    #[error("invalid task from server: {0}")]
+    InvalidTask(String),
+    /// This device already spent its budget for the collection.
+    #[error(
+        "privacy budget for collection {collection} is exhausted (epsilon {epsilon_spent} spent)"
+    )]
+    BudgetExhausted {
+        /// The collection.
+        collection: Uuid,
+        /// ε already spent.
+        epsilon_spent: f64,
+    },
+    /// The server answered with a problem (a 4xx, or a per-report `rejected`).
+    #[error("server problem {}: {}", .0.problem_type, .0.detail)]
+    Problem(Problem),
+    /// The server kept failing (5xx, 429) or could not be reached after every retry. A
+    /// report that was already randomized stays pending; the next `submit` resends it.
+    #[error("aggregator unavailable after {attempts} attempts: {last_error}")]
+    Unavailable {
+        /// Attempts made.
+        attempts: u32,
+        /// The last failure.
+        last_error: String,
+    },
+    /// The server's answer could not be understood.
+    #[error("unexpected answer from the aggregator: {0}")]
+    Protocol(String),
+    /// The budget ledger failed.
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+}
+
+impl ClientError {
+    /// The problem type of the shared list this error corresponds to.
+    pub fn problem_type(&self) -> ProblemType {
+        match self {
+            ClientError::Record(_) => ProblemType::InvalidRecord,
+            ClientError::EpsilonTooLarge { .. } => ProblemType::EpsilonTooLarge,
+            ClientError::InvalidTask(_) | ClientError::Protocol(_) => ProblemType::MalformedRequest,
+            ClientError::BudgetExhausted { .. } => ProblemType::BudgetExhausted,
+            ClientError::Problem(p) => p.problem_type,
+            ClientError::Unavailable { .. } => ProblemType::Unavailable,
+            ClientError::Ledger(_) => ProblemType::Internal,
+        }
+    }
+}
+
+/// The outcome of a successful submission.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Receipt {
+    /// The collection.
+    pub collection_id: Uuid,
+    /// The report id.
+    pub report_id: Uuid,
+    /// `accepted`, or `duplicate` when a resend found the report already committed.
+    pub status: ReportStatus,
+    /// ε spent on this report.
+    pub epsilon_spent: f64,
+}
+
+/// Checks a fetched public config: protocol version, the collection asked for, and
+/// ε ≤ `max_epsilon`.
+///
+/// Errors: [`ClientError::Protocol`], [`ClientError::EpsilonTooLarge`].
+pub fn check_config(
+    config: &CollectionConfig,
+    collection_id: Uuid,
+    max_epsilon: Epsilon,
+) -> Result<(), ClientError> {
+    if config.version != PROTOCOL_VERSION {
+        return Err(ClientError::Protocol(format!(
+            "protocol version {} (this SDK speaks {PROTOCOL_VERSION})",
+            config.version
+        )));
+    }
+    if config.id != collection_id {
+        return Err(ClientError::Protocol("config of another collection".into()));
+    }
+    check_epsilon(config.epsilon, max_epsilon)
+}
+
+fn check_epsilon(requested: Epsilon, max: Epsilon) -> Result<(), ClientError> {
+    if requested > max {
+        return Err(ClientError::EpsilonTooLarge {
+            requested: requested.get(),
+            max: max.get(),
+        });
+    }
+    Ok(())
+}
+
+/// Checks `task` against the collection config and the app's maximum ε, then randomizes the
+/// record's factor value with the task's mechanism. Shared by the native and WASM clients.
+///
+/// Errors: [`ClientError::EpsilonTooLarge`], [`ClientError::InvalidTask`] (other collection,
+/// ε differing from the config's, unknown attributes, mechanism not fitting the factor).
+pub fn randomize_task<R: Rng + ?Sized>(
+    config: &CollectionConfig,
+    max_epsilon: Epsilon,
+    task: &Task,
+    record: &EncodedRecord,
+    rng: &mut R,
+) -> Result<Report, ClientError> {
+    check_epsilon(task.epsilon, max_epsilon)?;
+    if task.collection_id != config.id {
+        return Err(ClientError::InvalidTask(
+            "task of another collection".into(),
+        ));
+    }
+    if task.epsilon != config.epsilon {
+        return Err(ClientError::InvalidTask(format!(
+            "task epsilon {} differs from the collection's {}",
+            task.epsilon, config.epsilon
+        )));
+    }
+    let factor = Factor::new(
+        task.factor.clone(),
+        &config.schema.domain_sizes(),
+        DEFAULT_MAX_CELLS,
+    )
+    .map_err(|e| ClientError::InvalidTask(e.to_string()))?;
+    let mechanism = Mechanism::new(task.mechanism, task.epsilon, factor.dims())
+        .map_err(|e: MechanismError| ClientError::InvalidTask(e.to_string()))?;
+    let codes: Vec<u32> = factor
+        .attributes()
+        .iter()
+        .map(|&a| record.codes()[a])
+        .collect();
+    let payload = mechanism
+        .randomize(&codes, rng)
+        .map_err(|e| ClientError::InvalidTask(e.to_string()))?;
+    Ok(Report {
+        id: uuid::Builder::from_random_bytes(rng.random()).into_uuid(),
+        token: task.token.clone(),
+        payload,
+    })
+}
+
+/// The ledger entry recorded before `report` (answering `task`) leaves the device.
+pub fn pending_entry(task: &Task, report: &Report) -> LedgerEntry {
+    LedgerEntry {
+        epsilon_spent: task.epsilon.get(),
+        report: report.clone(),
+        state: ReportState::Pending,
+    }
+}

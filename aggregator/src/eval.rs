@@ -1,0 +1,243 @@
+//! Utility evaluation: mean total variation distance over all k-way marginals, and ML
+//! efficacy (logistic regression trained on synthetic data, tested on real data).
+
+use linfa::prelude::*;
+use linfa_logistic::LogisticRegression;
+use ndarray::{Array1, Array2};
+
+use crate::sim::Population;
+
+/// Errors of the evaluation.
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    /// Shapes differ or a table is empty.
+    #[error("bad input: {0}")]
+    BadInput(String),
+    /// The classifier could not be fitted.
+    #[error("logistic regression: {0}")]
+    Fit(String),
+}
+
+/// Counts of every k-way marginal of a stream of rows.
+#[derive(Debug, Clone)]
+pub struct MarginalCounts {
+    dims: Vec<usize>,
+    subsets: Vec<Vec<usize>>,
+    counts: Vec<Vec<u64>>,
+    rows: u64,
+}
+
+fn subsets(d: usize, k: usize) -> Vec<Vec<usize>> {
+    let mut out = Vec::new();
+    let mut cur = Vec::new();
+    fn rec(start: usize, d: usize, k: usize, cur: &mut Vec<usize>, out: &mut Vec<Vec<usize>>) {
+        if cur.len() == k {
+            out.push(cur.clone());
+            return;
+        }
+        for i in start..d {
+            cur.push(i);
+            rec(i + 1, d, k, cur, out);
+            cur.pop();
+        }
+    }
+    rec(0, d, k, &mut cur, &mut out);
+    out
+}
+
+impl MarginalCounts {
+    /// Empty counters for every k-subset of attributes (lexicographic).
+    pub fn new(dims: &[usize], k: usize) -> Self {
+        let subsets = subsets(dims.len(), k);
+        let counts = subsets
+            .iter()
+            .map(|s| vec![0u64; s.iter().map(|&a| dims[a]).product()])
+            .collect();
+        Self {
+            dims: dims.to_vec(),
+            subsets,
+            counts,
+            rows: 0,
+        }
+    }
+
+    /// Adds one row (codes, one per attribute).
+    pub fn add(&mut self, row: &[u32]) {
+        for (s, c) in self.subsets.iter().zip(self.counts.iter_mut()) {
+            let mut idx = 0usize;
+            for &a in s {
+                idx = idx * self.dims[a] + row[a] as usize;
+            }
+            c[idx] += 1;
+        }
+        self.rows += 1;
+    }
+
+    /// Counts every row of a population.
+    pub fn of_population(pop: &Population, k: usize) -> Self {
+        let mut m = Self::new(pop.dims(), k);
+        pop.rows().for_each(|r| m.add(r));
+        m
+    }
+
+    /// Mean over all k-subsets of the TVD `½ Σ |p − q|` between the two tables' normalized
+    /// marginals. Errors: different shapes or no rows.
+    pub fn mean_tvd(&self, other: &MarginalCounts) -> Result<f64, EvalError> {
+        if self.dims != other.dims || self.subsets != other.subsets {
+            return Err(EvalError::BadInput("different marginals".into()));
+        }
+        if self.rows == 0 || other.rows == 0 || self.subsets.is_empty() {
+            return Err(EvalError::BadInput("no rows".into()));
+        }
+        let (na, nb) = (self.rows as f64, other.rows as f64);
+        let total: f64 = self
+            .counts
+            .iter()
+            .zip(&other.counts)
+            .map(|(a, b)| {
+                a.iter()
+                    .zip(b)
+                    .map(|(&x, &y)| (x as f64 / na - y as f64 / nb).abs())
+                    .sum::<f64>()
+                    / 2.0
+            })
+            .sum();
+        Ok(total / self.subsets.len() as f64)
+    }
+}
+
+/// One-hot features of every attribute except `target`, and the label `code == positive`.
+fn features<'a>(
+    rows: impl Iterator<Item = &'a [u32]>,
+    dims: &[usize],
+    target: usize,
+    positive: u32,
+) -> (Array2<f64>, Array1<bool>) {
+    let width: usize = dims.iter().enumerate().filter(|&(a, _)| a != target).map(|(_, &k)| k).sum();
+    let mut data = Vec::new();
+    let mut labels = Vec::new();
+    for row in rows {
+        let mut x = vec![0.0; width];
+        let mut off = 0;
+        for (a, &k) in dims.iter().enumerate() {
+            if a == target {
+                continue;
+            }
+            x[off + row[a] as usize] = 1.0;
+            off += k;
+        }
+        data.extend(x);
+        labels.push(row[target] == positive);
+    }
+    let n = labels.len();
+    (
+        // Shape is n × width by construction.
+        Array2::from_shape_vec((n, width), data).expect("n × width values"),
+        Array1::from(labels),
+    )
+}
+
+/// ML efficacy: fits an L2-regularized logistic regression (linfa-logistic, one-hot
+/// features of every other attribute) predicting `target == positive` on `train`, and
+/// returns its accuracy on `test`. `train` is subsampled to at most `max_train` rows by a
+/// fixed stride (rows from a model are i.i.d., so a stride is a random subsample).
+/// Errors: empty inputs, different schemas, a single class in training, or a failed fit.
+pub fn ml_accuracy(
+    train: &Population,
+    test: &Population,
+    target: usize,
+    positive: u32,
+    max_train: usize,
+) -> Result<f64, EvalError> {
+    if train.dims() != test.dims() || train.is_empty() || test.is_empty() {
+        return Err(EvalError::BadInput("train/test schemas differ or are empty".into()));
+    }
+    let stride = train.len().div_ceil(max_train.max(1));
+    let (x, y) = features(train.rows().step_by(stride), train.dims(), target, positive);
+    if y.iter().all(|&v| v) || y.iter().all(|&v| !v) {
+        // A constant classifier: accuracy of always predicting that class.
+        let c = y[0];
+        let hits = test.rows().filter(|r| (r[target] == positive) == c).count();
+        return Ok(hits as f64 / test.len() as f64);
+    }
+    let model = LogisticRegression::default()
+        .alpha(1e-3)
+        .max_iterations(200)
+        .fit(&Dataset::new(x, y))
+        .map_err(|e| EvalError::Fit(e.to_string()))?;
+    let (tx, ty) = features(test.rows(), test.dims(), target, positive);
+    let pred = model.predict(&tx);
+    let hits = pred.iter().zip(ty.iter()).filter(|(a, b)| a == b).count();
+    Ok(hits as f64 / test.len() as f64)
+}
+
+/// Exact marginals of a population (no privacy), as a [`crate::engine::JointSource`].
+#[derive(Debug, Clone)]
+pub struct ExactJoint {
+    pop: std::sync::Arc<Population>,
+}
+
+impl ExactJoint {
+    /// Wraps the population.
+    pub fn new(pop: std::sync::Arc<Population>) -> Self {
+        Self { pop }
+    }
+}
+
+impl crate::engine::JointSource for ExactJoint {
+    fn joint(&self, scope: &[usize]) -> Vec<f64> {
+        let dims = self.pop.dims();
+        let cells: usize = scope.iter().map(|&a| dims[a]).product();
+        let mut c = vec![0.0; cells];
+        for row in self.pop.rows() {
+            let mut idx = 0;
+            for &a in scope {
+                idx = idx * dims[a] + row[a] as usize;
+            }
+            c[idx] += 1.0;
+        }
+        let n = self.pop.len().max(1) as f64;
+        c.iter_mut().for_each(|v| *v /= n);
+        c
+    }
+}
+
+/// The no-privacy junction tree (`noprivjtree` in the benchmark): PrivIncr's structure from
+/// the *true* pair MI (edge kept iff `I ≥ τ`, eq. 15 with `phi`), junction tree and
+/// Algorithm 2 with `sigma`, every conditional from the exact marginals.
+pub fn noprivacy_model(pop: std::sync::Arc<Population>, phi: f64, sigma: u64) -> crate::engine::Model {
+    use crate::engine::JointSource;
+    use crate::engine::info::{mutual_information, tau};
+    let dims = pop.dims().to_vec();
+    let d = dims.len();
+    let source = ExactJoint::new(pop);
+    let mut mi = vec![vec![0.0; d]; d];
+    let mut edges = std::collections::BTreeSet::new();
+    let mut states = Vec::new();
+    for a in 0..d {
+        for b in a + 1..d {
+            let j = source.joint(&[a, b]);
+            let m = mutual_information(&j, dims[a], dims[b]);
+            mi[a][b] = m;
+            mi[b][a] = m;
+            let t = tau(dims[a], dims[b], phi);
+            if m >= t {
+                edges.insert((a, b));
+            }
+            states.push(crate::engine::EdgeState {
+                a,
+                b,
+                active: m >= t,
+                pruned_in: if m >= t { None } else { Some(0) },
+                mi: Some(m),
+                tau: t,
+                ell: None,
+                reports: 0,
+                score: None,
+                z: None,
+            });
+        }
+    }
+    let structure = crate::engine::plan::build_structure(&dims, &edges, &mi, sigma);
+    crate::engine::Model::graphical("noprivjtree", dims, states, structure, source)
+}

@@ -1,0 +1,364 @@
+//! Adult utility benchmark (issue 3): runs datasets × protocols × ε × seeds through the
+//! in-process simulator, writes a JSON array and a Markdown table.
+//!
+//! ```text
+//! bench-utility --data ../shared/datasets/adult/adult.csv --schema examples/adult/schema.json \
+//!     --out benchmarks/results/utility-adult.json
+//!     [--only PROTOCOL]… [--epsilon E]… [--users N]… [--datasets a,b] [--seeds S]
+//!     [--threads T] [--no-ml] [--ml-only] [--ml-seeds S]
+//! ```
+//! Results are merged into an existing `--out` file (same dataset, protocol and ε replaced),
+//! and written after every finished cell.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use ldpsyn::Epsilon;
+use ldpsyn::protocol::{PrivIncrParams, Protocol, SamPrivSynParams};
+use ldpsyn::schema::Schema;
+use ldpsyn_aggregator::engine::{Engine, EngineOptions, Model};
+use ldpsyn_aggregator::eval::{MarginalCounts, ml_accuracy, noprivacy_model};
+use ldpsyn_aggregator::sim::{Population, Simulation, load_csv};
+use serde_json::{Value, json};
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+const PROTOCOLS: [&str; 6] = ["privincr", "noincremental", "samprivsyn", "independence", "auto", "noprivjtree"];
+const EPSILONS: [f64; 4] = [1.0, 2.0, 4.0, 8.0];
+
+struct Args {
+    data: PathBuf,
+    schema: PathBuf,
+    out: PathBuf,
+    only: Vec<String>,
+    epsilons: Vec<f64>,
+    users: Vec<usize>,
+    datasets: Vec<String>,
+    seeds: u64,
+    threads: usize,
+    ml: bool,
+    ml_only: bool,
+    ml_seeds: u64,
+}
+
+fn parse_args() -> Result<Args, Error> {
+    let mut a = Args {
+        data: "../shared/datasets/adult/adult.csv".into(),
+        schema: "examples/adult/schema.json".into(),
+        out: "benchmarks/results/utility-adult.json".into(),
+        only: Vec::new(),
+        epsilons: Vec::new(),
+        users: Vec::new(),
+        datasets: Vec::new(),
+        seeds: 3,
+        threads: 2,
+        ml: true,
+        ml_only: false,
+        ml_seeds: 1,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut val = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--data" => a.data = val()?.into(),
+            "--schema" => a.schema = val()?.into(),
+            "--out" => a.out = val()?.into(),
+            "--only" => a.only.push(val()?),
+            "--epsilon" => a.epsilons.push(val()?.parse()?),
+            "--users" => a.users.push(val()?.parse()?),
+            "--datasets" => a.datasets = val()?.split(',').map(str::to_owned).collect(),
+            "--seeds" => a.seeds = val()?.parse()?,
+            "--threads" => a.threads = val()?.parse()?,
+            "--ml-seeds" => a.ml_seeds = val()?.parse()?,
+            "--no-ml" => a.ml = false,
+            "--ml-only" => a.ml_only = true,
+            "-h" | "--help" => {
+                println!("see the module docs of examples/src/bin/bench-utility.rs");
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown flag {other}").into()),
+        }
+    }
+    if a.epsilons.is_empty() {
+        a.epsilons = EPSILONS.to_vec();
+    }
+    if a.only.is_empty() {
+        a.only = PROTOCOLS.iter().map(|s| s.to_string()).collect();
+    }
+    Ok(a)
+}
+
+fn protocol(name: &str) -> Result<Protocol, Error> {
+    Ok(match name {
+        "privincr" => Protocol::Privincr(PrivIncrParams::default()),
+        "noincremental" => Protocol::Noincremental(PrivIncrParams {
+            rounds: 1,
+            ..PrivIncrParams::default()
+        }),
+        "samprivsyn" => Protocol::Samprivsyn(SamPrivSynParams::default()),
+        "independence" => Protocol::Independence {},
+        "auto" => Protocol::Auto(PrivIncrParams::default()),
+        other => return Err(format!("unknown protocol {other}").into()),
+    })
+}
+
+struct Dataset {
+    name: String,
+    population: Arc<Population>,
+    marginals: [MarginalCounts; 3],
+}
+
+impl Dataset {
+    fn new(name: String, population: Population) -> Self {
+        let marginals = [1, 2, 3].map(|k| MarginalCounts::of_population(&population, k));
+        Self {
+            name,
+            population: Arc::new(population),
+            marginals,
+        }
+    }
+}
+
+/// One run: model + synthetic rows; returns (model, synthetic, seconds).
+fn run_once(proto: &str, eps: f64, pop: &Arc<Population>, seed: u64) -> Result<(Model, Population, f64), Error> {
+    let start = Instant::now();
+    let model = if proto == "noprivjtree" {
+        noprivacy_model(pop.clone(), PrivIncrParams::default().phi, PrivIncrParams::default().sigma)
+    } else {
+        let engine = Engine::from_parts(
+            pop.dims().to_vec(),
+            Epsilon::new(eps)?,
+            pop.len() as u64,
+            protocol(proto)?,
+            EngineOptions::default(),
+        )?;
+        Simulation::new(&engine, pop).seed(seed).bucketed(true).run()?.model
+    };
+    let rows = model.synthesize(pop.len() as u64, seed ^ 0x5eed);
+    let synthetic = Population::from_rows(pop.dims().to_vec(), rows)?;
+    Ok((model, synthetic, start.elapsed().as_secs_f64()))
+}
+
+fn mean_std(v: &[f64]) -> (f64, f64) {
+    let n = v.len() as f64;
+    let m = v.iter().sum::<f64>() / n;
+    let var = if v.len() > 1 {
+        v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0)
+    } else {
+        0.0
+    };
+    (m, var.sqrt())
+}
+
+fn run_cell(ds: &Dataset, proto: &str, eps: f64, seeds: u64) -> Result<Value, Error> {
+    let (mut t1, mut t2, mut t3, mut secs) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut edges = 0usize;
+    for s in 0..seeds {
+        let seed = 1000 * s + (eps * 10.0) as u64;
+        let (model, synthetic, sec) = run_once(proto, eps, &ds.population, seed)?;
+        edges = model.graph_edges().len();
+        let m: Vec<MarginalCounts> = [1, 2, 3].iter().map(|&k| MarginalCounts::of_population(&synthetic, k)).collect();
+        t1.push(ds.marginals[0].mean_tvd(&m[0])?);
+        t2.push(ds.marginals[1].mean_tvd(&m[1])?);
+        t3.push(ds.marginals[2].mean_tvd(&m[2])?);
+        secs.push(sec);
+        if proto == "noprivjtree" {
+            // Deterministic apart from the synthesis seed; still averaged over seeds.
+        }
+    }
+    let (tvd1, _) = mean_std(&t1);
+    let (tvd2, tvd2_std) = mean_std(&t2);
+    let (tvd3, tvd3_std) = mean_std(&t3);
+    let (sec, _) = mean_std(&secs);
+    eprintln!(
+        "{:>11} {:>13} eps={eps}: tvd1 {tvd1:.4} tvd2 {tvd2:.4}±{tvd2_std:.4} tvd3 {tvd3:.4} {sec:.1}s edges {edges}",
+        ds.name, proto
+    );
+    Ok(json!({
+        "dataset": ds.name, "users": ds.population.len(), "protocol": proto, "epsilon": eps,
+        "seeds": seeds, "tvd1_mean": tvd1, "tvd2_mean": tvd2, "tvd2_std": tvd2_std,
+        "tvd3_mean": tvd3, "tvd3_std": tvd3_std, "seconds_mean": sec, "model_edges": edges,
+    }))
+}
+
+fn run_ml_cell(train: &Arc<Population>, test: &Population, proto: &str, eps: f64, seeds: u64, target: usize) -> Result<Value, Error> {
+    let mut acc = Vec::new();
+    for s in 0..seeds {
+        let seed = 7000 + 1000 * s + (eps * 10.0) as u64;
+        let (_, synthetic, _) = run_once(proto, eps, train, seed)?;
+        acc.push(ml_accuracy(&synthetic, test, target, 1, 50_000)?);
+    }
+    let (m, sd) = mean_std(&acc);
+    eprintln!("adult-train-1m {proto:>13} eps={eps}: ml accuracy {m:.4}");
+    Ok(json!({"dataset": "adult-train-1m", "users": train.len(), "protocol": proto, "epsilon": eps,
+              "seeds": seeds, "ml_accuracy_mean": m, "ml_accuracy_std": sd}))
+}
+
+fn key(v: &Value) -> (String, String, String) {
+    (
+        v["dataset"].as_str().unwrap_or("").to_owned(),
+        v["protocol"].as_str().unwrap_or("").to_owned(),
+        v["epsilon"].to_string(),
+    )
+}
+
+fn write_results(out: &Path, new: &[Value]) -> Result<(), Error> {
+    let mut all: BTreeMap<(String, String, String), Value> = BTreeMap::new();
+    if let Ok(text) = std::fs::read_to_string(out)
+        && let Ok(Value::Array(old)) = serde_json::from_str::<Value>(&text)
+    {
+        for v in old {
+            all.insert(key(&v), v);
+        }
+    }
+    for v in new {
+        all.insert(key(v), v.clone());
+    }
+    let order = |d: &str| ["adult-1.5m", "adult-100k", "adult-45k", "adult-10k", "adult-train-1m", "adult-train-real"].iter().position(|x| *x == d).unwrap_or(9);
+    let mut rows: Vec<Value> = all.into_values().collect();
+    rows.sort_by(|a, b| {
+        let ka = (order(a["dataset"].as_str().unwrap_or("")), a["protocol"].as_str().unwrap_or("").to_owned(), a["epsilon"].as_f64().unwrap_or(0.0));
+        let kb = (order(b["dataset"].as_str().unwrap_or("")), b["protocol"].as_str().unwrap_or("").to_owned(), b["epsilon"].as_f64().unwrap_or(0.0));
+        ka.0.cmp(&kb.0).then(ka.1.cmp(&kb.1)).then(ka.2.total_cmp(&kb.2))
+    });
+    std::fs::write(out, serde_json::to_string_pretty(&rows)? + "\n")?;
+    let mut md = String::from("# Adult utility benchmark\n\nGenerated by `bench-utility` (see `examples/src/bin/bench-utility.rs`). Mean TVD over all k-way marginals between the synthetic table (rows = users) and the population; mean ± sample std over seeds; seconds = simulate + finalize + synthesize, release build, 2-core machine (two cells run in parallel).\n\n| dataset | users | protocol | ε | seeds | tvd2 mean ± std | tvd1 | tvd3 | seconds | model edges |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    for r in rows.iter().filter(|r| r.get("tvd2_mean").is_some()) {
+        md += &format!(
+            "| {} | {} | {} | {} | {} | {:.4} ± {:.4} | {:.4} | {:.4} | {:.1} | {} |\n",
+            r["dataset"].as_str().unwrap_or(""), r["users"], r["protocol"].as_str().unwrap_or(""), r["epsilon"], r["seeds"],
+            r["tvd2_mean"].as_f64().unwrap_or(f64::NAN), r["tvd2_std"].as_f64().unwrap_or(f64::NAN),
+            r["tvd1_mean"].as_f64().unwrap_or(f64::NAN), r["tvd3_mean"].as_f64().unwrap_or(f64::NAN),
+            r["seconds_mean"].as_f64().unwrap_or(f64::NAN), r["model_edges"],
+        );
+    }
+    let ml: Vec<&Value> = rows.iter().filter(|r| r.get("ml_accuracy_mean").is_some()).collect();
+    if !ml.is_empty() {
+        md += "\n## ML efficacy (predict income; train on synthetic from adult_train complete rows resampled to 1M, test on adult_test complete rows)\n\n| dataset | protocol | ε | seeds | accuracy |\n|---|---|---|---|---|\n";
+        for r in ml {
+            md += &format!(
+                "| {} | {} | {} | {} | {:.4} |\n",
+                r["dataset"].as_str().unwrap_or(""), r["protocol"].as_str().unwrap_or(""), r["epsilon"], r["seeds"],
+                r["ml_accuracy_mean"].as_f64().unwrap_or(f64::NAN)
+            );
+        }
+    }
+    std::fs::write(out.with_extension("md"), md)?;
+    Ok(())
+}
+
+fn main() -> Result<(), Error> {
+    let args = parse_args()?;
+    let schema: Schema = serde_json::from_str(&std::fs::read_to_string(&args.schema)?)?;
+    let loaded = load_csv(&args.data, &schema)?;
+    println!(
+        "loaded {}: kept {} of {} rows ({} rejected)",
+        args.data.display(),
+        loaded.population.len(),
+        loaded.total_rows,
+        loaded.rejected_rows
+    );
+    let base = loaded.population;
+    let results: Arc<Mutex<Vec<Value>>> = Arc::new(Mutex::new(Vec::new()));
+    let income = schema.index_of("income").ok_or("schema has no income")?;
+
+    if !args.ml_only {
+        // Datasets: the four of issue 3, or the requested sizes.
+        let mut specs: Vec<(String, usize)> = if args.users.is_empty() {
+            vec![("adult-1.5m".into(), 1_500_000), ("adult-100k".into(), 100_000), ("adult-45k".into(), 0), ("adult-10k".into(), 10_000)]
+        } else {
+            args.users.iter().map(|&n| match n {
+                1_500_000 => ("adult-1.5m".to_string(), n),
+                100_000 => ("adult-100k".to_string(), n),
+                10_000 => ("adult-10k".to_string(), n),
+                n if n == base.len() => ("adult-45k".to_string(), 0),
+                n => (format!("adult-{n}"), n),
+            }).collect()
+        };
+        if !args.datasets.is_empty() {
+            specs.retain(|(name, _)| args.datasets.contains(name));
+        }
+        let datasets: Vec<Arc<Dataset>> = specs
+            .into_iter()
+            .map(|(name, n)| {
+                let pop = if n == 0 { base.shuffled(45) } else { base.resample(n, n as u64) };
+                Arc::new(Dataset::new(name, pop))
+            })
+            .collect();
+        let mut cells = Vec::new();
+        for ds in &datasets {
+            for &eps in &args.epsilons {
+                for p in &args.only {
+                    cells.push((ds.clone(), p.clone(), eps));
+                }
+            }
+        }
+        let queue = Arc::new(Mutex::new(cells.into_iter().rev().collect::<Vec<_>>()));
+        std::thread::scope(|s| {
+            for _ in 0..args.threads.max(1) {
+                let queue = queue.clone();
+                let results = results.clone();
+                let out = args.out.clone();
+                let seeds = args.seeds;
+                s.spawn(move || loop {
+                    let Some((ds, p, eps)) = queue.lock().map(|mut q| q.pop()).unwrap_or(None) else { break };
+                    match run_cell(&ds, &p, eps, seeds) {
+                        Ok(v) => {
+                            if let Ok(mut r) = results.lock() {
+                                r.push(v);
+                                if let Err(e) = write_results(&out, &r) {
+                                    eprintln!("writing results: {e}");
+                                }
+                            }
+                        }
+                        Err(e) => eprintln!("{} {p} eps={eps}: {e}", ds.name),
+                    }
+                });
+            }
+        });
+    }
+
+    if args.ml || args.ml_only {
+        let dir = args.data.parent().unwrap_or(Path::new("."));
+        let train = load_csv(&dir.join("adult_train.csv"), &schema)?;
+        let test = load_csv(&dir.join("adult_test.csv"), &schema)?;
+        println!("ML: train kept {} of {}, test kept {} of {}", train.population.len(), train.total_rows, test.population.len(), test.total_rows);
+        let real = ml_accuracy(&train.population, &test.population, income, 1, 50_000)?;
+        println!("ML: accuracy of training on the real rows: {real:.4}");
+        let pop = Arc::new(train.population.resample(1_000_000, 1_000_000));
+        let mut ml = vec![json!({"dataset": "adult-train-real", "users": train.population.len(), "protocol": "real-data", "epsilon": null, "seeds": 1, "ml_accuracy_mean": real})];
+        let mut cells = Vec::new();
+        for &eps in &args.epsilons {
+            for p in &args.only {
+                cells.push((p.clone(), eps));
+            }
+        }
+        let queue = Arc::new(Mutex::new(cells.into_iter().rev().collect::<Vec<_>>()));
+        let ml_results = Arc::new(Mutex::new(Vec::new()));
+        std::thread::scope(|s| {
+            for _ in 0..args.threads.max(1) {
+                let (queue, ml_results, pop, test) = (queue.clone(), ml_results.clone(), pop.clone(), &test.population);
+                let seeds = args.ml_seeds;
+                s.spawn(move || loop {
+                    let Some((p, eps)) = queue.lock().map(|mut q| q.pop()).unwrap_or(None) else { break };
+                    match run_ml_cell(&pop, test, &p, eps, seeds, income) {
+                        Ok(v) => {
+                            if let Ok(mut r) = ml_results.lock() {
+                                r.push(v);
+                            }
+                        }
+                        Err(e) => eprintln!("ML {p} eps={eps}: {e}"),
+                    }
+                });
+            }
+        });
+        ml.extend(ml_results.lock().map(|r| r.clone()).unwrap_or_default());
+        if let Ok(mut r) = results.lock() {
+            r.extend(ml);
+            write_results(&args.out, &r)?;
+        }
+    }
+    Ok(())
+}

@@ -482,3 +482,6 @@ pub fn norm_sub(estimates: &[f64]) -> Vec<f64> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests;

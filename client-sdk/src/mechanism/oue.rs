@@ -72,6 +72,7 @@ impl Oue {
 
     /// The exact per-bit probabilities the sampler uses: `(true bit, any other bit)`.
     /// For the privacy audit; the Bernoulli path draws `u64 < q_threshold`.
+    #[cfg(test)] // only the audit reads it; a plain build would warn (dead code)
     pub(crate) fn sampler_bit_probabilities(&self) -> (f64, f64) {
         (P, self.q_threshold as f64 / 18_446_744_073_709_551_616.0)
     }

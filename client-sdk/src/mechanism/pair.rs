@@ -65,8 +65,10 @@ impl PairGrr {
     /// `Q₁⁻¹` along columns (eq. 7 of SamPrivSyn with the Kronecker inverse).
     ///
     /// Standard errors from the exact variance of this linear estimator,
-    /// `Var[f̂_v] = (Σ_o M[v,o]² π_o − f_v²)/n` with `M = Q⁻¹` and `π` the output
-    /// distribution, with the observed `π̂ = C/n` plugged in (never negative).
+    /// `Var[f̂_v] = (Σ_o M[v,o]² π_o − f_v)/n` with `M = Q⁻¹` and `π` the output
+    /// distribution (the n people's true values fixed, as for GRR and OUE: each report
+    /// contributes `Σ_o M[v,o]² Q(o|x) − δ_{vx}`), with the observed `π̂ = C/n` and `f̂`
+    /// (clipped to [0, 1]) plugged in (never negative).
     /// Errors: wrong length, no reports, counts not summing to n.
     pub fn estimate(&self, n: u64, counts: &[u64]) -> Result<FrequencyEstimate, MechanismError> {
         check_stats(n, counts, self.cells(), true)?;
@@ -91,7 +93,7 @@ impl PairGrr {
                     + a_off * (b_on - b_off) * col[b]
                     + (a_on - a_off) * (b_on - b_off) * pi[a * k2 + b];
                 let f = frequencies[a * k2 + b];
-                std_errors.push(((second_moment - f * f).max(0.0) / nf).sqrt());
+                std_errors.push(((second_moment - f.clamp(0.0, 1.0)).max(0.0) / nf).sqrt());
             }
         }
         Ok(FrequencyEstimate {
@@ -130,7 +132,8 @@ impl PairGrr {
     }
 
     /// Exact variance of every cell estimate when the true joint is `f` (row-major, sums
-    /// to 1), for `n` reports: `(Σ_o M[v,o]² π_o − f_v²)/n` with `π = (Q₁ ⊗ Q₂) f`.
+    /// to 1), for `n` reports: `(Σ_o M[v,o]² π_o − f_v)/n` with `π = (Q₁ ⊗ Q₂) f`
+    /// (the people's true values fixed; randomness from the randomizer only).
     pub fn frequency_variances(&self, f: &[f64], n: u64) -> Vec<f64> {
         let (k1, k2) = (self.first.domain_size(), self.second.domain_size());
         assert_eq!(f.len(), k1 * k2, "joint of k1*k2 cells");
@@ -166,7 +169,7 @@ impl PairGrr {
                     + (a_on - a_off) * b_off * row[a]
                     + a_off * (b_on - b_off) * col[b]
                     + (a_on - a_off) * (b_on - b_off) * pi[v];
-                (m2 - f[v] * f[v]) / n as f64
+                (m2 - f[v]) / n as f64
             })
             .collect()
     }

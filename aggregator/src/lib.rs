@@ -28,4 +28,5 @@
 
 pub mod engine;
 pub mod eval;
+pub mod service;
 pub mod sim;

@@ -1,0 +1,50 @@
+//! `ldpsyn-aggregator`: thin binary over the library. `serve` runs the HTTP service.
+
+use clap::{Parser, Subcommand};
+use ldpsyn_aggregator::service::{self, config::ServeConfig};
+
+/// ldpsyn aggregator: collects LDP reports and serves models, marginals and synthetic data.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the HTTP API (SQLite by default, PostgreSQL with a postgres:// URL).
+    Serve(ServeConfig),
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LDPSYN_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Serve(config) => service::serve(config).await,
+        }
+    });
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "aggregator stopped");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! Options of `ldpsyn-aggregator serve`. Every option also reads an environment variable;
+//! units are in the names; secrets are hidden from `Debug`, `--help` and logs.
+
+use std::net::SocketAddr;
+
+/// A secret string: `Debug` and `Display` print `<redacted>`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// The secret itself (only to use it, never to log it).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl std::str::FromStr for Secret {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.len() < 8 {
+            return Err("a secret needs at least 8 characters".into());
+        }
+        Ok(Secret(s.to_owned()))
+    }
+}
+
+/// `serve` options.
+#[derive(Debug, Clone, clap::Parser)]
+pub struct ServeConfig {
+    /// Address to listen on.
+    #[arg(long, env = "LDPSYN_BIND", default_value = "127.0.0.1:8080")]
+    pub bind: SocketAddr,
+    /// Database: `sqlite://path` (file created if missing) or `postgres://…`.
+    #[arg(
+        long,
+        env = "LDPSYN_DATABASE_URL",
+        default_value = "sqlite://ldpsyn.db"
+    )]
+    pub database_url: String,
+    /// Bearer token of the admin routes (required).
+    #[arg(long, env = "LDPSYN_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Secret,
+    /// Task-token signing key (≥ 32 bytes); else one is generated once and stored in the
+    /// database, shared by every process.
+    #[arg(long, env = "LDPSYN_TOKEN_KEY", hide_env_values = true)]
+    pub token_key: Option<Secret>,
+    /// Lifetime of a task token, seconds.
+    #[arg(long, env = "LDPSYN_TASK_TTL_SECS", default_value_t = 86_400)]
+    pub task_ttl_secs: i64,
+    /// Most reports in one upload (413 above).
+    #[arg(long, env = "LDPSYN_MAX_REPORTS_PER_UPLOAD", default_value_t = 1000)]
+    pub max_reports_per_upload: usize,
+    /// Largest request body, bytes (413 above).
+    #[arg(long, env = "LDPSYN_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024)]
+    pub max_body_bytes: usize,
+    /// Request timeout until the response starts, milliseconds.
+    #[arg(long, env = "LDPSYN_REQUEST_TIMEOUT_MS", default_value_t = 30_000)]
+    pub request_timeout_ms: u64,
+    /// Requests served at once; more are shed with 503.
+    #[arg(long, env = "LDPSYN_MAX_IN_FLIGHT_REQUESTS", default_value_t = 4096)]
+    pub max_in_flight_requests: usize,
+    /// Uploads per second per client IP (burst twice that); 0 disables the limit.
+    #[arg(long, env = "LDPSYN_RATE_LIMIT_PER_IP", default_value_t = 10)]
+    pub rate_limit_per_ip: u32,
+    /// Browser origins allowed by CORS, comma-separated; `*` for any (no cookies are used:
+    /// admin calls carry a bearer token).
+    #[arg(
+        long,
+        env = "LDPSYN_CORS_ORIGINS",
+        default_value = "*",
+        value_delimiter = ','
+    )]
+    pub cors_origins: Vec<String>,
+    /// Most rows of one synthetic download.
+    #[arg(long, env = "LDPSYN_MAX_SYNTHETIC_ROWS", default_value_t = 10_000_000)]
+    pub max_synthetic_rows: u64,
+    /// Database connections (SQLite: at most 4).
+    #[arg(long, env = "LDPSYN_DB_MAX_CONNECTIONS", default_value_t = 8)]
+    pub db_max_connections: u32,
+    /// Uploads queued for the committer before requests wait.
+    #[arg(long, env = "LDPSYN_COMMIT_QUEUE_LEN", default_value_t = 8192)]
+    pub commit_queue_len: usize,
+    /// PostgreSQL: how often to pick up other processes' transitions, milliseconds.
+    #[arg(long, env = "LDPSYN_REFRESH_INTERVAL_MS", default_value_t = 500)]
+    pub refresh_interval_ms: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn secrets_are_redacted() {
+        let c = ServeConfig::parse_from([
+            "serve",
+            "--admin-token",
+            "very-secret-admin",
+            "--token-key",
+            "k3y-k3y-k3y-k3y-k3y-k3y-k3y-k3y-k3y",
+        ]);
+        let s = format!("{c:?}");
+        assert!(
+            !s.contains("very-secret-admin") && !s.contains("k3y"),
+            "{s}"
+        );
+        assert_eq!(c.admin_token.expose(), "very-secret-admin");
+    }
+}

@@ -1,0 +1,763 @@
+//! Routes and handlers of HTTP API v1, and the layer stack.
+//!
+//! | method, path | who |
+//! |---|---|
+//! | POST/GET `/v1/collections` | admin |
+//! | GET `/v1/collections/{id}` | anyone |
+//! | GET `/v1/collections/{id}/task[?count=n]` | anyone |
+//! | POST `/v1/collections/{id}/reports` | anyone (per-IP rate limit) |
+//! | POST `/v1/collections/{id}/close-round`, `/finalize` | admin |
+//! | GET `/v1/collections/{id}/model`, `/marginals?attrs=a,b`, `/synthetic?rows=N&seed=S&format=csv\|ndjson&numeric=uniform\|midpoint` | admin |
+//! | GET `/healthz`, `/metrics` | anyone |
+//!
+//! Layers wrap inside-out; a request passes them top to bottom as written in [`router`]:
+//! `TraceLayer` (logs every request and its status) → `CorsLayer` → `HandleErrorLayer`
+//! (turns the errors of the next layers into problem documents) → `LoadShedLayer` (503 at
+//! once when the concurrency limit is reached) → `ConcurrencyLimitLayer` → `TimeoutLayer`
+//! (503 when no response has started in time) → the route. Upload routes additionally pass
+//! the per-IP rate limit, and read their body with a byte limit (413).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::error_handling::HandleErrorLayer;
+use axum::extract::{ConnectInfo, FromRequestParts, Path, RawQuery, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{BoxError, Json, Router};
+use ldpsyn::protocol::{
+    CollectionConfig, MAX_TASKS_PER_REQUEST, PROTOCOL_VERSION, Problem, ProblemType, Protocol,
+    Report, ReportAnswer, ReportStatus, Task,
+};
+use ldpsyn::schema::{NumericDecoding, Schema};
+use rand::RngCore;
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+use tower::ServiceBuilder;
+use tower_http::cors::{AllowOrigin, CorsLayer};
+use tower_http::trace::TraceLayer;
+use uuid::Uuid;
+
+use super::AppState;
+use super::error::{ApiError, problem_response};
+use super::ingest::{CollectionHandle, Command, Outcome, PendingReport};
+use super::storage::{CollectionRow, NewReport};
+use super::tokens::{MAX_FACTOR_LEN, TaskClaims};
+use crate::engine::{Engine, Phase, TableKey, TaskSpec};
+
+/// The application: every route with its layers, over `state`.
+pub fn router(state: AppState) -> Router {
+    let cfg = state.config();
+    let cors = {
+        let origins = &cfg.cors_origins;
+        let allow = if origins.iter().any(|o| o == "*") {
+            AllowOrigin::any()
+        } else {
+            AllowOrigin::list(
+                origins
+                    .iter()
+                    .filter_map(|o| HeaderValue::from_str(o.trim()).ok()),
+            )
+        };
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([Method::GET, Method::POST])
+            .allow_headers([header::CONTENT_TYPE, header::AUTHORIZATION])
+    };
+    let uploads = Router::new()
+        .route("/v1/collections/{id}/reports", post(post_reports))
+        .route_layer(middleware::from_fn_with_state(state.clone(), rate_limit));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .route(
+            "/v1/collections",
+            post(create_collection).get(list_collections),
+        )
+        .route("/v1/collections/{id}", get(get_collection))
+        .route("/v1/collections/{id}/task", get(get_task))
+        .route("/v1/collections/{id}/close-round", post(close_round))
+        .route("/v1/collections/{id}/finalize", post(finalize))
+        .route("/v1/collections/{id}/model", get(get_model))
+        .route("/v1/collections/{id}/marginals", get(get_marginals))
+        .route(
+            "/v1/collections/{id}/synthetic",
+            get(super::synthetic::get_synthetic),
+        )
+        .merge(uploads)
+        .fallback(not_found)
+        .layer(
+            ServiceBuilder::new()
+                .layer(TraceLayer::new_for_http())
+                .layer(cors)
+                .layer(HandleErrorLayer::new(overloaded))
+                .load_shed()
+                .concurrency_limit(cfg.max_in_flight_requests.max(1))
+                .timeout(Duration::from_millis(cfg.request_timeout_ms.max(1))),
+        )
+        .with_state(state)
+}
+
+async fn overloaded(err: BoxError) -> Response {
+    let detail = if err.is::<tower::timeout::error::Elapsed>() {
+        "the request timed out; retry later"
+    } else if err.is::<tower::load_shed::error::Overloaded>() {
+        "the server is at its concurrency limit; retry later"
+    } else {
+        "the server cannot take this request now; retry later"
+    };
+    problem_response(&Problem::new(ProblemType::Unavailable, detail))
+}
+
+async fn not_found() -> ApiError {
+    ApiError::problem(ProblemType::NotFound, "no such route")
+}
+
+async fn rate_limit(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if let Some(ConnectInfo(addr)) = req.extensions().get::<ConnectInfo<SocketAddr>>() {
+        if let Err(retry_after_secs) = state.limiter().check(addr.ip()) {
+            state.metrics().rejected(ProblemType::RateLimited);
+            return ApiError::RateLimited { retry_after_secs }.into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// The caller presented the admin bearer token.
+#[derive(Debug)]
+pub struct Admin;
+
+impl FromRequestParts<AppState> for Admin {
+    type Rejection = ApiError;
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let presented = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .ok_or_else(|| {
+                ApiError::problem(
+                    ProblemType::Unauthorized,
+                    "this route needs `Authorization: Bearer <admin token>`",
+                )
+            })?;
+        if state.is_admin(presented.trim()) {
+            Ok(Admin)
+        } else {
+            Err(ApiError::problem(
+                ProblemType::Unauthorized,
+                "wrong admin token",
+            ))
+        }
+    }
+}
+
+pub(crate) fn now_secs() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// Parses a query string into a map (percent-decoding `%XX` and `+`).
+pub(crate) fn query_map(raw: Option<String>) -> Result<HashMap<String, String>, ApiError> {
+    let mut m = HashMap::new();
+    let Some(raw) = raw else { return Ok(m) };
+    for pair in raw.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        m.insert(percent_decode(k)?, percent_decode(v)?);
+    }
+    Ok(m)
+}
+
+fn percent_decode(s: &str) -> Result<String, ApiError> {
+    let bad = || {
+        ApiError::problem(
+            ProblemType::InvalidParameter,
+            "bad percent-encoding in query",
+        )
+    };
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' => {
+                let h = s.get(i + 1..i + 3).ok_or_else(bad)?;
+                out.push(u8::from_str_radix(h, 16).map_err(|_| bad())?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|_| bad())
+}
+
+fn parse_id(id: &str) -> Result<Uuid, ApiError> {
+    id.parse().map_err(|_| {
+        ApiError::problem(
+            ProblemType::UnknownCollection,
+            format!("no collection `{id}` (ids are UUIDs)"),
+        )
+    })
+}
+
+async fn handle_of(state: &AppState, id: &str) -> Result<Arc<CollectionHandle>, ApiError> {
+    state.collection(parse_id(id)?).await
+}
+
+async fn healthz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    state.db().ping().await?;
+    Ok(Json(json!({"status": "ok"})))
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    let rounds: Vec<(String, u32, u64)> = state
+        .collections()
+        .iter()
+        .map(|h| (h.id.to_string(), h.state().round, h.accepted()))
+        .collect();
+    let body = state.metrics().render(&rounds);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
+}
+
+/// Public status of a collection.
+fn status_json(h: &CollectionHandle) -> Value {
+    let s = h.state();
+    let active_edges: Vec<[usize; 2]> = s
+        .edges
+        .iter()
+        .filter(|e| e.active)
+        .map(|e| [e.a, e.b])
+        .collect();
+    json!({
+        "phase": s.phase,
+        "round": s.round,
+        "round_quota": s.round_quota,
+        "round_accepted": h.round_count(s.round),
+        "reports_accepted": h.accepted(),
+        "active_edges": active_edges,
+        "model_ready": h.model().is_some(),
+    })
+}
+
+fn public_json(h: &CollectionHandle) -> Value {
+    let mut v = serde_json::to_value(&h.config).unwrap_or(Value::Null);
+    if let Value::Object(m) = &mut v {
+        m.insert("status".into(), status_json(h));
+    }
+    v
+}
+
+const COMMON_KEYS: &[&str] = &["schema", "epsilon", "target_users", "protocol"];
+const PRIVINCR_KEYS: &[&str] = &["omega", "rounds", "phi", "alpha", "sigma"];
+const SAMPRIVSYN_KEYS: &[&str] = &["batch_size"];
+
+/// Parses and checks a create request strictly: known keys only, valid schema, ε, N and
+/// protocol parameters.
+pub fn parse_create(body: &[u8], id: Uuid) -> Result<CollectionConfig, ApiError> {
+    let bad = |kind, d: String| ApiError::problem(kind, d);
+    let v: Value = serde_json::from_slice(body).map_err(|e| {
+        bad(
+            ProblemType::MalformedRequest,
+            format!("body is not JSON: {e}"),
+        )
+    })?;
+    let Value::Object(mut obj) = v else {
+        return Err(bad(
+            ProblemType::MalformedRequest,
+            "body must be a JSON object".into(),
+        ));
+    };
+    let protocol = obj
+        .get("protocol")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad(ProblemType::InvalidParameter, "`protocol` (string) is required: privincr, noincremental, samprivsyn, independence or auto".into()))?
+        .to_owned();
+    let extra: &[&str] = match protocol.as_str() {
+        "privincr" | "noincremental" | "auto" => PRIVINCR_KEYS,
+        "samprivsyn" => SAMPRIVSYN_KEYS,
+        "independence" => &[],
+        other => {
+            return Err(bad(
+                ProblemType::InvalidParameter,
+                format!(
+                    "unknown protocol `{other}`: privincr, noincremental, samprivsyn, independence or auto"
+                ),
+            ));
+        }
+    };
+    for k in obj.keys() {
+        if !COMMON_KEYS.contains(&k.as_str()) && !extra.contains(&k.as_str()) {
+            return Err(bad(
+                ProblemType::InvalidParameter,
+                format!("unknown field `{k}` for protocol `{protocol}`"),
+            ));
+        }
+    }
+    let schema_v = obj
+        .get("schema")
+        .cloned()
+        .ok_or_else(|| bad(ProblemType::InvalidSchema, "`schema` is required".into()))?;
+    let schema: Schema = serde_json::from_value(schema_v)
+        .map_err(|e| bad(ProblemType::InvalidSchema, e.to_string()))?;
+    if schema.len() > u16::MAX as usize {
+        return Err(bad(
+            ProblemType::InvalidSchema,
+            "too many attributes".into(),
+        ));
+    }
+    obj.insert("version".into(), json!(PROTOCOL_VERSION));
+    obj.insert("id".into(), json!(id));
+    let config: CollectionConfig = serde_json::from_value(Value::Object(obj))
+        .map_err(|e| bad(ProblemType::InvalidParameter, e.to_string()))?;
+    if config.target_users == 0 {
+        return Err(bad(
+            ProblemType::InvalidParameter,
+            "`target_users` must be ≥ 1".into(),
+        ));
+    }
+    if let Protocol::Privincr(p) | Protocol::Noincremental(p) | Protocol::Auto(p) = &config.protocol
+    {
+        if p.rounds > 1000 {
+            return Err(bad(
+                ProblemType::InvalidParameter,
+                "`rounds` must be ≤ 1000".into(),
+            ));
+        }
+    }
+    Engine::new(&config).map_err(|e| bad(ProblemType::InvalidParameter, e.to_string()))?;
+    Ok(config)
+}
+
+async fn create_collection(
+    State(state): State<AppState>,
+    _admin: Admin,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let body = read_body(body, state.config().max_body_bytes).await?;
+    let id = Uuid::new_v4();
+    let config = parse_create(&body, id)?;
+    let engine = Engine::new(&config)?;
+    let initial = engine.initial_state();
+    let row = CollectionRow {
+        id,
+        config: serde_json::to_string(&config)?,
+        state: serde_json::to_string(&initial)?,
+        state_version: 0,
+    };
+    state.db().insert_collection(&row, now_secs()).await?;
+    let handle = Arc::new(CollectionHandle::new(
+        config,
+        engine,
+        initial,
+        0,
+        Default::default(),
+        Vec::new(),
+    ));
+    state.insert_collection(handle.clone());
+    tracing::info!(collection = %id, protocol = handle.config.protocol.name(), "collection created");
+    Ok((StatusCode::CREATED, Json(public_json(&handle))).into_response())
+}
+
+async fn list_collections(State(state): State<AppState>, _admin: Admin) -> Json<Value> {
+    Json(Value::Array(
+        state.collections().iter().map(|h| public_json(h)).collect(),
+    ))
+}
+
+async fn get_collection(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let h = handle_of(&state, &id).await?;
+    Ok(Json(public_json(&h)))
+}
+
+fn issue(state: &AppState, h: &CollectionHandle, spec: TaskSpec, now: i64) -> Task {
+    let mut nonce = [0u8; 16];
+    rand::rng().fill_bytes(&mut nonce);
+    let claims = TaskClaims {
+        collection: h.id,
+        round: spec.round,
+        factor: spec.factor.clone(),
+        mechanism: spec.mechanism,
+        epsilon: h.config.epsilon,
+        expires_at: now.saturating_add(state.config().task_ttl_secs),
+        nonce,
+    };
+    Task {
+        collection_id: h.id,
+        round: spec.round,
+        factor: spec.factor,
+        mechanism: spec.mechanism,
+        epsilon: h.config.epsilon,
+        token: state.token_key().sign(&claims),
+        expires_at: claims.expires_at,
+    }
+}
+
+async fn get_task(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    let h = handle_of(&state, &id).await?;
+    let q = query_map(q)?;
+    let count = match q.get("count") {
+        None => None,
+        Some(c) => {
+            let n: usize = c.parse().map_err(|_| {
+                ApiError::problem(
+                    ProblemType::InvalidParameter,
+                    format!("`count` must be an integer in 1..={MAX_TASKS_PER_REQUEST}"),
+                )
+            })?;
+            if !(1..=MAX_TASKS_PER_REQUEST).contains(&n) {
+                return Err(ApiError::problem(
+                    ProblemType::InvalidParameter,
+                    format!("`count` must be in 1..={MAX_TASKS_PER_REQUEST}, got {n}"),
+                ));
+            }
+            Some(n)
+        }
+    };
+    let s = h.state();
+    if s.phase == Phase::Finalized {
+        return Err(ApiError::problem(
+            ProblemType::CollectionFinalized,
+            "the collection is finalized and hands out no more tasks",
+        ));
+    }
+    let now = now_secs();
+    let mut rng = rand::rng();
+    let n = count.unwrap_or(1);
+    let mut tasks = Vec::with_capacity(n);
+    for _ in 0..n {
+        let spec = h.engine.draw_task(&s, &mut rng)?;
+        if spec.factor.len() > MAX_FACTOR_LEN {
+            return Err(ApiError::Internal("factor too long for a token".into()));
+        }
+        tasks.push(issue(&state, &h, spec, now));
+    }
+    state.metrics().task_request(n as u64);
+    Ok(match count {
+        None => Json(tasks.pop()).into_response(),
+        Some(_) => Json(tasks).into_response(),
+    })
+}
+
+/// Reads a body of at most `limit` bytes; 413 above.
+pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(&e);
+        let mut too_large = false;
+        while let Some(s) = source {
+            too_large |= s.is::<http_body_util::LengthLimitError>();
+            source = s.source();
+        }
+        if too_large {
+            ApiError::problem(
+                ProblemType::PayloadTooLarge,
+                format!("the body exceeds {limit} bytes"),
+            )
+        } else {
+            ApiError::problem(
+                ProblemType::MalformedRequest,
+                format!("cannot read the body: {e}"),
+            )
+        }
+    })
+}
+
+/// Validates one report against its token and the collection: a verified token of this
+/// collection, unexpired, with the collection's ε, and a payload that fits the token's
+/// mechanism and factor ([`ldpsyn::mechanism::Mechanism::validate`]).
+pub fn validate_report(
+    state: &AppState,
+    h: &CollectionHandle,
+    report: Report,
+    now: i64,
+) -> Result<NewReport, Problem> {
+    let claims = state
+        .token_key()
+        .verify(&report.token)
+        .map_err(|e| Problem::new(ProblemType::InvalidToken, e.to_string()))?;
+    if claims.collection != h.id {
+        return Err(Problem::new(
+            ProblemType::InvalidToken,
+            "the token was issued for another collection",
+        ));
+    }
+    if claims.expires_at < now {
+        return Err(Problem::new(
+            ProblemType::TokenExpired,
+            format!("the token expired at {}", claims.expires_at),
+        ));
+    }
+    if claims.epsilon != h.config.epsilon {
+        return Err(Problem::new(
+            ProblemType::InvalidToken,
+            "the token's epsilon is not the collection's",
+        ));
+    }
+    let spec = TaskSpec {
+        round: claims.round,
+        factor: claims.factor.clone(),
+        mechanism: claims.mechanism,
+    };
+    let key: TableKey = h.engine.table_key(&spec);
+    let m = h
+        .mechanism(&key)
+        .map_err(|e| Problem::new(ProblemType::InvalidToken, e.to_string()))?;
+    m.validate(&report.payload)
+        .map_err(|e| Problem::new(ProblemType::InvalidPayload, e.to_string()))?;
+    Ok(NewReport {
+        collection: h.id,
+        report_id: report.id,
+        nonce: claims.nonce_hex(),
+        task_round: claims.round,
+        key,
+        payload: report.payload,
+    })
+}
+
+/// Parses an upload body: a JSON array of 1..=`max` reports. Errors: 400 (not JSON of that
+/// shape, empty), 413 (too many).
+pub fn parse_upload(body: &[u8], max: usize) -> Result<Vec<Report>, ApiError> {
+    let reports: Vec<Report> = serde_json::from_slice(body).map_err(|e| {
+        ApiError::problem(
+            ProblemType::MalformedRequest,
+            format!("the body must be a JSON array of reports {{id, token, payload}}: {e}"),
+        )
+    })?;
+    if reports.is_empty() {
+        return Err(ApiError::problem(
+            ProblemType::InvalidParameter,
+            "the upload holds no report",
+        ));
+    }
+    if reports.len() > max {
+        return Err(ApiError::problem(
+            ProblemType::PayloadTooLarge,
+            format!("{} reports in one upload; at most {max}", reports.len()),
+        ));
+    }
+    Ok(reports)
+}
+
+async fn post_reports(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: Body,
+) -> Result<Json<Vec<ReportAnswer>>, ApiError> {
+    state.metrics().upload_request();
+    let h = handle_of(&state, &id).await?;
+    let body = read_body(body, state.config().max_body_bytes).await?;
+    let reports = parse_upload(&body, state.config().max_reports_per_upload)?;
+    if h.state().phase == Phase::Finalized {
+        return Err(ApiError::problem(
+            ProblemType::CollectionFinalized,
+            "the collection is finalized and takes no more reports",
+        ));
+    }
+    let now = now_secs();
+    let mut answers: Vec<ReportAnswer> = Vec::with_capacity(reports.len());
+    let mut items = Vec::with_capacity(reports.len());
+    let mut slots = Vec::with_capacity(reports.len());
+    for report in reports {
+        let rid = report.id;
+        match validate_report(&state, &h, report, now) {
+            Ok(r) => {
+                slots.push(answers.len());
+                items.push(PendingReport {
+                    handle: h.clone(),
+                    report: r,
+                });
+                answers.push(ReportAnswer {
+                    id: rid,
+                    status: ReportStatus::Accepted,
+                    problem: None,
+                });
+            }
+            Err(p) => {
+                state.metrics().rejected(p.problem_type);
+                answers.push(ReportAnswer {
+                    id: rid,
+                    status: ReportStatus::Rejected,
+                    problem: Some(p),
+                });
+            }
+        }
+    }
+    if !items.is_empty() {
+        let (tx, rx) = oneshot::channel();
+        state.send(Command::Reports { items, reply: tx }).await?;
+        let outcomes = rx
+            .await
+            .map_err(|_| ApiError::Internal("committer dropped the upload".into()))??;
+        for (slot, o) in slots.into_iter().zip(outcomes) {
+            let a = &mut answers[slot];
+            match o {
+                Outcome::Accepted => {}
+                Outcome::Duplicate => a.status = ReportStatus::Duplicate,
+                Outcome::Rejected(p) => {
+                    a.status = ReportStatus::Rejected;
+                    a.problem = Some(p);
+                }
+            }
+        }
+    }
+    Ok(Json(answers))
+}
+
+async fn close_round(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let h = handle_of(&state, &id).await?;
+    let (tx, rx) = oneshot::channel();
+    state
+        .send(Command::CloseRound {
+            handle: h.clone(),
+            reply: tx,
+        })
+        .await?;
+    let transitions = rx
+        .await
+        .map_err(|_| ApiError::Internal("committer dropped the command".into()))??;
+    Ok(Json(
+        json!({"transitions": transitions, "status": status_json(&h)}),
+    ))
+}
+
+async fn finalize(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let h = handle_of(&state, &id).await?;
+    let (tx, rx) = oneshot::channel();
+    state
+        .send(Command::Finalize {
+            handle: h.clone(),
+            reply: tx,
+        })
+        .await?;
+    let model = rx
+        .await
+        .map_err(|_| ApiError::Internal("committer dropped the command".into()))??;
+    Ok(Json(
+        json!({"status": status_json(&h), "model": model.describe()}),
+    ))
+}
+
+/// The model of a finalized collection; 409 `model-not-ready` before.
+pub(crate) async fn model_of(
+    state: &AppState,
+    id: &str,
+) -> Result<(Arc<CollectionHandle>, Arc<crate::engine::Model>), ApiError> {
+    let h = handle_of(state, id).await?;
+    let m = h.model().ok_or_else(|| {
+        ApiError::problem(
+            ProblemType::ModelNotReady,
+            "the model is built when the collection is finalized (POST …/finalize)",
+        )
+    })?;
+    Ok((h, m))
+}
+
+async fn get_model(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let (h, m) = model_of(&state, &id).await?;
+    let names: Vec<&str> = h
+        .config
+        .schema
+        .attributes()
+        .iter()
+        .map(|a| a.name.as_str())
+        .collect();
+    Ok(Json(json!({"attributes": names, "model": m.describe()})))
+}
+
+/// Display labels of every code of an attribute (numeric: bin midpoints).
+pub(crate) fn labels(schema: &Schema, a: usize) -> Vec<String> {
+    let attr = &schema.attributes()[a];
+    // Midpoint decoding draws nothing; any RNG will do.
+    let mut rng = <rand_chacha::ChaCha12Rng as rand::SeedableRng>::seed_from_u64(0);
+    (0..attr.domain_size() as u32)
+        .map(|c| {
+            attr.decode(c, NumericDecoding::Midpoint, &mut rng)
+                .to_string()
+        })
+        .collect()
+}
+
+async fn get_marginals(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let (h, m) = model_of(&state, &id).await?;
+    let q = query_map(q)?;
+    let attrs = q.get("attrs").ok_or_else(|| {
+        ApiError::problem(
+            ProblemType::InvalidParameter,
+            "`attrs` (comma-separated attribute names) is required",
+        )
+    })?;
+    let schema = &h.config.schema;
+    let mut idx = Vec::new();
+    for name in attrs.split(',').map(str::trim) {
+        let i = schema.index_of(name).ok_or_else(|| {
+            ApiError::problem(
+                ProblemType::InvalidParameter,
+                format!("unknown attribute `{name}`"),
+            )
+        })?;
+        idx.push(i);
+    }
+    let est = m.marginal(&idx).map_err(|e| match e {
+        crate::engine::EngineError::BadAttributes(d) => {
+            ApiError::problem(ProblemType::InvalidParameter, d)
+        }
+        other => other.into(),
+    })?;
+    let names: Vec<&str> = idx
+        .iter()
+        .map(|&i| schema.attributes()[i].name.as_str())
+        .collect();
+    let labels: Vec<Vec<String>> = idx.iter().map(|&i| labels(schema, i)).collect();
+    Ok(Json(json!({
+        "attributes": names,
+        "labels": labels,
+        "dims": est.dims,
+        "frequencies": est.frequencies,
+        "std_errors": est.std_errors,
+    })))
+}

@@ -1,0 +1,589 @@
+//! Collections in memory and the group committer.
+//!
+//! Every validated report goes through one committer task per process. It drains whatever
+//! uploads are waiting, writes them in one transaction (duplicates and reused tokens are
+//! caught by the database's unique keys, so nothing is counted twice even across processes),
+//! bumps the per-round counts, closes rounds whose quota is reached **in the same
+//! transaction**, commits, and only then updates the in-memory sufficient statistics and
+//! answers the requests. Admin transitions (close round, finalize) go through the same
+//! task, so the in-memory state has a single writer.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use dashmap::DashMap;
+use ldpsyn::mechanism::{Mechanism, SufficientStatistics};
+use ldpsyn::protocol::{CollectionConfig, Problem, ProblemType};
+use tokio::sync::{mpsc, oneshot};
+use uuid::Uuid;
+
+use super::error::ApiError;
+use super::metrics::Metrics;
+use super::storage::{Backend, Db, NewReport};
+use crate::engine::{CollectionState, Engine, Model, Phase, TableKey, Tables, Transition};
+
+/// Most reports written in one transaction.
+const MAX_GROUP_REPORTS: usize = 16_384;
+
+/// One collection, in memory. The state and the tables are derived from the database.
+#[derive(Debug)]
+pub struct CollectionHandle {
+    /// Id.
+    pub id: Uuid,
+    /// Public config.
+    pub config: CollectionConfig,
+    /// Its engine.
+    pub engine: Engine,
+    state: RwLock<Arc<CollectionState>>,
+    state_version: AtomicI64,
+    tables: DashMap<TableKey, SufficientStatistics>,
+    mechanisms: DashMap<TableKey, Arc<Mechanism>>,
+    round_counts: DashMap<u32, u64>,
+    accepted: AtomicU64,
+    model: RwLock<Option<Arc<Model>>>,
+}
+
+impl CollectionHandle {
+    /// A handle with the given state and tables.
+    pub fn new(
+        config: CollectionConfig,
+        engine: Engine,
+        state: CollectionState,
+        state_version: i64,
+        tables: Tables,
+        round_counts: Vec<(u32, u64)>,
+    ) -> Self {
+        let accepted = tables.values().map(|s| s.n).sum();
+        Self {
+            id: config.id,
+            config,
+            engine,
+            state: RwLock::new(Arc::new(state)),
+            state_version: AtomicI64::new(state_version),
+            tables: tables.into_iter().collect(),
+            mechanisms: DashMap::new(),
+            round_counts: round_counts.into_iter().collect(),
+            accepted: AtomicU64::new(accepted),
+            model: RwLock::new(None),
+        }
+    }
+
+    /// The current state (a snapshot).
+    pub fn state(&self) -> Arc<CollectionState> {
+        // A poisoned lock only means a panic elsewhere; the Arc inside is still whole.
+        self.state.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set_state(&self, state: CollectionState, version: Option<i64>) {
+        *self.state.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(state);
+        match version {
+            Some(v) => self.state_version.store(v, Relaxed),
+            None => {
+                self.state_version.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    /// The stored version of the state this process knows.
+    pub fn state_version(&self) -> i64 {
+        self.state_version.load(Relaxed)
+    }
+
+    /// Accepted reports (this process's view; on PostgreSQL refreshed from the database).
+    pub fn accepted(&self) -> u64 {
+        self.accepted.load(Relaxed)
+    }
+
+    /// Accepted reports of `round`.
+    pub fn round_count(&self, round: u32) -> u64 {
+        self.round_counts.get(&round).map(|c| *c).unwrap_or(0)
+    }
+
+    /// The model, once finalized.
+    pub fn model(&self) -> Option<Arc<Model>> {
+        self.model.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Sets the model.
+    pub fn set_model(&self, model: Arc<Model>) {
+        *self.model.write().unwrap_or_else(|e| e.into_inner()) = Some(model);
+    }
+
+    /// The (cached) mechanism of a table. Errors: a factor outside the schema.
+    pub fn mechanism(&self, key: &TableKey) -> Result<Arc<Mechanism>, ApiError> {
+        if let Some(m) = self.mechanisms.get(key) {
+            return Ok(m.clone());
+        }
+        let m = Arc::new(self.engine.mechanism(key)?);
+        self.mechanisms.insert(key.clone(), m.clone());
+        Ok(m)
+    }
+
+    /// A copy of the in-memory tables.
+    pub fn tables_snapshot(&self) -> Tables {
+        self.tables
+            .iter()
+            .map(|e| (e.key().clone(), e.value().clone()))
+            .collect()
+    }
+
+    /// Replaces counts and state from the database (other processes' work, PostgreSQL).
+    pub fn refresh(&self, state: CollectionState, version: i64, counts: Vec<(u32, u64)>) {
+        let total = counts.iter().map(|c| c.1).sum();
+        for (r, n) in counts {
+            self.round_counts.insert(r, n);
+        }
+        self.accepted.store(total, Relaxed);
+        if version != self.state_version() {
+            self.set_state(state, Some(version));
+        }
+    }
+}
+
+/// A validated report waiting for its commit.
+#[derive(Debug)]
+pub struct PendingReport {
+    /// Its collection.
+    pub handle: Arc<CollectionHandle>,
+    /// What to store.
+    pub report: NewReport,
+}
+
+/// What happened to one report.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// Committed now.
+    Accepted,
+    /// Committed before.
+    Duplicate,
+    /// Refused.
+    Rejected(Problem),
+}
+
+/// Work for the committer.
+#[derive(Debug)]
+pub enum Command {
+    /// Commit these reports; answer one outcome each, in order.
+    Reports {
+        /// The reports.
+        items: Vec<PendingReport>,
+        /// Where to answer.
+        reply: oneshot::Sender<Result<Vec<Outcome>, ApiError>>,
+    },
+    /// Close the current round now.
+    CloseRound {
+        /// The collection.
+        handle: Arc<CollectionHandle>,
+        /// Where to answer.
+        reply: oneshot::Sender<Result<Vec<Transition>, ApiError>>,
+    },
+    /// Build the model and mark the collection finalized.
+    Finalize {
+        /// The collection.
+        handle: Arc<CollectionHandle>,
+        /// Where to answer.
+        reply: oneshot::Sender<Result<Arc<Model>, ApiError>>,
+    },
+}
+
+/// Runs `f` on the blocking pool (estimation can take a while).
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::Internal(format!("estimation task failed: {e}")))
+}
+
+/// The committer task: runs until every sender is dropped.
+pub async fn run_committer(db: Db, metrics: Arc<Metrics>, mut rx: mpsc::Receiver<Command>) {
+    let mut deferred: Option<Command> = None;
+    loop {
+        let cmd = match deferred.take() {
+            Some(c) => c,
+            None => match rx.recv().await {
+                Some(c) => c,
+                None => break,
+            },
+        };
+        match cmd {
+            Command::Reports { items, reply } => {
+                let mut group = vec![(items, reply)];
+                let mut total: usize = group[0].0.len();
+                while total < MAX_GROUP_REPORTS {
+                    match rx.try_recv() {
+                        Ok(Command::Reports { items, reply }) => {
+                            total += items.len();
+                            group.push((items, reply));
+                        }
+                        Ok(other) => {
+                            deferred = Some(other);
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                commit_group(&db, &metrics, group).await;
+            }
+            Command::CloseRound { handle, reply } => {
+                let r = admin_close(&db, &metrics, &handle).await;
+                let _ = reply.send(r);
+            }
+            Command::Finalize { handle, reply } => {
+                let r = finalize(&db, &handle).await;
+                let _ = reply.send(r);
+            }
+        }
+    }
+}
+
+type Group = Vec<(
+    Vec<PendingReport>,
+    oneshot::Sender<Result<Vec<Outcome>, ApiError>>,
+)>;
+
+async fn commit_group(db: &Db, metrics: &Metrics, group: Group) {
+    let start = Instant::now();
+    // Flatten; classify in-batch repeats before touching the database.
+    let mut outcomes: Vec<Vec<Option<Outcome>>> = group
+        .iter()
+        .map(|(items, _)| vec![None; items.len()])
+        .collect();
+    let mut ids: HashMap<(Uuid, Uuid), (usize, usize)> = HashMap::new();
+    let mut nonces: HashSet<(Uuid, &str)> = HashSet::new();
+    let mut follows: Vec<((usize, usize), (usize, usize))> = Vec::new();
+    let mut to_insert: Vec<&NewReport> = Vec::new();
+    let mut positions: Vec<(usize, usize)> = Vec::new();
+    for (j, (items, _)) in group.iter().enumerate() {
+        for (i, p) in items.iter().enumerate() {
+            let r = &p.report;
+            if p.handle.state().phase == Phase::Finalized {
+                outcomes[j][i] = Some(Outcome::Rejected(Problem::new(
+                    ProblemType::CollectionFinalized,
+                    "the collection was finalized before this report was committed",
+                )));
+            } else if let Some(&first) = ids.get(&(r.collection, r.report_id)) {
+                follows.push(((j, i), first));
+            } else if !nonces.insert((r.collection, r.nonce.as_str())) {
+                outcomes[j][i] = Some(Outcome::Rejected(Problem::new(
+                    ProblemType::TokenReused,
+                    "another report in the same commit answers this token",
+                )));
+            } else {
+                ids.insert((r.collection, r.report_id), (j, i));
+                to_insert.push(r);
+                positions.push((j, i));
+            }
+        }
+    }
+    let result = write_group(db, metrics, &group, &to_insert).await;
+    match result {
+        Ok((inserted, classified, after)) => {
+            for (k, &(j, i)) in positions.iter().enumerate() {
+                outcomes[j][i] = Some(if inserted[k] {
+                    Outcome::Accepted
+                } else {
+                    classified[k].clone()
+                });
+            }
+            for ((j, i), (fj, fi)) in follows {
+                outcomes[j][i] = Some(match &outcomes[fj][fi] {
+                    Some(Outcome::Accepted) | Some(Outcome::Duplicate) => Outcome::Duplicate,
+                    Some(other) => other.clone(),
+                    None => Outcome::Duplicate,
+                });
+            }
+            // Committed: update derived state.
+            for (k, &(j, i)) in positions.iter().enumerate() {
+                if inserted[k] {
+                    let p = &group[j].0[i];
+                    apply_accepted(&p.handle, &p.report);
+                }
+            }
+            for (handle, state, closed) in after {
+                metrics.rounds_closed(closed);
+                handle.set_state(state, None);
+            }
+            let mut acc = 0;
+            let mut dup = 0;
+            for o in outcomes.iter().flatten().flatten() {
+                match o {
+                    Outcome::Accepted => acc += 1,
+                    Outcome::Duplicate => dup += 1,
+                    Outcome::Rejected(p) => metrics.rejected(p.problem_type),
+                }
+            }
+            metrics.reports(acc, dup);
+            metrics.commit(start.elapsed());
+            for ((_, reply), outs) in group.into_iter().zip(outcomes) {
+                let outs = outs
+                    .into_iter()
+                    .map(|o| o.unwrap_or(Outcome::Duplicate))
+                    .collect();
+                let _ = reply.send(Ok(outs));
+            }
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "group commit failed; nothing of it is acknowledged");
+            for (_, reply) in group {
+                let _ = reply.send(Err(ApiError::Internal(format!("commit failed: {e}"))));
+            }
+        }
+    }
+}
+
+fn apply_accepted(handle: &CollectionHandle, r: &NewReport) {
+    let Ok(m) = handle.mechanism(&r.key) else {
+        return;
+    };
+    let mut stats = handle
+        .tables
+        .entry(r.key.clone())
+        .or_insert_with(|| SufficientStatistics::new(&m));
+    // Validated before the commit; cannot fail.
+    let _ = m.accumulate(&r.payload, &mut stats);
+    drop(stats);
+    *handle.round_counts.entry(r.task_round).or_insert(0) += 1;
+    handle.accepted.fetch_add(1, Relaxed);
+}
+
+/// A collection's share of a group: its handle, accepted reports per task round, and the
+/// statistics they add.
+type PerCollection = (Arc<CollectionHandle>, BTreeMap<u32, u64>, Tables);
+
+type Written = (
+    Vec<bool>,
+    Vec<Outcome>,
+    Vec<(Arc<CollectionHandle>, CollectionState, u64)>,
+);
+
+async fn write_group(
+    db: &Db,
+    _metrics: &Metrics,
+    group: &Group,
+    to_insert: &[&NewReport],
+) -> Result<Written, ApiError> {
+    let mut tx = db.pool.begin().await?;
+    let inserted = Db::insert_reports(&mut tx, to_insert).await?;
+    let mut classified = vec![Outcome::Accepted; to_insert.len()];
+    for (k, r) in to_insert.iter().enumerate() {
+        if !inserted[k] {
+            classified[k] = if Db::report_exists(&mut tx, r.collection, r.report_id).await? {
+                Outcome::Duplicate
+            } else {
+                Outcome::Rejected(Problem::new(
+                    ProblemType::TokenReused,
+                    "this task token already answered another report",
+                ))
+            };
+        }
+    }
+    // Accepted per collection and task round, with this group's statistics.
+    let mut per: BTreeMap<Uuid, PerCollection> = BTreeMap::new();
+    let mut k = 0;
+    for (items, _) in group {
+        for p in items {
+            if k < to_insert.len() && std::ptr::eq(to_insert[k], &p.report) {
+                if inserted[k] {
+                    let e = per
+                        .entry(p.handle.id)
+                        .or_insert_with(|| (p.handle.clone(), BTreeMap::new(), Tables::new()));
+                    *e.1.entry(p.report.task_round).or_insert(0) += 1;
+                    let m = p.handle.mechanism(&p.report.key)?;
+                    let stats =
+                        e.2.entry(p.report.key.clone())
+                            .or_insert_with(|| SufficientStatistics::new(&m));
+                    m.accumulate(&p.report.payload, stats)
+                        .map_err(|e| ApiError::Internal(e.to_string()))?;
+                }
+                k += 1;
+            }
+        }
+    }
+    let mut after = Vec::new();
+    for (id, (handle, rounds, delta)) in per {
+        let mut counts: BTreeMap<u32, u64> = BTreeMap::new();
+        for (round, n) in rounds {
+            let total = Db::bump_round_count(&mut tx, id, round, n).await?;
+            counts.insert(round, total);
+        }
+        let state = handle.state();
+        let current = counts
+            .get(&state.round)
+            .copied()
+            .unwrap_or_else(|| handle.round_count(state.round));
+        if handle.engine.should_close(&state, current) {
+            let (new_state, transitions) =
+                close_in_tx(db, &mut tx, &handle, Some(delta), false).await?;
+            if new_state != *state {
+                after.push((handle, new_state, transitions.len() as u64));
+            }
+        }
+    }
+    tx.commit().await?;
+    Ok((inserted, classified, after))
+}
+
+/// Closes rounds inside `tx`: takes the collection's lock (PostgreSQL), reads the state
+/// and tables (PostgreSQL: from the database, so every process's reports count; SQLite:
+/// memory plus this group's `delta`), closes while the quota is reached (or once when
+/// `force`), and stores the new state if it changed. Returns the current state (PostgreSQL:
+/// possibly advanced by another process) and the transitions made here.
+async fn close_in_tx(
+    db: &Db,
+    conn: &mut sqlx::AnyConnection,
+    handle: &Arc<CollectionHandle>,
+    delta: Option<Tables>,
+    force: bool,
+) -> Result<(CollectionState, Vec<Transition>), ApiError> {
+    db.lock_collection(conn, handle.id).await?;
+    let (mut state, tables, counts): (CollectionState, Tables, BTreeMap<u32, u64>) = match db
+        .backend
+    {
+        Backend::Postgres => {
+            let (json, _) = Db::state_of(conn, handle.id)
+                .await?
+                .ok_or_else(|| ApiError::Internal("collection row vanished".into()))?;
+            let state = serde_json::from_str(&json)?;
+            let tables = Db::load_tables(conn, &handle.engine, handle.id).await?;
+            let counts = Db::round_counts(conn, handle.id)
+                .await?
+                .into_iter()
+                .collect();
+            (state, tables, counts)
+        }
+        Backend::Sqlite => {
+            let mut tables = handle.tables_snapshot();
+            let mut counts: BTreeMap<u32, u64> = handle
+                .round_counts
+                .iter()
+                .map(|e| (*e.key(), *e.value()))
+                .collect();
+            if let Some(delta) = delta {
+                for (key, s) in delta {
+                    match tables.get_mut(&key) {
+                        Some(t) => t.merge(&s).map_err(|e| ApiError::Internal(e.to_string()))?,
+                        None => {
+                            tables.insert(key, s);
+                        }
+                    }
+                }
+            }
+            // The caller's fresh per-round counts are re-read below from the database.
+            for (r, n) in Db::round_counts(conn, handle.id).await? {
+                counts.insert(r, n);
+            }
+            ((*handle.state()).clone(), tables, counts)
+        }
+    };
+    let engine = handle.engine.clone();
+    let (state, transitions) = blocking(move || {
+        let mut transitions = Vec::new();
+        let mut forced = force;
+        loop {
+            let current = counts.get(&state.round).copied().unwrap_or(0);
+            if !(forced || engine.should_close(&state, current)) {
+                break;
+            }
+            forced = false;
+            match engine.close_round(&mut state, &tables) {
+                Ok(Transition::Nothing) => break,
+                Ok(t) => transitions.push(t),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((state, transitions))
+    })
+    .await??;
+    for t in &transitions {
+        tracing::info!(collection = %handle.id, transition = ?t, "round transition");
+    }
+    if !transitions.is_empty() {
+        Db::update_state(conn, handle.id, &serde_json::to_string(&state)?).await?;
+    }
+    Ok((state, transitions))
+}
+
+async fn admin_close(
+    db: &Db,
+    metrics: &Metrics,
+    handle: &Arc<CollectionHandle>,
+) -> Result<Vec<Transition>, ApiError> {
+    if handle.state().phase == Phase::Finalized {
+        return Err(ApiError::problem(
+            ProblemType::CollectionFinalized,
+            "the collection is finalized",
+        ));
+    }
+    let mut tx = db.pool.begin().await?;
+    let (state, transitions) = close_in_tx(db, &mut tx, handle, None, true).await?;
+    tx.commit().await?;
+    metrics.rounds_closed(transitions.len() as u64);
+    if state != *handle.state() {
+        handle.set_state(state, None);
+    }
+    Ok(transitions)
+}
+
+/// Tables for estimation: memory (SQLite) or the database (PostgreSQL, all processes).
+pub async fn estimation_tables(db: &Db, handle: &CollectionHandle) -> Result<Tables, ApiError> {
+    match db.backend {
+        Backend::Sqlite => Ok(handle.tables_snapshot()),
+        Backend::Postgres => {
+            let mut conn = db.pool.acquire().await?;
+            Db::load_tables(&mut conn, &handle.engine, handle.id).await
+        }
+    }
+}
+
+/// Builds a model from `state` and `tables` on the blocking pool.
+pub async fn build_model(
+    engine: Engine,
+    state: CollectionState,
+    tables: Tables,
+) -> Result<Arc<Model>, ApiError> {
+    Ok(Arc::new(
+        blocking(move || engine.finalize(&state, &tables)).await??,
+    ))
+}
+
+async fn finalize(db: &Db, handle: &Arc<CollectionHandle>) -> Result<Arc<Model>, ApiError> {
+    if let Some(m) = handle.model() {
+        return Ok(m);
+    }
+    let mut tx = db.pool.begin().await?;
+    db.lock_collection(&mut tx, handle.id).await?;
+    let state: CollectionState = match db.backend {
+        Backend::Postgres => {
+            let (json, _) = Db::state_of(&mut tx, handle.id)
+                .await?
+                .ok_or_else(|| ApiError::Internal("collection row vanished".into()))?;
+            serde_json::from_str(&json)?
+        }
+        Backend::Sqlite => (*handle.state()).clone(),
+    };
+    let tables = match db.backend {
+        Backend::Sqlite => handle.tables_snapshot(),
+        Backend::Postgres => Db::load_tables(&mut tx, &handle.engine, handle.id).await?,
+    };
+    let model = build_model(handle.engine.clone(), state.clone(), tables)
+        .await
+        .map_err(|e| match e {
+            ApiError::Engine(crate::engine::EngineError::NoData) => ApiError::problem(
+                ProblemType::Conflict,
+                "no reports collected yet; nothing to build a model from",
+            ),
+            other => other,
+        })?;
+    let mut state = state;
+    if state.phase != Phase::Finalized {
+        handle.engine.mark_finalized(&mut state);
+        Db::update_state(&mut tx, handle.id, &serde_json::to_string(&state)?).await?;
+    }
+    tx.commit().await?;
+    handle.set_state(state, None);
+    handle.set_model(model.clone());
+    Ok(model)
+}

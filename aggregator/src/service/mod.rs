@@ -1,0 +1,392 @@
+//! The aggregator service: HTTP API v1 over the estimation [`crate::engine`], durable storage
+//! in SQLite or PostgreSQL, signed task tokens, group-committed ingestion and metrics.
+//!
+//! - [`config`]: `serve` options (clap, every option also from the environment).
+//! - [`storage`]: the database (sqlx `Any`, shared migrations).
+//! - [`tokens`]: HMAC-SHA256 task tokens.
+//! - [`ingest`]: collections in memory and the group committer.
+//! - [`http`]: routes, handlers, layers ([`router`]).
+//! - [`metrics`], [`ratelimit`], [`synthetic`].
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), ldpsyn_aggregator::service::error::ApiError> {
+//! use clap::Parser;
+//! use ldpsyn_aggregator::service::{Server, config::ServeConfig};
+//! let config = ServeConfig::parse_from(["serve", "--bind", "127.0.0.1:0",
+//!     "--database-url", "sqlite://ldpsyn.db", "--admin-token", "s3cret-admin-token"]);
+//! let server = Server::start(config).await?;
+//! println!("listening on {}", server.addr());
+//! server.shutdown().await?;
+//! # Ok(()) }
+//! ```
+
+pub mod config;
+pub mod error;
+pub mod http;
+pub mod ingest;
+pub mod metrics;
+pub mod ratelimit;
+pub mod storage;
+pub mod synthetic;
+pub mod tokens;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dashmap::DashMap;
+use ldpsyn::protocol::CollectionConfig;
+use rand::RngCore;
+use sha2::{Digest, Sha256};
+use tokio::sync::{mpsc, oneshot};
+use uuid::Uuid;
+
+pub use http::router;
+
+use self::config::ServeConfig;
+use self::error::ApiError;
+use self::ingest::{CollectionHandle, Command};
+use self::metrics::Metrics;
+use self::ratelimit::RateLimiter;
+use self::storage::{Backend, Db};
+use self::tokens::TokenKey;
+use crate::engine::{CollectionState, Engine, Phase};
+
+/// Shared state of the HTTP handlers. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct AppState {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    db: Db,
+    config: ServeConfig,
+    admin_token_hash: [u8; 32],
+    token_key: TokenKey,
+    collections: DashMap<Uuid, Arc<CollectionHandle>>,
+    committer: mpsc::Sender<Command>,
+    metrics: Arc<Metrics>,
+    limiter: RateLimiter,
+}
+
+impl AppState {
+    /// Connects to the database, runs migrations, loads the token key and every collection
+    /// (rebuilding sufficient statistics from the stored reports) and starts the committer.
+    /// Returns the state and the committer's join handle (it ends when every state clone is
+    /// dropped).
+    pub async fn open(
+        config: ServeConfig,
+    ) -> Result<(Self, tokio::task::JoinHandle<()>), ApiError> {
+        let db = Db::connect(&config.database_url, config.db_max_connections).await?;
+        let key = match &config.token_key {
+            Some(k) => k.expose().as_bytes().to_vec(),
+            None => {
+                let mut fresh = [0u8; 32];
+                rand::rng().fill_bytes(&mut fresh);
+                db.token_key(&fresh).await?
+            }
+        };
+        let token_key = TokenKey::new(key).map_err(|e| ApiError::Internal(e.to_string()))?;
+        let admin_token_hash = Sha256::digest(config.admin_token.expose().as_bytes()).into();
+        let metrics = Arc::new(Metrics::default());
+        let (tx, rx) = mpsc::channel(config.commit_queue_len.max(1));
+        let committer = tokio::spawn(ingest::run_committer(db.clone(), metrics.clone(), rx));
+        let limiter = RateLimiter::new(config.rate_limit_per_ip);
+        let state = Self {
+            inner: Arc::new(Inner {
+                db,
+                config,
+                admin_token_hash,
+                token_key,
+                collections: DashMap::new(),
+                committer: tx,
+                metrics,
+                limiter,
+            }),
+        };
+        state.load_all().await?;
+        Ok((state, committer))
+    }
+
+    async fn load_all(&self) -> Result<(), ApiError> {
+        let started = std::time::Instant::now();
+        let rows = self.inner.db.collections().await?;
+        let n = rows.len();
+        for row in rows {
+            self.load_row(row).await?;
+        }
+        tracing::info!(
+            collections = n,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "state rebuilt from the database"
+        );
+        Ok(())
+    }
+
+    async fn load_row(
+        &self,
+        row: storage::CollectionRow,
+    ) -> Result<Arc<CollectionHandle>, ApiError> {
+        let config: CollectionConfig = serde_json::from_str(&row.config)?;
+        let state: CollectionState = serde_json::from_str(&row.state)?;
+        let engine = Engine::new(&config)?;
+        let mut conn = self.inner.db.pool.acquire().await?;
+        let tables = Db::load_tables(&mut conn, &engine, row.id).await?;
+        let counts = Db::round_counts(&mut conn, row.id).await?;
+        drop(conn);
+        let finalized = state.phase == Phase::Finalized;
+        let handle = Arc::new(CollectionHandle::new(
+            config,
+            engine.clone(),
+            state.clone(),
+            row.state_version,
+            tables.clone(),
+            counts,
+        ));
+        if finalized {
+            // Deterministic given (state, tables): the same model as before the restart.
+            let model = ingest::build_model(engine, state, tables).await?;
+            handle.set_model(model);
+        }
+        self.inner.collections.insert(row.id, handle.clone());
+        Ok(handle)
+    }
+
+    /// The database.
+    pub fn db(&self) -> &Db {
+        &self.inner.db
+    }
+
+    /// The serve config.
+    pub fn config(&self) -> &ServeConfig {
+        &self.inner.config
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// The token key.
+    pub fn token_key(&self) -> &TokenKey {
+        &self.inner.token_key
+    }
+
+    /// The rate limiter.
+    pub fn limiter(&self) -> &RateLimiter {
+        &self.inner.limiter
+    }
+
+    /// Whether `presented` is the admin token (constant-time comparison of SHA-256 digests,
+    /// so neither content nor length leaks through timing).
+    pub fn is_admin(&self, presented: &str) -> bool {
+        use subtle::ConstantTimeEq;
+        let h: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
+        h.ct_eq(&self.inner.admin_token_hash).into()
+    }
+
+    /// A collection, loading it from the database if another process created it.
+    pub async fn collection(&self, id: Uuid) -> Result<Arc<CollectionHandle>, ApiError> {
+        if let Some(h) = self.inner.collections.get(&id) {
+            return Ok(h.clone());
+        }
+        if self.inner.db.backend == Backend::Postgres {
+            let rows = self.inner.db.collections().await?;
+            if let Some(row) = rows.into_iter().find(|r| r.id == id) {
+                return self.load_row(row).await;
+            }
+        }
+        Err(ApiError::problem(
+            ldpsyn::protocol::ProblemType::UnknownCollection,
+            format!("no collection {id}"),
+        ))
+    }
+
+    /// Every collection in memory, oldest first by id order of insertion is not kept: sorted
+    /// by id.
+    pub fn collections(&self) -> Vec<Arc<CollectionHandle>> {
+        let mut v: Vec<_> = self
+            .inner
+            .collections
+            .iter()
+            .map(|e| e.value().clone())
+            .collect();
+        v.sort_by_key(|h| h.id);
+        v
+    }
+
+    /// Registers a newly created collection.
+    pub fn insert_collection(&self, handle: Arc<CollectionHandle>) {
+        self.inner.collections.insert(handle.id, handle);
+    }
+
+    /// Sends a command to the committer.
+    pub async fn send(&self, cmd: Command) -> Result<(), ApiError> {
+        self.inner
+            .committer
+            .send(cmd)
+            .await
+            .map_err(|_| ApiError::Internal("committer stopped".into()))
+    }
+
+    /// PostgreSQL: picks up other processes' transitions, counts and finalizations.
+    pub async fn refresh_from_db(&self) -> Result<(), ApiError> {
+        for row in self.inner.db.collections().await? {
+            let Some(handle) = self.inner.collections.get(&row.id).map(|h| h.clone()) else {
+                self.load_row(row).await?;
+                continue;
+            };
+            let state: CollectionState = serde_json::from_str(&row.state)?;
+            let mut conn = self.inner.db.pool.acquire().await?;
+            let counts = Db::round_counts(&mut conn, row.id).await?;
+            drop(conn);
+            let finalized = state.phase == Phase::Finalized;
+            handle.refresh(state.clone(), row.state_version, counts);
+            if finalized && handle.model().is_none() {
+                let tables = ingest::estimation_tables(&self.inner.db, &handle).await?;
+                let model = ingest::build_model(handle.engine.clone(), state, tables).await?;
+                handle.set_model(model);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A running server: its address and a way to stop it gracefully.
+#[derive(Debug)]
+pub struct Server {
+    addr: SocketAddr,
+    shutdown: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), ApiError>>,
+    state: AppState,
+}
+
+impl Server {
+    /// Opens the state, binds `config.bind` and serves until [`Server::shutdown`].
+    pub async fn start(config: ServeConfig) -> Result<Self, ApiError> {
+        let (tx, rx) = oneshot::channel::<()>();
+        Self::start_with_signal(
+            config,
+            async move {
+                let _ = rx.await;
+            },
+            tx,
+        )
+        .await
+    }
+
+    async fn start_with_signal(
+        config: ServeConfig,
+        signal: impl std::future::Future<Output = ()> + Send + 'static,
+        shutdown: oneshot::Sender<()>,
+    ) -> Result<Self, ApiError> {
+        let listener = tokio::net::TcpListener::bind(config.bind)
+            .await
+            .map_err(|e| ApiError::Internal(format!("cannot bind {}: {e}", config.bind)))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| ApiError::Internal(e.to_string()))?;
+        let (state, committer) = AppState::open(config).await?;
+        let app = router(state.clone());
+        let refresher = spawn_refresher(state.clone());
+        let st = state.clone();
+        let task = tokio::spawn(async move {
+            let served = axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .with_graceful_shutdown(signal)
+            .await;
+            if let Some(r) = refresher {
+                r.abort();
+            }
+            // In-flight requests have been answered: their commits are done. Stop the
+            // committer and close the pool.
+            let db = st.db().clone();
+            drop(st);
+            let _ = tokio::time::timeout(Duration::from_secs(30), committer).await;
+            db.pool.close().await;
+            served.map_err(|e| ApiError::Internal(format!("server: {e}")))
+        });
+        tracing::info!(%addr, "listening");
+        Ok(Self {
+            addr,
+            shutdown,
+            task,
+            state,
+        })
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The state (for tests: in-memory tables and states).
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Stops accepting connections, finishes in-flight requests and commits, closes the
+    /// database.
+    pub async fn shutdown(self) -> Result<(), ApiError> {
+        let Server {
+            shutdown,
+            task,
+            state,
+            ..
+        } = self;
+        drop(state);
+        let _ = shutdown.send(());
+        task.await
+            .map_err(|e| ApiError::Internal(format!("server task: {e}")))?
+    }
+}
+
+fn spawn_refresher(state: AppState) -> Option<tokio::task::JoinHandle<()>> {
+    if state.db().backend != Backend::Postgres {
+        return None;
+    }
+    let period = Duration::from_millis(state.config().refresh_interval_ms.max(50));
+    Some(tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(period).await;
+            if let Err(e) = state.refresh_from_db().await {
+                tracing::warn!(error = %e, "refresh from the database failed");
+            }
+        }
+    }))
+}
+
+/// Runs `serve` until SIGINT/SIGTERM, then shuts down gracefully.
+pub async fn serve(config: ServeConfig) -> Result<(), ApiError> {
+    let (tx, _rx) = oneshot::channel();
+    let server = Server::start_with_signal(config, shutdown_signal(), tx).await?;
+    let Server { task, state, .. } = server;
+    drop(state);
+    task.await
+        .map_err(|e| ApiError::Internal(format!("server task: {e}")))?
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutting down: finishing in-flight requests and commits");
+}

@@ -1,0 +1,432 @@
+//! Storage over SQLite (embedded default) and PostgreSQL with one code path: the sqlx `Any`
+//! driver, `$n` placeholders (understood by both), TEXT and BIGINT columns only, and the
+//! shared migrations in `migrations/`, run at startup.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use futures_util::TryStreamExt;
+use ldpsyn::mechanism::{MechanismKind, SufficientStatistics};
+use ldpsyn::protocol::Payload;
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
+use sqlx::{AnyConnection, AnyPool, Connection, Executor, Row};
+use uuid::Uuid;
+
+use super::error::ApiError;
+use crate::engine::{Engine, TableKey, Tables};
+
+/// The shared migrations (`migrations/` at the workspace root).
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+
+/// Which database is behind the pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// SQLite: one process only.
+    Sqlite,
+    /// PostgreSQL: several processes may share it.
+    Postgres,
+}
+
+/// The database.
+#[derive(Debug, Clone)]
+pub struct Db {
+    /// The pool.
+    pub pool: AnyPool,
+    /// The backend.
+    pub backend: Backend,
+}
+
+/// A stored collection row.
+#[derive(Debug, Clone)]
+pub struct CollectionRow {
+    /// Id.
+    pub id: Uuid,
+    /// Public config, JSON.
+    pub config: String,
+    /// Engine state, JSON.
+    pub state: String,
+    /// Version of the state.
+    pub state_version: i64,
+}
+
+/// A report to insert (already validated).
+#[derive(Debug, Clone)]
+pub struct NewReport {
+    /// Collection.
+    pub collection: Uuid,
+    /// Report id (from the device).
+    pub report_id: Uuid,
+    /// Token nonce, hex.
+    pub nonce: String,
+    /// The round (SamPrivSyn: batch) of the report's task; counts toward that round's quota.
+    pub task_round: u32,
+    /// The table the report counts in.
+    pub key: TableKey,
+    /// The payload.
+    pub payload: Payload,
+}
+
+/// The wire name of a mechanism.
+pub fn mechanism_name(m: MechanismKind) -> &'static str {
+    match m {
+        MechanismKind::Grr => "grr",
+        MechanismKind::Oue => "oue",
+        MechanismKind::GrrPair => "grr_pair",
+    }
+}
+
+fn parse_mechanism(s: &str) -> Result<MechanismKind, ApiError> {
+    match s {
+        "grr" => Ok(MechanismKind::Grr),
+        "oue" => Ok(MechanismKind::Oue),
+        "grr_pair" => Ok(MechanismKind::GrrPair),
+        _ => Err(ApiError::Internal(format!("stored mechanism `{s}`"))),
+    }
+}
+
+fn factor_text(f: &[usize]) -> String {
+    let v: Vec<String> = f.iter().map(|a| a.to_string()).collect();
+    v.join(",")
+}
+
+fn parse_factor(s: &str) -> Result<Vec<usize>, ApiError> {
+    s.split(',')
+        .map(|a| {
+            a.parse()
+                .map_err(|_| ApiError::Internal(format!("stored factor `{s}`")))
+        })
+        .collect()
+}
+
+/// Rows per multi-row INSERT are powers of two up to this, so only a few distinct statements
+/// are prepared (and cached) whatever the batch size.
+const MAX_ROWS_PER_INSERT: usize = 512;
+
+impl Db {
+    /// Connects to `url` (`sqlite://path` — the file is created if missing — or
+    /// `postgres://…`) and runs the migrations.
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self, ApiError> {
+        sqlx::any::install_default_drivers();
+        let backend = if url.starts_with("sqlite:") {
+            Backend::Sqlite
+        } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+            Backend::Postgres
+        } else {
+            return Err(ApiError::Internal(format!(
+                "unsupported database URL scheme (sqlite:// or postgres://): {}",
+                url.split(':').next().unwrap_or("")
+            )));
+        };
+        let url = match backend {
+            Backend::Sqlite if !url.contains("mode=") => {
+                let sep = if url.contains('?') { '&' } else { '?' };
+                format!("{url}{sep}mode=rwc")
+            }
+            _ => url.to_owned(),
+        };
+        let options = AnyConnectOptions::from_str(&url)?;
+        let pool = AnyPoolOptions::new()
+            .max_connections(match backend {
+                Backend::Sqlite => max_connections.clamp(1, 4),
+                Backend::Postgres => max_connections.max(2),
+            })
+            .acquire_timeout(Duration::from_secs(30))
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    if backend == Backend::Sqlite {
+                        // WAL: readers never block the committer. synchronous = FULL: a
+                        // commit is on disk before the request is answered (durable ack).
+                        conn.execute("PRAGMA journal_mode = WAL").await?;
+                        conn.execute("PRAGMA synchronous = FULL").await?;
+                        conn.execute("PRAGMA busy_timeout = 30000").await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect_with(options)
+            .await?;
+        MIGRATOR.run(&pool).await?;
+        Ok(Self { pool, backend })
+    }
+
+    /// The task-token key: `value` if given, else the one stored in the database, else a new
+    /// random 32-byte key stored now (race-free across processes: insert-if-absent, re-read).
+    pub async fn token_key(&self, generated: &[u8]) -> Result<Vec<u8>, ApiError> {
+        let hex = super::tokens::hex(generated);
+        sqlx::query(
+            "INSERT INTO settings (name, value) VALUES ('token_key', $1) ON CONFLICT DO NOTHING",
+        )
+        .bind(hex)
+        .execute(&self.pool)
+        .await?;
+        let row = sqlx::query("SELECT value FROM settings WHERE name = 'token_key'")
+            .fetch_one(&self.pool)
+            .await?;
+        let stored: String = row.try_get(0)?;
+        unhex(&stored).ok_or_else(|| ApiError::Internal("stored token key is not hex".into()))
+    }
+
+    /// Inserts a new collection.
+    pub async fn insert_collection(&self, row: &CollectionRow, now: i64) -> Result<(), ApiError> {
+        sqlx::query(
+            "INSERT INTO collections (id, config, state, state_version, created_at) VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(row.id.to_string())
+        .bind(row.config.clone())
+        .bind(row.state.clone())
+        .bind(row.state_version)
+        .bind(now)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Every collection, oldest first.
+    pub async fn collections(&self) -> Result<Vec<CollectionRow>, ApiError> {
+        let rows = sqlx::query(
+            "SELECT id, config, state, state_version FROM collections ORDER BY created_at, id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(collection_row).collect()
+    }
+
+    /// One collection's state and version.
+    pub async fn state_of(
+        conn: &mut AnyConnection,
+        id: Uuid,
+    ) -> Result<Option<(String, i64)>, ApiError> {
+        let row = sqlx::query("SELECT state, state_version FROM collections WHERE id = $1")
+            .bind(id.to_string())
+            .fetch_optional(&mut *conn)
+            .await?;
+        Ok(match row {
+            Some(r) => Some((r.try_get(0)?, r.try_get(1)?)),
+            None => None,
+        })
+    }
+
+    /// Stores a new state (version + 1).
+    pub async fn update_state(
+        conn: &mut AnyConnection,
+        id: Uuid,
+        state: &str,
+    ) -> Result<(), ApiError> {
+        sqlx::query(
+            "UPDATE collections SET state = $1, state_version = state_version + 1 WHERE id = $2",
+        )
+        .bind(state.to_owned())
+        .bind(id.to_string())
+        .execute(&mut *conn)
+        .await?;
+        Ok(())
+    }
+
+    /// Accepted reports per round of a collection.
+    pub async fn round_counts(
+        conn: &mut AnyConnection,
+        id: Uuid,
+    ) -> Result<Vec<(u32, u64)>, ApiError> {
+        let rows = sqlx::query("SELECT round, accepted FROM round_counts WHERE collection_id = $1")
+            .bind(id.to_string())
+            .fetch_all(&mut *conn)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                let round: i64 = r.try_get(0)?;
+                let n: i64 = r.try_get(1)?;
+                Ok((round as u32, n as u64))
+            })
+            .collect()
+    }
+
+    /// Adds `n` accepted reports to a round's count; returns the new count.
+    pub async fn bump_round_count(
+        conn: &mut AnyConnection,
+        id: Uuid,
+        round: u32,
+        n: u64,
+    ) -> Result<u64, ApiError> {
+        let row = sqlx::query(
+            "INSERT INTO round_counts (collection_id, round, accepted) VALUES ($1, $2, $3) \
+             ON CONFLICT (collection_id, round) DO UPDATE SET accepted = round_counts.accepted + excluded.accepted \
+             RETURNING accepted",
+        )
+        .bind(id.to_string())
+        .bind(round as i64)
+        .bind(n as i64)
+        .fetch_one(&mut *conn)
+        .await?;
+        let total: i64 = row.try_get(0)?;
+        Ok(total as u64)
+    }
+
+    /// Rebuilds a collection's sufficient statistics from its stored reports, validating
+    /// each again with its mechanism.
+    pub async fn load_tables(
+        conn: &mut AnyConnection,
+        engine: &Engine,
+        id: Uuid,
+    ) -> Result<Tables, ApiError> {
+        let mut tables = Tables::new();
+        let mut mechanisms = std::collections::BTreeMap::new();
+        let mut rows = sqlx::query(
+            "SELECT round, factor, mechanism, payload FROM reports WHERE collection_id = $1",
+        )
+        .bind(id.to_string())
+        .fetch(&mut *conn);
+        while let Some(row) = rows.try_next().await? {
+            let round: i64 = row.try_get(0)?;
+            let factor: String = row.try_get(1)?;
+            let mechanism: String = row.try_get(2)?;
+            let payload: String = row.try_get(3)?;
+            let key = TableKey {
+                round: round as u32,
+                factor: parse_factor(&factor)?,
+                mechanism: parse_mechanism(&mechanism)?,
+            };
+            let payload: Payload = serde_json::from_str(&payload)?;
+            if !mechanisms.contains_key(&key) {
+                mechanisms.insert(key.clone(), engine.mechanism(&key)?);
+            }
+            let m = &mechanisms[&key];
+            let stats = tables
+                .entry(key)
+                .or_insert_with(|| SufficientStatistics::new(m));
+            m.accumulate(&payload, stats)
+                .map_err(|e| ApiError::Internal(format!("stored report does not validate: {e}")))?;
+        }
+        Ok(tables)
+    }
+
+    /// Inserts `reports` (no two with the same id or nonce), skipping those whose id or nonce
+    /// is already stored. Returns, per report, whether it was inserted.
+    pub async fn insert_reports(
+        conn: &mut AnyConnection,
+        reports: &[&NewReport],
+    ) -> Result<Vec<bool>, ApiError> {
+        let mut inserted = vec![false; reports.len()];
+        let mut start = 0;
+        while start < reports.len() {
+            let remaining = reports.len() - start;
+            let n = MAX_ROWS_PER_INSERT.min(1 << (usize::BITS - 1 - remaining.leading_zeros()));
+            let chunk = &reports[start..start + n];
+            let mut sql = String::with_capacity(80 + n * 40);
+            sql.push_str("INSERT INTO reports (collection_id, report_id, token_nonce, round, factor, mechanism, payload) VALUES ");
+            for i in 0..n {
+                let b = i * 7;
+                if i > 0 {
+                    sql.push(',');
+                }
+                sql.push_str(&format!(
+                    "(${},${},${},${},${},${},${})",
+                    b + 1,
+                    b + 2,
+                    b + 3,
+                    b + 4,
+                    b + 5,
+                    b + 6,
+                    b + 7
+                ));
+            }
+            sql.push_str(" ON CONFLICT DO NOTHING RETURNING report_id");
+            let mut q = sqlx::query(&sql);
+            for r in chunk {
+                q = q
+                    .bind(r.collection.to_string())
+                    .bind(r.report_id.to_string())
+                    .bind(r.nonce.clone())
+                    .bind(r.key.round as i64)
+                    .bind(factor_text(&r.key.factor))
+                    .bind(mechanism_name(r.key.mechanism))
+                    .bind(serde_json::to_string(&r.payload)?);
+            }
+            let rows = q.fetch_all(&mut *conn).await?;
+            let mut done = std::collections::HashSet::with_capacity(rows.len());
+            for row in rows {
+                let id: String = row.try_get(0)?;
+                done.insert(id);
+            }
+            for (i, r) in chunk.iter().enumerate() {
+                // Report ids are unique within `reports` (checked by the caller), and the
+                // collection is the same for equal ids in a batch only if they are equal.
+                if done.contains(&r.report_id.to_string()) {
+                    inserted[start + i] = true;
+                }
+            }
+            start += n;
+        }
+        Ok(inserted)
+    }
+
+    /// Whether a report id is stored for a collection.
+    pub async fn report_exists(
+        conn: &mut AnyConnection,
+        collection: Uuid,
+        report_id: Uuid,
+    ) -> Result<bool, ApiError> {
+        let row = sqlx::query("SELECT 1 FROM reports WHERE collection_id = $1 AND report_id = $2")
+            .bind(collection.to_string())
+            .bind(report_id.to_string())
+            .fetch_optional(&mut *conn)
+            .await?;
+        Ok(row.is_some())
+    }
+
+    /// Number of stored reports of a collection.
+    pub async fn count_reports(&self, collection: Uuid) -> Result<u64, ApiError> {
+        let row = sqlx::query("SELECT COUNT(*) FROM reports WHERE collection_id = $1")
+            .bind(collection.to_string())
+            .fetch_one(&self.pool)
+            .await?;
+        let n: i64 = row.try_get(0)?;
+        Ok(n as u64)
+    }
+
+    /// Takes the transaction-scoped PostgreSQL advisory lock of a collection (round closing);
+    /// a no-op on SQLite, which has one writer anyway.
+    pub async fn lock_collection(
+        &self,
+        conn: &mut AnyConnection,
+        id: Uuid,
+    ) -> Result<(), ApiError> {
+        if self.backend == Backend::Postgres {
+            let key = i64::from_be_bytes(id.as_bytes()[..8].try_into().unwrap_or([0; 8]));
+            sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                .bind(key)
+                .execute(&mut *conn)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Checks that the database answers.
+    pub async fn ping(&self) -> Result<(), ApiError> {
+        let mut conn = self.pool.acquire().await?;
+        conn.ping().await?;
+        Ok(())
+    }
+}
+
+fn collection_row(r: &sqlx::any::AnyRow) -> Result<CollectionRow, ApiError> {
+    let id: String = r.try_get(0)?;
+    Ok(CollectionRow {
+        id: id
+            .parse()
+            .map_err(|_| ApiError::Internal(format!("stored collection id `{id}`")))?,
+        config: r.try_get(1)?,
+        state: r.try_get(2)?,
+        state_version: r.try_get(3)?,
+    })
+}
+
+/// Decodes lowercase or uppercase hex.
+pub(crate) fn unhex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}

@@ -1,0 +1,284 @@
+//! Task tokens: what the server asks one person to report, signed with HMAC-SHA256.
+//!
+//! A token binds collection, round, factor, mechanism, ε, expiry and a random nonce
+//! (DESIGN.md "Wire formats"). Layout before base64url (no padding):
+//!
+//! ```text
+//! version u8 = 1 | collection 16 B | round u32 BE | mechanism u8 | epsilon f64 BE
+//! | expires_at i64 BE | nonce 16 B | factor length u8 | factor u16 BE × length | HMAC 32 B
+//! ```
+//!
+//! The MAC covers every byte before it and is checked in constant time before any field is
+//! trusted. The key is shared by all aggregator processes and survives restarts (stored in
+//! the database unless `LDPSYN_TOKEN_KEY` is set).
+//!
+//! ```
+//! use ldpsyn::{Epsilon, mechanism::MechanismKind};
+//! use ldpsyn_aggregator::service::tokens::{TaskClaims, TokenKey};
+//! let key = TokenKey::new(vec![7; 32]).unwrap();
+//! let claims = TaskClaims {
+//!     collection: uuid::Uuid::nil(), round: 2, factor: vec![0, 3],
+//!     mechanism: MechanismKind::Oue, epsilon: Epsilon::new(4.0).unwrap(),
+//!     expires_at: 1_790_000_000, nonce: [1; 16],
+//! };
+//! let token = key.sign(&claims);
+//! assert_eq!(key.verify(&token).unwrap(), claims);
+//! let other = TokenKey::new(vec![8; 32]).unwrap();
+//! assert!(other.verify(&token).is_err());
+//! ```
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use hmac::{Hmac, Mac};
+use ldpsyn::Epsilon;
+use ldpsyn::mechanism::MechanismKind;
+use sha2::Sha256;
+use uuid::Uuid;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// Token format version.
+const VERSION: u8 = 1;
+/// Length of the MAC.
+const MAC_LEN: usize = 32;
+/// Fixed part of the body: version, collection, round, mechanism, ε, expiry, nonce, length.
+const FIXED_LEN: usize = 1 + 16 + 4 + 1 + 8 + 8 + 16 + 1;
+/// Longest factor a token can carry.
+pub const MAX_FACTOR_LEN: usize = 64;
+/// Longest token string accepted (checked before decoding).
+pub const MAX_TOKEN_CHARS: usize = (FIXED_LEN + 2 * MAX_FACTOR_LEN + MAC_LEN).div_ceil(3) * 4;
+/// Shortest acceptable key, bytes.
+pub const MIN_KEY_BYTES: usize = 32;
+
+/// Why a token was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    /// Not base64url, wrong length, unknown version or field value.
+    #[error("malformed token: {0}")]
+    Malformed(&'static str),
+    /// The MAC does not match: forged, altered, or signed with another key.
+    #[error("token signature does not verify")]
+    BadSignature,
+    /// The key is too short.
+    #[error("token key must have at least {MIN_KEY_BYTES} bytes")]
+    WeakKey,
+}
+
+/// What a token says. All fields are covered by the MAC.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskClaims {
+    /// The collection.
+    pub collection: Uuid,
+    /// Round (PrivIncr) or batch (SamPrivSyn) of the task.
+    pub round: u32,
+    /// Factor, attribute indices in report order.
+    pub factor: Vec<usize>,
+    /// Mechanism.
+    pub mechanism: MechanismKind,
+    /// ε of the report.
+    pub epsilon: Epsilon,
+    /// Expiry, Unix seconds.
+    pub expires_at: i64,
+    /// Random nonce: a token answers one report, identified by `(collection, nonce)`.
+    pub nonce: [u8; 16],
+}
+
+impl TaskClaims {
+    /// The nonce as lowercase hex (the database key of the token).
+    pub fn nonce_hex(&self) -> String {
+        hex(&self.nonce)
+    }
+}
+
+/// Lowercase hex of `bytes`.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(DIGITS[(b >> 4) as usize] as char);
+        s.push(DIGITS[(b & 15) as usize] as char);
+    }
+    s
+}
+
+fn mechanism_code(m: MechanismKind) -> u8 {
+    match m {
+        MechanismKind::Grr => 1,
+        MechanismKind::Oue => 2,
+        MechanismKind::GrrPair => 3,
+    }
+}
+
+fn mechanism_from_code(c: u8) -> Option<MechanismKind> {
+    match c {
+        1 => Some(MechanismKind::Grr),
+        2 => Some(MechanismKind::Oue),
+        3 => Some(MechanismKind::GrrPair),
+        _ => None,
+    }
+}
+
+/// The HMAC-SHA256 key that signs task tokens. Its `Debug` never shows the key.
+#[derive(Clone)]
+pub struct TokenKey {
+    mac: HmacSha256,
+}
+
+impl std::fmt::Debug for TokenKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TokenKey(<redacted>)")
+    }
+}
+
+impl TokenKey {
+    /// A key from raw bytes. Errors: [`TokenError::WeakKey`] below [`MIN_KEY_BYTES`].
+    pub fn new(key: Vec<u8>) -> Result<Self, TokenError> {
+        if key.len() < MIN_KEY_BYTES {
+            return Err(TokenError::WeakKey);
+        }
+        // HMAC accepts keys of any length.
+        let mac = HmacSha256::new_from_slice(&key).map_err(|_| TokenError::WeakKey)?;
+        Ok(Self { mac })
+    }
+
+    /// Signs `claims` into an opaque token string. Panics if the factor has more than
+    /// [`MAX_FACTOR_LEN`] attributes or an index above `u16::MAX` (the engine never draws
+    /// such factors).
+    pub fn sign(&self, claims: &TaskClaims) -> String {
+        assert!(
+            claims.factor.len() <= MAX_FACTOR_LEN,
+            "factor too long for a token"
+        );
+        let mut body = Vec::with_capacity(FIXED_LEN + 2 * claims.factor.len() + MAC_LEN);
+        body.push(VERSION);
+        body.extend_from_slice(claims.collection.as_bytes());
+        body.extend_from_slice(&claims.round.to_be_bytes());
+        body.push(mechanism_code(claims.mechanism));
+        body.extend_from_slice(&claims.epsilon.get().to_be_bytes());
+        body.extend_from_slice(&claims.expires_at.to_be_bytes());
+        body.extend_from_slice(&claims.nonce);
+        body.push(claims.factor.len() as u8);
+        for &a in &claims.factor {
+            let a = u16::try_from(a).expect("attribute index fits in u16 (checked at creation)");
+            body.extend_from_slice(&a.to_be_bytes());
+        }
+        let mut mac = self.mac.clone();
+        mac.update(&body);
+        body.extend_from_slice(&mac.finalize().into_bytes());
+        URL_SAFE_NO_PAD.encode(body)
+    }
+
+    /// Checks the MAC (constant time) and parses the claims. Expiry and collection are the
+    /// caller's to check. Errors: [`TokenError::Malformed`], [`TokenError::BadSignature`].
+    pub fn verify(&self, token: &str) -> Result<TaskClaims, TokenError> {
+        if token.len() > MAX_TOKEN_CHARS {
+            return Err(TokenError::Malformed("too long"));
+        }
+        let raw = URL_SAFE_NO_PAD
+            .decode(token.as_bytes())
+            .map_err(|_| TokenError::Malformed("not base64url without padding"))?;
+        if raw.len() < FIXED_LEN + MAC_LEN {
+            return Err(TokenError::Malformed("too short"));
+        }
+        let (body, tag) = raw.split_at(raw.len() - MAC_LEN);
+        let mut mac = self.mac.clone();
+        mac.update(body);
+        mac.verify_slice(tag)
+            .map_err(|_| TokenError::BadSignature)?;
+        parse_body(body)
+    }
+}
+
+/// Parses a token body (without MAC). Only called on authenticated bytes, but written to be
+/// safe on any input (it is fuzzed).
+fn parse_body(body: &[u8]) -> Result<TaskClaims, TokenError> {
+    let mut r = Reader(body);
+    if r.take::<1>()?[0] != VERSION {
+        return Err(TokenError::Malformed("unknown version"));
+    }
+    let collection = Uuid::from_bytes(r.take::<16>()?);
+    let round = u32::from_be_bytes(r.take::<4>()?);
+    let mechanism =
+        mechanism_from_code(r.take::<1>()?[0]).ok_or(TokenError::Malformed("unknown mechanism"))?;
+    let epsilon = Epsilon::new(f64::from_be_bytes(r.take::<8>()?))
+        .map_err(|_| TokenError::Malformed("invalid epsilon"))?;
+    let expires_at = i64::from_be_bytes(r.take::<8>()?);
+    let nonce = r.take::<16>()?;
+    let len = r.take::<1>()?[0] as usize;
+    if len == 0 || len > MAX_FACTOR_LEN {
+        return Err(TokenError::Malformed("bad factor length"));
+    }
+    let mut factor = Vec::with_capacity(len);
+    for _ in 0..len {
+        factor.push(u16::from_be_bytes(r.take::<2>()?) as usize);
+    }
+    if !r.0.is_empty() {
+        return Err(TokenError::Malformed("trailing bytes"));
+    }
+    Ok(TaskClaims {
+        collection,
+        round,
+        factor,
+        mechanism,
+        epsilon,
+        expires_at,
+        nonce,
+    })
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> Result<[u8; N], TokenError> {
+        if self.0.len() < N {
+            return Err(TokenError::Malformed("truncated"));
+        }
+        let (head, rest) = self.0.split_at(N);
+        self.0 = rest;
+        let mut out = [0u8; N];
+        out.copy_from_slice(head);
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claims() -> TaskClaims {
+        TaskClaims {
+            collection: Uuid::from_u128(42),
+            round: 3,
+            factor: vec![1, 4, 7],
+            mechanism: MechanismKind::GrrPair,
+            epsilon: Epsilon::new(1.5).unwrap(),
+            expires_at: -5,
+            nonce: [9; 16],
+        }
+    }
+
+    #[test]
+    fn round_trip_and_tamper() {
+        let key = TokenKey::new(vec![1; 32]).unwrap();
+        let t = key.sign(&claims());
+        assert!(t.len() <= MAX_TOKEN_CHARS);
+        assert_eq!(key.verify(&t).unwrap(), claims());
+        // Flip one character anywhere: never verifies.
+        for i in 0..t.len() {
+            let mut b = t.clone().into_bytes();
+            b[i] = if b[i] == b'A' { b'B' } else { b'A' };
+            let s = String::from_utf8(b).unwrap();
+            assert!(key.verify(&s).is_err(), "position {i}");
+        }
+        assert_eq!(key.verify(""), Err(TokenError::Malformed("too short")));
+        assert!(matches!(key.verify("!!"), Err(TokenError::Malformed(_))));
+    }
+
+    #[test]
+    fn weak_key_and_debug() {
+        assert_eq!(TokenKey::new(vec![0; 31]).unwrap_err(), TokenError::WeakKey);
+        let k = TokenKey::new(vec![0x55; 32]).unwrap();
+        assert_eq!(format!("{k:?}"), "TokenKey(<redacted>)");
+        assert_eq!(hex(&[0, 255, 16]), "00ff10");
+    }
+}

@@ -1,0 +1,274 @@
+//! Crash safety of the real binary: SIGKILL `ldpsyn-aggregator serve` while clients upload,
+//! restart it on the same SQLite file, resend what was pending; every acknowledged report is
+//! counted exactly once and the estimates equal a clean in-process reduction of the same
+//! reports.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ldpsyn::Epsilon;
+use ldpsyn::client::{Client, ClientError, ClientOptions, SimulatedPerson};
+use ldpsyn::ledger::{BudgetLedger, MemoryLedger, ReportState};
+use ldpsyn::mechanism::SufficientStatistics;
+use ldpsyn::protocol::{CollectionConfig, Report};
+use ldpsyn::schema::Schema;
+use ldpsyn_aggregator::engine::{Engine, Tables, TaskSpec};
+use ldpsyn_aggregator::service::tokens::TokenKey;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+const ADMIN: &str = "crash-admin-token-42";
+const KEY: &str = "crash-token-key-0123456789abcdef0123456789";
+
+fn free_port() -> u16 {
+    // The port is released before the server binds it; a clash is unlikely on 127.0.0.1.
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// Kills the server when dropped, so a failing test leaves no process behind.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn(db: &str, port: u16) -> Server {
+    Server(
+        Command::new(env!("CARGO_BIN_EXE_ldpsyn-aggregator"))
+            .args([
+                "serve",
+                "--bind",
+                &format!("127.0.0.1:{port}"),
+                "--database-url",
+                db,
+            ])
+            .env("LDPSYN_ADMIN_TOKEN", ADMIN)
+            .env("LDPSYN_TOKEN_KEY", KEY)
+            .env("LDPSYN_RATE_LIMIT_PER_IP", "0")
+            .env("LDPSYN_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("the aggregator binary starts"),
+    )
+}
+
+async fn wait_healthy(base: &str) {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(30) {
+        if let Ok(r) = reqwest::get(format!("{base}/healthz")).await {
+            if r.status() == 200 {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("server did not become healthy");
+}
+
+fn schema() -> Value {
+    json!({"attributes": [
+        {"name": "a", "type": "categorical", "labels": ["0", "1", "2"]},
+        {"name": "b", "type": "categorical", "labels": ["0", "1", "2"]},
+        {"name": "c", "type": "categorical", "labels": ["0", "1"]}
+    ]})
+}
+
+fn people(schema: &Schema, n: usize) -> Vec<SimulatedPerson<MemoryLedger>> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+    (0..n)
+        .map(|_| {
+            let a = rng.random_range(0..3u32);
+            let b = if rng.random::<f64>() < 0.7 {
+                a
+            } else {
+                rng.random_range(0..3)
+            };
+            let c = rng.random_range(0..2u32);
+            SimulatedPerson {
+                record: schema.encoded(vec![a, b, c]).unwrap(),
+                ledger: MemoryLedger::default(),
+            }
+        })
+        .collect()
+}
+
+fn reports(people: &[SimulatedPerson<MemoryLedger>], id: Uuid, state: ReportState) -> Vec<Report> {
+    people
+        .iter()
+        .filter_map(|p| p.ledger.get(id).unwrap())
+        .filter(|e| e.state == state)
+        .map(|e| e.report)
+        .collect()
+}
+
+fn reduce(engine: &Engine, reports: &[Report]) -> Tables {
+    let key = TokenKey::new(KEY.as_bytes().to_vec()).unwrap();
+    let mut t = Tables::new();
+    for r in reports {
+        let c = key.verify(&r.token).unwrap();
+        let k = engine.table_key(&TaskSpec {
+            round: c.round,
+            factor: c.factor,
+            mechanism: c.mechanism,
+        });
+        let m = engine.mechanism(&k).unwrap();
+        m.accumulate(
+            &r.payload,
+            t.entry(k).or_insert_with(|| SufficientStatistics::new(&m)),
+        )
+        .unwrap();
+    }
+    t
+}
+
+async fn upload_all(
+    base: String,
+    id: Uuid,
+    mut chunk: Vec<SimulatedPerson<MemoryLedger>>,
+    seed: u64,
+) -> Vec<SimulatedPerson<MemoryLedger>> {
+    let mut options = ClientOptions::new(Epsilon::new(2.0).unwrap());
+    options.seed = Some(seed);
+    options.max_attempts = 1;
+    let Ok(mut client) = Client::connect(&base, id, options, MemoryLedger::default()).await else {
+        return chunk;
+    };
+    for part in chunk.chunks_mut(50) {
+        if client.submit_batch(part).await.is_err() {
+            break;
+        }
+    }
+    chunk
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_during_uploads_loses_nothing_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("crash.db").display());
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut child = spawn(&db, port);
+    wait_healthy(&base).await;
+    let http = reqwest::Client::new();
+    let created: Value = http
+        .post(format!("{base}/v1/collections"))
+        .bearer_auth(ADMIN)
+        .json(&json!({"schema": schema(), "protocol": "privincr", "epsilon": 2.0, "target_users": 1_000_000_000u64}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id: Uuid = created["id"].as_str().unwrap().parse().unwrap();
+    let config: CollectionConfig = serde_json::from_value(created.clone()).unwrap();
+    let schema = config.schema.clone();
+
+    // Four concurrent uploaders of 1500 people each; kill the server mid-way.
+    let all = people(&schema, 6000);
+    let mut tasks = Vec::new();
+    for (i, chunk) in all.chunks(1500).enumerate() {
+        tasks.push(tokio::spawn(upload_all(
+            base.clone(),
+            id,
+            chunk.to_vec(),
+            i as u64,
+        )));
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    child.0.kill().expect("SIGKILL");
+    let _ = child.0.wait();
+    let mut people: Vec<SimulatedPerson<MemoryLedger>> = Vec::new();
+    for t in tasks {
+        people.extend(t.await.unwrap());
+    }
+    let acked_before = reports(&people, id, ReportState::Acknowledged);
+    let pending = reports(&people, id, ReportState::Pending).len();
+    eprintln!(
+        "before the kill: {} acknowledged, {pending} pending",
+        acked_before.len()
+    );
+    assert!(
+        !acked_before.is_empty(),
+        "some uploads finished before the kill"
+    );
+
+    // Restart on the same database: every acknowledged report is there, counted once.
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let _child = spawn(&db, port);
+    wait_healthy(&base).await;
+    let status: Value = http
+        .get(format!("{base}/v1/collections/{id}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let after_restart = status["status"]["reports_accepted"].as_u64().unwrap();
+    assert!(after_restart >= acked_before.len() as u64);
+    // At most the pending ones may have been committed without an answer.
+    assert!(after_restart <= (acked_before.len() + pending) as u64);
+
+    // Resend everything pending (same ids: accepted or duplicate), then everyone else; the
+    // people already acknowledged are refused by their own ledgers (budget spent).
+    let mut options = ClientOptions::new(Epsilon::new(2.0).unwrap());
+    options.seed = Some(99);
+    let mut client = Client::connect(&base, id, options, MemoryLedger::default())
+        .await
+        .unwrap();
+    for part in people.chunks_mut(1000) {
+        for r in client.submit_batch(part).await.unwrap() {
+            match r {
+                Ok(_) | Err(ClientError::BudgetExhausted { .. }) => {}
+                Err(e) => panic!("resubmission failed: {e}"),
+            }
+        }
+    }
+    let acked = reports(&people, id, ReportState::Acknowledged);
+    assert_eq!(acked.len(), 6000, "everyone acknowledged once");
+    let fin: Value = http
+        .post(format!("{base}/v1/collections/{id}/finalize"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(fin["status"]["reports_accepted"], 6000, "{fin}");
+
+    // Estimates equal a clean reduction of the same 6000 reports.
+    let engine = Engine::new(&config).unwrap();
+    let tables = reduce(&engine, &acked);
+    let mut state = engine.initial_state();
+    engine.mark_finalized(&mut state);
+    let clean = engine.finalize(&state, &tables).unwrap();
+    assert_eq!(
+        serde_json::to_value(clean.describe()).unwrap(),
+        fin["model"]
+    );
+    let m: Value = http
+        .get(format!("{base}/v1/collections/{id}/marginals?attrs=a,b"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        m["frequencies"],
+        json!(clean.marginal(&[0, 1]).unwrap().frequencies)
+    );
+}

@@ -1,0 +1,187 @@
+//! Helpers shared by the integration tests: start an aggregator on a free port of
+//! 127.0.0.1, create collections over HTTP, build simulated people with correlated records,
+//! and reduce their reports in process with the engine.
+#![warn(missing_docs)]
+
+use std::collections::BTreeMap;
+
+use clap::Parser;
+use ldpsyn::client::SimulatedPerson;
+use ldpsyn::ledger::{BudgetLedger, MemoryLedger};
+use ldpsyn::mechanism::SufficientStatistics;
+use ldpsyn::protocol::Report;
+use ldpsyn::schema::Schema;
+use ldpsyn_aggregator::engine::{Engine, TableKey, Tables, TaskSpec};
+use ldpsyn_aggregator::service::Server;
+use ldpsyn_aggregator::service::config::ServeConfig;
+use ldpsyn_aggregator::service::tokens::TokenKey;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+/// Admin token of test servers.
+pub const ADMIN: &str = "test-admin-token-0123";
+/// Token key of test servers (fixed so tests can read the tokens they hold).
+pub const TOKEN_KEY: &str = "test-token-key-0123456789abcdef-0123456789";
+
+/// The `serve` config of a test server on `database_url`, plus extra arguments.
+pub fn test_config(database_url: &str, extra: &[&str]) -> ServeConfig {
+    let mut args = vec![
+        "serve",
+        "--bind",
+        "127.0.0.1:0",
+        "--database-url",
+        database_url,
+        "--admin-token",
+        ADMIN,
+        "--token-key",
+        TOKEN_KEY,
+    ];
+    if !extra.contains(&"--rate-limit-per-ip") {
+        args.extend_from_slice(&["--rate-limit-per-ip", "0"]);
+    }
+    args.extend_from_slice(extra);
+    ServeConfig::parse_from(args)
+}
+
+/// Starts a server in this process (real TCP on 127.0.0.1).
+pub async fn start(database_url: &str, extra: &[&str]) -> Server {
+    Server::start(test_config(database_url, extra))
+        .await
+        .expect("test server starts")
+}
+
+/// `http://addr`.
+pub fn base(server: &Server) -> String {
+    format!("http://{}", server.addr())
+}
+
+/// The test schema: `region` (4) → `income` (3) strongly dependent, `smoker` (2) → `lung`
+/// (2) dependent, `shoe` (3) independent of everything.
+pub fn schema_json() -> Value {
+    json!({"attributes": [
+        {"name": "region", "type": "categorical", "labels": ["north", "south", "east", "west"]},
+        {"name": "income", "type": "numeric", "min": 0, "max": 90000, "bins": 3},
+        {"name": "smoker", "type": "categorical", "labels": ["no", "yes"]},
+        {"name": "lung", "type": "categorical", "labels": ["ok", "bad"]},
+        {"name": "shoe", "type": "categorical", "labels": ["s", "m", "l"]}
+    ]})
+}
+
+/// The test schema parsed.
+pub fn schema() -> Schema {
+    serde_json::from_value(schema_json()).expect("test schema is valid")
+}
+
+/// Codes of `n` people with seeded correlated records.
+pub fn population(n: usize, seed: u64) -> Vec<Vec<u32>> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| {
+            let region = rng.random_range(0..4u32);
+            let income = if rng.random::<f64>() < 0.8 {
+                region % 3
+            } else {
+                rng.random_range(0..3)
+            };
+            let smoker = u32::from(rng.random::<f64>() < 0.3);
+            let lung = if rng.random::<f64>() < 0.85 {
+                smoker
+            } else {
+                1 - smoker
+            };
+            let shoe = rng.random_range(0..3u32);
+            vec![region, income, smoker, lung, shoe]
+        })
+        .collect()
+}
+
+/// Simulated people (records + their own memory ledgers).
+pub fn people(schema: &Schema, n: usize, seed: u64) -> Vec<SimulatedPerson<MemoryLedger>> {
+    population(n, seed)
+        .into_iter()
+        .map(|codes| SimulatedPerson {
+            record: schema.encoded(codes).expect("codes fit the schema"),
+            ledger: MemoryLedger::default(),
+        })
+        .collect()
+}
+
+/// Creates a collection with `body` (schema added if absent); returns its id.
+pub async fn create(base: &str, mut body: Value) -> Uuid {
+    if body.get("schema").is_none() {
+        body["schema"] = schema_json();
+    }
+    let resp = reqwest::Client::new()
+        .post(format!("{base}/v1/collections"))
+        .bearer_auth(ADMIN)
+        .json(&body)
+        .send()
+        .await
+        .expect("create request");
+    assert_eq!(
+        resp.status(),
+        201,
+        "{}",
+        resp.text().await.unwrap_or_default()
+    );
+    let v: Value = resp.json().await.expect("create answer is JSON");
+    v["id"].as_str().and_then(|s| s.parse().ok()).expect("id")
+}
+
+/// An admin request to `path` (GET or POST), returning status and JSON body.
+pub async fn admin(base: &str, method: &str, path: &str) -> (u16, Value) {
+    let c = reqwest::Client::new();
+    let req = match method {
+        "POST" => c.post(format!("{base}{path}")),
+        _ => c.get(format!("{base}{path}")),
+    };
+    let resp = req.bearer_auth(ADMIN).send().await.expect("admin request");
+    let status = resp.status().as_u16();
+    let v = resp.json().await.unwrap_or(Value::Null);
+    (status, v)
+}
+
+/// The acknowledged reports held in the people's ledgers.
+pub fn acknowledged(people: &[SimulatedPerson<MemoryLedger>], collection: Uuid) -> Vec<Report> {
+    people
+        .iter()
+        .filter_map(|p| p.ledger.get(collection).ok().flatten())
+        .filter(|e| e.state == ldpsyn::ledger::ReportState::Acknowledged)
+        .map(|e| e.report)
+        .collect()
+}
+
+/// The engine's in-process reduction of `reports`: the tables they add up to, keyed as the
+/// server keys them (from the tokens, verified with [`TOKEN_KEY`]).
+pub fn reduce(engine: &Engine, reports: &[Report]) -> Tables {
+    let key = TokenKey::new(TOKEN_KEY.as_bytes().to_vec()).expect("key");
+    let mut tables: Tables = BTreeMap::new();
+    for r in reports {
+        let c = key.verify(&r.token).expect("our tokens verify");
+        let k: TableKey = engine.table_key(&TaskSpec {
+            round: c.round,
+            factor: c.factor,
+            mechanism: c.mechanism,
+        });
+        let m = engine.mechanism(&k).expect("mechanism");
+        let s = tables
+            .entry(k)
+            .or_insert_with(|| SufficientStatistics::new(&m));
+        m.accumulate(&r.payload, s).expect("valid payload");
+    }
+    tables
+}
+
+/// The PostgreSQL URL for tests, or `None` (and a note on stderr) when not configured.
+pub fn postgres_url(test: &str) -> Option<String> {
+    match std::env::var("LDPSYN_TEST_DATABASE_URL") {
+        Ok(u) if !u.is_empty() => Some(u),
+        _ => {
+            eprintln!(
+                "{test}: skipped (set LDPSYN_TEST_DATABASE_URL to a PostgreSQL database to run it)"
+            );
+            None
+        }
+    }
+}

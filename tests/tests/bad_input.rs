@@ -1,0 +1,423 @@
+//! Every bad input gets its documented status and problem document, and changes no state.
+
+use base64::Engine as _;
+use ldpsyn::Epsilon;
+use ldpsyn::mechanism::MechanismKind;
+use ldpsyn::protocol::{PROBLEM_CONTENT_TYPE, Problem, ProblemType, Task};
+use ldpsyn_aggregator::service::tokens::{TaskClaims, TokenKey};
+use ldpsyn_tests::*;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+struct Ctx {
+    http: reqwest::Client,
+    base: String,
+    id: Uuid,
+}
+
+impl Ctx {
+    async fn accepted(&self) -> u64 {
+        let v: Value = self
+            .http
+            .get(format!("{}/v1/collections/{}", self.base, self.id))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        v["status"]["reports_accepted"].as_u64().unwrap()
+    }
+
+    async fn task(&self) -> Task {
+        self.http
+            .get(format!("{}/v1/collections/{}/task", self.base, self.id))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    async fn upload_raw(&self, body: impl Into<reqwest::Body>) -> reqwest::Response {
+        self.http
+            .post(format!("{}/v1/collections/{}/reports", self.base, self.id))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Uploads one report and returns its per-report answer.
+    async fn upload_one(&self, report: Value) -> Value {
+        let resp = self.upload_raw(json!([report]).to_string()).await;
+        assert_eq!(resp.status(), 200);
+        let v: Value = resp.json().await.unwrap();
+        v[0].clone()
+    }
+}
+
+async fn expect_problem(resp: reqwest::Response, status: u16, kind: ProblemType) -> Problem {
+    assert_eq!(resp.status().as_u16(), status);
+    assert_eq!(
+        resp.headers()["content-type"].to_str().unwrap(),
+        PROBLEM_CONTENT_TYPE
+    );
+    let p: Problem = resp.json().await.unwrap();
+    assert_eq!(p.problem_type, kind);
+    assert_eq!(p.status, status);
+    assert!(!p.detail.is_empty());
+    p
+}
+
+fn expect_rejected(answer: &Value, kind: ProblemType) {
+    assert_eq!(answer["status"], "rejected", "{answer}");
+    assert_eq!(answer["problem"]["type"], kind.uri(), "{answer}");
+    assert!(!answer["problem"]["detail"].as_str().unwrap().is_empty());
+}
+
+/// A valid payload for a task (value 0 / all-zero bits).
+fn payload_for(t: &Task, dims: &[usize]) -> Value {
+    let k: usize = t.factor.iter().map(|&a| dims[a]).product();
+    match t.mechanism {
+        MechanismKind::Grr => json!({"grr": 0}),
+        MechanismKind::GrrPair => json!({"grr_pair": [0, 0]}),
+        MechanismKind::Oue => {
+            json!({"oue": base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(vec![0u8; k.div_ceil(8)])})
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_inputs_are_refused_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("bad.db").display());
+    let server = start(
+        &url,
+        &[
+            "--max-body-bytes",
+            "200000",
+            "--max-reports-per-upload",
+            "50",
+        ],
+    )
+    .await;
+    let base = base(&server);
+    let id = create(
+        &base,
+        json!({"protocol": "privincr", "epsilon": 2.0, "target_users": 100000}),
+    )
+    .await;
+    let other = create(
+        &base,
+        json!({"protocol": "privincr", "epsilon": 2.0, "target_users": 100000}),
+    )
+    .await;
+    let ctx = Ctx {
+        http: reqwest::Client::new(),
+        base: base.clone(),
+        id,
+    };
+    let dims = schema().domain_sizes();
+
+    // One good report first, so that replays have something to hit.
+    let t = ctx.task().await;
+    let good_id = Uuid::new_v4();
+    let good = json!({"id": good_id, "token": t.token, "payload": payload_for(&t, &dims)});
+    assert_eq!(ctx.upload_one(good.clone()).await["status"], "accepted");
+    assert_eq!(ctx.accepted().await, 1);
+
+    // Malformed JSON, wrong shape, wrong types, empty: 400 for the whole upload.
+    for body in [
+        "not json",
+        "{\"id\": 1}",
+        "[{\"id\": \"x\", \"token\": \"t\", \"payload\": {\"grr\": 1}}]",
+        "[{\"id\": \"0b5a3c47-3cfd-4b5e-9a3a-7e2f3c1d2e10\", \"token\": 5, \"payload\": {\"grr\": 1}}]",
+        "[{\"id\": \"0b5a3c47-3cfd-4b5e-9a3a-7e2f3c1d2e10\", \"token\": \"t\", \"payload\": {\"grr\": -1}}]",
+        "[{\"id\": \"0b5a3c47-3cfd-4b5e-9a3a-7e2f3c1d2e10\", \"token\": \"t\", \"payload\": {\"oue\": \"***\"}}]",
+        "[{\"id\": \"0b5a3c47-3cfd-4b5e-9a3a-7e2f3c1d2e10\", \"token\": \"t\", \"payload\": {\"grr\": 1, \"oue\": \"AA\"}}]",
+    ] {
+        expect_problem(
+            ctx.upload_raw(body).await,
+            400,
+            ProblemType::MalformedRequest,
+        )
+        .await;
+    }
+    expect_problem(
+        ctx.upload_raw("[]").await,
+        400,
+        ProblemType::InvalidParameter,
+    )
+    .await;
+
+    // Oversized body and too many reports: 413.
+    let big = format!("[{}]", "0,".repeat(150_000));
+    expect_problem(ctx.upload_raw(big).await, 413, ProblemType::PayloadTooLarge).await;
+    let many: Vec<Value> = (0..51).map(|_| good.clone()).collect();
+    expect_problem(
+        ctx.upload_raw(json!(many).to_string()).await,
+        413,
+        ProblemType::PayloadTooLarge,
+    )
+    .await;
+
+    // Unknown collection: 404 on every public route.
+    let nobody = Uuid::new_v4();
+    for path in [
+        format!("/v1/collections/{nobody}"),
+        format!("/v1/collections/{nobody}/task"),
+        "/v1/collections/not-a-uuid".to_owned(),
+    ] {
+        let r = ctx.http.get(format!("{base}{path}")).send().await.unwrap();
+        expect_problem(r, 404, ProblemType::UnknownCollection).await;
+    }
+    let r = ctx
+        .http
+        .post(format!("{base}/v1/collections/{nobody}/reports"))
+        .body(json!([good]).to_string())
+        .send()
+        .await
+        .unwrap();
+    expect_problem(r, 404, ProblemType::UnknownCollection).await;
+
+    // Bad task count.
+    for q in ["count=0", "count=1001", "count=x"] {
+        let r = ctx
+            .http
+            .get(format!("{base}/v1/collections/{id}/task?{q}"))
+            .send()
+            .await
+            .unwrap();
+        expect_problem(r, 400, ProblemType::InvalidParameter).await;
+    }
+
+    // Per-report rejections.
+    let t = ctx.task().await;
+    let k: usize = t.factor.iter().map(|&a| dims[a]).product();
+    // Out-of-domain values and wrong lengths for the token's mechanism.
+    let b64 = |v: Vec<u8>| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
+    let bad_payloads = match t.mechanism {
+        MechanismKind::Oue => {
+            let mut v = vec![
+                json!({"oue": b64(vec![0u8; k.div_ceil(8) + 1])}),
+                json!({"oue": b64(vec![0u8; k.div_ceil(8) - 1])}),
+                json!({"grr": 0}),
+            ];
+            if k % 8 != 0 {
+                // Unused bits set.
+                v.push(json!({"oue": b64(vec![0xffu8; k.div_ceil(8)])}));
+            }
+            v
+        }
+        _ => vec![json!({"grr": k as u64}), json!({"oue": "AA"})],
+    };
+    for p in bad_payloads {
+        let a = ctx
+            .upload_one(json!({"id": Uuid::new_v4(), "token": t.token, "payload": p}))
+            .await;
+        expect_rejected(&a, ProblemType::InvalidPayload);
+    }
+    // Forged tokens: garbage, altered, signed with another key.
+    let forged_key = TokenKey::new(vec![3; 32]).unwrap();
+    let claims = TaskClaims {
+        collection: id,
+        round: 0,
+        factor: t.factor.clone(),
+        mechanism: t.mechanism,
+        epsilon: Epsilon::new(2.0).unwrap(),
+        expires_at: i64::MAX,
+        nonce: [1; 16],
+    };
+    let mut altered = t.token.clone().into_bytes();
+    altered[10] = if altered[10] == b'A' { b'B' } else { b'A' };
+    for tok in [
+        "garbage".to_owned(),
+        String::from_utf8(altered).unwrap(),
+        forged_key.sign(&claims),
+    ] {
+        let a = ctx
+            .upload_one(
+                json!({"id": Uuid::new_v4(), "token": tok, "payload": payload_for(&t, &dims)}),
+            )
+            .await;
+        expect_rejected(&a, ProblemType::InvalidToken);
+    }
+    // Expired (signed with the real key, since tests know it).
+    let real = TokenKey::new(TOKEN_KEY.as_bytes().to_vec()).unwrap();
+    let expired = real.sign(&TaskClaims {
+        expires_at: 1,
+        ..claims.clone()
+    });
+    let a = ctx
+        .upload_one(
+            json!({"id": Uuid::new_v4(), "token": expired, "payload": payload_for(&t, &dims)}),
+        )
+        .await;
+    expect_rejected(&a, ProblemType::TokenExpired);
+    // Foreign: a valid token of another collection.
+    let foreign: Task = ctx
+        .http
+        .get(format!("{base}/v1/collections/{other}/task"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let a = ctx
+        .upload_one(json!({"id": Uuid::new_v4(), "token": foreign.token, "payload": payload_for(&foreign, &dims)}))
+        .await;
+    expect_rejected(&a, ProblemType::InvalidToken);
+    // Reused token (new id, token of the accepted report): 409-type rejection.
+    let first = ctx.task().await;
+    let a = ctx
+        .upload_one(json!({"id": Uuid::new_v4(), "token": good["token"], "payload": payload_for(&first, &dims)}))
+        .await;
+    // The payload may not fit the first token's mechanism; use the original payload.
+    let a =
+        if a["status"] == "rejected" && a["problem"]["type"] == ProblemType::InvalidPayload.uri() {
+            ctx.upload_one(
+                json!({"id": Uuid::new_v4(), "token": good["token"], "payload": good["payload"]}),
+            )
+            .await
+        } else {
+            a
+        };
+    expect_rejected(&a, ProblemType::TokenReused);
+    // Replayed id: duplicate, counted once.
+    let a = ctx.upload_one(good.clone()).await;
+    assert_eq!(a["status"], "duplicate");
+    // Same report twice in one upload: accepted once, duplicate once.
+    let t2 = ctx.task().await;
+    let twice =
+        json!({"id": Uuid::new_v4(), "token": t2.token, "payload": payload_for(&t2, &dims)});
+    let r = ctx.upload_raw(json!([twice, twice]).to_string()).await;
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v[0]["status"], "accepted");
+    assert_eq!(v[1]["status"], "duplicate");
+    assert_eq!(ctx.accepted().await, 2, "only the two good reports count");
+    assert_eq!(server.state().db().count_reports(id).await.unwrap(), 2);
+
+    // Admin routes: missing or wrong token → 401.
+    for (m, path) in [
+        ("GET", "/v1/collections".to_owned()),
+        ("POST", "/v1/collections".to_owned()),
+        ("POST", format!("/v1/collections/{id}/close-round")),
+        ("POST", format!("/v1/collections/{id}/finalize")),
+        ("GET", format!("/v1/collections/{id}/model")),
+        (
+            "GET",
+            format!("/v1/collections/{id}/marginals?attrs=region"),
+        ),
+        ("GET", format!("/v1/collections/{id}/synthetic?rows=1")),
+    ] {
+        for auth in [None, Some("Bearer wrong-token-123")] {
+            let mut req = if m == "GET" {
+                ctx.http.get(format!("{base}{path}"))
+            } else {
+                ctx.http.post(format!("{base}{path}"))
+            };
+            if let Some(a) = auth {
+                req = req.header("authorization", a);
+            }
+            expect_problem(req.send().await.unwrap(), 401, ProblemType::Unauthorized).await;
+        }
+    }
+    // Model before finalize: 409; bad create requests: 400.
+    let (s, v) = admin(&base, "GET", &format!("/v1/collections/{id}/model")).await;
+    assert_eq!(
+        (s, v["type"].as_str()),
+        (409, Some(ProblemType::ModelNotReady.uri().as_str()))
+    );
+    for body in [
+        json!({"protocol": "nope", "epsilon": 1.0, "target_users": 10}),
+        json!({"protocol": "privincr", "epsilon": -1.0, "target_users": 10}),
+        json!({"protocol": "privincr", "epsilon": 1.0, "target_users": 10, "batch_size": 5}),
+        json!({"protocol": "privincr", "epsilon": 1.0, "target_users": 10, "omega": 2.0}),
+    ] {
+        let mut body = body;
+        body["schema"] = schema_json();
+        let r = ctx
+            .http
+            .post(format!("{base}/v1/collections"))
+            .bearer_auth(ADMIN)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        expect_problem(r, 400, ProblemType::InvalidParameter).await;
+    }
+    let r = ctx
+        .http
+        .post(format!("{base}/v1/collections"))
+        .bearer_auth(ADMIN)
+        .json(&json!({"protocol": "privincr", "epsilon": 1.0, "target_users": 10, "schema": {"attributes": []}}))
+        .send()
+        .await
+        .unwrap();
+    expect_problem(r, 400, ProblemType::InvalidSchema).await;
+    // Unknown route: 404 problem; metrics exposes rejections by reason.
+    let r = ctx
+        .http
+        .get(format!("{base}/v2/nothing"))
+        .send()
+        .await
+        .unwrap();
+    expect_problem(r, 404, ProblemType::NotFound).await;
+    let m = ctx
+        .http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        m.contains("ldpsyn_reports_total{outcome=\"rejected\",reason=\"invalid-token\"} 4"),
+        "{m}"
+    );
+    assert!(
+        m.contains("ldpsyn_reports_total{outcome=\"accepted\"} 2"),
+        "{m}"
+    );
+    assert_eq!(ctx.accepted().await, 2);
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_ip_rate_limit_answers_429_with_retry_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("rl.db").display());
+    let server =
+        ldpsyn_aggregator::service::Server::start(test_config(&url, &["--rate-limit-per-ip", "2"]))
+            .await
+            .unwrap();
+    let base = base(&server);
+    let id = create(
+        &base,
+        json!({"protocol": "independence", "epsilon": 1.0, "target_users": 10}),
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let mut limited = None;
+    for _ in 0..10 {
+        let r = http
+            .post(format!("{base}/v1/collections/{id}/reports"))
+            .body("[]")
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 429 {
+            limited = Some(r);
+            break;
+        }
+    }
+    let r = limited.expect("limited within 10 quick uploads");
+    assert!(r.headers().contains_key("retry-after"));
+    expect_problem(r, 429, ProblemType::RateLimited).await;
+    server.shutdown().await.unwrap();
+}

@@ -1,0 +1,217 @@
+//! End to end over real HTTP with the `ldpsyn` client: create → simulated people submit →
+//! rounds close → pruning → finalize → synthetic download; the engine's in-process reduction
+//! of the same reports gives the same model. SQLite always; PostgreSQL when
+//! `LDPSYN_TEST_DATABASE_URL` is set.
+
+use ldpsyn::Epsilon;
+use ldpsyn::client::{Client, ClientOptions};
+use ldpsyn::ledger::MemoryLedger;
+use ldpsyn::protocol::{CollectionConfig, ReportStatus};
+use ldpsyn_aggregator::engine::{Engine, Phase};
+use ldpsyn_tests::*;
+use serde_json::{Value, json};
+
+/// Runs the whole flow against `db_url`; `drop_all` first empties a PostgreSQL database.
+async fn flow(db_url: &str) {
+    let server = start(db_url, &[]).await;
+    let base = base(&server);
+    // 4800 people: 3 rounds of ⌊0.5·4800/3⌋ = 800 reports, then phase 2. With φ = 0.3
+    // PrivIncr's relaxed threshold ℓ = τ − ΔI(η) stays negative until ~10⁶ reports per edge;
+    // φ = 2 makes ℓ positive at this size so that pruning happens in a test.
+    let id = create(
+        &base,
+        json!({"protocol": "privincr", "epsilon": 4.0, "target_users": 4800, "rounds": 3, "phi": 2.0}),
+    )
+    .await;
+    let schema = schema();
+    let mut people = people(&schema, 4800, 11);
+    let mut options = ClientOptions::new(Epsilon::new(4.0).unwrap());
+    options.seed = Some(5);
+    let mut client = Client::connect(&base, id, options, MemoryLedger::default())
+        .await
+        .expect("connect");
+    for chunk in people.chunks_mut(1200) {
+        let results = client.submit_batch(chunk).await.expect("batch");
+        for r in results {
+            assert_eq!(r.expect("accepted").status, ReportStatus::Accepted);
+        }
+    }
+    let (s, v) = admin(&base, "GET", &format!("/v1/collections/{id}")).await;
+    assert_eq!(s, 200);
+    assert_eq!(v["status"]["reports_accepted"], 4800);
+    assert_eq!(v["status"]["phase"], "clique_measurement", "{v}");
+    assert_eq!(v["status"]["round"], 3);
+    let active = v["status"]["active_edges"].as_array().unwrap().len();
+    assert!(active < 10, "pruning removed some of the 10 edges: {v}");
+
+    // Finalize; the model has a structure with the surviving edges.
+    let (s, fin) = admin(&base, "POST", &format!("/v1/collections/{id}/finalize")).await;
+    assert_eq!(s, 200, "{fin}");
+    let (s, model) = admin(&base, "GET", &format!("/v1/collections/{id}/model")).await;
+    assert_eq!(s, 200);
+    let edges = model["model"]["edges"].as_array().unwrap();
+    assert!(
+        edges.iter().any(|e| !e["pruned_in"].is_null()),
+        "some edge pruned"
+    );
+
+    // Same model from the engine's in-process reduction of the acknowledged reports.
+    let reports = acknowledged(&people, id);
+    assert_eq!(reports.len(), 4800);
+    let config: CollectionConfig = serde_json::from_value({
+        let (_, mut v) = admin(&base, "GET", &format!("/v1/collections/{id}")).await;
+        v.as_object_mut().unwrap().remove("status");
+        v
+    })
+    .unwrap();
+    let engine = Engine::new(&config).unwrap();
+    let tables = reduce(&engine, &reports);
+    let h = server.state().collection(id).await.unwrap();
+    assert_eq!(
+        tables,
+        h.tables_snapshot(),
+        "server tables = in-process reduction"
+    );
+    let state = h.state();
+    assert_eq!(state.phase, Phase::Finalized);
+    let local = engine.finalize(&state, &tables).unwrap();
+    assert_eq!(
+        serde_json::to_value(local.describe()).unwrap(),
+        model["model"],
+        "same model description"
+    );
+    let (s, marg) = admin(
+        &base,
+        "GET",
+        &format!("/v1/collections/{id}/marginals?attrs=region,income"),
+    )
+    .await;
+    assert_eq!(s, 200, "{marg}");
+    let lm = local.marginal(&[0, 1]).unwrap();
+    assert_eq!(marg["frequencies"], json!(lm.frequencies));
+    assert_eq!(marg["labels"][0], json!(["north", "south", "east", "west"]));
+
+    // Synthetic CSV: header, rows, values in the schema; same bytes for the same seed.
+    let url = format!("{base}/v1/collections/{id}/synthetic?rows=3000&seed=9&format=csv");
+    let http = reqwest::Client::new();
+    let a = http.get(&url).bearer_auth(ADMIN).send().await.unwrap();
+    assert_eq!(a.status(), 200);
+    let a = a.bytes().await.unwrap();
+    let b = http
+        .get(&url)
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(a, b, "same seed, same bytes");
+    let mut rdr = csv::Reader::from_reader(&a[..]);
+    let header: Vec<String> = rdr.headers().unwrap().iter().map(str::to_owned).collect();
+    assert_eq!(header, ["region", "income", "smoker", "lung", "shoe"]);
+    let mut n = 0;
+    for rec in rdr.records() {
+        let rec = rec.unwrap();
+        assert!(["north", "south", "east", "west"].contains(&&rec[0]));
+        let income: f64 = rec[1].parse().unwrap();
+        assert!((0.0..=90000.0).contains(&income));
+        assert!(["no", "yes"].contains(&&rec[2]));
+        assert!(["ok", "bad"].contains(&&rec[3]));
+        assert!(["s", "m", "l"].contains(&&rec[4]));
+        n += 1;
+    }
+    assert_eq!(n, 3000);
+    // NDJSON parses line by line.
+    let nd = http
+        .get(format!(
+            "{base}/v1/collections/{id}/synthetic?rows=10&seed=1&format=ndjson&numeric=midpoint"
+        ))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let lines: Vec<Value> = nd
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 10);
+    assert!(lines[0]["income"].is_number());
+    // After finalize: no tasks (409).
+    let t = http
+        .get(format!("{base}/v1/collections/{id}/task"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(t.status(), 409);
+
+    // Restart on the same database: the same model from the rebuilt state.
+    server.shutdown().await.unwrap();
+    let server = start(db_url, &[]).await;
+    let base2 = ldpsyn_tests::base(&server);
+    let (_, model2) = admin(&base2, "GET", &format!("/v1/collections/{id}/model")).await;
+    assert_eq!(model2["model"], model["model"]);
+    let c = http
+        .get(url.replace(&base, &base2))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(c.bytes().await.unwrap(), a, "same bytes after a restart");
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn end_to_end_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("e2e.db").display());
+    flow(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn end_to_end_postgres() {
+    let Some(url) = postgres_url("end_to_end_postgres") else {
+        return;
+    };
+    flow(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn samprivsyn_batches_reweight() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("sps.db").display());
+    let server = start(&url, &[]).await;
+    let base = base(&server);
+    let id = create(
+        &base,
+        json!({"protocol": "samprivsyn", "epsilon": 4.0, "target_users": 3000, "batch_size": 1000}),
+    )
+    .await;
+    let schema = schema();
+    let mut people = people(&schema, 3000, 3);
+    let mut options = ClientOptions::new(Epsilon::new(4.0).unwrap());
+    options.seed = Some(1);
+    let mut client = Client::connect(&base, id, options, MemoryLedger::default())
+        .await
+        .unwrap();
+    for chunk in people.chunks_mut(1000) {
+        for r in client.submit_batch(chunk).await.unwrap() {
+            r.unwrap();
+        }
+    }
+    let (_, v) = admin(&base, "GET", &format!("/v1/collections/{id}")).await;
+    assert_eq!(v["status"]["round"], 3, "three batches re-weighted: {v}");
+    let (s, _) = admin(&base, "POST", &format!("/v1/collections/{id}/finalize")).await;
+    assert_eq!(s, 200);
+    let (s, m) = admin(
+        &base,
+        "GET",
+        &format!("/v1/collections/{id}/marginals?attrs=smoker,lung"),
+    )
+    .await;
+    assert_eq!(s, 200, "{m}");
+    server.shutdown().await.unwrap();
+}

@@ -1,0 +1,81 @@
+//! Two aggregator instances (separate pools, committers and in-memory state) sharing one
+//! PostgreSQL database: people upload through either; rounds close once (advisory lock);
+//! both serve the same model, equal to the in-process reduction of every report. Runs when
+//! `LDPSYN_TEST_DATABASE_URL` is set, else prints that it was skipped.
+
+use std::time::Duration;
+
+use ldpsyn::Epsilon;
+use ldpsyn::client::{Client, ClientOptions};
+use ldpsyn::ledger::MemoryLedger;
+use ldpsyn::protocol::CollectionConfig;
+use ldpsyn_aggregator::engine::Engine;
+use ldpsyn_tests::*;
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_share_one_postgres_database() {
+    let Some(url) = postgres_url("two_instances_share_one_postgres_database") else {
+        return;
+    };
+    let a = start(&url, &["--refresh-interval-ms", "100"]).await;
+    let b = start(&url, &["--refresh-interval-ms", "100"]).await;
+    let (base_a, base_b) = (base(&a), base(&b));
+    let id = create(
+        &base_a,
+        json!({"protocol": "privincr", "epsilon": 4.0, "target_users": 4800, "rounds": 3}),
+    )
+    .await;
+    let schema = schema();
+    let mut people = people(&schema, 4800, 21);
+    let mut clients = Vec::new();
+    for (i, base) in [&base_a, &base_b].into_iter().enumerate() {
+        let mut o = ClientOptions::new(Epsilon::new(4.0).unwrap());
+        o.seed = Some(i as u64);
+        clients.push(
+            Client::connect(base, id, o, MemoryLedger::default())
+                .await
+                .unwrap(),
+        );
+    }
+    // Alternate instances, two uploads running at once.
+    for pair in people.chunks_mut(800) {
+        let (x, y) = pair.split_at_mut(400);
+        let (ca, cb) = clients.split_at_mut(1);
+        let (ra, rb) = tokio::join!(ca[0].submit_batch(x), cb[0].submit_batch(y));
+        for r in ra.unwrap().into_iter().chain(rb.unwrap()) {
+            r.unwrap();
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let (_, sa) = admin(&base_a, "GET", &format!("/v1/collections/{id}")).await;
+    let (_, sb) = admin(&base_b, "GET", &format!("/v1/collections/{id}")).await;
+    assert_eq!(sa["status"]["reports_accepted"], 4800, "{sa}");
+    assert_eq!(
+        sa["status"]["round"], 3,
+        "three rounds closed, once each: {sa}"
+    );
+    assert_eq!(sa["status"], sb["status"]);
+
+    let (s, fa) = admin(&base_a, "POST", &format!("/v1/collections/{id}/finalize")).await;
+    assert_eq!(s, 200, "{fa}");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let (s, mb) = admin(&base_b, "GET", &format!("/v1/collections/{id}/model")).await;
+    assert_eq!(s, 200, "{mb}");
+    assert_eq!(
+        fa["model"], mb["model"],
+        "both instances serve the same model"
+    );
+
+    // The same as one process: the engine over every report with the stored state.
+    let mut config: serde_json::Value = sa.clone();
+    config.as_object_mut().unwrap().remove("status");
+    let config: CollectionConfig = serde_json::from_value(config).unwrap();
+    let engine = Engine::new(&config).unwrap();
+    let tables = reduce(&engine, &acknowledged(&people, id));
+    let state = a.state().collection(id).await.unwrap().state();
+    let local = engine.finalize(&state, &tables).unwrap();
+    assert_eq!(serde_json::to_value(local.describe()).unwrap(), fa["model"]);
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}

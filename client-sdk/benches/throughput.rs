@@ -1,6 +1,6 @@
 //! Plain-text randomize throughput for `benches/peers/run.sh`: one line per workload,
 //! `ldpsyn <mechanism> <dims> eps=<ε> reports_per_s=<r> ns_per_report=<t>`, single thread,
-//! `StdRng` (ChaCha12, the client's CSPRNG) seeded. Same workloads as `benches/randomize.rs`.
+//! `StdRng` (ChaCha12, the client's CSPRNG) seeded, timed in thread CPU time. Same workloads as `benches/randomize.rs`.
 //! Run with `cargo bench -p ldpsyn --bench throughput`; criterion's flags are ignored.
 
 use std::hint::black_box;
@@ -11,6 +11,19 @@ use ldpsyn::mechanism::{Mechanism, MechanismKind};
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
 
+/// CPU time of the calling thread, from `/proc/thread-self/schedstat` (Linux; first field,
+/// nanoseconds on the CPU), else wall time since the first call. Timing CPU time rather than
+/// wall time keeps a shared, overloaded machine from charging other processes' time slices
+/// to either side (`peers.py` uses `time.thread_time`, the same clock).
+fn thread_time() -> Duration {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .map(Duration::from_nanos)
+        .unwrap_or_else(|| START.get_or_init(Instant::now).elapsed())
+}
+
 /// Reports per second of `m.randomize`: the fastest of 25 batches of ~`batch_time` each, after
 /// a warm-up (best-of-batches, as `peers.py` does for the Python clients, so that other load
 /// on a shared machine biases neither side).
@@ -19,7 +32,7 @@ fn measure(m: &Mechanism, batch_time: Duration) -> f64 {
     let dims = m.dims().to_vec();
     let mut codes = vec![0u32; dims.len()];
     let mut run = |reports: u64| {
-        let start = Instant::now();
+        let start = thread_time();
         for _ in 0..reports {
             // Cycle through the domain (no division in the loop).
             for (c, &d) in codes.iter_mut().zip(&dims) {
@@ -30,7 +43,7 @@ fn measure(m: &Mechanism, batch_time: Duration) -> f64 {
             }
             black_box(m.randomize(black_box(&codes), &mut rng).expect("in domain"));
         }
-        start.elapsed()
+        thread_time() - start
     };
     // Warm up and size a batch.
     let mut batch = 1_000u64;
@@ -66,11 +79,11 @@ fn main() {
     let draws = 1u64 << 20;
     let best = (0..25)
         .map(|_| {
-            let start = Instant::now();
+            let start = thread_time();
             for _ in 0..draws {
                 black_box(rng.next_u64());
             }
-            start.elapsed().as_secs_f64() / draws as f64
+            (thread_time() - start).as_secs_f64() / draws as f64
         })
         .fold(f64::INFINITY, f64::min);
     println!("reference StdRng::next_u64 ns_per_call={:.2}", best * 1e9);

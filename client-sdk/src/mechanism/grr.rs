@@ -93,7 +93,9 @@ impl Grr {
 }
 
 /// `[f p(1−p) + (1−f) q(1−q)] / (n (p−q)²)`: the exact variance of the estimator
-/// `(C/n − q)/(p − q)` when `C ~ Binomial(n, f p + (1−f) q)` (GRR and OUE alike).
+/// `(C/n − q)/(p − q)` over the randomizer's coins for a fixed population in which a share f
+/// holds the value: `C` is a sum of `n f` Bernoulli(p) and `n (1−f)` Bernoulli(q) outputs
+/// (GRR and OUE alike).
 pub(crate) fn binary_channel_variance(f: f64, n: u64, p: f64, q: f64) -> f64 {
     (f * p * (1.0 - p) + (1.0 - f) * q * (1.0 - q)) / (n as f64 * (p - q).powi(2))
 }

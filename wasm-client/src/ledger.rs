@@ -1,0 +1,125 @@
+//! The device budget ledger of the browser: entries in `localStorage` (one key per
+//! collection), or, where there is none (node), in memory for the life of the WASM instance.
+//!
+//! The rules are `ldpsyn::ledger`'s ([`ldpsyn::ledger::next_step`]); this module only stores
+//! entries. Only the randomized report is stored, never the record.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
+use ldpsyn::ledger::{BudgetLedger, LedgerEntry, LedgerError};
+use uuid::Uuid;
+use wasm_bindgen::JsValue;
+
+/// Prefix of the `localStorage` keys: `ldpsyn.ledger.v1.<collection id>`.
+pub const KEY_PREFIX: &str = "ldpsyn.ledger.v1.";
+
+thread_local! {
+    /// The in-memory store, shared by every client of this WASM instance, so that connecting
+    /// again does not forget what was spent.
+    static MEMORY: RefCell<BTreeMap<Uuid, LedgerEntry>> = const { RefCell::new(BTreeMap::new()) };
+}
+
+/// Where the entries live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Storage {
+    /// `window.localStorage`, persistent across page loads.
+    LocalStorage,
+    /// Memory of this WASM instance (node, or when asked for).
+    Memory,
+}
+
+impl Storage {
+    /// The name used in the JS options (`"localStorage"`, `"memory"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Storage::LocalStorage => "localStorage",
+            Storage::Memory => "memory",
+        }
+    }
+}
+
+/// A [`BudgetLedger`] over `localStorage` or the in-memory store. It holds no JS object
+/// (the storage is looked up on every call), so it is `Send` as the trait asks.
+#[derive(Debug, Clone)]
+pub struct DeviceLedger {
+    storage: Storage,
+}
+
+fn local_storage() -> Result<Option<web_sys::Storage>, LedgerError> {
+    // No `window` (node, workers): no localStorage.
+    let Some(window) = web_sys::window() else {
+        return Ok(None);
+    };
+    // `localStorage` throws when storage is disabled (e.g. some private modes).
+    window.local_storage().map_err(storage_error)
+}
+
+fn storage_error(e: JsValue) -> LedgerError {
+    LedgerError::Storage(crate::describe_js_error(&e))
+}
+
+/// Whether this environment has a usable `localStorage`.
+pub fn local_storage_available() -> bool {
+    matches!(local_storage(), Ok(Some(_)))
+}
+
+impl DeviceLedger {
+    /// A ledger in `storage`. Errors: `localStorage` asked for but not available.
+    pub fn new(storage: Storage) -> Result<Self, LedgerError> {
+        if storage == Storage::LocalStorage && local_storage()?.is_none() {
+            return Err(LedgerError::Storage(
+                "localStorage is not available here".into(),
+            ));
+        }
+        Ok(Self { storage })
+    }
+
+    /// Where this ledger keeps its entries.
+    pub fn storage(&self) -> Storage {
+        self.storage
+    }
+
+    fn key(collection: Uuid) -> String {
+        format!("{KEY_PREFIX}{collection}")
+    }
+
+    fn local(&self) -> Result<web_sys::Storage, LedgerError> {
+        local_storage()?.ok_or_else(|| LedgerError::Storage("localStorage went away".into()))
+    }
+}
+
+impl BudgetLedger for DeviceLedger {
+    fn get(&self, collection: Uuid) -> Result<Option<LedgerEntry>, LedgerError> {
+        match self.storage {
+            Storage::Memory => Ok(MEMORY.with(|m| m.borrow().get(&collection).cloned())),
+            Storage::LocalStorage => {
+                let item = self
+                    .local()?
+                    .get_item(&Self::key(collection))
+                    .map_err(storage_error)?;
+                match item {
+                    None => Ok(None),
+                    Some(json) => Ok(Some(serde_json::from_str(&json)?)),
+                }
+            }
+        }
+    }
+
+    fn put(&mut self, collection: Uuid, entry: LedgerEntry) -> Result<(), LedgerError> {
+        match self.storage {
+            Storage::Memory => {
+                MEMORY.with(|m| m.borrow_mut().insert(collection, entry));
+                Ok(())
+            }
+            Storage::LocalStorage => {
+                let json = serde_json::to_string(&entry)?;
+                // `setItem` is synchronous: the entry is stored when it returns (or it throws,
+                // e.g. quota exceeded, and then the report is not sent).
+                self.local()?
+                    .set_item(&Self::key(collection), &json)
+                    .map_err(storage_error)
+            }
+        }
+    }
+}

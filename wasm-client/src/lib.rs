@@ -1,0 +1,585 @@
+//! # ldpsyn-wasm — the ldpsyn client SDK for web pages
+//!
+//! A thin wasm-bindgen layer over [`ldpsyn`]: the schema encoding, the mechanisms, the
+//! submission checks ([`ldpsyn::submission`]) and the ledger rules ([`ldpsyn::ledger`]) are
+//! the native SDK's; this crate adds networking through the browser's `fetch`, a ledger in
+//! `localStorage` (in memory under node) and randomness from the browser's CSPRNG
+//! (`crypto.getRandomValues`, getrandom's `wasm_js` backend).
+//!
+//! ```js
+//! import init, { LdpClient } from "ldpsyn-wasm";
+//! await init();
+//! const client = await LdpClient.connect("https://collector.example.org", collectionId, { maxEpsilon: 4 });
+//! client.schema;                          // attributes and domains from the public config
+//! const receipt = await client.submit({ age: 37, workclass: "Private" /* , … */ });
+//! client.remainingBudget();               // ε left for this collection on this device
+//! ```
+//!
+//! Errors are `LdpError`s (`instanceof Error`, `name === "LdpError"`) with `code`, the slug of
+//! the shared problem type ([`ldpsyn::protocol::ProblemType::slug`]), `detail` (the server's
+//! detail for server problems) and, for server problems, `status`.
+#![warn(missing_docs)]
+
+pub mod http;
+pub mod ledger;
+
+use std::cell::RefCell;
+use std::collections::BTreeSet;
+use std::rc::Rc;
+
+use ldpsyn::Epsilon;
+use ldpsyn::ledger::{
+    BudgetLedger, LedgerEntry, NextStep, ReportState, next_step, remaining_budget,
+};
+use ldpsyn::protocol::{
+    CollectionConfig, Problem, ProblemType, Report, ReportAnswer, ReportStatus, Task,
+};
+use ldpsyn::submission::{ClientError, Receipt, check_config, pending_entry, randomize_task};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+use wasm_bindgen::prelude::*;
+
+use crate::http::{RetryPolicy, send_json};
+use crate::ledger::{DeviceLedger, Storage};
+
+#[wasm_bindgen(inline_js = r#"
+export class LdpError extends Error {
+  constructor(code, detail, message, status) {
+    super(message);
+    this.name = "LdpError";
+    this.code = code;
+    this.detail = detail;
+    if (status !== undefined) this.status = status;
+  }
+}
+export function makeLdpError(code, detail, message, status) {
+  return new LdpError(code, detail, message, status);
+}
+"#)]
+extern "C" {
+    #[wasm_bindgen(js_name = makeLdpError)]
+    fn make_ldp_error(code: &str, detail: &str, message: &str, status: Option<u16>) -> JsValue;
+}
+
+/// TypeScript declarations of the JS-side types (added to the generated `.d.ts`).
+const TS_TYPES: &str = r#"
+/** The shared problem types (`urn:ldpsyn:problem:<code>`), as `LdpError.code`. */
+export type ProblemCode =
+  | "malformed-request" | "invalid-parameter" | "invalid-schema" | "invalid-record"
+  | "invalid-payload" | "invalid-token" | "token-expired" | "token-reused" | "unauthorized"
+  | "unknown-collection" | "not-found" | "collection-finalized" | "model-not-ready"
+  | "conflict" | "payload-too-large" | "rate-limited" | "epsilon-too-large"
+  | "budget-exhausted" | "internal" | "unavailable";
+
+/** What every promise of this package rejects with (`instanceof Error`). */
+export interface LdpError extends Error {
+  name: "LdpError";
+  /** The shared problem type slug. */
+  code: ProblemCode;
+  /** What went wrong; for a server problem, the server's `detail`. */
+  detail: string;
+  /** HTTP status, for problems answered by the server. */
+  status?: number;
+}
+
+/** Options of `LdpClient.connect`. */
+export interface LdpClientOptions {
+  /** The largest ε per report the app accepts; configs and tasks asking more are refused. */
+  maxEpsilon: number;
+  /** Where the budget ledger lives: `localStorage` when there is one (default `"auto"`), else memory. */
+  storage?: "auto" | "localStorage" | "memory";
+  /** Timeout of one request, ms (default 10000). */
+  requestTimeoutMs?: number;
+  /** Attempts per request on network errors, timeouts, 5xx and 429 (default 5). */
+  maxAttempts?: number;
+  /** First retry delay, ms, doubling (jittered) up to `maxBackoffMs` (default 100). */
+  initialBackoffMs?: number;
+  /** Largest retry delay, ms (default 5000). */
+  maxBackoffMs?: number;
+}
+
+/** A record: attribute name → label (categorical), number (numeric), or null (missing). */
+export type LdpRecord = Record<string, string | number | null>;
+
+/** One attribute of a collection's schema. */
+export type LdpAttribute = {
+  name: string;
+  missing?: "reject" | "category";
+  missing_markers?: string[];
+} & (
+  | { type: "categorical"; labels: string[] }
+  | { type: "numeric"; min: number; max: number; bins: number; integer?: boolean; out_of_range?: "reject" | "clamp" }
+);
+
+/** A collection's schema. */
+export interface LdpSchema { attributes: LdpAttribute[] }
+
+/** The outcome of a successful `submit`. */
+export interface Receipt {
+  collectionId: string;
+  reportId: string;
+  /** `"duplicate"` when a resend found the report already committed; it counts once. */
+  status: "accepted" | "duplicate";
+  /** ε spent on this report. */
+  epsilonSpent: number;
+}
+
+/** What the device ledger holds for the collection. */
+export interface LedgerState {
+  state: "pending" | "acknowledged" | "refused";
+  epsilonSpent: number;
+  reportId: string;
+}
+"#;
+
+#[wasm_bindgen(typescript_custom_section)]
+const TS_SECTION: &'static str = TS_TYPES;
+
+/// Builds the JS `LdpError`.
+fn js_error(code: ProblemType, detail: &str, message: &str, status: Option<u16>) -> JsValue {
+    make_ldp_error(code.slug(), detail, message, status)
+}
+
+/// The JS `LdpError` of a client error: `code` from [`ClientError::problem_type`].
+fn client_error(e: &ClientError) -> JsValue {
+    match e {
+        ClientError::Problem(p) => {
+            js_error(p.problem_type, &p.detail, &e.to_string(), Some(p.status))
+        }
+        other => {
+            let message = other.to_string();
+            js_error(other.problem_type(), &message, &message, None)
+        }
+    }
+}
+
+fn usage_error(code: ProblemType, detail: impl Into<String>) -> JsValue {
+    let detail = detail.into();
+    js_error(code, &detail, &detail, None)
+}
+
+/// A readable text for a thrown JS value (an `Error`'s message, or its string form).
+pub(crate) fn describe_js_error(e: &JsValue) -> String {
+    if let Some(err) = e.dyn_ref::<js_sys::Error>() {
+        let name: String = err.name().into();
+        let message: String = err.message().into();
+        return format!("{name}: {message}");
+    }
+    e.as_string().unwrap_or_else(|| format!("{e:?}"))
+}
+
+/// A JS value through `JSON.stringify` into serde (numbers, strings, null, objects).
+fn from_js<T: serde::de::DeserializeOwned>(v: &JsValue) -> Result<T, String> {
+    let text = js_sys::JSON::stringify(v)
+        .map_err(|e| describe_js_error(&e))?
+        .as_string()
+        .ok_or("not JSON-serializable")?;
+    serde_json::from_str(&text).map_err(|e| e.to_string())
+}
+
+/// A serde value into a plain JS value through `JSON.parse`.
+fn to_js<T: Serialize>(v: &T) -> JsValue {
+    // Serializing plain data (strings, numbers, maps with string keys) cannot fail, and its
+    // output is valid JSON.
+    let text = serde_json::to_string(v).expect("plain data serializes");
+    js_sys::JSON::parse(&text).expect("serde_json writes valid JSON")
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct JsOptions {
+    max_epsilon: f64,
+    #[serde(default)]
+    storage: Option<String>,
+    #[serde(default)]
+    request_timeout_ms: Option<u32>,
+    #[serde(default)]
+    max_attempts: Option<u32>,
+    #[serde(default)]
+    initial_backoff_ms: Option<u32>,
+    #[serde(default)]
+    max_backoff_ms: Option<u32>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsReceipt {
+    collection_id: Uuid,
+    report_id: Uuid,
+    status: ReportStatus,
+    epsilon_spent: f64,
+}
+
+impl From<Receipt> for JsReceipt {
+    fn from(r: Receipt) -> Self {
+        Self {
+            collection_id: r.collection_id,
+            report_id: r.report_id,
+            status: r.status,
+            epsilon_spent: r.epsilon_spent,
+        }
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsLedgerState {
+    state: ReportState,
+    epsilon_spent: f64,
+    report_id: Uuid,
+}
+
+thread_local! {
+    /// Collections with a `submit` under way in this WASM instance: a second one would read
+    /// the ledger before the first recorded its report and randomize twice.
+    static IN_FLIGHT: RefCell<BTreeSet<Uuid>> = const { RefCell::new(BTreeSet::new()) };
+}
+
+/// Marks a collection busy until dropped.
+struct InFlight(Uuid);
+
+impl InFlight {
+    fn take(collection: Uuid) -> Option<Self> {
+        IN_FLIGHT
+            .with(|s| s.borrow_mut().insert(collection))
+            .then_some(InFlight(collection))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        IN_FLIGHT.with(|s| s.borrow_mut().remove(&self.0));
+    }
+}
+
+struct Inner {
+    base: String,
+    config: CollectionConfig,
+    max_epsilon: Epsilon,
+    policy: RetryPolicy,
+    ledger: DeviceLedger,
+    /// Privacy randomness and backoff jitter: ChaCha12 seeded from `crypto.getRandomValues`.
+    rng: StdRng,
+}
+
+/// A connection to one collection of an ldpsyn aggregator.
+#[wasm_bindgen]
+pub struct LdpClient {
+    // `Rc<RefCell<…>>` so a pending `submit` promise keeps the state alive; no borrow is
+    // held across an `await`.
+    inner: Rc<RefCell<Inner>>,
+}
+
+#[wasm_bindgen]
+impl LdpClient {
+    /// Fetches the public config of `collectionId` from `baseUrl` and checks it (protocol
+    /// version, ε ≤ `options.maxEpsilon`). Rejects with an `LdpError`: `epsilon-too-large`,
+    /// `unknown-collection`, `unavailable`, `invalid-parameter` (bad options), …
+    #[wasm_bindgen(
+        unchecked_return_type = "Promise<LdpClient>",
+        js_name = connect
+    )]
+    pub fn connect(
+        #[wasm_bindgen(js_name = baseUrl)] base_url: String,
+        #[wasm_bindgen(js_name = collectionId)] collection_id: String,
+        #[wasm_bindgen(unchecked_param_type = "LdpClientOptions")] options: JsValue,
+    ) -> js_sys::Promise {
+        wasm_bindgen_futures::future_to_promise(async move {
+            Self::open(base_url, collection_id, options)
+                .await
+                .map(JsValue::from)
+        })
+    }
+
+    /// The collection's schema (attributes and domains), from its public config.
+    #[wasm_bindgen(getter, unchecked_return_type = "LdpSchema")]
+    pub fn schema(&self) -> JsValue {
+        to_js(&self.inner.borrow().config.schema)
+    }
+
+    /// The collection's whole public config (schema, `epsilon`, `protocol`, …), snake_case
+    /// as on the wire.
+    #[wasm_bindgen(getter, unchecked_return_type = "Record<string, unknown>")]
+    pub fn config(&self) -> JsValue {
+        to_js(&self.inner.borrow().config)
+    }
+
+    /// The collection id.
+    #[wasm_bindgen(getter, js_name = collectionId)]
+    pub fn collection_id(&self) -> String {
+        self.inner.borrow().config.id.to_string()
+    }
+
+    /// ε of every report of the collection.
+    #[wasm_bindgen(getter)]
+    pub fn epsilon(&self) -> f64 {
+        self.inner.borrow().config.epsilon.get()
+    }
+
+    /// Where the ledger lives: `"localStorage"` or `"memory"`.
+    #[wasm_bindgen(getter)]
+    pub fn storage(&self) -> String {
+        self.inner.borrow().ledger.storage().name().to_owned()
+    }
+
+    /// ε this device may still spend on the collection: the collection's ε before the first
+    /// report, 0 after. Throws an `LdpError` (`internal`) if the ledger cannot be read.
+    #[wasm_bindgen(js_name = remainingBudget)]
+    pub fn remaining_budget(&self) -> Result<f64, JsValue> {
+        let inner = self.inner.borrow();
+        let entry = inner
+            .ledger
+            .get(inner.config.id)
+            .map_err(|e| client_error(&e.into()))?;
+        Ok(remaining_budget(entry.as_ref(), inner.config.epsilon.get()))
+    }
+
+    /// What the device ledger holds for the collection, or `null` before the first report.
+    #[wasm_bindgen(js_name = ledgerState, unchecked_return_type = "LedgerState | null")]
+    pub fn ledger_state(&self) -> Result<JsValue, JsValue> {
+        let inner = self.inner.borrow();
+        let entry = inner
+            .ledger
+            .get(inner.config.id)
+            .map_err(|e| client_error(&e.into()))?;
+        Ok(match entry {
+            None => JsValue::NULL,
+            Some(e) => to_js(&JsLedgerState {
+                state: e.state,
+                epsilon_spent: e.epsilon_spent,
+                report_id: e.report.id,
+            }),
+        })
+    }
+
+    /// Submits one person's record `{attribute: value}`: validates and encodes it first (an
+    /// invalid record rejects with `invalid-record` before any request), then follows the
+    /// ledger: resend a pending report byte for byte, refuse once the budget is spent
+    /// (`budget-exhausted`), else fetch a task, check it, randomize, record the report in the
+    /// ledger, and post it. Resolves to a `Receipt`.
+    #[wasm_bindgen(unchecked_return_type = "Promise<Receipt>")]
+    pub fn submit(
+        &self,
+        #[wasm_bindgen(unchecked_param_type = "LdpRecord")] record: JsValue,
+    ) -> js_sys::Promise {
+        let inner = Rc::clone(&self.inner);
+        wasm_bindgen_futures::future_to_promise(async move {
+            match submit(&inner, &record).await {
+                Ok(receipt) => Ok(to_js(&JsReceipt::from(receipt))),
+                Err(Failure::Client(e)) => Err(client_error(&e)),
+                Err(Failure::Js(v)) => Err(v),
+            }
+        })
+    }
+}
+
+impl LdpClient {
+    /// [`LdpClient::connect`] for Rust callers (and the tests): the client itself, or the JS
+    /// `LdpError` to throw.
+    pub async fn open(
+        base_url: String,
+        collection_id: String,
+        options: JsValue,
+    ) -> Result<LdpClient, JsValue> {
+        let invalid = |d: String| usage_error(ProblemType::InvalidParameter, d);
+        let collection: Uuid = collection_id
+            .trim()
+            .parse()
+            .map_err(|e| invalid(format!("collectionId is not a UUID: {e}")))?;
+        let options = if options.is_undefined() || options.is_null() {
+            js_sys::Object::new().into()
+        } else {
+            options
+        };
+        let opts: JsOptions = from_js(&options).map_err(|e| invalid(format!("options: {e}")))?;
+        let max_epsilon = Epsilon::new(opts.max_epsilon)
+            .map_err(|e| invalid(format!("options.maxEpsilon: {e}")))?;
+        let storage = match opts.storage.as_deref() {
+            None | Some("auto") if ledger::local_storage_available() => Storage::LocalStorage,
+            None | Some("auto") | Some("memory") => Storage::Memory,
+            Some("localStorage") => Storage::LocalStorage,
+            Some(other) => return Err(invalid(format!("options.storage: unknown `{other}`"))),
+        };
+        let ledger = DeviceLedger::new(storage).map_err(|e| client_error(&e.into()))?;
+        let defaults = RetryPolicy::default();
+        let policy = RetryPolicy {
+            request_timeout_ms: opts
+                .request_timeout_ms
+                .unwrap_or(defaults.request_timeout_ms),
+            max_attempts: opts.max_attempts.unwrap_or(defaults.max_attempts).max(1),
+            initial_backoff_ms: opts
+                .initial_backoff_ms
+                .unwrap_or(defaults.initial_backoff_ms),
+            max_backoff_ms: opts.max_backoff_ms.unwrap_or(defaults.max_backoff_ms),
+        };
+        let mut rng = StdRng::from_os_rng();
+        let base = base_url.trim_end_matches('/').to_owned();
+        let url = format!("{base}/v1/collections/{collection}");
+        let config: CollectionConfig = send_json(&url, "GET", None, policy, &mut rng)
+            .await
+            .map_err(|e| client_error(&e))?;
+        check_config(&config, collection, max_epsilon).map_err(|e| client_error(&e))?;
+        Ok(LdpClient {
+            inner: Rc::new(RefCell::new(Inner {
+                base,
+                config,
+                max_epsilon,
+                policy,
+                ledger,
+                rng,
+            })),
+        })
+    }
+}
+
+enum Failure {
+    Client(ClientError),
+    Js(JsValue),
+}
+
+impl From<ClientError> for Failure {
+    fn from(e: ClientError) -> Self {
+        Failure::Client(e)
+    }
+}
+
+impl From<ldpsyn::ledger::LedgerError> for Failure {
+    fn from(e: ldpsyn::ledger::LedgerError) -> Self {
+        Failure::Client(e.into())
+    }
+}
+
+fn exhausted(collection: Uuid, epsilon_spent: f64) -> Failure {
+    Failure::Client(ClientError::BudgetExhausted {
+        collection,
+        epsilon_spent,
+    })
+}
+
+/// The native client's `submit` (ldpsyn `client.rs`), over `fetch` and the device ledger.
+async fn submit(inner: &Rc<RefCell<Inner>>, record: &JsValue) -> Result<Receipt, Failure> {
+    let record_json: serde_json::Value = from_js(record).map_err(|e| {
+        Failure::Js(usage_error(
+            ProblemType::InvalidRecord,
+            format!("record: {e}"),
+        ))
+    })?;
+    let (collection, base, policy, encoded) = {
+        let i = inner.borrow();
+        let encoded = i
+            .config
+            .schema
+            .encode_json(&record_json)
+            .map_err(ClientError::from)?;
+        (i.config.id, i.base.clone(), i.policy, encoded)
+    };
+    let _busy = InFlight::take(collection).ok_or_else(|| {
+        Failure::Js(usage_error(
+            ProblemType::Conflict,
+            "a submission for this collection is already under way",
+        ))
+    })?;
+    let step = {
+        let i = inner.borrow();
+        next_step(i.ledger.get(collection)?.as_ref())
+    };
+    let report = match step {
+        NextStep::Exhausted { epsilon_spent } => return Err(exhausted(collection, epsilon_spent)),
+        NextStep::Resend(report) => report,
+        NextStep::Randomize => {
+            let url = format!("{base}/v1/collections/{collection}/task");
+            let mut rng = StdRng::from_os_rng(); // backoff jitter only
+            let task: Task = send_json(&url, "GET", None, policy, &mut rng).await?;
+            let mut i = inner.borrow_mut();
+            let i = &mut *i;
+            // Another page of this origin (sharing localStorage) may have reported meanwhile.
+            match next_step(i.ledger.get(collection)?.as_ref()) {
+                NextStep::Exhausted { epsilon_spent } => {
+                    return Err(exhausted(collection, epsilon_spent));
+                }
+                NextStep::Resend(report) => report,
+                NextStep::Randomize => {
+                    let report =
+                        randomize_task(&i.config, i.max_epsilon, &task, &encoded, &mut i.rng)?;
+                    i.ledger.put(collection, pending_entry(&task, &report))?;
+                    report
+                }
+            }
+        }
+    };
+    let url = format!("{base}/v1/collections/{collection}/reports");
+    // Serialized once: every retry sends identical bytes.
+    let body = serde_json::to_string(std::slice::from_ref(&report))
+        .map_err(|e| ClientError::Protocol(e.to_string()))?;
+    let mut rng = StdRng::from_os_rng();
+    let answers: Result<Vec<ReportAnswer>, ClientError> =
+        send_json(&url, "POST", Some(&body), policy, &mut rng).await;
+    let mut i = inner.borrow_mut();
+    let answer = match answers {
+        Ok(mut a) if a.len() == 1 && a[0].id == report.id => a.remove(0),
+        Ok(_) => {
+            return Err(ClientError::Protocol("answer does not match the report".into()).into());
+        }
+        Err(ClientError::Problem(p)) => {
+            // A permanent refusal of the whole upload: the budget stays spent.
+            settle(&mut i.ledger, collection, &report, ReportState::Refused)?;
+            return Err(ClientError::Problem(p).into());
+        }
+        Err(e) => return Err(e.into()),
+    };
+    match answer.status {
+        ReportStatus::Accepted | ReportStatus::Duplicate => {
+            let entry = settle(
+                &mut i.ledger,
+                collection,
+                &report,
+                ReportState::Acknowledged,
+            )?;
+            Ok(Receipt {
+                collection_id: collection,
+                report_id: answer.id,
+                status: answer.status,
+                epsilon_spent: entry.epsilon_spent,
+            })
+        }
+        ReportStatus::Rejected => {
+            settle(&mut i.ledger, collection, &report, ReportState::Refused)?;
+            Err(ClientError::Problem(answer.problem.unwrap_or_else(|| {
+                Problem::new(ProblemType::InvalidPayload, "rejected without a reason")
+            }))
+            .into())
+        }
+    }
+}
+
+/// Moves the collection's entry (which must hold `report`) to `state`.
+fn settle(
+    ledger: &mut DeviceLedger,
+    collection: Uuid,
+    report: &Report,
+    state: ReportState,
+) -> Result<LedgerEntry, ClientError> {
+    let mut entry = ledger
+        .get(collection)?
+        .filter(|e| e.report.id == report.id)
+        .ok_or_else(|| ClientError::Protocol("ledger lost the pending report".into()))?;
+    entry.state = state;
+    ledger.put(collection, entry.clone())?;
+    Ok(entry)
+}
+
+/// The problem codes of the TypeScript `ProblemCode` type, for the test that keeps it equal to
+/// [`ProblemType::ALL`].
+#[doc(hidden)]
+pub fn typescript_problem_codes() -> Vec<String> {
+    let start = TS_TYPES.find("export type ProblemCode =").unwrap_or(0);
+    let end = start + TS_TYPES[start..].find(';').unwrap_or(0);
+    TS_TYPES[start..end]
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect()
+}

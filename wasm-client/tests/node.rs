@@ -1,0 +1,411 @@
+//! wasm-bindgen tests, run under node by `wasm-bindgen-test-runner` (`cargo test` in this
+//! folder, see `test.sh`): the browser CSPRNG behind the mechanisms, the ledger rules through
+//! the JS API against a scripted `fetch`, and ε above `maxEpsilon` refused.
+
+use js_sys::Reflect;
+use ldpsyn::Epsilon;
+use ldpsyn::ledger::{BudgetLedger, LedgerEntry, ReportState};
+use ldpsyn::mechanism::{Mechanism, MechanismKind};
+use ldpsyn::protocol::{Payload, ProblemType, Report};
+use ldpsyn_wasm::LdpClient;
+use ldpsyn_wasm::ledger::{DeviceLedger, Storage};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::JsFuture;
+use wasm_bindgen_test::wasm_bindgen_test;
+
+// A scripted global `fetch`: answers the config, tasks and report uploads of one collection
+// from a plan, and logs every request.
+#[wasm_bindgen(inline_js = r#"
+let plan = null;
+let log = [];
+export function installMock(planJson) {
+  plan = JSON.parse(planJson);
+  log = [];
+  globalThis.fetch = async (url, init) => {
+    const method = (init && init.method) || "GET";
+    const body = init && init.body !== undefined ? String(init.body) : null;
+    log.push({ method, url: String(url), body });
+    const path = new URL(String(url)).pathname;
+    const json = (status, value, headers = {}) => new Response(JSON.stringify(value),
+      { status, headers: { "content-type": "application/json", ...headers } });
+    if (method === "GET" && path === `/v1/collections/${plan.config.id}`) return json(200, plan.config);
+    if (method === "GET" && path === `/v1/collections/${plan.config.id}/task`) return json(200, plan.task);
+    if (method === "POST" && path === `/v1/collections/${plan.config.id}/reports`) {
+      const next = plan.posts.length > 1 ? plan.posts.shift() : plan.posts[0];
+      if (next.network) throw new TypeError("fetch failed");
+      if (next.status !== 200) return json(next.status, next.body || {}, next.headers || {});
+      const reports = JSON.parse(body);
+      return json(200, reports.map((r) => next.answer === "rejected"
+        ? { id: r.id, status: "rejected", problem: { type: "urn:ldpsyn:problem:invalid-token",
+            title: "Invalid task token", status: 400, detail: "bad signature" } }
+        : { id: r.id, status: next.answer || "accepted" }));
+    }
+    return json(404, { type: "urn:ldpsyn:problem:unknown-collection", title: "Unknown collection",
+      status: 404, detail: "no such collection" });
+  };
+}
+export function mockLog() { return JSON.stringify(log); }
+"#)]
+extern "C" {
+    #[wasm_bindgen(js_name = installMock)]
+    fn install_mock(plan_json: &str);
+    #[wasm_bindgen(js_name = mockLog)]
+    fn mock_log() -> String;
+}
+
+const BASE: &str = "http://collector.test";
+
+fn schema() -> serde_json::Value {
+    serde_json::json!({"attributes": [
+        {"name": "age", "type": "numeric", "min": 17, "max": 90, "bins": 16, "integer": true},
+        {"name": "sex", "type": "categorical", "labels": ["Female", "Male"]},
+        {"name": "workclass", "type": "categorical",
+         "labels": ["Private", "Self-emp-not-inc", "Federal-gov"]}
+    ]})
+}
+
+struct Plan {
+    id: String,
+    config_epsilon: f64,
+    task_epsilon: f64,
+    posts: serde_json::Value,
+}
+
+impl Plan {
+    fn new(posts: serde_json::Value) -> Self {
+        Plan {
+            id: uuid::Builder::from_random_bytes(rand::random())
+                .into_uuid()
+                .to_string(),
+            config_epsilon: 2.0,
+            task_epsilon: 2.0,
+            posts,
+        }
+    }
+    fn install(&self) {
+        let plan = serde_json::json!({
+            "config": {"version": 1, "id": self.id, "schema": schema(), "epsilon": self.config_epsilon,
+                       "target_users": 1000, "protocol": "privincr"},
+            "task": {"collection_id": self.id, "round": 0, "factor": [0, 2], "mechanism": "oue",
+                     "epsilon": self.task_epsilon, "token": "tok-1", "expires_at": 4102444800_i64},
+            "posts": self.posts,
+        });
+        install_mock(&plan.to_string());
+    }
+}
+
+fn log() -> Vec<serde_json::Value> {
+    serde_json::from_str(&mock_log()).unwrap()
+}
+
+fn options(max_epsilon: f64) -> JsValue {
+    js_sys::JSON::parse(&format!(
+        r#"{{"maxEpsilon": {max_epsilon}, "storage": "memory", "maxAttempts": 3,
+            "initialBackoffMs": 1, "maxBackoffMs": 5}}"#
+    ))
+    .unwrap()
+}
+
+async fn connect(plan: &Plan, max_epsilon: f64) -> Result<LdpClient, JsValue> {
+    LdpClient::open(BASE.into(), plan.id.clone(), options(max_epsilon)).await
+}
+
+fn record() -> JsValue {
+    js_sys::JSON::parse(r#"{"age": 37, "sex": "Male", "workclass": "Private"}"#).unwrap()
+}
+
+async fn submit(client: &LdpClient, record: JsValue) -> Result<serde_json::Value, JsValue> {
+    let v = JsFuture::from(client.submit(record)).await?;
+    Ok(serde_json::from_str(&js_sys::JSON::stringify(&v).unwrap().as_string().unwrap()).unwrap())
+}
+
+fn code(err: &JsValue) -> String {
+    assert!(err.is_instance_of::<js_sys::Error>(), "an Error: {err:?}");
+    assert_eq!(
+        Reflect::get(err, &"name".into())
+            .unwrap()
+            .as_string()
+            .as_deref(),
+        Some("LdpError")
+    );
+    Reflect::get(err, &"code".into())
+        .unwrap()
+        .as_string()
+        .unwrap()
+}
+
+fn requests(method: &str, suffix: &str) -> Vec<serde_json::Value> {
+    log()
+        .into_iter()
+        .filter(|r| r["method"] == method && r["url"].as_str().unwrap().ends_with(suffix))
+        .collect()
+}
+
+#[wasm_bindgen_test]
+fn grr_keep_rate_with_the_browser_csprng() {
+    // Mechanism sanity with the OS (crypto.getRandomValues) RNG: the true value is kept with
+    // p = e^ε/(e^ε + k − 1). Bound at 6 standard deviations (false alarm ≈ 2e-9).
+    let mut rng = StdRng::from_os_rng();
+    let (k, eps, n) = (5usize, 1.0f64, 20_000u32);
+    let m = Mechanism::new(MechanismKind::Grr, Epsilon::new(eps).unwrap(), &[k]).unwrap();
+    let mut kept = 0u32;
+    for _ in 0..n {
+        match m.randomize(&[3], &mut rng).unwrap() {
+            Payload::Grr(3) => kept += 1,
+            Payload::Grr(v) => assert!(v < k as u64),
+            other => panic!("{other:?}"),
+        }
+    }
+    let p = eps.exp() / (eps.exp() + k as f64 - 1.0);
+    let sd = (p * (1.0 - p) / f64::from(n)).sqrt();
+    let rate = f64::from(kept) / f64::from(n);
+    assert!(
+        (rate - p).abs() < 6.0 * sd,
+        "keep rate {rate}, expected {p}"
+    );
+    // Two OS-seeded generators differ (the CSPRNG is really used).
+    let a: u64 = rand::Rng::random(&mut StdRng::from_os_rng());
+    let b: u64 = rand::Rng::random(&mut StdRng::from_os_rng());
+    assert_ne!(a, b);
+}
+
+#[wasm_bindgen_test]
+fn typescript_codes_are_the_shared_problem_types() {
+    let ours = ldpsyn_wasm::typescript_problem_codes();
+    let shared: Vec<String> = ProblemType::ALL
+        .iter()
+        .map(|t| t.slug().to_owned())
+        .collect();
+    assert_eq!(ours, shared);
+}
+
+#[wasm_bindgen_test]
+fn memory_ledger_round_trip_and_is_shared() {
+    let collection = uuid::Builder::from_random_bytes(rand::random()).into_uuid();
+    let mut a = DeviceLedger::new(Storage::Memory).unwrap();
+    let b = DeviceLedger::new(Storage::Memory).unwrap();
+    assert_eq!(a.get(collection).unwrap(), None);
+    let entry = LedgerEntry {
+        epsilon_spent: 1.5,
+        report: Report {
+            id: uuid::Builder::from_random_bytes(rand::random()).into_uuid(),
+            token: "t".into(),
+            payload: Payload::Grr(3),
+        },
+        state: ReportState::Pending,
+    };
+    a.put(collection, entry.clone()).unwrap();
+    // A second ledger of the same instance sees it: reconnecting does not reset the budget.
+    assert_eq!(b.get(collection).unwrap(), Some(entry));
+    // Under node there is no localStorage.
+    assert!(DeviceLedger::new(Storage::LocalStorage).is_err());
+}
+
+#[wasm_bindgen_test]
+async fn epsilon_above_max_in_the_config_is_refused() {
+    let mut plan = Plan::new(serde_json::json!([{"status": 200}]));
+    plan.config_epsilon = 8.0;
+    plan.task_epsilon = 8.0;
+    plan.install();
+    let err = connect(&plan, 4.0).await.err().expect("refused");
+    assert_eq!(code(&err), "epsilon-too-large");
+    assert!(requests("GET", "/task").is_empty());
+}
+
+#[wasm_bindgen_test]
+async fn epsilon_above_max_in_a_task_is_refused_and_nothing_spent() {
+    let mut plan = Plan::new(serde_json::json!([{"status": 200}]));
+    plan.task_epsilon = 8.0;
+    plan.install();
+    let client = connect(&plan, 4.0).await.unwrap();
+    let err = submit(&client, record()).await.unwrap_err();
+    assert_eq!(code(&err), "epsilon-too-large");
+    assert!(requests("POST", "/reports").is_empty());
+    assert_eq!(client.remaining_budget().unwrap(), 2.0);
+    assert!(client.ledger_state().unwrap().is_null());
+}
+
+#[wasm_bindgen_test]
+async fn one_report_then_budget_exhausted() {
+    let plan = Plan::new(serde_json::json!([{"status": 200}]));
+    plan.install();
+    let client = connect(&plan, 4.0).await.unwrap();
+    assert_eq!(client.remaining_budget().unwrap(), 2.0);
+    let receipt = submit(&client, record()).await.unwrap();
+    assert_eq!(receipt["status"], "accepted");
+    assert_eq!(receipt["epsilonSpent"], 2.0);
+    assert_eq!(receipt["collectionId"], plan.id.as_str());
+    assert_eq!(client.remaining_budget().unwrap(), 0.0);
+    let posts = requests("POST", "/reports");
+    assert_eq!(posts.len(), 1);
+    // Only the randomized report leaves: id, token, payload; no record values.
+    let sent: Vec<Report> = serde_json::from_str(posts[0]["body"].as_str().unwrap()).unwrap();
+    assert_eq!(sent[0].token, "tok-1");
+    assert!(matches!(sent[0].payload, Payload::Oue(_)));
+    // A second submission (even of another record) is refused without any request.
+    let before = log().len();
+    let other =
+        js_sys::JSON::parse(r#"{"age": 50, "sex": "Female", "workclass": "Federal-gov"}"#).unwrap();
+    let err = submit(&client, other).await.unwrap_err();
+    assert_eq!(code(&err), "budget-exhausted");
+    assert_eq!(log().len(), before);
+    // So is a fresh client of the same collection in this instance.
+    let again = connect(&plan, 4.0).await.unwrap();
+    assert_eq!(again.remaining_budget().unwrap(), 0.0);
+    assert_eq!(
+        code(&submit(&again, record()).await.unwrap_err()),
+        "budget-exhausted"
+    );
+}
+
+#[wasm_bindgen_test]
+async fn invalid_record_fails_before_any_request() {
+    let plan = Plan::new(serde_json::json!([{"status": 200}]));
+    plan.install();
+    let client = connect(&plan, 4.0).await.unwrap();
+    let before = log().len();
+    let bad =
+        js_sys::JSON::parse(r#"{"age": 37, "sex": "Other", "workclass": "Private"}"#).unwrap();
+    assert_eq!(
+        code(&submit(&client, bad).await.unwrap_err()),
+        "invalid-record"
+    );
+    assert_eq!(
+        code(&submit(&client, JsValue::UNDEFINED).await.unwrap_err()),
+        "invalid-record"
+    );
+    assert_eq!(log().len(), before);
+    assert_eq!(client.remaining_budget().unwrap(), 2.0);
+}
+
+#[wasm_bindgen_test]
+async fn retries_resend_identical_bytes() {
+    // 503, then a network error, then 200: one randomization, three identical uploads.
+    let plan = Plan::new(serde_json::json!([
+        {"status": 503, "body": {"type": "urn:ldpsyn:problem:unavailable", "title": "x", "status": 503, "detail": "busy"}},
+        {"network": true},
+        {"status": 200}
+    ]));
+    plan.install();
+    let client = connect(&plan, 4.0).await.unwrap();
+    let receipt = submit(&client, record()).await.unwrap();
+    assert_eq!(receipt["status"], "accepted");
+    let posts = requests("POST", "/reports");
+    assert_eq!(posts.len(), 3);
+    assert!(posts.iter().all(|p| p["body"] == posts[0]["body"]));
+    assert_eq!(requests("GET", "/task").len(), 1);
+}
+
+#[wasm_bindgen_test]
+async fn unavailable_keeps_the_report_pending_and_resends_it() {
+    let plan = Plan::new(serde_json::json!([{"network": true}]));
+    plan.install();
+    let client = connect(&plan, 4.0).await.unwrap();
+    let err = submit(&client, record()).await.unwrap_err();
+    assert_eq!(code(&err), "unavailable");
+    let state = client.ledger_state().unwrap();
+    assert_eq!(
+        Reflect::get(&state, &"state".into())
+            .unwrap()
+            .as_string()
+            .unwrap(),
+        "pending"
+    );
+    assert_eq!(client.remaining_budget().unwrap(), 0.0);
+    let first = requests("POST", "/reports")[0]["body"].clone();
+    // The server comes back; the next submit (whatever record) resends the same report.
+    let mut plan2 = Plan::new(serde_json::json!([{"status": 200, "answer": "duplicate"}]));
+    plan2.id = plan.id.clone();
+    plan2.install();
+    let other =
+        js_sys::JSON::parse(r#"{"age": 60, "sex": "Female", "workclass": "Private"}"#).unwrap();
+    let receipt = submit(&client, other).await.unwrap();
+    assert_eq!(receipt["status"], "duplicate");
+    assert!(
+        requests("GET", "/task").is_empty(),
+        "no second task, no second randomization"
+    );
+    assert_eq!(requests("POST", "/reports")[0]["body"], first);
+}
+
+#[wasm_bindgen_test]
+async fn rejected_report_spends_the_budget() {
+    let plan = Plan::new(serde_json::json!([{"status": 200, "answer": "rejected"}]));
+    plan.install();
+    let client = connect(&plan, 4.0).await.unwrap();
+    let err = submit(&client, record()).await.unwrap_err();
+    assert_eq!(code(&err), "invalid-token");
+    assert_eq!(
+        Reflect::get(&err, &"detail".into())
+            .unwrap()
+            .as_string()
+            .unwrap(),
+        "bad signature"
+    );
+    assert_eq!(
+        code(&submit(&client, record()).await.unwrap_err()),
+        "budget-exhausted"
+    );
+}
+
+#[wasm_bindgen_test]
+async fn whole_upload_refused_spends_the_budget() {
+    let plan = Plan::new(serde_json::json!([{"status": 413, "body":
+        {"type": "urn:ldpsyn:problem:payload-too-large", "title": "x", "status": 413, "detail": "too big"}}]));
+    plan.install();
+    let client = connect(&plan, 4.0).await.unwrap();
+    let err = submit(&client, record()).await.unwrap_err();
+    assert_eq!(code(&err), "payload-too-large");
+    assert_eq!(
+        Reflect::get(&err, &"status".into()).unwrap().as_f64(),
+        Some(413.0)
+    );
+    assert_eq!(
+        code(&submit(&client, record()).await.unwrap_err()),
+        "budget-exhausted"
+    );
+}
+
+#[wasm_bindgen_test]
+async fn concurrent_submissions_randomize_once() {
+    let plan = Plan::new(serde_json::json!([{"status": 200}]));
+    plan.install();
+    let client = connect(&plan, 4.0).await.unwrap();
+    let a = JsFuture::from(client.submit(record()));
+    let b = JsFuture::from(client.submit(record()));
+    let (a, b) = (a.await, b.await);
+    assert!(a.is_ok());
+    assert_eq!(code(&b.unwrap_err()), "conflict");
+    assert_eq!(requests("GET", "/task").len(), 1);
+}
+
+#[wasm_bindgen_test]
+async fn unknown_collection_and_bad_options() {
+    let plan = Plan::new(serde_json::json!([{"status": 200}]));
+    plan.install();
+    let other = uuid::Builder::from_random_bytes(rand::random())
+        .into_uuid()
+        .to_string();
+    let err = JsFuture::from(LdpClient::connect(BASE.into(), other, options(4.0)))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), "unknown-collection");
+    let err = JsFuture::from(LdpClient::connect(
+        BASE.into(),
+        "not-a-uuid".into(),
+        options(4.0),
+    ))
+    .await
+    .unwrap_err();
+    assert_eq!(code(&err), "invalid-parameter");
+    let err = JsFuture::from(LdpClient::connect(
+        BASE.into(),
+        plan.id.clone(),
+        js_sys::JSON::parse(r#"{"maxEpsilon": 0}"#).unwrap(),
+    ))
+    .await
+    .unwrap_err();
+    assert_eq!(code(&err), "invalid-parameter");
+}

@@ -5,7 +5,7 @@
 #   - wasm-bindgen-cli at exactly the wasm-bindgen version of Cargo.lock (cargo install);
 #   - cargo build --release for wasm32 with -Zbuild-std (Debian's rustc 1.96; rustup cannot
 #     download the wasm32 std here, see ../shared/wasm/README.md);
-#   - wasm-bindgen --target web into pkg/, --target nodejs into pkg/node/, package.json.
+#   - wasm-bindgen --target web into pkg/, an ES-module node build into pkg/node/, package.json.
 # Every PATH/toolchain setting stays inside this script's process.
 #
 # Environment: LDPSYN_WASM_TARGET_DIR (default ~/.cache/ldpsyn/target-wasm),
@@ -64,10 +64,10 @@ step "cargo build --release (wasm32-unknown-unknown, build-std)"
 WASM="$CARGO_TARGET_DIR/wasm32-unknown-unknown/release/ldpsyn_wasm.wasm"
 
 # ------------------------------------------------------------------ bindings + package
-step "wasm-bindgen --target web -> pkg/, --target nodejs -> pkg/node/"
+step "wasm-bindgen --target web -> pkg/, --target experimental-nodejs-module -> pkg/node/"
 rm -rf "$HERE/pkg"
 "$CARGO_HOME/bin/wasm-bindgen" --remove-name-section --remove-producers-section --target web --out-dir "$HERE/pkg" "$WASM"
-"$CARGO_HOME/bin/wasm-bindgen" --remove-name-section --remove-producers-section --target nodejs --out-dir "$HERE/pkg/node" "$WASM"
+"$CARGO_HOME/bin/wasm-bindgen" --remove-name-section --remove-producers-section --target experimental-nodejs-module --out-dir "$HERE/pkg/node" "$WASM"
 
 if [ "${LDPSYN_WASM_OPT:-0}" = 1 ]; then
   step "wasm-opt -Oz (npm binaryen)"
@@ -80,14 +80,12 @@ if [ "${LDPSYN_WASM_OPT:-0}" = 1 ]; then
   done
 fi
 
-# node: the CommonJS build plus an ES module with the same shape as the web one
-# (`import init, { LdpClient } from "ldpsyn-wasm"`; init() is a no-op there).
-echo '{ "type": "commonjs" }' > "$HERE/pkg/node/package.json"
+# node: an ES module build (instantiated when imported) behind an entry with the same shape as
+# the web one (`import init, { LdpClient } from "ldpsyn-wasm"`; init() has nothing to do there).
 cat > "$HERE/pkg/node/index.mjs" <<'EOF'
-import { createRequire } from "node:module";
-const wasm = createRequire(import.meta.url)("./ldpsyn_wasm.js");
-export const LdpClient = wasm.LdpClient;
-/** Nothing to do under node: the module is instantiated when loaded. */
+import * as wasm from "./ldpsyn_wasm.js";
+export * from "./ldpsyn_wasm.js";
+/** Nothing to do under node: the module is instantiated when imported. */
 export default async function init() { return wasm; }
 export function initSync() { return wasm; }
 EOF

@@ -26,6 +26,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod demo;
 pub mod engine;
 pub mod eval;
 pub mod service;

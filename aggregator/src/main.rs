@@ -1,6 +1,7 @@
 //! `ldpsyn-aggregator`: thin binary over the library. `serve` runs the HTTP service.
 
 use clap::{Parser, Subcommand};
+use ldpsyn_aggregator::demo::{self, DemoConfig};
 use ldpsyn_aggregator::service::{self, config::ServeConfig};
 
 /// ldpsyn aggregator: collects LDP reports and serves models, marginals and synthetic data.
@@ -15,6 +16,9 @@ struct Cli {
 enum Command {
     /// Run the HTTP API (SQLite by default, PostgreSQL with a postgres:// URL).
     Serve(ServeConfig),
+    /// The main job end to end: simulated people → SDK → HTTP aggregator (in-process, SQLite)
+    /// → finalize → synthetic CSV and a JSON fidelity report.
+    Demo(DemoConfig),
 }
 
 fn main() -> std::process::ExitCode {
@@ -37,13 +41,24 @@ fn main() -> std::process::ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Serve(config) => service::serve(config).await,
+            Command::Serve(config) => service::serve(config)
+                .await
+                .map_err(|e| format!("aggregator stopped: {e}")),
+            Command::Demo(config) => demo::run(config)
+                .await
+                .map_err(|e| format!("demo failed: {e}"))
+                .and_then(|report| {
+                    let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+                    println!("{json}");
+                    Ok(())
+                }),
         }
     });
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!(error = %e, "aggregator stopped");
+            tracing::error!(error = %e);
+            eprintln!("{e}");
             std::process::ExitCode::FAILURE
         }
     }

@@ -113,7 +113,12 @@ fn features<'a>(
     target: usize,
     positive: u32,
 ) -> (Array2<f64>, Array1<bool>) {
-    let width: usize = dims.iter().enumerate().filter(|&(a, _)| a != target).map(|(_, &k)| k).sum();
+    let width: usize = dims
+        .iter()
+        .enumerate()
+        .filter(|&(a, _)| a != target)
+        .map(|(_, &k)| k)
+        .sum();
     let mut data = Vec::new();
     let mut labels = Vec::new();
     for row in rows {
@@ -150,7 +155,9 @@ pub fn ml_accuracy(
     max_train: usize,
 ) -> Result<f64, EvalError> {
     if train.dims() != test.dims() || train.is_empty() || test.is_empty() {
-        return Err(EvalError::BadInput("train/test schemas differ or are empty".into()));
+        return Err(EvalError::BadInput(
+            "train/test schemas differ or are empty".into(),
+        ));
     }
     let stride = train.len().div_ceil(max_train.max(1));
     let (x, y) = features(train.rows().step_by(stride), train.dims(), target, positive);
@@ -205,7 +212,11 @@ impl crate::engine::JointSource for ExactJoint {
 /// The no-privacy junction tree (`noprivjtree` in the benchmark): PrivIncr's structure from
 /// the *true* pair MI (edge kept iff `I ≥ τ`, eq. 15 with `phi`), junction tree and
 /// Algorithm 2 with `sigma`, every conditional from the exact marginals.
-pub fn noprivacy_model(pop: std::sync::Arc<Population>, phi: f64, sigma: u64) -> crate::engine::Model {
+pub fn noprivacy_model(
+    pop: std::sync::Arc<Population>,
+    phi: f64,
+    sigma: u64,
+) -> crate::engine::Model {
     use crate::engine::JointSource;
     use crate::engine::info::{mutual_information, tau};
     let dims = pop.dims().to_vec();

@@ -89,7 +89,11 @@ pub fn maximal_cliques(d: usize, chordal: &BTreeSet<Edge>, order: &[usize]) -> V
     let mut candidates: Vec<BTreeSet<usize>> = order
         .iter()
         .map(|&v| {
-            let mut c: BTreeSet<usize> = adj[v].iter().copied().filter(|&u| pos[u] > pos[v]).collect();
+            let mut c: BTreeSet<usize> = adj[v]
+                .iter()
+                .copied()
+                .filter(|&u| pos[u] > pos[v])
+                .collect();
             c.insert(v);
             c
         })
@@ -249,7 +253,11 @@ mod tests {
             pos[v] = i;
         }
         order.iter().all(|&v| {
-            let later: Vec<usize> = adj[v].iter().copied().filter(|&u| pos[u] > pos[v]).collect();
+            let later: Vec<usize> = adj[v]
+                .iter()
+                .copied()
+                .filter(|&u| pos[u] > pos[v])
+                .collect();
             later
                 .iter()
                 .enumerate()

@@ -53,7 +53,13 @@ const IPF_SWEEPS: usize = 10;
 
 /// One IPF step: rescales `joint` (over `scope` with `dims`) so its marginal on `set`
 /// equals `target`.
-pub(crate) fn ipf_step(joint: &mut [f64], scope: &[usize], dims: &[usize], set: &[usize], target: &[f64]) {
+pub(crate) fn ipf_step(
+    joint: &mut [f64],
+    scope: &[usize],
+    dims: &[usize],
+    set: &[usize],
+    target: &[f64],
+) {
     let map = projection_map(scope, dims, set);
     let mut cur = vec![0.0; target.len()];
     let mut count = vec![0usize; target.len()];
@@ -125,7 +131,13 @@ impl JointSource for ConsistentJoint {
         let cells: usize = dims.iter().product();
         let mut joint = vec![1.0; cells];
         for (pos, &a) in scope.iter().enumerate() {
-            ipf_step(&mut joint, scope, &dims, &scope[pos..=pos], &self.one_way[a]);
+            ipf_step(
+                &mut joint,
+                scope,
+                &dims,
+                &scope[pos..=pos],
+                &self.one_way[a],
+            );
         }
         let sweeps = if targets.is_empty() { 0 } else { IPF_SWEEPS };
         for _ in 0..sweeps {
@@ -133,7 +145,13 @@ impl JointSource for ConsistentJoint {
                 ipf_step(&mut joint, scope, &dims, s, t);
             }
             for (pos, &a) in scope.iter().enumerate() {
-                ipf_step(&mut joint, scope, &dims, &scope[pos..=pos], &self.one_way[a]);
+                ipf_step(
+                    &mut joint,
+                    scope,
+                    &dims,
+                    &scope[pos..=pos],
+                    &self.one_way[a],
+                );
             }
         }
         let s: f64 = joint.iter().sum();
@@ -369,7 +387,7 @@ impl Model {
             ModelKind::Graphical { factors, .. } => Synthesizer {
                 inner: SynthInner::Forward {
                     factors: compile(factors),
-                    rng: ChaCha12Rng::seed_from_u64(seed),
+                    rng: Box::new(ChaCha12Rng::seed_from_u64(seed)),
                 },
                 d: self.dims.len(),
                 remaining: rows,
@@ -428,7 +446,7 @@ fn compile(factors: &[EstimatedConditional]) -> Arc<Vec<Compiled>> {
 enum SynthInner {
     Forward {
         factors: Arc<Vec<Compiled>>,
-        rng: ChaCha12Rng,
+        rng: Box<ChaCha12Rng>,
     },
     Table {
         table: Vec<u32>,
@@ -505,7 +523,11 @@ impl Factor {
         for (i, &t) in map.iter().enumerate() {
             out[t] = values[i];
         }
-        Self { vars, dims, values: out }
+        Self {
+            vars,
+            dims,
+            values: out,
+        }
     }
 
     fn strides_in(&self, vars: &[usize]) -> Vec<usize> {
@@ -556,7 +578,11 @@ impl Factor {
         for (i, &t) in map.iter().enumerate() {
             values[t] += self.values[i];
         }
-        Factor { vars: keep, dims, values }
+        Factor {
+            vars: keep,
+            dims,
+            values,
+        }
     }
 }
 
@@ -569,10 +595,16 @@ fn infer(dims: &[usize], factors: &[EstimatedConditional], query: &[usize]) -> V
         if f.conditional.targets.iter().any(|&t| needed[t]) {
             f.conditional.parents.iter().for_each(|&p| needed[p] = true);
             f.conditional.targets.iter().for_each(|&t| needed[t] = true);
-            used.push(Factor::from_scope(&f.conditional.scope(), &f.scope_dims, &f.conditional_table));
+            used.push(Factor::from_scope(
+                &f.conditional.scope(),
+                &f.scope_dims,
+                &f.conditional_table,
+            ));
         }
     }
-    let mut eliminate: Vec<usize> = (0..dims.len()).filter(|&a| needed[a] && !query.contains(&a)).collect();
+    let mut eliminate: Vec<usize> = (0..dims.len())
+        .filter(|&a| needed[a] && !query.contains(&a))
+        .collect();
     while !eliminate.is_empty() {
         // Greedy: the variable whose combined factor is smallest.
         let (pos, _) = eliminate
@@ -591,10 +623,13 @@ fn infer(dims: &[usize], factors: &[EstimatedConditional], query: &[usize]) -> V
             .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)))
             .expect("non-empty");
         let v = eliminate.remove(pos);
-        let (with, without): (Vec<Factor>, Vec<Factor>) = used.into_iter().partition(|f| f.vars.contains(&v));
+        let (with, without): (Vec<Factor>, Vec<Factor>) =
+            used.into_iter().partition(|f| f.vars.contains(&v));
         used = without;
         if let Some(first) = with.first() {
-            let prod = with[1..].iter().fold(first.clone(), |acc, f| acc.product(f, dims));
+            let prod = with[1..]
+                .iter()
+                .fold(first.clone(), |acc, f| acc.product(f, dims));
             used.push(prod.sum_out(v));
         }
     }

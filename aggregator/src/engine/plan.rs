@@ -108,14 +108,22 @@ pub fn clique_conditionals(
     let mut q: Vec<usize> = clique.to_vec();
     let mut reversed = Vec::new();
     loop {
-        let new: Vec<usize> = q.iter().copied().filter(|a| !separator.contains(a)).collect();
+        let new: Vec<usize> = q
+            .iter()
+            .copied()
+            .filter(|a| !separator.contains(a))
+            .collect();
         if new.is_empty() {
             break;
         }
         if cells(dims, q.iter().copied()) <= sigma as u128 || new.len() == 1 && q.len() == 1 {
             reversed.push(Conditional {
                 targets: new,
-                parents: q.iter().copied().filter(|a| separator.contains(a)).collect(),
+                parents: q
+                    .iter()
+                    .copied()
+                    .filter(|a| separator.contains(a))
+                    .collect(),
             });
             break;
         }
@@ -125,7 +133,10 @@ pub fn clique_conditionals(
             let rest: Vec<usize> = q.iter().copied().filter(|&x| x != a).collect();
             let s = mrmr(a, &rest, mi, dims, sigma);
             let size = cells(dims, s.iter().copied().chain([a]));
-            if best.as_ref().is_none_or(|(b, ba, _)| size < *b || (size == *b && a < *ba)) {
+            if best
+                .as_ref()
+                .is_none_or(|(b, ba, _)| size < *b || (size == *b && a < *ba))
+            {
                 best = Some((size, a, s));
             }
         }
@@ -169,6 +180,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[allow(clippy::needless_range_loop)]
     fn every_attribute_sampled_once_after_its_parents() {
         let dims = vec![8usize; 6];
         // A 6-clique of 8^6 cells with sigma 600: Algorithm 2 must factorize it.

@@ -31,13 +31,25 @@ pub struct SamPrivSynModel {
 /// `‖Q p − m‖² / (2·cells) + λ‖p‖₁` over the true cells `p`, with `Q = Q₁ ⊗ Q₂` the
 /// perturbation matrix and `m` the observed output distribution; Norm-Sub'd.
 /// Errors: the fit fails (reported as [`EngineError::Estimation`]).
-pub fn lasso_pair(mechanism: &Mechanism, counts: &[u64], n: u64, lambda: f64) -> Result<Vec<f64>, EngineError> {
+pub fn lasso_pair(
+    mechanism: &Mechanism,
+    counts: &[u64],
+    n: u64,
+    lambda: f64,
+) -> Result<Vec<f64>, EngineError> {
     let Oracle::GrrPair(pg) = mechanism.oracle() else {
-        return Err(EngineError::Estimation("LASSO needs a pair-GRR table".into()));
+        return Err(EngineError::Estimation(
+            "LASSO needs a pair-GRR table".into(),
+        ));
     };
     let (k1, k2) = (pg.first().domain_size(), pg.second().domain_size());
     let cells = k1 * k2;
-    let (p1, q1, p2, q2) = (pg.first().p(), pg.first().q(), pg.second().p(), pg.second().q());
+    let (p1, q1, p2, q2) = (
+        pg.first().p(),
+        pg.first().q(),
+        pg.second().p(),
+        pg.second().q(),
+    );
     let mut q = Array2::<f64>::zeros((cells, cells));
     for out in 0..cells {
         for truth in 0..cells {
@@ -68,6 +80,7 @@ pub(crate) fn build_model(
     let dims = engine.dims().to_vec();
     let d = dims.len();
     let mut pairs = BTreeMap::new();
+    let mut unbiased: BTreeMap<(usize, usize), Vec<f64>> = BTreeMap::new();
     for a in 0..d {
         for b in a + 1..d {
             let is_pair = |k: &super::tables::TableKey| {
@@ -96,6 +109,9 @@ pub(crate) fn build_model(
                 None => norm_sub(&c.frequencies),
             };
             let mi = mutual_information(&joint, dims[a], dims[b]);
+            // Eq. 11 uses the unbiased (Kronecker-inverse) pair estimate: marginalizing a
+            // Norm-Sub'd table would carry Norm-Sub's bias into the 1-way.
+            unbiased.insert((a, b), c.frequencies.clone());
             pairs.insert((a, b), (joint, mi));
         }
     }
@@ -105,10 +121,11 @@ pub(crate) fn build_model(
     for i in 0..d {
         let mut acc = vec![0.0; dims[i]];
         let mut wsum = 0.0;
-        for (&(a, b), (joint, mi)) in &pairs {
+        for (&(a, b), (_, mi)) in &pairs {
             if a != i && b != i {
                 continue;
             }
+            let joint = &unbiased[&(a, b)];
             let w = mi + 1e-9;
             wsum += w;
             for (v, &p) in joint.iter().enumerate() {
@@ -144,7 +161,12 @@ fn forward_image(mech: &Mechanism, f: &[f64]) -> Vec<f64> {
         return f.to_vec();
     };
     let (k1, k2) = (pg.first().domain_size(), pg.second().domain_size());
-    let (p1, q1, p2, q2) = (pg.first().p(), pg.first().q(), pg.second().p(), pg.second().q());
+    let (p1, q1, p2, q2) = (
+        pg.first().p(),
+        pg.first().q(),
+        pg.second().p(),
+        pg.second().q(),
+    );
     let mut t = vec![0.0; k1 * k2];
     for a in 0..k1 {
         let s: f64 = f[a * k2..(a + 1) * k2].iter().sum();
@@ -185,7 +207,11 @@ pub fn round_counts(p: &[f64], n: usize) -> Vec<i64> {
     let mut c: Vec<i64> = raw.iter().map(|v| v.floor() as i64).collect();
     let short = n as i64 - c.iter().sum::<i64>();
     let mut order: Vec<usize> = (0..p.len()).collect();
-    order.sort_by(|&a, &b| (raw[b] - raw[b].floor()).total_cmp(&(raw[a] - raw[a].floor())).then(a.cmp(&b)));
+    order.sort_by(|&a, &b| {
+        (raw[b] - raw[b].floor())
+            .total_cmp(&(raw[a] - raw[a].floor()))
+            .then(a.cmp(&b))
+    });
     for &i in order.iter().cycle().take(short.max(0) as usize) {
         c[i] += 1;
     }
@@ -195,7 +221,10 @@ pub fn round_counts(p: &[f64], n: usize) -> Vec<i64> {
 impl SamPrivSynModel {
     /// `(a, b, MI)` of every estimated pair.
     pub fn pair_weights(&self) -> Vec<(usize, usize, f64)> {
-        self.pairs.iter().map(|(&(a, b), (_, mi))| (a, b, *mi)).collect()
+        self.pairs
+            .iter()
+            .map(|(&(a, b), (_, mi))| (a, b, *mi))
+            .collect()
     }
 
     /// The eq. 11 1-way marginal of `a`.
@@ -209,7 +238,9 @@ impl SamPrivSynModel {
     pub fn synthesize_table(&self, rows: usize, seed: u64) -> Vec<u32> {
         let d = self.dims.len();
         let mut rng = ChaCha12Rng::seed_from_u64(seed);
-        let mut t: Vec<u32> = (0..rows * d).map(|i| rng.random_range(0..self.dims[i % d] as u32)).collect();
+        let mut t: Vec<u32> = (0..rows * d)
+            .map(|i| rng.random_range(0..self.dims[i % d] as u32))
+            .collect();
         if rows == 0 {
             return t;
         }
@@ -253,7 +284,15 @@ pub fn one_way_update(t: &mut [u32], d: usize, a: usize, target: &[i64]) {
 /// under-counted, swap the `b` values of `min_fre` records of `(p, q)` and `(p1, q1)`
 /// (`min_fre` = the smallest of the four deviations, eq. 12). Each swap leaves the counts of
 /// `a` and of `b` exactly unchanged.
-pub fn two_way_update(t: &mut [u32], d: usize, a: usize, b: usize, ka: usize, kb: usize, joint: &[f64]) {
+pub fn two_way_update(
+    t: &mut [u32],
+    d: usize,
+    a: usize,
+    b: usize,
+    ka: usize,
+    kb: usize,
+    joint: &[f64],
+) {
     let rows = t.len() / d;
     let target: Vec<f64> = joint.iter().map(|&p| p * rows as f64).collect();
     let mut buckets: Vec<Vec<usize>> = vec![Vec::new(); ka * kb];
@@ -263,37 +302,40 @@ pub fn two_way_update(t: &mut [u32], d: usize, a: usize, b: usize, ka: usize, kb
     let count = |buckets: &Vec<Vec<usize>>, c: usize| buckets[c].len() as f64;
     // Bounded number of passes; each swap strictly reduces Σ|C − P̂| by 4·min_fre ≥ 4.
     for _ in 0..(ka * kb * 4).max(64) {
-        let diff: Vec<f64> = (0..ka * kb).map(|c| count(&buckets, c) - target[c]).collect();
+        let diff: Vec<f64> = (0..ka * kb)
+            .map(|c| count(&buckets, c) - target[c])
+            .collect();
+        // Over-counted cells from the most over-counted down; for the first that has a
+        // partner, the partner (p1, q1) maximizing min_fre (eq. 12). O(cells) per candidate.
+        let mut over: Vec<usize> = (0..ka * kb).filter(|&c| diff[c] >= 1.0).collect();
+        over.sort_by(|&x, &y| diff[y].total_cmp(&diff[x]).then(x.cmp(&y)));
         let mut best: Option<(f64, usize, usize, usize, usize)> = None;
-        for p in 0..ka {
-            for q in 0..kb {
-                if diff[p * kb + q] < 1.0 {
+        for &c in &over {
+            let (p, q) = (c / kb, c % kb);
+            for p1 in (0..ka).filter(|&p1| p1 != p) {
+                if -diff[p1 * kb + q] < 1.0 {
                     continue;
                 }
-                for p1 in 0..ka {
-                    if p1 == p {
-                        continue;
-                    }
-                    for q1 in 0..kb {
-                        if q1 == q {
-                            continue;
-                        }
-                        let m = diff[p * kb + q]
-                            .min(diff[p1 * kb + q1])
-                            .min(-diff[p * kb + q1])
-                            .min(-diff[p1 * kb + q]);
-                        if m >= 1.0 && best.is_none_or(|bst| m > bst.0) {
-                            best = Some((m, p, q, p1, q1));
-                        }
+                for q1 in (0..kb).filter(|&q1| q1 != q) {
+                    let m = diff[c]
+                        .min(diff[p1 * kb + q1])
+                        .min(-diff[p * kb + q1])
+                        .min(-diff[p1 * kb + q]);
+                    if m >= 1.0 && best.is_none_or(|bst| m > bst.0) {
+                        best = Some((m, p, q, p1, q1));
                     }
                 }
+            }
+            if best.is_some() {
+                break;
             }
         }
         let Some((m, p, q, p1, q1)) = best else { break };
         let moves = m.floor() as usize;
         for _ in 0..moves {
             // One record of (p, q) gets b = q1; one of (p1, q1) gets b = q.
-            let (Some(r1), Some(r2)) = (buckets[p * kb + q].pop(), buckets[p1 * kb + q1].pop()) else {
+            let (Some(r1), Some(r2)) = (buckets[p * kb + q].pop(), buckets[p1 * kb + q1].pop())
+            else {
                 break;
             };
             t[r1 * d + b] = q1 as u32;
@@ -322,7 +364,9 @@ mod tests {
     fn eq12_swaps_keep_one_ways() {
         let (d, rows) = (3usize, 5000usize);
         let mut rng = ChaCha12Rng::seed_from_u64(3);
-        let mut t: Vec<u32> = (0..rows * d).map(|i| rng.random_range(0..[3u32, 4, 2][i % d])).collect();
+        let mut t: Vec<u32> = (0..rows * d)
+            .map(|i| rng.random_range(0..[3u32, 4, 2][i % d]))
+            .collect();
         let before_a = counts(&t, d, 0, 3);
         let before_b = counts(&t, d, 1, 4);
         let before_c = counts(&t, d, 2, 2);
@@ -334,11 +378,15 @@ mod tests {
         let s: f64 = joint.iter().sum();
         joint.iter_mut().for_each(|v| *v /= s);
         let tvd = |t: &[u32]| {
-            let mut c = vec![0.0; 12];
+            let mut c = [0.0; 12];
             for row in t.chunks(d) {
                 c[row[0] as usize * 4 + row[1] as usize] += 1.0 / rows as f64;
             }
-            c.iter().zip(&joint).map(|(x, y)| (x - y).abs()).sum::<f64>() / 2.0
+            c.iter()
+                .zip(&joint)
+                .map(|(x, y)| (x - y).abs())
+                .sum::<f64>()
+                / 2.0
         };
         let t0 = tvd(&t);
         two_way_update(&mut t, d, 0, 1, 3, 4, &joint);

@@ -37,12 +37,12 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha12Rng;
 use serde::{Deserialize, Serialize};
 
+use super::EngineError;
 use super::graph::{Edge, edge};
 use super::info::{mutual_information, relaxed_threshold, tau};
 use super::model::{ConsistentJoint, Model};
 use super::plan::{Structure, build_structure};
 use super::tables::{Measurements, TableKey, Tables};
-use super::EngineError;
 
 /// Share of the users `auto` spends on structure learning (phase 1). Measured on the Adult
 /// benchmark; `omega` of the config is ignored by `auto`.
@@ -52,6 +52,23 @@ pub const AUTO_PHASE1_SHARE: f64 = 0.3;
 /// produces by this many standard deviations: `z = (X − df)/sqrt(2 df) > AUTO_Z`, where
 /// `X = Σ_cells (f̂_ab − f̂_a f̂_b)² / se²` and `df` = number of cells.
 pub const AUTO_Z: f64 = 4.0;
+
+/// `auto` learns a structure only when the phase-1 signal-to-noise budget
+/// `ρ = share·N / Σ_pairs |Ω_a||Ω_b|·Var0(pair)` reaches this value (roughly: phase-1
+/// reports per cell of the pair tables, in units of one report's variance). Below it the
+/// pair tables cannot beat their own noise and `auto` runs as `independence`.
+pub const AUTO_MIN_RHO: f64 = 20.0;
+
+/// `auto` grows the spanning forest with further significant edges while every clique of the
+/// junction tree has at most `AUTO_CLIQUE_TVD · sqrt(n_f / Var0)` cells, `n_f` the phase-2
+/// reports a factor can expect: the cell count at which a clique's expected noise TVD
+/// (≈ 0.4·cells·sqrt(Var0/n_f)) stays near 0.05.
+pub const AUTO_CLIQUE_TVD: f64 = 0.125;
+
+/// Multiplier of the phase-2 task weight of `auto`'s 1-way factors: the 1-way marginals are
+/// fitted into every conditional and enter every pair's error (measured on Adult: 3 lowers
+/// the 2-way TVD at ε = 4 and 8 against 1).
+pub const AUTO_ONE_WAY_BOOST: f64 = 3.0;
 
 /// Floor of every SamPrivSyn pair weight, as a fraction of the mean weight.
 pub const SAMPRIVSYN_WEIGHT_FLOOR: f64 = 0.05;
@@ -183,6 +200,17 @@ pub struct EngineOptions {
     /// SamPrivSyn: estimate the final pair distributions by LASSO (eq. 7 of SamPrivSyn,
     /// linfa-elasticnet) with this L1 penalty instead of the Kronecker inverse.
     pub samprivsyn_lasso: Option<f64>,
+    /// `auto`: share of users in phase 1 (default [`AUTO_PHASE1_SHARE`]).
+    pub auto_phase1_share: Option<f64>,
+    /// `auto`: significance threshold (default [`AUTO_Z`]).
+    pub auto_z: Option<f64>,
+    /// `auto`: multiplier of the phase-2 task weight of 1-way factors (default
+    /// [`AUTO_ONE_WAY_BOOST`]).
+    pub auto_one_way_boost: Option<f64>,
+    /// `auto`: minimum ρ to learn a structure (default [`AUTO_MIN_RHO`]).
+    pub auto_min_rho: Option<f64>,
+    /// `auto`: clique-size constant (default [`AUTO_CLIQUE_TVD`]; 0 keeps the forest).
+    pub auto_clique_tvd: Option<f64>,
 }
 
 /// The engine of one collection: its config, resolved. Cheap to clone.
@@ -206,7 +234,10 @@ fn pairs(d: usize) -> Vec<Edge> {
 }
 
 /// Draws an index with probability ∝ `weights` (all ≥ 0, not all 0).
-fn draw_weighted<R: Rng + ?Sized>(weights: impl Iterator<Item = f64> + Clone, rng: &mut R) -> usize {
+fn draw_weighted<R: Rng + ?Sized>(
+    weights: impl Iterator<Item = f64> + Clone,
+    rng: &mut R,
+) -> usize {
     let total: f64 = weights.clone().sum();
     let mut u = rng.random::<f64>() * total;
     let mut last = 0;
@@ -253,7 +284,9 @@ impl Engine {
         options: EngineOptions,
     ) -> Result<Self, EngineError> {
         if dims.is_empty() || dims.iter().any(|&k| k < 2) {
-            return Err(EngineError::InvalidConfig("every attribute needs ≥ 2 values".into()));
+            return Err(EngineError::InvalidConfig(
+                "every attribute needs ≥ 2 values".into(),
+            ));
         }
         match &protocol {
             Protocol::Privincr(p) | Protocol::Noincremental(p) | Protocol::Auto(p) => {
@@ -263,7 +296,8 @@ impl Engine {
                 if p.rounds == 0 {
                     return Err(EngineError::InvalidConfig("rounds must be ≥ 1".into()));
                 }
-                if !(p.alpha > 0.0 && p.alpha <= 1.0) || !(p.phi > 0.0) || p.sigma < 2 {
+                let valid = p.alpha > 0.0 && p.alpha <= 1.0 && p.phi > 0.0 && p.sigma >= 2;
+                if !valid {
                     return Err(EngineError::InvalidConfig(
                         "alpha ∈ (0, 1], phi > 0, sigma ≥ 2 required".into(),
                     ));
@@ -316,9 +350,31 @@ impl Engine {
         match &self.protocol {
             Protocol::Privincr(p) => Some((p.clone(), p.rounds, p.omega)),
             Protocol::Noincremental(p) => Some((p.clone(), 1, p.omega)),
-            Protocol::Auto(p) => Some((p.clone(), 1, AUTO_PHASE1_SHARE)),
+            Protocol::Auto(p) => Some((
+                p.clone(),
+                1,
+                self.options.auto_phase1_share.unwrap_or(AUTO_PHASE1_SHARE),
+            )),
             _ => None,
         }
+    }
+
+    /// `auto`'s ρ (see [`AUTO_MIN_RHO`]).
+    pub fn auto_rho(&self) -> f64 {
+        let share = self.options.auto_phase1_share.unwrap_or(AUTO_PHASE1_SHARE);
+        let denom: f64 = pairs(self.dims.len())
+            .iter()
+            .map(|&(a, b)| {
+                let f = [a, b];
+                let dims = [self.dims[a], self.dims[b]];
+                self.cells(&f) as f64 * self.best_oracle(&f).approx_variance(self.epsilon, &dims)
+            })
+            .sum();
+        share * self.target_users as f64 / denom.max(1e-300)
+    }
+
+    fn auto_learns_structure(&self) -> bool {
+        self.dims.len() >= 2 && self.auto_rho() >= self.options.auto_min_rho.unwrap_or(AUTO_MIN_RHO)
     }
 
     /// The mechanism `auto`/independence use for a factor: the lower-variance oracle.
@@ -338,6 +394,18 @@ impl Engine {
     pub fn initial_state(&self) -> CollectionState {
         let d = self.dims.len();
         let n = self.target_users;
+        if matches!(self.protocol, Protocol::Auto(_)) && !self.auto_learns_structure() {
+            // Falls back to independence from the start (see [`AUTO_MIN_RHO`]).
+            return CollectionState {
+                protocol: self.protocol.name().into(),
+                phase: Phase::OneWay,
+                round: 0,
+                round_quota: None,
+                edges: Vec::new(),
+                plan: None,
+                pair_weights: Vec::new(),
+            };
+        }
         match (&self.protocol, self.privincr()) {
             (_, Some((p, rounds, share))) => CollectionState {
                 protocol: self.protocol.name().into(),
@@ -367,7 +435,11 @@ impl Engine {
                 let m = d * (d - 1) / 2;
                 CollectionState {
                     protocol: self.protocol.name().into(),
-                    phase: if m == 0 { Phase::OneWay } else { Phase::PairSampling },
+                    phase: if m == 0 {
+                        Phase::OneWay
+                    } else {
+                        Phase::PairSampling
+                    },
                     round: 0,
                     round_quota: Some(s.batch_size),
                     edges: Vec::new(),
@@ -414,7 +486,9 @@ impl Engine {
                 }
                 // Line 5 of Algorithm 1: Ñ_{t,e} ∝ |Ω_i|·|Ω_j|.
                 let i = draw_weighted(
-                    active.iter().map(|e| (self.dims[e.a] * self.dims[e.b]) as f64),
+                    active
+                        .iter()
+                        .map(|e| (self.dims[e.a] * self.dims[e.b]) as f64),
                     rng,
                 );
                 let factor = vec![active[i].a, active[i].b];
@@ -566,7 +640,9 @@ impl Engine {
         let d = self.dims.len();
         let mut mi = vec![vec![0.0; d]; d];
         for e in &state.edges {
-            let v = if use_score { e.score } else { e.mi }.unwrap_or(0.0).max(0.0);
+            let v = if use_score { e.score } else { e.mi }
+                .unwrap_or(0.0)
+                .max(0.0);
             mi[e.a][e.b] = v;
             mi[e.b][e.a] = v;
         }
@@ -614,7 +690,14 @@ impl Engine {
                     let mech = self.best_oracle(&f);
                     let dims: Vec<usize> = f.iter().map(|&a| self.dims[a]).collect();
                     let v0 = mech.approx_variance(self.epsilon, &dims);
-                    let w = (self.cells(&f) as f64 * v0.sqrt()).powf(2.0 / 3.0);
+                    let boost = if f.len() == 1 {
+                        self.options
+                            .auto_one_way_boost
+                            .unwrap_or(AUTO_ONE_WAY_BOOST)
+                    } else {
+                        1.0
+                    };
+                    let w = boost * (self.cells(&f) as f64 * v0.sqrt()).powf(2.0 / 3.0);
                     PlannedFactor {
                         factor: f,
                         mechanism: mech,
@@ -646,38 +729,52 @@ impl Engine {
                 None => vec![1.0 / self.dims[a] as f64; self.dims[a]],
             })
             .collect();
+        let z_threshold = self.options.auto_z.unwrap_or(AUTO_Z);
         let mut candidates: Vec<(f64, usize)> = Vec::new();
         for (i, e) in state.edges.iter_mut().enumerate() {
             let Some(c) = ms.combined(&[e.a, e.b]) else {
                 continue;
             };
             let (ka, kb) = (self.dims[e.a], self.dims[e.b]);
-            let indep: Vec<f64> = (0..ka * kb).map(|v| one[e.a][v / kb] * one[e.b][v % kb]).collect();
-            let mut x = 0.0;
-            for v in 0..ka * kb {
-                let s2 = c.std_errors[v].powi(2).max(1e-300);
-                x += (c.frequencies[v] - indep[v]).powi(2) / s2;
-            }
+            let indep: Vec<f64> = (0..ka * kb)
+                .map(|v| one[e.a][v / kb] * one[e.b][v % kb])
+                .collect();
+            let x: f64 = c
+                .frequencies
+                .iter()
+                .zip(&c.std_errors)
+                .zip(&indep)
+                .map(|((f, s), i)| (f - i).powi(2) / s.powi(2).max(1e-300))
+                .sum();
             let df = (ka * kb) as f64;
             let z = (x - df) / (2.0 * df).sqrt();
             let mi = mutual_information(&norm_sub(&c.frequencies), ka, kb);
             // MI that noise alone produces around the independence fit: a seeded parametric
             // bootstrap (deterministic: the seed is the pair and round).
-            let mut rng = ChaCha12Rng::seed_from_u64(((e.a as u64) << 32) ^ (e.b as u64) ^ ((state.round as u64) << 48));
-            let reps = 8;
-            let mut null = 0.0;
-            for _ in 0..reps {
-                let noisy: Vec<f64> = (0..ka * kb)
-                    .map(|v| indep[v] + c.std_errors[v] * standard_normal(&mut rng))
-                    .collect();
-                null += mutual_information(&norm_sub(&noisy), ka, kb);
-            }
-            null /= reps as f64;
+            let mut rng = ChaCha12Rng::seed_from_u64(
+                ((e.a as u64) << 32) ^ (e.b as u64) ^ ((state.round as u64) << 48),
+            );
+            let reps = 16;
+            let nulls: Vec<f64> = (0..reps)
+                .map(|_| {
+                    let noisy: Vec<f64> = (0..ka * kb)
+                        .map(|v| indep[v] + c.std_errors[v] * standard_normal(&mut rng))
+                        .collect();
+                    mutual_information(&norm_sub(&noisy), ka, kb)
+                })
+                .collect();
+            let null = nulls.iter().sum::<f64>() / reps as f64;
+            let null_sd = (nulls.iter().map(|v| (v - null).powi(2)).sum::<f64>()
+                / (reps - 1) as f64)
+                .sqrt()
+                .max(1e-3 * null.max(1e-9));
+            let z_mi = (mi - null) / null_sd;
+            let z = z.max(z_mi);
             e.mi = Some(mi);
             e.score = Some(mi - null);
             e.z = Some(z);
             e.reports = c.reports;
-            if z > AUTO_Z && mi - null > 0.0 {
+            if z > z_threshold && mi - null > 0.0 {
                 candidates.push((mi - null, i));
             }
         }
@@ -701,6 +798,33 @@ impl Engine {
                 keep[i] = true;
             }
         }
+        // Grow the forest into a junction tree with small cliques (see [`AUTO_CLIQUE_TVD`]).
+        let cap = self.auto_clique_cap(keep.iter().filter(|&&k| k).count());
+        let mut chosen: BTreeSet<Edge> = state
+            .edges
+            .iter()
+            .zip(&keep)
+            .filter(|(_, k)| **k)
+            .map(|(e, _)| edge(e.a, e.b))
+            .collect();
+        for &(_, i) in &candidates {
+            if keep[i] {
+                continue;
+            }
+            let e = edge(state.edges[i].a, state.edges[i].b);
+            chosen.insert(e);
+            let jt = super::graph::build_junction_tree(d, &chosen);
+            let max_cells = jt
+                .cliques
+                .iter()
+                .map(|c| c.iter().map(|&a| self.dims[a] as f64).product::<f64>())
+                .fold(0.0, f64::max);
+            if max_cells <= cap {
+                keep[i] = true;
+            } else {
+                chosen.remove(&e);
+            }
+        }
         let mut pruned = Vec::new();
         for (i, e) in state.edges.iter_mut().enumerate() {
             if e.active && !keep[i] {
@@ -710,6 +834,16 @@ impl Engine {
             }
         }
         pruned
+    }
+
+    /// Largest clique (cells) `auto` accepts when growing the forest.
+    fn auto_clique_cap(&self, forest_edges: usize) -> f64 {
+        let c = self.options.auto_clique_tvd.unwrap_or(AUTO_CLIQUE_TVD);
+        let share = self.options.auto_phase1_share.unwrap_or(AUTO_PHASE1_SHARE);
+        let factors = (self.dims.len() + forest_edges).max(1) as f64;
+        let n_f = (1.0 - share) * self.target_users as f64 / factors;
+        let v0 = MechanismKind::choose(self.epsilon, 256).approx_variance(self.epsilon, &[256]);
+        c * (n_f / v0).sqrt()
     }
 
     /// SamPrivSyn weights from the pooled pair tables (Kronecker inverse + Norm-Sub + MI),
@@ -724,8 +858,10 @@ impl Engine {
         let mi: Vec<Option<f64>> = ps
             .iter()
             .map(|&(a, b)| {
-                ms.combined_where(&[a, b], |k| k.mechanism == MechanismKind::GrrPair && k.factor.len() == 2)
-                    .map(|c| mutual_information(&norm_sub(&c.frequencies), self.dims[a], self.dims[b]))
+                ms.combined_where(&[a, b], |k| {
+                    k.mechanism == MechanismKind::GrrPair && k.factor.len() == 2
+                })
+                .map(|c| mutual_information(&norm_sub(&c.frequencies), self.dims[a], self.dims[b]))
             })
             .collect();
         let known: Vec<f64> = mi.iter().flatten().copied().collect();
@@ -734,7 +870,10 @@ impl Engine {
         }
         let mean = known.iter().sum::<f64>() / known.len() as f64;
         let floor = SAMPRIVSYN_WEIGHT_FLOOR * mean.max(1e-12);
-        Ok(mi.iter().map(|m| m.unwrap_or(mean).max(0.0) + floor).collect())
+        Ok(mi
+            .iter()
+            .map(|m| m.unwrap_or(mean).max(0.0) + floor)
+            .collect())
     }
 
     /// Marks the state finalized (no more tasks).
@@ -745,7 +884,11 @@ impl Engine {
 
     /// The structure a PrivIncr/auto collection would be finalized with: the phase-2 plan's,
     /// or, when finalized during phase 1, one built from the current active edges.
-    pub fn structure(&self, state: &CollectionState, tables: &Tables) -> Result<Structure, EngineError> {
+    pub fn structure(
+        &self,
+        state: &CollectionState,
+        tables: &Tables,
+    ) -> Result<Structure, EngineError> {
         if let Some(p) = &state.plan {
             return Ok(p.structure.clone());
         }

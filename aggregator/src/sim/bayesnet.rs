@@ -54,7 +54,9 @@ pub struct BayesNet {
 }
 
 fn base(k: usize, rotate: usize) -> Vec<f64> {
-    let w: Vec<f64> = (0..k).map(|i| 1.0 / (1.0 + ((i + rotate) % k) as f64)).collect();
+    let w: Vec<f64> = (0..k)
+        .map(|i| 1.0 / (1.0 + ((i + rotate) % k) as f64))
+        .collect();
     let s: f64 = w.iter().sum();
     w.into_iter().map(|x| x / s).collect()
 }
@@ -62,16 +64,23 @@ fn base(k: usize, rotate: usize) -> Vec<f64> {
 impl BayesNet {
     /// The documented twelve-attribute network (module docs).
     pub fn standard() -> Self {
-        let cat = |name: &str, labels: &[&str], parent: Option<usize>, strength: f64, rot: usize| Node {
-            name: name.into(),
-            k: labels.len(),
-            parent,
-            strength,
-            base: base(labels.len(), rot),
-            numeric: None,
-            labels: labels.iter().map(|s| s.to_string()).collect(),
-        };
-        let num = |name: &str, min: f64, max: f64, k: usize, parent: Option<usize>, strength: f64, rot: usize| Node {
+        let cat =
+            |name: &str, labels: &[&str], parent: Option<usize>, strength: f64, rot: usize| Node {
+                name: name.into(),
+                k: labels.len(),
+                parent,
+                strength,
+                base: base(labels.len(), rot),
+                numeric: None,
+                labels: labels.iter().map(|s| s.to_string()).collect(),
+            };
+        let num = |name: &str,
+                   min: f64,
+                   max: f64,
+                   k: usize,
+                   parent: Option<usize>,
+                   strength: f64,
+                   rot: usize| Node {
             name: name.into(),
             k,
             parent,
@@ -84,11 +93,29 @@ impl BayesNet {
             nodes: vec![
                 num("age", 18.0, 90.0, 8, None, 0.0, 2),
                 cat("sex", &["female", "male"], None, 0.0, 1),
-                cat("education", &["none", "school", "college", "bachelor", "graduate"], None, 0.0, 1),
+                cat(
+                    "education",
+                    &["none", "school", "college", "bachelor", "graduate"],
+                    None,
+                    0.0,
+                    1,
+                ),
                 num("income", 0.0, 200_000.0, 8, Some(2), 0.8, 0),
                 num("hours", 10.0, 80.0, 7, Some(0), 0.8, 3),
-                cat("marital", &["single", "married", "divorced", "widowed"], Some(0), 0.85, 0),
-                cat("region", &["north", "south", "east", "west", "center"], None, 0.0, 0),
+                cat(
+                    "marital",
+                    &["single", "married", "divorced", "widowed"],
+                    Some(0),
+                    0.85,
+                    0,
+                ),
+                cat(
+                    "region",
+                    &["north", "south", "east", "west", "center"],
+                    None,
+                    0.0,
+                    0,
+                ),
                 cat("language", &["en", "es", "fr", "other"], Some(6), 0.8, 0),
                 cat("smoker", &["no", "yes"], None, 0.0, 0),
                 cat("health", &["good", "fair", "poor"], Some(8), 0.8, 0),
@@ -129,7 +156,9 @@ impl BayesNet {
                 Some((min, max)) => serde_json::json!({
                     "name": n.name, "type": "numeric", "min": min, "max": max,
                     "bins": n.k, "integer": true}),
-                None => serde_json::json!({"name": n.name, "type": "categorical", "labels": n.labels}),
+                None => {
+                    serde_json::json!({"name": n.name, "type": "categorical", "labels": n.labels})
+                }
             })
             .collect();
         // The generated JSON satisfies every schema rule (unique names, ≥ 2 values).
@@ -181,8 +210,12 @@ pub fn cramers_v(pop: &Population, a: usize, b: usize) -> f64 {
         c[row[a] as usize * kb + row[b] as usize] += 1.0;
     }
     let n = pop.len() as f64;
-    let ra: Vec<f64> = (0..ka).map(|i| c[i * kb..(i + 1) * kb].iter().sum()).collect();
-    let rb: Vec<f64> = (0..kb).map(|j| (0..ka).map(|i| c[i * kb + j]).sum()).collect();
+    let ra: Vec<f64> = (0..ka)
+        .map(|i| c[i * kb..(i + 1) * kb].iter().sum())
+        .collect();
+    let rb: Vec<f64> = (0..kb)
+        .map(|j| (0..ka).map(|i| c[i * kb + j]).sum())
+        .collect();
     let mut chi = 0.0;
     for i in 0..ka {
         for j in 0..kb {

@@ -2,7 +2,7 @@
 //! population generator ([`BayesNet`]), CSV loading through a schema with resampling, and the
 //! in-process simulator ([`Simulation`]) that runs a collection end to end without HTTP.
 
-mod bayesnet;
+pub mod bayesnet;
 mod simulate;
 
 use std::path::Path;
@@ -11,7 +11,7 @@ use ldpsyn::schema::Schema;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
 
-pub use bayesnet::{BayesNet, Node};
+pub use bayesnet::{BayesNet, Node, cramers_v};
 pub use simulate::{RecordedReport, SimRun, Simulation};
 
 /// Errors of the simulation module.
@@ -48,14 +48,21 @@ impl Population {
         if d == 0 || codes.len() % d != 0 {
             return Err(SimError::Population("codes are not n × d".into()));
         }
-        if codes.iter().enumerate().any(|(i, &c)| c as usize >= dims[i % d]) {
+        if codes
+            .iter()
+            .enumerate()
+            .any(|(i, &c)| c as usize >= dims[i % d])
+        {
             return Err(SimError::Population("code outside its domain".into()));
         }
         Ok(Self { dims, codes })
     }
 
     /// Collects rows (each of length d). Errors as [`Population::new`].
-    pub fn from_rows(dims: Vec<usize>, rows: impl IntoIterator<Item = Vec<u32>>) -> Result<Self, SimError> {
+    pub fn from_rows(
+        dims: Vec<usize>,
+        rows: impl IntoIterator<Item = Vec<u32>>,
+    ) -> Result<Self, SimError> {
         let codes: Vec<u32> = rows.into_iter().flatten().collect();
         Self::new(dims, codes)
     }

@@ -100,7 +100,9 @@ impl<'a> Simulation<'a> {
     pub fn run(self) -> Result<SimRun, SimError> {
         let engine = self.engine;
         if self.population.dims() != engine.dims() {
-            return Err(SimError::Population("population and engine schemas differ".into()));
+            return Err(SimError::Population(
+                "population and engine schemas differ".into(),
+            ));
         }
         let mut task_rng = ChaCha12Rng::seed_from_u64(self.seed);
         let mut noise_rng = ChaCha12Rng::seed_from_u64(self.seed ^ 0x9e37_79b9_7f4a_7c15);
@@ -137,7 +139,9 @@ impl<'a> Simulation<'a> {
                 p.n += 1;
             } else {
                 let payload = mech.randomize(&codes, &mut noise_rng)?;
-                let stats = tables.entry(key).or_insert_with(|| SufficientStatistics::new(mech));
+                let stats = tables
+                    .entry(key)
+                    .or_insert_with(|| SufficientStatistics::new(mech));
                 mech.accumulate(&payload, stats)?;
                 if self.record {
                     reports.push(RecordedReport {
@@ -185,7 +189,9 @@ fn flush(
         for (v, &c) in p.truth.iter().enumerate() {
             // Bit v: the c_v holders report it w.p. 1/2, the others w.p. q.
             let ones = Binomial::new(c, o.p()).map(|b| b.sample(rng)).unwrap_or(0)
-                + Binomial::new(p.n - c, o.q()).map(|b| b.sample(rng)).unwrap_or(0);
+                + Binomial::new(p.n - c, o.q())
+                    .map(|b| b.sample(rng))
+                    .unwrap_or(0);
             stats.counts[v] = ones;
         }
         merge_into(tables, key, &stats)?;
@@ -228,7 +234,11 @@ mod tests {
             ..PrivIncrParams::default()
         };
         let e = engine(Protocol::Privincr(params), 2.0, n as u64);
-        let run = Simulation::new(&e, &pop).seed(5).record_reports(true).run().unwrap();
+        let run = Simulation::new(&e, &pop)
+            .seed(5)
+            .record_reports(true)
+            .run()
+            .unwrap();
         assert_eq!(run.reports.len(), n);
         // Shuffle the reports and reduce them through a HashMap (arbitrary order).
         let mut reports = run.reports.clone();
@@ -240,7 +250,9 @@ mod tests {
         for r in &reports {
             let key = e.table_key(&r.task);
             let mech = e.mechanism(&key).unwrap();
-            let stats = hashed.entry(key).or_insert_with(|| SufficientStatistics::new(&mech));
+            let stats = hashed
+                .entry(key)
+                .or_insert_with(|| SufficientStatistics::new(&mech));
             mech.accumulate(&r.payload, stats).unwrap();
         }
         let tables: Tables = hashed.into_iter().collect();
@@ -259,7 +271,10 @@ mod tests {
         }
         let model = e.finalize(&state, &tables).unwrap();
         assert_eq!(model.describe(), run.model.describe());
-        let (a, b) = (model.conditionals().unwrap(), run.model.conditionals().unwrap());
+        let (a, b) = (
+            model.conditionals().unwrap(),
+            run.model.conditionals().unwrap(),
+        );
         for (x, y) in a.iter().zip(b) {
             for (u, v) in x.joint.iter().zip(&y.joint) {
                 assert!((u - v).abs() < 1e-12);
@@ -271,7 +286,11 @@ mod tests {
     }
 
     fn tvd2(pop: &Population, model: &Model, seed: u64) -> f64 {
-        let syn = Population::from_rows(pop.dims().to_vec(), model.synthesize(pop.len() as u64, seed)).unwrap();
+        let syn = Population::from_rows(
+            pop.dims().to_vec(),
+            model.synthesize(pop.len() as u64, seed),
+        )
+        .unwrap();
         MarginalCounts::of_population(pop, 2)
             .mean_tvd(&MarginalCounts::of_population(&syn, 2))
             .unwrap()
@@ -287,13 +306,20 @@ mod tests {
         let net = BayesNet::standard();
         let pop = net.sample(n, 77);
         let planted: BTreeSet<(usize, usize)> = net.planted_edges().into_iter().collect();
-        let auto = Simulation::new(&engine(Protocol::Auto(PrivIncrParams::default()), 4.0, n as u64), &pop)
-            .seed(1)
-            .run()
-            .unwrap();
+        let auto = Simulation::new(
+            &engine(Protocol::Auto(PrivIncrParams::default()), 4.0, n as u64),
+            &pop,
+        )
+        .seed(1)
+        .run()
+        .unwrap();
         let found: BTreeSet<(usize, usize)> = auto.model.graph_edges().into_iter().collect();
         let spurious = found.difference(&planted).count();
-        assert!(planted.is_subset(&found), "missing {:?}", planted.difference(&found).collect::<Vec<_>>());
+        assert!(
+            planted.is_subset(&found),
+            "missing {:?}",
+            planted.difference(&found).collect::<Vec<_>>()
+        );
         assert!(spurious <= 2, "spurious {spurious}: {found:?}");
         let ind = Simulation::new(&engine(Protocol::Independence {}, 4.0, n as u64), &pop)
             .seed(1)
@@ -302,10 +328,13 @@ mod tests {
         let (ta, ti) = (tvd2(&pop, &auto.model, 3), tvd2(&pop, &ind.model, 3));
         println!("planted: auto 2-way TVD {ta:.4}, independence {ti:.4}");
         assert!(ta < ti);
-        let pi = Simulation::new(&engine(Protocol::Privincr(PrivIncrParams::default()), 4.0, n as u64), &pop)
-            .seed(1)
-            .run()
-            .unwrap();
+        let pi = Simulation::new(
+            &engine(Protocol::Privincr(PrivIncrParams::default()), 4.0, n as u64),
+            &pop,
+        )
+        .seed(1)
+        .run()
+        .unwrap();
         let pf: BTreeSet<(usize, usize)> = pi.model.graph_edges().into_iter().collect();
         let tp = pf.intersection(&planted).count() as f64;
         println!(
@@ -330,10 +359,17 @@ mod tests {
         ] {
             let e = engine(p.clone(), 2.0, n as u64);
             for bucketed in [false, true] {
-                let run = Simulation::new(&e, &pop).seed(2).bucketed(bucketed).run().unwrap();
+                let run = Simulation::new(&e, &pop)
+                    .seed(2)
+                    .bucketed(bucketed)
+                    .run()
+                    .unwrap();
                 let rows: Vec<Vec<u32>> = run.model.synthesize(500, 1).collect();
                 assert_eq!(rows.len(), 500);
-                assert!(rows.iter().all(|r| r.iter().zip(pop.dims()).all(|(&c, &k)| (c as usize) < k)));
+                assert!(
+                    rows.iter()
+                        .all(|r| r.iter().zip(pop.dims()).all(|(&c, &k)| (c as usize) < k))
+                );
                 assert_eq!(rows, run.model.synthesize(500, 1).collect::<Vec<_>>());
                 let m = run.model.marginal(&[2, 3]).unwrap();
                 assert!((m.frequencies.iter().sum::<f64>() - 1.0).abs() < 1e-9);

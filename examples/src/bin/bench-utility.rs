@@ -25,7 +25,14 @@ use serde_json::{Value, json};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
-const PROTOCOLS: [&str; 6] = ["privincr", "noincremental", "samprivsyn", "independence", "auto", "noprivjtree"];
+const PROTOCOLS: [&str; 6] = [
+    "privincr",
+    "noincremental",
+    "samprivsyn",
+    "independence",
+    "auto",
+    "noprivjtree",
+];
 const EPSILONS: [f64; 4] = [1.0, 2.0, 4.0, 8.0];
 
 struct Args {
@@ -122,23 +129,50 @@ impl Dataset {
 }
 
 /// One run: model + synthetic rows; returns (model, synthetic, seconds).
-fn run_once(proto: &str, eps: f64, pop: &Arc<Population>, seed: u64) -> Result<(Model, Population, f64), Error> {
+fn run_once(
+    proto: &str,
+    eps: f64,
+    pop: &Arc<Population>,
+    seed: u64,
+) -> Result<(Model, Population, f64), Error> {
     let start = Instant::now();
     let model = if proto == "noprivjtree" {
-        noprivacy_model(pop.clone(), PrivIncrParams::default().phi, PrivIncrParams::default().sigma)
+        noprivacy_model(
+            pop.clone(),
+            PrivIncrParams::default().phi,
+            PrivIncrParams::default().sigma,
+        )
     } else {
         let engine = Engine::from_parts(
             pop.dims().to_vec(),
             Epsilon::new(eps)?,
             pop.len() as u64,
             protocol(proto)?,
-            EngineOptions::default(),
+            engine_options(),
         )?;
-        Simulation::new(&engine, pop).seed(seed).bucketed(true).run()?.model
+        Simulation::new(&engine, pop)
+            .seed(seed)
+            .bucketed(true)
+            .run()?
+            .model
     };
     let rows = model.synthesize(pop.len() as u64, seed ^ 0x5eed);
     let synthetic = Population::from_rows(pop.dims().to_vec(), rows)?;
     Ok((model, synthetic, start.elapsed().as_secs_f64()))
+}
+
+/// Engine options; `LDPSYN_AUTO_SHARE`, `LDPSYN_AUTO_Z`, `LDPSYN_AUTO_ONE_WAY_BOOST` override
+/// `auto`'s constants for tuning experiments (unset in the committed results).
+fn engine_options() -> EngineOptions {
+    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
+    EngineOptions {
+        auto_phase1_share: env("LDPSYN_AUTO_SHARE"),
+        auto_z: env("LDPSYN_AUTO_Z"),
+        auto_one_way_boost: env("LDPSYN_AUTO_ONE_WAY_BOOST"),
+        auto_min_rho: env("LDPSYN_AUTO_MIN_RHO"),
+        auto_clique_tvd: env("LDPSYN_AUTO_CLIQUE_TVD"),
+        ..EngineOptions::default()
+    }
 }
 
 fn mean_std(v: &[f64]) -> (f64, f64) {
@@ -159,7 +193,10 @@ fn run_cell(ds: &Dataset, proto: &str, eps: f64, seeds: u64) -> Result<Value, Er
         let seed = 1000 * s + (eps * 10.0) as u64;
         let (model, synthetic, sec) = run_once(proto, eps, &ds.population, seed)?;
         edges = model.graph_edges().len();
-        let m: Vec<MarginalCounts> = [1, 2, 3].iter().map(|&k| MarginalCounts::of_population(&synthetic, k)).collect();
+        let m: Vec<MarginalCounts> = [1, 2, 3]
+            .iter()
+            .map(|&k| MarginalCounts::of_population(&synthetic, k))
+            .collect();
         t1.push(ds.marginals[0].mean_tvd(&m[0])?);
         t2.push(ds.marginals[1].mean_tvd(&m[1])?);
         t3.push(ds.marginals[2].mean_tvd(&m[2])?);
@@ -183,7 +220,14 @@ fn run_cell(ds: &Dataset, proto: &str, eps: f64, seeds: u64) -> Result<Value, Er
     }))
 }
 
-fn run_ml_cell(train: &Arc<Population>, test: &Population, proto: &str, eps: f64, seeds: u64, target: usize) -> Result<Value, Error> {
+fn run_ml_cell(
+    train: &Arc<Population>,
+    test: &Population,
+    proto: &str,
+    eps: f64,
+    seeds: u64,
+    target: usize,
+) -> Result<Value, Error> {
     let mut acc = Vec::new();
     for s in 0..seeds {
         let seed = 7000 + 1000 * s + (eps * 10.0) as u64;
@@ -192,8 +236,15 @@ fn run_ml_cell(train: &Arc<Population>, test: &Population, proto: &str, eps: f64
     }
     let (m, sd) = mean_std(&acc);
     eprintln!("adult-train-1m {proto:>13} eps={eps}: ml accuracy {m:.4}");
-    Ok(json!({"dataset": "adult-train-1m", "users": train.len(), "protocol": proto, "epsilon": eps,
-              "seeds": seeds, "ml_accuracy_mean": m, "ml_accuracy_std": sd}))
+    Ok(
+        json!({"dataset": "adult-train-1m", "users": train.len(), "protocol": proto, "epsilon": eps,
+              "seeds": seeds, "ml_accuracy_mean": m, "ml_accuracy_std": sd}),
+    )
+}
+
+/// Pops the next cell; the lock is released before the cell runs.
+fn next_cell<T>(queue: &Mutex<Vec<T>>) -> Option<T> {
+    queue.lock().ok()?.pop()
 }
 
 fn key(v: &Value) -> (String, String, String) {
@@ -216,31 +267,68 @@ fn write_results(out: &Path, new: &[Value]) -> Result<(), Error> {
     for v in new {
         all.insert(key(v), v.clone());
     }
-    let order = |d: &str| ["adult-1.5m", "adult-100k", "adult-45k", "adult-10k", "adult-train-1m", "adult-train-real"].iter().position(|x| *x == d).unwrap_or(9);
+    let order = |d: &str| {
+        [
+            "adult-1.5m",
+            "adult-100k",
+            "adult-45k",
+            "adult-10k",
+            "adult-train-1m",
+            "adult-train-real",
+        ]
+        .iter()
+        .position(|x| *x == d)
+        .unwrap_or(9)
+    };
     let mut rows: Vec<Value> = all.into_values().collect();
     rows.sort_by(|a, b| {
-        let ka = (order(a["dataset"].as_str().unwrap_or("")), a["protocol"].as_str().unwrap_or("").to_owned(), a["epsilon"].as_f64().unwrap_or(0.0));
-        let kb = (order(b["dataset"].as_str().unwrap_or("")), b["protocol"].as_str().unwrap_or("").to_owned(), b["epsilon"].as_f64().unwrap_or(0.0));
-        ka.0.cmp(&kb.0).then(ka.1.cmp(&kb.1)).then(ka.2.total_cmp(&kb.2))
+        let ka = (
+            order(a["dataset"].as_str().unwrap_or("")),
+            a["protocol"].as_str().unwrap_or("").to_owned(),
+            a["epsilon"].as_f64().unwrap_or(0.0),
+        );
+        let kb = (
+            order(b["dataset"].as_str().unwrap_or("")),
+            b["protocol"].as_str().unwrap_or("").to_owned(),
+            b["epsilon"].as_f64().unwrap_or(0.0),
+        );
+        ka.0.cmp(&kb.0)
+            .then(ka.1.cmp(&kb.1))
+            .then(ka.2.total_cmp(&kb.2))
     });
     std::fs::write(out, serde_json::to_string_pretty(&rows)? + "\n")?;
-    let mut md = String::from("# Adult utility benchmark\n\nGenerated by `bench-utility` (see `examples/src/bin/bench-utility.rs`). Mean TVD over all k-way marginals between the synthetic table (rows = users) and the population; mean ± sample std over seeds; seconds = simulate + finalize + synthesize, release build, 2-core machine (two cells run in parallel).\n\n| dataset | users | protocol | ε | seeds | tvd2 mean ± std | tvd1 | tvd3 | seconds | model edges |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    let mut md = String::from(
+        "# Adult utility benchmark\n\nGenerated by `bench-utility` (see `examples/src/bin/bench-utility.rs`). Mean TVD over all k-way marginals between the synthetic table (rows = users) and the population; mean ± sample std over seeds; seconds = simulate + finalize + synthesize, release build, 2-core machine (two cells run in parallel).\n\n| dataset | users | protocol | ε | seeds | tvd2 mean ± std | tvd1 | tvd3 | seconds | model edges |\n|---|---|---|---|---|---|---|---|---|---|\n",
+    );
     for r in rows.iter().filter(|r| r.get("tvd2_mean").is_some()) {
         md += &format!(
             "| {} | {} | {} | {} | {} | {:.4} ± {:.4} | {:.4} | {:.4} | {:.1} | {} |\n",
-            r["dataset"].as_str().unwrap_or(""), r["users"], r["protocol"].as_str().unwrap_or(""), r["epsilon"], r["seeds"],
-            r["tvd2_mean"].as_f64().unwrap_or(f64::NAN), r["tvd2_std"].as_f64().unwrap_or(f64::NAN),
-            r["tvd1_mean"].as_f64().unwrap_or(f64::NAN), r["tvd3_mean"].as_f64().unwrap_or(f64::NAN),
-            r["seconds_mean"].as_f64().unwrap_or(f64::NAN), r["model_edges"],
+            r["dataset"].as_str().unwrap_or(""),
+            r["users"],
+            r["protocol"].as_str().unwrap_or(""),
+            r["epsilon"],
+            r["seeds"],
+            r["tvd2_mean"].as_f64().unwrap_or(f64::NAN),
+            r["tvd2_std"].as_f64().unwrap_or(f64::NAN),
+            r["tvd1_mean"].as_f64().unwrap_or(f64::NAN),
+            r["tvd3_mean"].as_f64().unwrap_or(f64::NAN),
+            r["seconds_mean"].as_f64().unwrap_or(f64::NAN),
+            r["model_edges"],
         );
     }
-    let ml: Vec<&Value> = rows.iter().filter(|r| r.get("ml_accuracy_mean").is_some()).collect();
+    let ml: Vec<&Value> = rows
+        .iter()
+        .filter(|r| r.get("ml_accuracy_mean").is_some())
+        .collect();
     if !ml.is_empty() {
         md += "\n## ML efficacy (predict income; train on synthetic from adult_train complete rows resampled to 1M, test on adult_test complete rows)\n\n| dataset | protocol | ε | seeds | accuracy |\n|---|---|---|---|---|\n";
         for r in ml {
             md += &format!(
                 "| {} | {} | {} | {} | {:.4} |\n",
-                r["dataset"].as_str().unwrap_or(""), r["protocol"].as_str().unwrap_or(""), r["epsilon"], r["seeds"],
+                r["dataset"].as_str().unwrap_or(""),
+                r["protocol"].as_str().unwrap_or(""),
+                r["epsilon"],
+                r["seeds"],
                 r["ml_accuracy_mean"].as_f64().unwrap_or(f64::NAN)
             );
         }
@@ -267,15 +355,23 @@ fn main() -> Result<(), Error> {
     if !args.ml_only {
         // Datasets: the four of issue 3, or the requested sizes.
         let mut specs: Vec<(String, usize)> = if args.users.is_empty() {
-            vec![("adult-1.5m".into(), 1_500_000), ("adult-100k".into(), 100_000), ("adult-45k".into(), 0), ("adult-10k".into(), 10_000)]
+            vec![
+                ("adult-1.5m".into(), 1_500_000),
+                ("adult-100k".into(), 100_000),
+                ("adult-45k".into(), 0),
+                ("adult-10k".into(), 10_000),
+            ]
         } else {
-            args.users.iter().map(|&n| match n {
-                1_500_000 => ("adult-1.5m".to_string(), n),
-                100_000 => ("adult-100k".to_string(), n),
-                10_000 => ("adult-10k".to_string(), n),
-                n if n == base.len() => ("adult-45k".to_string(), 0),
-                n => (format!("adult-{n}"), n),
-            }).collect()
+            args.users
+                .iter()
+                .map(|&n| match n {
+                    1_500_000 => ("adult-1.5m".to_string(), n),
+                    100_000 => ("adult-100k".to_string(), n),
+                    10_000 => ("adult-10k".to_string(), n),
+                    n if n == base.len() => ("adult-45k".to_string(), 0),
+                    n => (format!("adult-{n}"), n),
+                })
+                .collect()
         };
         if !args.datasets.is_empty() {
             specs.retain(|(name, _)| args.datasets.contains(name));
@@ -283,7 +379,11 @@ fn main() -> Result<(), Error> {
         let datasets: Vec<Arc<Dataset>> = specs
             .into_iter()
             .map(|(name, n)| {
-                let pop = if n == 0 { base.shuffled(45) } else { base.resample(n, n as u64) };
+                let pop = if n == 0 {
+                    base.shuffled(45)
+                } else {
+                    base.resample(n, n as u64)
+                };
                 Arc::new(Dataset::new(name, pop))
             })
             .collect();
@@ -302,18 +402,19 @@ fn main() -> Result<(), Error> {
                 let results = results.clone();
                 let out = args.out.clone();
                 let seeds = args.seeds;
-                s.spawn(move || loop {
-                    let Some((ds, p, eps)) = queue.lock().map(|mut q| q.pop()).unwrap_or(None) else { break };
-                    match run_cell(&ds, &p, eps, seeds) {
-                        Ok(v) => {
-                            if let Ok(mut r) = results.lock() {
-                                r.push(v);
-                                if let Err(e) = write_results(&out, &r) {
-                                    eprintln!("writing results: {e}");
+                s.spawn(move || {
+                    while let Some((ds, p, eps)) = next_cell(&queue) {
+                        match run_cell(&ds, &p, eps, seeds) {
+                            Ok(v) => {
+                                if let Ok(mut r) = results.lock() {
+                                    r.push(v);
+                                    if let Err(e) = write_results(&out, &r) {
+                                        eprintln!("writing results: {e}");
+                                    }
                                 }
                             }
+                            Err(e) => eprintln!("{} {p} eps={eps}: {e}", ds.name),
                         }
-                        Err(e) => eprintln!("{} {p} eps={eps}: {e}", ds.name),
                     }
                 });
             }
@@ -324,11 +425,19 @@ fn main() -> Result<(), Error> {
         let dir = args.data.parent().unwrap_or(Path::new("."));
         let train = load_csv(&dir.join("adult_train.csv"), &schema)?;
         let test = load_csv(&dir.join("adult_test.csv"), &schema)?;
-        println!("ML: train kept {} of {}, test kept {} of {}", train.population.len(), train.total_rows, test.population.len(), test.total_rows);
+        println!(
+            "ML: train kept {} of {}, test kept {} of {}",
+            train.population.len(),
+            train.total_rows,
+            test.population.len(),
+            test.total_rows
+        );
         let real = ml_accuracy(&train.population, &test.population, income, 1, 50_000)?;
         println!("ML: accuracy of training on the real rows: {real:.4}");
         let pop = Arc::new(train.population.resample(1_000_000, 1_000_000));
-        let mut ml = vec![json!({"dataset": "adult-train-real", "users": train.population.len(), "protocol": "real-data", "epsilon": null, "seeds": 1, "ml_accuracy_mean": real})];
+        let mut ml = vec![
+            json!({"dataset": "adult-train-real", "users": train.population.len(), "protocol": "real-data", "epsilon": null, "seeds": 1, "ml_accuracy_mean": real}),
+        ];
         let mut cells = Vec::new();
         for &eps in &args.epsilons {
             for p in &args.only {
@@ -339,17 +448,23 @@ fn main() -> Result<(), Error> {
         let ml_results = Arc::new(Mutex::new(Vec::new()));
         std::thread::scope(|s| {
             for _ in 0..args.threads.max(1) {
-                let (queue, ml_results, pop, test) = (queue.clone(), ml_results.clone(), pop.clone(), &test.population);
+                let (queue, ml_results, pop, test) = (
+                    queue.clone(),
+                    ml_results.clone(),
+                    pop.clone(),
+                    &test.population,
+                );
                 let seeds = args.ml_seeds;
-                s.spawn(move || loop {
-                    let Some((p, eps)) = queue.lock().map(|mut q| q.pop()).unwrap_or(None) else { break };
-                    match run_ml_cell(&pop, test, &p, eps, seeds, income) {
-                        Ok(v) => {
-                            if let Ok(mut r) = ml_results.lock() {
-                                r.push(v);
+                s.spawn(move || {
+                    while let Some((p, eps)) = next_cell(&queue) {
+                        match run_ml_cell(&pop, test, &p, eps, seeds, income) {
+                            Ok(v) => {
+                                if let Ok(mut r) = ml_results.lock() {
+                                    r.push(v);
+                                }
                             }
+                            Err(e) => eprintln!("ML {p} eps={eps}: {e}"),
                         }
-                        Err(e) => eprintln!("ML {p} eps={eps}: {e}"),
                     }
                 });
             }

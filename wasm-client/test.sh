@@ -150,3 +150,5 @@ if ! LDPSYN_NPM_DIR="$NPM_DIR" timeout 300 node "$HERE/tests/e2e.mjs" "$WEB/www/
 fi
 grep -q 'GET /pkg/ldpsyn_wasm_bg.wasm' "$TMP/web.log" || { echo "the page did not load our .wasm" >&2; exit 1; }
 step "ALL OK"
+# The EXIT trap (cleanup) would otherwise hand its last `wait` status (143) to the caller.
+exit 0

@@ -95,9 +95,13 @@ done
 TMP=$(mktemp -d)
 AGG_PID= WEB_PID=
 cleanup() {
-  [ -n "$AGG_PID" ] && kill "$AGG_PID" 2>/dev/null && wait "$AGG_PID" 2>/dev/null
-  [ -n "$WEB_PID" ] && kill "$WEB_PID" 2>/dev/null && wait "$WEB_PID" 2>/dev/null
+  local rc=$?
+  # `wait` on a server we just killed returns 143; under `set -e` that would end the trap (and
+  # the script) with 143, so keep the script's own status.
+  if [ -n "$AGG_PID" ]; then kill "$AGG_PID" 2>/dev/null || true; wait "$AGG_PID" 2>/dev/null || true; fi
+  if [ -n "$WEB_PID" ]; then kill "$WEB_PID" 2>/dev/null || true; wait "$WEB_PID" 2>/dev/null || true; fi
   rm -rf "$TMP"
+  exit "$rc"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -150,5 +154,3 @@ if ! LDPSYN_NPM_DIR="$NPM_DIR" timeout 300 node "$HERE/tests/e2e.mjs" "$WEB/www/
 fi
 grep -q 'GET /pkg/ldpsyn_wasm_bg.wasm' "$TMP/web.log" || { echo "the page did not load our .wasm" >&2; exit 1; }
 step "ALL OK"
-# The EXIT trap (cleanup) would otherwise hand its last `wait` status (143) to the caller.
-exit 0

@@ -31,11 +31,11 @@ use crate::ledger::{
 };
 use crate::protocol::{
     CollectionConfig, DEFAULT_MAX_REPORTS_PER_UPLOAD, MAX_TASKS_PER_REQUEST, Problem, ProblemType,
-    Report, ReportAnswer, ReportStatus, Task,
+    Report, ReportAnswer, Task,
 };
 use crate::schema::{EncodedRecord, Schema};
 pub use crate::submission::{ClientError, Receipt, randomize_task};
-use crate::submission::{check_config, pending_entry};
+use crate::submission::{apply_answer, check_config, pending_entry};
 
 /// Client settings. [`ClientOptions::new`] gives the defaults.
 #[derive(Debug, Clone)]
@@ -222,23 +222,13 @@ impl<L: BudgetLedger> Client<L> {
     }
 
     fn finish(&mut self, collection: Uuid, answer: ReportAnswer) -> Result<Receipt, ClientError> {
-        match answer.status {
-            ReportStatus::Accepted | ReportStatus::Duplicate => {
-                let entry = self.settle(collection, ReportState::Acknowledged)?;
-                Ok(Receipt {
-                    collection_id: collection,
-                    report_id: answer.id,
-                    status: answer.status,
-                    epsilon_spent: entry.epsilon_spent,
-                })
-            }
-            ReportStatus::Rejected => {
-                self.settle(collection, ReportState::Refused)?;
-                Err(ClientError::Problem(answer.problem.unwrap_or_else(|| {
-                    Problem::new(ProblemType::InvalidPayload, "rejected without a reason")
-                })))
-            }
-        }
+        let mut entry = self
+            .ledger
+            .get(collection)?
+            .ok_or_else(|| ClientError::Protocol("ledger lost the pending report".into()))?;
+        let outcome = apply_answer(collection, &mut entry, answer);
+        self.ledger.put(collection, entry)?;
+        outcome
     }
 
     /// Submits for many distinct simulated people at once (for simulations and load tests):
@@ -317,26 +307,7 @@ impl<L: BudgetLedger> Client<L> {
                         let mut entry = ledger.get(collection)?.ok_or_else(|| {
                             ClientError::Protocol("ledger lost the pending report".into())
                         })?;
-                        results[*i] = Some(match answer.status {
-                            ReportStatus::Accepted | ReportStatus::Duplicate => {
-                                entry.state = ReportState::Acknowledged;
-                                Ok(Receipt {
-                                    collection_id: collection,
-                                    report_id: answer.id,
-                                    status: answer.status,
-                                    epsilon_spent: entry.epsilon_spent,
-                                })
-                            }
-                            ReportStatus::Rejected => {
-                                entry.state = ReportState::Refused;
-                                Err(ClientError::Problem(answer.problem.unwrap_or_else(|| {
-                                    Problem::new(
-                                        ProblemType::InvalidPayload,
-                                        "rejected without a reason",
-                                    )
-                                })))
-                            }
-                        });
+                        results[*i] = Some(apply_answer(collection, &mut entry, answer));
                         ledger.put(collection, entry)?;
                     }
                 }

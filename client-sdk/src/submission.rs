@@ -10,7 +10,8 @@ use crate::factor::{DEFAULT_MAX_CELLS, Factor};
 use crate::ledger::{LedgerEntry, LedgerError, ReportState};
 use crate::mechanism::{Mechanism, MechanismError};
 use crate::protocol::{
-    CollectionConfig, PROTOCOL_VERSION, Problem, ProblemType, Report, ReportStatus, Task,
+    CollectionConfig, PROTOCOL_VERSION, Problem, ProblemType, Report, ReportAnswer, ReportStatus,
+    Task,
 };
 use crate::schema::{EncodedRecord, RecordError};
 
@@ -173,5 +174,32 @@ pub fn pending_entry(task: &Task, report: &Report) -> LedgerEntry {
         epsilon_spent: task.epsilon.get(),
         report: report.clone(),
         state: ReportState::Pending,
+    }
+}
+
+/// Applies the server's answer for a collection's pending report to its ledger `entry`:
+/// `accepted`/`duplicate` → acknowledged and a [`Receipt`]; `rejected` → refused (the budget
+/// stays spent) and [`ClientError::Problem`]. The caller stores `entry` afterwards.
+pub fn apply_answer(
+    collection: Uuid,
+    entry: &mut LedgerEntry,
+    answer: ReportAnswer,
+) -> Result<Receipt, ClientError> {
+    match answer.status {
+        ReportStatus::Accepted | ReportStatus::Duplicate => {
+            entry.state = ReportState::Acknowledged;
+            Ok(Receipt {
+                collection_id: collection,
+                report_id: answer.id,
+                status: answer.status,
+                epsilon_spent: entry.epsilon_spent,
+            })
+        }
+        ReportStatus::Rejected => {
+            entry.state = ReportState::Refused;
+            Err(ClientError::Problem(answer.problem.unwrap_or_else(|| {
+                Problem::new(ProblemType::InvalidPayload, "rejected without a reason")
+            })))
+        }
     }
 }

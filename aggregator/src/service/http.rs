@@ -36,7 +36,6 @@ use ldpsyn::protocol::{
     Report, ReportAnswer, ReportStatus, Task,
 };
 use ldpsyn::schema::{NumericDecoding, Schema};
-use rand::RngCore;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use tower::ServiceBuilder;
@@ -156,6 +155,12 @@ impl FromRequestParts<AppState> for Admin {
             ))
         }
     }
+}
+
+fn now_millis() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 pub(crate) fn now_secs() -> i64 {
@@ -394,9 +399,8 @@ async fn get_collection(
     Ok(Json(public_json(&h)))
 }
 
-fn issue(state: &AppState, h: &CollectionHandle, spec: TaskSpec, now: i64) -> Task {
-    let mut nonce = [0u8; 16];
-    rand::rng().fill_bytes(&mut nonce);
+fn issue(state: &AppState, h: &CollectionHandle, spec: TaskSpec, now: i64, now_ms: u64) -> Task {
+    let nonce = TaskClaims::fresh_nonce(now_ms);
     let claims = TaskClaims {
         collection: h.id,
         round: spec.round,
@@ -449,7 +453,8 @@ async fn get_task(
             "the collection is finalized and hands out no more tasks",
         ));
     }
-    let now = now_secs();
+    let now_ms = now_millis();
+    let now = (now_ms / 1000) as i64;
     let mut rng = rand::rng();
     let n = count.unwrap_or(1);
     let mut tasks = Vec::with_capacity(n);
@@ -458,7 +463,7 @@ async fn get_task(
         if spec.factor.len() > MAX_FACTOR_LEN {
             return Err(ApiError::Internal("factor too long for a token".into()));
         }
-        tasks.push(issue(&state, &h, spec, now));
+        tasks.push(issue(&state, &h, spec, now, now_ms));
     }
     state.metrics().task_request(n as u64);
     Ok(match count {

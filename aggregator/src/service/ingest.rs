@@ -8,7 +8,7 @@
 //! answers the requests. Admin transitions (close round, finalize) go through the same
 //! task, so the in-memory state has a single writer.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
@@ -16,6 +16,8 @@ use std::time::Instant;
 use dashmap::DashMap;
 use ldpsyn::mechanism::{Mechanism, SufficientStatistics};
 use ldpsyn::protocol::{CollectionConfig, Problem, ProblemType};
+use sqlx::pool::PoolConnection;
+use sqlx::{Any, Connection, Transaction};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
@@ -197,8 +199,39 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| ApiError::Internal(format!("estimation task failed: {e}")))
 }
 
+/// The committer's own connection, kept across commits: with SQLite, a pooled connection
+/// whose database another connection has written since its last use must reload its whole
+/// page cache, which made every group commit re-read the report indexes. Dropped after an
+/// error and acquired again.
+struct Writer {
+    db: Db,
+    conn: Option<PoolConnection<Any>>,
+}
+
+impl Writer {
+    async fn begin(&mut self) -> Result<Transaction<'_, Any>, ApiError> {
+        let conn = match self.conn.take() {
+            Some(c) => c,
+            None => self.db.pool.acquire().await?,
+        };
+        Ok(self.conn.insert(conn).begin().await?)
+    }
+
+    /// Keeps the connection after a success, drops it after an error.
+    fn settle<T>(&mut self, r: Result<T, ApiError>) -> Result<T, ApiError> {
+        if r.is_err() {
+            self.conn = None;
+        }
+        r
+    }
+}
+
 /// The committer task: runs until every sender is dropped.
 pub async fn run_committer(db: Db, metrics: Arc<Metrics>, mut rx: mpsc::Receiver<Command>) {
+    let mut writer = Writer {
+        db: db.clone(),
+        conn: None,
+    };
     let mut deferred: Option<Command> = None;
     loop {
         let cmd = match deferred.take() {
@@ -225,15 +258,15 @@ pub async fn run_committer(db: Db, metrics: Arc<Metrics>, mut rx: mpsc::Receiver
                         Err(_) => break,
                     }
                 }
-                commit_group(&db, &metrics, group).await;
+                commit_group(&db, &mut writer, &metrics, group).await;
             }
             Command::CloseRound { handle, reply } => {
-                let r = admin_close(&db, &metrics, &handle).await;
-                let _ = reply.send(r);
+                let r = admin_close(&db, &mut writer, &metrics, &handle).await;
+                let _ = reply.send(writer.settle(r));
             }
             Command::Finalize { handle, reply } => {
-                let r = finalize(&db, &handle).await;
-                let _ = reply.send(r);
+                let r = finalize(&db, &mut writer, &handle).await;
+                let _ = reply.send(writer.settle(r));
             }
         }
     }
@@ -244,15 +277,16 @@ type Group = Vec<(
     oneshot::Sender<Result<Vec<Outcome>, ApiError>>,
 )>;
 
-async fn commit_group(db: &Db, metrics: &Metrics, group: Group) {
+async fn commit_group(db: &Db, writer: &mut Writer, metrics: &Metrics, group: Group) {
     let start = Instant::now();
     // Flatten; classify in-batch repeats before touching the database.
     let mut outcomes: Vec<Vec<Option<Outcome>>> = group
         .iter()
         .map(|(items, _)| vec![None; items.len()])
         .collect();
-    let mut ids: HashMap<(Uuid, Uuid), (usize, usize)> = HashMap::new();
-    let mut nonces: HashSet<(Uuid, &str)> = HashSet::new();
+    // A report is identified by its token; the same token with the same report id is a
+    // retry (duplicate), with another id a second answer to one task (token reused).
+    let mut tokens: HashMap<(Uuid, &str), (usize, usize)> = HashMap::new();
     let mut follows: Vec<((usize, usize), (usize, usize))> = Vec::new();
     let mut to_insert: Vec<&NewReport> = Vec::new();
     let mut positions: Vec<(usize, usize)> = Vec::new();
@@ -264,21 +298,24 @@ async fn commit_group(db: &Db, metrics: &Metrics, group: Group) {
                     ProblemType::CollectionFinalized,
                     "the collection was finalized before this report was committed",
                 )));
-            } else if let Some(&first) = ids.get(&(r.collection, r.report_id)) {
-                follows.push(((j, i), first));
-            } else if !nonces.insert((r.collection, r.nonce.as_str())) {
-                outcomes[j][i] = Some(Outcome::Rejected(Problem::new(
-                    ProblemType::TokenReused,
-                    "another report in the same commit answers this token",
-                )));
+            } else if let Some(&(fj, fi)) = tokens.get(&(r.collection, r.nonce.as_str())) {
+                if group[fj].0[fi].report.report_id == r.report_id {
+                    follows.push(((j, i), (fj, fi)));
+                } else {
+                    outcomes[j][i] = Some(Outcome::Rejected(Problem::new(
+                        ProblemType::TokenReused,
+                        "another report in the same commit answers this token",
+                    )));
+                }
             } else {
-                ids.insert((r.collection, r.report_id), (j, i));
+                tokens.insert((r.collection, r.nonce.as_str()), (j, i));
                 to_insert.push(r);
                 positions.push((j, i));
             }
         }
     }
-    let result = write_group(db, metrics, &group, &to_insert).await;
+    let result = write_group(db, writer, &group, &to_insert).await;
+    let result = writer.settle(result);
     match result {
         Ok((inserted, classified, after)) => {
             for (k, &(j, i)) in positions.iter().enumerate() {
@@ -361,16 +398,17 @@ type Written = (
 
 async fn write_group(
     db: &Db,
-    _metrics: &Metrics,
+    writer: &mut Writer,
     group: &Group,
     to_insert: &[&NewReport],
 ) -> Result<Written, ApiError> {
-    let mut tx = db.pool.begin().await?;
-    let inserted = Db::insert_reports(&mut tx, to_insert).await?;
+    let mut tx = writer.begin().await?;
+    let inserted = db.insert_reports(&mut tx, to_insert).await?;
     let mut classified = vec![Outcome::Accepted; to_insert.len()];
     for (k, r) in to_insert.iter().enumerate() {
         if !inserted[k] {
-            classified[k] = if Db::report_exists(&mut tx, r.collection, r.report_id).await? {
+            let stored = Db::report_of_token(&mut tx, r.collection, &r.nonce).await?;
+            classified[k] = if stored == Some(r.report_id) {
                 Outcome::Duplicate
             } else {
                 Outcome::Rejected(Problem::new(
@@ -508,6 +546,7 @@ async fn close_in_tx(
 
 async fn admin_close(
     db: &Db,
+    writer: &mut Writer,
     metrics: &Metrics,
     handle: &Arc<CollectionHandle>,
 ) -> Result<Vec<Transition>, ApiError> {
@@ -517,7 +556,7 @@ async fn admin_close(
             "the collection is finalized",
         ));
     }
-    let mut tx = db.pool.begin().await?;
+    let mut tx = writer.begin().await?;
     let (state, transitions) = close_in_tx(db, &mut tx, handle, None, true).await?;
     tx.commit().await?;
     metrics.rounds_closed(transitions.len() as u64);
@@ -549,11 +588,15 @@ pub async fn build_model(
     ))
 }
 
-async fn finalize(db: &Db, handle: &Arc<CollectionHandle>) -> Result<Arc<Model>, ApiError> {
+async fn finalize(
+    db: &Db,
+    writer: &mut Writer,
+    handle: &Arc<CollectionHandle>,
+) -> Result<Arc<Model>, ApiError> {
     if let Some(m) = handle.model() {
         return Ok(m);
     }
-    let mut tx = db.pool.begin().await?;
+    let mut tx = writer.begin().await?;
     db.lock_collection(&mut tx, handle.id).await?;
     let state: CollectionState = match db.backend {
         Backend::Postgres => {

@@ -82,6 +82,19 @@ fn rss(pid: u32) -> String {
     format!("VmRSS {} (peak VmHWM {})", get("VmRSS:"), get("VmHWM:"))
 }
 
+/// CPU seconds (user + system, all threads, exited ones included) of a process so far, from
+/// `/proc/<pid>/stat`. Linux reports them in USER_HZ = 100 ticks per second on every
+/// architecture's user ABI.
+fn cpu_seconds(pid: &str) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name (which may contain spaces).
+    let rest = &s[s.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of stat(5), i.e. 11 and 12 after `state`.
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / 100.0)
+}
+
 async fn fetch_tasks(
     http: &reqwest::Client,
     base: &str,
@@ -243,6 +256,8 @@ async fn main() -> anyhow::Result<()> {
     if let Some(pid) = args.server_pid {
         println!("server RSS before: {}", rss(pid));
     }
+    let server_cpu0 = args.server_pid.and_then(|p| cpu_seconds(&p.to_string()));
+    let own_cpu0 = cpu_seconds("self");
     let totals = Arc::new(Totals::default());
     let start = Instant::now();
     let deadline = start + Duration::from_secs(args.seconds);
@@ -297,7 +312,27 @@ async fn main() -> anyhow::Result<()> {
             totals.task_micros.load(Relaxed) as f64 / tr as f64 / 1000.0
         }
     );
-    if let Some(pid) = args.server_pid {
+    // Server and generator share this machine's cores, so the CPU each used says what the
+    // server alone would sustain.
+    let cpu = |c0: Option<f64>, pid: &str| Some(cpu_seconds(pid)? - c0?);
+    if let (Some(pid), Some(server)) = (
+        args.server_pid,
+        args.server_pid
+            .and_then(|p| cpu(server_cpu0, &p.to_string())),
+    ) {
+        let per_report = if rep == 0 { 0.0 } else { server / rep as f64 };
+        println!(
+            "server CPU: {server:.1} s ({:.2} cores) = {:.1} µs per accepted report (tasks included) \
+             -> {:.0} reports/s per server core; load generator CPU: {:.1} s",
+            server / elapsed,
+            per_report * 1e6,
+            if per_report > 0.0 {
+                1.0 / per_report
+            } else {
+                0.0
+            },
+            cpu(own_cpu0, "self").unwrap_or(f64::NAN)
+        );
         println!("server RSS after: {}", rss(pid));
     }
     Ok(())

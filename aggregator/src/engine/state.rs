@@ -51,7 +51,7 @@ pub const AUTO_PHASE1_SHARE: f64 = 0.3;
 /// `auto` keeps an edge only if its chi-square-type statistic exceeds what LDP noise alone
 /// produces by this many standard deviations: `z = (X − df)/sqrt(2 df) > AUTO_Z`, where
 /// `X = Σ_cells (f̂_ab − f̂_a f̂_b)² / se²` and `df` = number of cells.
-pub const AUTO_Z: f64 = 6.0;
+pub const AUTO_Z: f64 = 2.5;
 
 /// `auto` learns a structure only when the phase-1 signal-to-noise budget
 /// `ρ = share·N / Σ_pairs |Ω_a||Ω_b|·Var0(pair)` reaches this value (roughly: phase-1
@@ -730,7 +730,7 @@ impl Engine {
         Phase2Plan { structure, factors }
     }
 
-    /// `auto`'s noise-aware edge selection: significance test against LDP noise, noise-
+    /// `auto`'s noise-aware edge selection: significance test against LDP noise and sampling, noise-
     /// corrected MI, maximum spanning forest of the significant edges. Returns pruned edges.
     fn auto_select(&self, state: &mut CollectionState, ms: &Measurements) -> Vec<Edge> {
         let d = self.dims.len();
@@ -750,15 +750,29 @@ impl Engine {
             let indep: Vec<f64> = (0..ka * kb)
                 .map(|v| one[e.a][v / kb] * one[e.b][v % kb])
                 .collect();
+            // A cell's error has two parts: the randomizer's (the estimate's standard error,
+            // over the coins for the reporting users) and sampling (which users were asked to
+            // report this pair: a share f of n draws, finite-population corrected). At ε = 4
+            // sampling is the larger part; leaving it out inflated X about 2.5-fold, so that
+            // most independent pairs had z ≈ 3 and a few passed 6.
+            let n = c.reports.max(1) as f64;
+            let fpc = (1.0 - n / self.target_users.max(1) as f64).max(0.0);
             let x: f64 = c
                 .frequencies
                 .iter()
                 .zip(&c.std_errors)
                 .zip(&indep)
-                .map(|((f, s), i)| (f - i).powi(2) / s.powi(2).max(1e-300))
+                .map(|((f, s), i)| {
+                    let sampling = i.clamp(0.0, 1.0) * (1.0 - i.clamp(0.0, 1.0)) / n * fpc;
+                    (f - i).powi(2) / (s.powi(2) + sampling).max(1e-300)
+                })
                 .sum();
-            let df = (ka * kb) as f64;
-            let z = (x - df) / (2.0 * df).sqrt();
+            // The estimated cells sum to 1, so one degree of freedom less than cells; the
+            // Wilson–Hilferty cube root makes a χ²(df) variable near standard normal even
+            // for the few cells of small pairs, where (X − df)/sqrt(2 df) has a heavy tail.
+            let df = (ka * kb - 1).max(1) as f64;
+            let h = 2.0 / (9.0 * df);
+            let z = ((x / df).cbrt() - (1.0 - h)) / h.sqrt();
             let mi = mutual_information(&norm_sub(&c.frequencies), ka, kb);
             // MI that noise alone produces around the independence fit: a seeded parametric
             // bootstrap (deterministic: the seed is the pair and round).

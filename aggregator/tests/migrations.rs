@@ -1,0 +1,96 @@
+//! Upgrading a database written by an earlier release keeps every stored report: a SQLite
+//! file migrated to the first schema only, with reports in it, then opened by the current
+//! `Db::connect` (which runs the remaining migrations).
+
+use std::path::PathBuf;
+
+use ldpsyn::mechanism::MechanismKind;
+use ldpsyn::protocol::Payload;
+use ldpsyn_aggregator::engine::TableKey;
+use ldpsyn_aggregator::service::storage::{Db, NewReport};
+use sqlx::migrate::Migrator;
+use uuid::Uuid;
+
+fn scratch_dir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ldpsyn-migrations-{}", Uuid::new_v4()));
+    std::fs::create_dir_all(&d).expect("scratch dir");
+    d
+}
+
+#[tokio::test]
+async fn upgrade_keeps_reports_and_token_identity() {
+    let dir = scratch_dir();
+    // The first migration alone, as the first release shipped it.
+    let first = dir.join("migrations");
+    std::fs::create_dir_all(&first).unwrap();
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../migrations");
+    let mut names: Vec<_> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    assert!(names.len() >= 2, "this test needs a later migration");
+    std::fs::copy(root.join(&names[0]), first.join(&names[0])).unwrap();
+
+    let url = format!("sqlite://{}?mode=rwc", dir.join("old.db").display());
+    sqlx::any::install_default_drivers();
+    let collection = Uuid::new_v4();
+    let ids: Vec<Uuid> = (0..3).map(|_| Uuid::new_v4()).collect();
+    {
+        let pool = sqlx::AnyPool::connect(&url).await.unwrap();
+        Migrator::new(first.as_path())
+            .await
+            .unwrap()
+            .run(&pool)
+            .await
+            .unwrap();
+        for (i, id) in ids.iter().enumerate() {
+            sqlx::query(
+                "INSERT INTO reports (collection_id, report_id, token_nonce, round, factor, mechanism, payload) \
+                 VALUES ($1, $2, $3, 0, '0', 'grr', $4)",
+            )
+            .bind(collection.to_string())
+            .bind(id.to_string())
+            .bind(format!("{i:032x}"))
+            .bind(format!("{{\"grr\":{i}}}"))
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+        pool.close().await;
+    }
+
+    let db = Db::connect(&url, 2).await.unwrap();
+    assert_eq!(db.count_reports(collection).await.unwrap(), 3);
+    let mut conn = db.pool.acquire().await.unwrap();
+    for (i, id) in ids.iter().enumerate() {
+        let stored = Db::report_of_token(&mut conn, collection, &format!("{i:032x}"))
+            .await
+            .unwrap();
+        assert_eq!(stored, Some(*id), "report {i} kept with its token");
+    }
+    // The token is the report's identity now: a second answer to token 0 is not stored,
+    // a report on a new token is.
+    let report = |nonce: String| NewReport {
+        collection,
+        report_id: Uuid::new_v4(),
+        nonce,
+        task_round: 0,
+        key: TableKey {
+            round: 0,
+            factor: vec![0],
+            mechanism: MechanismKind::Grr,
+        },
+        payload: Payload::Grr(1),
+    };
+    let (again, fresh) = (report(format!("{:032x}", 0)), report(format!("{:032x}", 9)));
+    let inserted = db
+        .insert_reports(&mut conn, &[&again, &fresh])
+        .await
+        .unwrap();
+    assert_eq!(inserted, vec![false, true]);
+    assert_eq!(db.count_reports(collection).await.unwrap(), 4);
+    drop(conn);
+    db.pool.close().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

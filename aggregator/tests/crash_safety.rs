@@ -1,7 +1,8 @@
-//! Crash safety of the real binary: SIGKILL `ldpsyn-aggregator serve` while clients upload,
+//! The real binary. Crash safety: SIGKILL `ldpsyn-aggregator serve` while clients upload,
 //! restart it on the same SQLite file, resend what was pending; every acknowledged report is
 //! counted exactly once and the estimates equal a clean in-process reduction of the same
-//! reports.
+//! reports. Scale-out: two `serve` processes on one PostgreSQL database give the estimates
+//! of one.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -270,5 +271,130 @@ async fn sigkill_during_uploads_loses_nothing_acknowledged() {
     assert_eq!(
         m["frequencies"],
         json!(clean.marginal(&[0, 1]).unwrap().frequencies)
+    );
+}
+
+async fn admin(http: &reqwest::Client, method: &str, url: String) -> Value {
+    let req = match method {
+        "POST" => http.post(url),
+        _ => http.get(url),
+    };
+    let r = req.bearer_auth(ADMIN).send().await.unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    r.json().await.unwrap()
+}
+
+/// Two `serve` processes on one PostgreSQL database (`LDPSYN_TEST_DATABASE_URL`; skipped
+/// without it): people upload through either, a round closed through one is closed for
+/// both, and both serve the model one process computes from the same reports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_share_one_postgres_database() {
+    let Ok(db) = std::env::var("LDPSYN_TEST_DATABASE_URL") else {
+        eprintln!(
+            "two_processes_share_one_postgres_database: skipped (set LDPSYN_TEST_DATABASE_URL)"
+        );
+        return;
+    };
+    let (port_a, port_b) = (free_port(), free_port());
+    let bases = [
+        format!("http://127.0.0.1:{port_a}"),
+        format!("http://127.0.0.1:{port_b}"),
+    ];
+    let _a = spawn(&db, port_a);
+    let _b = spawn(&db, port_b);
+    for b in &bases {
+        wait_healthy(b).await;
+    }
+    let http = reqwest::Client::new();
+    let created: Value = http
+        .post(format!("{}/v1/collections", bases[0]))
+        .bearer_auth(ADMIN)
+        .json(
+            &json!({"schema": schema(), "protocol": "privincr", "epsilon": 2.0,
+                      "target_users": 1_000_000_000u64, "rounds": 2}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id: Uuid = created["id"].as_str().unwrap().parse().unwrap();
+    let config: CollectionConfig = serde_json::from_value(created.clone()).unwrap();
+    let engine = Engine::new(&config).unwrap();
+    let mut people = people(&config.schema, 4000);
+
+    // Round 0 through both processes at once, then close it through the second one.
+    let upload = |chunk: Vec<SimulatedPerson<MemoryLedger>>, base: String, seed: u64| {
+        tokio::spawn(async move {
+            let mut options = ClientOptions::new(Epsilon::new(2.0).unwrap());
+            options.seed = Some(seed);
+            let mut client = Client::connect(&base, id, options, MemoryLedger::default())
+                .await
+                .unwrap();
+            let mut chunk = chunk;
+            for part in chunk.chunks_mut(100) {
+                for r in client.submit_batch(part).await.unwrap() {
+                    r.unwrap();
+                }
+            }
+            chunk
+        })
+    };
+    let mut done = Vec::new();
+    for (phase, range) in [(0u64, 0..2000), (1, 2000..4000)] {
+        let batch: Vec<_> = people.drain(..range.len()).collect();
+        let (x, y) = batch.split_at(batch.len() / 2);
+        let ta = upload(x.to_vec(), bases[0].clone(), 10 * phase);
+        let tb = upload(y.to_vec(), bases[1].clone(), 10 * phase + 1);
+        done.extend(ta.await.unwrap());
+        done.extend(tb.await.unwrap());
+        if phase == 0 {
+            admin(
+                &http,
+                "POST",
+                format!("{}/v1/collections/{id}/close-round", bases[1]),
+            )
+            .await;
+        }
+    }
+    let round0 = reports(&done[..2000], id, ReportState::Acknowledged);
+    let all = reports(&done, id, ReportState::Acknowledged);
+    assert_eq!((round0.len(), all.len()), (2000, 4000));
+
+    // Each process sees every report and the closed round (after its refresh interval).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    for b in &bases {
+        let s = admin(&http, "GET", format!("{b}/v1/collections/{id}")).await;
+        assert_eq!(s["status"]["reports_accepted"], 4000, "{b}: {s}");
+        assert_eq!(s["status"]["round"], 1, "{b}: {s}");
+    }
+
+    // Finalize through the first; the second serves the same model, and both equal one
+    // process's reduction: round 0 closed on its 2000 reports, the model on all 4000.
+    let fin = admin(
+        &http,
+        "POST",
+        format!("{}/v1/collections/{id}/finalize", bases[0]),
+    )
+    .await;
+    let mut state = engine.initial_state();
+    engine
+        .close_round(&mut state, &reduce(&engine, &round0))
+        .unwrap();
+    engine.mark_finalized(&mut state);
+    let clean = engine.finalize(&state, &reduce(&engine, &all)).unwrap();
+    let clean = serde_json::to_value(clean.describe()).unwrap();
+    assert_eq!(fin["model"], clean);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let other = admin(
+        &http,
+        "GET",
+        format!("{}/v1/collections/{id}/model", bases[1]),
+    )
+    .await;
+    assert_eq!(
+        other["model"], fin["model"],
+        "both processes serve the same model"
     );
 }

@@ -154,13 +154,13 @@ impl TokenKey {
         Ok(Self { mac })
     }
 
-    /// Signs `claims` into an opaque token string. Panics if the factor has more than
-    /// [`MAX_FACTOR_LEN`] attributes or an index above `u16::MAX` (the engine never draws
-    /// such factors).
+    /// Signs `claims` into an opaque token string. Panics if the factor is empty, has more
+    /// than [`MAX_FACTOR_LEN`] attributes or an index above `u16::MAX` (the engine never
+    /// draws such factors, and [`TokenKey::verify`] would refuse the token).
     pub fn sign(&self, claims: &TaskClaims) -> String {
         assert!(
-            claims.factor.len() <= MAX_FACTOR_LEN,
-            "factor too long for a token"
+            (1..=MAX_FACTOR_LEN).contains(&claims.factor.len()),
+            "a token's factor has 1..={MAX_FACTOR_LEN} attributes"
         );
         let mut body = Vec::with_capacity(FIXED_LEN + 2 * claims.factor.len() + MAC_LEN);
         body.push(VERSION);

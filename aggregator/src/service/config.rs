@@ -80,7 +80,7 @@ pub struct ServeConfig {
     /// Most rows of one synthetic download.
     #[arg(long, env = "LDPSYN_MAX_SYNTHETIC_ROWS", default_value_t = 10_000_000)]
     pub max_synthetic_rows: u64,
-    /// Database connections (SQLite: at most 4).
+    /// Database connections (SQLite: 2 to 4; the committer keeps one).
     #[arg(long, env = "LDPSYN_DB_MAX_CONNECTIONS", default_value_t = 8)]
     pub db_max_connections: u32,
     /// Uploads queued for the committer before requests wait.

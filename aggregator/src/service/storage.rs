@@ -127,7 +127,8 @@ impl Db {
         let options = AnyConnectOptions::from_str(&url)?;
         let pool = AnyPoolOptions::new()
             .max_connections(match backend {
-                Backend::Sqlite => max_connections.clamp(1, 4),
+                // At least 2: the committer keeps one for itself (ingest.rs `Writer`).
+                Backend::Sqlite => max_connections.clamp(2, 4),
                 Backend::Postgres => max_connections.max(2),
             })
             .acquire_timeout(Duration::from_secs(30))

@@ -37,7 +37,6 @@ use ldpsyn::protocol::{
 };
 use ldpsyn::schema::{NumericDecoding, Schema};
 use serde_json::{Value, json};
-use tokio::sync::oneshot;
 use tower::ServiceBuilder;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::trace::TraceLayer;
@@ -616,11 +615,7 @@ async fn post_reports(
         }
     }
     if !items.is_empty() {
-        let (tx, rx) = oneshot::channel();
-        state.send(Command::Reports { items, reply: tx }).await?;
-        let outcomes = rx
-            .await
-            .map_err(|_| ApiError::Internal("committer dropped the upload".into()))??;
+        let outcomes = state.ask(|reply| Command::Reports { items, reply }).await?;
         for (slot, o) in slots.into_iter().zip(outcomes) {
             let a = &mut answers[slot];
             match o {
@@ -642,16 +637,10 @@ async fn close_round(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let h = handle_of(&state, &id).await?;
-    let (tx, rx) = oneshot::channel();
-    state
-        .send(Command::CloseRound {
-            handle: h.clone(),
-            reply: tx,
-        })
+    let handle = h.clone();
+    let transitions = state
+        .ask(|reply| Command::CloseRound { handle, reply })
         .await?;
-    let transitions = rx
-        .await
-        .map_err(|_| ApiError::Internal("committer dropped the command".into()))??;
     Ok(Json(
         json!({"transitions": transitions, "status": status_json(&h)}),
     ))
@@ -663,16 +652,10 @@ async fn finalize(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let h = handle_of(&state, &id).await?;
-    let (tx, rx) = oneshot::channel();
-    state
-        .send(Command::Finalize {
-            handle: h.clone(),
-            reply: tx,
-        })
+    let handle = h.clone();
+    let model = state
+        .ask(|reply| Command::Finalize { handle, reply })
         .await?;
-    let model = rx
-        .await
-        .map_err(|_| ApiError::Internal("committer dropped the command".into()))??;
     Ok(Json(
         json!({"status": status_json(&h), "model": model.describe()}),
     ))

@@ -221,13 +221,21 @@ impl AppState {
         self.inner.collections.insert(handle.id, handle);
     }
 
-    /// Sends a command to the committer.
-    pub async fn send(&self, cmd: Command) -> Result<(), ApiError> {
+    /// Hands a command to the committer and waits for its answer. Errors: the committer
+    /// stopped or dropped the command (500), or the command's own error.
+    pub async fn ask<T>(
+        &self,
+        command: impl FnOnce(oneshot::Sender<Result<T, ApiError>>) -> Command,
+    ) -> Result<T, ApiError> {
+        let (reply, answer) = oneshot::channel();
         self.inner
             .committer
-            .send(cmd)
+            .send(command(reply))
             .await
-            .map_err(|_| ApiError::Internal("committer stopped".into()))
+            .map_err(|_| ApiError::Internal("committer stopped".into()))?;
+        answer
+            .await
+            .map_err(|_| ApiError::Internal("the committer dropped the command".into()))?
     }
 
     /// PostgreSQL: picks up other processes' transitions, counts and finalizations.

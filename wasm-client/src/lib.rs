@@ -31,10 +31,10 @@ use ldpsyn::Epsilon;
 use ldpsyn::ledger::{
     BudgetLedger, LedgerEntry, NextStep, ReportState, next_step, remaining_budget,
 };
-use ldpsyn::protocol::{
-    CollectionConfig, Problem, ProblemType, Report, ReportAnswer, ReportStatus, Task,
+use ldpsyn::protocol::{CollectionConfig, ProblemType, Report, ReportAnswer, ReportStatus, Task};
+use ldpsyn::submission::{
+    ClientError, Receipt, apply_answer, check_config, pending_entry, randomize_task,
 };
-use ldpsyn::submission::{ClientError, Receipt, check_config, pending_entry, randomize_task};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
@@ -524,50 +524,29 @@ async fn submit(inner: &Rc<RefCell<Inner>>, record: &JsValue) -> Result<Receipt,
         }
         Err(ClientError::Problem(p)) => {
             // A permanent refusal of the whole upload: the budget stays spent.
-            settle(&mut i.ledger, collection, &report, ReportState::Refused)?;
+            let mut entry = pending_of(&i.ledger, collection, &report)?;
+            entry.state = ReportState::Refused;
+            i.ledger.put(collection, entry)?;
             return Err(ClientError::Problem(p).into());
         }
         Err(e) => return Err(e.into()),
     };
-    match answer.status {
-        ReportStatus::Accepted | ReportStatus::Duplicate => {
-            let entry = settle(
-                &mut i.ledger,
-                collection,
-                &report,
-                ReportState::Acknowledged,
-            )?;
-            Ok(Receipt {
-                collection_id: collection,
-                report_id: answer.id,
-                status: answer.status,
-                epsilon_spent: entry.epsilon_spent,
-            })
-        }
-        ReportStatus::Rejected => {
-            settle(&mut i.ledger, collection, &report, ReportState::Refused)?;
-            Err(ClientError::Problem(answer.problem.unwrap_or_else(|| {
-                Problem::new(ProblemType::InvalidPayload, "rejected without a reason")
-            }))
-            .into())
-        }
-    }
+    let mut entry = pending_of(&i.ledger, collection, &report)?;
+    let receipt = apply_answer(collection, &mut entry, answer);
+    i.ledger.put(collection, entry)?;
+    Ok(receipt?)
 }
 
-/// Moves the collection's entry (which must hold `report`) to `state`.
-fn settle(
-    ledger: &mut DeviceLedger,
+/// The collection's ledger entry, which must hold `report`.
+fn pending_of(
+    ledger: &DeviceLedger,
     collection: Uuid,
     report: &Report,
-    state: ReportState,
 ) -> Result<LedgerEntry, ClientError> {
-    let mut entry = ledger
+    ledger
         .get(collection)?
         .filter(|e| e.report.id == report.id)
-        .ok_or_else(|| ClientError::Protocol("ledger lost the pending report".into()))?;
-    entry.state = state;
-    ledger.put(collection, entry.clone())?;
-    Ok(entry)
+        .ok_or_else(|| ClientError::Protocol("ledger lost the pending report".into()))
 }
 
 /// The problem codes of the TypeScript `ProblemCode` type, for the test that keeps it equal to

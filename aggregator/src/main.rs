@@ -22,7 +22,10 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
+    // Logs on stderr (colored only on a terminal): `demo` prints its JSON report on stdout.
     tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("LDPSYN_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),

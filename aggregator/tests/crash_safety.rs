@@ -151,6 +151,33 @@ async fn upload_all(
     chunk
 }
 
+/// An admin request (`GET` or `POST` without a body) that must succeed; its JSON answer.
+async fn admin(http: &reqwest::Client, method: &str, url: String) -> Value {
+    let req = match method {
+        "POST" => http.post(url),
+        _ => http.get(url),
+    };
+    let r = req.bearer_auth(ADMIN).send().await.unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    r.json().await.unwrap()
+}
+
+/// Creates a collection of [`schema`] with `params` (protocol, ε, …) through `base`.
+async fn create(http: &reqwest::Client, base: &str, mut params: Value) -> (Uuid, CollectionConfig) {
+    params["schema"] = schema();
+    let r = http
+        .post(format!("{base}/v1/collections"))
+        .bearer_auth(ADMIN)
+        .json(&params)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let created: Value = r.json().await.unwrap();
+    let id = created["id"].as_str().unwrap().parse().unwrap();
+    (id, serde_json::from_value(created).unwrap())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_during_uploads_loses_nothing_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
@@ -160,18 +187,12 @@ async fn sigkill_during_uploads_loses_nothing_acknowledged() {
     let mut child = spawn(&db, port);
     wait_healthy(&base).await;
     let http = reqwest::Client::new();
-    let created: Value = http
-        .post(format!("{base}/v1/collections"))
-        .bearer_auth(ADMIN)
-        .json(&json!({"schema": schema(), "protocol": "privincr", "epsilon": 2.0, "target_users": 1_000_000_000u64}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let id: Uuid = created["id"].as_str().unwrap().parse().unwrap();
-    let config: CollectionConfig = serde_json::from_value(created.clone()).unwrap();
+    let (id, config) = create(
+        &http,
+        &base,
+        json!({"protocol": "privincr", "epsilon": 2.0, "target_users": 1_000_000_000u64}),
+    )
+    .await;
     let schema = config.schema.clone();
 
     // Four concurrent uploaders of 1500 people each; kill the server mid-way.
@@ -238,15 +259,12 @@ async fn sigkill_during_uploads_loses_nothing_acknowledged() {
     }
     let acked = reports(&people, id, ReportState::Acknowledged);
     assert_eq!(acked.len(), 6000, "everyone acknowledged once");
-    let fin: Value = http
-        .post(format!("{base}/v1/collections/{id}/finalize"))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let fin = admin(
+        &http,
+        "POST",
+        format!("{base}/v1/collections/{id}/finalize"),
+    )
+    .await;
     assert_eq!(fin["status"]["reports_accepted"], 6000, "{fin}");
 
     // Estimates equal a clean reduction of the same 6000 reports.
@@ -259,29 +277,16 @@ async fn sigkill_during_uploads_loses_nothing_acknowledged() {
         serde_json::to_value(clean.describe()).unwrap(),
         fin["model"]
     );
-    let m: Value = http
-        .get(format!("{base}/v1/collections/{id}/marginals?attrs=a,b"))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let m = admin(
+        &http,
+        "GET",
+        format!("{base}/v1/collections/{id}/marginals?attrs=a,b"),
+    )
+    .await;
     assert_eq!(
         m["frequencies"],
         json!(clean.marginal(&[0, 1]).unwrap().frequencies)
     );
-}
-
-async fn admin(http: &reqwest::Client, method: &str, url: String) -> Value {
-    let req = match method {
-        "POST" => http.post(url),
-        _ => http.get(url),
-    };
-    let r = req.bearer_auth(ADMIN).send().await.unwrap();
-    assert!(r.status().is_success(), "{}", r.status());
-    r.json().await.unwrap()
 }
 
 /// Two `serve` processes on one PostgreSQL database (`LDPSYN_TEST_DATABASE_URL`; skipped
@@ -306,21 +311,13 @@ async fn two_processes_share_one_postgres_database() {
         wait_healthy(b).await;
     }
     let http = reqwest::Client::new();
-    let created: Value = http
-        .post(format!("{}/v1/collections", bases[0]))
-        .bearer_auth(ADMIN)
-        .json(
-            &json!({"schema": schema(), "protocol": "privincr", "epsilon": 2.0,
-                      "target_users": 1_000_000_000u64, "rounds": 2}),
-        )
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let id: Uuid = created["id"].as_str().unwrap().parse().unwrap();
-    let config: CollectionConfig = serde_json::from_value(created.clone()).unwrap();
+    let (id, config) = create(
+        &http,
+        &bases[0],
+        json!({"protocol": "privincr", "epsilon": 2.0, "target_users": 1_000_000_000u64,
+               "rounds": 2}),
+    )
+    .await;
     let engine = Engine::new(&config).unwrap();
     let mut people = people(&config.schema, 4000);
 

@@ -80,6 +80,33 @@ pub enum DemoError {
     Io(#[from] std::io::Error),
 }
 
+/// Sends `req`; an answer other than 2xx becomes `refused(body)`.
+async fn send(
+    req: reqwest::RequestBuilder,
+    refused: impl FnOnce(String) -> DemoError,
+) -> Result<reqwest::Response, DemoError> {
+    let resp = req
+        .send()
+        .await
+        .map_err(|e| DemoError::Http(e.to_string()))?;
+    if !resp.status().is_success() {
+        return Err(refused(resp.text().await.unwrap_or_default()));
+    }
+    Ok(resp)
+}
+
+/// [`send`], then the answer's JSON body.
+async fn send_json(
+    req: reqwest::RequestBuilder,
+    refused: impl FnOnce(String) -> DemoError,
+) -> Result<serde_json::Value, DemoError> {
+    send(req, refused)
+        .await?
+        .json()
+        .await
+        .map_err(|e| DemoError::Http(e.to_string()))
+}
+
 /// The fidelity report (printed and written to `--report`).
 #[derive(Debug, Clone, Serialize)]
 pub struct DemoReport {
@@ -239,21 +266,13 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
         "schema": input.schema, "protocol": cfg.protocol, "epsilon": cfg.epsilon,
         "target_users": n,
     });
-    let resp = http
-        .post(format!("{base}/v1/collections"))
-        .bearer_auth(&admin)
-        .json(&create)
-        .send()
-        .await
-        .map_err(|e| DemoError::Http(e.to_string()))?;
-    if !resp.status().is_success() {
-        let body = resp.text().await.unwrap_or_default();
-        return Err(DemoError::Input(format!("collection refused: {body}")));
-    }
-    let created: serde_json::Value = resp
-        .json()
-        .await
-        .map_err(|e| DemoError::Http(e.to_string()))?;
+    let created = send_json(
+        http.post(format!("{base}/v1/collections"))
+            .bearer_auth(&admin)
+            .json(&create),
+        |body| DemoError::Input(format!("collection refused: {body}")),
+    )
+    .await?;
     let collection: Uuid = created["id"]
         .as_str()
         .and_then(|s| s.parse().ok())
@@ -319,19 +338,12 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
     // 4. Finalize, download the synthetic table over HTTP.
     let t = Instant::now();
     let spinner = progress(1, "finalize", cfg.quiet);
-    let resp = http
-        .post(format!("{base}/v1/collections/{collection}/finalize"))
-        .bearer_auth(&admin)
-        .send()
-        .await
-        .map_err(|e| DemoError::Http(e.to_string()))?;
-    if !resp.status().is_success() {
-        return Err(DemoError::Service(resp.text().await.unwrap_or_default()));
-    }
-    let finalized: serde_json::Value = resp
-        .json()
-        .await
-        .map_err(|e| DemoError::Http(e.to_string()))?;
+    let finalized = send_json(
+        http.post(format!("{base}/v1/collections/{collection}/finalize"))
+            .bearer_auth(&admin),
+        DemoError::Service,
+    )
+    .await?;
     spinner.finish();
     phases.insert("finalize".to_owned(), t.elapsed().as_secs_f64());
     let names: Vec<String> = input
@@ -344,20 +356,17 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
 
     let t = Instant::now();
     let rows = cfg.rows.unwrap_or(n as u64);
-    let mut resp = http
-        .get(format!("{base}/v1/collections/{collection}/synthetic"))
-        .query(&[
-            ("rows", rows.to_string()),
-            ("seed", cfg.seed.to_string()),
-            ("format", "csv".into()),
-        ])
-        .bearer_auth(&admin)
-        .send()
-        .await
-        .map_err(|e| DemoError::Http(e.to_string()))?;
-    if !resp.status().is_success() {
-        return Err(DemoError::Service(resp.text().await.unwrap_or_default()));
-    }
+    let mut resp = send(
+        http.get(format!("{base}/v1/collections/{collection}/synthetic"))
+            .query(&[
+                ("rows", rows.to_string()),
+                ("seed", cfg.seed.to_string()),
+                ("format", "csv".into()),
+            ])
+            .bearer_auth(&admin),
+        DemoError::Service,
+    )
+    .await?;
     let bar = progress(rows, "download", cfg.quiet);
     let mut file = std::io::BufWriter::new(std::fs::File::create(&cfg.out)?);
     let mut newlines = 0u64;

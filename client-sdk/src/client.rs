@@ -26,16 +26,14 @@ use rand::{Rng, SeedableRng};
 use uuid::Uuid;
 
 use crate::Epsilon;
-use crate::ledger::{
-    BudgetLedger, LedgerEntry, NextStep, ReportState, next_step, remaining_budget,
-};
+use crate::ledger::{BudgetLedger, NextStep, next_step, remaining_budget};
 use crate::protocol::{
     CollectionConfig, DEFAULT_MAX_REPORTS_PER_UPLOAD, MAX_TASKS_PER_REQUEST, Problem, ProblemType,
     Report, ReportAnswer, Task,
 };
 use crate::schema::{EncodedRecord, Schema};
 pub use crate::submission::{ClientError, Receipt, randomize_task};
-use crate::submission::{apply_answer, check_config, pending_entry};
+use crate::submission::{apply_answer, check_config, pending_entry, pending_of, settle_upload};
 
 /// Client settings. [`ClientOptions::new`] gives the defaults.
 #[derive(Debug, Clone)]
@@ -193,42 +191,16 @@ impl<L: BudgetLedger> Client<L> {
                 report
             }
         };
-        let answers = self.post_reports(std::slice::from_ref(&report)).await;
-        let answer = match answers {
-            Ok(mut a) if a.len() == 1 && a[0].id == report.id => a.remove(0),
-            Ok(_) => {
-                return Err(ClientError::Protocol(
+        let answer = self
+            .post_reports(std::slice::from_ref(&report))
+            .await
+            .and_then(|mut a| match a.len() {
+                1 => Ok(a.remove(0)),
+                _ => Err(ClientError::Protocol(
                     "answer does not match the report".into(),
-                ));
-            }
-            Err(ClientError::Problem(p)) => {
-                // A permanent refusal of the whole upload: the budget stays spent.
-                self.settle(collection, ReportState::Refused)?;
-                return Err(ClientError::Problem(p));
-            }
-            Err(e) => return Err(e),
-        };
-        self.finish(collection, answer)
-    }
-
-    fn settle(&mut self, collection: Uuid, state: ReportState) -> Result<LedgerEntry, ClientError> {
-        let mut entry = self
-            .ledger
-            .get(collection)?
-            .ok_or_else(|| ClientError::Protocol("ledger lost the pending report".into()))?;
-        entry.state = state;
-        self.ledger.put(collection, entry.clone())?;
-        Ok(entry)
-    }
-
-    fn finish(&mut self, collection: Uuid, answer: ReportAnswer) -> Result<Receipt, ClientError> {
-        let mut entry = self
-            .ledger
-            .get(collection)?
-            .ok_or_else(|| ClientError::Protocol("ledger lost the pending report".into()))?;
-        let outcome = apply_answer(collection, &mut entry, answer);
-        self.ledger.put(collection, entry)?;
-        outcome
+                )),
+            });
+        settle_upload(&mut self.ledger, collection, report.id, answer)
     }
 
     /// Submits for many distinct simulated people at once (for simulations and load tests):
@@ -292,26 +264,20 @@ impl<L: BudgetLedger> Client<L> {
         }
         for chunk in outgoing.chunks(DEFAULT_MAX_REPORTS_PER_UPLOAD) {
             let reports: Vec<Report> = chunk.iter().map(|(_, r)| r.clone()).collect();
-            match self.post_reports(&reports).await {
-                Ok(answers) => {
-                    if answers.len() != chunk.len() {
-                        return Err(ClientError::Protocol(
-                            "one answer per report expected".into(),
-                        ));
-                    }
-                    for ((i, report), answer) in chunk.iter().zip(answers) {
-                        if answer.id != report.id {
-                            return Err(ClientError::Protocol("answers out of order".into()));
-                        }
-                        let ledger = &mut people[*i].ledger;
-                        let mut entry = ledger.get(collection)?.ok_or_else(|| {
-                            ClientError::Protocol("ledger lost the pending report".into())
-                        })?;
-                        results[*i] = Some(apply_answer(collection, &mut entry, answer));
-                        ledger.put(collection, entry)?;
-                    }
+            let answers = self.post_reports(&reports).await?;
+            if answers.len() != chunk.len() {
+                return Err(ClientError::Protocol(
+                    "one answer per report expected".into(),
+                ));
+            }
+            for ((i, report), answer) in chunk.iter().zip(answers) {
+                if answer.id != report.id {
+                    return Err(ClientError::Protocol("answers out of order".into()));
                 }
-                Err(e) => return Err(e),
+                let ledger = &mut people[*i].ledger;
+                let mut entry = pending_of(ledger, collection, report.id)?;
+                results[*i] = Some(apply_answer(collection, &mut entry, answer));
+                ledger.put(collection, entry)?;
             }
         }
         Ok(results

@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use crate::Epsilon;
 use crate::factor::{DEFAULT_MAX_CELLS, Factor};
-use crate::ledger::{LedgerEntry, LedgerError, ReportState};
+use crate::ledger::{BudgetLedger, LedgerEntry, LedgerError, ReportState};
 use crate::mechanism::{Mechanism, MechanismError};
 use crate::protocol::{
     CollectionConfig, PROTOCOL_VERSION, Problem, ProblemType, Report, ReportAnswer, ReportStatus,
@@ -175,6 +175,52 @@ pub fn pending_entry(task: &Task, report: &Report) -> LedgerEntry {
         report: report.clone(),
         state: ReportState::Pending,
     }
+}
+
+/// The ledger's entry of `collection`, which must hold the pending report `report_id`.
+/// Errors: the ledger's own, or [`ClientError::Protocol`] when it no longer holds that report.
+pub fn pending_of<L: BudgetLedger + ?Sized>(
+    ledger: &L,
+    collection: Uuid,
+    report_id: Uuid,
+) -> Result<LedgerEntry, ClientError> {
+    ledger
+        .get(collection)?
+        .filter(|e| e.report.id == report_id)
+        .ok_or_else(|| ClientError::Protocol("ledger lost the pending report".into()))
+}
+
+/// Settles the pending report `report_id` of `collection` with the outcome of its one-report
+/// upload and stores the entry: an answer goes through [`apply_answer`]; a problem answer to
+/// the whole upload ([`ClientError::Problem`]) refuses the report (the budget stays spent);
+/// any other error leaves it pending for a resend. Errors: the upload's, the answer's (see
+/// [`apply_answer`]), [`ClientError::Protocol`] for an answer about another report, and the
+/// ledger's.
+pub fn settle_upload<L: BudgetLedger + ?Sized>(
+    ledger: &mut L,
+    collection: Uuid,
+    report_id: Uuid,
+    answer: Result<ReportAnswer, ClientError>,
+) -> Result<Receipt, ClientError> {
+    let answer = match answer {
+        Ok(a) if a.id == report_id => a,
+        Ok(_) => {
+            return Err(ClientError::Protocol(
+                "answer does not match the report".into(),
+            ));
+        }
+        Err(ClientError::Problem(p)) => {
+            let mut entry = pending_of(ledger, collection, report_id)?;
+            entry.state = ReportState::Refused;
+            ledger.put(collection, entry)?;
+            return Err(ClientError::Problem(p));
+        }
+        Err(e) => return Err(e),
+    };
+    let mut entry = pending_of(ledger, collection, report_id)?;
+    let receipt = apply_answer(collection, &mut entry, answer);
+    ledger.put(collection, entry)?;
+    receipt
 }
 
 /// Applies the server's answer for a collection's pending report to its ledger `entry`:

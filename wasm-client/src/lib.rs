@@ -28,12 +28,10 @@ use std::collections::BTreeSet;
 use std::rc::Rc;
 
 use ldpsyn::Epsilon;
-use ldpsyn::ledger::{
-    BudgetLedger, LedgerEntry, NextStep, ReportState, next_step, remaining_budget,
-};
-use ldpsyn::protocol::{CollectionConfig, ProblemType, Report, ReportAnswer, ReportStatus, Task};
+use ldpsyn::ledger::{BudgetLedger, NextStep, ReportState, next_step, remaining_budget};
+use ldpsyn::protocol::{CollectionConfig, ProblemType, ReportAnswer, ReportStatus, Task};
 use ldpsyn::submission::{
-    ClientError, Receipt, apply_answer, check_config, pending_entry, randomize_task,
+    ClientError, Receipt, check_config, pending_entry, randomize_task, settle_upload,
 };
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -516,37 +514,14 @@ async fn submit(inner: &Rc<RefCell<Inner>>, record: &JsValue) -> Result<Receipt,
     let mut rng = StdRng::from_os_rng();
     let answers: Result<Vec<ReportAnswer>, ClientError> =
         send_json(&url, "POST", Some(&body), policy, &mut rng).await;
+    let answer = answers.and_then(|mut a| match a.len() {
+        1 => Ok(a.remove(0)),
+        _ => Err(ClientError::Protocol(
+            "answer does not match the report".into(),
+        )),
+    });
     let mut i = inner.borrow_mut();
-    let answer = match answers {
-        Ok(mut a) if a.len() == 1 && a[0].id == report.id => a.remove(0),
-        Ok(_) => {
-            return Err(ClientError::Protocol("answer does not match the report".into()).into());
-        }
-        Err(ClientError::Problem(p)) => {
-            // A permanent refusal of the whole upload: the budget stays spent.
-            let mut entry = pending_of(&i.ledger, collection, &report)?;
-            entry.state = ReportState::Refused;
-            i.ledger.put(collection, entry)?;
-            return Err(ClientError::Problem(p).into());
-        }
-        Err(e) => return Err(e.into()),
-    };
-    let mut entry = pending_of(&i.ledger, collection, &report)?;
-    let receipt = apply_answer(collection, &mut entry, answer);
-    i.ledger.put(collection, entry)?;
-    Ok(receipt?)
-}
-
-/// The collection's ledger entry, which must hold `report`.
-fn pending_of(
-    ledger: &DeviceLedger,
-    collection: Uuid,
-    report: &Report,
-) -> Result<LedgerEntry, ClientError> {
-    ledger
-        .get(collection)?
-        .filter(|e| e.report.id == report.id)
-        .ok_or_else(|| ClientError::Protocol("ledger lost the pending report".into()))
+    Ok(settle_upload(&mut i.ledger, collection, report.id, answer)?)
 }
 
 /// The problem codes of the TypeScript `ProblemCode` type, for the test that keeps it equal to

@@ -110,9 +110,12 @@ impl MechanismKind {
         }
     }
 
-    /// Small-frequency approximation of `n·Var[f̂]` per report (for planning only):
-    /// GRR `(e^ε + k − 2)/(e^ε − 1)²`, OUE `4e^ε/(e^ε − 1)²`, pair `Π` of the halves' GRR
-    /// values at ε/2 (upper bound of the Kronecker estimator's small-f variance).
+    /// Small-frequency approximation of `n·Var[f̂]` per report (for planning only), `dims`
+    /// the factor's domain sizes: GRR `(e^ε + k − 2)/(e^ε − 1)²` with `k = Π dims`, OUE
+    /// `4e^ε/(e^ε − 1)²` (Wang et al., USENIX Security 2017, §4.1 and §4.3), pair
+    /// `Π_i (v_i + 1) − 1` with `v_i` the GRR value at ε/2 over `dims[i]`: an upper bound of
+    /// the Kronecker estimator's variance, each half's second moment being `v_i + f_i ≤
+    /// v_i + 1` (SamPrivSyn eqs. 6–7).
     pub fn approx_variance(self, epsilon: Epsilon, dims: &[usize]) -> f64 {
         let k: f64 = dims.iter().map(|&d| d as f64).product();
         let grr = |e: f64, k: f64| (e + k - 2.0) / (e - 1.0).powi(2);

@@ -32,6 +32,9 @@ pub struct Oue {
 /// Probability that the true bit is 1. The sampler takes it from one fair random bit.
 const P: f64 = 0.5;
 
+/// 2^64, the scale of the u64 thresholds of the Bernoulli path.
+const TWO_POW_64: f64 = 18_446_744_073_709_551_616.0;
+
 impl Oue {
     /// OUE at `epsilon` over `k` values. Errors: [`MechanismError::DomainTooSmall`] if `k < 2`.
     pub fn new(epsilon: Epsilon, k: usize) -> Result<Self, MechanismError> {
@@ -45,7 +48,7 @@ impl Oue {
             k,
             q,
             // q < 1/2, so q·2^64 < 2^63 fits; `as` rounds toward zero.
-            q_threshold: (q * 18_446_744_073_709_551_616.0) as u64,
+            q_threshold: (q * TWO_POW_64) as u64,
         })
     }
 
@@ -74,7 +77,7 @@ impl Oue {
     /// For the privacy audit; the Bernoulli path draws `u64 < q_threshold`.
     #[cfg(test)] // only the audit reads it; a plain build would warn (dead code)
     pub(crate) fn sampler_bit_probabilities(&self) -> (f64, f64) {
-        (P, self.q_threshold as f64 / 18_446_744_073_709_551_616.0)
+        (P, self.q_threshold as f64 / TWO_POW_64)
     }
 
     /// Whether the sampler uses geometric skipping (else one Bernoulli per bit).

@@ -24,6 +24,7 @@ use uuid::Uuid;
 use super::error::ApiError;
 use super::metrics::Metrics;
 use super::storage::{Backend, Db, NewReport};
+use crate::engine::tables::merge_into;
 use crate::engine::{CollectionState, Engine, Model, Phase, TableKey, Tables, Transition};
 
 /// Most reports written in one transaction.
@@ -101,6 +102,25 @@ impl CollectionHandle {
     /// Accepted reports of `round`.
     pub fn round_count(&self, round: u32) -> u64 {
         self.round_counts.get(&round).map(|c| *c).unwrap_or(0)
+    }
+
+    /// Adds what a commit accepted: reports per task round and their statistics.
+    fn apply_committed(&self, rounds: &BTreeMap<u32, u64>, delta: &Tables) {
+        for (key, s) in delta {
+            match self.tables.get_mut(key) {
+                // Same mechanism, so same shape: merging cannot fail.
+                Some(mut t) => {
+                    let _ = t.merge(s);
+                }
+                None => {
+                    self.tables.insert(key.clone(), s.clone());
+                }
+            }
+        }
+        for (&round, &n) in rounds {
+            *self.round_counts.entry(round).or_insert(0) += n;
+            self.accepted.fetch_add(n, Relaxed);
+        }
     }
 
     /// The model, once finalized.
@@ -314,10 +334,10 @@ async fn commit_group(db: &Db, writer: &mut Writer, metrics: &Metrics, group: Gr
             }
         }
     }
-    let result = write_group(db, writer, &group, &to_insert).await;
+    let result = write_group(db, writer, &group, &to_insert, &positions).await;
     let result = writer.settle(result);
     match result {
-        Ok((inserted, classified, after)) => {
+        Ok((inserted, classified, committed, after)) => {
             for (k, &(j, i)) in positions.iter().enumerate() {
                 outcomes[j][i] = Some(if inserted[k] {
                     Outcome::Accepted
@@ -333,11 +353,8 @@ async fn commit_group(db: &Db, writer: &mut Writer, metrics: &Metrics, group: Gr
                 });
             }
             // Committed: update derived state.
-            for (k, &(j, i)) in positions.iter().enumerate() {
-                if inserted[k] {
-                    let p = &group[j].0[i];
-                    apply_accepted(&p.handle, &p.report);
-                }
+            for (handle, rounds, delta) in &committed {
+                handle.apply_committed(rounds, delta);
             }
             for (handle, state, closed) in after {
                 metrics.rounds_closed(closed);
@@ -371,36 +388,27 @@ async fn commit_group(db: &Db, writer: &mut Writer, metrics: &Metrics, group: Gr
     }
 }
 
-fn apply_accepted(handle: &CollectionHandle, r: &NewReport) {
-    let Ok(m) = handle.mechanism(&r.key) else {
-        return;
-    };
-    let mut stats = handle
-        .tables
-        .entry(r.key.clone())
-        .or_insert_with(|| SufficientStatistics::new(&m));
-    // Validated before the commit; cannot fail.
-    let _ = m.accumulate(&r.payload, &mut stats);
-    drop(stats);
-    *handle.round_counts.entry(r.task_round).or_insert(0) += 1;
-    handle.accepted.fetch_add(1, Relaxed);
-}
-
 /// A collection's share of a group: its handle, accepted reports per task round, and the
 /// statistics they add.
 type PerCollection = (Arc<CollectionHandle>, BTreeMap<u32, u64>, Tables);
 
+/// Per report of `to_insert`: inserted, else its outcome; per collection, what it committed;
+/// the collections whose state changed, with the new state and rounds closed.
 type Written = (
     Vec<bool>,
     Vec<Outcome>,
+    Vec<PerCollection>,
     Vec<(Arc<CollectionHandle>, CollectionState, u64)>,
 );
 
+/// Writes `to_insert` (at `positions` of `group`) in one transaction, bumps the round counts
+/// and closes rounds whose quota the group reached.
 async fn write_group(
     db: &Db,
     writer: &mut Writer,
     group: &Group,
     to_insert: &[&NewReport],
+    positions: &[(usize, usize)],
 ) -> Result<Written, ApiError> {
     let mut tx = writer.begin().await?;
     let inserted = db.insert_reports(&mut tx, to_insert).await?;
@@ -420,31 +428,27 @@ async fn write_group(
     }
     // Accepted per collection and task round, with this group's statistics.
     let mut per: BTreeMap<Uuid, PerCollection> = BTreeMap::new();
-    let mut k = 0;
-    for (items, _) in group {
-        for p in items {
-            if k < to_insert.len() && std::ptr::eq(to_insert[k], &p.report) {
-                if inserted[k] {
-                    let e = per
-                        .entry(p.handle.id)
-                        .or_insert_with(|| (p.handle.clone(), BTreeMap::new(), Tables::new()));
-                    *e.1.entry(p.report.task_round).or_insert(0) += 1;
-                    let m = p.handle.mechanism(&p.report.key)?;
-                    let stats =
-                        e.2.entry(p.report.key.clone())
-                            .or_insert_with(|| SufficientStatistics::new(&m));
-                    m.accumulate(&p.report.payload, stats)
-                        .map_err(|e| ApiError::Internal(e.to_string()))?;
-                }
-                k += 1;
-            }
+    for (k, &(j, i)) in positions.iter().enumerate() {
+        if !inserted[k] {
+            continue;
         }
+        let p = &group[j].0[i];
+        let e = per
+            .entry(p.handle.id)
+            .or_insert_with(|| (p.handle.clone(), BTreeMap::new(), Tables::new()));
+        *e.1.entry(p.report.task_round).or_insert(0) += 1;
+        let m = p.handle.mechanism(&p.report.key)?;
+        let stats =
+            e.2.entry(p.report.key.clone())
+                .or_insert_with(|| SufficientStatistics::new(&m));
+        m.accumulate(&p.report.payload, stats)
+            .map_err(|e| ApiError::Internal(e.to_string()))?;
     }
     let mut after = Vec::new();
-    for (id, (handle, rounds, delta)) in per {
+    for (id, (handle, rounds, delta)) in &per {
         let mut counts: BTreeMap<u32, u64> = BTreeMap::new();
-        for (round, n) in rounds {
-            let total = Db::bump_round_count(&mut tx, id, round, n).await?;
+        for (&round, &n) in rounds {
+            let total = Db::bump_round_count(&mut tx, *id, round, n).await?;
             counts.insert(round, total);
         }
         let state = handle.state();
@@ -454,14 +458,14 @@ async fn write_group(
             .unwrap_or_else(|| handle.round_count(state.round));
         if handle.engine.should_close(&state, current) {
             let (new_state, transitions) =
-                close_in_tx(db, &mut tx, &handle, Some(delta), false).await?;
+                close_in_tx(db, &mut tx, handle, Some(delta), false).await?;
             if new_state != *state {
-                after.push((handle, new_state, transitions.len() as u64));
+                after.push((handle.clone(), new_state, transitions.len() as u64));
             }
         }
     }
     tx.commit().await?;
-    Ok((inserted, classified, after))
+    Ok((inserted, classified, per.into_values().collect(), after))
 }
 
 /// Closes rounds inside `tx`: takes the collection's lock (PostgreSQL), reads the state
@@ -473,49 +477,42 @@ async fn close_in_tx(
     db: &Db,
     conn: &mut sqlx::AnyConnection,
     handle: &Arc<CollectionHandle>,
-    delta: Option<Tables>,
+    delta: Option<&Tables>,
     force: bool,
 ) -> Result<(CollectionState, Vec<Transition>), ApiError> {
     db.lock_collection(conn, handle.id).await?;
-    let (mut state, tables, counts): (CollectionState, Tables, BTreeMap<u32, u64>) = match db
-        .backend
-    {
-        Backend::Postgres => {
-            let (json, _) = Db::state_of(conn, handle.id)
-                .await?
-                .ok_or_else(|| ApiError::Internal("collection row vanished".into()))?;
-            let state = serde_json::from_str(&json)?;
-            let tables = Db::load_tables(conn, &handle.engine, handle.id).await?;
-            let counts = Db::round_counts(conn, handle.id)
-                .await?
-                .into_iter()
-                .collect();
-            (state, tables, counts)
-        }
-        Backend::Sqlite => {
-            let mut tables = handle.tables_snapshot();
-            let mut counts: BTreeMap<u32, u64> = handle
-                .round_counts
-                .iter()
-                .map(|e| (*e.key(), *e.value()))
-                .collect();
-            if let Some(delta) = delta {
-                for (key, s) in delta {
-                    match tables.get_mut(&key) {
-                        Some(t) => t.merge(&s).map_err(|e| ApiError::Internal(e.to_string()))?,
-                        None => {
-                            tables.insert(key, s);
-                        }
-                    }
+    let (mut state, tables, counts): (CollectionState, Tables, BTreeMap<u32, u64>) =
+        match db.backend {
+            Backend::Postgres => {
+                let (json, _) = Db::state_of(conn, handle.id)
+                    .await?
+                    .ok_or_else(|| ApiError::Internal("collection row vanished".into()))?;
+                let state = serde_json::from_str(&json)?;
+                let tables = Db::load_tables(conn, &handle.engine, handle.id).await?;
+                let counts = Db::round_counts(conn, handle.id)
+                    .await?
+                    .into_iter()
+                    .collect();
+                (state, tables, counts)
+            }
+            Backend::Sqlite => {
+                let mut tables = handle.tables_snapshot();
+                let mut counts: BTreeMap<u32, u64> = handle
+                    .round_counts
+                    .iter()
+                    .map(|e| (*e.key(), *e.value()))
+                    .collect();
+                for (key, s) in delta.into_iter().flatten() {
+                    merge_into(&mut tables, key.clone(), s)
+                        .map_err(|e| ApiError::Internal(e.to_string()))?;
                 }
+                // The caller's fresh per-round counts are re-read below from the database.
+                for (r, n) in Db::round_counts(conn, handle.id).await? {
+                    counts.insert(r, n);
+                }
+                ((*handle.state()).clone(), tables, counts)
             }
-            // The caller's fresh per-round counts are re-read below from the database.
-            for (r, n) in Db::round_counts(conn, handle.id).await? {
-                counts.insert(r, n);
-            }
-            ((*handle.state()).clone(), tables, counts)
-        }
-    };
+        };
     let engine = handle.engine.clone();
     let (state, transitions) = blocking(move || {
         let mut transitions = Vec::new();

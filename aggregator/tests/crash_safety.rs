@@ -294,7 +294,10 @@ async fn sigkill_during_uploads_loses_nothing_acknowledged() {
 /// both, and both serve the model one process computes from the same reports.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_share_one_postgres_database() {
-    let Ok(db) = std::env::var("LDPSYN_TEST_DATABASE_URL") else {
+    let Some(db) = std::env::var("LDPSYN_TEST_DATABASE_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
+    else {
         eprintln!(
             "two_processes_share_one_postgres_database: skipped (set LDPSYN_TEST_DATABASE_URL)"
         );

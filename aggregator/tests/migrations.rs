@@ -11,15 +11,10 @@ use ldpsyn_aggregator::service::storage::{Db, NewReport};
 use sqlx::migrate::Migrator;
 use uuid::Uuid;
 
-fn scratch_dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ldpsyn-migrations-{}", Uuid::new_v4()));
-    std::fs::create_dir_all(&d).expect("scratch dir");
-    d
-}
-
 #[tokio::test]
 async fn upgrade_keeps_reports_and_token_identity() {
-    let dir = scratch_dir();
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
     // The first migration alone, as the first release shipped it.
     let first = dir.join("migrations");
     std::fs::create_dir_all(&first).unwrap();
@@ -92,5 +87,4 @@ async fn upgrade_keeps_reports_and_token_identity() {
     assert_eq!(db.count_reports(collection).await.unwrap(), 4);
     drop(conn);
     db.pool.close().await;
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -70,12 +70,8 @@ impl Metrics {
     pub fn rounds_closed(&self, n: u64) {
         self.rounds_closed.fetch_add(n, Relaxed);
     }
-    /// Accepted reports so far (this process).
-    pub fn accepted(&self) -> u64 {
-        self.accepted.load(Relaxed)
-    }
-
-    /// The Prometheus text exposition; `rounds` gives each collection's current round.
+    /// The Prometheus text exposition; `rounds` holds `(collection id, current round,
+    /// accepted reports)` per collection.
     pub fn render(&self, rounds: &[(String, u32, u64)]) -> String {
         let mut s = String::new();
         // Writing into a String cannot fail.

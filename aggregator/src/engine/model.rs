@@ -410,7 +410,9 @@ struct Compiled {
     parent_dims: Vec<usize>,
     targets: Vec<usize>,
     target_dims: Vec<usize>,
-    /// Cumulative `Pr(target cell | parent cell)`, blocks of `target cells`.
+    /// Target cells `Π target_dims`: the length of one block of `cdf`.
+    target_cells: usize,
+    /// Cumulative `Pr(target cell | parent cell)`, blocks of `target_cells`.
     cdf: Vec<f64>,
 }
 
@@ -435,6 +437,7 @@ fn compile(factors: &[EstimatedConditional]) -> Arc<Vec<Compiled>> {
                     parent_dims: f.scope_dims[..np].to_vec(),
                     targets: f.conditional.targets.clone(),
                     target_dims,
+                    target_cells: tc,
                     cdf,
                 }
             })
@@ -479,7 +482,7 @@ impl Iterator for Synthesizer {
                     for (&a, &k) in f.parents.iter().zip(&f.parent_dims) {
                         p = p * k + row[a] as usize;
                     }
-                    let tc: usize = f.cdf.len() / f.parent_dims.iter().product::<usize>().max(1);
+                    let tc = f.target_cells;
                     let block = &f.cdf[p * tc..(p + 1) * tc];
                     let u = rng.random::<f64>() * block[tc - 1];
                     let mut t = block.partition_point(|&c| c <= u).min(tc - 1);

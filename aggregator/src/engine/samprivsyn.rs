@@ -262,7 +262,7 @@ pub fn one_way_update(t: &mut [u32], d: usize, a: usize, target: &[i64]) {
     for row in t.chunks(d) {
         cur[row[a] as usize] += 1;
     }
-    let mut deficit: Vec<usize> = (0..k).filter(|&v| cur[v] < target[v]).collect();
+    let deficit: Vec<usize> = (0..k).filter(|&v| cur[v] < target[v]).collect();
     let mut di = 0;
     for row in t.chunks_mut(d) {
         let v = row[a] as usize;
@@ -276,7 +276,6 @@ pub fn one_way_update(t: &mut [u32], d: usize, a: usize, target: &[i64]) {
             cur[w] += 1;
         }
     }
-    deficit.clear();
 }
 
 /// Eq. 12 updating of attribute `b` against the target pair distribution `joint` of

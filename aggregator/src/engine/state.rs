@@ -44,8 +44,9 @@ use super::model::{ConsistentJoint, Model};
 use super::plan::{Structure, build_structure};
 use super::tables::{Measurements, TableKey, Tables};
 
-/// Share of the users `auto` spends on structure learning (phase 1). Measured on the Adult
-/// benchmark; `omega` of the config is ignored by `auto`.
+/// Share of the users `auto` spends on structure learning (phase 1), chosen on the Adult
+/// benchmark with `bench-utility`'s `LDPSYN_AUTO_SHARE` override (those tuning runs are not
+/// committed); `omega` of the config is ignored by `auto`.
 pub const AUTO_PHASE1_SHARE: f64 = 0.3;
 
 /// `auto` keeps an edge only if the pair's dependence is significant against LDP noise and
@@ -55,8 +56,9 @@ pub const AUTO_PHASE1_SHARE: f64 = 0.3;
 /// independence, turned into a standard normal `z` by the Wilson–Hilferty cube root, and
 /// `z > AUTO_Z`. One-sided α ≈ 0.6% per pair: about 0.4 false edges among the 66 pairs of
 /// the `sim` network (the planted-structure test), 0.7 among Adult's 105. Lower thresholds
-/// helped Adult at 45k–100k users (dense true structure) and hurt `sim` (sparse): measured,
-/// see the issue-3 note.
+/// helped Adult at 45k–100k users (dense true structure) and hurt `sim` (sparse), measured
+/// with `bench-utility` and `LDPSYN_AUTO_Z` (runs not committed; the committed results use
+/// this default).
 pub const AUTO_Z: f64 = 2.5;
 
 /// `auto` learns a structure only when the phase-1 signal-to-noise budget
@@ -77,8 +79,9 @@ pub const AUTO_MIN_PAIR_REPORTS: f64 = 100.0;
 pub const AUTO_CLIQUE_TVD: f64 = 0.125;
 
 /// Multiplier of the phase-2 task weight of `auto`'s 1-way factors: the 1-way marginals are
-/// fitted into every conditional and enter every pair's error (measured on Adult: 3 lowers
-/// the 2-way TVD at ε = 4 and 8 against 1).
+/// fitted into every conditional and enter every pair's error (chosen on Adult with
+/// `LDPSYN_AUTO_ONE_WAY_BOOST`, runs not committed: 3 lowered the 2-way TVD at ε = 4 and 8
+/// against 1).
 pub const AUTO_ONE_WAY_BOOST: f64 = 3.0;
 
 /// Floor of every SamPrivSyn pair weight, as a fraction of the mean weight.
@@ -608,7 +611,7 @@ impl Engine {
         state: &mut CollectionState,
         tables: &Tables,
     ) -> Result<Transition, EngineError> {
-        let (params, rounds, share) = self
+        let (params, rounds, _) = self
             .privincr()
             .ok_or_else(|| EngineError::InvalidState("not a PrivIncr protocol".into()))?;
         let t = state.round;
@@ -640,15 +643,12 @@ impl Engine {
             state.round += 1;
             return Ok(Transition::RoundClosed { round: t, pruned });
         }
-        let plan = self.plan_phase2(state, &ms, &params);
-        let used = state.round_quota.unwrap_or(0) * rounds as u64;
-        let _ = share;
+        let plan = self.plan_phase2(state, &params);
         let factors = plan.factors.len();
         state.plan = Some(plan);
         state.phase = Phase::CliqueMeasurement;
         state.round = rounds;
         state.round_quota = None;
-        let _ = used;
         Ok(Transition::EnteredCliqueMeasurement { pruned, factors })
     }
 
@@ -667,13 +667,7 @@ impl Engine {
     }
 
     /// The structure from the current active edges, and the phase-2 factors.
-    fn plan_phase2(
-        &self,
-        state: &CollectionState,
-        ms: &Measurements,
-        params: &PrivIncrParams,
-    ) -> Phase2Plan {
-        let _ = ms;
+    fn plan_phase2(&self, state: &CollectionState, params: &PrivIncrParams) -> Phase2Plan {
         let is_auto = matches!(self.protocol, Protocol::Auto(_));
         let edges: BTreeSet<Edge> = state
             .edges
@@ -919,20 +913,13 @@ impl Engine {
 
     /// The structure a PrivIncr/auto collection would be finalized with: the phase-2 plan's,
     /// or, when finalized during phase 1, one built from the current active edges.
-    pub fn structure(
-        &self,
-        state: &CollectionState,
-        tables: &Tables,
-    ) -> Result<Structure, EngineError> {
+    pub fn structure(&self, state: &CollectionState) -> Structure {
         if let Some(p) = &state.plan {
-            return Ok(p.structure.clone());
+            return p.structure.clone();
         }
         match self.privincr() {
-            Some((params, ..)) => {
-                let ms = Measurements::new(self.epsilon, &self.dims, tables)?;
-                Ok(self.plan_phase2(state, &ms, &params).structure)
-            }
-            None => Ok(build_structure(&self.dims, &BTreeSet::new(), &[], 2)),
+            Some((params, ..)) => self.plan_phase2(state, &params).structure,
+            None => build_structure(&self.dims, &BTreeSet::new(), &[], 2),
         }
     }
 
@@ -949,7 +936,7 @@ impl Engine {
                 super::samprivsyn::build_model(self, state, ms, self.options.samprivsyn_lasso)
             }
             _ => {
-                let structure = self.structure(state, tables)?;
+                let structure = self.structure(state);
                 let source = ConsistentJoint::new(ms);
                 Ok(Model::graphical(
                     self.protocol.name(),

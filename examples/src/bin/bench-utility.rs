@@ -154,8 +154,9 @@ fn run_once(
     Ok((model, synthetic, start.elapsed().as_secs_f64()))
 }
 
-/// Engine options; `LDPSYN_AUTO_SHARE`, `LDPSYN_AUTO_Z`, `LDPSYN_AUTO_ONE_WAY_BOOST` override
-/// `auto`'s constants for tuning experiments (unset in the committed results).
+/// Engine options; `LDPSYN_AUTO_SHARE`, `LDPSYN_AUTO_Z`, `LDPSYN_AUTO_ONE_WAY_BOOST`,
+/// `LDPSYN_AUTO_MIN_RHO` and `LDPSYN_AUTO_CLIQUE_TVD` override `auto`'s constants for tuning
+/// experiments (unset in the committed results).
 fn engine_options() -> EngineOptions {
     let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
     EngineOptions {
@@ -194,9 +195,6 @@ fn run_cell(ds: &Dataset, proto: &str, eps: f64, seeds: u64) -> Result<Value, Er
         t2.push(ds.marginals[1].mean_tvd(&m[1])?);
         t3.push(ds.marginals[2].mean_tvd(&m[2])?);
         secs.push(sec);
-        if proto == "noprivjtree" {
-            // Deterministic apart from the synthesis seed; still averaged over seeds.
-        }
     }
     let (tvd1, _) = mean_std(&t1);
     let (tvd2, tvd2_std) = mean_std(&t2);

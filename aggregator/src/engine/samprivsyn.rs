@@ -14,9 +14,9 @@ use rand_chacha::ChaCha12Rng;
 
 use super::EngineError;
 use super::info::mutual_information;
-use super::model::{ConsistentJoint, JointSource, Model};
-use super::state::{CollectionState, Engine};
-use super::tables::{Combined, Measurements};
+use super::model::{ConsistentJoint, Model};
+use super::state::Engine;
+use super::tables::Measurements;
 
 /// The SamPrivSyn model: Norm-Sub'd pair tables, their MI, and eq. 11's 1-ways.
 #[derive(Debug, Clone)]
@@ -70,13 +70,14 @@ pub fn lasso_pair(
     Ok(norm_sub(&fit.hyperplane().to_vec()))
 }
 
+/// The SamPrivSyn model from the measurements: pair distributions by the Kronecker inverse
+/// (or LASSO with penalty `lasso`, eq. 7), 1-way marginals by eq. 11, for eq. 12 synthesis.
+/// Errors: a LASSO fit that fails.
 pub(crate) fn build_model(
     engine: &Engine,
-    state: &CollectionState,
     ms: Measurements,
     lasso: Option<f64>,
 ) -> Result<Model, EngineError> {
-    let _ = state;
     let dims = engine.dims().to_vec();
     let d = dims.len();
     let mut pairs = BTreeMap::new();
@@ -148,11 +149,8 @@ pub(crate) fn build_model(
         pairs,
         one_way,
     };
-    let source = SamPrivSynSource {
-        inner: ConsistentJoint::new(ms),
-        model: model.clone(),
-    };
-    Ok(Model::samprivsyn(dims, model, source))
+    // Marginals served by the model: the combined measurements, IPF beyond them.
+    Ok(Model::samprivsyn(dims, model, ConsistentJoint::new(ms)))
 }
 
 /// `(Q₁ ⊗ Q₂) f`: the output distribution a pair-GRR produces from joint `f`.
@@ -182,23 +180,6 @@ fn forward_image(mech: &Mechanism, f: &[f64]) -> Vec<f64> {
         }
     }
     out
-}
-
-/// Marginals of a SamPrivSyn model: measured pairs, eq. 11 1-ways, IPF beyond.
-#[derive(Debug)]
-struct SamPrivSynSource {
-    inner: ConsistentJoint,
-    model: SamPrivSynModel,
-}
-
-impl JointSource for SamPrivSynSource {
-    fn joint(&self, scope: &[usize]) -> Vec<f64> {
-        self.inner.joint(scope)
-    }
-    fn measured(&self, attrs: &[usize]) -> Option<Combined> {
-        let _ = &self.model;
-        self.inner.measured(attrs)
-    }
 }
 
 /// Largest-remainder rounding of `p` (sums to 1) to integer counts summing to `n`.

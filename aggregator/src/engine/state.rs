@@ -933,7 +933,7 @@ impl Engine {
         }
         match &self.protocol {
             Protocol::Samprivsyn(_) => {
-                super::samprivsyn::build_model(self, state, ms, self.options.samprivsyn_lasso)
+                super::samprivsyn::build_model(self, ms, self.options.samprivsyn_lasso)
             }
             _ => {
                 let structure = self.structure(state);

@@ -278,8 +278,9 @@ const PRIVINCR_KEYS: &[&str] = &["omega", "rounds", "phi", "alpha", "sigma"];
 const SAMPRIVSYN_KEYS: &[&str] = &["batch_size"];
 
 /// Parses and checks a create request strictly: known keys only, valid schema, ε, N and
-/// protocol parameters.
-pub fn parse_create(body: &[u8], id: Uuid) -> Result<CollectionConfig, ApiError> {
+/// protocol parameters. Returns the config and its engine. Errors: 400 problems
+/// (`invalid-parameter`, `invalid-schema`, malformed JSON).
+pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine), ApiError> {
     let bad = |kind, d: String| ApiError::problem(kind, d);
     let v: Value = serde_json::from_slice(body).map_err(|e| {
         bad(
@@ -350,8 +351,9 @@ pub fn parse_create(body: &[u8], id: Uuid) -> Result<CollectionConfig, ApiError>
             ));
         }
     }
-    Engine::new(&config).map_err(|e| bad(ProblemType::InvalidParameter, e.to_string()))?;
-    Ok(config)
+    let engine =
+        Engine::new(&config).map_err(|e| bad(ProblemType::InvalidParameter, e.to_string()))?;
+    Ok((config, engine))
 }
 
 async fn create_collection(
@@ -361,8 +363,7 @@ async fn create_collection(
 ) -> Result<Response, ApiError> {
     let body = read_body(body, state.config().max_body_bytes).await?;
     let id = Uuid::new_v4();
-    let config = parse_create(&body, id)?;
-    let engine = Engine::new(&config)?;
+    let (config, engine) = parse_create(&body, id)?;
     let initial = engine.initial_state();
     let row = CollectionRow {
         id,

@@ -192,8 +192,7 @@ impl AppState {
             return Ok(h.clone());
         }
         if self.inner.db.backend == Backend::Postgres {
-            let rows = self.inner.db.collections().await?;
-            if let Some(row) = rows.into_iter().find(|r| r.id == id) {
+            if let Some(row) = self.inner.db.collection(id).await? {
                 return self.load_row(row).await;
             }
         }
@@ -203,8 +202,7 @@ impl AppState {
         ))
     }
 
-    /// Every collection in memory, oldest first by id order of insertion is not kept: sorted
-    /// by id.
+    /// Every collection in memory, sorted by id.
     pub fn collections(&self) -> Vec<Arc<CollectionHandle>> {
         let mut v: Vec<_> = self
             .inner

@@ -195,6 +195,16 @@ impl Db {
         rows.iter().map(collection_row).collect()
     }
 
+    /// One collection's row, if stored.
+    pub async fn collection(&self, id: Uuid) -> Result<Option<CollectionRow>, ApiError> {
+        let row =
+            sqlx::query("SELECT id, config, state, state_version FROM collections WHERE id = $1")
+                .bind(id.to_string())
+                .fetch_optional(&self.pool)
+                .await?;
+        row.as_ref().map(collection_row).transpose()
+    }
+
     /// One collection's state and version.
     pub async fn state_of(
         conn: &mut AnyConnection,

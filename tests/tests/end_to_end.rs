@@ -11,7 +11,7 @@ use ldpsyn_aggregator::engine::{Engine, Phase};
 use ldpsyn_tests::*;
 use serde_json::{Value, json};
 
-/// Runs the whole flow against `db_url`; `drop_all` first empties a PostgreSQL database.
+/// Runs the whole flow against `db_url`.
 async fn flow(db_url: &str) {
     let server = start(db_url, &[]).await;
     let base = base(&server);

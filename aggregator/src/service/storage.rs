@@ -153,8 +153,10 @@ impl Db {
         Ok(Self { pool, backend })
     }
 
-    /// The task-token key: `value` if given, else the one stored in the database, else a new
-    /// random 32-byte key stored now (race-free across processes: insert-if-absent, re-read).
+    /// The task-token key stored in the database; if there is none yet, `generated` (a new
+    /// random 32-byte key) is stored and returned (race-free across processes:
+    /// insert-if-absent, then re-read). Errors: the database's, or a stored key that is not
+    /// hex.
     pub async fn token_key(&self, generated: &[u8]) -> Result<Vec<u8>, ApiError> {
         let hex = super::tokens::hex(generated);
         sqlx::query(

@@ -15,9 +15,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::{Parser, ValueEnum};
-use ldpsyn::factor::{DEFAULT_MAX_CELLS, Factor};
-use ldpsyn::mechanism::Mechanism;
 use ldpsyn::protocol::{CollectionConfig, Report, ReportAnswer, ReportStatus, Task};
+use ldpsyn::submission::randomize_task;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 use uuid::Uuid;
@@ -116,23 +115,18 @@ async fn fetch_tasks(
     Ok(tasks)
 }
 
+/// One report per task for a random record, randomized as the SDK does it.
 fn make_reports(config: &CollectionConfig, tasks: &[Task], rng: &mut impl Rng) -> Vec<Report> {
     let dims = config.schema.domain_sizes();
     tasks
         .iter()
         .filter_map(|t| {
-            let f = Factor::new(t.factor.clone(), &dims, DEFAULT_MAX_CELLS).ok()?;
-            let m = Mechanism::new(t.mechanism, t.epsilon, f.dims()).ok()?;
-            let codes: Vec<u32> = f
-                .dims()
+            let codes = dims
                 .iter()
                 .map(|&k| rng.random_range(0..k as u32))
                 .collect();
-            Some(Report {
-                id: Uuid::from_u128(rng.random()),
-                token: t.token.clone(),
-                payload: m.randomize(&codes, rng).ok()?,
-            })
+            let record = config.schema.encoded(codes).ok()?;
+            randomize_task(config, config.epsilon, t, &record, rng).ok()
         })
         .collect()
 }

@@ -15,16 +15,20 @@
 //! (`BTreeMap`), so the same multiset of reports gives the same model whatever the order in
 //! which they arrived.
 
+pub mod estimate;
 pub mod graph;
 pub mod info;
 pub mod model;
+pub mod pgm;
 pub mod plan;
 pub mod samprivsyn;
 pub mod state;
 pub mod tables;
 
 pub use graph::{Edge, JunctionTree};
-pub use model::{JointSource, MarginalEstimate, Model, ModelDescription, Synthesizer};
+pub use model::{
+    EdgeGain, FittedJoint, JointSource, MarginalEstimate, Model, ModelDescription, Synthesizer,
+};
 pub use plan::{Conditional, Structure};
 pub use state::{
     CollectionState, EdgeState, Engine, EngineOptions, Phase, Phase2Plan, PlannedFactor, TaskSpec,

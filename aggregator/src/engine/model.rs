@@ -1,15 +1,9 @@
 //! The finalized model: estimated conditionals (or SamPrivSyn pair tables), marginals with
 //! standard errors, streaming synthesis, and a serializable description.
 //!
-//! **Consistent clique estimation.** The joint table of each conditional's scope is fitted by
-//! iterative proportional fitting (IPF) to every measured marginal inside the scope: the
-//! largest measured subsets (each the inverse-variance combination of every table containing
-//! it, Norm-Sub'd) and, last, every 1-way marginal (combined from *every* table containing the
-//! attribute, the most precise figures there are). Starting from the product of the 1-way
-//! marginals, IPF converges to the maximum-entropy table with those marginals when they agree,
-//! and ends each sweep matching the 1-ways exactly; an unmeasured scope (e.g. a triangle of
-//! pairs) gets the maximum-entropy completion of its measured pairs. Conditionals that share
-//! attributes therefore agree on their 1-way marginals.
+//! **Clique estimation.** The joint table of each conditional's scope is the marginal of
+//! the graphical model fitted to every measurement ([`super::estimate`], [`super::pgm`]):
+//! conditionals that share attributes agree on them by construction.
 //!
 //! **Sampling** is forward (ancestral) sampling through the conditionals in junction-tree
 //! order (Algorithm 3 line 8 of PrivIncr): the root clique, then each clique's new attributes
@@ -18,74 +12,43 @@
 
 use std::sync::Arc;
 
-use ldpsyn::mechanism::norm_sub;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
 use serde::{Deserialize, Serialize};
 
 use super::EngineError;
+use super::pgm::GraphicalModel;
 use super::plan::{Conditional, Structure};
 use super::samprivsyn::SamPrivSynModel;
 use super::state::EdgeState;
-use super::tables::{Combined, Measurements, projection_map};
+use super::tables::{Measurements, projection_map};
 
 /// Where joint tables of attribute sets come from.
 pub trait JointSource: Send + Sync + std::fmt::Debug {
     /// A distribution over the product domain of `scope` (row-major in `scope` order,
-    /// non-negative, sums to 1).
+    /// non-negative, sums to 1). Models call it for scopes inside one clique of their
+    /// structure.
     fn joint(&self, scope: &[usize]) -> Vec<f64>;
-    /// A direct measurement of the marginal of `attrs`, if one exists (with standard errors).
-    fn measured(&self, attrs: &[usize]) -> Option<Combined> {
-        let _ = attrs;
+    /// Standard errors of the marginal of `attrs` whose model estimate is `frequencies`, if
+    /// the source can tell.
+    fn std_errors(&self, attrs: &[usize], frequencies: &[f64]) -> Option<Vec<f64>> {
+        let _ = (attrs, frequencies);
         None
     }
 }
 
-/// Joint tables fitted by IPF to the combined measurements (module docs).
+/// The graphical model fitted to every measurement ([`super::estimate::fit_model`]), with
+/// the measurements kept for standard errors.
 #[derive(Debug, Clone)]
-pub struct ConsistentJoint {
+pub struct FittedJoint {
     ms: Measurements,
-    one_way: Vec<Vec<f64>>,
+    model: GraphicalModel,
 }
 
-/// IPF sweeps per joint table.
-const IPF_SWEEPS: usize = 10;
-
-/// One IPF step: rescales `joint` (over `scope` with `dims`) so its marginal on `set`
-/// equals `target`.
-pub(crate) fn ipf_step(
-    joint: &mut [f64],
-    scope: &[usize],
-    dims: &[usize],
-    set: &[usize],
-    target: &[f64],
-) {
-    let map = projection_map(scope, dims, set);
-    let mut cur = vec![0.0; target.len()];
-    let mut count = vec![0usize; target.len()];
-    for (i, &t) in map.iter().enumerate() {
-        cur[t] += joint[i];
-        count[t] += 1;
-    }
-    for (i, &t) in map.iter().enumerate() {
-        joint[i] = if cur[t] > 0.0 {
-            joint[i] * target[t] / cur[t]
-        } else {
-            target[t] / count[t] as f64
-        };
-    }
-}
-
-impl ConsistentJoint {
-    /// Wraps the measurements; precomputes the 1-way marginals (uniform where unmeasured).
-    pub fn new(ms: Measurements) -> Self {
-        let one_way = (0..ms.domain_sizes().len())
-            .map(|a| match ms.combined(&[a]) {
-                Some(c) => norm_sub(&c.frequencies),
-                None => vec![1.0 / ms.domain_sizes()[a] as f64; ms.domain_sizes()[a]],
-            })
-            .collect();
-        Self { ms, one_way }
+impl FittedJoint {
+    /// Wraps a fit and the measurements it was fitted to.
+    pub fn new(ms: Measurements, model: GraphicalModel) -> Self {
+        Self { ms, model }
     }
 
     /// The measurements.
@@ -93,76 +56,36 @@ impl ConsistentJoint {
         &self.ms
     }
 
-    /// The 1-way marginal of `a` (Norm-Sub'd combination of every table containing it).
-    pub fn one_way(&self, a: usize) -> &[f64] {
-        &self.one_way[a]
+    /// The fitted model.
+    pub fn model(&self) -> &GraphicalModel {
+        &self.model
     }
 }
 
-impl JointSource for ConsistentJoint {
+impl JointSource for FittedJoint {
     fn joint(&self, scope: &[usize]) -> Vec<f64> {
-        let dims: Vec<usize> = scope.iter().map(|&a| self.ms.domain_sizes()[a]).collect();
-        if scope.len() == 1 {
-            return self.one_way[scope[0]].clone();
-        }
-        // Largest measured subsets of the scope (intersections with measured factors).
-        let mut sets: Vec<Vec<usize>> = Vec::new();
-        for m in self.ms.measured_sets() {
-            let inter: Vec<usize> = scope.iter().copied().filter(|a| m.contains(a)).collect();
-            if inter.len() >= 2 && !sets.contains(&inter) {
-                sets.push(inter);
-            }
-        }
-        let maximal: Vec<Vec<usize>> = sets
-            .iter()
-            .filter(|s| {
-                !sets
-                    .iter()
-                    .any(|o| o.len() > s.len() && s.iter().all(|a| o.contains(a)))
+        // A scope outside every clique is the maximum-entropy completion of its 1-ways (the
+        // models built here only ask for scopes inside cliques).
+        self.model.marginal_in_clique(scope).unwrap_or_else(|| {
+            scope.iter().fold(vec![1.0], |acc, &a| {
+                let one = self
+                    .model
+                    .marginal_in_clique(&[a])
+                    .expect("every attribute lies in a clique");
+                acc.iter()
+                    .flat_map(|x| one.iter().map(move |y| x * y))
+                    .collect()
             })
-            .cloned()
-            .collect();
-        let mut targets: Vec<(Vec<usize>, Vec<f64>)> = maximal
-            .into_iter()
-            .filter_map(|s| self.ms.combined(&s).map(|c| (s, norm_sub(&c.frequencies))))
-            .collect();
-        targets.sort_by_key(|(s, _)| std::cmp::Reverse(s.len()));
-        // Start: product of the 1-ways.
-        let cells: usize = dims.iter().product();
-        let mut joint = vec![1.0; cells];
-        for (pos, &a) in scope.iter().enumerate() {
-            ipf_step(
-                &mut joint,
-                scope,
-                &dims,
-                &scope[pos..=pos],
-                &self.one_way[a],
-            );
-        }
-        let sweeps = if targets.is_empty() { 0 } else { IPF_SWEEPS };
-        for _ in 0..sweeps {
-            for (s, t) in &targets {
-                ipf_step(&mut joint, scope, &dims, s, t);
-            }
-            for (pos, &a) in scope.iter().enumerate() {
-                ipf_step(
-                    &mut joint,
-                    scope,
-                    &dims,
-                    &scope[pos..=pos],
-                    &self.one_way[a],
-                );
-            }
-        }
-        let s: f64 = joint.iter().sum();
-        if s > 0.0 {
-            joint.iter_mut().for_each(|v| *v /= s);
-        }
-        joint
+        })
     }
 
-    fn measured(&self, attrs: &[usize]) -> Option<Combined> {
-        self.ms.combined(attrs)
+    /// The standard errors of the inverse-variance combination of every table containing
+    /// `attrs` (the one variance model at the model's `frequencies`): the model's estimate
+    /// pools at least those tables, so they bound its error where the model holds.
+    fn std_errors(&self, attrs: &[usize], frequencies: &[f64]) -> Option<Vec<f64>> {
+        self.ms
+            .combined_at(attrs, |_| true, Some(frequencies))
+            .map(|c| c.std_errors)
     }
 }
 
@@ -223,10 +146,25 @@ pub struct MarginalEstimate {
     pub dims: Vec<usize>,
     /// Frequencies, row-major in `attrs` order, non-negative, sum 1.
     pub frequencies: Vec<f64>,
-    /// Standard errors of the unbiased combined estimate where the figure comes directly from
-    /// measurements (the frequencies are then its Norm-Sub projection); `None` when the
-    /// marginal is inferred from the model.
+    /// Standard errors of the cells where some table measured all of `attrs` (the one
+    /// variance model at the model's frequencies); `None` otherwise.
     pub std_errors: Option<Vec<f64>>,
+}
+
+/// One candidate pair of the model graph and its expected gain
+/// ([`super::estimate::PairGain`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EdgeGain {
+    /// First attribute.
+    pub a: usize,
+    /// Second attribute.
+    pub b: usize,
+    /// L1 distance between the pair's combined estimate and the product of its 1-ways.
+    pub observed_l1: f64,
+    /// L1 error that noise alone gives the pair's estimate.
+    pub noise_l1: f64,
+    /// In the model graph.
+    pub kept: bool,
 }
 
 /// Serializable description of a model (for `GET /model`).
@@ -242,6 +180,9 @@ pub struct ModelDescription {
     pub structure: Option<Structure>,
     /// SamPrivSyn: pairs `(a, b, MI weight)`.
     pub pair_weights: Option<Vec<(usize, usize, f64)>>,
+    /// Every measured candidate pair of the model graph with its expected gain.
+    #[serde(default)]
+    pub model_graph: Vec<EdgeGain>,
 }
 
 #[derive(Debug, Clone)]
@@ -259,6 +200,7 @@ pub struct Model {
     protocol: String,
     dims: Vec<usize>,
     edges: Vec<EdgeState>,
+    gains: Vec<EdgeGain>,
     kind: ModelKind,
     source: Arc<dyn JointSource>,
 }
@@ -281,6 +223,7 @@ impl Model {
             protocol: protocol.into(),
             dims,
             edges,
+            gains: Vec::new(),
             kind: ModelKind::Graphical {
                 structure,
                 factors: Arc::new(factors),
@@ -298,9 +241,17 @@ impl Model {
             protocol: "samprivsyn".into(),
             dims,
             edges: Vec::new(),
+            gains: Vec::new(),
             kind: ModelKind::SamPrivSyn(Arc::new(model)),
             source: Arc::new(source),
         }
+    }
+
+    /// The model with the model graph's candidate pairs and their gains (for
+    /// [`Model::describe`]).
+    pub fn with_gains(mut self, gains: Vec<EdgeGain>) -> Self {
+        self.gains = gains;
+        self
     }
 
     /// Domain sizes.
@@ -338,13 +289,13 @@ impl Model {
                 ModelKind::SamPrivSyn(m) => Some(m.pair_weights()),
                 ModelKind::Graphical { .. } => None,
             },
+            model_graph: self.gains.clone(),
         }
     }
 
-    /// The marginal of `attrs` (distinct attribute indices, cells row-major in this order):
-    /// from the measurements with standard errors when some table contains all of `attrs`,
-    /// else inferred from the model (exact variable elimination over the conditionals;
-    /// SamPrivSyn: IPF over its pair tables) without standard errors.
+    /// The marginal of `attrs` (distinct attribute indices, cells row-major in this order)
+    /// under the model (exact variable elimination over the conditionals), with standard
+    /// errors where some table contains all of `attrs` ([`JointSource::std_errors`]).
     /// Errors: empty, repeated or unknown attributes; more than 2^22 cells.
     pub fn marginal(&self, attrs: &[usize]) -> Result<MarginalEstimate, EngineError> {
         let d = self.dims.len();
@@ -359,23 +310,15 @@ impl Model {
         if cells.is_none_or(|c| c > 1 << 22) {
             return Err(EngineError::BadAttributes("marginal too large".into()));
         }
-        if let Some(c) = self.source.measured(attrs) {
-            return Ok(MarginalEstimate {
-                attrs: attrs.to_vec(),
-                dims,
-                frequencies: norm_sub(&c.frequencies),
-                std_errors: Some(c.std_errors),
-            });
-        }
         let frequencies = match &self.kind {
             ModelKind::Graphical { factors, .. } => infer(&self.dims, factors, attrs),
             ModelKind::SamPrivSyn(_) => self.source.joint(attrs),
         };
         Ok(MarginalEstimate {
+            std_errors: self.source.std_errors(attrs, &frequencies),
             attrs: attrs.to_vec(),
             dims,
             frequencies,
-            std_errors: None,
         })
     }
 

@@ -14,9 +14,8 @@ use rand_chacha::ChaCha12Rng;
 
 use super::EngineError;
 use super::info::mutual_information;
-use super::model::{ConsistentJoint, Model};
+use super::model::{FittedJoint, Model};
 use super::state::Engine;
-use super::tables::Measurements;
 
 /// The SamPrivSyn model: Norm-Sub'd pair tables, their MI, and eq. 11's 1-ways.
 #[derive(Debug, Clone)]
@@ -75,9 +74,10 @@ pub fn lasso_pair(
 /// Errors: a LASSO fit that fails.
 pub(crate) fn build_model(
     engine: &Engine,
-    ms: Measurements,
-    lasso: Option<f64>,
+    source: FittedJoint,
+    lambda: f64,
 ) -> Result<Model, EngineError> {
+    let ms = source.measurements();
     let dims = engine.dims().to_vec();
     let d = dims.len();
     let mut pairs = BTreeMap::new();
@@ -90,25 +90,20 @@ pub(crate) fn build_model(
             let Some(c) = ms.combined_where(&[a, b], is_pair) else {
                 continue;
             };
-            let joint = match lasso {
-                Some(lambda) => {
-                    // LASSO on the output distribution implied by the pooled unbiased
-                    // estimate (its forward image equals the pooled observed distribution).
-                    let mech = Mechanism::new(
-                        MechanismKind::GrrPair,
-                        engine.epsilon(),
-                        &[dims[a], dims[b]],
-                    )?;
-                    let forward = forward_image(&mech, &c.frequencies);
-                    let total = c.reports;
-                    let counts: Vec<u64> = forward
-                        .iter()
-                        .map(|&v| (v.max(0.0) * total as f64).round() as u64)
-                        .collect();
-                    lasso_pair(&mech, &counts, total, lambda)?
-                }
-                None => norm_sub(&c.frequencies),
-            };
+            // LASSO on the output distribution implied by the pooled unbiased estimate (its
+            // forward image equals the pooled observed distribution).
+            let mech = Mechanism::new(
+                MechanismKind::GrrPair,
+                engine.epsilon(),
+                &[dims[a], dims[b]],
+            )?;
+            let forward = forward_image(&mech, &c.frequencies);
+            let total = c.reports;
+            let counts: Vec<u64> = forward
+                .iter()
+                .map(|&v| (v.max(0.0) * total as f64).round() as u64)
+                .collect();
+            let joint = lasso_pair(&mech, &counts, total, lambda)?;
             let mi = mutual_information(&joint, dims[a], dims[b]);
             // Eq. 11 uses the unbiased (Kronecker-inverse) pair estimate: marginalizing a
             // Norm-Sub'd table would carry Norm-Sub's bias into the 1-way.
@@ -149,8 +144,8 @@ pub(crate) fn build_model(
         pairs,
         one_way,
     };
-    // Marginals served by the model: the combined measurements, IPF beyond them.
-    Ok(Model::samprivsyn(dims, model, ConsistentJoint::new(ms)))
+    // Marginals are served by the graphical model fitted to every measurement.
+    Ok(Model::samprivsyn(dims, model, source))
 }
 
 /// `(Q₁ ⊗ Q₂) f`: the output distribution a pair-GRR produces from joint `f`.

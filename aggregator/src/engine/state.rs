@@ -38,9 +38,13 @@ use rand_chacha::ChaCha12Rng;
 use serde::{Deserialize, Serialize};
 
 use super::EngineError;
+use super::estimate::{
+    MAX_CLIQUE_CELLS, PairGain, fit_model, one_way_estimates, pair_gain, select_model_graph,
+};
 use super::graph::{Edge, edge};
 use super::info::{mutual_information, relaxed_threshold, tau};
-use super::model::{ConsistentJoint, Model};
+use super::model::{EdgeGain, FittedJoint, Model};
+use super::pgm::FitOptions;
 use super::plan::{Structure, build_structure};
 use super::tables::{Measurements, TableKey, Tables};
 
@@ -211,9 +215,13 @@ pub enum Transition {
 /// Options of the engine that are not part of the public collection config.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct EngineOptions {
-    /// SamPrivSyn: estimate the final pair distributions by LASSO (eq. 7 of SamPrivSyn,
-    /// linfa-elasticnet) with this L1 penalty instead of the Kronecker inverse.
+    /// SamPrivSyn: synthesize as the paper does (pair distributions by LASSO, eq. 7 of
+    /// SamPrivSyn, linfa-elasticnet, with this L1 penalty; 1-ways by eq. 11; Algorithm 2)
+    /// instead of from the graphical model fitted to every measurement.
     pub samprivsyn_lasso: Option<f64>,
+    /// Cap on the cells of one clique of the final model graph (default
+    /// [`MAX_CLIQUE_CELLS`]).
+    pub max_clique_cells: Option<u64>,
     /// `auto`: share of users in phase 1 (default [`AUTO_PHASE1_SHARE`]).
     pub auto_phase1_share: Option<f64>,
     /// `auto`: significance threshold (default [`AUTO_Z`]).
@@ -911,42 +919,69 @@ impl Engine {
         state.round_quota = None;
     }
 
-    /// The structure a PrivIncr/auto collection would be finalized with: the phase-2 plan's,
-    /// or, when finalized during phase 1, one built from the current active edges.
-    pub fn structure(&self, state: &CollectionState) -> Structure {
-        if let Some(p) = &state.plan {
-            return p.structure.clone();
-        }
-        match self.privincr() {
-            Some((params, ..)) => self.plan_phase2(state, &params).structure,
-            None => build_structure(&self.dims, &BTreeSet::new(), &[], 2),
+    /// Pairs the model graph may keep: PrivIncr/NoIncremental's active (unpruned) edges,
+    /// every pair for the other protocols (only measured pairs can score).
+    fn model_candidates(&self, state: &CollectionState) -> Vec<Edge> {
+        match &self.protocol {
+            Protocol::Privincr(_) | Protocol::Noincremental(_) => state
+                .edges
+                .iter()
+                .filter(|e| e.active)
+                .map(|e| edge(e.a, e.b))
+                .collect(),
+            Protocol::Independence {} => Vec::new(),
+            Protocol::Auto(_) | Protocol::Samprivsyn(_) => pairs(self.dims.len()),
         }
     }
 
-    /// Builds the model from everything collected: estimates, standard errors, structure.
+    /// Builds the model from everything collected: every table becomes a measurement, the
+    /// model graph keeps the candidate pairs with positive expected gain within the clique
+    /// cap, and one graphical model is fitted to all measurements ([`super::estimate`]).
+    /// SamPrivSyn with `samprivsyn_lasso` set keeps the paper's own estimator and data
+    /// generation (eq. 7, eq. 11, Algorithm 2) for its synthetic rows.
     /// Deterministic given `(state, tables)`. Errors: tables that do not fit their
     /// mechanisms; [`EngineError::NoData`] when there are no reports at all.
     pub fn finalize(&self, state: &CollectionState, tables: &Tables) -> Result<Model, EngineError> {
-        let ms = Measurements::new(self.epsilon, &self.dims, tables)?;
+        let ms =
+            Measurements::new(self.epsilon, &self.dims, tables)?.with_population(self.target_users);
         if ms.items().is_empty() {
             return Err(EngineError::NoData);
         }
-        match &self.protocol {
-            Protocol::Samprivsyn(_) => {
-                super::samprivsyn::build_model(self, ms, self.options.samprivsyn_lasso)
+        let one_way = one_way_estimates(&ms);
+        let gains: Vec<(Edge, PairGain)> = self
+            .model_candidates(state)
+            .into_iter()
+            .filter_map(|(a, b)| pair_gain(&ms, &one_way, a, b).map(|g| ((a, b), g)))
+            .collect();
+        let cap = self.options.max_clique_cells.unwrap_or(MAX_CLIQUE_CELLS);
+        let edges = select_model_graph(&self.dims, &gains, cap);
+        let fitted = fit_model(&ms, &edges, &FitOptions::default())?;
+        // Cliques are within the cap: one conditional per clique (no Algorithm 2 split).
+        let structure = build_structure(&self.dims, &edges, &[], u64::MAX);
+        let source = FittedJoint::new(ms, fitted);
+        let gains = gains
+            .into_iter()
+            .map(|((a, b), g)| EdgeGain {
+                a,
+                b,
+                observed_l1: g.observed_l1,
+                noise_l1: g.noise_l1,
+                kept: edges.contains(&(a, b)),
+            })
+            .collect();
+        let model = match (&self.protocol, self.options.samprivsyn_lasso) {
+            (Protocol::Samprivsyn(_), Some(lambda)) => {
+                super::samprivsyn::build_model(self, source, lambda)?
             }
-            _ => {
-                let structure = self.structure(state);
-                let source = ConsistentJoint::new(ms);
-                Ok(Model::graphical(
-                    self.protocol.name(),
-                    self.dims.clone(),
-                    state.edges.clone(),
-                    structure,
-                    source,
-                ))
-            }
-        }
+            _ => Model::graphical(
+                self.protocol.name(),
+                self.dims.clone(),
+                state.edges.clone(),
+                structure,
+                source,
+            ),
+        };
+        Ok(model.with_gains(gains))
     }
 }
 

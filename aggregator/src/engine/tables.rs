@@ -9,20 +9,20 @@
 //! correction of DESIGN.md: eq. 6 weighs *counts*, in frequency space table j's weight is
 //! the inverse of its frequency variance).
 //!
-//! Weight of table j for target `A*`: `w_j = 1 / V̄_j`, where `V̄_j` is the exact variance of
-//! the marginalized estimate of one cell of `A*` evaluated at the uniform frequency
-//! `1/|Ω_{A*}|`, averaged over cells. For OUE it equals `C_j·Var0 / n_j` plus the sampling term
-//! (C_j = cells summed into one target cell), i.e. DESIGN.md's `n_j / (C_j · Var0_j)` up to a
-//! term common to all tables; for tables of the same factor, mechanism and ε it is `∝ n_j`,
-//! so combining them equals pooling their raw counts (eq. 5, divisibility of LDP), and the
-//! incremental form of eq. 13 (round t from round t−1's result) is the same weighted mean.
-//! The weights do not depend on the data, so the combination is linear and unbiased.
+//! **One variance model** (DESIGN.md "Estimation v2"): every cell of every table, whole or
+//! summed down to fewer attributes, has the variance [`Measurement::cell_variances`]: the
+//! randomizer's (over the devices' coins) plus sampling against the population
+//! (`f(1−f)/n · (N−n)/(N−1)`: which users were asked for this table), evaluated at a model's
+//! frequency `f`, never at the noisy cell. Combination weights use it at the uniform
+//! frequency, so they do not depend on the data and the combination stays linear and
+//! unbiased; standard errors use it at the Norm-Sub'd combination or at a model.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use ldpsyn::Epsilon;
 use ldpsyn::mechanism::{
     FrequencyEstimate, Mechanism, MechanismError, MechanismKind, Oracle, SufficientStatistics,
+    norm_sub,
 };
 use serde::{Deserialize, Serialize};
 
@@ -134,6 +134,7 @@ pub enum TablesError {
 pub struct Measurements {
     items: Vec<Measurement>,
     domain_sizes: Vec<usize>,
+    population: u64,
 }
 
 /// Map from each factor cell to the target cell, for `target ⊆ factor` (target order).
@@ -168,47 +169,126 @@ pub(crate) fn projection_map(factor: &[usize], dims: &[usize], target: &[usize])
     out
 }
 
-/// Exact variance of the estimate of one target cell aggregated from `c` factor cells of a
-/// table with mechanism `m` and `n` reports, when the target cell's true frequency is `f`.
-/// `single` is the position (0/1) of the kept attribute for a pair-GRR marginalized to one.
-fn aggregated_variance(m: &Mechanism, c: usize, f: f64, n: u64, single: Option<usize>) -> f64 {
-    let nf = n as f64;
+/// Randomizer variance (over the devices' coins, for a fixed set of reporting users) of one
+/// target cell's estimate obtained by summing `c` factor cells of a table with mechanism `m`
+/// and `n` reports, when a share `f` of those users hold the target cell. `single` is the
+/// position (0/1) of the kept attribute of a pair-GRR marginalized to one attribute.
+///
+/// A user inside the target cell sets the summed output with probability `π1`, a user outside
+/// with `π0` (GRR: `p + (c−1)q` and `cq`; a pair-GRR kept half: its own GRR at ε/2); OUE
+/// bits are independent, so the per-user variance is `p(1−p) + (c−1)q(1−q)` inside and
+/// `c q(1−q)` outside. Divided by `n (p − q)²` as for the unbiased estimator
+/// `(C/n − π0)/(p − q)` (DESIGN.md "Mechanisms").
+fn summed_randomizer_variance(
+    m: &Mechanism,
+    c: usize,
+    f: f64,
+    n: u64,
+    single: Option<usize>,
+) -> f64 {
+    let nf = n.max(1) as f64;
     let f = f.clamp(0.0, 1.0);
     let c = c as f64;
+    let bernoulli = |pi: f64| pi * (1.0 - pi);
     match m.oracle() {
         Oracle::Grr(g) => {
             let (p, q) = (g.p(), g.q());
-            let pi = f * (p + (c - 1.0) * q) + (1.0 - f) * c * q;
-            pi * (1.0 - pi) / (nf * (p - q).powi(2))
+            (f * bernoulli(p + (c - 1.0) * q) + (1.0 - f) * bernoulli(c * q))
+                / (nf * (p - q).powi(2))
         }
         Oracle::Oue(o) => {
             let (p, q) = (o.p(), o.q());
-            let per_user = f * (p * (1.0 - p) + (c - 1.0) * q * (1.0 - q))
-                + (1.0 - f) * c * q * (1.0 - q)
-                + (p - q).powi(2) * f * (1.0 - f);
-            per_user / (nf * (p - q).powi(2))
+            (f * (bernoulli(p) + (c - 1.0) * bernoulli(q)) + (1.0 - f) * c * bernoulli(q))
+                / (nf * (p - q).powi(2))
         }
         Oracle::GrrPair(pg) => {
-            // A single kept attribute is a GRR at ε/2 over that attribute (Q⁻¹'s columns
-            // sum to one). The full pair (c = 1) is handled by the caller's plug-in.
+            // Q⁻¹'s columns sum to one, so summing the pair estimate over the other attribute
+            // leaves the kept half's own GRR estimate at ε/2.
             let g = if single == Some(0) {
                 pg.first()
             } else {
                 pg.second()
             };
             let (p, q) = (g.p(), g.q());
-            let pi = f * p + (1.0 - f) * q;
-            pi * (1.0 - pi) / (nf * (p - q).powi(2))
+            (f * bernoulli(p) + (1.0 - f) * bernoulli(q)) / (nf * (p - q).powi(2))
         }
     }
 }
 
-/// One table's contribution to a combined estimate: weight, marginalized estimate, the
-/// table, cells summed per target cell, kept position of a pair-GRR marginalized to one.
-type Part<'a> = (f64, Vec<f64>, &'a Measurement, usize, Option<usize>);
+/// Sampling variance of a cell of frequency `f` estimated from `n` users drawn without
+/// replacement from a population of `population`: `f(1−f)/n · (N−n)/(N−1)` (0 when every
+/// user of the population reported in this table).
+pub fn sampling_variance(f: f64, n: u64, population: u64) -> f64 {
+    let (nf, pf) = (n.max(1) as f64, population as f64);
+    let fpc = if pf > nf { (pf - nf) / (pf - 1.0) } else { 0.0 };
+    let f = f.clamp(0.0, 1.0);
+    f * (1.0 - f) / nf * fpc
+}
+
+impl Measurement {
+    /// The table's unbiased estimate marginalized to `target ⊆ factor` (cells row-major in
+    /// `target` order). Panics if `target` is not a subset of the factor.
+    pub fn marginalized(&self, target: &[usize]) -> Vec<f64> {
+        let map = projection_map(&self.key.factor, &self.dims, target);
+        let cells = self.estimate.frequencies.len() / self.cells_summed(target);
+        let mut out = vec![0.0; cells];
+        for (i, &t) in map.iter().enumerate() {
+            out[t] += self.estimate.frequencies[i];
+        }
+        out
+    }
+
+    /// Factor cells summed into one cell of `target`.
+    fn cells_summed(&self, target: &[usize]) -> usize {
+        self.key
+            .factor
+            .iter()
+            .zip(&self.dims)
+            .filter(|(a, _)| !target.contains(a))
+            .map(|(_, &k)| k)
+            .product()
+    }
+
+    /// The one variance model of DESIGN.md "Estimation v2": the variance of every cell of
+    /// [`Measurement::marginalized`]`(target)` when the population's marginal of `target` is
+    /// `f` (row-major in `target` order, non-negative, sum 1): the randomizer's variance for
+    /// the table's `n` users plus the sampling variance of those `n` users against a
+    /// population of `population` (finite-population corrected). Evaluate `f` at a model, not
+    /// at the noisy cells. Frequencies, per cell; panics if `target ⊄ factor` or
+    /// `f.len()` is not the target's cell count.
+    pub fn cell_variances(&self, target: &[usize], f: &[f64], population: u64) -> Vec<f64> {
+        let n = self.estimate.n;
+        let c = self.cells_summed(target);
+        let randomizer: Vec<f64> = if c == 1 {
+            // The whole table in another order: the mechanism's exact cell variances.
+            let map = projection_map(&self.key.factor, &self.dims, target);
+            let plug: Vec<f64> = map.iter().map(|&t| f[t].clamp(0.0, 1.0)).collect();
+            let v = self.mechanism.frequency_variances(&plug, n);
+            let mut out = vec![0.0; f.len()];
+            for (i, &t) in map.iter().enumerate() {
+                out[t] = v[i].max(0.0);
+            }
+            out
+        } else {
+            let single = (self.key.mechanism == MechanismKind::GrrPair && target.len() == 1)
+                .then(|| self.key.factor.iter().position(|&a| a == target[0]))
+                .flatten();
+            f.iter()
+                .map(|&x| summed_randomizer_variance(&self.mechanism, c, x, n, single))
+                .collect()
+        };
+        randomizer
+            .iter()
+            .zip(f)
+            .map(|(r, &x)| r + sampling_variance(x, n, population))
+            .collect()
+    }
+}
 
 impl Measurements {
-    /// Estimates every table with at least one report. `domain_sizes` is the schema's.
+    /// Estimates every table with at least one report. `domain_sizes` is the schema's. The
+    /// population of the sampling term is the number of reports (see
+    /// [`Measurements::with_population`]).
     /// Errors: [`TablesError`] if a table does not fit its mechanism.
     pub fn new(
         epsilon: Epsilon,
@@ -249,10 +329,25 @@ impl Measurements {
                 estimate,
             });
         }
+        let population = items.iter().map(|m| m.estimate.n).sum();
         Ok(Self {
             items,
             domain_sizes: domain_sizes.to_vec(),
+            population,
         })
+    }
+
+    /// Sets the population of the sampling term (the collection's target users N; never
+    /// below the reports received).
+    pub fn with_population(mut self, population: u64) -> Self {
+        let reports: u64 = self.items.iter().map(|m| m.estimate.n).sum();
+        self.population = population.max(reports);
+        self
+    }
+
+    /// The population of the sampling term.
+    pub fn population(&self) -> u64 {
+        self.population
     }
 
     /// The per-table estimates, in key order.
@@ -265,21 +360,10 @@ impl Measurements {
         &self.domain_sizes
     }
 
-    /// The distinct attribute sets measured (sorted sets), in order.
-    pub fn measured_sets(&self) -> BTreeSet<Vec<usize>> {
-        self.items
-            .iter()
-            .map(|m| {
-                let mut s = m.key.factor.clone();
-                s.sort_unstable();
-                s
-            })
-            .collect()
-    }
-
     /// Combined estimate of the marginal of `attrs` (cells row-major in `attrs` order) from
     /// every table whose factor contains all of `attrs`, with inverse-variance weights
-    /// (module docs). `None` if no table contains them.
+    /// (module docs); standard errors at the Norm-Sub projection of the combination. `None`
+    /// if no table contains them.
     pub fn combined(&self, attrs: &[usize]) -> Option<Combined> {
         self.combined_where(attrs, |_| true)
     }
@@ -290,63 +374,62 @@ impl Measurements {
         attrs: &[usize],
         keep: impl Fn(&TableKey) -> bool,
     ) -> Option<Combined> {
+        self.combined_at(attrs, keep, None)
+    }
+
+    /// As [`Measurements::combined_where`], with the standard errors evaluated at `plug`
+    /// (a model's marginal of `attrs`, row-major in `attrs` order) when given.
+    ///
+    /// Weights: table j's weight is the inverse of its mean cell variance (one variance
+    /// model: [`Measurement::cell_variances`], sampling from an unbounded population) at the
+    /// uniform frequency — data-independent, so
+    /// the combination stays linear and unbiased; for tables of one factor, mechanism and ε
+    /// they are `∝ n_j` (eq. 5 of PrivIncr, pooling).
+    pub fn combined_at(
+        &self,
+        attrs: &[usize],
+        keep: impl Fn(&TableKey) -> bool,
+        plug: Option<&[f64]>,
+    ) -> Option<Combined> {
         let dims: Vec<usize> = attrs.iter().map(|&a| self.domain_sizes[a]).collect();
         let cells: usize = dims.iter().product();
-        let mut parts: Vec<Part<'_>> = Vec::new();
+        let uniform = vec![1.0 / cells as f64; cells];
+        let mut parts: Vec<(f64, Vec<f64>, &Measurement)> = Vec::new();
         for m in &self.items {
             if !keep(&m.key) || !attrs.iter().all(|a| m.key.factor.contains(a)) {
                 continue;
             }
-            let map = projection_map(&m.key.factor, &m.dims, attrs);
-            let mut est = vec![0.0; cells];
-            for (i, &t) in map.iter().enumerate() {
-                est[t] += m.estimate.frequencies[i];
-            }
-            let c = m.estimate.frequencies.len() / cells;
-            let single = if m.key.mechanism == MechanismKind::GrrPair && attrs.len() == 1 {
-                m.key.factor.iter().position(|&f| f == attrs[0])
-            } else {
-                None
-            };
-            let vbar = if c == 1 {
-                // Full table: the mechanism's exact variances at the uniform frequency.
-                let u = vec![1.0 / cells as f64; m.estimate.frequencies.len()];
-                m.mechanism
-                    .frequency_variances(&u, m.estimate.n)
-                    .iter()
-                    .sum::<f64>()
-                    / cells as f64
-            } else {
-                aggregated_variance(&m.mechanism, c, 1.0 / cells as f64, m.estimate.n, single)
-            };
-            parts.push((1.0 / vbar, est, m, c, single));
+            // Without the finite-population correction, so that tables of one factor and
+            // mechanism weigh exactly ∝ n_j (pooling).
+            let vbar = m
+                .cell_variances(attrs, &uniform, u64::MAX)
+                .iter()
+                .sum::<f64>()
+                / cells as f64;
+            parts.push((1.0 / vbar.max(1e-300), m.marginalized(attrs), m));
         }
         if parts.is_empty() {
             return None;
         }
         let wsum: f64 = parts.iter().map(|p| p.0).sum();
         let mut freq = vec![0.0; cells];
-        for (w, est, ..) in &parts {
+        for (w, est, _) in &parts {
             for (f, e) in freq.iter_mut().zip(est) {
                 *f += w / wsum * e;
             }
         }
+        let at = match plug {
+            Some(p) => p.to_vec(),
+            None => norm_sub(&freq),
+        };
         let mut var = vec![0.0; cells];
-        for (w, _, m, c, single) in &parts {
+        for (w, _, m) in &parts {
             let scale = (w / wsum).powi(2);
-            if *c == 1 {
-                // Reorder the combined estimate into the table's factor order for the plug-in.
-                let map = projection_map(&m.key.factor, &m.dims, attrs);
-                let plug: Vec<f64> = map.iter().map(|&t| freq[t].clamp(0.0, 1.0)).collect();
-                let v = m.mechanism.frequency_variances(&plug, m.estimate.n);
-                for (i, &t) in map.iter().enumerate() {
-                    var[t] += scale * v[i].max(0.0);
-                }
-            } else {
-                for (t, v) in var.iter_mut().enumerate() {
-                    *v += scale
-                        * aggregated_variance(&m.mechanism, *c, freq[t], m.estimate.n, *single);
-                }
+            for (v, x) in var
+                .iter_mut()
+                .zip(m.cell_variances(attrs, &at, self.population))
+            {
+                *v += scale * x;
             }
         }
         Some(Combined {
@@ -363,7 +446,7 @@ impl Measurements {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::SeedableRng;
+    use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha12Rng;
 
     fn eps(e: f64) -> Epsilon {
@@ -414,18 +497,27 @@ mod tests {
             for (a, b) in combined.frequencies.iter().zip(&direct.frequencies) {
                 assert!((a - b).abs() < 1e-12, "{kind}: {a} vs {b}");
             }
-            // Standard errors equal the pooled table's plug-in ones as well (GRR/OUE plug in
-            // f̂; the pair estimator plugs in the observed output distribution instead).
-            for (a, b) in combined
-                .std_errors
-                .iter()
-                .zip(&direct.std_errors)
-                .filter(|_| kind != MechanismKind::GrrPair)
-            {
-                assert!((a - b).abs() < 1e-9 * b.max(1e-9), "{kind}: {a} vs {b}");
-            }
-            #[cfg(any())]
-            for (a, b) in combined.std_errors.iter().zip(&direct.std_errors) {
+            // Standard errors equal the pooled table's as well. With a population far larger
+            // than the sample, each table's sampling term is f(1−f)/n_j, and the weights
+            // ∝ n_j combine them into the pooled f(1−f)/Σn_j.
+            let big = 1u64 << 40;
+            let split = ms.clone().with_population(big).combined(&[0, 1]).unwrap();
+            let one_table: Tables = [(
+                TableKey {
+                    round: 0,
+                    factor: vec![0, 1],
+                    mechanism: kind,
+                },
+                pooled.clone(),
+            )]
+            .into_iter()
+            .collect();
+            let whole = Measurements::new(eps(1.5), &dims, &one_table)
+                .unwrap()
+                .with_population(big)
+                .combined(&[0, 1])
+                .unwrap();
+            for (a, b) in split.std_errors.iter().zip(&whole.std_errors) {
                 assert!((a - b).abs() < 1e-9 * b.max(1e-9), "{kind}: {a} vs {b}");
             }
             // 1-way: also a pooled estimate (the weights are ∝ n).
@@ -445,8 +537,113 @@ mod tests {
         let dims = [2usize, 4];
         let pair = Mechanism::new(MechanismKind::Oue, eps(1.0), &dims).unwrap();
         let one = Mechanism::new(MechanismKind::Oue, eps(1.0), &dims[..1]).unwrap();
-        let v_pair = aggregated_variance(&pair, 4, 0.5, 10_000, None);
+        let v_pair = summed_randomizer_variance(&pair, 4, 0.5, 10_000, None);
         let v_one = one.frequency_variances(&[0.5, 0.5], 10_000)[0];
         assert!(v_pair > 2.0 * v_one);
+    }
+
+    /// One variance model: the variance of a 1-way obtained by summing a pair table, and of a
+    /// direct 1-way table, equal the variance simulated over both randomness sources (which
+    /// users of a fixed population report, and their coins) within 10%; so the weights
+    /// (inverse predicted variances) of a direct and a summed table agree with their
+    /// simulated inverse variances.
+    #[test]
+    fn variance_model_matches_simulation() {
+        let dims = [3usize, 4];
+        let population_size = 4000usize;
+        let (n, trials) = (400usize, 3000usize);
+        // A fixed population with a dependent pair.
+        let mut rng = ChaCha12Rng::seed_from_u64(17);
+        let people: Vec<[u32; 2]> = (0..population_size)
+            .map(|_| {
+                let a = rng.random_range(0..3u32);
+                let b = if rng.random_bool(0.6) {
+                    a
+                } else {
+                    rng.random_range(0..4u32)
+                };
+                [a, b]
+            })
+            .collect();
+        let mut truth = vec![0.0; 4];
+        people
+            .iter()
+            .for_each(|p| truth[p[1] as usize] += 1.0 / population_size as f64);
+        let simulate =
+            |kind: MechanismKind, factor: Vec<usize>, eps_v: f64| -> (Vec<f64>, Vec<f64>) {
+                let fdims: Vec<usize> = factor.iter().map(|&a| dims[a]).collect();
+                let mech = Mechanism::new(kind, eps(eps_v), &fdims).unwrap();
+                let mut rng = ChaCha12Rng::seed_from_u64(kind as u64 * 7 + factor.len() as u64);
+                let mut idx: Vec<usize> = (0..population_size).collect();
+                let (mut sum, mut sq) = (vec![0.0; 4], vec![0.0; 4]);
+                let mut last = None;
+                for _ in 0..trials {
+                    // n users without replacement.
+                    for i in 0..n {
+                        let j = rng.random_range(i..population_size);
+                        idx.swap(i, j);
+                    }
+                    let mut stats = SufficientStatistics::new(&mech);
+                    for &u in &idx[..n] {
+                        let codes: Vec<u32> = factor.iter().map(|&a| people[u][a]).collect();
+                        let p = mech.randomize(&codes, &mut rng).unwrap();
+                        mech.accumulate(&p, &mut stats).unwrap();
+                    }
+                    let m = Measurement {
+                        key: TableKey {
+                            round: 0,
+                            factor: factor.clone(),
+                            mechanism: kind,
+                        },
+                        dims: fdims.clone(),
+                        mechanism: mech.clone(),
+                        estimate: mech.estimate(&stats).unwrap(),
+                    };
+                    let est = m.marginalized(&[1]);
+                    for c in 0..4 {
+                        sum[c] += est[c];
+                        sq[c] += est[c] * est[c];
+                    }
+                    last = Some(m);
+                }
+                let t = trials as f64;
+                let simulated: Vec<f64> = (0..4)
+                    .map(|c| (sq[c] - sum[c] * sum[c] / t) / (t - 1.0))
+                    .collect();
+                let predicted = last
+                    .unwrap()
+                    .cell_variances(&[1], &truth, population_size as u64);
+                (simulated, predicted)
+            };
+        let mut ratios = Vec::new();
+        for (kind, factor, e) in [
+            (MechanismKind::Grr, vec![0, 1], 2.0),
+            (MechanismKind::Oue, vec![0, 1], 2.0),
+            (MechanismKind::GrrPair, vec![0, 1], 2.0),
+            (MechanismKind::Grr, vec![1], 2.0),
+            (MechanismKind::Oue, vec![1], 2.0),
+        ] {
+            let (sim, pred) = simulate(kind, factor.clone(), e);
+            for c in 0..4 {
+                let r = pred[c] / sim[c];
+                assert!(
+                    (r - 1.0).abs() < 0.10,
+                    "{kind} {factor:?} cell {c}: predicted {} simulated {}",
+                    pred[c],
+                    sim[c]
+                );
+            }
+            ratios.push((kind, factor.len(), sim, pred));
+        }
+        // Weights: direct GRR 1-way vs the GRR pair summed to it.
+        let (summed, direct) = (&ratios[0], &ratios[3]);
+        for c in 0..4 {
+            let predicted = direct.3[c] / summed.3[c];
+            let simulated = direct.2[c] / summed.2[c];
+            assert!(
+                (predicted / simulated - 1.0).abs() < 0.15,
+                "cell {c}: {predicted} vs {simulated}"
+            );
+        }
     }
 }

@@ -1,0 +1,504 @@
+//! Graphical-model estimation: one Markov random field fitted to every measurement.
+//!
+//! The model is `p_θ(x) ∝ exp Σ_C θ_C(x_C)` over the cliques `C` of a junction tree
+//! ([`super::graph`]); its clique marginals `μ = μ(θ)` come from belief propagation on the
+//! tree (sum-product, log space), so they are consistent on every separator by construction.
+//! The fit minimizes the variance-weighted squared error of every measurement
+//!
+//! `L(μ) = Σ_j Σ_cells (M_j μ − y_j)² / σ_j²`
+//!
+//! over the marginal polytope by entropic mirror descent on θ (`θ ← θ − α ∇_μ L(μ(θ))`,
+//! step by backtracking line search), the estimation algorithm of private-pgm (McKenna,
+//! Sheldon, Miklau, ICML 2019, Algorithm 1), as PrivMRF/VertiMRF (§5) and PPSyn (§3.3, Alg. 1)
+//! use it. `M_j` sums a clique marginal down to measurement j's attributes; a measurement
+//! must lie inside one clique (callers marginalize the others to the parts that fit). The
+//! fit replaces per-table Norm-Sub and IPF: a 1-way borrows strength from every pair table
+//! containing the attribute, and every table of every round counts.
+//!
+//! Everything iterates in a fixed order, so the same inputs give the same bits.
+
+use super::graph::JunctionTree;
+use super::tables::projection_map;
+
+/// One measurement as the fit sees it: attributes (a subset of one clique, any order),
+/// values over their product domain (row-major in `attrs` order; unbiased estimates, may be
+/// negative) and the variance of each cell (frequencies², > 0).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Observation {
+    /// Attributes measured, in the order of the cells.
+    pub attrs: Vec<usize>,
+    /// Estimates, one per cell.
+    pub values: Vec<f64>,
+    /// Variance of each cell's estimate.
+    pub variances: Vec<f64>,
+}
+
+/// Options of [`fit`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct FitOptions {
+    /// Most mirror-descent steps (accepted or not).
+    pub max_iters: usize,
+    /// Stop when an accepted step lowers the loss by less than `tol` relative to the loss
+    /// (and by less than `tol` in absolute terms: the loss is in units of variances, so a
+    /// perfect fit has loss 0).
+    pub tol: f64,
+}
+
+impl Default for FitOptions {
+    fn default() -> Self {
+        Self {
+            max_iters: 3000,
+            tol: 1e-10,
+        }
+    }
+}
+
+/// Observations of one clique, pooled by attribute set (the loss is a sum over cells, so
+/// measurements of the same cells combine exactly by precision weighting, up to a constant).
+#[derive(Debug, Clone)]
+struct Pooled {
+    clique: usize,
+    /// Clique cell → observation cell.
+    map: Vec<usize>,
+    /// Precision-weighted mean per cell.
+    values: Vec<f64>,
+    /// Summed precision per cell.
+    precision: Vec<f64>,
+}
+
+/// A fitted model: junction tree, log-potentials θ and clique marginals μ(θ).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GraphicalModel {
+    dims: Vec<usize>,
+    tree: JunctionTree,
+    potentials: Vec<Vec<f64>>,
+    marginals: Vec<Vec<f64>>,
+    /// Loss after each accepted step (the first entry is the loss at the start).
+    losses: Vec<f64>,
+}
+
+/// Precomputed belief propagation schedule of a junction forest.
+#[derive(Debug, Clone)]
+struct Schedule {
+    /// Cliques root-first with their parent.
+    order: Vec<(usize, Option<usize>)>,
+    /// For a non-root clique c: (clique cell → separator cell, parent cell → separator cell,
+    /// separator cells).
+    links: Vec<Option<(Vec<usize>, Vec<usize>, usize)>>,
+    cells: Vec<usize>,
+}
+
+impl Schedule {
+    fn new(dims: &[usize], tree: &JunctionTree) -> Self {
+        let order = tree.traversal();
+        let cdims = |c: usize| -> Vec<usize> { tree.cliques[c].iter().map(|&a| dims[a]).collect() };
+        let mut links = vec![None; tree.cliques.len()];
+        for &(c, parent) in &order {
+            if let Some(p) = parent {
+                let sep = tree.separator(c, p);
+                let cells = sep.iter().map(|&a| dims[a]).product();
+                links[c] = Some((
+                    projection_map(&tree.cliques[c], &cdims(c), &sep),
+                    projection_map(&tree.cliques[p], &cdims(p), &sep),
+                    cells,
+                ));
+            }
+        }
+        let cells = (0..tree.cliques.len())
+            .map(|c| cdims(c).iter().product())
+            .collect();
+        Self {
+            order,
+            links,
+            cells,
+        }
+    }
+
+    /// Clique marginals of `p_θ` (sum-product in log space: upward then downward pass).
+    fn marginals(&self, theta: &[Vec<f64>]) -> Vec<Vec<f64>> {
+        let k = theta.len();
+        // up[c]: message from c to its parent (over their separator).
+        let mut up: Vec<Vec<f64>> = vec![Vec::new(); k];
+        // acc[c]: θ_c plus the messages from its children.
+        let mut acc: Vec<Vec<f64>> = theta.to_vec();
+        for &(c, parent) in self.order.iter().rev() {
+            if let (Some(p), Some((cmap, pmap, scells))) = (parent, &self.links[c]) {
+                let m = log_sum_to(&acc[c], cmap, *scells);
+                for (v, &s) in acc[p].iter_mut().zip(pmap) {
+                    *v += m[s];
+                }
+                up[c] = m;
+            }
+        }
+        // belief[c] = acc[c] + message from the parent; the parent's message to c is its
+        // belief with c's own upward message removed, summed to the separator.
+        let mut belief: Vec<Vec<f64>> = vec![Vec::new(); k];
+        for &(c, parent) in &self.order {
+            let mut b = acc[c].clone();
+            if let (Some(p), Some((cmap, pmap, scells))) = (parent, &self.links[c]) {
+                let minus: Vec<f64> = belief[p]
+                    .iter()
+                    .zip(pmap)
+                    .map(|(v, &s)| v - up[c][s])
+                    .collect();
+                let down = log_sum_to(&minus, pmap, *scells);
+                for (v, &s) in b.iter_mut().zip(cmap) {
+                    *v += down[s];
+                }
+            }
+            belief[c] = b;
+        }
+        belief
+            .into_iter()
+            .map(|b| {
+                let max = b.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let mut e: Vec<f64> = b.iter().map(|v| (v - max).exp()).collect();
+                let s: f64 = e.iter().sum();
+                e.iter_mut().for_each(|v| *v /= s);
+                e
+            })
+            .collect()
+    }
+}
+
+/// `log Σ exp` of `values` grouped by `map` into `cells` groups (max-shifted per group).
+fn log_sum_to(values: &[f64], map: &[usize], cells: usize) -> Vec<f64> {
+    let mut max = vec![f64::NEG_INFINITY; cells];
+    for (v, &t) in values.iter().zip(map) {
+        if *v > max[t] {
+            max[t] = *v;
+        }
+    }
+    let mut sum = vec![0.0; cells];
+    for (v, &t) in values.iter().zip(map) {
+        sum[t] += (v - max[t]).exp();
+    }
+    sum.iter().zip(&max).map(|(s, m)| m + s.ln()).collect()
+}
+
+/// Loss and gradient (per clique cell) at clique marginals `mu`.
+fn loss_and_gradient(pooled: &[Pooled], mu: &[Vec<f64>]) -> (f64, Vec<Vec<f64>>) {
+    let mut grad: Vec<Vec<f64>> = mu.iter().map(|m| vec![0.0; m.len()]).collect();
+    let mut loss = 0.0;
+    for p in pooled {
+        let mut proj = vec![0.0; p.values.len()];
+        for (v, &t) in mu[p.clique].iter().zip(&p.map) {
+            proj[t] += v;
+        }
+        let mut g = vec![0.0; proj.len()];
+        for (i, x) in proj.iter().enumerate() {
+            let r = x - p.values[i];
+            loss += p.precision[i] * r * r;
+            g[i] = 2.0 * p.precision[i] * r;
+        }
+        for (gc, &t) in grad[p.clique].iter_mut().zip(&p.map) {
+            *gc += g[t];
+        }
+    }
+    (loss, grad)
+}
+
+fn dot(a: &[Vec<f64>], b: &[Vec<f64>], c: &[Vec<f64>]) -> f64 {
+    // Σ a · (b − c)
+    a.iter()
+        .zip(b.iter().zip(c))
+        .map(|(x, (y, z))| {
+            x.iter()
+                .zip(y.iter().zip(z))
+                .map(|(u, (v, w))| u * (v - w))
+                .sum::<f64>()
+        })
+        .sum()
+}
+
+/// Errors of [`fit`].
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum FitError {
+    /// An observation's attributes lie in no clique of the tree.
+    #[error("observation over {0:?} fits in no clique")]
+    NoClique(Vec<usize>),
+    /// An observation's lengths do not match its domain, or a variance is not positive.
+    #[error("observation over {0:?} is malformed")]
+    Malformed(Vec<usize>),
+}
+
+/// Fits the MRF over the cliques of `tree` (domain sizes `dims`) to `observations` (module
+/// docs). `start`: log-potentials to start from (one vector per clique, row-major over the
+/// clique's sorted attributes), e.g. a previous fit's; uniform otherwise.
+/// Errors: [`FitError`] for an observation outside every clique or malformed.
+pub fn fit(
+    dims: &[usize],
+    tree: &JunctionTree,
+    observations: &[Observation],
+    start: Option<Vec<Vec<f64>>>,
+    options: &FitOptions,
+) -> Result<GraphicalModel, FitError> {
+    let schedule = Schedule::new(dims, tree);
+    let cdims = |c: usize| -> Vec<usize> { tree.cliques[c].iter().map(|&a| dims[a]).collect() };
+    // Pool observations by (clique, attribute list).
+    let mut pooled: Vec<Pooled> = Vec::new();
+    let mut keys: Vec<(usize, Vec<usize>)> = Vec::new();
+    for o in observations {
+        let cells: usize = o.attrs.iter().map(|&a| dims[a]).product();
+        if o.values.len() != cells
+            || o.variances.len() != cells
+            || o.variances.iter().any(|v| !(*v > 0.0 && v.is_finite()))
+            || o.values.iter().any(|v| !v.is_finite())
+        {
+            return Err(FitError::Malformed(o.attrs.clone()));
+        }
+        // The smallest clique holding the attributes.
+        let clique = (0..tree.cliques.len())
+            .filter(|&c| o.attrs.iter().all(|a| tree.cliques[c].contains(a)))
+            .min_by_key(|&c| (schedule.cells[c], c))
+            .ok_or_else(|| FitError::NoClique(o.attrs.clone()))?;
+        let key = (clique, o.attrs.clone());
+        let idx = match keys.iter().position(|k| *k == key) {
+            Some(i) => i,
+            None => {
+                keys.push(key);
+                pooled.push(Pooled {
+                    clique,
+                    map: projection_map(&tree.cliques[clique], &cdims(clique), &o.attrs),
+                    values: vec![0.0; cells],
+                    precision: vec![0.0; cells],
+                });
+                pooled.len() - 1
+            }
+        };
+        let p = &mut pooled[idx];
+        for i in 0..cells {
+            let w = 1.0 / o.variances[i];
+            let total = p.precision[i] + w;
+            p.values[i] = (p.values[i] * p.precision[i] + o.values[i] * w) / total;
+            p.precision[i] = total;
+        }
+    }
+    let mut theta: Vec<Vec<f64>> = match start {
+        Some(t)
+            if t.len() == tree.cliques.len()
+                && t.iter().zip(&schedule.cells).all(|(v, &c)| v.len() == c) =>
+        {
+            t
+        }
+        _ => schedule.cells.iter().map(|&c| vec![0.0; c]).collect(),
+    };
+    let mut mu = schedule.marginals(&theta);
+    let (mut loss, mut grad) = loss_and_gradient(&pooled, &mu);
+    let mut losses = vec![loss];
+    // Step: the loss is 2·Σ precision-smooth in μ and ‖Δμ‖₁² ≤ 2 KL (Pinsker), so
+    // 1/(4·largest clique precision) is a safe first step; it grows after accepted steps.
+    let lipschitz = pooled
+        .iter()
+        .map(|p| p.precision.iter().copied().fold(0.0, f64::max))
+        .fold(0.0, |a: f64, b| a.max(b))
+        .max(1e-300);
+    let mut alpha = 1.0 / (4.0 * lipschitz * pooled.len().max(1) as f64);
+    let mut calm = 0;
+    for _ in 0..options.max_iters {
+        if loss <= 0.0 {
+            break;
+        }
+        let next: Vec<Vec<f64>> = theta
+            .iter()
+            .zip(&grad)
+            .map(|(t, g)| t.iter().zip(g).map(|(a, b)| a - alpha * b).collect())
+            .collect();
+        let next_mu = schedule.marginals(&next);
+        let (next_loss, next_grad) = loss_and_gradient(&pooled, &next_mu);
+        // Armijo: the loss must fall by half the first-order prediction.
+        let predicted = dot(&grad, &mu, &next_mu);
+        if next_loss.is_finite() && next_loss <= loss - 0.5 * predicted {
+            let gain = loss - next_loss;
+            theta = next;
+            mu = next_mu;
+            loss = next_loss;
+            grad = next_grad;
+            losses.push(loss);
+            alpha *= 1.5;
+            if gain <= options.tol * loss.max(options.tol) {
+                calm += 1;
+                if calm >= 3 {
+                    break;
+                }
+            } else {
+                calm = 0;
+            }
+        } else {
+            alpha *= 0.5;
+            if alpha < 1e-300 {
+                break;
+            }
+        }
+    }
+    Ok(GraphicalModel {
+        dims: dims.to_vec(),
+        tree: tree.clone(),
+        potentials: theta,
+        marginals: mu,
+        losses,
+    })
+}
+
+impl GraphicalModel {
+    /// The junction tree the model is defined on.
+    pub fn tree(&self) -> &JunctionTree {
+        &self.tree
+    }
+
+    /// Clique marginals (one per clique of [`GraphicalModel::tree`], row-major over the
+    /// clique's sorted attributes, each summing to 1).
+    pub fn clique_marginals(&self) -> &[Vec<f64>] {
+        &self.marginals
+    }
+
+    /// Log-potentials θ (same shapes as the clique marginals), to warm-start another fit.
+    pub fn potentials(&self) -> &[Vec<f64>] {
+        &self.potentials
+    }
+
+    /// The loss at the start and after every accepted step (non-increasing).
+    pub fn losses(&self) -> &[f64] {
+        &self.losses
+    }
+
+    /// The model's marginal of `attrs` (cells row-major in `attrs` order, sum 1) when all of
+    /// `attrs` lie in one clique; `None` otherwise.
+    pub fn marginal_in_clique(&self, attrs: &[usize]) -> Option<Vec<f64>> {
+        let c = (0..self.tree.cliques.len())
+            .filter(|&c| attrs.iter().all(|a| self.tree.cliques[c].contains(a)))
+            .min_by_key(|&c| (self.marginals[c].len(), c))?;
+        let clique = &self.tree.cliques[c];
+        let cdims: Vec<usize> = clique.iter().map(|&a| self.dims[a]).collect();
+        let map = projection_map(clique, &cdims, attrs);
+        let cells: usize = attrs.iter().map(|&a| self.dims[a]).product();
+        let mut out = vec![0.0; cells];
+        for (v, &t) in self.marginals[c].iter().zip(&map) {
+            out[t] += v;
+        }
+        Some(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::graph::build_junction_tree;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha12Rng;
+    use std::collections::BTreeSet;
+
+    /// A random distribution that factorizes over the chain 0 − 1 − 2 − 3 plus the triangle
+    /// (1, 2, 4): cliques {0,1}, {1,2,4}, {2,3}.
+    fn decomposable(dims: &[usize], seed: u64) -> Vec<f64> {
+        let mut rng = ChaCha12Rng::seed_from_u64(seed);
+        let mut table =
+            |cells: usize| -> Vec<f64> { (0..cells).map(|_| rng.random::<f64>() + 0.05).collect() };
+        let f01 = table(dims[0] * dims[1]);
+        let f124 = table(dims[1] * dims[2] * dims[4]);
+        let f23 = table(dims[2] * dims[3]);
+        let cells: usize = dims.iter().product();
+        let mut joint = vec![0.0; cells];
+        for (i, v) in joint.iter_mut().enumerate() {
+            let mut r = i;
+            let mut x = vec![0; 5];
+            for a in (0..5).rev() {
+                x[a] = r % dims[a];
+                r /= dims[a];
+            }
+            *v = f01[x[0] * dims[1] + x[1]]
+                * f124[(x[1] * dims[2] + x[2]) * dims[4] + x[4]]
+                * f23[x[2] * dims[3] + x[3]];
+        }
+        let s: f64 = joint.iter().sum();
+        joint.iter_mut().for_each(|v| *v /= s);
+        joint
+    }
+
+    fn marginal(joint: &[f64], dims: &[usize], attrs: &[usize]) -> Vec<f64> {
+        let all: Vec<usize> = (0..dims.len()).collect();
+        let map = projection_map(&all, dims, attrs);
+        let mut out = vec![0.0; attrs.iter().map(|&a| dims[a]).product()];
+        for (v, &t) in joint.iter().zip(&map) {
+            out[t] += v;
+        }
+        out
+    }
+
+    fn edges() -> BTreeSet<(usize, usize)> {
+        [(0, 1), (1, 2), (2, 3), (1, 4), (2, 4)]
+            .into_iter()
+            .collect()
+    }
+
+    #[test]
+    fn noiseless_clique_marginals_are_reproduced() {
+        let dims = [3usize, 4, 2, 5, 3];
+        let joint = decomposable(&dims, 3);
+        let tree = build_junction_tree(5, &edges());
+        let obs: Vec<Observation> = tree
+            .cliques
+            .iter()
+            .map(|c| Observation {
+                attrs: c.clone(),
+                values: marginal(&joint, &dims, c),
+                variances: vec![1e-4; c.iter().map(|&a| dims[a]).product()],
+            })
+            .collect();
+        let m = fit(&dims, &tree, &obs, None, &FitOptions::default()).unwrap();
+        for c in &tree.cliques {
+            let truth = marginal(&joint, &dims, c);
+            let got = m.marginal_in_clique(c).unwrap();
+            let tvd: f64 = truth
+                .iter()
+                .zip(&got)
+                .map(|(a, b)| (a - b).abs())
+                .sum::<f64>()
+                / 2.0;
+            assert!(tvd < 1e-6, "clique {c:?}: TVD {tvd}");
+        }
+        // Loss never increases.
+        assert!(m.losses().windows(2).all(|w| w[1] <= w[0]));
+        // Separators agree.
+        for &(i, j) in &tree.edges {
+            let sep = tree.separator(i, j);
+            let from = |c: usize| {
+                let clique = &tree.cliques[c];
+                let cd: Vec<usize> = clique.iter().map(|&a| dims[a]).collect();
+                let map = projection_map(clique, &cd, &sep);
+                let mut out = vec![0.0; sep.iter().map(|&a| dims[a]).product()];
+                for (v, &t) in m.clique_marginals()[c].iter().zip(&map) {
+                    out[t] += v;
+                }
+                out
+            };
+            for (a, b) in from(i).iter().zip(from(j)) {
+                assert!((a - b).abs() < 1e-9);
+            }
+        }
+    }
+
+    #[test]
+    fn malformed_and_misplaced_observations_are_refused() {
+        let tree = build_junction_tree(3, &[(0, 1)].into_iter().collect());
+        let dims = [2usize, 2, 2];
+        let bad = Observation {
+            attrs: vec![0, 2],
+            values: vec![0.25; 4],
+            variances: vec![1.0; 4],
+        };
+        assert_eq!(
+            fit(&dims, &tree, &[bad], None, &FitOptions::default()).unwrap_err(),
+            FitError::NoClique(vec![0, 2])
+        );
+        let short = Observation {
+            attrs: vec![0],
+            values: vec![0.5],
+            variances: vec![1.0, 1.0],
+        };
+        assert!(matches!(
+            fit(&dims, &tree, &[short], None, &FitOptions::default()),
+            Err(FitError::Malformed(_))
+        ));
+    }
+}

@@ -245,7 +245,6 @@ pub fn noprivacy_model(
                 ell: None,
                 reports: 0,
                 score: None,
-                z: None,
             });
         }
     }

@@ -163,6 +163,8 @@ pub struct EdgeGain {
     pub observed_l1: f64,
     /// L1 error that noise alone gives the pair's estimate.
     pub noise_l1: f64,
+    /// Estimated dependence (L1 distance from independence, debiased for noise).
+    pub dependence: f64,
     /// In the model graph.
     pub kept: bool,
 }

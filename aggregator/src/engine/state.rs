@@ -33,13 +33,12 @@ use ldpsyn::Epsilon;
 use ldpsyn::mechanism::{Mechanism, MechanismKind, norm_sub};
 use ldpsyn::protocol::{CollectionConfig, PrivIncrParams, Protocol};
 use rand::Rng;
-use rand::SeedableRng;
-use rand_chacha::ChaCha12Rng;
 use serde::{Deserialize, Serialize};
 
 use super::EngineError;
 use super::estimate::{
-    MAX_CLIQUE_CELLS, PairGain, fit_model, one_way_estimates, pair_gain, select_model_graph,
+    MAX_CLIQUE_CELLS, PairGain, fit_model, largest_clique_cells, one_way_estimates, pair_gain,
+    select_model_graph,
 };
 use super::graph::{Edge, edge};
 use super::info::{mutual_information, relaxed_threshold, tau};
@@ -52,41 +51,6 @@ use super::tables::{Measurements, TableKey, Tables};
 /// benchmark with `bench-utility`'s `LDPSYN_AUTO_SHARE` override (those tuning runs are not
 /// committed); `omega` of the config is ignored by `auto`.
 pub const AUTO_PHASE1_SHARE: f64 = 0.3;
-
-/// `auto` keeps an edge only if the pair's dependence is significant against LDP noise and
-/// sampling: `X = Σ_cells (f̂_ab − f0)² / (V(f0) + f0 (1 − f0)(1 − n/N)/n)` with `f0 = f̂_a f̂_b`
-/// and `V(f0)` the mechanism's exact variance at `f0` for the pair's `n` reports (Pearson's
-/// form: evaluated at the null, not at the noisy cell), χ² with `df = |Ω_a||Ω_b| − 1` under
-/// independence, turned into a standard normal `z` by the Wilson–Hilferty cube root, and
-/// `z > AUTO_Z`. One-sided α ≈ 0.6% per pair: about 0.4 false edges among the 66 pairs of
-/// the `sim` network (the planted-structure test), 0.7 among Adult's 105. Lower thresholds
-/// helped Adult at 45k–100k users (dense true structure) and hurt `sim` (sparse), measured
-/// with `bench-utility` and `LDPSYN_AUTO_Z` (runs not committed; the committed results use
-/// this default).
-pub const AUTO_Z: f64 = 2.5;
-
-/// `auto` learns a structure only when the phase-1 signal-to-noise budget
-/// `ρ = share·N / Σ_pairs |Ω_a||Ω_b|·Var0(pair)` reaches this value (roughly: phase-1
-/// reports per cell of the pair tables, in units of one report's variance). Below it the
-/// pair tables cannot beat their own noise and `auto` runs as `independence`.
-pub const AUTO_MIN_RHO: f64 = 20.0;
-
-/// `auto` also needs this many phase-1 reports per pair on average: ρ only counts the
-/// mechanism's noise, and with a few dozen reports per pair sampling error alone defeats the
-/// structure (Adult at 10k users and ε = 8 lost to independence without this rule).
-pub const AUTO_MIN_PAIR_REPORTS: f64 = 100.0;
-
-/// `auto` grows the spanning forest with further significant edges while every clique of the
-/// junction tree has at most `AUTO_CLIQUE_TVD · sqrt(n_f / Var0)` cells, `n_f` the phase-2
-/// reports a factor can expect: the cell count at which a clique's expected noise TVD
-/// (≈ 0.4·cells·sqrt(Var0/n_f)) stays near 0.05.
-pub const AUTO_CLIQUE_TVD: f64 = 0.125;
-
-/// Multiplier of the phase-2 task weight of `auto`'s 1-way factors: the 1-way marginals are
-/// fitted into every conditional and enter every pair's error (chosen on Adult with
-/// `LDPSYN_AUTO_ONE_WAY_BOOST`, runs not committed: 3 lowered the 2-way TVD at ε = 4 and 8
-/// against 1).
-pub const AUTO_ONE_WAY_BOOST: f64 = 3.0;
 
 /// Floor of every SamPrivSyn pair weight, as a fraction of the mean weight.
 pub const SAMPRIVSYN_WEIGHT_FLOOR: f64 = 0.05;
@@ -126,10 +90,9 @@ pub struct EdgeState {
     pub ell: Option<f64>,
     /// Reports of tables containing the pair when last evaluated.
     pub reports: u64,
-    /// `auto`: noise-corrected MI (observed minus the MI noise alone gives).
+    /// `auto`: estimated dependence `D̂` (L1 distance from independence, debiased for the
+    /// screening noise; see [`PairGain`]).
     pub score: Option<f64>,
-    /// `auto`: significance z of the dependence (see [`AUTO_Z`]).
-    pub z: Option<f64>,
 }
 
 /// A factor measured in phase 2, its mechanism and its share of phase-2 tasks.
@@ -224,15 +187,6 @@ pub struct EngineOptions {
     pub max_clique_cells: Option<u64>,
     /// `auto`: share of users in phase 1 (default [`AUTO_PHASE1_SHARE`]).
     pub auto_phase1_share: Option<f64>,
-    /// `auto`: significance threshold (default [`AUTO_Z`]).
-    pub auto_z: Option<f64>,
-    /// `auto`: multiplier of the phase-2 task weight of 1-way factors (default
-    /// [`AUTO_ONE_WAY_BOOST`]).
-    pub auto_one_way_boost: Option<f64>,
-    /// `auto`: minimum ρ to learn a structure (default [`AUTO_MIN_RHO`]).
-    pub auto_min_rho: Option<f64>,
-    /// `auto`: clique-size constant (default [`AUTO_CLIQUE_TVD`]; 0 keeps the forest).
-    pub auto_clique_tvd: Option<f64>,
 }
 
 /// The engine of one collection: its config, resolved. Cheap to clone.
@@ -381,28 +335,15 @@ impl Engine {
         }
     }
 
-    /// `auto`'s ρ (see [`AUTO_MIN_RHO`]).
-    pub fn auto_rho(&self) -> f64 {
-        let share = self.options.auto_phase1_share.unwrap_or(AUTO_PHASE1_SHARE);
-        let denom: f64 = pairs(self.dims.len())
-            .iter()
-            .map(|&(a, b)| {
-                let f = [a, b];
-                let dims = [self.dims[a], self.dims[b]];
-                self.cells(&f) as f64 * self.best_oracle(&f).approx_variance(self.epsilon, &dims)
-            })
-            .sum();
-        share * self.target_users as f64 / denom.max(1e-300)
-    }
-
-    fn auto_learns_structure(&self) -> bool {
-        let d = self.dims.len();
-        let share = self.options.auto_phase1_share.unwrap_or(AUTO_PHASE1_SHARE);
-        let per_pair =
-            share * self.target_users as f64 / (d * d.saturating_sub(1) / 2).max(1) as f64;
-        d >= 2
-            && per_pair >= AUTO_MIN_PAIR_REPORTS
-            && self.auto_rho() >= self.options.auto_min_rho.unwrap_or(AUTO_MIN_RHO)
+    /// Whether `auto` screens pair `(a, b)`: only if measuring it with the users of a
+    /// tree-sized phase 2 (`N₂/d` reports: about `d − 1` pairs and `d` 1-ways share it) could
+    /// give less L1 noise than the largest dependence any pair can show (2: an L1 distance
+    /// between two distributions). Other pairs can never pay for their reports.
+    fn auto_screens(&self, a: usize, b: usize) -> bool {
+        let (ka, kb) = (self.dims[a], self.dims[b]);
+        let uniform = vec![1.0 / (ka * kb) as f64; ka * kb];
+        let n_ref = self.auto_phase2_users() / self.dims.len() as f64;
+        self.expected_noise_l1(&[a, b], &uniform, n_ref) < 2.0
     }
 
     /// The mechanism `auto`/independence use for a factor: the lower-variance oracle.
@@ -422,8 +363,9 @@ impl Engine {
     pub fn initial_state(&self) -> CollectionState {
         let d = self.dims.len();
         let n = self.target_users;
-        if matches!(self.protocol, Protocol::Auto(_)) && !self.auto_learns_structure() {
-            // Falls back to independence from the start (see [`AUTO_MIN_RHO`]).
+        let is_auto = matches!(self.protocol, Protocol::Auto(_));
+        if is_auto && !pairs(d).into_iter().any(|(a, b)| self.auto_screens(a, b)) {
+            // No pair could ever pay for its reports: the independence model, at no cost.
             return CollectionState {
                 protocol: self.protocol.name().into(),
                 phase: Phase::OneWay,
@@ -443,17 +385,19 @@ impl Engine {
                 round_quota: Some(((share * n as f64 / rounds as f64).floor() as u64).max(1)),
                 edges: pairs(d)
                     .into_iter()
-                    .map(|(a, b)| EdgeState {
-                        a,
-                        b,
-                        active: true,
-                        pruned_in: None,
-                        mi: None,
-                        tau: tau(self.dims[a], self.dims[b], p.phi),
-                        ell: None,
-                        reports: 0,
-                        score: None,
-                        z: None,
+                    .map(|(a, b)| {
+                        let screened = !is_auto || self.auto_screens(a, b);
+                        EdgeState {
+                            a,
+                            b,
+                            active: screened,
+                            pruned_in: (!screened).then_some(0),
+                            mi: None,
+                            tau: tau(self.dims[a], self.dims[b], p.phi),
+                            ell: None,
+                            reports: 0,
+                            score: None,
+                        }
                     })
                     .collect(),
                 plan: None,
@@ -512,13 +456,18 @@ impl Engine {
                     // Every edge pruned (or d = 1): spend the rest of the round on 1-ways.
                     return Ok(one_way(rng));
                 }
-                // Line 5 of Algorithm 1: Ñ_{t,e} ∝ |Ω_i|·|Ω_j|.
-                let i = draw_weighted(
-                    active
-                        .iter()
-                        .map(|e| (self.dims[e.a] * self.dims[e.b]) as f64),
-                    rng,
-                );
+                // Line 5 of Algorithm 1: Ñ_{t,e} ∝ |Ω_i|·|Ω_j|; `auto` screens every pair
+                // alike (each needs its own dependence estimate).
+                let i = if matches!(self.protocol, Protocol::Auto(_)) {
+                    rng.random_range(0..active.len())
+                } else {
+                    draw_weighted(
+                        active
+                            .iter()
+                            .map(|e| (self.dims[e.a] * self.dims[e.b]) as f64),
+                        rng,
+                    )
+                };
                 let factor = vec![active[i].a, active[i].b];
                 Ok(TaskSpec {
                     round: state.round,
@@ -626,8 +575,11 @@ impl Engine {
         let ms = Measurements::filtered(self.epsilon, &self.dims, tables, |k| k.round <= t)?;
         let is_auto = matches!(self.protocol, Protocol::Auto(_));
         let mut pruned = Vec::new();
+        let mut auto_factors = None;
         if is_auto {
-            pruned = self.auto_select(state, &ms);
+            let (p, f) = self.auto_select(state, &ms);
+            pruned = p;
+            auto_factors = Some(f);
         } else {
             for e in state.edges.iter_mut().filter(|e| e.active) {
                 let Some(c) = ms.combined(&[e.a, e.b]) else {
@@ -651,7 +603,10 @@ impl Engine {
             state.round += 1;
             return Ok(Transition::RoundClosed { round: t, pruned });
         }
-        let plan = self.plan_phase2(state, &params);
+        let mut plan = self.plan_phase2(state, &params);
+        if let Some(f) = auto_factors {
+            plan.factors = f;
+        }
         let factors = plan.factors.len();
         state.plan = Some(plan);
         state.phase = Phase::CliqueMeasurement;
@@ -692,195 +647,140 @@ impl Engine {
                 scopes.push(s);
             }
         }
-        let factors = if is_auto {
-            // Every attribute alone too: the 1-way marginals are what every conditional is
-            // fitted to, and a pair table marginalized to one attribute is |Ω_other| times
-            // noisier than a direct 1-way report (OUE).
-            for a in 0..self.dims.len() {
-                if !scopes.contains(&vec![a]) {
-                    scopes.push(vec![a]);
-                }
-            }
-            // Expected total L1 error Σ_f cells_f·sqrt(V0_f/n_f) is minimized, under
-            // Σ n_f = N₂, by n_f ∝ (cells_f·sqrt(V0_f))^{2/3}.
-            scopes
-                .into_iter()
-                .map(|f| {
-                    let mech = self.best_oracle(&f);
-                    let dims: Vec<usize> = f.iter().map(|&a| self.dims[a]).collect();
-                    let v0 = mech.approx_variance(self.epsilon, &dims);
-                    let boost = if f.len() == 1 {
-                        self.options
-                            .auto_one_way_boost
-                            .unwrap_or(AUTO_ONE_WAY_BOOST)
-                    } else {
-                        1.0
-                    };
-                    let w = boost * (self.cells(&f) as f64 * v0.sqrt()).powf(2.0 / 3.0);
-                    PlannedFactor {
-                        factor: f,
-                        mechanism: mech,
-                        weight: w,
-                    }
-                })
-                .collect()
-        } else {
-            // PrivIncr: VOUE, users ∝ the factor's domain size (as line 5 of Algorithm 1).
-            scopes
-                .into_iter()
-                .map(|f| PlannedFactor {
-                    weight: self.cells(&f) as f64,
-                    factor: f,
-                    mechanism: MechanismKind::Oue,
-                })
-                .collect()
-        };
+        // PrivIncr: VOUE, users ∝ the factor's domain size (as line 5 of Algorithm 1); `auto`
+        // replaces these with its own allocation ([`Engine::auto_select`]).
+        let factors = scopes
+            .into_iter()
+            .map(|f| PlannedFactor {
+                weight: self.cells(&f) as f64,
+                factor: f,
+                mechanism: MechanismKind::Oue,
+            })
+            .collect();
         Phase2Plan { structure, factors }
     }
 
-    /// `auto`'s noise-aware edge selection: significance test against LDP noise and sampling, noise-
-    /// corrected MI, maximum spanning forest of the significant edges. Returns pruned edges.
-    fn auto_select(&self, state: &mut CollectionState, ms: &Measurements) -> Vec<Edge> {
+    /// Expected L1 error `√(2/π)·Σ_cells σ` of factor `f` measured by `n` reports with its
+    /// best oracle, when its marginal is `at` (one variance model: randomizer + sampling).
+    fn expected_noise_l1(&self, f: &[usize], at: &[f64], n: f64) -> f64 {
+        let dims: Vec<usize> = f.iter().map(|&a| self.dims[a]).collect();
+        let n = n.max(1.0);
+        let Ok(m) = Mechanism::new(self.best_oracle(f), self.epsilon, &dims) else {
+            return f64::INFINITY;
+        };
+        // Exact randomizer variances are linear in 1/n: evaluate at one report and scale.
+        let randomizer = m.frequency_variances(at, 1);
+        (2.0 / std::f64::consts::PI).sqrt()
+            * randomizer
+                .iter()
+                .zip(at)
+                .map(|(r, &x)| {
+                    ((r.max(0.0) + x.clamp(0.0, 1.0) * (1.0 - x.clamp(0.0, 1.0))) / n).sqrt()
+                })
+                .sum::<f64>()
+    }
+
+    /// `auto`'s selection after its screening round (DESIGN.md "Adaptive rounds"; PPSyn
+    /// Alg. 2's contribution per budget). Each screened pair's dependence `D̂` (its L1
+    /// distance from independence, debiased for the screening noise: [`PairGain`]) is
+    /// estimated from the screening tables. A factor f measured by n reports has expected L1 noise `K_f/√n`
+    /// (randomizer and sampling variances are both ∝ 1/n; `K_f` at the independence fit).
+    /// Phase 2 measures every attribute alone and the selected pairs S; its 2-way error is
+    /// predicted as `Σ_{p∉S} D̂_p + Σ_f w_f K_f/√n_f`, with `w_f` the number of 2-way
+    /// marginals a factor's error enters (1 for a pair, `d − 1` for a 1-way). Under
+    /// `Σ n_f = N₂` the allocation `n_f ∝ a_f = (w_f K_f)^{2/3}` minimizes the noise part to
+    /// `A^{3/2}/√N₂` with `A = Σ_f a_f`. Pairs are added greedily, each time the one that
+    /// lowers the prediction most, within the clique cap, until none does. With too few users
+    /// nothing is selected and `auto` is the independence model. Returns the pairs not
+    /// selected (pruned) and the phase-2 factors with their task weights `a_f`.
+    fn auto_select(
+        &self,
+        state: &mut CollectionState,
+        ms: &Measurements,
+    ) -> (Vec<Edge>, Vec<PlannedFactor>) {
         let d = self.dims.len();
-        let one: Vec<Vec<f64>> = (0..d)
-            .map(|a| match ms.combined(&[a]) {
-                Some(c) => norm_sub(&c.frequencies),
-                None => vec![1.0 / self.dims[a] as f64; self.dims[a]],
+        let one = one_way_estimates(ms);
+        let n2 = self.auto_phase2_users().max(1.0);
+        let allocation = |f: &[usize], at: &[f64], w: f64| {
+            (w * self.expected_noise_l1(f, at, 1.0)).powf(2.0 / 3.0)
+        };
+        let mut factors: Vec<PlannedFactor> = (0..d)
+            .map(|a| PlannedFactor {
+                factor: vec![a],
+                mechanism: self.best_oracle(&[a]),
+                weight: allocation(&[a], &one[a], (d - 1).max(1) as f64),
             })
             .collect();
-        let z_threshold = self.options.auto_z.unwrap_or(AUTO_Z);
-        let mut candidates: Vec<(f64, usize)> = Vec::new();
+        // (pair index, D̂, a_p) of every screened pair with positive dependence.
+        let mut candidates: Vec<(usize, f64, f64)> = Vec::new();
         for (i, e) in state.edges.iter_mut().enumerate() {
-            let Some(c) = ms.combined(&[e.a, e.b]) else {
+            if !e.active {
+                continue;
+            }
+            let Some(g) = pair_gain(ms, &one, e.a, e.b) else {
                 continue;
             };
-            let (ka, kb) = (self.dims[e.a], self.dims[e.b]);
-            let indep: Vec<f64> = (0..ka * kb)
-                .map(|v| one[e.a][v / kb] * one[e.b][v % kb])
-                .collect();
-            // A cell's error has two parts: the randomizer's (the estimate's standard error,
-            // over the coins for the reporting users) and sampling (which users were asked to
-            // report this pair: a share f of n draws, finite-population corrected). At ε = 4
-            // sampling is the larger part; leaving it out inflated X about 2.5-fold, so that
-            // most independent pairs had z ≈ 3 and a few passed 6.
-            // Both are evaluated at the independence fit (Pearson's form): variances
-            // plugged in from the noisy cells themselves grow with upward noise, which
-            // shrank X below df wherever noise exceeds the cell frequencies (Adult at 100k
-            // users: most pairs had z < 0).
-            let n = c.reports.max(1) as f64;
-            let fpc = (1.0 - n / self.target_users.max(1) as f64).max(0.0);
-            let null: Vec<f64> = indep.iter().map(|i| i.clamp(0.0, 1.0)).collect();
-            let randomizer =
-                match Mechanism::new(self.phase1_mechanism(&[e.a, e.b]), self.epsilon, &[ka, kb]) {
-                    Ok(m) => m.frequency_variances(&null, c.reports.max(1)),
-                    Err(_) => c.std_errors.iter().map(|s| s * s).collect(),
-                };
-            let x: f64 = c
-                .frequencies
+            let c = ms.combined(&[e.a, e.b]);
+            e.reports = c.as_ref().map_or(0, |c| c.reports);
+            e.mi = c.map(|c| {
+                mutual_information(&norm_sub(&c.frequencies), self.dims[e.a], self.dims[e.b])
+            });
+            let dependence = g.dependence;
+            e.score = Some(dependence);
+            if dependence > 0.0 {
+                let null: Vec<f64> = one[e.a]
+                    .iter()
+                    .flat_map(|x| one[e.b].iter().map(move |y| x * y))
+                    .collect();
+                candidates.push((i, dependence, allocation(&[e.a, e.b], &null, 1.0)));
+            }
+        }
+        let cap = self.options.max_clique_cells.unwrap_or(MAX_CLIQUE_CELLS);
+        let mut a_total: f64 = factors.iter().map(|f| f.weight).sum();
+        let noise = |a: f64| a.powf(1.5) / n2.sqrt();
+        let mut graph = BTreeSet::new();
+        let mut keep = BTreeSet::new();
+        loop {
+            // The candidate whose addition lowers the predicted error most (ties: index).
+            let best = candidates
                 .iter()
-                .zip(&randomizer)
-                .zip(&null)
-                .map(|((f, r), i)| (f - i).powi(2) / (r + i * (1.0 - i) / n * fpc).max(1e-300))
-                .sum();
-            // The estimated cells sum to 1, so one degree of freedom less than cells; the
-            // Wilson–Hilferty cube root makes a χ²(df) variable near standard normal even
-            // for the few cells of small pairs, where (X − df)/sqrt(2 df) has a heavy tail.
-            let df = (ka * kb - 1).max(1) as f64;
-            let h = 2.0 / (9.0 * df);
-            let z = ((x / df).cbrt() - (1.0 - h)) / h.sqrt();
-            let mi = mutual_information(&norm_sub(&c.frequencies), ka, kb);
-            // MI that noise alone produces around the independence fit: a seeded parametric
-            // bootstrap (deterministic: the seed is the pair and round).
-            let mut rng = ChaCha12Rng::seed_from_u64(
-                ((e.a as u64) << 32) ^ (e.b as u64) ^ ((state.round as u64) << 48),
-            );
-            let reps = 16;
-            let nulls: Vec<f64> = (0..reps)
-                .map(|_| {
-                    let noisy: Vec<f64> = (0..ka * kb)
-                        .map(|v| indep[v] + c.std_errors[v] * standard_normal(&mut rng))
-                        .collect();
-                    mutual_information(&norm_sub(&noisy), ka, kb)
-                })
-                .collect();
-            // Only the mean is used (as the noise bias of the MI score); significance comes
-            // from the chi-square statistic, whose null distribution is known (a bootstrap
-            // z from 16 replicates had false positives on the planted-structure test).
-            let null = nulls.iter().sum::<f64>() / reps as f64;
-            e.mi = Some(mi);
-            e.score = Some(mi - null);
-            e.z = Some(z);
-            e.reports = c.reports;
-            if z > z_threshold && mi - null > 0.0 {
-                candidates.push((mi - null, i));
+                .enumerate()
+                .map(|(j, &(i, dep, a))| (dep - (noise(a_total + a) - noise(a_total)), j, i))
+                .max_by(|x, y| x.0.total_cmp(&y.0).then(y.2.cmp(&x.2)));
+            let Some((delta, j, _)) = best else { break };
+            if delta <= 0.0 {
+                break;
             }
-        }
-        // Maximum spanning forest (Kruskal) over significant edges by corrected MI.
-        candidates.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-        let mut comp: Vec<usize> = (0..d).collect();
-        fn find(p: &mut [usize], x: usize) -> usize {
-            let mut r = x;
-            while p[r] != r {
-                r = p[r];
-            }
-            p[x] = r;
-            r
-        }
-        let mut keep = vec![false; state.edges.len()];
-        for &(_, i) in &candidates {
-            let (a, b) = (state.edges[i].a, state.edges[i].b);
-            let (ra, rb) = (find(&mut comp, a), find(&mut comp, b));
-            if ra != rb {
-                comp[ra] = rb;
-                keep[i] = true;
-            }
-        }
-        // Grow the forest into a junction tree with small cliques (see [`AUTO_CLIQUE_TVD`]).
-        let cap = self.auto_clique_cap(keep.iter().filter(|&&k| k).count());
-        let mut chosen: BTreeSet<Edge> = state
-            .edges
-            .iter()
-            .zip(&keep)
-            .filter(|(_, k)| **k)
-            .map(|(e, _)| edge(e.a, e.b))
-            .collect();
-        for &(_, i) in &candidates {
-            if keep[i] {
+            let (i, _, a) = candidates.remove(j);
+            let e = edge(state.edges[i].a, state.edges[i].b);
+            graph.insert(e);
+            if largest_clique_cells(&self.dims, &graph) > cap {
+                graph.remove(&e);
                 continue;
             }
-            let e = edge(state.edges[i].a, state.edges[i].b);
-            chosen.insert(e);
-            let jt = super::graph::build_junction_tree(d, &chosen);
-            let max_cells = jt
-                .cliques
-                .iter()
-                .map(|c| c.iter().map(|&a| self.dims[a] as f64).product::<f64>())
-                .fold(0.0, f64::max);
-            if max_cells <= cap {
-                keep[i] = true;
-            } else {
-                chosen.remove(&e);
-            }
+            keep.insert(i);
+            a_total += a;
+            factors.push(PlannedFactor {
+                factor: vec![e.0, e.1],
+                mechanism: self.best_oracle(&[e.0, e.1]),
+                weight: a,
+            });
         }
         let mut pruned = Vec::new();
         for (i, e) in state.edges.iter_mut().enumerate() {
-            if e.active && !keep[i] {
+            if e.active && !keep.contains(&i) {
                 e.active = false;
                 e.pruned_in = Some(state.round);
                 pruned.push((e.a, e.b));
             }
         }
-        pruned
+        (pruned, factors)
     }
 
-    /// Largest clique (cells) `auto` accepts when growing the forest.
-    fn auto_clique_cap(&self, forest_edges: usize) -> f64 {
-        let c = self.options.auto_clique_tvd.unwrap_or(AUTO_CLIQUE_TVD);
+    /// Users `auto` expects in phase 2.
+    fn auto_phase2_users(&self) -> f64 {
         let share = self.options.auto_phase1_share.unwrap_or(AUTO_PHASE1_SHARE);
-        let factors = (self.dims.len() + forest_edges).max(1) as f64;
-        let n_f = (1.0 - share) * self.target_users as f64 / factors;
-        let v0 = MechanismKind::choose(self.epsilon, 256).approx_variance(self.epsilon, &[256]);
-        c * (n_f / v0).sqrt()
+        (1.0 - share) * self.target_users as f64
     }
 
     /// SamPrivSyn weights from the pooled pair tables (Kronecker inverse + Norm-Sub + MI),
@@ -966,6 +866,7 @@ impl Engine {
                 b,
                 observed_l1: g.observed_l1,
                 noise_l1: g.noise_l1,
+                dependence: g.dependence,
                 kept: edges.contains(&(a, b)),
             })
             .collect();
@@ -983,11 +884,4 @@ impl Engine {
         };
         Ok(model.with_gains(gains))
     }
-}
-
-/// A standard normal draw (Box–Muller), for the deterministic noise bootstrap.
-pub(crate) fn standard_normal<R: Rng + ?Sized>(rng: &mut R) -> f64 {
-    let u1 = 1.0 - rng.random::<f64>();
-    let u2 = rng.random::<f64>();
-    (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
 }

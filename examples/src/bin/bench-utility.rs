@@ -154,17 +154,15 @@ fn run_once(
     Ok((model, synthetic, start.elapsed().as_secs_f64()))
 }
 
-/// Engine options; `LDPSYN_AUTO_SHARE`, `LDPSYN_AUTO_Z`, `LDPSYN_AUTO_ONE_WAY_BOOST`,
-/// `LDPSYN_AUTO_MIN_RHO` and `LDPSYN_AUTO_CLIQUE_TVD` override `auto`'s constants for tuning
-/// experiments (unset in the committed results).
+/// Engine options; `LDPSYN_AUTO_SHARE` overrides `auto`'s screening share and
+/// `LDPSYN_MAX_CLIQUE_CELLS` the clique cap, for sweeps (unset in the committed results).
 fn engine_options() -> EngineOptions {
     let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
     EngineOptions {
         auto_phase1_share: env("LDPSYN_AUTO_SHARE"),
-        auto_z: env("LDPSYN_AUTO_Z"),
-        auto_one_way_boost: env("LDPSYN_AUTO_ONE_WAY_BOOST"),
-        auto_min_rho: env("LDPSYN_AUTO_MIN_RHO"),
-        auto_clique_tvd: env("LDPSYN_AUTO_CLIQUE_TVD"),
+        max_clique_cells: std::env::var("LDPSYN_MAX_CLIQUE_CELLS")
+            .ok()
+            .and_then(|v| v.parse().ok()),
         ..EngineOptions::default()
     }
 }

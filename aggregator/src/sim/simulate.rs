@@ -360,6 +360,56 @@ mod tests {
         }
     }
 
+    /// Error bars that cover: with a known population, nominal 95% intervals (model
+    /// frequency ± 1.96 standard errors) of every 1-way marginal and of the 2-way marginal of
+    /// every model-graph edge cover the population's cells at least 90% of the time, for
+    /// every protocol (3 seeds each).
+    #[test]
+    fn marginal_error_bars_cover() {
+        let n = 100_000;
+        let net = BayesNet::standard();
+        let mut report = Vec::new();
+        for p in [
+            Protocol::Auto(PrivIncrParams::default()),
+            Protocol::Privincr(PrivIncrParams::default()),
+            Protocol::Samprivsyn(ldpsyn::protocol::SamPrivSynParams { batch_size: 5000 }),
+            Protocol::Independence {},
+        ] {
+            let (mut covered, mut cells) = (0usize, 0usize);
+            for seed in 0..3u64 {
+                let pop = net.sample(n, 500 + seed);
+                let run = Simulation::new(&engine(p.clone(), 2.0, n as u64), &pop)
+                    .seed(seed)
+                    .bucketed(true)
+                    .run()
+                    .unwrap();
+                let mut sets: Vec<Vec<usize>> = (0..pop.d()).map(|a| vec![a]).collect();
+                sets.extend(run.model.graph_edges().into_iter().map(|(a, b)| vec![a, b]));
+                for attrs in sets {
+                    let m = run.model.marginal(&attrs).unwrap();
+                    let se = m.std_errors.expect("every 1-way and edge is measured");
+                    let mut truth = vec![0.0; m.frequencies.len()];
+                    for r in pop.rows() {
+                        let idx = attrs
+                            .iter()
+                            .fold(0, |i, &a| i * pop.dims()[a] + r[a] as usize);
+                        truth[idx] += 1.0 / n as f64;
+                    }
+                    for ((f, s), t) in m.frequencies.iter().zip(&se).zip(&truth) {
+                        cells += 1;
+                        covered += usize::from((f - t).abs() <= 1.96 * s);
+                    }
+                }
+            }
+            let coverage = covered as f64 / cells as f64;
+            report.push((p.name().to_owned(), coverage, cells));
+        }
+        println!("coverage of nominal 95% intervals: {report:?}");
+        for (name, coverage, _) in &report {
+            assert!(*coverage >= 0.90, "{name}: coverage {coverage}");
+        }
+    }
+
     #[test]
     fn every_protocol_runs_end_to_end() {
         let n = 20_000;

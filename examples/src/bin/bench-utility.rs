@@ -1,7 +1,11 @@
-//! Adult utility benchmark (issue 3): runs datasets × protocols × ε × seeds through the
-//! in-process simulator, writes a JSON array and a Markdown table.
+//! Utility benchmark: runs datasets × protocols × ε × seeds through the in-process
+//! simulator, writes a JSON array and a Markdown table.
 //!
 //! ```text
+//! # the utility suite (DESIGN.md "Utility suite"): adult-45k, nist-taxi, temporal-match2,
+//! # bn and adult-1.5m at their real sizes, every protocol and the non-private references
+//! bench-utility --suite --no-ml --out benchmarks/results/utility.json
+//! # Adult resampled (the original benchmark)
 //! bench-utility --data ../shared/datasets/adult/adult.csv --schema examples/adult/schema.json \
 //!     --out benchmarks/results/utility-adult.json
 //!     [--only PROTOCOL]… [--epsilon E]… [--users N]… [--datasets a,b] [--seeds S]
@@ -20,20 +24,27 @@ use ldpsyn::Epsilon;
 use ldpsyn::protocol::{PrivIncrParams, Protocol, SamPrivSynParams};
 use ldpsyn::schema::Schema;
 use ldpsyn_aggregator::engine::{Engine, EngineOptions, Model};
-use ldpsyn_aggregator::eval::{MarginalCounts, ml_accuracy, noprivacy_model};
-use ldpsyn_aggregator::sim::{Population, Simulation, load_csv};
+use ldpsyn_aggregator::eval::{
+    MarginalCounts, chow_liu_model, exact_independence_model, ml_accuracy, noprivacy_model,
+};
+use ldpsyn_aggregator::sim::{BayesNet, Population, Simulation, load_csv};
 use serde_json::{Value, json};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
-const PROTOCOLS: [&str; 6] = [
+const PROTOCOLS: [&str; 8] = [
     "privincr",
     "noincremental",
     "samprivsyn",
     "independence",
     "auto",
     "noprivjtree",
+    "exact-independence",
+    "chow-liu",
 ];
+
+/// Most k-subsets scored per dataset for 3-way TVD (temporal-match2 has 6,545 triples).
+const MAX_TRIPLES: usize = 300;
 const EPSILONS: [f64; 4] = [1.0, 2.0, 4.0, 8.0];
 
 /// Adult utility benchmark: datasets × protocols × ε × seeds through the in-process
@@ -77,6 +88,13 @@ struct Args {
     /// Seeds per ML efficacy cell.
     #[arg(long, default_value_t = 1)]
     ml_seeds: u64,
+    /// The utility suite: adult-45k, nist-taxi, temporal-match2, bn (the built-in Bayesian
+    /// network, 100,000 people) and adult-1.5m, from `--shared`.
+    #[arg(long)]
+    suite: bool,
+    /// Folder of the shared datasets (the suite's nist-taxi and temporal-match2).
+    #[arg(long, default_value = "../shared/datasets")]
+    shared: PathBuf,
 }
 
 fn parse_args() -> Args {
@@ -112,7 +130,14 @@ struct Dataset {
 
 impl Dataset {
     fn new(name: String, population: Population) -> Self {
-        let marginals = [1, 2, 3].map(|k| MarginalCounts::of_population(&population, k));
+        let counts = |k: usize, limit: usize| {
+            MarginalCounts::sampled(population.dims(), k, limit, 3).like(&population)
+        };
+        let marginals = [
+            counts(1, usize::MAX),
+            counts(2, usize::MAX),
+            counts(3, MAX_TRIPLES),
+        ];
         Self {
             name,
             population: Arc::new(population),
@@ -135,6 +160,10 @@ fn run_once(
             PrivIncrParams::default().phi,
             PrivIncrParams::default().sigma,
         )
+    } else if proto == "exact-independence" {
+        exact_independence_model(pop.clone())
+    } else if proto == "chow-liu" {
+        chow_liu_model(pop.clone())
     } else {
         let engine = Engine::from_parts(
             pop.dims().to_vec(),
@@ -181,14 +210,12 @@ fn mean_std(v: &[f64]) -> (f64, f64) {
 fn run_cell(ds: &Dataset, proto: &str, eps: f64, seeds: u64) -> Result<Value, Error> {
     let (mut t1, mut t2, mut t3, mut secs) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut edges = 0usize;
+    reset_peak_rss();
     for s in 0..seeds {
         let seed = 1000 * s + (eps * 10.0) as u64;
         let (model, synthetic, sec) = run_once(proto, eps, &ds.population, seed)?;
         edges = model.graph_edges().len();
-        let m: Vec<MarginalCounts> = [1, 2, 3]
-            .iter()
-            .map(|&k| MarginalCounts::of_population(&synthetic, k))
-            .collect();
+        let m: Vec<MarginalCounts> = ds.marginals.iter().map(|c| c.like(&synthetic)).collect();
         t1.push(ds.marginals[0].mean_tvd(&m[0])?);
         t2.push(ds.marginals[1].mean_tvd(&m[1])?);
         t3.push(ds.marginals[2].mean_tvd(&m[2])?);
@@ -206,7 +233,28 @@ fn run_cell(ds: &Dataset, proto: &str, eps: f64, seeds: u64) -> Result<Value, Er
         "dataset": ds.name, "users": ds.population.len(), "protocol": proto, "epsilon": eps,
         "seeds": seeds, "tvd1_mean": tvd1, "tvd2_mean": tvd2, "tvd2_std": tvd2_std,
         "tvd3_mean": tvd3, "tvd3_std": tvd3_std, "seconds_mean": sec, "model_edges": edges,
+        "peak_rss_mb": peak_rss_mb(),
     }))
+}
+
+/// Resets the process's peak resident memory (Linux: `clear_refs` 5), so that
+/// [`peak_rss_mb`] measures from here; a no-op elsewhere.
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// Peak resident memory of the process since the last reset, MB (Linux `VmHWM`; 0 where
+/// unknown). Process-wide: with several threads it includes the other cells'.
+fn peak_rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
 }
 
 fn run_ml_cell(
@@ -258,9 +306,12 @@ fn write_results(out: &Path, new: &[Value]) -> Result<(), Error> {
     }
     let order = |d: &str| {
         [
+            "adult-45k",
+            "nist-taxi",
+            "temporal-match2",
+            "bn",
             "adult-1.5m",
             "adult-100k",
-            "adult-45k",
             "adult-10k",
             "adult-train-1m",
             "adult-train-real",
@@ -287,11 +338,11 @@ fn write_results(out: &Path, new: &[Value]) -> Result<(), Error> {
     });
     std::fs::write(out, serde_json::to_string_pretty(&rows)? + "\n")?;
     let mut md = String::from(
-        "# Adult utility benchmark\n\nGenerated by `bench-utility` (see `examples/src/bin/bench-utility.rs`). Mean TVD over all k-way marginals between the synthetic table (rows = users) and the population; mean ± sample std over seeds; seconds = simulate + finalize + synthesize, release build, 2-core machine (two cells run in parallel).\n\n| dataset | users | protocol | ε | seeds | tvd2 mean ± std | tvd1 | tvd3 | seconds | model edges |\n|---|---|---|---|---|---|---|---|---|---|\n",
+        "# Utility benchmark\n\nGenerated by `bench-utility` (see `examples/src/bin/bench-utility.rs`). Mean TVD over all k-way marginals between the synthetic table (rows = users) and the population (3-way: a fixed seeded sample of 300 triples where a dataset has more); mean ± sample std over seeds; seconds = simulate + finalize + synthesize per run, release build, 2-core machine (two cells run in parallel); peak RSS is the process's over the cell (with two threads it includes the other cell's). `exact-independence` and `chow-liu` are non-private references computed from the data.\n\n| dataset | users | protocol | ε | seeds | tvd2 mean ± std | tvd1 | tvd3 | seconds | model edges | peak RSS MB |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows.iter().filter(|r| r.get("tvd2_mean").is_some()) {
         md += &format!(
-            "| {} | {} | {} | {} | {} | {:.4} ± {:.4} | {:.4} | {:.4} | {:.1} | {} |\n",
+            "| {} | {} | {} | {} | {} | {:.4} ± {:.4} | {:.4} | {:.4} | {:.1} | {} | {:.0} |\n",
             r["dataset"].as_str().unwrap_or(""),
             r["users"],
             r["protocol"].as_str().unwrap_or(""),
@@ -303,6 +354,7 @@ fn write_results(out: &Path, new: &[Value]) -> Result<(), Error> {
             r["tvd3_mean"].as_f64().unwrap_or(f64::NAN),
             r["seconds_mean"].as_f64().unwrap_or(f64::NAN),
             r["model_edges"],
+            r["peak_rss_mb"].as_f64().unwrap_or(f64::NAN),
         );
     }
     let ml: Vec<&Value> = rows
@@ -343,7 +395,9 @@ fn main() -> Result<(), Error> {
 
     if !args.ml_only {
         // Datasets: the four of issue 3, or the requested sizes.
-        let mut specs: Vec<(String, usize)> = if args.users.is_empty() {
+        let mut specs: Vec<(String, usize)> = if args.suite {
+            vec![("adult-45k".into(), 0), ("adult-1.5m".into(), 1_500_000)]
+        } else if args.users.is_empty() {
             vec![
                 ("adult-1.5m".into(), 1_500_000),
                 ("adult-100k".into(), 100_000),
@@ -365,17 +419,33 @@ fn main() -> Result<(), Error> {
         if !args.datasets.is_empty() {
             specs.retain(|(name, _)| args.datasets.contains(name));
         }
-        let datasets: Vec<Arc<Dataset>> = specs
-            .into_iter()
-            .map(|(name, n)| {
-                let pop = if n == 0 {
-                    base.shuffled(45)
-                } else {
-                    base.resample(n, n as u64)
-                };
-                Arc::new(Dataset::new(name, pop))
-            })
-            .collect();
+        let mut datasets: Vec<Arc<Dataset>> = Vec::new();
+        for (name, n) in specs {
+            let pop = if n == 0 {
+                base.shuffled(45)
+            } else {
+                base.resample(n, n as u64)
+            };
+            datasets.push(Arc::new(Dataset::new(name, pop)));
+        }
+        if args.suite {
+            for name in ["nist-taxi", "temporal-match2"] {
+                if !args.datasets.is_empty() && !args.datasets.iter().any(|d| d == name) {
+                    continue;
+                }
+                let dir = args.shared.join(name);
+                let schema: Schema = serde_json::from_str(&std::fs::read_to_string(
+                    dir.join(format!("{name}-schema.json")),
+                )?)?;
+                let loaded = load_csv(&dir.join(format!("{name}.csv")), &schema)?;
+                println!("loaded {name}: {} rows", loaded.population.len());
+                datasets.push(Arc::new(Dataset::new(name.into(), loaded.population)));
+            }
+            if args.datasets.is_empty() || args.datasets.iter().any(|d| d == "bn") {
+                let pop = BayesNet::standard().sample(100_000, 11);
+                datasets.push(Arc::new(Dataset::new("bn".into(), pop)));
+            }
+        }
         let mut cells = Vec::new();
         for ds in &datasets {
             for &eps in &args.epsilons {

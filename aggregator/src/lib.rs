@@ -1,8 +1,8 @@
 //! # ldpsyn-aggregator
 //!
-//! The server side of ldpsyn: the estimation [`engine`] (accumulation of sufficient
-//! statistics, PrivIncr pruning, SamPrivSyn re-weighting, junction trees, synthesis), the
-//! in-process simulator [`sim`] and the utility evaluation [`eval`]. No HTTP or database here.
+//! The server side of ldpsyn: the HTTP [`service`] and its storage, the `demo` job, the
+//! in-process simulator [`sim`] and the utility evaluation [`eval`], over the estimation
+//! engine [`engine`] (the `ldpsyn-engine` crate, re-exported: pure, no IO).
 //!
 //! ```
 //! use ldpsyn::Epsilon;
@@ -27,7 +27,7 @@
 #![warn(missing_docs)]
 
 pub mod demo;
-pub mod engine;
+pub use ldpsyn_engine as engine;
 pub mod eval;
 pub mod service;
 pub mod sim;

@@ -383,7 +383,7 @@ impl GraphicalModel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::graph::build_junction_tree;
+    use crate::graph::build_junction_tree;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha12Rng;
     use std::collections::BTreeSet;

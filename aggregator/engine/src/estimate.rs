@@ -2,13 +2,14 @@
 //! model keeps), the observations the fit sees, and the fit itself ([`super::pgm`]).
 //!
 //! **Model graph.** Every measured pair `(a, b)` is scored by its expected gain
-//! ([`pair_gain`]): its estimated dependence (the L1 distance between its combined estimate
-//! and the product of the two 1-way estimates, debiased for noise: the independence model's
-//! error on the pair) minus the L1 error noise gives its estimate (`√(2/π)·Σ_cells σ`: the
-//! error the model takes on by keeping it). Positive gain means keeping the pair is expected
-//! to lower the pair's error below the independence model's. Pairs with positive gain are added greedily, best first, while
-//! the triangulated graph's largest clique stays within a cap on cells (VertiMRF §5.1, CSTR2:
-//! add edges by estimated dependence while the junction tree fits).
+//! ([`pair_gain`]): its estimated dependence (the independence model's L1 error on the pair,
+//! debiased for noise cell by cell) minus the L1 error of its estimate once projected onto
+//! the simplex ([`projected_noise_l1`]: the error the model takes on by keeping it; the
+//! projection removes much of the noise of sparse tables). Positive gain means keeping the
+//! pair is expected to lower the pair's error below the independence model's. Pairs with
+//! positive gain are added greedily, best first, while the triangulated graph's largest
+//! clique stays within a cap on cells (VertiMRF §5.1, CSTR2: add edges by estimated
+//! dependence while the junction tree fits).
 //!
 //! **Observations.** Every table of every round, factor and mechanism is one measurement. A
 //! measurement whose factor lies in a clique is observed whole; otherwise it is summed down to
@@ -20,6 +21,8 @@
 use std::collections::BTreeSet;
 
 use ldpsyn::mechanism::norm_sub;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha12Rng;
 
 use super::EngineError;
 use super::graph::{Edge, JunctionTree, build_junction_tree, edge};
@@ -36,19 +39,26 @@ pub const MAX_CLIQUE_CELLS: u64 = 100_000;
 /// magnitude when the cell is pure noise (numerical integral).
 const NULL_MAGNITUDE: f64 = 0.342_624;
 
+/// Parametric-bootstrap replicates behind [`projected_noise_l1`].
+const NOISE_REPLICATES: u64 = 32;
+
 /// The evidence for keeping one pair in the model graph.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PairGain {
-    /// `‖ŷ_ab − ŷ_a ⊗ ŷ_b‖₁` of the combined estimates.
+    /// `‖NS(ŷ_ab) − x‖₁`: the L1 distance between the pair's combined estimate, projected
+    /// onto the simplex (Norm-Sub), and the product `x = ŷ_a ⊗ ŷ_b` of its 1-ways.
     pub observed_l1: f64,
-    /// `√(2/π)·Σ_cells σ`: the L1 error of the pair's estimate (σ at the independence fit).
+    /// The L1 error of the projected estimate ([`projected_noise_l1`] around the projected
+    /// estimate, standard errors evaluated there): the error the model takes on by keeping
+    /// the pair.
     pub noise_l1: f64,
-    /// The estimated dependence `D̂ = Σ_cells (√max(r² − σ², 0) − 0.3426·σ)`, `r` the cell's
-    /// distance from independence: per cell, the magnitude with the noise's share removed
-    /// in squares, centred so that a pure-noise cell contributes 0 on average. For a cell
-    /// far from independence it is `|r|` less 0.34σ, where `observed_l1 − noise_l1` would
-    /// subtract 0.8σ.
+    /// The estimated dependence `Σ_cells (√max(r² − σ², 0) − 0.3426·σ)`, `r` a cell's
+    /// distance from independence and σ its standard error at independence: the independence
+    /// model's L1 error on the pair, with the noise's share removed per cell in squares and
+    /// centred so that a pure-noise cell contributes 0 on average.
     pub dependence: f64,
+    /// The pair's estimate projected onto the simplex (row-major `a × b`).
+    pub projected: Vec<f64>,
 }
 
 impl PairGain {
@@ -57,6 +67,35 @@ impl PairGain {
     pub fn gain(&self) -> f64 {
         self.dependence - self.noise_l1
     }
+}
+
+/// Expected L1 error `E‖NS(x + σ∘z) − x‖₁` of a table estimate with cell standard errors
+/// `sigma` around the distribution `x`, once projected onto the simplex (Norm-Sub), by a
+/// seeded parametric bootstrap (standard normal z, [`NOISE_REPLICATES`] replicates). The
+/// projection removes much of the noise of sparse tables (cells near 0 cannot go below), so
+/// this is well below `√(2/π)·Σσ` there. Deterministic for a given `seed`.
+pub fn projected_noise_l1(x: &[f64], sigma: &[f64], seed: u64) -> f64 {
+    let mut rng = ChaCha12Rng::seed_from_u64(seed);
+    let mut total = 0.0;
+    let mut noisy = vec![0.0; x.len()];
+    for _ in 0..NOISE_REPLICATES {
+        for ((v, m), s) in noisy.iter_mut().zip(x).zip(sigma) {
+            *v = m + s * standard_normal(&mut rng);
+        }
+        total += norm_sub(&noisy)
+            .iter()
+            .zip(x)
+            .map(|(p, m)| (p - m).abs())
+            .sum::<f64>();
+    }
+    total / NOISE_REPLICATES as f64
+}
+
+/// A standard normal draw (Box–Muller), for the seeded bootstrap.
+fn standard_normal<R: Rng + ?Sized>(rng: &mut R) -> f64 {
+    let u1 = 1.0 - rng.random::<f64>();
+    let u2 = rng.random::<f64>();
+    (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
 }
 
 /// Norm-Sub'd combination of every table containing each attribute (uniform if none).
@@ -81,17 +120,34 @@ fn outer(a: &[f64], b: &[f64]) -> Vec<f64> {
 pub fn pair_gain(ms: &Measurements, one_way: &[Vec<f64>], a: usize, b: usize) -> Option<PairGain> {
     let null = outer(&one_way[a], &one_way[b]);
     let c = ms.combined_at(&[a, b], |_| true, Some(&null))?;
-    let noise_l1 = (2.0 / std::f64::consts::PI).sqrt() * c.std_errors.iter().sum::<f64>();
-    let (mut observed_l1, mut dependence) = (0.0, 0.0);
-    for ((y, x), s) in c.frequencies.iter().zip(&null).zip(&c.std_errors) {
-        let r = y - x;
-        observed_l1 += r.abs();
-        dependence += (r * r - s * s).max(0.0).sqrt() - NULL_MAGNITUDE * s;
-    }
+    let projected = norm_sub(&c.frequencies);
+    let observed_l1 = projected
+        .iter()
+        .zip(&null)
+        .map(|(y, x)| (y - x).abs())
+        .sum::<f64>();
+    // The independence model's error: per cell, the distance from independence with the
+    // noise's share removed in squares, centred so a pure-noise cell gives 0 on average.
+    let dependence = c
+        .frequencies
+        .iter()
+        .zip(&null)
+        .zip(&c.std_errors)
+        .map(|((y, x), s)| ((y - x).powi(2) - s * s).max(0.0).sqrt() - NULL_MAGNITUDE * s)
+        .sum::<f64>();
+    // The kept pair's error: noise around the projected estimate itself, with standard
+    // errors evaluated there.
+    let at_estimate = ms.combined_at(&[a, b], |_| true, Some(&projected))?;
+    let noise_l1 = projected_noise_l1(
+        &projected,
+        &at_estimate.std_errors,
+        ((a as u64) << 32) | b as u64,
+    );
     Some(PairGain {
         observed_l1,
         noise_l1,
         dependence,
+        projected,
     })
 }
 
@@ -116,7 +172,7 @@ pub fn select_model_graph(
     let mut ranked: Vec<(f64, Edge)> = candidates
         .iter()
         .filter(|(_, g)| g.gain() > 0.0)
-        .map(|&(e, g)| (g.gain(), edge(e.0, e.1)))
+        .map(|(e, g)| (g.gain(), edge(e.0, e.1)))
         .collect();
     ranked.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)));
     let mut chosen = BTreeSet::new();
@@ -259,6 +315,7 @@ mod tests {
             observed_l1: o,
             noise_l1: 0.1,
             dependence: o - 0.1,
+            projected: Vec::new(),
         };
         let cands = [
             ((0, 1), g(0.5)),

@@ -159,9 +159,9 @@ pub struct EdgeGain {
     pub a: usize,
     /// Second attribute.
     pub b: usize,
-    /// L1 distance between the pair's combined estimate and the product of its 1-ways.
+    /// L1 distance between the pair's projected estimate and the product of its 1-ways.
     pub observed_l1: f64,
-    /// L1 error that noise alone gives the pair's estimate.
+    /// L1 error of the pair's projected estimate (what keeping it costs).
     pub noise_l1: f64,
     /// Estimated dependence (L1 distance from independence, debiased for noise).
     pub dependence: f64,

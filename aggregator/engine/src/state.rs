@@ -38,7 +38,7 @@ use serde::{Deserialize, Serialize};
 use super::EngineError;
 use super::estimate::{
     MAX_CLIQUE_CELLS, PairGain, fit_model, largest_clique_cells, one_way_estimates, pair_gain,
-    select_model_graph,
+    projected_noise_l1, select_model_graph,
 };
 use super::graph::{Edge, edge};
 use super::info::{mutual_information, relaxed_threshold, tau};
@@ -662,31 +662,38 @@ impl Engine {
         Phase2Plan { structure, factors }
     }
 
-    /// Expected L1 error `√(2/π)·Σ_cells σ` of factor `f` measured by `n` reports with its
-    /// best oracle, when its marginal is `at` (one variance model: randomizer + sampling).
-    fn expected_noise_l1(&self, f: &[usize], at: &[f64], n: f64) -> f64 {
+    /// Standard error of every cell of factor `f` measured by `n` reports with its best
+    /// oracle, when its marginal is `at` (one variance model: randomizer + sampling).
+    fn cell_std_errors(&self, f: &[usize], at: &[f64], n: f64) -> Vec<f64> {
         let dims: Vec<usize> = f.iter().map(|&a| self.dims[a]).collect();
         let n = n.max(1.0);
         let Ok(m) = Mechanism::new(self.best_oracle(f), self.epsilon, &dims) else {
-            return f64::INFINITY;
+            return vec![f64::INFINITY; at.len()];
         };
         // Exact randomizer variances are linear in 1/n: evaluate at one report and scale.
-        let randomizer = m.frequency_variances(at, 1);
-        (2.0 / std::f64::consts::PI).sqrt()
-            * randomizer
-                .iter()
-                .zip(at)
-                .map(|(r, &x)| {
-                    ((r.max(0.0) + x.clamp(0.0, 1.0) * (1.0 - x.clamp(0.0, 1.0))) / n).sqrt()
-                })
-                .sum::<f64>()
+        m.frequency_variances(at, 1)
+            .iter()
+            .zip(at)
+            .map(|(r, &x)| {
+                let x = x.clamp(0.0, 1.0);
+                ((r.max(0.0) + x * (1.0 - x)) / n).sqrt()
+            })
+            .collect()
+    }
+
+    /// Expected L1 error `√(2/π)·Σ_cells σ` of factor `f` measured by `n` reports with its
+    /// best oracle, when its marginal is `at` (before any projection).
+    fn expected_noise_l1(&self, f: &[usize], at: &[f64], n: f64) -> f64 {
+        (2.0 / std::f64::consts::PI).sqrt() * self.cell_std_errors(f, at, n).iter().sum::<f64>()
     }
 
     /// `auto`'s selection after its screening round (DESIGN.md "Adaptive rounds"; PPSyn
     /// Alg. 2's contribution per budget). Each screened pair's dependence `D̂` (its L1
     /// distance from independence, debiased for the screening noise: [`PairGain`]) is
     /// estimated from the screening tables. A factor f measured by n reports has expected L1 noise `K_f/√n`
-    /// (randomizer and sampling variances are both ∝ 1/n; `K_f` at the independence fit).
+    /// (randomizer and sampling variances are both ∝ 1/n; `K_f` at the screening estimate,
+    /// for a pair scaled by the share of noise its simplex projection keeps at a tree-sized
+    /// allocation `N₂/d`, [`projected_noise_l1`]).
     /// Phase 2 measures every attribute alone and the selected pairs S; its 2-way error is
     /// predicted as `Σ_{p∉S} D̂_p + Σ_f w_f K_f/√n_f`, with `w_f` the number of 2-way
     /// marginals a factor's error enters (1 for a pair, `d − 1` for a 1-way). Under
@@ -722,19 +729,31 @@ impl Engine {
             let Some(g) = pair_gain(ms, &one, e.a, e.b) else {
                 continue;
             };
-            let c = ms.combined(&[e.a, e.b]);
-            e.reports = c.as_ref().map_or(0, |c| c.reports);
-            e.mi = c.map(|c| {
-                mutual_information(&norm_sub(&c.frequencies), self.dims[e.a], self.dims[e.b])
-            });
+            e.reports = ms.combined(&[e.a, e.b]).map_or(0, |c| c.reports);
+            e.mi = Some(mutual_information(
+                &g.projected,
+                self.dims[e.a],
+                self.dims[e.b],
+            ));
             let dependence = g.dependence;
             e.score = Some(dependence);
             if dependence > 0.0 {
-                let null: Vec<f64> = one[e.a]
-                    .iter()
-                    .flat_map(|x| one[e.b].iter().map(move |y| x * y))
-                    .collect();
-                candidates.push((i, dependence, allocation(&[e.a, e.b], &null, 1.0)));
+                // Noise scale K at the screening estimate, times the share of it that the
+                // simplex projection leaves at a tree-sized phase-2 allocation (sparse
+                // tables lose much of their noise to it).
+                let f = [e.a, e.b];
+                let at = &g.projected;
+                let k = self.expected_noise_l1(&f, at, 1.0);
+                let n_ref = (n2 / d as f64).max(1.0);
+                let sigma = self.cell_std_errors(&f, at, n_ref);
+                let raw = (2.0 / std::f64::consts::PI).sqrt() * sigma.iter().sum::<f64>();
+                let kept = projected_noise_l1(at, &sigma, i as u64);
+                let shrink = if raw > 0.0 {
+                    (kept / raw).min(1.0)
+                } else {
+                    1.0
+                };
+                candidates.push((i, dependence, (shrink * k).powf(2.0 / 3.0)));
             }
         }
         let cap = self.options.max_clique_cells.unwrap_or(MAX_CLIQUE_CELLS);

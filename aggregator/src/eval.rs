@@ -87,17 +87,7 @@ impl MarginalCounts {
 
     /// Empty counters for every k-subset of attributes (lexicographic).
     pub fn new(dims: &[usize], k: usize) -> Self {
-        let subsets = subsets(dims.len(), k);
-        let counts = subsets
-            .iter()
-            .map(|s| vec![0u64; s.iter().map(|&a| dims[a]).product()])
-            .collect();
-        Self {
-            dims: dims.to_vec(),
-            subsets,
-            counts,
-            rows: 0,
-        }
+        Self::sampled(dims, k, usize::MAX, 0)
     }
 
     /// Adds one row (codes, one per attribute).

@@ -71,7 +71,7 @@ impl PairGain {
 
 /// Expected L1 error `E‖NS(x + σ∘z) − x‖₁` of a table estimate with cell standard errors
 /// `sigma` around the distribution `x`, once projected onto the simplex (Norm-Sub), by a
-/// seeded parametric bootstrap (standard normal z, [`NOISE_REPLICATES`] replicates). The
+/// seeded parametric bootstrap (standard normal z, 32 replicates). The
 /// projection removes much of the noise of sparse tables (cells near 0 cannot go below), so
 /// this is well below `√(2/π)·Σσ` there. Deterministic for a given `seed`.
 pub fn projected_noise_l1(x: &[f64], sigma: &[f64], seed: u64) -> f64 {

@@ -22,10 +22,18 @@
 //!   5% of the mean weight so no pair starves. Uniform at the start.
 //! - `independence`: each task is one attribute, uniformly, with the lower-variance oracle
 //!   (`MechanismKind::choose`).
-//! - `auto`: see [`AUTO_PHASE1_SHARE`] and [`Engine::close_round`]: one structure-learning
-//!   round on all pairs with the lower-variance oracle per pair, noise-aware edge selection,
-//!   a maximum spanning forest of significant edges, then phase 2 measures the chosen pairs
-//!   and every attribute alone, allocated to minimize the expected total error.
+//! - `auto` (DESIGN.md "Adaptive rounds"): a screening round ([`AUTO_PHASE1_SHARE`] of the
+//!   users) measures, uniformly, every pair that could ever pay for its reports, with the
+//!   lower-variance oracle; at its close the pairs are selected greedily by predicted 2-way
+//!   error (estimated dependence against the phase-2 noise they bring and the users they
+//!   take from the 1-ways), and phase 2 measures the selected pairs and every attribute
+//!   alone, allocated to minimize that prediction. With too few users nothing is selected
+//!   (or nothing is screened) and the result is the independence model.
+//!
+//! Every protocol finalizes the same way ([`Engine::finalize`]): every table is a
+//! measurement, the model graph keeps the candidate pairs with positive expected gain within
+//! the clique cap, and one graphical model is fitted to all measurements
+//! ([`super::estimate`], [`super::pgm`]). The protocols differ in what they collect.
 
 use std::collections::BTreeSet;
 

@@ -8,8 +8,10 @@
 //!   measurement with per-cell variances from one model (randomizer + sampling).
 //! - [`state`]: [`Engine`] (from the public collection config), the serializable
 //!   [`CollectionState`], task assignment ([`Engine::draw_task`]), round transitions
-//!   ([`Engine::should_close`], [`Engine::close_round`]: PrivIncr pruning, SamPrivSyn
-//!   re-weighting, `auto`'s selection) and [`Engine::finalize`].
+//!   ([`Engine::should_close`], [`Engine::close_round`]) and [`Engine::finalize`].
+//! - [`protocols`]: one module per protocol behind one trait (PrivIncr/NoIncremental pruning,
+//!   `auto`'s screening and selection, SamPrivSyn re-weighting, independence), dispatched
+//!   once by the engine.
 //! - [`estimate`]: the model graph (pairs kept by expected gain within a clique cap) and the
 //!   observations every measurement gives the fit.
 //! - [`pgm`]: the graphical model fitted to every measurement (mirror descent + belief
@@ -68,6 +70,7 @@ pub mod info;
 pub mod model;
 pub mod pgm;
 pub mod plan;
+pub mod protocols;
 pub mod samprivsyn;
 pub mod state;
 pub mod tables;

@@ -1,0 +1,50 @@
+//! The independence protocol: every task is one attribute, drawn uniformly, reported with
+//! its lower-variance oracle (`MechanismKind::choose`); no rounds; the model keeps no pair.
+
+use rand::RngCore;
+
+use super::{CollectionProtocol, common_task, one_way_state};
+use crate::graph::Edge;
+use crate::state::{CollectionState, Engine, TaskSpec, Transition};
+use crate::{EngineError, Tables};
+
+/// The independence protocol's rules.
+#[derive(Debug, Clone, Default)]
+pub struct Independence;
+
+impl CollectionProtocol for Independence {
+    fn initial_state(&self, engine: &Engine) -> CollectionState {
+        one_way_state(engine)
+    }
+
+    fn draw_task(
+        &self,
+        engine: &Engine,
+        state: &CollectionState,
+        rng: &mut dyn RngCore,
+    ) -> Result<TaskSpec, EngineError> {
+        common_task(engine, state, rng).unwrap_or_else(|| {
+            Err(EngineError::InvalidState(format!(
+                "independence has no {:?} phase",
+                state.phase
+            )))
+        })
+    }
+
+    fn pools_rounds(&self) -> bool {
+        true
+    }
+
+    fn close_round(
+        &self,
+        _engine: &Engine,
+        _state: &mut CollectionState,
+        _tables: &Tables,
+    ) -> Result<Transition, EngineError> {
+        Ok(Transition::Nothing)
+    }
+
+    fn model_candidates(&self, _engine: &Engine, _state: &CollectionState) -> Vec<Edge> {
+        Vec::new()
+    }
+}

@@ -1,0 +1,472 @@
+//! Protocols as plug-ins: each protocol is one module behind [`CollectionProtocol`]: its
+//! initial state, how it draws a task, which round a report's table belongs to, how it
+//! closes a round, which pairs its final model graph may keep, and (SamPrivSyn with its
+//! paper's estimator only) its own final model. [`crate::Engine`] picks the protocol once, in
+//! its constructor, and every engine call delegates to it.
+//!
+//! - [`privincr`]: PrivIncr and NoIncremental (EDBT 2023, Algorithms 1–2).
+//! - [`auto`]: screening round, then selection by predicted error (DESIGN.md "Adaptive
+//!   rounds").
+//! - [`samprivsyn`]: SamPrivSyn's MI-weighted pair sampling (Sci China Inf Sci 2023,
+//!   Algorithm 1).
+//! - [`independence`]: every attribute alone.
+//!
+//! The two-phase machinery PrivIncr and `auto` share (the phase-1 state, the phase-2 plan
+//! and its tasks) lives here.
+
+use std::collections::BTreeSet;
+use std::fmt::Debug;
+
+use ldpsyn::protocol::PrivIncrParams;
+use rand::{Rng, RngCore};
+
+use crate::graph::{Edge, edge};
+use crate::info::tau;
+use crate::model::{FittedJoint, Model};
+use crate::plan::{Structure, build_structure};
+use crate::state::{
+    CollectionState, EdgeState, Engine, Phase, Phase2Plan, PlannedFactor, TaskSpec, Transition,
+};
+use crate::{EngineError, Tables};
+
+pub mod auto;
+pub mod independence;
+pub mod privincr;
+pub mod samprivsyn;
+
+/// One protocol's collection rules (module docs). Implementations are stateless beyond their
+/// parameters: everything a collection has decided lives in its [`CollectionState`].
+pub trait CollectionProtocol: Send + Sync + Debug {
+    /// The state of a new collection.
+    fn initial_state(&self, engine: &Engine) -> CollectionState;
+
+    /// The next task: a pure function of the state and `rng`, never of anyone's data.
+    /// Errors: [`EngineError::Finalized`] once finalized, [`EngineError::InvalidState`] for a
+    /// state the protocol cannot be in.
+    fn draw_task(
+        &self,
+        engine: &Engine,
+        state: &CollectionState,
+        rng: &mut dyn RngCore,
+    ) -> Result<TaskSpec, EngineError>;
+
+    /// Whether every round's reports go into one table per factor (round 0): exact pooling
+    /// for protocols whose mechanism and ε never change (eq. 5 of PrivIncr).
+    fn pools_rounds(&self) -> bool {
+        false
+    }
+
+    /// Closes the current round (deterministic given the tables of rounds ≤ the current
+    /// one). Errors: tables that do not fit their mechanisms.
+    fn close_round(
+        &self,
+        engine: &Engine,
+        state: &mut CollectionState,
+        tables: &Tables,
+    ) -> Result<Transition, EngineError>;
+
+    /// Pairs the final model graph may keep (only measured pairs can score).
+    fn model_candidates(&self, engine: &Engine, state: &CollectionState) -> Vec<Edge>;
+
+    /// The final model from the graphical model fitted to every measurement: by default the
+    /// fit itself, sampled through the conditionals of `structure`.
+    /// Errors: a protocol's own estimator failing.
+    fn final_model(
+        &self,
+        engine: &Engine,
+        state: &CollectionState,
+        structure: Structure,
+        source: FittedJoint,
+    ) -> Result<Model, EngineError> {
+        Ok(Model::graphical(
+            engine.protocol().name(),
+            engine.dims().to_vec(),
+            state.edges.clone(),
+            structure,
+            source,
+        ))
+    }
+}
+
+/// Every pair `(a, b)`, `a < b`, lexicographic.
+pub(crate) fn pairs(d: usize) -> Vec<Edge> {
+    let mut v = Vec::new();
+    for a in 0..d {
+        for b in a + 1..d {
+            v.push((a, b));
+        }
+    }
+    v
+}
+
+/// Draws an index with probability ∝ `weights` (all ≥ 0, not all 0).
+pub(crate) fn draw_weighted<R: Rng + ?Sized>(
+    weights: impl Iterator<Item = f64> + Clone,
+    rng: &mut R,
+) -> usize {
+    let total: f64 = weights.clone().sum();
+    let mut u = rng.random::<f64>() * total;
+    let mut last = 0;
+    for (i, w) in weights.enumerate() {
+        if w > 0.0 {
+            last = i;
+            if u < w {
+                return i;
+            }
+            u -= w;
+        }
+    }
+    last
+}
+
+/// A state with no round structure: every task is one attribute.
+pub(crate) fn one_way_state(engine: &Engine) -> CollectionState {
+    CollectionState {
+        protocol: engine.protocol().name().into(),
+        phase: Phase::OneWay,
+        round: 0,
+        round_quota: None,
+        edges: Vec::new(),
+        plan: None,
+        pair_weights: Vec::new(),
+    }
+}
+
+/// One attribute drawn uniformly, with its lower-variance oracle.
+pub(crate) fn one_way_task(
+    engine: &Engine,
+    state: &CollectionState,
+    rng: &mut dyn RngCore,
+) -> TaskSpec {
+    let a = rng.random_range(0..engine.dims().len());
+    TaskSpec {
+        round: state.round,
+        factor: vec![a],
+        mechanism: engine.best_oracle(&[a]),
+    }
+}
+
+/// The tasks of the phases every protocol may be in besides its own: finalized (error),
+/// 1-ways, and a phase-2 plan's factors drawn ∝ their weights. `None` for the phase-1 and
+/// pair-sampling phases, which the protocol draws itself.
+pub(crate) fn common_task(
+    engine: &Engine,
+    state: &CollectionState,
+    rng: &mut dyn RngCore,
+) -> Option<Result<TaskSpec, EngineError>> {
+    match state.phase {
+        Phase::Finalized => Some(Err(EngineError::Finalized)),
+        Phase::OneWay => Some(Ok(one_way_task(engine, state, rng))),
+        Phase::CliqueMeasurement => Some((|| {
+            let plan = state
+                .plan
+                .as_ref()
+                .ok_or_else(|| EngineError::InvalidState("phase 2 without a plan".into()))?;
+            if plan.factors.is_empty() {
+                return Ok(one_way_task(engine, state, rng));
+            }
+            let i = draw_weighted(plan.factors.iter().map(|f| f.weight), rng);
+            Ok(TaskSpec {
+                round: state.round,
+                factor: plan.factors[i].factor.clone(),
+                mechanism: plan.factors[i].mechanism,
+            })
+        })()),
+        Phase::GraphConstruction | Phase::PairSampling => None,
+    }
+}
+
+/// Phase 1 of a two-phase protocol: every pair for which `screened` holds is active, the
+/// others start pruned; rounds of `⌊share·N/rounds⌋` accepted reports (at least one, so a
+/// round can close).
+pub(crate) fn graph_state(
+    engine: &Engine,
+    params: &PrivIncrParams,
+    rounds: u32,
+    share: f64,
+    screened: impl Fn(usize, usize) -> bool,
+) -> CollectionState {
+    let dims = engine.dims();
+    let n = engine.target_users();
+    CollectionState {
+        protocol: engine.protocol().name().into(),
+        phase: Phase::GraphConstruction,
+        round: 0,
+        round_quota: Some(((share * n as f64 / rounds as f64).floor() as u64).max(1)),
+        edges: pairs(dims.len())
+            .into_iter()
+            .map(|(a, b)| {
+                let active = screened(a, b);
+                EdgeState {
+                    a,
+                    b,
+                    active,
+                    pruned_in: (!active).then_some(0),
+                    mi: None,
+                    tau: tau(dims[a], dims[b], params.phi),
+                    ell: None,
+                    reports: 0,
+                    score: None,
+                }
+            })
+            .collect(),
+        plan: None,
+        pair_weights: Vec::new(),
+    }
+}
+
+/// The active edges of a phase-1 state.
+pub(crate) fn active_edges(state: &CollectionState) -> Vec<&EdgeState> {
+    state.edges.iter().filter(|e| e.active).collect()
+}
+
+/// The structure of the active edges: junction tree and conditionals (Algorithm 2 of
+/// PrivIncr above `sigma` cells, mRMR on the recorded MI, or on `auto`'s dependence scores
+/// when `use_score`).
+pub(crate) fn plan_structure(
+    engine: &Engine,
+    state: &CollectionState,
+    sigma: u64,
+    use_score: bool,
+) -> Structure {
+    let d = engine.dims().len();
+    let edges: BTreeSet<Edge> = state
+        .edges
+        .iter()
+        .filter(|e| e.active)
+        .map(|e| edge(e.a, e.b))
+        .collect();
+    let mut mi = vec![vec![0.0; d]; d];
+    for e in &state.edges {
+        let v = if use_score { e.score } else { e.mi }
+            .unwrap_or(0.0)
+            .max(0.0);
+        mi[e.a][e.b] = v;
+        mi[e.b][e.a] = v;
+    }
+    build_structure(engine.dims(), &edges, &mi, sigma)
+}
+
+/// Ends a phase-1 round: the next round opens while `state.round + 1 < rounds`; after the
+/// last one the phase-2 `plan` (built from the state after pruning) starts, as round
+/// `rounds`, with no quota.
+pub(crate) fn end_phase1_round(
+    state: &mut CollectionState,
+    rounds: u32,
+    pruned: Vec<Edge>,
+    plan: impl FnOnce(&CollectionState) -> Vec<PlannedFactor>,
+    structure: impl FnOnce(&CollectionState) -> Structure,
+) -> Transition {
+    let t = state.round;
+    if t + 1 < rounds {
+        state.round += 1;
+        return Transition::RoundClosed { round: t, pruned };
+    }
+    let structure = structure(state);
+    let factors = plan(state);
+    let count = factors.len();
+    state.plan = Some(Phase2Plan { structure, factors });
+    state.phase = Phase::CliqueMeasurement;
+    state.round = rounds;
+    state.round_quota = None;
+    Transition::EnteredCliqueMeasurement {
+        pruned,
+        factors: count,
+    }
+}
+
+/// The factors of a structure's conditionals (each scope once), for PrivIncr's phase 2.
+pub(crate) fn conditional_scopes(structure: &Structure) -> Vec<Vec<usize>> {
+    let mut scopes: Vec<Vec<usize>> = Vec::new();
+    for c in &structure.conditionals {
+        let s = c.scope();
+        if !scopes.contains(&s) {
+            scopes.push(s);
+        }
+    }
+    scopes
+}
+
+/// Forwards a generic RNG as a `dyn RngCore` (same draws: every call passes through).
+pub(crate) struct DynRng<'a, R: ?Sized>(pub &'a mut R);
+
+impl<R: RngCore + ?Sized> RngCore for DynRng<'_, R> {
+    fn next_u32(&mut self) -> u32 {
+        self.0.next_u32()
+    }
+    fn next_u64(&mut self) -> u64 {
+        self.0.next_u64()
+    }
+    fn fill_bytes(&mut self, dst: &mut [u8]) {
+        self.0.fill_bytes(dst)
+    }
+}
+
+/// PrivIncr-family parameters validation shared by privincr, noincremental and auto.
+pub(crate) fn check_privincr(p: &PrivIncrParams) -> Result<(), EngineError> {
+    if !(p.omega > 0.0 && p.omega < 1.0) {
+        return Err(EngineError::InvalidConfig("omega must be in (0, 1)".into()));
+    }
+    if p.rounds == 0 {
+        return Err(EngineError::InvalidConfig("rounds must be ≥ 1".into()));
+    }
+    let valid = p.alpha > 0.0 && p.alpha <= 1.0 && p.phi > 0.0 && p.sigma >= 2;
+    if !valid {
+        return Err(EngineError::InvalidConfig(
+            "alpha ∈ (0, 1], phi > 0, sigma ≥ 2 required".into(),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use ldpsyn::Epsilon;
+    use ldpsyn::mechanism::{MechanismKind, SufficientStatistics};
+    use ldpsyn::protocol::{PrivIncrParams, Protocol, SamPrivSynParams};
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha12Rng;
+
+    use super::*;
+    use crate::state::EngineOptions;
+
+    /// Three attributes of 3 values: 0 and 1 equal for 90% of people, 2 independent.
+    fn people(n: usize, seed: u64) -> Vec<[u32; 3]> {
+        let mut rng = ChaCha12Rng::seed_from_u64(seed);
+        (0..n)
+            .map(|_| {
+                let a = rng.random_range(0..3u32);
+                let b = if rng.random_bool(0.9) {
+                    a
+                } else {
+                    rng.random_range(0..3)
+                };
+                [a, b, rng.random_range(0..3)]
+            })
+            .collect()
+    }
+
+    fn engine(protocol: Protocol, n: u64) -> Engine {
+        Engine::from_parts(
+            vec![3, 3, 3],
+            Epsilon::new(4.0).unwrap(),
+            n,
+            protocol,
+            EngineOptions::default(),
+        )
+        .unwrap()
+    }
+
+    /// Every person reports one task of the current state.
+    fn collect(e: &Engine, state: &CollectionState, who: &[[u32; 3]], seed: u64) -> Tables {
+        let mut rng = ChaCha12Rng::seed_from_u64(seed);
+        let mut tables = Tables::new();
+        for p in who {
+            let task = e.draw_task(state, &mut rng).unwrap();
+            let key = e.table_key(&task);
+            let m = e.mechanism(&key).unwrap();
+            let codes: Vec<u32> = task.factor.iter().map(|&a| p[a]).collect();
+            let report = m.randomize(&codes, &mut rng).unwrap();
+            let stats = tables
+                .entry(key)
+                .or_insert_with(|| SufficientStatistics::new(&m));
+            m.accumulate(&report, stats).unwrap();
+        }
+        tables
+    }
+
+    #[test]
+    fn privincr_prunes_below_ell_and_plans_phase_two() {
+        let params = PrivIncrParams {
+            rounds: 2,
+            phi: 0.9,
+            ..PrivIncrParams::default()
+        };
+        let e = engine(Protocol::Privincr(params), 60_000);
+        let mut state = e.initial_state();
+        assert_eq!(state.phase, Phase::GraphConstruction);
+        let who = people(15_000, 1);
+        let tables = collect(&e, &state, &who, 2);
+        let t = e.close_round(&mut state, &tables).unwrap();
+        // τ = 0.81 and ΔI ≈ 0.5 at 5,000 reports a pair: ℓ ≈ 0.3. The dependent pair
+        // (MI ≈ 0.75) stays; the independent ones (MI ≈ 0) are pruned.
+        let Transition::RoundClosed { round: 0, pruned } = t else {
+            panic!("{t:?}")
+        };
+        assert!(!pruned.contains(&(0, 1)), "{pruned:?}");
+        assert!(
+            pruned.contains(&(0, 2)) && pruned.contains(&(1, 2)),
+            "{pruned:?}"
+        );
+        let t = e.close_round(&mut state, &tables).unwrap();
+        assert!(
+            matches!(t, Transition::EnteredCliqueMeasurement { .. }),
+            "{t:?}"
+        );
+        let plan = state.plan.as_ref().unwrap();
+        assert!(
+            plan.factors
+                .iter()
+                .all(|f| f.mechanism == MechanismKind::Oue)
+        );
+        assert!(plan.factors.iter().any(|f| f.factor == vec![0, 1]));
+        assert_eq!(state.round, 2);
+        assert_eq!(state.round_quota, None);
+    }
+
+    #[test]
+    fn auto_with_too_few_users_is_the_independence_model() {
+        let e = engine(Protocol::Auto(PrivIncrParams::default()), 3);
+        let state = e.initial_state();
+        assert_eq!(state.phase, Phase::OneWay);
+        assert!(state.edges.is_empty());
+        // With many users it screens and selects the dependent pair only.
+        let e = engine(Protocol::Auto(PrivIncrParams::default()), 50_000);
+        let mut state = e.initial_state();
+        assert_eq!(state.phase, Phase::GraphConstruction);
+        let tables = collect(&e, &state, &people(15_000, 3), 4);
+        e.close_round(&mut state, &tables).unwrap();
+        let plan = state.plan.as_ref().unwrap();
+        let pairs: Vec<&Vec<usize>> = plan
+            .factors
+            .iter()
+            .map(|f| &f.factor)
+            .filter(|f| f.len() == 2)
+            .collect();
+        assert_eq!(pairs, vec![&vec![0, 1]]);
+        assert_eq!(
+            plan.factors.iter().filter(|f| f.factor.len() == 1).count(),
+            3
+        );
+    }
+
+    #[test]
+    fn samprivsyn_reweights_toward_the_dependent_pair() {
+        let e = engine(
+            Protocol::Samprivsyn(SamPrivSynParams { batch_size: 6_000 }),
+            50_000,
+        );
+        let mut state = e.initial_state();
+        assert_eq!(state.pair_weights, vec![1.0 / 3.0; 3]);
+        let tables = collect(&e, &state, &people(6_000, 5), 6);
+        assert!(tables.keys().all(|k| k.round == 0));
+        let t = e.close_round(&mut state, &tables).unwrap();
+        assert_eq!(t, Transition::Reweighted { batch: 1 });
+        let w = &state.pair_weights;
+        assert!(w[0] > 5.0 * w[1] && w[0] > 5.0 * w[2], "{w:?}");
+    }
+
+    #[test]
+    fn independence_never_closes_and_pools_rounds() {
+        let e = engine(Protocol::Independence {}, 1_000);
+        let mut state = e.initial_state();
+        let tables = collect(&e, &state, &people(1_000, 7), 8);
+        assert!(tables.keys().all(|k| k.round == 0 && k.factor.len() == 1));
+        assert!(!e.should_close(&state, u64::MAX));
+        assert_eq!(
+            e.close_round(&mut state, &tables).unwrap(),
+            Transition::Nothing
+        );
+        assert_eq!(state.phase, Phase::OneWay);
+    }
+}

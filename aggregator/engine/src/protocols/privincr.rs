@@ -1,0 +1,137 @@
+//! PrivIncr (EDBT 2023) and NoIncremental (its T = 1 baseline).
+//!
+//! Phase 1 = Algorithm 1 over `rounds` rounds of `⌊omega·N/rounds⌋` accepted reports: every
+//! task is a remaining edge drawn with probability `∝ |Ω_i|·|Ω_j|` (line 5) reported with
+//! VOUE (OUE over the pair's product domain); after each round every remaining edge whose MI
+//! (eq. 14, on Norm-Sub'd accumulated estimates) is below `ℓ = τ − ΔI(η)` (eq. 15, eq. 18) is
+//! pruned; its data is kept and still used. After the last round: junction tree + Algorithm 2
+//! ([`crate::plan`]), and phase 2 hands out the planned factors (VOUE) with probability `∝`
+//! their domain size. The final model graph may keep the edges phase 1 left active.
+
+use ldpsyn::mechanism::{MechanismKind, norm_sub};
+use ldpsyn::protocol::PrivIncrParams;
+use rand::RngCore;
+
+use super::{
+    CollectionProtocol, active_edges, common_task, conditional_scopes, draw_weighted,
+    end_phase1_round, graph_state, one_way_task, plan_structure,
+};
+use crate::graph::{Edge, edge};
+use crate::info::{mutual_information, relaxed_threshold};
+use crate::state::{CollectionState, Engine, Phase, PlannedFactor, TaskSpec, Transition};
+use crate::{EngineError, Measurements, Tables};
+
+/// PrivIncr's rules (NoIncremental: one phase-1 round).
+#[derive(Debug, Clone)]
+pub struct PrivIncr {
+    params: PrivIncrParams,
+    rounds: u32,
+}
+
+impl PrivIncr {
+    /// PrivIncr with `params.rounds` phase-1 rounds, or NoIncremental (one round) when
+    /// `incremental` is false.
+    pub fn new(params: PrivIncrParams, incremental: bool) -> Self {
+        let rounds = if incremental { params.rounds } else { 1 };
+        Self { params, rounds }
+    }
+}
+
+impl CollectionProtocol for PrivIncr {
+    fn initial_state(&self, engine: &Engine) -> CollectionState {
+        graph_state(
+            engine,
+            &self.params,
+            self.rounds,
+            self.params.omega,
+            |_, _| true,
+        )
+    }
+
+    fn draw_task(
+        &self,
+        engine: &Engine,
+        state: &CollectionState,
+        rng: &mut dyn RngCore,
+    ) -> Result<TaskSpec, EngineError> {
+        if let Some(task) = common_task(engine, state, rng) {
+            return task;
+        }
+        if state.phase != Phase::GraphConstruction {
+            return Err(EngineError::InvalidState(format!(
+                "privincr has no {:?} phase",
+                state.phase
+            )));
+        }
+        let active = active_edges(state);
+        if active.is_empty() {
+            // Every edge pruned (or d = 1): spend the rest of the round on 1-ways.
+            return Ok(one_way_task(engine, state, rng));
+        }
+        // Line 5 of Algorithm 1: Ñ_{t,e} ∝ |Ω_i|·|Ω_j|.
+        let dims = engine.dims();
+        let i = draw_weighted(active.iter().map(|e| (dims[e.a] * dims[e.b]) as f64), rng);
+        Ok(TaskSpec {
+            round: state.round,
+            factor: vec![active[i].a, active[i].b],
+            mechanism: MechanismKind::Oue,
+        })
+    }
+
+    fn close_round(
+        &self,
+        engine: &Engine,
+        state: &mut CollectionState,
+        tables: &Tables,
+    ) -> Result<Transition, EngineError> {
+        if state.phase != Phase::GraphConstruction {
+            return Ok(Transition::Nothing);
+        }
+        let t = state.round;
+        let dims = engine.dims();
+        let ms = Measurements::filtered(engine.epsilon(), dims, tables, |k| k.round <= t)?;
+        let mut pruned = Vec::new();
+        for e in state.edges.iter_mut().filter(|e| e.active) {
+            let Some(c) = ms.combined(&[e.a, e.b]) else {
+                continue;
+            };
+            let (ka, kb) = (dims[e.a], dims[e.b]);
+            let mi = mutual_information(&norm_sub(&c.frequencies), ka, kb);
+            let ell = relaxed_threshold(ka, kb, c.reports, self.params.phi, self.params.alpha);
+            e.mi = Some(mi);
+            e.ell = Some(ell);
+            e.reports = c.reports;
+            // Line 14 of Algorithm 1.
+            if mi < ell {
+                e.active = false;
+                e.pruned_in = Some(t);
+                pruned.push((e.a, e.b));
+            }
+        }
+        let sigma = self.params.sigma;
+        Ok(end_phase1_round(
+            state,
+            self.rounds,
+            pruned,
+            |s| {
+                // VOUE, users ∝ the factor's domain size (as line 5 of Algorithm 1).
+                conditional_scopes(&plan_structure(engine, s, sigma, false))
+                    .into_iter()
+                    .map(|f| PlannedFactor {
+                        weight: engine.cells(&f) as f64,
+                        factor: f,
+                        mechanism: MechanismKind::Oue,
+                    })
+                    .collect()
+            },
+            |s| plan_structure(engine, s, sigma, false),
+        ))
+    }
+
+    fn model_candidates(&self, _engine: &Engine, state: &CollectionState) -> Vec<Edge> {
+        active_edges(state)
+            .into_iter()
+            .map(|e| edge(e.a, e.b))
+            .collect()
+    }
+}

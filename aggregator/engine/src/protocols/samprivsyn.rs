@@ -1,0 +1,152 @@
+//! SamPrivSyn's collection (Sci China Inf Sci 2023, Algorithm 1): each task is a pair drawn
+//! `∝` its current weight, reported with two GRRs at ε/2; every `batch_size` accepted reports
+//! the weights become the MI of each pair's Kronecker-inverse + Norm-Sub estimate, plus a
+//! floor of [`SAMPRIVSYN_WEIGHT_FLOOR`] of the mean weight so no pair starves. Uniform at the
+//! start (line 4). All batches pool into round-0 tables (same mechanism and ε). The model
+//! graph may keep any pair; with `samprivsyn_lasso` set the synthetic rows come from the
+//! paper's own estimator and data generation ([`crate::samprivsyn`]).
+
+use ldpsyn::mechanism::{MechanismKind, norm_sub};
+use ldpsyn::protocol::SamPrivSynParams;
+use rand::RngCore;
+
+use super::{CollectionProtocol, common_task, draw_weighted, pairs};
+use crate::graph::Edge;
+use crate::info::mutual_information;
+use crate::model::{FittedJoint, Model};
+use crate::plan::Structure;
+use crate::state::{CollectionState, Engine, Phase, TaskSpec, Transition};
+use crate::{EngineError, Measurements, Tables};
+
+/// Floor of every SamPrivSyn pair weight, as a fraction of the mean weight.
+pub const SAMPRIVSYN_WEIGHT_FLOOR: f64 = 0.05;
+
+/// SamPrivSyn's rules.
+#[derive(Debug, Clone)]
+pub struct SamPrivSyn {
+    params: SamPrivSynParams,
+}
+
+impl SamPrivSyn {
+    /// The rules with these parameters.
+    pub fn new(params: SamPrivSynParams) -> Self {
+        Self { params }
+    }
+
+    /// Weights from the pooled pair tables (Kronecker inverse + Norm-Sub + MI), with the
+    /// floor; pairs without reports keep the mean weight.
+    fn weights(
+        &self,
+        engine: &Engine,
+        state: &CollectionState,
+        tables: &Tables,
+    ) -> Result<Vec<f64>, EngineError> {
+        let dims = engine.dims();
+        let ms = Measurements::new(engine.epsilon(), dims, tables)?;
+        let mi: Vec<Option<f64>> = pairs(dims.len())
+            .iter()
+            .map(|&(a, b)| {
+                ms.combined_where(&[a, b], |k| {
+                    k.mechanism == MechanismKind::GrrPair && k.factor.len() == 2
+                })
+                .map(|c| mutual_information(&norm_sub(&c.frequencies), dims[a], dims[b]))
+            })
+            .collect();
+        let known: Vec<f64> = mi.iter().flatten().copied().collect();
+        if known.is_empty() {
+            return Ok(state.pair_weights.clone());
+        }
+        let mean = known.iter().sum::<f64>() / known.len() as f64;
+        let floor = SAMPRIVSYN_WEIGHT_FLOOR * mean.max(1e-12);
+        Ok(mi
+            .iter()
+            .map(|m| m.unwrap_or(mean).max(0.0) + floor)
+            .collect())
+    }
+}
+
+impl CollectionProtocol for SamPrivSyn {
+    fn initial_state(&self, engine: &Engine) -> CollectionState {
+        let d = engine.dims().len();
+        let m = d * (d - 1) / 2;
+        CollectionState {
+            protocol: engine.protocol().name().into(),
+            phase: if m == 0 {
+                Phase::OneWay
+            } else {
+                Phase::PairSampling
+            },
+            round: 0,
+            round_quota: Some(self.params.batch_size),
+            edges: Vec::new(),
+            plan: None,
+            // Algorithm 1 line 4: every pair starts with weight 2/(d(d−1)).
+            pair_weights: vec![1.0 / m.max(1) as f64; m],
+        }
+    }
+
+    fn draw_task(
+        &self,
+        engine: &Engine,
+        state: &CollectionState,
+        rng: &mut dyn RngCore,
+    ) -> Result<TaskSpec, EngineError> {
+        if let Some(task) = common_task(engine, state, rng) {
+            return task;
+        }
+        if state.phase != Phase::PairSampling {
+            return Err(EngineError::InvalidState(format!(
+                "samprivsyn has no {:?} phase",
+                state.phase
+            )));
+        }
+        let i = draw_weighted(state.pair_weights.iter().copied(), rng);
+        let (a, b) = pairs(engine.dims().len())[i];
+        Ok(TaskSpec {
+            round: state.round,
+            factor: vec![a, b],
+            mechanism: MechanismKind::GrrPair,
+        })
+    }
+
+    fn pools_rounds(&self) -> bool {
+        true
+    }
+
+    fn close_round(
+        &self,
+        engine: &Engine,
+        state: &mut CollectionState,
+        tables: &Tables,
+    ) -> Result<Transition, EngineError> {
+        if state.phase != Phase::PairSampling {
+            return Ok(Transition::Nothing);
+        }
+        state.pair_weights = self.weights(engine, state, tables)?;
+        state.round += 1;
+        Ok(Transition::Reweighted { batch: state.round })
+    }
+
+    fn model_candidates(&self, engine: &Engine, _state: &CollectionState) -> Vec<Edge> {
+        pairs(engine.dims().len())
+    }
+
+    fn final_model(
+        &self,
+        engine: &Engine,
+        state: &CollectionState,
+        structure: Structure,
+        source: FittedJoint,
+    ) -> Result<Model, EngineError> {
+        match engine.options().samprivsyn_lasso {
+            Some(lambda) => crate::samprivsyn::build_model(engine, source, lambda),
+            None => Ok(Model::graphical(
+                engine.protocol().name(),
+                engine.dims().to_vec(),
+                state.edges.clone(),
+                structure,
+                source,
+            )),
+        }
+    }
+}

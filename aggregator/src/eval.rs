@@ -316,23 +316,7 @@ pub fn chow_liu_model(pop: std::sync::Arc<Population>) -> crate::engine::Model {
             weighted.push((mi, a, b));
         }
     }
-    weighted.sort_by(|x, y| y.0.total_cmp(&x.0).then((x.1, x.2).cmp(&(y.1, y.2))));
-    let mut component: Vec<usize> = (0..d).collect();
-    fn root(c: &mut [usize], mut x: usize) -> usize {
-        while c[x] != x {
-            c[x] = c[c[x]];
-            x = c[x];
-        }
-        x
-    }
-    let mut edges = std::collections::BTreeSet::new();
-    for (_, a, b) in weighted {
-        let (ra, rb) = (root(&mut component, a), root(&mut component, b));
-        if ra != rb {
-            component[ra] = rb;
-            edges.insert((a, b));
-        }
-    }
+    let edges = crate::engine::graph::maximum_spanning_forest(d, weighted);
     let structure = crate::engine::plan::build_structure(&dims, &edges, &[], u64::MAX);
     crate::engine::Model::graphical("chow-liu", dims, Vec::new(), structure, source)
 }

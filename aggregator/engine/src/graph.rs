@@ -10,6 +10,30 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
+/// One attribute pair and what phase 1 decided about it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EdgeState {
+    /// First attribute (lower index).
+    pub a: usize,
+    /// Second attribute.
+    pub b: usize,
+    /// Still in the dependency graph.
+    pub active: bool,
+    /// Round after which the edge was pruned (`None` while active).
+    pub pruned_in: Option<u32>,
+    /// Last MI (eq. 14, nats) of the accumulated Norm-Sub'd estimate.
+    pub mi: Option<f64>,
+    /// τ of eq. 15 (nats).
+    pub tau: f64,
+    /// Last relaxed threshold ℓ of eq. 18 (nats; privincr).
+    pub ell: Option<f64>,
+    /// Reports of tables containing the pair when last evaluated.
+    pub reports: u64,
+    /// `auto`: estimated dependence `D̂` (L1 distance from independence, debiased for the
+    /// screening noise; see [`crate::estimate::PairGain`]).
+    pub score: Option<f64>,
+}
+
 /// An undirected edge `(a, b)` with `a < b`.
 pub type Edge = (usize, usize);
 
@@ -207,30 +231,61 @@ pub fn junction_tree(cliques: Vec<Vec<usize>>) -> JunctionTree {
         }
     }
     cand.sort();
-    let mut parent: Vec<usize> = (0..k).collect();
-    fn find(p: &mut [usize], x: usize) -> usize {
-        let mut r = x;
-        while p[r] != r {
-            r = p[r];
-        }
-        let mut y = x;
-        while p[y] != r {
-            let n = p[y];
-            p[y] = r;
-            y = n;
-        }
-        r
-    }
+    let mut forest = UnionFind::new(k);
     let mut edges = Vec::new();
     for (_, i, j) in cand {
-        let (ri, rj) = (find(&mut parent, i), find(&mut parent, j));
-        if ri != rj {
-            parent[ri] = rj;
+        if forest.union(i, j) {
             edges.push((i, j));
         }
     }
     edges.sort_unstable();
     JunctionTree { cliques, edges }
+}
+
+/// Disjoint sets over `0..n` (path halving), for Kruskal's spanning forests.
+#[derive(Debug, Clone)]
+pub struct UnionFind {
+    parent: Vec<usize>,
+}
+
+impl UnionFind {
+    /// `n` singletons.
+    pub fn new(n: usize) -> Self {
+        Self {
+            parent: (0..n).collect(),
+        }
+    }
+
+    /// The representative of `x`'s set. Panics if `x ≥ n`.
+    pub fn find(&mut self, mut x: usize) -> usize {
+        while self.parent[x] != x {
+            self.parent[x] = self.parent[self.parent[x]];
+            x = self.parent[x];
+        }
+        x
+    }
+
+    /// Merges the sets of `a` and `b`; false if they were one already.
+    pub fn union(&mut self, a: usize, b: usize) -> bool {
+        let (ra, rb) = (self.find(a), self.find(b));
+        if ra == rb {
+            return false;
+        }
+        self.parent[ra] = rb;
+        true
+    }
+}
+
+/// Kruskal's maximum spanning forest over `d` vertices: `weighted` edges `(weight, a, b)`
+/// taken by decreasing weight (ties by `(a, b)`), each kept when it joins two components.
+pub fn maximum_spanning_forest(d: usize, mut weighted: Vec<(f64, usize, usize)>) -> BTreeSet<Edge> {
+    weighted.sort_by(|x, y| y.0.total_cmp(&x.0).then((x.1, x.2).cmp(&(y.1, y.2))));
+    let mut forest = UnionFind::new(d);
+    weighted
+        .into_iter()
+        .filter(|&(_, a, b)| forest.union(a, b))
+        .map(|(_, a, b)| edge(a, b))
+        .collect()
 }
 
 /// Triangulates the graph and builds its junction tree (forest).

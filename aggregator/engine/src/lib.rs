@@ -75,14 +75,13 @@ pub mod samprivsyn;
 pub mod state;
 pub mod tables;
 
-pub use graph::{Edge, JunctionTree};
+pub use graph::{Edge, EdgeState, JunctionTree};
 pub use model::{
     EdgeGain, FittedJoint, JointSource, MarginalEstimate, Model, ModelDescription, Synthesizer,
 };
 pub use plan::{Conditional, Structure};
 pub use state::{
-    CollectionState, EdgeState, Engine, EngineOptions, Phase, Phase2Plan, PlannedFactor, TaskSpec,
-    Transition,
+    CollectionState, Engine, EngineOptions, Phase, Phase2Plan, PlannedFactor, TaskSpec, Transition,
 };
 pub use tables::{Combined, Measurements, TableKey, Tables, TablesError};
 

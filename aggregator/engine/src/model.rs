@@ -17,10 +17,10 @@ use rand_chacha::ChaCha12Rng;
 use serde::{Deserialize, Serialize};
 
 use super::EngineError;
+use super::graph::EdgeState;
 use super::pgm::GraphicalModel;
 use super::plan::{Conditional, Structure};
 use super::samprivsyn::SamPrivSynModel;
-use super::state::EdgeState;
 use super::tables::{Measurements, projection_map};
 
 /// Where joint tables of attribute sets come from.

@@ -5,6 +5,8 @@
 
 use std::collections::BTreeMap;
 
+use ldpsyn::Epsilon;
+
 use ldpsyn::mechanism::{Mechanism, MechanismKind, Oracle, norm_sub};
 use linfa::prelude::*;
 use linfa_elasticnet::ElasticNet;
@@ -15,7 +17,6 @@ use rand_chacha::ChaCha12Rng;
 use super::EngineError;
 use super::info::mutual_information;
 use super::model::{FittedJoint, Model};
-use super::state::Engine;
 
 /// The SamPrivSyn model: Norm-Sub'd pair tables, their MI, and eq. 11's 1-ways.
 #[derive(Debug, Clone)]
@@ -73,12 +74,12 @@ pub fn lasso_pair(
 /// (or LASSO with penalty `lasso`, eq. 7), 1-way marginals by eq. 11, for eq. 12 synthesis.
 /// Errors: a LASSO fit that fails.
 pub(crate) fn build_model(
-    engine: &Engine,
+    epsilon: Epsilon,
     source: FittedJoint,
     lambda: f64,
 ) -> Result<Model, EngineError> {
     let ms = source.measurements();
-    let dims = engine.dims().to_vec();
+    let dims = source.measurements().domain_sizes().to_vec();
     let d = dims.len();
     let mut pairs = BTreeMap::new();
     let mut unbiased: BTreeMap<(usize, usize), Vec<f64>> = BTreeMap::new();
@@ -92,11 +93,7 @@ pub(crate) fn build_model(
             };
             // LASSO on the output distribution implied by the pooled unbiased estimate (its
             // forward image equals the pooled observed distribution).
-            let mech = Mechanism::new(
-                MechanismKind::GrrPair,
-                engine.epsilon(),
-                &[dims[a], dims[b]],
-            )?;
+            let mech = Mechanism::new(MechanismKind::GrrPair, epsilon, &[dims[a], dims[b]])?;
             let forward = forward_image(&mech, &c.frequencies);
             let total = c.reports;
             let counts: Vec<u64> = forward

@@ -28,7 +28,7 @@ use super::EngineError;
 use super::estimate::{
     MAX_CLIQUE_CELLS, PairGain, fit_model, one_way_estimates, pair_gain, select_model_graph,
 };
-use super::graph::Edge;
+use super::graph::{Edge, EdgeState};
 use super::model::{EdgeGain, FittedJoint, Model};
 use super::pgm::FitOptions;
 use super::plan::{Structure, build_structure};
@@ -53,30 +53,6 @@ pub enum Phase {
     OneWay,
     /// Finalized: no more tasks.
     Finalized,
-}
-
-/// One attribute pair and what phase 1 decided about it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct EdgeState {
-    /// First attribute (lower index).
-    pub a: usize,
-    /// Second attribute.
-    pub b: usize,
-    /// Still in the dependency graph.
-    pub active: bool,
-    /// Round after which the edge was pruned (`None` while active).
-    pub pruned_in: Option<u32>,
-    /// Last MI (eq. 14, nats) of the accumulated Norm-Sub'd estimate.
-    pub mi: Option<f64>,
-    /// τ of eq. 15 (nats).
-    pub tau: f64,
-    /// Last relaxed threshold ℓ of eq. 18 (nats; privincr).
-    pub ell: Option<f64>,
-    /// Reports of tables containing the pair when last evaluated.
-    pub reports: u64,
-    /// `auto`: estimated dependence `D̂` (L1 distance from independence, debiased for the
-    /// screening noise; see [`PairGain`]).
-    pub score: Option<f64>,
 }
 
 /// A factor measured in phase 2, its mechanism and its share of phase-2 tasks.

@@ -20,12 +20,12 @@ use std::fmt::Debug;
 use ldpsyn::protocol::PrivIncrParams;
 use rand::{Rng, RngCore};
 
-use crate::graph::{Edge, edge};
+use crate::graph::{Edge, EdgeState, edge};
 use crate::info::tau;
 use crate::model::{FittedJoint, Model};
 use crate::plan::{Structure, build_structure};
 use crate::state::{
-    CollectionState, EdgeState, Engine, Phase, Phase2Plan, PlannedFactor, TaskSpec, Transition,
+    CollectionState, Engine, Phase, Phase2Plan, PlannedFactor, TaskSpec, Transition,
 };
 use crate::{EngineError, Tables};
 

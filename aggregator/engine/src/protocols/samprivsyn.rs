@@ -139,7 +139,7 @@ impl CollectionProtocol for SamPrivSyn {
         source: FittedJoint,
     ) -> Result<Model, EngineError> {
         match engine.options().samprivsyn_lasso {
-            Some(lambda) => crate::samprivsyn::build_model(engine, source, lambda),
+            Some(lambda) => crate::samprivsyn::build_model(engine.epsilon(), source, lambda),
             None => Ok(Model::graphical(
                 engine.protocol().name(),
                 engine.dims().to_vec(),

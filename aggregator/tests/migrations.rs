@@ -88,3 +88,58 @@ async fn upgrade_keeps_reports_and_token_identity() {
     drop(conn);
     db.pool.close().await;
 }
+
+/// A collection stored by an earlier release keeps its state: the flat state JSON (every
+/// protocol's fields, and the `z` field `auto` used to record per edge) written under the
+/// first schema reads back, after the current migrations, as the tagged state.
+#[tokio::test]
+async fn upgrade_keeps_stored_collection_state() {
+    use ldpsyn_aggregator::engine::{CollectionState, Phase, ProtocolState};
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
+    let first = dir.join("migrations");
+    std::fs::create_dir_all(&first).unwrap();
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../migrations");
+    let mut names: Vec<_> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    std::fs::copy(root.join(&names[0]), first.join(&names[0])).unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.join("old.db").display());
+    sqlx::any::install_default_drivers();
+    let id = Uuid::new_v4();
+    let old_state = r#"{"protocol":"privincr","phase":"graph_construction","round":2,
+        "round_quota":1000,"edges":[{"a":0,"b":1,"active":false,"pruned_in":1,"mi":0.01,
+        "tau":0.045,"ell":0.02,"reports":900,"score":null,"z":null}],"plan":null,
+        "pair_weights":[]}"#;
+    {
+        let pool = sqlx::AnyPool::connect(&url).await.unwrap();
+        Migrator::new(first.as_path())
+            .await
+            .unwrap()
+            .run(&pool)
+            .await
+            .unwrap();
+        sqlx::query(
+            "INSERT INTO collections (id, config, state, state_version, created_at) \
+             VALUES ($1, '{}', $2, 7, 0)",
+        )
+        .bind(id.to_string())
+        .bind(old_state)
+        .execute(&pool)
+        .await
+        .unwrap();
+        pool.close().await;
+    }
+    let db = Db::connect(&url, 2).await.unwrap();
+    let row = db.collection(id).await.unwrap().expect("collection kept");
+    assert_eq!(row.state_version, 7);
+    let state: CollectionState = serde_json::from_str(&row.state).unwrap();
+    assert_eq!(state.phase, Phase::GraphConstruction);
+    assert_eq!((state.round, state.round_quota), (2, Some(1000)));
+    assert!(matches!(state.protocol, ProtocolState::Privincr(_)));
+    assert_eq!(state.edges().len(), 1);
+    assert_eq!(state.edges()[0].pruned_in, Some(1));
+    db.pool.close().await;
+}

@@ -81,7 +81,8 @@ pub use model::{
 };
 pub use plan::{Conditional, Structure};
 pub use state::{
-    CollectionState, Engine, EngineOptions, Phase, Phase2Plan, PlannedFactor, TaskSpec, Transition,
+    CollectionState, Engine, EngineOptions, PairRounds, PairSampling, Phase, Phase2Plan,
+    PlannedFactor, ProtocolState, TaskSpec, Transition,
 };
 pub use tables::{Combined, Measurements, TableKey, Tables, TablesError};
 

@@ -75,11 +75,16 @@ pub struct Phase2Plan {
     pub factors: Vec<PlannedFactor>,
 }
 
-/// Every decision taken so far for a collection (serde JSON; stored by the service).
+/// Every decision taken so far for a collection (serde JSON; stored by the service): the
+/// round machinery every protocol shares, and what the protocol itself decided
+/// ([`ProtocolState`], tagged by the protocol's name).
+///
+/// The JSON is a flat object, `{"protocol": "privincr", "phase": …, "round": …,
+/// "round_quota": …, "edges": …, "plan": …}`: states stored before the tagged form (every
+/// protocol's fields in every state) read back unchanged, their other protocols' fields
+/// ignored (tested).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CollectionState {
-    /// Protocol name.
-    pub protocol: String,
     /// Phase.
     pub phase: Phase,
     /// Current round (PrivIncr/auto: phase-1 rounds `0..T`, phase 2 is round `T`;
@@ -88,12 +93,97 @@ pub struct CollectionState {
     /// Accepted reports of the current round after which it closes (`None`: never closes by
     /// itself; the operator finalizes).
     pub round_quota: Option<u64>,
-    /// All `d(d−1)/2` pairs (PrivIncr/auto), lexicographic.
+    /// The protocol's own decisions.
+    #[serde(flatten)]
+    pub protocol: ProtocolState,
+}
+
+/// What a protocol decided, tagged `"protocol"` with the protocol's name.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "protocol", rename_all = "snake_case")]
+pub enum ProtocolState {
+    /// PrivIncr: its phase-1 edges and phase-2 plan.
+    Privincr(PairRounds),
+    /// NoIncremental: as PrivIncr.
+    Noincremental(PairRounds),
+    /// `auto`: its screened pairs and phase-2 plan.
+    Auto(PairRounds),
+    /// SamPrivSyn: the current pair weights.
+    Samprivsyn(PairSampling),
+    /// Independence: nothing to decide.
+    Independence {},
+}
+
+/// The decisions of a two-phase protocol (PrivIncr, NoIncremental, `auto`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct PairRounds {
+    /// All `d(d−1)/2` pairs, lexicographic (empty when the protocol never measures pairs).
     pub edges: Vec<EdgeState>,
     /// Phase-2 plan once phase 1 is over.
     pub plan: Option<Phase2Plan>,
-    /// SamPrivSyn pair weights (lexicographic pairs).
+}
+
+/// SamPrivSyn's decisions.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct PairSampling {
+    /// Pair weights (lexicographic pairs).
     pub pair_weights: Vec<f64>,
+}
+
+impl ProtocolState {
+    /// The state of `protocol` before anything is decided, with `rounds` for a two-phase
+    /// protocol and `weights` for SamPrivSyn.
+    pub fn new(protocol: &Protocol, rounds: PairRounds, weights: Vec<f64>) -> Self {
+        match protocol {
+            Protocol::Privincr(_) => Self::Privincr(rounds),
+            Protocol::Noincremental(_) => Self::Noincremental(rounds),
+            Protocol::Auto(_) => Self::Auto(rounds),
+            Protocol::Samprivsyn(_) => Self::Samprivsyn(PairSampling {
+                pair_weights: weights,
+            }),
+            Protocol::Independence {} => Self::Independence {},
+        }
+    }
+}
+
+impl CollectionState {
+    /// The two-phase decisions, if the protocol has them.
+    pub fn pair_rounds(&self) -> Option<&PairRounds> {
+        match &self.protocol {
+            ProtocolState::Privincr(r)
+            | ProtocolState::Noincremental(r)
+            | ProtocolState::Auto(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// As [`CollectionState::pair_rounds`], mutable.
+    pub fn pair_rounds_mut(&mut self) -> Option<&mut PairRounds> {
+        match &mut self.protocol {
+            ProtocolState::Privincr(r)
+            | ProtocolState::Noincremental(r)
+            | ProtocolState::Auto(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// The phase-1 edges (empty for protocols without them).
+    pub fn edges(&self) -> &[EdgeState] {
+        self.pair_rounds().map_or(&[], |r| &r.edges)
+    }
+
+    /// The phase-2 plan, once there is one.
+    pub fn plan(&self) -> Option<&Phase2Plan> {
+        self.pair_rounds().and_then(|r| r.plan.as_ref())
+    }
+
+    /// SamPrivSyn's pair weights (empty for other protocols).
+    pub fn pair_weights(&self) -> &[f64] {
+        match &self.protocol {
+            ProtocolState::Samprivsyn(s) => &s.pair_weights,
+            _ => &[],
+        }
+    }
 }
 
 /// A task to hand out: which factor, with which mechanism, for which round.
@@ -396,5 +486,68 @@ impl Engine {
             .collect();
         let model = self.rules.final_model(self, state, structure, source)?;
         Ok(model.with_gains(gains))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// States stored before the tagged form carried every protocol's fields (and, before
+    /// that, an `auto` significance `z` per edge): they read back as the tagged state, and
+    /// the tagged state round-trips.
+    #[test]
+    fn stored_flat_states_read_back() {
+        let edge = r#"{"a":0,"b":1,"active":true,"pruned_in":null,"mi":0.5,"tau":0.045,
+            "ell":-0.2,"reports":1200,"score":null,"z":null}"#;
+        let old = |protocol: &str, phase: &str, weights: &str| {
+            format!(
+                r#"{{"protocol":"{protocol}","phase":"{phase}","round":1,"round_quota":500,
+                "edges":[{edge}],"plan":null,"pair_weights":{weights}}}"#
+            )
+        };
+        for (text, expected) in [
+            (
+                old("privincr", "graph_construction", "[]"),
+                ProtocolState::Privincr(PairRounds {
+                    edges: vec![EdgeState {
+                        a: 0,
+                        b: 1,
+                        active: true,
+                        pruned_in: None,
+                        mi: Some(0.5),
+                        tau: 0.045,
+                        ell: Some(-0.2),
+                        reports: 1200,
+                        score: None,
+                    }],
+                    plan: None,
+                }),
+            ),
+            (
+                old("samprivsyn", "pair_sampling", "[0.25,0.75]"),
+                ProtocolState::Samprivsyn(PairSampling {
+                    pair_weights: vec![0.25, 0.75],
+                }),
+            ),
+            (
+                old("independence", "one_way", "[]"),
+                ProtocolState::Independence {},
+            ),
+        ] {
+            let state: CollectionState = serde_json::from_str(&text).unwrap();
+            assert_eq!(state.protocol, expected, "{text}");
+            assert_eq!((state.round, state.round_quota), (1, Some(500)));
+            let again: CollectionState =
+                serde_json::from_str(&serde_json::to_string(&state).unwrap()).unwrap();
+            assert_eq!(again, state);
+        }
+        let auto: CollectionState =
+            serde_json::from_str(&old("auto", "clique_measurement", "[]")).unwrap();
+        assert_eq!(auto.edges().len(), 1);
+        assert_eq!(auto.phase, Phase::CliqueMeasurement);
+        assert!(auto.pair_weights().is_empty());
+        let unknown = old("lopub", "one_way", "[]");
+        assert!(serde_json::from_str::<CollectionState>(&unknown).is_err());
     }
 }

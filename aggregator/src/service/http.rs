@@ -249,7 +249,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
 fn status_json(h: &CollectionHandle) -> Value {
     let s = h.state();
     let active_edges: Vec<[usize; 2]> = s
-        .edges
+        .edges()
         .iter()
         .filter(|e| e.active)
         .map(|e| [e.a, e.b])

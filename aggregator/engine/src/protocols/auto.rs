@@ -89,6 +89,7 @@ impl Auto {
         ms: &Measurements,
     ) -> (Vec<Edge>, Vec<PlannedFactor>) {
         let d = engine.dims().len();
+        let round = state.round;
         let one = one_way_estimates(ms);
         let n2 = self.phase2_users(engine).max(1.0);
         let allocation = |f: &[usize], at: &[f64], w: f64| {
@@ -103,7 +104,11 @@ impl Auto {
             .collect();
         // (pair index, D̂, a_p) of every screened pair with positive dependence.
         let mut candidates: Vec<(usize, f64, f64)> = Vec::new();
-        for (i, e) in state.edges.iter_mut().enumerate() {
+        let edges = match state.pair_rounds_mut() {
+            Some(r) => &mut r.edges,
+            None => return (Vec::new(), factors),
+        };
+        for (i, e) in edges.iter_mut().enumerate() {
             if !e.active {
                 continue;
             }
@@ -157,7 +162,7 @@ impl Auto {
                 break;
             }
             let (i, _, a) = candidates.remove(j);
-            let e = edge(state.edges[i].a, state.edges[i].b);
+            let e = edge(edges[i].a, edges[i].b);
             graph.insert(e);
             if largest_clique_cells(engine.dims(), &graph) > cap {
                 graph.remove(&e);
@@ -172,10 +177,10 @@ impl Auto {
             });
         }
         let mut pruned = Vec::new();
-        for (i, e) in state.edges.iter_mut().enumerate() {
+        for (i, e) in edges.iter_mut().enumerate() {
             if e.active && !keep.contains(&i) {
                 e.active = false;
-                e.pruned_in = Some(state.round);
+                e.pruned_in = Some(round);
                 pruned.push((e.a, e.b));
             }
         }

@@ -25,7 +25,8 @@ use crate::info::tau;
 use crate::model::{FittedJoint, Model};
 use crate::plan::{Structure, build_structure};
 use crate::state::{
-    CollectionState, Engine, Phase, Phase2Plan, PlannedFactor, TaskSpec, Transition,
+    CollectionState, Engine, PairRounds, Phase, Phase2Plan, PlannedFactor, ProtocolState, TaskSpec,
+    Transition,
 };
 use crate::{EngineError, Tables};
 
@@ -81,7 +82,7 @@ pub trait CollectionProtocol: Send + Sync + Debug {
         Ok(Model::graphical(
             engine.protocol().name(),
             engine.dims().to_vec(),
-            state.edges.clone(),
+            state.edges().to_vec(),
             structure,
             source,
         ))
@@ -122,13 +123,10 @@ pub(crate) fn draw_weighted<R: Rng + ?Sized>(
 /// A state with no round structure: every task is one attribute.
 pub(crate) fn one_way_state(engine: &Engine) -> CollectionState {
     CollectionState {
-        protocol: engine.protocol().name().into(),
         phase: Phase::OneWay,
         round: 0,
         round_quota: None,
-        edges: Vec::new(),
-        plan: None,
-        pair_weights: Vec::new(),
+        protocol: ProtocolState::new(engine.protocol(), PairRounds::default(), Vec::new()),
     }
 }
 
@@ -159,8 +157,7 @@ pub(crate) fn common_task(
         Phase::OneWay => Some(Ok(one_way_task(engine, state, rng))),
         Phase::CliqueMeasurement => Some((|| {
             let plan = state
-                .plan
-                .as_ref()
+                .plan()
                 .ok_or_else(|| EngineError::InvalidState("phase 2 without a plan".into()))?;
             if plan.factors.is_empty() {
                 return Ok(one_way_task(engine, state, rng));
@@ -188,36 +185,38 @@ pub(crate) fn graph_state(
 ) -> CollectionState {
     let dims = engine.dims();
     let n = engine.target_users();
+    let edges = pairs(dims.len())
+        .into_iter()
+        .map(|(a, b)| {
+            let active = screened(a, b);
+            EdgeState {
+                a,
+                b,
+                active,
+                pruned_in: (!active).then_some(0),
+                mi: None,
+                tau: tau(dims[a], dims[b], params.phi),
+                ell: None,
+                reports: 0,
+                score: None,
+            }
+        })
+        .collect();
     CollectionState {
-        protocol: engine.protocol().name().into(),
         phase: Phase::GraphConstruction,
         round: 0,
         round_quota: Some(((share * n as f64 / rounds as f64).floor() as u64).max(1)),
-        edges: pairs(dims.len())
-            .into_iter()
-            .map(|(a, b)| {
-                let active = screened(a, b);
-                EdgeState {
-                    a,
-                    b,
-                    active,
-                    pruned_in: (!active).then_some(0),
-                    mi: None,
-                    tau: tau(dims[a], dims[b], params.phi),
-                    ell: None,
-                    reports: 0,
-                    score: None,
-                }
-            })
-            .collect(),
-        plan: None,
-        pair_weights: Vec::new(),
+        protocol: ProtocolState::new(
+            engine.protocol(),
+            PairRounds { edges, plan: None },
+            Vec::new(),
+        ),
     }
 }
 
 /// The active edges of a phase-1 state.
 pub(crate) fn active_edges(state: &CollectionState) -> Vec<&EdgeState> {
-    state.edges.iter().filter(|e| e.active).collect()
+    state.edges().iter().filter(|e| e.active).collect()
 }
 
 /// The structure of the active edges: junction tree and conditionals (Algorithm 2 of
@@ -231,13 +230,13 @@ pub(crate) fn plan_structure(
 ) -> Structure {
     let d = engine.dims().len();
     let edges: BTreeSet<Edge> = state
-        .edges
+        .edges()
         .iter()
         .filter(|e| e.active)
         .map(|e| edge(e.a, e.b))
         .collect();
     let mut mi = vec![vec![0.0; d]; d];
-    for e in &state.edges {
+    for e in state.edges() {
         let v = if use_score { e.score } else { e.mi }
             .unwrap_or(0.0)
             .max(0.0);
@@ -265,7 +264,9 @@ pub(crate) fn end_phase1_round(
     let structure = structure(state);
     let factors = plan(state);
     let count = factors.len();
-    state.plan = Some(Phase2Plan { structure, factors });
+    if let Some(r) = state.pair_rounds_mut() {
+        r.plan = Some(Phase2Plan { structure, factors });
+    }
     state.phase = Phase::CliqueMeasurement;
     state.round = rounds;
     state.round_quota = None;
@@ -403,7 +404,7 @@ mod tests {
             matches!(t, Transition::EnteredCliqueMeasurement { .. }),
             "{t:?}"
         );
-        let plan = state.plan.as_ref().unwrap();
+        let plan = state.plan().unwrap();
         assert!(
             plan.factors
                 .iter()
@@ -419,14 +420,14 @@ mod tests {
         let e = engine(Protocol::Auto(PrivIncrParams::default()), 3);
         let state = e.initial_state();
         assert_eq!(state.phase, Phase::OneWay);
-        assert!(state.edges.is_empty());
+        assert!(state.edges().is_empty());
         // With many users it screens and selects the dependent pair only.
         let e = engine(Protocol::Auto(PrivIncrParams::default()), 50_000);
         let mut state = e.initial_state();
         assert_eq!(state.phase, Phase::GraphConstruction);
         let tables = collect(&e, &state, &people(15_000, 3), 4);
         e.close_round(&mut state, &tables).unwrap();
-        let plan = state.plan.as_ref().unwrap();
+        let plan = state.plan().unwrap();
         let pairs: Vec<&Vec<usize>> = plan
             .factors
             .iter()
@@ -447,12 +448,12 @@ mod tests {
             50_000,
         );
         let mut state = e.initial_state();
-        assert_eq!(state.pair_weights, vec![1.0 / 3.0; 3]);
+        assert_eq!(state.pair_weights(), &[1.0 / 3.0; 3][..]);
         let tables = collect(&e, &state, &people(6_000, 5), 6);
         assert!(tables.keys().all(|k| k.round == 0));
         let t = e.close_round(&mut state, &tables).unwrap();
         assert_eq!(t, Transition::Reweighted { batch: 1 });
-        let w = &state.pair_weights;
+        let w = state.pair_weights();
         assert!(w[0] > 5.0 * w[1] && w[0] > 5.0 * w[2], "{w:?}");
     }
 

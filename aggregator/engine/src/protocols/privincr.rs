@@ -91,7 +91,10 @@ impl CollectionProtocol for PrivIncr {
         let dims = engine.dims();
         let ms = Measurements::filtered(engine.epsilon(), dims, tables, |k| k.round <= t)?;
         let mut pruned = Vec::new();
-        for e in state.edges.iter_mut().filter(|e| e.active) {
+        let edges = state
+            .pair_rounds_mut()
+            .map_or(&mut [][..], |r| &mut r.edges[..]);
+        for e in edges.iter_mut().filter(|e| e.active) {
             let Some(c) = ms.combined(&[e.a, e.b]) else {
                 continue;
             };

@@ -15,7 +15,9 @@ use crate::graph::Edge;
 use crate::info::mutual_information;
 use crate::model::{FittedJoint, Model};
 use crate::plan::Structure;
-use crate::state::{CollectionState, Engine, Phase, TaskSpec, Transition};
+use crate::state::{
+    CollectionState, Engine, PairSampling, Phase, ProtocolState, TaskSpec, Transition,
+};
 use crate::{EngineError, Measurements, Tables};
 
 /// Floor of every SamPrivSyn pair weight, as a fraction of the mean weight.
@@ -54,7 +56,7 @@ impl SamPrivSyn {
             .collect();
         let known: Vec<f64> = mi.iter().flatten().copied().collect();
         if known.is_empty() {
-            return Ok(state.pair_weights.clone());
+            return Ok(state.pair_weights().to_vec());
         }
         let mean = known.iter().sum::<f64>() / known.len() as f64;
         let floor = SAMPRIVSYN_WEIGHT_FLOOR * mean.max(1e-12);
@@ -70,7 +72,6 @@ impl CollectionProtocol for SamPrivSyn {
         let d = engine.dims().len();
         let m = d * (d - 1) / 2;
         CollectionState {
-            protocol: engine.protocol().name().into(),
             phase: if m == 0 {
                 Phase::OneWay
             } else {
@@ -78,10 +79,10 @@ impl CollectionProtocol for SamPrivSyn {
             },
             round: 0,
             round_quota: Some(self.params.batch_size),
-            edges: Vec::new(),
-            plan: None,
             // Algorithm 1 line 4: every pair starts with weight 2/(d(d−1)).
-            pair_weights: vec![1.0 / m.max(1) as f64; m],
+            protocol: ProtocolState::Samprivsyn(PairSampling {
+                pair_weights: vec![1.0 / m.max(1) as f64; m],
+            }),
         }
     }
 
@@ -100,7 +101,7 @@ impl CollectionProtocol for SamPrivSyn {
                 state.phase
             )));
         }
-        let i = draw_weighted(state.pair_weights.iter().copied(), rng);
+        let i = draw_weighted(state.pair_weights().iter().copied(), rng);
         let (a, b) = pairs(engine.dims().len())[i];
         Ok(TaskSpec {
             round: state.round,
@@ -122,7 +123,9 @@ impl CollectionProtocol for SamPrivSyn {
         if state.phase != Phase::PairSampling {
             return Ok(Transition::Nothing);
         }
-        state.pair_weights = self.weights(engine, state, tables)?;
+        state.protocol = ProtocolState::Samprivsyn(PairSampling {
+            pair_weights: self.weights(engine, state, tables)?,
+        });
         state.round += 1;
         Ok(Transition::Reweighted { batch: state.round })
     }
@@ -143,7 +146,7 @@ impl CollectionProtocol for SamPrivSyn {
             None => Ok(Model::graphical(
                 engine.protocol().name(),
                 engine.dims().to_vec(),
-                state.edges.clone(),
+                state.edges().to_vec(),
                 structure,
                 source,
             )),

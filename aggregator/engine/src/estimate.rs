@@ -14,9 +14,11 @@
 //! **Observations.** Every table of every round, factor and mechanism is one measurement. A
 //! measurement whose factor lies in a clique is observed whole; otherwise it is summed down to
 //! the maximal subsets of its factor that lie in some clique (a pruned pair still informs its
-//! two 1-ways). Variances come from the one model of [`super::tables`], evaluated at the
-//! current model: first at the independence model of the Norm-Sub'd 1-ways, then again at the
-//! first fit's marginals, and the fit is repeated from there.
+//! two 1-ways). Cells are weighted by [`super::tables::Measurement::fit_variances`] (the
+//! one variance model: each table's mean randomizer variance plus each cell's sampling
+//! variance), evaluated at the current model: a short pilot fit ([`PILOT_ITERS`] steps) with
+//! variances at the independence model of the Norm-Sub'd 1-ways, then the fit with variances
+//! at the pilot's marginals, started from it (`benchmarks/sweeps/fit-weights.md`).
 
 use std::collections::BTreeSet;
 
@@ -38,6 +40,11 @@ pub const MAX_CLIQUE_CELLS: u64 = 100_000;
 /// `E[√max(z² − 1, 0)]` for a standard normal z: the mean of one cell's debiased
 /// magnitude when the cell is pure noise (numerical integral).
 const NULL_MAGNITUDE: f64 = 0.342_624;
+
+/// Mirror-descent steps of the pilot fit whose marginals the final fit's variances are
+/// evaluated at: 100 gave the same 2-way TVD as 300 (within seed noise, all cells of
+/// `benchmarks/sweeps/fit-weights.md`, variants E and F) in 30% less time.
+pub const PILOT_ITERS: usize = 100;
 
 /// Parametric-bootstrap replicates behind [`projected_noise_l1`].
 const NOISE_REPLICATES: u64 = 32;
@@ -205,8 +212,9 @@ fn fitting_parts(factor: &[usize], tree: &JunctionTree) -> Vec<Vec<usize>> {
     parts
 }
 
-/// The observations of every measurement on `tree`, with variances at `model_marginal`
-/// (the current model's marginal of a part, row-major in the part's order).
+/// The observations of every measurement on `tree`, with the fit's variances at
+/// `model_marginal` (the current model's marginal of a part, row-major in the part's order;
+/// module docs).
 fn observations(
     ms: &Measurements,
     tree: &JunctionTree,
@@ -216,11 +224,7 @@ fn observations(
     for m in ms.items() {
         for part in fitting_parts(&m.key.factor, tree) {
             let at = model_marginal(&part);
-            let variances = m
-                .cell_variances(&part, &at, ms.population())
-                .into_iter()
-                .map(|v| v.max(1e-300))
-                .collect();
+            let variances = m.fit_variances(&part, &at, ms.population());
             out.push(Observation {
                 values: m.marginalized(&part),
                 variances,
@@ -267,15 +271,18 @@ pub fn fit_model(
             *t += marg[v].max(1e-9).ln();
         }
     }
-    let err = |e: super::pgm::FitError| EngineError::Estimation(e.to_string());
+    let pilot = FitOptions {
+        max_iters: PILOT_ITERS.min(options.max_iters),
+        ..options.clone()
+    };
     let first = fit(
         dims,
         &tree,
         &observations(ms, &tree, &independent),
         Some(start),
-        options,
+        &pilot,
     )
-    .map_err(err)?;
+    .map_err(|e| EngineError::Estimation(e.to_string()))?;
     let at_model = |attrs: &[usize]| {
         first
             .marginal_in_clique(attrs)
@@ -288,7 +295,7 @@ pub fn fit_model(
         Some(first.potentials().to_vec()),
         options,
     )
-    .map_err(err)
+    .map_err(|e| EngineError::Estimation(e.to_string()))
 }
 
 #[cfg(test)]

@@ -217,6 +217,82 @@ fn dot(a: &[Vec<f64>], b: &[Vec<f64>], c: &[Vec<f64>]) -> f64 {
         .sum()
 }
 
+/// Solves every clique that is alone in its component (no tree edge) and observed only
+/// whole exactly ([`weighted_simplex_projection`] of its precision-weighted mean), writes
+/// its log-marginal into `theta`, and returns the loss at that solution with the pooled
+/// observations left for mirror descent. The loss is separable by component, so this is the
+/// minimizer mirror descent converges to.
+fn solve_lone_cliques(
+    tree: &JunctionTree,
+    cells: &[usize],
+    pooled: Vec<Pooled>,
+    theta: &mut [Vec<f64>],
+) -> (f64, Vec<Pooled>) {
+    let k = tree.cliques.len();
+    let mut lone = vec![true; k];
+    for &(a, b) in &tree.edges {
+        lone[a] = false;
+        lone[b] = false;
+    }
+    for p in &pooled {
+        if p.values.len() != cells[p.clique] {
+            lone[p.clique] = false;
+        }
+    }
+    let mut values: Vec<Vec<f64>> = cells.iter().map(|&c| vec![0.0; c]).collect();
+    let mut precision: Vec<Vec<f64>> = cells.iter().map(|&c| vec![0.0; c]).collect();
+    let mut rest = Vec::with_capacity(pooled.len());
+    for p in pooled {
+        if !lone[p.clique] {
+            rest.push(p);
+            continue;
+        }
+        let (v, w) = (&mut values[p.clique], &mut precision[p.clique]);
+        for (cell, &t) in p.map.iter().enumerate() {
+            let total = w[cell] + p.precision[t];
+            v[cell] = (v[cell] * w[cell] + p.values[t] * p.precision[t]) / total;
+            w[cell] = total;
+        }
+    }
+    let mut loss = 0.0;
+    for c in (0..k).filter(|&c| lone[c] && precision[c].iter().all(|w| *w > 0.0)) {
+        let mu = weighted_simplex_projection(&values[c], &precision[c]);
+        loss += mu
+            .iter()
+            .zip(&values[c])
+            .zip(&precision[c])
+            .map(|((m, v), w)| w * (m - v).powi(2))
+            .sum::<f64>();
+        theta[c] = mu.iter().map(|m| m.max(1e-300).ln()).collect();
+    }
+    (loss, rest)
+}
+
+/// `argmin_μ Σ_i w_i (μ_i − v_i)²` over the probability simplex (`w_i > 0`): the KKT
+/// conditions give `μ_i = max(0, v_i − λ/(2w_i))` with one λ making the sum 1, found exactly
+/// over the sorted breakpoints `2·w_i·v_i`. With equal weights this is Norm-Sub (the
+/// Euclidean projection).
+pub fn weighted_simplex_projection(v: &[f64], w: &[f64]) -> Vec<f64> {
+    let mut order: Vec<usize> = (0..v.len()).collect();
+    let breakpoint = |i: usize| 2.0 * w[i] * v[i];
+    order.sort_by(|&a, &b| breakpoint(b).total_cmp(&breakpoint(a)));
+    // Active set: the cells with the largest breakpoints; λ solves Σ_S v − λ Σ_S 1/(2w) = 1.
+    let (mut sum_v, mut sum_inv) = (0.0, 0.0);
+    let mut lambda = 0.0;
+    for (k, &i) in order.iter().enumerate() {
+        sum_v += v[i];
+        sum_inv += 1.0 / (2.0 * w[i]);
+        lambda = (sum_v - 1.0) / sum_inv;
+        if order.get(k + 1).is_none_or(|&j| lambda >= breakpoint(j)) {
+            break;
+        }
+    }
+    v.iter()
+        .zip(w)
+        .map(|(x, wi)| (x - lambda / (2.0 * wi)).max(0.0))
+        .collect()
+}
+
 /// Errors of [`fit`].
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum FitError {
@@ -289,8 +365,13 @@ pub fn fit(
         }
         _ => schedule.cells.iter().map(|&c| vec![0.0; c]).collect(),
     };
+    // A clique alone in its component whose observations all cover it whole (an attribute
+    // no kept pair touches) is its own least-squares problem over the simplex: solve it
+    // exactly, as mirror descent only approaches the zero cells of the solution.
+    let (exact_loss, pooled) = solve_lone_cliques(tree, &schedule.cells, pooled, &mut theta);
     let mut mu = schedule.marginals(&theta);
     let (mut loss, mut grad) = loss_and_gradient(&pooled, &mu);
+    loss += exact_loss;
     let mut losses = vec![loss];
     // Step: the loss is 2·Σ precision-smooth in μ and ‖Δμ‖₁² ≤ 2 KL (Pinsker), so
     // 1/(4·largest clique precision) is a safe first step; it grows after accepted steps.
@@ -301,7 +382,7 @@ pub fn fit(
         .max(1e-300);
     let mut alpha = 1.0 / (4.0 * lipschitz * pooled.len().max(1) as f64);
     for _ in 0..options.max_iters {
-        if loss <= 0.0 {
+        if loss <= 0.0 || pooled.is_empty() {
             break;
         }
         let next: Vec<Vec<f64>> = theta
@@ -310,7 +391,8 @@ pub fn fit(
             .map(|(t, g)| t.iter().zip(g).map(|(a, b)| a - alpha * b).collect())
             .collect();
         let next_mu = schedule.marginals(&next);
-        let (next_loss, next_grad) = loss_and_gradient(&pooled, &next_mu);
+        let (mut next_loss, next_grad) = loss_and_gradient(&pooled, &next_mu);
+        next_loss += exact_loss;
         // Armijo: the loss must fall by half the first-order prediction.
         let predicted = dot(&grad, &mu, &next_mu);
         if next_loss.is_finite() && next_loss <= loss - 0.5 * predicted {
@@ -565,5 +647,74 @@ mod tests {
             fit(&dims, &tree, &[short], None, &FitOptions::default()),
             Err(FitError::Malformed(_))
         ));
+    }
+
+    /// The exact solve of lone cliques: Norm-Sub for equal weights, the KKT point otherwise
+    /// (no feasible move along a pair of cells lowers the objective), and what `fit` returns
+    /// for an attribute no pair touches.
+    #[test]
+    fn lone_cliques_are_solved_exactly() {
+        let mut rng = ChaCha12Rng::seed_from_u64(11);
+        for _ in 0..200 {
+            let k = rng.random_range(1..12);
+            let v: Vec<f64> = (0..k).map(|_| rng.random::<f64>() - 0.3).collect();
+            let w: Vec<f64> = (0..k).map(|_| 0.1 + rng.random::<f64>() * 10.0).collect();
+            let ns = ldpsyn::mechanism::norm_sub(&v);
+            let eq = weighted_simplex_projection(&v, &vec![3.0; k]);
+            for (a, b) in ns.iter().zip(&eq) {
+                assert!((a - b).abs() < 1e-12, "{ns:?} vs {eq:?}");
+            }
+            let mu = weighted_simplex_projection(&v, &w);
+            assert!((mu.iter().sum::<f64>() - 1.0).abs() < 1e-12);
+            assert!(mu.iter().all(|m| *m >= 0.0));
+            let obj = |m: &[f64]| -> f64 {
+                m.iter()
+                    .zip(&v)
+                    .zip(&w)
+                    .map(|((x, y), wi)| wi * (x - y).powi(2))
+                    .sum()
+            };
+            let best = obj(&mu);
+            for i in 0..k {
+                for j in 0..k {
+                    let step = mu[i].min(1e-4);
+                    if i == j || step <= 0.0 {
+                        continue;
+                    }
+                    let mut m = mu.clone();
+                    m[i] -= step;
+                    m[j] += step;
+                    assert!(obj(&m) >= best - 1e-15, "moving {step} from {i} to {j}");
+                }
+            }
+        }
+        // Attribute 2 is alone: its fitted 1-way is the projection of its pooled estimates.
+        let dims = [2usize, 2, 4];
+        let tree = build_junction_tree(3, &[(0, 1)].into_iter().collect());
+        let pair = Observation {
+            attrs: vec![0, 1],
+            values: vec![0.4, 0.1, 0.1, 0.4],
+            variances: vec![1e-4; 4],
+        };
+        let lone = |values: Vec<f64>, variance: f64| Observation {
+            attrs: vec![2],
+            values,
+            variances: vec![variance; 4],
+        };
+        let obs = [
+            pair,
+            lone(vec![0.7, 0.35, -0.05, 0.0], 1e-4),
+            lone(vec![0.5, 0.35, 0.1, 0.05], 3e-4),
+        ];
+        let model = fit(&dims, &tree, &obs, None, &FitOptions::default()).unwrap();
+        let mean: Vec<f64> = (0..4)
+            .map(|i| (obs[1].values[i] * 3.0 + obs[2].values[i]) / 4.0)
+            .collect();
+        let expected = ldpsyn::mechanism::norm_sub(&mean);
+        let got = model.marginal_in_clique(&[2]).unwrap();
+        for (a, b) in got.iter().zip(&expected) {
+            assert!((a - b).abs() < 1e-9, "{got:?} vs {expected:?}");
+        }
+        assert!(got[2] < 1e-200, "the negative cell is empty: {got:?}");
     }
 }

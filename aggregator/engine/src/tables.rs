@@ -285,6 +285,35 @@ impl Measurement {
     }
 }
 
+impl Measurement {
+    /// Per-cell variances that weight the graphical-model fit, from the one model of
+    /// [`Measurement::cell_variances`] at `f`: the table's mean randomizer variance (shared by
+    /// its cells) plus each cell's own sampling variance. A randomizer's per-cell variance
+    /// differs across cells mostly through the one-hot output, whose estimates are negatively
+    /// correlated (GRR's sum to one): weighting cells by it treats them as independent and
+    /// fits worse than a shared weight (which fits a lone table as Norm-Sub does). The
+    /// sampling variance `f(1−f)/n` is what separates a rare cell from a common one where the
+    /// randomizer is weak (large ε): there per-cell weights fit better
+    /// (`benchmarks/sweeps/fit-weights.md`). Frequencies², per cell, > 0.
+    pub fn fit_variances(&self, target: &[usize], f: &[f64], population: u64) -> Vec<f64> {
+        let sampling: Vec<f64> = f
+            .iter()
+            .map(|&x| sampling_variance(x, self.estimate.n, population))
+            .collect();
+        let randomizer = self
+            .cell_variances(target, f, population)
+            .iter()
+            .zip(&sampling)
+            .map(|(v, s)| v - s)
+            .sum::<f64>()
+            / f.len().max(1) as f64;
+        sampling
+            .iter()
+            .map(|s| (randomizer + s).max(1e-300))
+            .collect()
+    }
+}
+
 impl Measurements {
     /// Estimates every table with at least one report. `domain_sizes` is the schema's. The
     /// population of the sampling term is the number of reports (see

@@ -393,6 +393,37 @@ async fn bad_inputs_are_refused_and_change_nothing() {
         m.contains("ldpsyn_reports_total{outcome=\"accepted\"} 2"),
         "{m}"
     );
+    // The public view counts collections but names none; the admin view names each; a
+    // wrong token is refused.
+    assert!(m.contains("ldpsyn_collections 2"), "{m}");
+    assert!(
+        !m.contains(&id.to_string()) && !m.contains("collection="),
+        "{m}"
+    );
+    let m = ctx
+        .http
+        .get(format!("{base}/metrics"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        m.contains(&format!(
+            "ldpsyn_collection_reports{{collection=\"{id}\"}} 2"
+        )),
+        "{m}"
+    );
+    let r = ctx
+        .http
+        .get(format!("{base}/metrics"))
+        .bearer_auth("not-the-token")
+        .send()
+        .await
+        .unwrap();
+    expect_problem(r, 401, ProblemType::Unauthorized).await;
     assert_eq!(ctx.accepted().await, 2);
     server.shutdown().await.unwrap();
 }

@@ -65,9 +65,15 @@ pub struct ServeConfig {
     /// Requests served at once; more are shed with 503.
     #[arg(long, env = "LDPSYN_MAX_IN_FLIGHT_REQUESTS", default_value_t = 4096)]
     pub max_in_flight_requests: usize,
-    /// Uploads per second per client IP (burst twice that); 0 disables the limit.
+    /// Uploads per second per client, and task requests per second per client (two
+    /// buckets, burst twice the rate each); a client is an IPv4 address or an IPv6 /64. 0
+    /// disables both limits.
     #[arg(long, env = "LDPSYN_RATE_LIMIT_PER_IP", default_value_t = 10)]
     pub rate_limit_per_ip: u32,
+    /// Reverse proxies (IP addresses, comma-separated) whose `X-Forwarded-For` / `Forwarded`
+    /// headers name the client; from any other peer those headers are ignored.
+    #[arg(long, env = "LDPSYN_TRUSTED_PROXIES", value_delimiter = ',')]
+    pub trusted_proxies: Vec<std::net::IpAddr>,
     /// Browser origins allowed by CORS, comma-separated; `*` for any (no cookies are used:
     /// admin calls carry a bearer token).
     #[arg(

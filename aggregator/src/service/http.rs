@@ -8,7 +8,7 @@
 //! | POST `/v1/collections/{id}/reports` | anyone (per-IP rate limit) |
 //! | POST `/v1/collections/{id}/close-round`, `/finalize` | admin |
 //! | GET `/v1/collections/{id}/model`, `/marginals?attrs=a,b`, `/synthetic?rows=N&seed=S&format=csv\|ndjson&numeric=uniform\|midpoint` | admin |
-//! | GET `/healthz`, `/metrics` | anyone |
+//! | GET `/healthz`, `/metrics` | anyone (per-collection series: admin) |
 //!
 //! Layers wrap inside-out; a request passes them top to bottom as written in [`router`]:
 //! `TraceLayer` (logs every request and its status) → `CorsLayer` → `HandleErrorLayer`
@@ -26,7 +26,7 @@ use axum::body::{Body, Bytes};
 use axum::error_handling::HandleErrorLayer;
 use axum::extract::{ConnectInfo, FromRequestParts, Path, RawQuery, Request, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -42,11 +42,12 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::trace::TraceLayer;
 use uuid::Uuid;
 
-use super::AppState;
 use super::error::{ApiError, problem_response};
 use super::ingest::{CollectionHandle, Command, Outcome, PendingReport};
+use super::ratelimit::client_ip;
 use super::storage::{CollectionRow, NewReport};
 use super::tokens::{MAX_FACTOR_LEN, TaskClaims};
+use super::{AppState, LimitedRoute};
 use crate::engine::{Engine, Phase, TableKey, TaskSpec};
 
 /// The application: every route with its layers, over `state`.
@@ -70,7 +71,16 @@ pub fn router(state: AppState) -> Router {
     };
     let uploads = Router::new()
         .route("/v1/collections/{id}/reports", post(post_reports))
-        .route_layer(middleware::from_fn_with_state(state.clone(), rate_limit));
+        .route_layer(middleware::from_fn_with_state(
+            (state.clone(), LimitedRoute::Reports),
+            rate_limit,
+        ));
+    let tasks = Router::new()
+        .route("/v1/collections/{id}/task", get(get_task))
+        .route_layer(middleware::from_fn_with_state(
+            (state.clone(), LimitedRoute::Task),
+            rate_limit,
+        ));
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
@@ -79,7 +89,6 @@ pub fn router(state: AppState) -> Router {
             post(create_collection).get(list_collections),
         )
         .route("/v1/collections/{id}", get(get_collection))
-        .route("/v1/collections/{id}/task", get(get_task))
         .route("/v1/collections/{id}/close-round", post(close_round))
         .route("/v1/collections/{id}/finalize", post(finalize))
         .route("/v1/collections/{id}/model", get(get_model))
@@ -89,6 +98,7 @@ pub fn router(state: AppState) -> Router {
             get(super::synthetic::get_synthetic),
         )
         .merge(uploads)
+        .merge(tasks)
         .fallback(not_found)
         .layer(
             ServiceBuilder::new()
@@ -117,9 +127,14 @@ async fn not_found() -> ApiError {
     ApiError::problem(ProblemType::NotFound, "no such route")
 }
 
-async fn rate_limit(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    if let Some(ConnectInfo(addr)) = req.extensions().get::<ConnectInfo<SocketAddr>>() {
-        if let Err(retry_after_secs) = state.limiter().check(addr.ip()) {
+async fn rate_limit(
+    State((state, route)): State<(AppState, LimitedRoute)>,
+    req: Request,
+    next: Next,
+) -> Response {
+    if let Some(ConnectInfo(peer)) = req.extensions().get::<ConnectInfo<SocketAddr>>() {
+        let client = client_ip(*peer, req.headers(), state.trusted_proxies());
+        if let Err(retry_after_secs) = state.limiter(route).check(client) {
             state.metrics().rejected(ProblemType::RateLimited);
             return ApiError::RateLimited { retry_after_secs }.into_response();
         }
@@ -134,25 +149,29 @@ pub struct Admin;
 impl FromRequestParts<AppState> for Admin {
     type Rejection = ApiError;
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let presented = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .ok_or_else(|| {
-                ApiError::problem(
-                    ProblemType::Unauthorized,
-                    "this route needs `Authorization: Bearer <admin token>`",
-                )
-            })?;
-        if state.is_admin(presented.trim()) {
-            Ok(Admin)
-        } else {
-            Err(ApiError::problem(
+        check_admin(&parts.headers, state)
+    }
+}
+
+/// [`Admin`] from request headers. Errors: `unauthorized` without or with a wrong token.
+fn check_admin(headers: &HeaderMap, state: &AppState) -> Result<Admin, ApiError> {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or_else(|| {
+            ApiError::problem(
                 ProblemType::Unauthorized,
-                "wrong admin token",
-            ))
-        }
+                "this route needs `Authorization: Bearer <admin token>`",
+            )
+        })?;
+    if state.is_admin(presented.trim()) {
+        Ok(Admin)
+    } else {
+        Err(ApiError::problem(
+            ProblemType::Unauthorized,
+            "wrong admin token",
+        ))
     }
 }
 
@@ -228,13 +247,24 @@ async fn healthz(State(state): State<AppState>) -> Result<Json<Value>, ApiError>
     Ok(Json(json!({"status": "ok"})))
 }
 
-async fn metrics(State(state): State<AppState>) -> Response {
-    let rounds: Vec<(String, u32, u64)> = state
-        .collections()
-        .iter()
-        .map(|h| (h.id.to_string(), h.state().round, h.accepted()))
-        .collect();
-    let body = state.metrics().render(&rounds);
+/// Service-wide series for anyone; per-collection series (which name every collection id)
+/// only for the admin token. A wrong token is refused rather than served the public view, so
+/// a misconfigured scraper notices.
+async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    let admin = headers.contains_key(header::AUTHORIZATION);
+    if admin && let Err(e) = check_admin(&headers, &state) {
+        return e.into_response();
+    }
+    let collections = state.collections();
+    let rounds: Vec<(String, u32, u64)> = if admin {
+        collections
+            .iter()
+            .map(|h| (h.id.to_string(), h.state().round, h.accepted()))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let body = state.metrics().render(collections.len(), &rounds);
     (
         [(
             header::CONTENT_TYPE,

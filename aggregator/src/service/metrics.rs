@@ -70,10 +70,14 @@ impl Metrics {
     pub fn rounds_closed(&self, n: u64) {
         self.rounds_closed.fetch_add(n, Relaxed);
     }
-    /// The Prometheus text exposition; `rounds` holds `(collection id, current round,
-    /// accepted reports)` per collection.
-    pub fn render(&self, rounds: &[(String, u32, u64)]) -> String {
+    /// The Prometheus text exposition: `collections` loaded, and per collection in `rounds`
+    /// `(collection id, current round, accepted reports)` (empty for the public view).
+    pub fn render(&self, collections: usize, rounds: &[(String, u32, u64)]) -> String {
         let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "# HELP ldpsyn_collections Collections this process serves.\n# TYPE ldpsyn_collections gauge\nldpsyn_collections {collections}"
+        );
         // Writing into a String cannot fail.
         let _ = writeln!(
             s,
@@ -142,6 +146,9 @@ impl Metrics {
             "# HELP ldpsyn_rounds_closed_total Rounds closed (PrivIncr) and batches re-weighted (SamPrivSyn).\n# TYPE ldpsyn_rounds_closed_total counter\nldpsyn_rounds_closed_total {}",
             self.rounds_closed.load(Relaxed)
         );
+        if rounds.is_empty() {
+            return s;
+        }
         let _ = writeln!(
             s,
             "# HELP ldpsyn_collection_round Current round of each collection.\n# TYPE ldpsyn_collection_round gauge"

@@ -58,6 +58,15 @@ pub struct AppState {
     inner: Arc<Inner>,
 }
 
+/// The public routes a client is rate-limited on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitedRoute {
+    /// `POST …/reports`.
+    Reports,
+    /// `GET …/task`.
+    Task,
+}
+
 #[derive(Debug)]
 struct Inner {
     db: Db,
@@ -67,7 +76,8 @@ struct Inner {
     collections: DashMap<Uuid, Arc<CollectionHandle>>,
     committer: mpsc::Sender<Command>,
     metrics: Arc<Metrics>,
-    limiter: RateLimiter,
+    upload_limiter: RateLimiter,
+    task_limiter: RateLimiter,
 }
 
 impl AppState {
@@ -92,7 +102,8 @@ impl AppState {
         let metrics = Arc::new(Metrics::default());
         let (tx, rx) = mpsc::channel(config.commit_queue_len.max(1));
         let committer = tokio::spawn(ingest::run_committer(db.clone(), metrics.clone(), rx));
-        let limiter = RateLimiter::new(config.rate_limit_per_ip);
+        let upload_limiter = RateLimiter::new(config.rate_limit_per_ip);
+        let task_limiter = RateLimiter::new(config.rate_limit_per_ip);
         let state = Self {
             inner: Arc::new(Inner {
                 db,
@@ -102,7 +113,8 @@ impl AppState {
                 collections: DashMap::new(),
                 committer: tx,
                 metrics,
-                limiter,
+                upload_limiter,
+                task_limiter,
             }),
         };
         state.load_all().await?;
@@ -173,9 +185,17 @@ impl AppState {
         &self.inner.token_key
     }
 
-    /// The rate limiter.
-    pub fn limiter(&self) -> &RateLimiter {
-        &self.inner.limiter
+    /// The per-client limiter of `route` (uploads and task requests each have their own).
+    pub fn limiter(&self, route: LimitedRoute) -> &RateLimiter {
+        match route {
+            LimitedRoute::Reports => &self.inner.upload_limiter,
+            LimitedRoute::Task => &self.inner.task_limiter,
+        }
+    }
+
+    /// Addresses of the reverse proxies whose forwarding headers are believed.
+    pub fn trusted_proxies(&self) -> &[std::net::IpAddr] {
+        &self.inner.config.trusted_proxies
     }
 
     /// Whether `presented` is the admin token (constant-time comparison of SHA-256 digests,

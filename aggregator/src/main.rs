@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use ldpsyn_aggregator::demo::{self, DemoConfig};
+use ldpsyn_aggregator::infer::{InferConfig, infer_schema};
 use ldpsyn_aggregator::service::{self, config::ServeConfig};
 
 /// ldpsyn aggregator: collects LDP reports and serves models, marginals and synthetic data.
@@ -19,6 +20,16 @@ enum Command {
     /// The main job end to end: simulated people → SDK → HTTP aggregator (in-process, SQLite)
     /// → finalize → synthetic CSV and a JSON fidelity report.
     Demo(DemoConfig),
+    /// Schema tools.
+    #[command(subcommand)]
+    Schema(SchemaCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum SchemaCommand {
+    /// Propose a schema (JSON on stdout) from a CSV file's header and values; warnings on
+    /// stderr. Labels and bounds are public: edit them from domain knowledge.
+    Infer(InferConfig),
 }
 
 fn main() -> std::process::ExitCode {
@@ -52,6 +63,16 @@ fn main() -> std::process::ExitCode {
                 .map_err(|e| format!("demo failed: {e}"))
                 .and_then(|report| {
                     let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+                    println!("{json}");
+                    Ok(())
+                }),
+            Command::Schema(SchemaCommand::Infer(config)) => infer_schema(&config.data, &config)
+                .map_err(|e| e.to_string())
+                .and_then(|(schema, warnings)| {
+                    for w in warnings {
+                        eprintln!("warning: {w}");
+                    }
+                    let json = serde_json::to_string_pretty(&schema).map_err(|e| e.to_string())?;
                     println!("{json}");
                     Ok(())
                 }),

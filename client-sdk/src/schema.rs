@@ -73,7 +73,7 @@ pub enum AttributeKind {
         /// The labels, in code order.
         labels: Vec<String>,
     },
-    /// Equal-width bins over `[min, max]`.
+    /// Equal-width bins over `[min, max]`, plus one code per point mass.
     Numeric {
         /// Lower bound (inclusive), finite.
         min: f64,
@@ -87,6 +87,14 @@ pub enum AttributeKind {
         /// What to do outside `[min, max]`.
         #[serde(default)]
         out_of_range: OutOfRangePolicy,
+        /// Point masses: values with a code of their own (codes `bins..bins + points.len()`,
+        /// in this order), e.g. `[0]` for an income that is 0 for most people or `[40]` for
+        /// weekly hours. A value equal to a point takes its code instead of its bin's, and
+        /// decodes to exactly that value, so synthetic data keeps the mass a bin would smear
+        /// out. Public like the bounds: from domain knowledge. Finite, within `[min, max]`,
+        /// whole for `integer` attributes, each listed once; default none.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        points: Vec<f64>,
     },
 }
 
@@ -169,6 +177,18 @@ pub enum SchemaError {
     NonFiniteBound {
         /// The attribute.
         attribute: String,
+    },
+    /// A point mass that is not finite, outside `[min, max]`, fractional for an `integer`
+    /// attribute, or listed twice.
+    #[error(
+        "attribute `{attribute}`: point {value} must be finite, within [min, max], whole \
+         for an integer attribute and listed once"
+    )]
+    InvalidPoint {
+        /// The attribute.
+        attribute: String,
+        /// The offending point.
+        value: f64,
     },
 }
 
@@ -295,7 +315,7 @@ impl Attribute {
     pub fn domain_size(&self) -> usize {
         let base = match &self.kind {
             AttributeKind::Categorical { labels } => labels.len(),
-            AttributeKind::Numeric { bins, .. } => *bins as usize,
+            AttributeKind::Numeric { bins, points, .. } => *bins as usize + points.len(),
         };
         base + usize::from(self.missing == MissingPolicy::Category)
     }
@@ -346,6 +366,7 @@ impl Attribute {
                 max,
                 bins,
                 out_of_range,
+                points,
                 ..
             } => {
                 let x = match value {
@@ -381,7 +402,10 @@ impl Attribute {
                 } else {
                     x
                 };
-                Ok(numeric_bin(x, *min, *max, *bins))
+                Ok(match points.iter().position(|p| *p == x) {
+                    Some(i) => bins + i as u32,
+                    None => numeric_bin(x, *min, *max, *bins),
+                })
             }
         }
     }
@@ -413,8 +437,12 @@ impl Attribute {
                 max,
                 bins,
                 integer,
+                points,
                 ..
             } => {
+                if code >= *bins {
+                    return DecodedValue::Number(points[(code - bins) as usize]);
+                }
                 let width = (max - min) / f64::from(*bins);
                 let lo = min + width * f64::from(code);
                 let hi = if code + 1 == *bins { *max } else { lo + width };
@@ -434,7 +462,16 @@ impl Attribute {
                         match numeric {
                             NumericDecoding::Midpoint => ((a + b) / 2.0).round(),
                             NumericDecoding::Uniform => {
-                                rng.random_range(a as i64..=b as i64) as f64
+                                // A point's value belongs to the point's code, not the bin's:
+                                // redraw (a bin of only points falls back to a draw).
+                                let mut x = rng.random_range(a as i64..=b as i64) as f64;
+                                for _ in 0..16 {
+                                    if !points.contains(&x) {
+                                        break;
+                                    }
+                                    x = rng.random_range(a as i64..=b as i64) as f64;
+                                }
+                                x
                             }
                         }
                     }
@@ -469,7 +506,27 @@ impl Attribute {
                     return Err(SchemaError::EmptyDomain { attribute });
                 }
             }
-            AttributeKind::Numeric { min, max, bins, .. } => {
+            AttributeKind::Numeric {
+                min,
+                max,
+                bins,
+                integer,
+                points,
+                ..
+            } => {
+                for (i, p) in points.iter().enumerate() {
+                    if !p.is_finite()
+                        || p < min
+                        || p > max
+                        || (*integer && p.fract() != 0.0)
+                        || points[..i].contains(p)
+                    {
+                        return Err(SchemaError::InvalidPoint {
+                            attribute,
+                            value: *p,
+                        });
+                    }
+                }
                 if !min.is_finite() || !max.is_finite() {
                     return Err(SchemaError::NonFiniteBound { attribute });
                 }
@@ -838,6 +895,7 @@ mod tests {
                 bins: 3,
                 integer: false,
                 out_of_range: OutOfRangePolicy::Reject,
+                points: vec![],
             },
             missing: MissingPolicy::Reject,
             missing_markers: vec![],
@@ -954,6 +1012,49 @@ mod tests {
         );
     }
 
+    /// Point masses take their own codes (after the bins, before "missing"), decode to
+    /// exactly their value, are never drawn for a bin, and are validated; a schema without
+    /// them serializes as before.
+    #[test]
+    fn point_masses() {
+        let json = serde_json::json!({"attributes": [{"name": "hours", "type": "numeric",
+            "min": 0, "max": 100, "bins": 10, "integer": true, "points": [0, 40],
+            "missing": "category"}]});
+        let s: Schema = serde_json::from_value(json).unwrap();
+        let a = &s.attributes()[0];
+        assert_eq!(a.domain_size(), 13);
+        assert_eq!(a.missing_code(), Some(12));
+        let code = |x: f64| a.encode_value(&Value::Number(x)).unwrap();
+        assert_eq!(
+            (code(0.0), code(40.0), code(41.0), code(1.0)),
+            (10, 11, 4, 0)
+        );
+        let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(3);
+        assert_eq!(
+            a.decode(11, NumericDecoding::Uniform, &mut rng),
+            DecodedValue::Number(40.0)
+        );
+        for _ in 0..2000 {
+            let DecodedValue::Number(x) = a.decode(4, NumericDecoding::Uniform, &mut rng) else {
+                panic!("a bin decodes to a number");
+            };
+            assert!((40.0..50.0).contains(&x) && x != 40.0, "{x}");
+        }
+        for points in ["[5, 5]", "[101]", "[1.5]", "[-1]"] {
+            let text = format!(
+                r#"{{"attributes": [{{"name": "n", "type": "numeric", "min": 0, "max": 100,
+                "bins": 4, "integer": true, "points": {points}}}]}}"#
+            );
+            let e = serde_json::from_str::<Schema>(&text)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("`n`: point"), "{points}: {e}");
+        }
+        let plain = r#"{"attributes":[{"name":"n","type":"numeric","min":0.0,"max":1.0,"bins":2,"integer":false,"out_of_range":"reject","missing":"reject","missing_markers":[""]}]}"#;
+        let s: Schema = serde_json::from_str(plain).unwrap();
+        assert_eq!(serde_json::to_string(&s).unwrap(), plain);
+    }
+
     proptest! {
         #[test]
         fn encode_decode_round_trip(age in 0u32..16, w in 0u32..4, sex in 0u32..2, wc in 0u32..4, seed: u64) {
@@ -973,7 +1074,7 @@ mod tests {
         fn schema_json_round_trip(bins in 1u32..40, min in -1e6f64..1e6, width in 1e-3f64..1e6, labels in proptest::collection::hash_set("[a-z]{1,6}", 2..10)) {
             let labels: Vec<String> = labels.into_iter().collect();
             let s = Schema::new(vec![
-                Attribute { name: "n".into(), kind: AttributeKind::Numeric { min, max: min + width, bins: bins + 1, integer: false, out_of_range: OutOfRangePolicy::Clamp }, missing: MissingPolicy::Reject, missing_markers: vec!["?".into()] },
+                Attribute { name: "n".into(), kind: AttributeKind::Numeric { min, max: min + width, bins: bins + 1, integer: false, out_of_range: OutOfRangePolicy::Clamp, points: vec![min] }, missing: MissingPolicy::Reject, missing_markers: vec!["?".into()] },
                 Attribute { name: "c".into(), kind: AttributeKind::Categorical { labels }, missing: MissingPolicy::Category, missing_markers: vec![] },
             ]).unwrap();
             let json = serde_json::to_string(&s).unwrap();

@@ -7,7 +7,7 @@ mod simulate;
 
 use std::path::Path;
 
-use ldpsyn::schema::Schema;
+use ldpsyn::schema::{AttributeKind, Schema};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
 
@@ -139,6 +139,19 @@ pub struct LoadedCsv {
     /// Rows the schema rejected (missing values under `reject`, unknown labels, out of
     /// range numbers, short rows); skipped.
     pub rejected_rows: usize,
+    /// The raw values of every numeric attribute over the accepted records (clamped to the
+    /// attribute's bounds as the encoder does; missing values left out), for fidelity
+    /// metrics that binned codes cannot show.
+    pub numeric: Vec<NumericColumn>,
+}
+
+/// The raw values of one numeric attribute.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NumericColumn {
+    /// Attribute index in the schema.
+    pub attribute: usize,
+    /// Values, in record order.
+    pub values: Vec<f64>,
 }
 
 /// Loads a CSV file with a header row through `schema`; rows the schema rejects are skipped
@@ -147,6 +160,19 @@ pub fn load_csv(path: &Path, schema: &Schema) -> Result<LoadedCsv, SimError> {
     let mut reader = csv::ReaderBuilder::new().flexible(true).from_path(path)?;
     let header: Vec<String> = reader.headers()?.iter().map(str::to_owned).collect();
     let encoder = schema.csv_encoder(&header)?;
+    // (column, bounds, values) of every numeric attribute; the encoder checked the header.
+    let mut numeric: Vec<(usize, usize, f64, f64, Vec<f64>)> = schema
+        .attributes()
+        .iter()
+        .enumerate()
+        .filter_map(|(a, attr)| match attr.kind {
+            AttributeKind::Numeric { min, max, .. } => {
+                let col = header.iter().position(|h| h.trim() == attr.name)?;
+                Some((a, col, min, max, Vec::new()))
+            }
+            AttributeKind::Categorical { .. } => None,
+        })
+        .collect();
     let mut codes = Vec::new();
     let (mut total, mut rejected) = (0, 0);
     for record in reader.records() {
@@ -154,7 +180,14 @@ pub fn load_csv(path: &Path, schema: &Schema) -> Result<LoadedCsv, SimError> {
         total += 1;
         let fields: Vec<&str> = record.iter().collect();
         match encoder.encode(&fields) {
-            Ok(r) => codes.extend_from_slice(r.codes()),
+            Ok(r) => {
+                codes.extend_from_slice(r.codes());
+                for (_, col, min, max, values) in &mut numeric {
+                    if let Some(x) = fields.get(*col).and_then(|f| f.trim().parse::<f64>().ok()) {
+                        values.push(x.clamp(*min, *max));
+                    }
+                }
+            }
             Err(_) => rejected += 1,
         }
     }
@@ -162,5 +195,9 @@ pub fn load_csv(path: &Path, schema: &Schema) -> Result<LoadedCsv, SimError> {
         population: Population::new(schema.domain_sizes(), codes)?,
         total_rows: total,
         rejected_rows: rejected,
+        numeric: numeric
+            .into_iter()
+            .map(|(attribute, _, _, _, values)| NumericColumn { attribute, values })
+            .collect(),
     })
 }

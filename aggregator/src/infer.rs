@@ -1,0 +1,414 @@
+//! `ldpsyn-aggregator schema infer`: proposes a schema from a CSV file's header and a look at
+//! its values — categorical or numeric, labels, the integer flag, bounds, missing markers.
+//!
+//! A schema is public: its labels and bounds reach every device and every analyst, so they
+//! should come from domain knowledge (a code book, a form's allowed range), not from the
+//! private data. The proposal is a starting point to edit: bounds are widened outward to a
+//! round step so the file's exact extremes are not printed, and the command says so.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use clap::Parser;
+use ldpsyn::schema::{
+    Attribute, AttributeKind, MissingPolicy, OutOfRangePolicy, Schema, SchemaError,
+};
+
+/// Strings read as "missing" when they fill a whole cell (after trimming).
+const MISSING_MARKERS: [&str; 8] = ["", "?", "NA", "N/A", "NaN", "null", "NULL", "None"];
+
+/// `schema infer` options.
+#[derive(Debug, Clone, Parser)]
+pub struct InferConfig {
+    /// CSV file with a header row.
+    #[arg(long)]
+    pub data: PathBuf,
+    /// A column with at most this many distinct values is categorical (numbers too: e.g. a
+    /// 1–16 education code); a numeric column with more is numeric; a text column with more
+    /// is left out (an identifier or free text).
+    #[arg(long, default_value_t = 32)]
+    pub max_categories: usize,
+    /// Bins of each numeric attribute (fewer for an integer attribute with a smaller range).
+    #[arg(long, default_value_t = 16)]
+    pub bins: u32,
+    /// Rows read at most (the rest of the file is not looked at).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub max_rows: usize,
+}
+
+/// Errors of [`infer_schema`].
+#[derive(Debug, thiserror::Error)]
+pub enum InferError {
+    /// The file cannot be read as CSV.
+    #[error("cannot read {path}: {source}")]
+    Csv {
+        /// The file.
+        path: String,
+        /// Why.
+        source: csv::Error,
+    },
+    /// No column could become an attribute.
+    #[error("no column of {0} can be an attribute (empty file, or only identifiers)")]
+    NoAttribute(String),
+    /// The proposal is not a valid schema (a bug, or a header with duplicate names).
+    #[error("the proposed schema is invalid: {0}")]
+    Schema(#[from] SchemaError),
+}
+
+/// What one pass over a column found.
+#[derive(Debug, Default)]
+struct ColumnStats {
+    /// Distinct non-missing values with their counts (stops growing past the cap).
+    counts: HashMap<String, u64>,
+    overflow: bool,
+    numeric: bool,
+    integer: bool,
+    min: f64,
+    max: f64,
+    present: u64,
+    markers: Vec<String>,
+}
+
+impl ColumnStats {
+    fn new() -> Self {
+        Self {
+            numeric: true,
+            integer: true,
+            min: f64::INFINITY,
+            max: f64::NEG_INFINITY,
+            ..Self::default()
+        }
+    }
+
+    fn add(&mut self, raw: &str, cap: usize) {
+        let v = raw.trim();
+        if MISSING_MARKERS.contains(&v) {
+            if !self.markers.iter().any(|m| m == v) {
+                self.markers.push(v.to_owned());
+            }
+            return;
+        }
+        self.present += 1;
+        match v.parse::<f64>() {
+            Ok(x) if x.is_finite() => {
+                self.min = self.min.min(x);
+                self.max = self.max.max(x);
+                self.integer &= x.fract() == 0.0;
+            }
+            _ => self.numeric = false,
+        }
+        if let Some(c) = self.counts.get_mut(v) {
+            *c += 1;
+        } else if self.counts.len() <= cap {
+            self.counts.insert(v.to_owned(), 1);
+        } else {
+            // Past the cap the map becomes a Misra–Gries summary: it still holds every value
+            // with more than 1/(cap + 2) of the rows (the candidates for point masses).
+            self.overflow = true;
+            self.counts.retain(|_, c| {
+                *c -= 1;
+                *c > 0
+            });
+        }
+    }
+}
+
+/// Most point masses proposed per numeric attribute.
+const MAX_POINTS: usize = 4;
+
+/// A numeric column's proposal before the point masses are chosen.
+#[derive(Debug)]
+struct NumericPlan {
+    column: usize,
+    min: f64,
+    max: f64,
+    bins: u32,
+    integer: bool,
+    /// Heavy values of the first pass, with exact counts after the second.
+    candidates: Vec<(f64, u64)>,
+    bin_rows: Vec<u64>,
+    rows: u64,
+}
+
+impl NumericPlan {
+    fn bin_of(&self, x: f64) -> usize {
+        let b = ((x - self.min) / (self.max - self.min) * f64::from(self.bins)).floor();
+        (b.max(0.0) as usize).min(self.bins as usize - 1)
+    }
+
+    fn count(&mut self, raw: &str) {
+        let Ok(x) = raw.trim().parse::<f64>() else {
+            return;
+        };
+        self.rows += 1;
+        let b = self.bin_of(x);
+        self.bin_rows[b] += 1;
+        if let Some(c) = self.candidates.iter_mut().find(|c| c.0 == x) {
+            c.1 += 1;
+        }
+    }
+
+    /// Values that hold more rows than an average bin and at least half of their own bin's
+    /// rows, in a bin that has other values to hold (then the bin would smear them out):
+    /// the largest [`MAX_POINTS`], in increasing order.
+    fn points(&self) -> Vec<f64> {
+        let width = (self.max - self.min) / f64::from(self.bins);
+        let mut heavy: Vec<(f64, u64)> = self
+            .candidates
+            .iter()
+            .copied()
+            .filter(|&(x, c)| {
+                let b = self.bin_of(x);
+                let lo = self.min + width * b as f64;
+                let roomy = !self.integer || (lo + width).ceil() - lo.ceil() >= 2.0;
+                roomy
+                    && c as f64 * f64::from(self.bins) >= self.rows as f64
+                    && 2 * c >= self.bin_rows[b]
+            })
+            .collect();
+        heavy.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.total_cmp(&b.0)));
+        heavy.truncate(MAX_POINTS);
+        let mut points: Vec<f64> = heavy.into_iter().map(|(x, _)| x).collect();
+        points.sort_by(f64::total_cmp);
+        points
+    }
+}
+
+/// `[lo, hi]` widened outward to multiples of half the range's decimal order (5 for a range
+/// of 73, 500,000 for 1.5 million), so the proposal does not print the file's exact
+/// extremes (a constant column gets ±1).
+fn round_bounds(min: f64, max: f64) -> (f64, f64) {
+    let range = max - min;
+    if range <= 0.0 {
+        return (min - 1.0, max + 1.0);
+    }
+    let step = 10f64.powf(range.log10().floor()) / 2.0;
+    let lo = (min / step).floor() * step;
+    let hi = (max / step).ceil() * step;
+    (lo, if hi > lo { hi } else { lo + step })
+}
+
+/// Proposes a schema for the CSV file at `path` (module docs); returns it with the warnings
+/// to show the operator. Errors: [`InferError`].
+pub fn infer_schema(path: &Path, cfg: &InferConfig) -> Result<(Schema, Vec<String>), InferError> {
+    let csv_err = |source| InferError::Csv {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut reader = csv::ReaderBuilder::new()
+        .flexible(true)
+        .from_path(path)
+        .map_err(csv_err)?;
+    let header: Vec<String> = reader
+        .headers()
+        .map_err(csv_err)?
+        .iter()
+        .map(|h| h.trim().to_owned())
+        .collect();
+    let mut stats: Vec<ColumnStats> = header.iter().map(|_| ColumnStats::new()).collect();
+    for record in reader.records().take(cfg.max_rows) {
+        let record = record.map_err(csv_err)?;
+        for (i, s) in stats.iter_mut().enumerate() {
+            s.add(record.get(i).unwrap_or(""), cfg.max_categories);
+        }
+    }
+    let mut warnings = vec![
+        "labels and bounds below were read from the data: a schema is public (every device \
+         and analyst sees it), so replace them with values from domain knowledge before \
+         collecting"
+            .to_owned(),
+    ];
+    // First the kinds; numeric attributes get their point masses after a second pass.
+    let mut attributes = Vec::new();
+    let mut plans: Vec<(usize, NumericPlan)> = Vec::new();
+    for (column, (name, s)) in header.iter().zip(stats).enumerate() {
+        if s.present == 0 {
+            warnings.push(format!("`{name}`: no values, left out"));
+            continue;
+        }
+        let (missing, missing_markers) = if s.markers.is_empty() {
+            (MissingPolicy::Reject, vec![String::new()])
+        } else {
+            (MissingPolicy::Category, s.markers.clone())
+        };
+        let kind = if s.numeric && (s.overflow || s.counts.len() > cfg.max_categories) {
+            let (min, max) = round_bounds(s.min, s.max);
+            let bins = if s.integer {
+                cfg.bins
+                    .min((max - min + 1.0).min(f64::from(u32::MAX)) as u32)
+            } else {
+                cfg.bins
+            }
+            .max(1);
+            let candidates = s
+                .counts
+                .keys()
+                .filter_map(|v| v.parse::<f64>().ok())
+                .map(|x| (x, 0))
+                .collect();
+            plans.push((
+                attributes.len(),
+                NumericPlan {
+                    column,
+                    min,
+                    max,
+                    bins,
+                    integer: s.integer,
+                    candidates,
+                    bin_rows: vec![0; bins as usize],
+                    rows: 0,
+                },
+            ));
+            AttributeKind::Numeric {
+                min,
+                max,
+                bins,
+                integer: s.integer,
+                out_of_range: OutOfRangePolicy::Clamp,
+                points: Vec::new(),
+            }
+        } else if !s.overflow && s.counts.len() <= cfg.max_categories {
+            let mut labels: Vec<(String, u64)> = s.counts.into_iter().collect();
+            if s.numeric {
+                // Codes in numeric order.
+                labels.sort_by(|a, b| {
+                    let x = |l: &str| l.parse::<f64>().unwrap_or(f64::NAN);
+                    x(&a.0).total_cmp(&x(&b.0)).then(a.0.cmp(&b.0))
+                });
+            } else {
+                labels.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+            }
+            AttributeKind::Categorical {
+                labels: labels.into_iter().map(|(l, _)| l).collect(),
+            }
+        } else {
+            warnings.push(format!(
+                "`{name}`: more than {} distinct text values (an identifier or free text?), \
+                 left out; raise --max-categories to keep it",
+                cfg.max_categories
+            ));
+            continue;
+        };
+        attributes.push(Attribute {
+            name: name.clone(),
+            kind,
+            missing,
+            missing_markers,
+        });
+    }
+    if !plans.is_empty() {
+        let mut reader = csv::ReaderBuilder::new()
+            .flexible(true)
+            .from_path(path)
+            .map_err(csv_err)?;
+        for record in reader.records().take(cfg.max_rows) {
+            let record = record.map_err(csv_err)?;
+            for (_, plan) in &mut plans {
+                plan.count(record.get(plan.column).unwrap_or(""));
+            }
+        }
+        for (index, plan) in &plans {
+            let found = plan.points();
+            let attr = &mut attributes[*index];
+            if !found.is_empty() {
+                warnings.push(format!(
+                    "`{}`: point masses {found:?} (values with a large share of the rows) get \
+                     codes of their own; keep them only if they are public knowledge",
+                    attr.name
+                ));
+            }
+            if let AttributeKind::Numeric { points, .. } = &mut attr.kind {
+                *points = found;
+            }
+        }
+    }
+    if attributes.is_empty() {
+        return Err(InferError::NoAttribute(path.display().to_string()));
+    }
+    Ok((Schema::new(attributes)?, warnings))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::load_csv;
+
+    /// Every kind of column: a wide integer column (numeric, integer, rounded bounds), a
+    /// float column, a small numeric code (categorical, numeric order), text with "?"
+    /// (categorical with a missing category, by frequency), an identifier (left out), a
+    /// numeric column with a point mass. The
+    /// proposal encodes every row of the file it came from.
+    #[test]
+    fn proposes_a_schema_that_reads_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("people.csv");
+        let mut text = String::from("age, income,grade,city,id,hours\n");
+        for i in 0..500u32 {
+            let city = ["Oslo", "Lima", "?"][(i % 7 % 3) as usize];
+            let hours = if i % 2 == 0 { 40 } else { 20 + i % 100 };
+            text.push_str(&format!(
+                "{},{:.2},{},{city},user-{i},{hours}\n",
+                17 + i % 74,
+                -120.5 + f64::from(i) * 13.7,
+                1 + i % 12
+            ));
+        }
+        std::fs::write(&path, text).unwrap();
+        let cfg = InferConfig::try_parse_from(["infer", "--data", "x"]).unwrap();
+        let (schema, warnings) = infer_schema(&path, &cfg).unwrap();
+        let names: Vec<&str> = schema
+            .attributes()
+            .iter()
+            .map(|a| a.name.as_str())
+            .collect();
+        assert_eq!(names, ["age", "income", "grade", "city", "hours"]);
+        assert!(warnings.iter().any(|w| w.contains("`id`")), "{warnings:?}");
+        assert!(warnings[0].contains("public"));
+        let a = &schema.attributes();
+        assert_eq!(
+            a[0].kind,
+            AttributeKind::Numeric {
+                min: 15.0,
+                max: 90.0,
+                bins: 16,
+                integer: true,
+                out_of_range: OutOfRangePolicy::Clamp,
+                points: vec![],
+            }
+        );
+        // Half the rows work 40 h: a point mass; the odd hours, 5 rows each, are not.
+        match &a[4].kind {
+            AttributeKind::Numeric { points, .. } => assert_eq!(points, &[40.0]),
+            k => panic!("hours: {k:?}"),
+        }
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.contains("`hours`: point masses [40.0]"))
+        );
+        match &a[1].kind {
+            AttributeKind::Numeric {
+                min, max, integer, ..
+            } => {
+                assert!(!integer);
+                assert!(*min <= -120.5 && *max >= -120.5 + 499.0 * 13.7);
+                assert_eq!((*min, *max), (-500.0, 7000.0));
+            }
+            k => panic!("income: {k:?}"),
+        }
+        let labels: Vec<String> = (1..=12).map(|g| g.to_string()).collect();
+        assert_eq!(a[2].kind, AttributeKind::Categorical { labels });
+        assert_eq!(a[3].missing, MissingPolicy::Category);
+        assert_eq!(a[3].missing_markers, vec!["?".to_owned()]);
+        let loaded = load_csv(&path, &schema).unwrap();
+        assert_eq!((loaded.population.len(), loaded.rejected_rows), (500, 0));
+    }
+
+    #[test]
+    fn bounds_are_widened_to_round_steps() {
+        assert_eq!(round_bounds(17.0, 90.0), (15.0, 90.0));
+        assert_eq!(round_bounds(13_492.0, 1_490_400.0), (0.0, 1_500_000.0));
+        assert_eq!(round_bounds(0.0, 99_999.0), (0.0, 100_000.0));
+        assert_eq!(round_bounds(5.0, 5.0), (4.0, 6.0));
+    }
+}

@@ -364,6 +364,7 @@ pub fn noprivacy_model(
                 ell: None,
                 reports: 0,
                 score: None,
+                bins: vec![],
             });
         }
     }

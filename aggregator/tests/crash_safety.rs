@@ -14,7 +14,7 @@ use ldpsyn::ledger::{BudgetLedger, MemoryLedger, ReportState};
 use ldpsyn::mechanism::SufficientStatistics;
 use ldpsyn::protocol::{CollectionConfig, Report};
 use ldpsyn::schema::Schema;
-use ldpsyn_aggregator::engine::{Engine, Tables, TaskSpec};
+use ldpsyn_aggregator::engine::{Engine, Tables};
 use ldpsyn_aggregator::service::tokens::TokenKey;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
@@ -116,11 +116,7 @@ fn reduce(engine: &Engine, reports: &[Report]) -> Tables {
     let mut t = Tables::new();
     for r in reports {
         let c = key.verify(&r.token).unwrap();
-        let k = engine.table_key(&TaskSpec {
-            round: c.round,
-            factor: c.factor,
-            mechanism: c.mechanism,
-        });
+        let k = engine.table_key(&c.task_spec());
         let m = engine.mechanism(&k).unwrap();
         m.accumulate(
             &r.payload,

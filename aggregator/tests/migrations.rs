@@ -75,6 +75,7 @@ async fn upgrade_keeps_reports_and_token_identity() {
             round: 0,
             factor: vec![0],
             mechanism: MechanismKind::Grr,
+            bins: vec![],
         },
         payload: Payload::Grr(1),
     };

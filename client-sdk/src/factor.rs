@@ -29,6 +29,10 @@ pub enum FactorError {
     /// A code or index out of range, or the wrong number of codes.
     #[error("index out of range: {0}")]
     OutOfRange(String),
+    /// A bin map that is not strictly increasing cut points inside the domain, or a list of
+    /// bin maps that does not match the factor.
+    #[error("invalid bin map: {0}")]
+    InvalidBinMap(String),
 }
 
 /// An ordered set of attributes (indices into the schema) and their domain sizes.
@@ -155,6 +159,80 @@ impl Factor {
     }
 }
 
+/// Most bins one attribute's bin map may have (the token carries each cut in 16 bits).
+pub const MAX_BINS: usize = 1 << 15;
+
+/// Number of bins of a bin map over an attribute of `domain` codes (DESIGN.md "Tasks with
+/// bin maps"). A bin map is given by its interior cut points `cuts`, strictly increasing in
+/// `1..domain`: bin 0 holds codes `0..cuts[0]`, bin i codes `cuts[i−1]..cuts[i]`, the last bin
+/// codes `cuts[m−1]..domain`. No cuts is the identity map (every code its own bin), so a map
+/// has `cuts.len() + 1` bins, or `domain` for the identity.
+///
+/// ```
+/// use ldpsyn::factor::{bin_count, bin_of};
+/// assert_eq!(bin_count(&[3, 10], 16).unwrap(), 3);
+/// assert_eq!(bin_count(&[], 16).unwrap(), 16);
+/// assert_eq!((bin_of(2, &[3, 10]), bin_of(3, &[3, 10]), bin_of(15, &[3, 10])), (0, 1, 2));
+/// assert!(bin_count(&[3, 3], 16).is_err() && bin_count(&[0], 16).is_err());
+/// ```
+///
+/// Errors: [`FactorError::InvalidBinMap`] for cuts that are not strictly increasing within
+/// `1..domain`, or more than [`MAX_BINS`] bins.
+pub fn bin_count(cuts: &[u32], domain: usize) -> Result<usize, FactorError> {
+    if cuts.is_empty() {
+        return Ok(domain);
+    }
+    let increasing = cuts.windows(2).all(|w| w[0] < w[1]);
+    let inside = cuts[0] >= 1 && (cuts[cuts.len() - 1] as usize) < domain;
+    if !increasing || !inside || cuts.len() >= MAX_BINS {
+        return Err(FactorError::InvalidBinMap(format!(
+            "cuts must be strictly increasing within 1..{domain}, at most {} of them",
+            MAX_BINS - 1
+        )));
+    }
+    Ok(cuts.len() + 1)
+}
+
+/// The bin of `code` under the bin map `cuts` ([`bin_count`]); the code itself for the
+/// identity map.
+pub fn bin_of(code: u32, cuts: &[u32]) -> u32 {
+    if cuts.is_empty() {
+        code
+    } else {
+        cuts.partition_point(|&c| c <= code) as u32
+    }
+}
+
+/// The schema's `domain_sizes` with each attribute of `factor` replaced by its number of
+/// bins under `bins` (one bin map per factor attribute, in factor order; empty: no maps).
+/// Errors: [`FactorError::InvalidBinMap`] for a list of another length than the factor or an
+/// invalid map, [`FactorError::UnknownAttribute`] for an attribute beyond the schema.
+pub fn binned_domain_sizes(
+    domain_sizes: &[usize],
+    factor: &[usize],
+    bins: &[Vec<u32>],
+) -> Result<Vec<usize>, FactorError> {
+    let mut sizes = domain_sizes.to_vec();
+    if bins.is_empty() {
+        return Ok(sizes);
+    }
+    if bins.len() != factor.len() {
+        return Err(FactorError::InvalidBinMap(format!(
+            "{} bin maps for a factor of {} attributes",
+            bins.len(),
+            factor.len()
+        )));
+    }
+    for (&a, cuts) in factor.iter().zip(bins) {
+        let k = *domain_sizes.get(a).ok_or(FactorError::UnknownAttribute {
+            index: a,
+            len: domain_sizes.len(),
+        })?;
+        sizes[a] = bin_count(cuts, k)?;
+    }
+    Ok(sizes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,6 +262,28 @@ mod tests {
         assert!(f.ravel(&[1]).is_err());
         assert!(f.unravel(16).is_err());
         assert_eq!(f.ravel_record(&[3, 1]).unwrap(), 7);
+    }
+
+    /// Every code lands in exactly the bin its cuts say, bins are contiguous and cover the
+    /// domain, and bad maps are refused.
+    #[test]
+    fn bin_maps() {
+        let cuts = [1u32, 4, 9];
+        let bins: Vec<u32> = (0..12).map(|c| bin_of(c, &cuts)).collect();
+        assert_eq!(bins, vec![0, 1, 1, 1, 2, 2, 2, 2, 2, 3, 3, 3]);
+        assert_eq!(bin_count(&cuts, 12).unwrap(), 4);
+        for bad in [&[4u32, 1][..], &[0], &[12], &[3, 3]] {
+            assert!(
+                matches!(bin_count(bad, 12), Err(FactorError::InvalidBinMap(_))),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            binned_domain_sizes(&[12, 5, 7], &[2, 0], &[vec![], cuts.to_vec()]).unwrap(),
+            vec![4, 5, 7]
+        );
+        assert!(binned_domain_sizes(&[12, 5], &[0, 1], &[vec![]]).is_err());
+        assert!(binned_domain_sizes(&[12, 5], &[0, 1], &[vec![], vec![5]]).is_err());
     }
 
     proptest! {

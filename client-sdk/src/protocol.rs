@@ -231,6 +231,12 @@ pub struct Task {
     pub factor: Vec<usize>,
     /// The mechanism to randomize with.
     pub mechanism: MechanismKind,
+    /// Bin maps, one per factor attribute in factor order, as interior cut points
+    /// ([`crate::factor::bin_count`]; `[]` for an attribute reported at full resolution); absent
+    /// when no attribute is binned. The device maps its codes to bins, then randomizes over the
+    /// product of the bin counts (DESIGN.md "Tasks with bin maps").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bins: Vec<Vec<u32>>,
     /// ε of the report.
     pub epsilon: Epsilon,
     /// Opaque signed token binding all of the above; the report carries it back.

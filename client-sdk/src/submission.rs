@@ -6,7 +6,7 @@ use rand::Rng;
 use uuid::Uuid;
 
 use crate::Epsilon;
-use crate::factor::{DEFAULT_MAX_CELLS, Factor};
+use crate::factor::{DEFAULT_MAX_CELLS, Factor, FactorError, bin_of, binned_domain_sizes};
 use crate::ledger::{BudgetLedger, LedgerEntry, LedgerError, ReportState};
 use crate::mechanism::{Mechanism, MechanismError};
 use crate::protocol::{
@@ -122,10 +122,12 @@ fn check_epsilon(requested: Epsilon, max: Epsilon) -> Result<(), ClientError> {
 }
 
 /// Checks `task` against the collection config and the app's maximum ε, then randomizes the
-/// record's factor value with the task's mechanism. Shared by the native and WASM clients.
+/// record's factor value, mapped through the task's bin maps if it has any, with the task's
+/// mechanism. Shared by the native and WASM clients.
 ///
 /// Errors: [`ClientError::EpsilonTooLarge`], [`ClientError::InvalidTask`] (other collection,
-/// ε differing from the config's, unknown attributes, mechanism not fitting the factor).
+/// ε differing from the config's, unknown attributes, invalid bin maps, mechanism not fitting
+/// the (binned) factor).
 pub fn randomize_task<R: Rng + ?Sized>(
     config: &CollectionConfig,
     max_epsilon: Epsilon,
@@ -145,18 +147,22 @@ pub fn randomize_task<R: Rng + ?Sized>(
             task.epsilon, config.epsilon
         )));
     }
-    let factor = Factor::new(
-        task.factor.clone(),
-        &config.schema.domain_sizes(),
-        DEFAULT_MAX_CELLS,
-    )
-    .map_err(|e| ClientError::InvalidTask(e.to_string()))?;
+    let invalid = |e: FactorError| ClientError::InvalidTask(e.to_string());
+    let sizes = binned_domain_sizes(&config.schema.domain_sizes(), &task.factor, &task.bins)
+        .map_err(invalid)?;
+    let factor = Factor::new(task.factor.clone(), &sizes, DEFAULT_MAX_CELLS).map_err(invalid)?;
     let mechanism = Mechanism::new(task.mechanism, task.epsilon, factor.dims())
         .map_err(|e: MechanismError| ClientError::InvalidTask(e.to_string()))?;
     let codes: Vec<u32> = factor
         .attributes()
         .iter()
-        .map(|&a| record.codes()[a])
+        .enumerate()
+        .map(|(i, &a)| {
+            bin_of(
+                record.codes()[a],
+                task.bins.get(i).map_or(&[], Vec::as_slice),
+            )
+        })
         .collect();
     let payload = mechanism
         .randomize(&codes, rng)
@@ -246,6 +252,89 @@ pub fn apply_answer(
             Err(ClientError::Problem(answer.problem.unwrap_or_else(|| {
                 Problem::new(ProblemType::InvalidPayload, "rejected without a reason")
             })))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha12Rng;
+
+    use super::*;
+    use crate::mechanism::MechanismKind;
+    use crate::protocol::{CollectionConfig, Payload, Protocol};
+    use crate::schema::Schema;
+
+    fn config() -> CollectionConfig {
+        let schema: Schema = serde_json::from_value(serde_json::json!({"attributes": [
+            {"name": "age", "type": "numeric", "min": 0, "max": 100, "bins": 20},
+            {"name": "smoker", "type": "categorical", "labels": ["no", "yes"]}]}))
+        .unwrap();
+        CollectionConfig {
+            version: 1,
+            id: Uuid::nil(),
+            schema,
+            epsilon: Epsilon::new(40.0).unwrap(),
+            target_users: 10,
+            protocol: Protocol::Independence {},
+        }
+    }
+
+    fn task(bins: Vec<Vec<u32>>, mechanism: MechanismKind) -> Task {
+        Task {
+            collection_id: Uuid::nil(),
+            round: 0,
+            factor: vec![0, 1],
+            mechanism,
+            bins,
+            epsilon: Epsilon::new(40.0).unwrap(),
+            token: "t".into(),
+            expires_at: 0,
+        }
+    }
+
+    /// A binned task reports the record's bin, over the product of the bin counts (at
+    /// ε = 40 GRR keeps the true value but with probability ~e⁻³⁷); invalid maps are refused
+    /// before anything is randomized.
+    #[test]
+    fn bin_maps_are_applied_and_checked() {
+        let c = config();
+        let eps = Epsilon::new(40.0).unwrap();
+        let record = c
+            .schema
+            .record()
+            .set("age", 42)
+            .set("smoker", "yes")
+            .build()
+            .unwrap();
+        let mut rng = ChaCha12Rng::seed_from_u64(1);
+        // age 42 is code 8 of 20; cuts [5, 10, 15] put it in bin 1 of 4.
+        let t = task(vec![vec![5, 10, 15], vec![]], MechanismKind::Grr);
+        let r = randomize_task(&c, eps, &t, &record, &mut rng).unwrap();
+        assert_eq!(r.payload, Payload::Grr(2 + 1), "bin 1 × smoker yes");
+        let oue = task(vec![vec![5, 10, 15], vec![]], MechanismKind::Oue);
+        let p = randomize_task(&c, eps, &oue, &record, &mut rng).unwrap();
+        let Payload::Oue(bits) = p.payload else {
+            panic!("{p:?}")
+        };
+        // 8 cells in one byte; only the true cell's bit can be set (OUE keeps it w.p. 1/2).
+        assert!(bits.0.len() == 1 && bits.0[0] & !(1 << 3) == 0, "{bits:?}");
+        for bins in [
+            vec![vec![5, 5], vec![]],
+            vec![vec![20], vec![]],
+            vec![vec![3]],
+            vec![vec![], vec![2]],
+        ] {
+            let e = randomize_task(
+                &c,
+                eps,
+                &task(bins.clone(), MechanismKind::Grr),
+                &record,
+                &mut rng,
+            )
+            .unwrap_err();
+            assert!(matches!(e, ClientError::InvalidTask(_)), "{bins:?}: {e:?}");
         }
     }
 }

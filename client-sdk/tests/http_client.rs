@@ -78,6 +78,7 @@ fn task(fake: &Fake, i: u32) -> Task {
         round: 0,
         factor,
         mechanism,
+        bins: vec![],
         epsilon: Epsilon::new(b.task_epsilon.unwrap_or(fake.config.epsilon.get())).unwrap(),
         token: format!("{}|{}", i, if i % 2 == 0 { "oue" } else { "grr" }),
         expires_at: 4_000_000_000,

@@ -92,6 +92,7 @@ proptest! {
             round,
             factor,
             mechanism: kind,
+            bins: vec![],
             epsilon: Epsilon::new(epsilon).unwrap(),
             token,
             expires_at,

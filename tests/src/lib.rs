@@ -11,7 +11,7 @@ use ldpsyn::ledger::{BudgetLedger, MemoryLedger};
 use ldpsyn::mechanism::SufficientStatistics;
 use ldpsyn::protocol::Report;
 use ldpsyn::schema::Schema;
-use ldpsyn_aggregator::engine::{Engine, TableKey, Tables, TaskSpec};
+use ldpsyn_aggregator::engine::{Engine, TableKey, Tables};
 use ldpsyn_aggregator::service::Server;
 use ldpsyn_aggregator::service::config::ServeConfig;
 use ldpsyn_aggregator::service::tokens::TokenKey;
@@ -159,11 +159,7 @@ pub fn reduce(engine: &Engine, reports: &[Report]) -> Tables {
     let mut tables: Tables = BTreeMap::new();
     for r in reports {
         let c = key.verify(&r.token).expect("our tokens verify");
-        let k: TableKey = engine.table_key(&TaskSpec {
-            round: c.round,
-            factor: c.factor,
-            mechanism: c.mechanism,
-        });
+        let k: TableKey = engine.table_key(&c.task_spec());
         let m = engine.mechanism(&k).expect("mechanism");
         let s = tables
             .entry(k)

@@ -230,6 +230,7 @@ async fn bad_inputs_are_refused_and_change_nothing() {
         epsilon: Epsilon::new(2.0).unwrap(),
         expires_at: i64::MAX,
         nonce: [1; 16],
+        bins: vec![],
     };
     let mut altered = t.token.clone().into_bytes();
     altered[10] = if altered[10] == b'A' { b'B' } else { b'A' };

@@ -29,7 +29,7 @@ use rand_chacha::ChaCha12Rng;
 use super::EngineError;
 use super::graph::{Edge, JunctionTree, build_junction_tree, edge};
 use super::pgm::{FitOptions, GraphicalModel, Observation, fit};
-use super::tables::Measurements;
+use super::tables::{Measurements, coarsen};
 
 /// Default cap on the cells of one clique of the model graph: bounds the fit's memory and
 /// time (belief propagation is linear in the cells of all cliques); DESIGN.md suggests
@@ -105,15 +105,71 @@ fn standard_normal<R: Rng + ?Sized>(rng: &mut R) -> f64 {
     (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
 }
 
-/// Norm-Sub'd combination of every table containing each attribute (uniform if none).
+/// Norm-Sub'd combination of every table containing each attribute at full resolution;
+/// without one, the binned estimate with the most reports spread evenly within its bins;
+/// uniform if no table contains the attribute.
 pub fn one_way_estimates(ms: &Measurements) -> Vec<Vec<f64>> {
     let dims = ms.domain_sizes();
     (0..dims.len())
-        .map(|a| match ms.combined(&[a]) {
-            Some(c) => norm_sub(&c.frequencies),
-            None => vec![1.0 / dims[a] as f64; dims[a]],
+        .map(|a| {
+            if let Some(c) = ms.combined(&[a]) {
+                return norm_sub(&c.frequencies);
+            }
+            let best = binnings(ms, &[a])
+                .into_iter()
+                .filter_map(|b| Some((ms.combined_binned(&[a], &b, |_| true, None)?, b)))
+                .max_by_key(|(c, _)| c.reports);
+            match best {
+                Some((c, b)) => {
+                    let cuts = b.first().map_or(&[][..], Vec::as_slice);
+                    spread_within_bins(&norm_sub(&c.frequencies), cuts, dims[a])
+                }
+                None => vec![1.0 / dims[a] as f64; dims[a]],
+            }
         })
         .collect()
+}
+
+/// A binned 1-way (`bins` cells under `cuts`) spread evenly over the codes of each bin.
+fn spread_within_bins(binned: &[f64], cuts: &[u32], k: usize) -> Vec<f64> {
+    let mut width = vec![0usize; binned.len()];
+    for c in 0..k as u32 {
+        width[ldpsyn::factor::bin_of(c, cuts) as usize] += 1;
+    }
+    (0..k as u32)
+        .map(|c| {
+            let b = ldpsyn::factor::bin_of(c, cuts) as usize;
+            binned[b] / width[b] as f64
+        })
+        .collect()
+}
+
+/// Every distinct set of bin maps under which some table measured all of `attrs` (one map
+/// per attribute of `attrs`, `[]` for full resolution), finest-first by cell count; the full
+/// resolution appears as the empty list.
+pub fn binnings(ms: &Measurements, attrs: &[usize]) -> Vec<Vec<Vec<u32>>> {
+    let dims = ms.domain_sizes();
+    let mut out: Vec<Vec<Vec<u32>>> = Vec::new();
+    for m in ms.items() {
+        if !attrs.iter().all(|a| m.key.factor.contains(a)) {
+            continue;
+        }
+        let b: Vec<Vec<u32>> = attrs.iter().map(|&a| m.key.bins_of(a).to_vec()).collect();
+        let b = if b.iter().all(Vec::is_empty) {
+            Vec::new()
+        } else {
+            b
+        };
+        if !out.contains(&b) {
+            out.push(b);
+        }
+    }
+    let cells = |b: &Vec<Vec<u32>>| -> usize {
+        ldpsyn::factor::binned_domain_sizes(dims, attrs, b)
+            .map_or(0, |s| attrs.iter().map(|&a| s[a]).product())
+    };
+    out.sort_by(|x, y| cells(y).cmp(&cells(x)).then(x.cmp(y)));
+    out
 }
 
 /// The product of two 1-way distributions, row-major `a × b`.
@@ -123,10 +179,44 @@ fn outer(a: &[f64], b: &[f64]) -> Vec<f64> {
         .collect()
 }
 
-/// [`PairGain`] of `(a, b)` from every table containing both; `None` if none does.
+/// [`PairGain`] of `(a, b)` from every table containing both at full resolution; `None` if
+/// none does.
 pub fn pair_gain(ms: &Measurements, one_way: &[Vec<f64>], a: usize, b: usize) -> Option<PairGain> {
-    let null = outer(&one_way[a], &one_way[b]);
-    let c = ms.combined_at(&[a, b], |_| true, Some(&null))?;
+    pair_gain_binned(ms, one_way, a, b, &[])
+}
+
+/// The best [`PairGain`] of `(a, b)` over every binning it was measured under
+/// ([`binnings`]), with that binning; `None` if no table contains both.
+pub fn best_pair_gain(
+    ms: &Measurements,
+    one_way: &[Vec<f64>],
+    a: usize,
+    b: usize,
+) -> Option<(PairGain, Vec<Vec<u32>>)> {
+    binnings(ms, &[a, b])
+        .into_iter()
+        .filter_map(|bins| Some((pair_gain_binned(ms, one_way, a, b, &bins)?, bins)))
+        .max_by(|x, y| x.0.gain().total_cmp(&y.0.gain()))
+}
+
+/// [`PairGain`] of `(a, b)` under the bin maps `bins` (`[map of a, map of b]`, or empty for
+/// full resolution), from the tables that measured the pair under exactly these maps: the
+/// dependence and noise of the binned pair, against the binned product of the 1-ways (a
+/// binned pair shows at most the dependence of the full one). `None` if no table fits.
+pub fn pair_gain_binned(
+    ms: &Measurements,
+    one_way: &[Vec<f64>],
+    a: usize,
+    b: usize,
+    bins: &[Vec<u32>],
+) -> Option<PairGain> {
+    let cuts = |i: usize| bins.get(i).cloned().unwrap_or_default();
+    let dims = ms.domain_sizes();
+    let null = outer(
+        &coarsen(&one_way[a], &[dims[a]], &[cuts(0)]),
+        &coarsen(&one_way[b], &[dims[b]], &[cuts(1)]),
+    );
+    let c = ms.combined_binned(&[a, b], bins, |_| true, Some(&null))?;
     let projected = norm_sub(&c.frequencies);
     let observed_l1 = projected
         .iter()
@@ -144,7 +234,7 @@ pub fn pair_gain(ms: &Measurements, one_way: &[Vec<f64>], a: usize, b: usize) ->
         .sum::<f64>();
     // The kept pair's error: noise around the projected estimate itself, with standard
     // errors evaluated there.
-    let at_estimate = ms.combined_at(&[a, b], |_| true, Some(&projected))?;
+    let at_estimate = ms.combined_binned(&[a, b], bins, |_| true, Some(&projected))?;
     let noise_l1 = projected_noise_l1(
         &projected,
         &at_estimate.std_errors,
@@ -220,15 +310,23 @@ fn observations(
     tree: &JunctionTree,
     model_marginal: &dyn Fn(&[usize]) -> Vec<f64>,
 ) -> Vec<Observation> {
+    let dims = ms.domain_sizes();
     let mut out = Vec::new();
     for m in ms.items() {
         for part in fitting_parts(&m.key.factor, tree) {
-            let at = model_marginal(&part);
+            let bins: Vec<Vec<u32>> = if m.key.bins.is_empty() {
+                Vec::new()
+            } else {
+                part.iter().map(|&a| m.key.bins_of(a).to_vec()).collect()
+            };
+            let pdims: Vec<usize> = part.iter().map(|&a| dims[a]).collect();
+            let at = coarsen(&model_marginal(&part), &pdims, &bins);
             let variances = m.fit_variances(&part, &at, ms.population());
             out.push(Observation {
                 values: m.marginalized(&part),
                 variances,
                 attrs: part,
+                bins,
             });
         }
     }

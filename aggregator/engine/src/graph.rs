@@ -32,6 +32,10 @@ pub struct EdgeState {
     /// `auto`: estimated dependence `D̂` (L1 distance from independence, debiased for the
     /// screening noise; see [`crate::estimate::PairGain`]).
     pub score: Option<f64>,
+    /// `auto`: bin maps `[map of a, map of b]` the pair is measured under (`[]` for full
+    /// resolution; empty: neither binned).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bins: Vec<Vec<u32>>,
 }
 
 /// An undirected edge `(a, b)` with `a < b`.

@@ -19,6 +19,7 @@
 use std::sync::Arc;
 
 use ldpsyn::Epsilon;
+use ldpsyn::factor::{bin_of, binned_domain_sizes};
 use ldpsyn::mechanism::{Mechanism, MechanismKind};
 use ldpsyn::protocol::{CollectionConfig, Protocol};
 use rand::Rng;
@@ -26,7 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use super::EngineError;
 use super::estimate::{
-    MAX_CLIQUE_CELLS, PairGain, fit_model, one_way_estimates, pair_gain, select_model_graph,
+    MAX_CLIQUE_CELLS, PairGain, best_pair_gain, fit_model, one_way_estimates, select_model_graph,
 };
 use super::graph::{Edge, EdgeState};
 use super::model::{EdgeGain, FittedJoint, Model};
@@ -64,6 +65,9 @@ pub struct PlannedFactor {
     pub mechanism: MechanismKind,
     /// Relative task weight (tasks drawn with probability ∝ weight).
     pub weight: f64,
+    /// Bin maps of the factor's attributes (as [`TaskSpec::bins`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bins: Vec<Vec<u32>>,
 }
 
 /// The phase-2 plan: the model structure and the factors to measure.
@@ -196,6 +200,22 @@ pub struct TaskSpec {
     pub factor: Vec<usize>,
     /// Mechanism.
     pub mechanism: MechanismKind,
+    /// Bin maps of the factor's attributes (factor order, `[]` for full resolution), or
+    /// empty when none is binned (DESIGN.md "Tasks with bin maps").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bins: Vec<Vec<u32>>,
+}
+
+impl TaskSpec {
+    /// The codes a device holding `record` (one code per schema attribute) randomizes: its
+    /// factor's codes, mapped to bins where the task bins an attribute.
+    pub fn codes(&self, record: &[u32]) -> Vec<u32> {
+        self.factor
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| bin_of(record[a], self.bins.get(i).map_or(&[], Vec::as_slice)))
+            .collect()
+    }
 }
 
 /// What a call to [`Engine::close_round`] did.
@@ -238,6 +258,10 @@ pub struct EngineOptions {
     /// `auto`: share of users in phase 1 (default
     /// [`AUTO_PHASE1_SHARE`](crate::protocols::auto::AUTO_PHASE1_SHARE)).
     pub auto_phase1_share: Option<f64>,
+    /// `auto`: noise budget of a screened pair (default
+    /// [`AUTO_BIN_NOISE_L1`](crate::protocols::auto::AUTO_BIN_NOISE_L1)).
+    #[serde(default)]
+    pub auto_bin_noise_l1: Option<f64>,
 }
 
 /// The engine of one collection: its config, resolved. Cheap to clone.
@@ -339,14 +363,16 @@ impl Engine {
         &self.options
     }
 
-    /// Cells of a factor's product domain.
-    pub(crate) fn cells(&self, factor: &[usize]) -> usize {
-        factor.iter().map(|&a| self.dims[a]).product()
+    /// Cells of a factor's product domain under the bin maps `bins` (empty: none binned).
+    pub(crate) fn cells(&self, factor: &[usize], bins: &[Vec<u32>]) -> usize {
+        self.factor_dims(factor, bins)
+            .map_or(usize::MAX, |d| d.iter().product())
     }
 
-    /// The lower-variance single-report oracle for a factor (`MechanismKind::choose`).
-    pub(crate) fn best_oracle(&self, factor: &[usize]) -> MechanismKind {
-        MechanismKind::choose(self.epsilon, self.cells(factor))
+    /// The lower-variance single-report oracle for a factor under the bin maps `bins`
+    /// (`MechanismKind::choose`).
+    pub(crate) fn best_oracle(&self, factor: &[usize], bins: &[Vec<u32>]) -> MechanismKind {
+        MechanismKind::choose(self.epsilon, self.cells(factor, bins))
     }
 
     /// The state of a new collection.
@@ -376,20 +402,31 @@ impl Engine {
             },
             factor: task.factor.clone(),
             mechanism: task.mechanism,
+            bins: task.bins.clone(),
         }
     }
 
-    /// The mechanism of a table (to validate and accumulate reports).
-    /// Errors: an invalid factor for the schema.
+    /// The mechanism of a table (to validate and accumulate reports): over the product of
+    /// the factor's (binned) domains.
+    /// Errors: an invalid factor or bin map for the schema.
     pub fn mechanism(&self, key: &TableKey) -> Result<Mechanism, EngineError> {
-        if key.factor.iter().any(|&a| a >= self.dims.len()) {
-            return Err(EngineError::InvalidState(format!(
-                "factor {:?} outside the schema",
-                key.factor
-            )));
-        }
-        let dims: Vec<usize> = key.factor.iter().map(|&a| self.dims[a]).collect();
+        let dims = self.factor_dims(&key.factor, &key.bins).ok_or_else(|| {
+            EngineError::InvalidState(format!(
+                "factor {:?} with bins {:?} does not fit the schema",
+                key.factor, key.bins
+            ))
+        })?;
         Ok(Mechanism::new(key.mechanism, self.epsilon, &dims)?)
+    }
+
+    /// Domain sizes of `factor`'s attributes under the bin maps `bins` (factor order); `None`
+    /// for an attribute outside the schema or an invalid map.
+    pub(crate) fn factor_dims(&self, factor: &[usize], bins: &[Vec<u32>]) -> Option<Vec<usize>> {
+        if factor.iter().any(|&a| a >= self.dims.len()) {
+            return None;
+        }
+        let sizes = binned_domain_sizes(&self.dims, factor, bins).ok()?;
+        Some(factor.iter().map(|&a| sizes[a]).collect())
     }
 
     /// Whether the current round (batch) should close now that it has
@@ -418,10 +455,18 @@ impl Engine {
 
     /// Standard error of every cell of factor `f` measured by `n` reports with its best
     /// oracle, when its marginal is `at` (one variance model: randomizer + sampling).
-    pub(crate) fn cell_std_errors(&self, f: &[usize], at: &[f64], n: f64) -> Vec<f64> {
-        let dims: Vec<usize> = f.iter().map(|&a| self.dims[a]).collect();
+    pub(crate) fn cell_std_errors(
+        &self,
+        f: &[usize],
+        bins: &[Vec<u32>],
+        at: &[f64],
+        n: f64,
+    ) -> Vec<f64> {
         let n = n.max(1.0);
-        let Ok(m) = Mechanism::new(self.best_oracle(f), self.epsilon, &dims) else {
+        let m = self
+            .factor_dims(f, bins)
+            .and_then(|dims| Mechanism::new(self.best_oracle(f, bins), self.epsilon, &dims).ok());
+        let Some(m) = m else {
             return vec![f64::INFINITY; at.len()];
         };
         // Exact randomizer variances are linear in 1/n: evaluate at one report and scale.
@@ -435,10 +480,18 @@ impl Engine {
             .collect()
     }
 
-    /// Expected L1 error `√(2/π)·Σ_cells σ` of factor `f` measured by `n` reports with its
-    /// best oracle, when its marginal is `at` (before any projection).
-    pub(crate) fn expected_noise_l1(&self, f: &[usize], at: &[f64], n: f64) -> f64 {
-        (2.0 / std::f64::consts::PI).sqrt() * self.cell_std_errors(f, at, n).iter().sum::<f64>()
+    /// Expected L1 error `√(2/π)·Σ_cells σ` of factor `f` under the bin maps `bins`
+    /// measured by `n` reports with its best oracle, when its (binned) marginal is `at`
+    /// (before any projection).
+    pub(crate) fn expected_noise_l1(
+        &self,
+        f: &[usize],
+        bins: &[Vec<u32>],
+        at: &[f64],
+        n: f64,
+    ) -> f64 {
+        (2.0 / std::f64::consts::PI).sqrt()
+            * self.cell_std_errors(f, bins, at, n).iter().sum::<f64>()
     }
 
     /// Marks the state finalized (no more tasks).
@@ -461,11 +514,12 @@ impl Engine {
             return Err(EngineError::NoData);
         }
         let one_way = one_way_estimates(&ms);
+        // A pair measured under bin maps (or several) is judged on its best binning.
         let gains: Vec<(Edge, PairGain)> = self
             .rules
             .model_candidates(self, state)
             .into_iter()
-            .filter_map(|(a, b)| pair_gain(&ms, &one_way, a, b).map(|g| ((a, b), g)))
+            .filter_map(|(a, b)| best_pair_gain(&ms, &one_way, a, b).map(|(g, _)| ((a, b), g)))
             .collect();
         let cap = self.options.max_clique_cells.unwrap_or(MAX_CLIQUE_CELLS);
         let edges = select_model_graph(&self.dims, &gains, cap);
@@ -520,6 +574,7 @@ mod tests {
                         ell: Some(-0.2),
                         reports: 1200,
                         score: None,
+                        bins: vec![],
                     }],
                     plan: None,
                 }),

@@ -20,6 +20,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use ldpsyn::Epsilon;
+use ldpsyn::factor::binned_domain_sizes;
 use ldpsyn::mechanism::{
     FrequencyEstimate, Mechanism, MechanismError, MechanismKind, Oracle, SufficientStatistics,
     norm_sub,
@@ -38,6 +39,22 @@ pub struct TableKey {
     pub factor: Vec<usize>,
     /// Mechanism of the reports.
     pub mechanism: MechanismKind,
+    /// Bin maps of the factor's attributes (factor order; `[]` for full resolution), or empty
+    /// when no attribute is binned ([`ldpsyn::factor::bin_count`]): the table's cells are the
+    /// product of the bins.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bins: Vec<Vec<u32>>,
+}
+
+impl TableKey {
+    /// The bin map of factor attribute `attr` (`[]`: full resolution or not in the factor).
+    pub fn bins_of(&self, attr: usize) -> &[u32] {
+        self.factor
+            .iter()
+            .position(|&a| a == attr)
+            .and_then(|i| self.bins.get(i))
+            .map_or(&[], Vec::as_slice)
+    }
 }
 
 fn kind_rank(k: MechanismKind) -> u8 {
@@ -50,11 +67,18 @@ fn kind_rank(k: MechanismKind) -> u8 {
 
 impl Ord for TableKey {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.round, &self.factor, kind_rank(self.mechanism)).cmp(&(
-            other.round,
-            &other.factor,
-            kind_rank(other.mechanism),
-        ))
+        (
+            self.round,
+            &self.factor,
+            kind_rank(self.mechanism),
+            &self.bins,
+        )
+            .cmp(&(
+                other.round,
+                &other.factor,
+                kind_rank(other.mechanism),
+                &other.bins,
+            ))
     }
 }
 
@@ -88,7 +112,8 @@ pub fn merge_into(
 pub struct Measurement {
     /// The table.
     pub key: TableKey,
-    /// Domain sizes of the factor attributes (factor order).
+    /// Domain sizes of the factor attributes (factor order), in bins where the table's key
+    /// bins an attribute.
     pub dims: Vec<usize>,
     /// The mechanism (which oracle, p, q).
     pub mechanism: Mechanism,
@@ -124,8 +149,9 @@ pub enum TablesError {
         /// The mechanism error.
         source: MechanismError,
     },
-    /// A table's factor names an attribute beyond the schema or repeats one.
-    #[error("table {0:?} has an invalid factor")]
+    /// A table's factor names an attribute beyond the schema or repeats one, or its bin maps
+    /// do not fit the factor.
+    #[error("table {0:?} has an invalid factor or bin map")]
     BadFactor(TableKey),
 }
 
@@ -165,6 +191,51 @@ pub(crate) fn projection_map(factor: &[usize], dims: &[usize], target: &[usize])
             }
             codes[i] = 0;
         }
+    }
+    out
+}
+
+/// Map from each cell of a product domain `dims` (row-major) to its cell under the bin maps
+/// `bins` (one per attribute, `[]` for full resolution; an empty list: none binned), and the
+/// number of binned cells. Panics on an invalid map (callers build maps with
+/// [`binned_domain_sizes`]).
+pub fn coarsen_map(dims: &[usize], bins: &[Vec<u32>]) -> (Vec<usize>, usize) {
+    let cuts = |i: usize| bins.get(i).map_or(&[][..], Vec::as_slice);
+    let sizes: Vec<usize> = dims
+        .iter()
+        .enumerate()
+        .map(|(i, &k)| ldpsyn::factor::bin_count(cuts(i), k).expect("valid bin map"))
+        .collect();
+    let cells: usize = dims.iter().product();
+    let mut out = Vec::with_capacity(cells);
+    let mut codes = vec![0usize; dims.len()];
+    for _ in 0..cells {
+        let mut index = 0;
+        for (i, (&c, &k)) in codes.iter().zip(&sizes).enumerate() {
+            index = index * k + ldpsyn::factor::bin_of(c as u32, cuts(i)) as usize;
+        }
+        out.push(index);
+        for i in (0..codes.len()).rev() {
+            codes[i] += 1;
+            if codes[i] < dims[i] {
+                break;
+            }
+            codes[i] = 0;
+        }
+    }
+    (out, sizes.iter().product())
+}
+
+/// `values` over the product domain `dims` summed into the cells of the bin maps `bins`
+/// ([`coarsen_map`]): a distribution's binned marginal.
+pub fn coarsen(values: &[f64], dims: &[usize], bins: &[Vec<u32>]) -> Vec<f64> {
+    if bins.iter().all(Vec::is_empty) {
+        return values.to_vec();
+    }
+    let (map, cells) = coarsen_map(dims, bins);
+    let mut out = vec![0.0; cells];
+    for (v, &t) in values.iter().zip(&map) {
+        out[t] += v;
     }
     out
 }
@@ -344,7 +415,9 @@ impl Measurements {
             {
                 return Err(TablesError::BadFactor(key.clone()));
             }
-            let dims: Vec<usize> = key.factor.iter().map(|&a| domain_sizes[a]).collect();
+            let sizes = binned_domain_sizes(domain_sizes, &key.factor, &key.bins)
+                .map_err(|_| TablesError::BadFactor(key.clone()))?;
+            let dims: Vec<usize> = key.factor.iter().map(|&a| sizes[a]).collect();
             let err = |source| TablesError::Mechanism {
                 key: key.clone(),
                 source,
@@ -420,12 +493,32 @@ impl Measurements {
         keep: impl Fn(&TableKey) -> bool,
         plug: Option<&[f64]>,
     ) -> Option<Combined> {
-        let dims: Vec<usize> = attrs.iter().map(|&a| self.domain_sizes[a]).collect();
+        self.combined_binned(attrs, &[], keep, plug)
+    }
+
+    /// As [`Measurements::combined_at`] for `attrs` under the bin maps `bins` (one per
+    /// attribute of `attrs`, `[]` for full resolution; an empty list: none binned): only the
+    /// tables whose maps of `attrs` are exactly these contribute, and the cells are the
+    /// product of the bins. `None` if no table fits or a map is invalid.
+    pub fn combined_binned(
+        &self,
+        attrs: &[usize],
+        bins: &[Vec<u32>],
+        keep: impl Fn(&TableKey) -> bool,
+        plug: Option<&[f64]>,
+    ) -> Option<Combined> {
+        let sizes = binned_domain_sizes(&self.domain_sizes, attrs, bins).ok()?;
+        let dims: Vec<usize> = attrs.iter().map(|&a| sizes[a]).collect();
         let cells: usize = dims.iter().product();
         let uniform = vec![1.0 / cells as f64; cells];
+        let wanted = |i: usize| bins.get(i).map_or(&[][..], Vec::as_slice);
         let mut parts: Vec<(f64, Vec<f64>, &Measurement)> = Vec::new();
         for m in &self.items {
-            if !keep(&m.key) || !attrs.iter().all(|a| m.key.factor.contains(a)) {
+            let fits = attrs
+                .iter()
+                .enumerate()
+                .all(|(i, &a)| m.key.factor.contains(&a) && m.key.bins_of(a) == wanted(i));
+            if !keep(&m.key) || !fits {
                 continue;
             }
             // Without the finite-population correction, so that tables of one factor and
@@ -483,6 +576,20 @@ mod tests {
     }
 
     #[test]
+    fn coarsen_sums_within_bins() {
+        // dims (4, 3); attribute 0 in bins {0}, {1, 2, 3}; attribute 1 whole.
+        let values: Vec<f64> = (0..12).map(f64::from).collect();
+        let (map, cells) = coarsen_map(&[4, 3], &[vec![1], vec![]]);
+        assert_eq!(cells, 6);
+        assert_eq!(map, vec![0, 1, 2, 3, 4, 5, 3, 4, 5, 3, 4, 5]);
+        assert_eq!(
+            coarsen(&values, &[4, 3], &[vec![1], vec![]]),
+            vec![0.0, 1.0, 2.0, 18.0, 21.0, 24.0]
+        );
+        assert_eq!(coarsen(&values, &[4, 3], &[]), values);
+    }
+
+    #[test]
     fn projection_map_orders() {
         // factor (0, 1) dims (2, 3): target [1] and [1, 0].
         let m = projection_map(&[0, 1], &[2, 3], &[1]);
@@ -517,6 +624,7 @@ mod tests {
                     round,
                     factor: vec![0, 1],
                     mechanism: kind,
+                    bins: vec![],
                 };
                 tables.insert(key, s);
             }
@@ -536,6 +644,7 @@ mod tests {
                     round: 0,
                     factor: vec![0, 1],
                     mechanism: kind,
+                    bins: vec![],
                 },
                 pooled.clone(),
             )]
@@ -623,6 +732,7 @@ mod tests {
                             round: 0,
                             factor: factor.clone(),
                             mechanism: kind,
+                            bins: vec![],
                         },
                         dims: fdims.clone(),
                         mechanism: mech.clone(),

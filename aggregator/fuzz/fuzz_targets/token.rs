@@ -16,7 +16,7 @@ use hmac::{Hmac, Mac};
 use ldpsyn::Epsilon;
 use ldpsyn::mechanism::MechanismKind;
 use ldpsyn_aggregator::service::tokens::{
-    MAX_FACTOR_LEN, MAX_TOKEN_CHARS, TaskClaims, TokenError, TokenKey,
+    MAX_FACTOR_LEN, MAX_TOKEN_CHARS, MAX_TOKEN_CUTS, TaskClaims, TokenError, TokenKey,
 };
 use libfuzzer_sys::arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
@@ -28,7 +28,25 @@ fn claims(u: &mut Unstructured) -> Result<TaskClaims> {
     let len = u.int_in_range(1..=MAX_FACTOR_LEN)?;
     let factor = (0..len)
         .map(|_| u.arbitrary::<u16>().map(usize::from))
-        .collect::<Result<_>>()?;
+        .collect::<Result<Vec<usize>>>()?;
+    // Bin maps on some claims: up to MAX_TOKEN_CUTS cuts in all, none when all are empty
+    // (version 1's canonical form).
+    let mut bins: Vec<Vec<u32>> = Vec::new();
+    if u.arbitrary::<bool>()? {
+        let mut left = MAX_TOKEN_CUTS;
+        for _ in 0..factor.len() {
+            let n = u.int_in_range(0..=left.min(16))?;
+            left -= n;
+            bins.push(
+                (0..n)
+                    .map(|_| u.arbitrary::<u16>().map(u32::from))
+                    .collect::<Result<_>>()?,
+            );
+        }
+        if bins.iter().all(Vec::is_empty) {
+            bins.clear();
+        }
+    }
     let kinds = [
         MechanismKind::Grr,
         MechanismKind::Oue,
@@ -42,6 +60,7 @@ fn claims(u: &mut Unstructured) -> Result<TaskClaims> {
         epsilon: Epsilon::new(u.arbitrary()?).unwrap_or(Epsilon::new(1.0).unwrap()),
         expires_at: u.arbitrary()?,
         nonce: u.arbitrary()?,
+        bins,
     })
 }
 

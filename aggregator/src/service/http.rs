@@ -46,7 +46,7 @@ use super::error::{ApiError, problem_response};
 use super::ingest::{CollectionHandle, Command, Outcome, PendingReport};
 use super::ratelimit::client_ip;
 use super::storage::{CollectionRow, NewReport};
-use super::tokens::{MAX_FACTOR_LEN, TaskClaims};
+use super::tokens::{MAX_FACTOR_LEN, MAX_TOKEN_CUTS, TaskClaims};
 use super::{AppState, LimitedRoute};
 use crate::engine::{Engine, Phase, TableKey, TaskSpec};
 
@@ -439,12 +439,14 @@ fn issue(state: &AppState, h: &CollectionHandle, spec: TaskSpec, now: i64, now_m
         epsilon: h.config.epsilon,
         expires_at: now.saturating_add(state.config().task_ttl_secs),
         nonce,
+        bins: spec.bins.clone(),
     };
     Task {
         collection_id: h.id,
         round: spec.round,
         factor: spec.factor,
         mechanism: spec.mechanism,
+        bins: spec.bins,
         epsilon: h.config.epsilon,
         token: state.token_key().sign(&claims),
         expires_at: claims.expires_at,
@@ -490,8 +492,10 @@ async fn get_task(
     let mut tasks = Vec::with_capacity(n);
     for _ in 0..n {
         let spec = h.engine.draw_task(&s, &mut rng)?;
-        if spec.factor.len() > MAX_FACTOR_LEN {
-            return Err(ApiError::Internal("factor too long for a token".into()));
+        if spec.factor.len() > MAX_FACTOR_LEN
+            || spec.bins.iter().map(Vec::len).sum::<usize>() > MAX_TOKEN_CUTS
+        {
+            return Err(ApiError::Internal("task too large for a token".into()));
         }
         tasks.push(issue(&state, &h, spec, now, now_ms));
     }
@@ -556,12 +560,7 @@ pub fn validate_report(
             "the token's epsilon is not the collection's",
         ));
     }
-    let spec = TaskSpec {
-        round: claims.round,
-        factor: claims.factor.clone(),
-        mechanism: claims.mechanism,
-    };
-    let key: TableKey = h.engine.table_key(&spec);
+    let key: TableKey = h.engine.table_key(&claims.task_spec());
     let m = h
         .mechanism(&key)
         .map_err(|e| Problem::new(ProblemType::InvalidToken, e.to_string()))?;

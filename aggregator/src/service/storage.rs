@@ -89,6 +89,23 @@ fn factor_text(f: &[usize]) -> String {
     v.join(",")
 }
 
+/// The stored form of a table key's bin maps: `''` when none is binned, else JSON.
+fn bins_text(bins: &[Vec<u32>]) -> Result<String, ApiError> {
+    if bins.is_empty() {
+        Ok(String::new())
+    } else {
+        Ok(serde_json::to_string(bins)?)
+    }
+}
+
+fn parse_bins(s: &str) -> Result<Vec<Vec<u32>>, ApiError> {
+    if s.is_empty() {
+        Ok(Vec::new())
+    } else {
+        serde_json::from_str(s).map_err(|_| ApiError::Internal(format!("stored bins `{s}`")))
+    }
+}
+
 fn parse_factor(s: &str) -> Result<Vec<usize>, ApiError> {
     s.split(',')
         .map(|a| {
@@ -287,7 +304,7 @@ impl Db {
         let mut tables = Tables::new();
         let mut mechanisms = std::collections::BTreeMap::new();
         let mut rows = sqlx::query(
-            "SELECT round, factor, mechanism, payload FROM reports WHERE collection_id = $1",
+            "SELECT round, factor, mechanism, payload, bins FROM reports WHERE collection_id = $1",
         )
         .bind(id.to_string())
         .fetch(&mut *conn);
@@ -296,10 +313,12 @@ impl Db {
             let factor: String = row.try_get(1)?;
             let mechanism: String = row.try_get(2)?;
             let payload: String = row.try_get(3)?;
+            let bins: String = row.try_get(4)?;
             let key = TableKey {
                 round: round as u32,
                 factor: parse_factor(&factor)?,
                 mechanism: parse_mechanism(&mechanism)?,
+                bins: parse_bins(&bins)?,
             };
             let payload: Payload = serde_json::from_str(&payload)?;
             if !mechanisms.contains_key(&key) {
@@ -330,7 +349,7 @@ impl Db {
             let n = MAX_ROWS_PER_INSERT.min(1 << (usize::BITS - 1 - remaining.leading_zeros()));
             let chunk = &reports[start..start + n];
             let mut sql = String::with_capacity(80 + n * 40);
-            sql.push_str("INSERT INTO reports (collection_id, token_nonce, report_id, round, factor, mechanism, payload) VALUES ");
+            sql.push_str("INSERT INTO reports (collection_id, token_nonce, report_id, round, factor, mechanism, payload, bins) VALUES ");
             for i in 0..n {
                 if i > 0 {
                     sql.push(',');
@@ -338,18 +357,19 @@ impl Db {
                 match self.backend {
                     // Anonymous `?`: sqlx-sqlite looks every numbered parameter up by name,
                     // a linear scan in SQLite, which made a 512-row insert quadratic.
-                    Backend::Sqlite => sql.push_str("(?,?,?,?,?,?,?)"),
+                    Backend::Sqlite => sql.push_str("(?,?,?,?,?,?,?,?)"),
                     Backend::Postgres => {
-                        let b = i * 7;
+                        let b = i * 8;
                         sql.push_str(&format!(
-                            "(${},${},${},${},${},${},${})",
+                            "(${},${},${},${},${},${},${},${})",
                             b + 1,
                             b + 2,
                             b + 3,
                             b + 4,
                             b + 5,
                             b + 6,
-                            b + 7
+                            b + 7,
+                            b + 8
                         ));
                     }
                 }
@@ -364,7 +384,8 @@ impl Db {
                     .bind(r.key.round as i64)
                     .bind(factor_text(&r.key.factor))
                     .bind(mechanism_name(r.key.mechanism))
-                    .bind(serde_json::to_string(&r.payload)?);
+                    .bind(serde_json::to_string(&r.payload)?)
+                    .bind(bins_text(&r.key.bins)?);
             }
             let rows = q.fetch_all(&mut *conn).await?;
             let mut done = std::collections::HashSet::with_capacity(rows.len());

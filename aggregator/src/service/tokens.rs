@@ -8,6 +8,11 @@
 //! | expires_at i64 BE | nonce 16 B | factor length u8 | factor u16 BE × length | HMAC 32 B
 //! ```
 //!
+//! A task with bin maps (DESIGN.md "Tasks with bin maps") takes version 2, which adds after
+//! the factor, per factor attribute, `cut count u16 BE | cuts u16 BE × count` (count 0: full
+//! resolution), at most [`MAX_TOKEN_CUTS`] cuts in all: the token binds the maps themselves,
+//! so the server reads the table a report belongs to from the token alone.
+//!
 //! The MAC covers every byte before it and is checked in constant time before any field is
 //! trusted. The key is shared by all aggregator processes and survives restarts (stored in
 //! the database unless `LDPSYN_TOKEN_KEY` is set).
@@ -19,7 +24,7 @@
 //! let claims = TaskClaims {
 //!     collection: uuid::Uuid::nil(), round: 2, factor: vec![0, 3],
 //!     mechanism: MechanismKind::Oue, epsilon: Epsilon::new(4.0).unwrap(),
-//!     expires_at: 1_790_000_000, nonce: [1; 16],
+//!     expires_at: 1_790_000_000, nonce: [1; 16], bins: vec![],
 //! };
 //! let token = key.sign(&claims);
 //! assert_eq!(key.verify(&token).unwrap(), claims);
@@ -35,10 +40,16 @@ use ldpsyn::mechanism::MechanismKind;
 use sha2::Sha256;
 use uuid::Uuid;
 
+use crate::engine::TaskSpec;
+
 type HmacSha256 = Hmac<Sha256>;
 
-/// Token format version.
+/// Token format version without bin maps.
 const VERSION: u8 = 1;
+/// Token format version with bin maps.
+const VERSION_BINS: u8 = 2;
+/// Most bin-map cuts one token carries.
+pub const MAX_TOKEN_CUTS: usize = 512;
 /// Length of the MAC.
 const MAC_LEN: usize = 32;
 /// Fixed part of the body: version, collection, round, mechanism, ε, expiry, nonce, length.
@@ -46,7 +57,10 @@ const FIXED_LEN: usize = 1 + 16 + 4 + 1 + 8 + 8 + 16 + 1;
 /// Longest factor a token can carry.
 pub const MAX_FACTOR_LEN: usize = 64;
 /// Longest token string accepted (checked before decoding).
-pub const MAX_TOKEN_CHARS: usize = (FIXED_LEN + 2 * MAX_FACTOR_LEN + MAC_LEN).div_ceil(3) * 4;
+pub const MAX_TOKEN_CHARS: usize =
+    (FIXED_LEN + 2 * MAX_FACTOR_LEN + 2 * MAX_FACTOR_LEN + 2 * MAX_TOKEN_CUTS + MAC_LEN)
+        .div_ceil(3)
+        * 4;
 /// Shortest acceptable key, bytes.
 pub const MIN_KEY_BYTES: usize = 32;
 
@@ -82,6 +96,9 @@ pub struct TaskClaims {
     /// Nonce (see [`TaskClaims::fresh_nonce`]): a token answers one report, identified by
     /// `(collection, nonce)`.
     pub nonce: [u8; 16],
+    /// Bin maps of the factor's attributes (factor order, `[]` for full resolution), or
+    /// empty when none is binned.
+    pub bins: Vec<Vec<u32>>,
 }
 
 impl TaskClaims {
@@ -95,6 +112,16 @@ impl TaskClaims {
         nonce[..6].copy_from_slice(&now_ms.to_be_bytes()[2..]);
         rand::RngCore::fill_bytes(&mut rand::rng(), &mut nonce[6..]);
         nonce
+    }
+
+    /// The task these claims describe (round, factor, mechanism, bin maps).
+    pub fn task_spec(&self) -> TaskSpec {
+        TaskSpec {
+            round: self.round,
+            factor: self.factor.clone(),
+            mechanism: self.mechanism,
+            bins: self.bins.clone(),
+        }
     }
 
     /// The nonce as lowercase hex (the database key of the token).
@@ -155,15 +182,23 @@ impl TokenKey {
     }
 
     /// Signs `claims` into an opaque token string. Panics if the factor is empty, has more
-    /// than [`MAX_FACTOR_LEN`] attributes or an index above `u16::MAX` (the engine never
-    /// draws such factors, and [`TokenKey::verify`] would refuse the token).
+    /// than [`MAX_FACTOR_LEN`] attributes or an index above `u16::MAX`, or if the bin maps do
+    /// not match the factor, exceed [`MAX_TOKEN_CUTS`] cuts or a cut above `u16::MAX` (the
+    /// engine never draws such tasks, and [`TokenKey::verify`] would refuse the token).
     pub fn sign(&self, claims: &TaskClaims) -> String {
         assert!(
             (1..=MAX_FACTOR_LEN).contains(&claims.factor.len()),
             "a token's factor has 1..={MAX_FACTOR_LEN} attributes"
         );
+        let binned = !claims.bins.is_empty();
+        assert!(
+            !binned
+                || (claims.bins.len() == claims.factor.len()
+                    && claims.bins.iter().map(Vec::len).sum::<usize>() <= MAX_TOKEN_CUTS),
+            "a token's bin maps match its factor and have at most {MAX_TOKEN_CUTS} cuts"
+        );
         let mut body = Vec::with_capacity(FIXED_LEN + 2 * claims.factor.len() + MAC_LEN);
-        body.push(VERSION);
+        body.push(if binned { VERSION_BINS } else { VERSION });
         body.extend_from_slice(claims.collection.as_bytes());
         body.extend_from_slice(&claims.round.to_be_bytes());
         body.push(mechanism_code(claims.mechanism));
@@ -174,6 +209,13 @@ impl TokenKey {
         for &a in &claims.factor {
             let a = u16::try_from(a).expect("attribute index fits in u16 (checked at creation)");
             body.extend_from_slice(&a.to_be_bytes());
+        }
+        for cuts in &claims.bins {
+            body.extend_from_slice(&(cuts.len() as u16).to_be_bytes());
+            for &c in cuts {
+                let c = u16::try_from(c).expect("cuts fit in u16 (domains are smaller)");
+                body.extend_from_slice(&c.to_be_bytes());
+            }
         }
         let mut mac = self.mac.clone();
         mac.update(&body);
@@ -206,7 +248,8 @@ impl TokenKey {
 /// safe on any input (it is fuzzed).
 fn parse_body(body: &[u8]) -> Result<TaskClaims, TokenError> {
     let mut r = Reader(body);
-    if r.take::<1>()?[0] != VERSION {
+    let version = r.take::<1>()?[0];
+    if version != VERSION && version != VERSION_BINS {
         return Err(TokenError::Malformed("unknown version"));
     }
     let collection = Uuid::from_bytes(r.take::<16>()?);
@@ -225,6 +268,25 @@ fn parse_body(body: &[u8]) -> Result<TaskClaims, TokenError> {
     for _ in 0..len {
         factor.push(u16::from_be_bytes(r.take::<2>()?) as usize);
     }
+    let mut bins = Vec::new();
+    if version == VERSION_BINS {
+        let mut total = 0;
+        for _ in 0..len {
+            let count = u16::from_be_bytes(r.take::<2>()?) as usize;
+            total += count;
+            if total > MAX_TOKEN_CUTS {
+                return Err(TokenError::Malformed("too many bin cuts"));
+            }
+            let mut cuts = Vec::with_capacity(count);
+            for _ in 0..count {
+                cuts.push(u32::from(u16::from_be_bytes(r.take::<2>()?)));
+            }
+            bins.push(cuts);
+        }
+        if bins.iter().all(Vec::is_empty) {
+            return Err(TokenError::Malformed("version 2 without bin maps"));
+        }
+    }
     if !r.0.is_empty() {
         return Err(TokenError::Malformed("trailing bytes"));
     }
@@ -236,6 +298,7 @@ fn parse_body(body: &[u8]) -> Result<TaskClaims, TokenError> {
         epsilon,
         expires_at,
         nonce,
+        bins,
     })
 }
 
@@ -267,6 +330,7 @@ mod tests {
             epsilon: Epsilon::new(1.5).unwrap(),
             expires_at: -5,
             nonce: [9; 16],
+            bins: vec![],
         }
     }
 
@@ -285,6 +349,38 @@ mod tests {
         }
         assert_eq!(key.verify(""), Err(TokenError::Malformed("too short")));
         assert!(matches!(key.verify("!!"), Err(TokenError::Malformed(_))));
+    }
+
+    /// A binned task's token carries its maps (version 2) and any change to them breaks the
+    /// MAC; an unbinned token keeps version 1's bytes.
+    #[test]
+    fn bin_maps_round_trip_and_are_bound() {
+        let key = TokenKey::new(vec![1; 32]).unwrap();
+        let plain = key.sign(&claims());
+        assert_eq!(URL_SAFE_NO_PAD.decode(&plain).unwrap()[0], VERSION);
+        let mut binned = claims();
+        binned.bins = vec![vec![2, 5], vec![], vec![1000, 60000]];
+        let t = key.sign(&binned);
+        assert!(t.len() <= MAX_TOKEN_CHARS);
+        assert_eq!(key.verify(&t).unwrap(), binned);
+        let mut raw = URL_SAFE_NO_PAD.decode(&t).unwrap();
+        // The last cut's low byte sits just before the MAC.
+        let at = raw.len() - MAC_LEN - 1;
+        raw[at] ^= 1;
+        assert_eq!(
+            key.verify(&URL_SAFE_NO_PAD.encode(&raw)),
+            Err(TokenError::BadSignature)
+        );
+        // A version-2 body whose maps are all empty is refused even when signed.
+        let mut body = URL_SAFE_NO_PAD.decode(&plain).unwrap();
+        body.truncate(body.len() - MAC_LEN);
+        body[0] = VERSION_BINS;
+        body.extend_from_slice(&[0; 6]);
+        assert!(matches!(parse_body(&body), Err(TokenError::Malformed(_))));
+        // A count beyond the body is truncated, not a panic.
+        body.truncate(body.len() - 6);
+        body.extend_from_slice(&[0xff, 0xff]);
+        assert!(matches!(parse_body(&body), Err(TokenError::Malformed(_))));
     }
 
     #[test]

@@ -183,12 +183,14 @@ fn run_once(
     Ok((model, synthetic, start.elapsed().as_secs_f64()))
 }
 
-/// Engine options; `LDPSYN_AUTO_SHARE` overrides `auto`'s screening share and
-/// `LDPSYN_MAX_CLIQUE_CELLS` the clique cap, for sweeps (unset in the committed results).
+/// Engine options; `LDPSYN_AUTO_SHARE` overrides `auto`'s screening share,
+/// `LDPSYN_AUTO_BIN_NOISE` its noise budget per screened pair and `LDPSYN_MAX_CLIQUE_CELLS`
+/// the clique cap, for sweeps (unset in the committed results).
 fn engine_options() -> EngineOptions {
     let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
     EngineOptions {
         auto_phase1_share: env("LDPSYN_AUTO_SHARE"),
+        auto_bin_noise_l1: env("LDPSYN_AUTO_BIN_NOISE"),
         max_clique_cells: std::env::var("LDPSYN_MAX_CLIQUE_CELLS")
             .ok()
             .and_then(|v| v.parse().ok()),

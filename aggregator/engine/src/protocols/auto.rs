@@ -16,7 +16,7 @@ use super::{
     one_way_task, pairs, plan_structure,
 };
 use crate::estimate::{
-    MAX_CLIQUE_CELLS, largest_clique_cells, one_way_estimates, pair_gain, projected_noise_l1,
+    MAX_CLIQUE_CELLS, largest_clique_cells, one_way_estimates, pair_gain_binned, projected_noise_l1,
 };
 use crate::graph::{Edge, edge};
 use crate::info::mutual_information;
@@ -29,6 +29,37 @@ use crate::{EngineError, Measurements, Tables};
 /// (`benchmarks/sweeps/auto-screening-share.md`): shares 0.1–0.5 are within 1.5% of each
 /// other on average, 0.3 among the best.
 pub const AUTO_PHASE1_SHARE: f64 = 0.3;
+
+/// Expected L1 noise (at a tree-sized phase-2 allocation) below which `auto` measures a pair
+/// at a resolution; a pair above it is measured over coarser bins
+/// ([`Auto::screening_bins`]). Chosen by a sweep of 2, 1, 0.5, 0.25, 0.125 and 0.0625 over
+/// adult, nist-taxi, temporal-match2 and the built-in network at ε ∈ {1, 2, 4, 8}, 3 seeds
+/// (`benchmarks/sweeps/auto-bin-noise.md`): 0.25 has the lowest mean 2-way TVD over the 16
+/// cells; it loses 1–11% to full-resolution screening on Adult and gains up to 19% on
+/// nist-taxi and temporal-match2.
+pub const AUTO_BIN_NOISE_L1: f64 = 0.25;
+
+/// Interior cuts of `bins` equal-width contiguous bins over `k` codes (`[]` when
+/// `bins == k`: full resolution).
+pub fn equal_width_cuts(k: usize, bins: usize) -> Vec<u32> {
+    if bins >= k {
+        return Vec::new();
+    }
+    (1..bins)
+        .map(|i| ((i * k) as f64 / bins as f64).round() as u32)
+        .collect()
+}
+
+/// Bin maps of a pair whose attributes of `ka_full`, `kb_full` codes get `ka`, `kb`
+/// equal-width bins (empty when neither is binned).
+fn pair_bins(ka_full: usize, ka: usize, kb_full: usize, kb: usize) -> Vec<Vec<u32>> {
+    let bins = vec![equal_width_cuts(ka_full, ka), equal_width_cuts(kb_full, kb)];
+    if bins.iter().all(Vec::is_empty) {
+        Vec::new()
+    } else {
+        bins
+    }
+}
 
 /// `auto`'s rules.
 #[derive(Debug, Clone)]
@@ -55,16 +86,45 @@ impl Auto {
         (1.0 - self.share(engine)) * engine.target_users() as f64
     }
 
-    /// Whether `auto` screens pair `(a, b)`: only if measuring it with the users of a
-    /// tree-sized phase 2 (`N₂/d` reports: about `d − 1` pairs and `d` 1-ways share it) could
-    /// give less L1 noise than the largest dependence any pair can show (2: an L1 distance
-    /// between two distributions). Other pairs can never pay for their reports.
-    fn screens(&self, engine: &Engine, a: usize, b: usize) -> bool {
+    /// The bin maps `auto` screens pair `(a, b)` under, or `None` if it never measures it.
+    /// A factor is worth measuring only if, with the users of a tree-sized phase 2 (`N₂/d`
+    /// reports: about `d − 1` pairs and `d` 1-ways share it), its expected L1 noise can be
+    /// below the noise budget ([`AUTO_BIN_NOISE_L1`]), and below the largest dependence an
+    /// `m_a × m_b` table can show, `2(1 − 1/min(m_a, m_b))` (the L1 distance of a perfectly
+    /// correlated table with uniform margins from their product). A pair over that at full
+    /// resolution is coarsened: its attribute with more bins is halved (equal-width contiguous
+    /// bins of codes, data-independent as in VertiMRF §6.1) until it fits, or until both have
+    /// 2 bins and it still does not.
+    fn screening_bins(&self, engine: &Engine, a: usize, b: usize) -> Option<Vec<Vec<u32>>> {
         let dims = engine.dims();
-        let (ka, kb) = (dims[a], dims[b]);
-        let uniform = vec![1.0 / (ka * kb) as f64; ka * kb];
         let n_ref = self.phase2_users(engine) / dims.len() as f64;
-        engine.expected_noise_l1(&[a, b], &uniform, n_ref) < 2.0
+        let budget = self.bin_noise_l1(engine);
+        let (mut ka, mut kb) = (dims[a], dims[b]);
+        loop {
+            let bins = pair_bins(dims[a], ka, dims[b], kb);
+            let uniform = vec![1.0 / (ka * kb) as f64; ka * kb];
+            let ceiling = 2.0 * (1.0 - 1.0 / ka.min(kb) as f64);
+            let noise = engine.expected_noise_l1(&[a, b], &bins, &uniform, n_ref);
+            if noise < budget.min(ceiling) {
+                return Some(bins);
+            }
+            if ka <= 2 && kb <= 2 {
+                return None;
+            }
+            if ka >= kb {
+                ka = ka.div_ceil(2).max(2);
+            } else {
+                kb = kb.div_ceil(2).max(2);
+            }
+        }
+    }
+
+    fn bin_noise_l1(&self, engine: &Engine) -> f64 {
+        engine
+            .options()
+            .auto_bin_noise_l1
+            .unwrap_or(AUTO_BIN_NOISE_L1)
+            .min(2.0)
     }
 
     /// `auto`'s selection after its screening round (DESIGN.md "Adaptive rounds"; PPSyn
@@ -93,13 +153,14 @@ impl Auto {
         let one = one_way_estimates(ms);
         let n2 = self.phase2_users(engine).max(1.0);
         let allocation = |f: &[usize], at: &[f64], w: f64| {
-            (w * engine.expected_noise_l1(f, at, 1.0)).powf(2.0 / 3.0)
+            (w * engine.expected_noise_l1(f, &[], at, 1.0)).powf(2.0 / 3.0)
         };
         let mut factors: Vec<PlannedFactor> = (0..d)
             .map(|a| PlannedFactor {
                 factor: vec![a],
-                mechanism: engine.best_oracle(&[a]),
+                mechanism: engine.best_oracle(&[a], &[]),
                 weight: allocation(&[a], &one[a], (d - 1).max(1) as f64),
+                bins: Vec::new(),
             })
             .collect();
         // (pair index, D̂, a_p) of every screened pair with positive dependence.
@@ -112,15 +173,16 @@ impl Auto {
             if !e.active {
                 continue;
             }
-            let Some(g) = pair_gain(ms, &one, e.a, e.b) else {
+            let Some(g) = pair_gain_binned(ms, &one, e.a, e.b, &e.bins) else {
                 continue;
             };
-            e.reports = ms.combined(&[e.a, e.b]).map_or(0, |c| c.reports);
-            e.mi = Some(mutual_information(
-                &g.projected,
-                engine.dims()[e.a],
-                engine.dims()[e.b],
-            ));
+            e.reports = ms
+                .combined_binned(&[e.a, e.b], &e.bins, |_| true, None)
+                .map_or(0, |c| c.reports);
+            let Some(pdims) = engine.factor_dims(&[e.a, e.b], &e.bins) else {
+                continue;
+            };
+            e.mi = Some(mutual_information(&g.projected, pdims[0], pdims[1]));
             let dependence = g.dependence;
             e.score = Some(dependence);
             if dependence > 0.0 {
@@ -129,9 +191,9 @@ impl Auto {
                 // tables lose much of their noise to it).
                 let f = [e.a, e.b];
                 let at = &g.projected;
-                let k = engine.expected_noise_l1(&f, at, 1.0);
+                let k = engine.expected_noise_l1(&f, &e.bins, at, 1.0);
                 let n_ref = (n2 / d as f64).max(1.0);
-                let sigma = engine.cell_std_errors(&f, at, n_ref);
+                let sigma = engine.cell_std_errors(&f, &e.bins, at, n_ref);
                 let raw = (2.0 / std::f64::consts::PI).sqrt() * sigma.iter().sum::<f64>();
                 let kept = projected_noise_l1(at, &sigma, i as u64);
                 let shrink = if raw > 0.0 {
@@ -170,10 +232,12 @@ impl Auto {
             }
             keep.insert(i);
             a_total += a;
+            let bins = edges[i].bins.clone();
             factors.push(PlannedFactor {
                 factor: vec![e.0, e.1],
-                mechanism: engine.best_oracle(&[e.0, e.1]),
+                mechanism: engine.best_oracle(&[e.0, e.1], &bins),
                 weight: a,
+                bins,
             });
         }
         let mut pruned = Vec::new();
@@ -193,13 +257,13 @@ impl CollectionProtocol for Auto {
         let d = engine.dims().len();
         if !pairs(d)
             .into_iter()
-            .any(|(a, b)| self.screens(engine, a, b))
+            .any(|(a, b)| self.screening_bins(engine, a, b).is_some())
         {
             // No pair could ever pay for its reports: the independence model, at no cost.
             return one_way_state(engine);
         }
         graph_state(engine, &self.params, 1, self.share(engine), |a, b| {
-            self.screens(engine, a, b)
+            self.screening_bins(engine, a, b)
         })
     }
 
@@ -225,10 +289,12 @@ impl CollectionProtocol for Auto {
         // Every screened pair alike: each needs its own dependence estimate.
         let i = rng.random_range(0..active.len());
         let factor = vec![active[i].a, active[i].b];
+        let bins = active[i].bins.clone();
         Ok(TaskSpec {
             round: state.round,
-            mechanism: engine.best_oracle(&factor),
+            mechanism: engine.best_oracle(&factor, &bins),
             factor,
+            bins,
         })
     }
 

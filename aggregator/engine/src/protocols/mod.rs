@@ -140,7 +140,8 @@ pub(crate) fn one_way_task(
     TaskSpec {
         round: state.round,
         factor: vec![a],
-        mechanism: engine.best_oracle(&[a]),
+        mechanism: engine.best_oracle(&[a], &[]),
+        bins: vec![],
     }
 }
 
@@ -167,28 +168,31 @@ pub(crate) fn common_task(
                 round: state.round,
                 factor: plan.factors[i].factor.clone(),
                 mechanism: plan.factors[i].mechanism,
+                bins: plan.factors[i].bins.clone(),
             })
         })()),
         Phase::GraphConstruction | Phase::PairSampling => None,
     }
 }
 
-/// Phase 1 of a two-phase protocol: every pair for which `screened` holds is active, the
-/// others start pruned; rounds of `⌊share·N/rounds⌋` accepted reports (at least one, so a
-/// round can close).
+/// Phase 1 of a two-phase protocol: every pair for which `screened` gives bin maps
+/// (`Some(vec![])`: full resolution) is active and measured under them, the others start
+/// pruned; rounds of `⌊share·N/rounds⌋` accepted reports (at least one, so a round can
+/// close).
 pub(crate) fn graph_state(
     engine: &Engine,
     params: &PrivIncrParams,
     rounds: u32,
     share: f64,
-    screened: impl Fn(usize, usize) -> bool,
+    screened: impl Fn(usize, usize) -> Option<Vec<Vec<u32>>>,
 ) -> CollectionState {
     let dims = engine.dims();
     let n = engine.target_users();
     let edges = pairs(dims.len())
         .into_iter()
         .map(|(a, b)| {
-            let active = screened(a, b);
+            let bins = screened(a, b);
+            let active = bins.is_some();
             EdgeState {
                 a,
                 b,
@@ -199,6 +203,7 @@ pub(crate) fn graph_state(
                 ell: None,
                 reports: 0,
                 score: None,
+                bins: bins.unwrap_or_default(),
             }
         })
         .collect();
@@ -366,7 +371,7 @@ mod tests {
             let task = e.draw_task(state, &mut rng).unwrap();
             let key = e.table_key(&task);
             let m = e.mechanism(&key).unwrap();
-            let codes: Vec<u32> = task.factor.iter().map(|&a| p[a]).collect();
+            let codes = task.codes(p);
             let report = m.randomize(&codes, &mut rng).unwrap();
             let stats = tables
                 .entry(key)

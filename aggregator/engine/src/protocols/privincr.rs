@@ -44,7 +44,7 @@ impl CollectionProtocol for PrivIncr {
             &self.params,
             self.rounds,
             self.params.omega,
-            |_, _| true,
+            |_, _| Some(Vec::new()),
         )
     }
 
@@ -75,6 +75,7 @@ impl CollectionProtocol for PrivIncr {
             round: state.round,
             factor: vec![active[i].a, active[i].b],
             mechanism: MechanismKind::Oue,
+            bins: vec![],
         })
     }
 
@@ -121,9 +122,10 @@ impl CollectionProtocol for PrivIncr {
                 conditional_scopes(&plan_structure(engine, s, sigma, false))
                     .into_iter()
                     .map(|f| PlannedFactor {
-                        weight: engine.cells(&f) as f64,
+                        weight: engine.cells(&f, &[]) as f64,
                         factor: f,
                         mechanism: MechanismKind::Oue,
+                        bins: vec![],
                     })
                     .collect()
             },

@@ -107,6 +107,7 @@ impl CollectionProtocol for SamPrivSyn {
             round: state.round,
             factor: vec![a, b],
             mechanism: MechanismKind::GrrPair,
+            bins: vec![],
         })
     }
 

@@ -215,3 +215,130 @@ async fn samprivsyn_batches_reweight() {
     assert_eq!(s, 200, "{m}");
     server.shutdown().await.unwrap();
 }
+
+/// `auto` over large domains hands out tasks with bin maps: the SDK reports bins, the server
+/// accepts them under the token's maps, reloads them from the database (a second server on
+/// the same file), and refuses a report randomized under maps other than the token's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_bin_maps_over_http() {
+    use ldpsyn::client::SimulatedPerson;
+    use ldpsyn::protocol::{Report, Task};
+    use ldpsyn::schema::Schema;
+    use rand::{Rng, SeedableRng};
+
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("bins.db").display());
+    let labels = |n: usize| (0..n).map(|i| format!("v{i}")).collect::<Vec<_>>();
+    let schema_json = json!({"attributes": [
+        {"name": "a", "type": "categorical", "labels": labels(60)},
+        {"name": "b", "type": "categorical", "labels": labels(50)},
+        {"name": "c", "type": "categorical", "labels": labels(40)}]});
+    let schema: Schema = serde_json::from_value(schema_json.clone()).unwrap();
+    let n = 3000;
+    let server = start(&url, &[]).await;
+    let base = base(&server);
+    let id = create(
+        &base,
+        json!({"protocol": "auto", "epsilon": 2.0, "target_users": n, "schema": schema_json}),
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let tasks: Vec<Task> = http
+        .get(format!("{base}/v1/collections/{id}/task?count=50"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let binned = tasks
+        .iter()
+        .find(|t| !t.bins.is_empty())
+        .expect("large pairs are screened over bins")
+        .clone();
+    assert!(binned.bins.iter().any(|b| !b.is_empty()), "{binned:?}");
+
+    // A report randomized under other maps than the token's: refused, nothing stored.
+    let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(3);
+    let config: CollectionConfig = http
+        .get(format!("{base}/v1/collections/{id}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let record = schema.encoded(vec![1, 2, 3]).unwrap();
+    let mut forged = binned.clone();
+    forged.bins = vec![vec![]; forged.factor.len()];
+    let report: Report = ldpsyn::submission::randomize_task(
+        &config,
+        Epsilon::new(2.0).unwrap(),
+        &forged,
+        &record,
+        &mut rng,
+    )
+    .unwrap();
+    let answer: Value = http
+        .post(format!("{base}/v1/collections/{id}/reports"))
+        .json(&json!([report]))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer[0]["status"], "rejected", "{answer}");
+    assert!(
+        answer[0]["problem"]["type"]
+            .as_str()
+            .is_some_and(|t| t.ends_with("invalid-payload")),
+        "{answer}"
+    );
+
+    // People answer through the SDK, binned tasks included.
+    let mut people: Vec<SimulatedPerson<MemoryLedger>> = (0..n)
+        .map(|_| {
+            let codes = vec![
+                rng.random_range(0..60u32),
+                rng.random_range(0..50),
+                rng.random_range(0..40),
+            ];
+            SimulatedPerson {
+                record: schema.encoded(codes).unwrap(),
+                ledger: MemoryLedger::default(),
+            }
+        })
+        .collect();
+    let mut options = ClientOptions::new(Epsilon::new(2.0).unwrap());
+    options.seed = Some(9);
+    let mut client = Client::connect(&base, id, options, MemoryLedger::default())
+        .await
+        .unwrap();
+    for chunk in people.chunks_mut(1000) {
+        for r in client.submit_batch(chunk).await.unwrap() {
+            assert_eq!(r.expect("accepted").status, ReportStatus::Accepted);
+        }
+    }
+    let reports = acknowledged(&people, id);
+    let engine = Engine::new(&config).unwrap();
+    let tables = reduce(&engine, &reports);
+    assert!(
+        tables.keys().any(|k| !k.bins.is_empty()),
+        "some reports answered binned tasks"
+    );
+    let (_, before) = admin(&base, "GET", &format!("/v1/collections/{id}")).await;
+    assert_eq!(before["status"]["reports_accepted"], n, "{before}");
+    server.shutdown().await.unwrap();
+
+    // A new server on the same database rebuilds the binned tables and finalizes.
+    let server = start(&url, &[]).await;
+    let base = ldpsyn_tests::base(&server);
+    let (_, after) = admin(&base, "GET", &format!("/v1/collections/{id}")).await;
+    assert_eq!(after["status"], before["status"]);
+    let (s, fin) = admin(&base, "POST", &format!("/v1/collections/{id}/finalize")).await;
+    assert_eq!(s, 200, "{fin}");
+    let (s, model) = admin(&base, "GET", &format!("/v1/collections/{id}/model")).await;
+    assert_eq!(s, 200, "{model}");
+    server.shutdown().await.unwrap();
+}

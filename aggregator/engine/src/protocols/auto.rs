@@ -32,7 +32,7 @@ pub const AUTO_PHASE1_SHARE: f64 = 0.3;
 
 /// Expected L1 noise (at a tree-sized phase-2 allocation) below which `auto` measures a pair
 /// at a resolution; a pair above it is measured over coarser bins
-/// ([`Auto::screening_bins`]). Chosen by a sweep of 2, 1, 0.5, 0.25, 0.125 and 0.0625 over
+/// (`Auto::screening_bins`). Chosen by a sweep of 2, 1, 0.5, 0.25, 0.125 and 0.0625 over
 /// adult, nist-taxi, temporal-match2 and the built-in network at ε ∈ {1, 2, 4, 8}, 3 seeds
 /// (`benchmarks/sweeps/auto-bin-noise.md`): 0.25 has the lowest mean 2-way TVD over the 16
 /// cells; it loses 1–11% to full-resolution screening on Adult and gains up to 19% on

@@ -2,9 +2,10 @@
 //! model keeps), the observations the fit sees, and the fit itself ([`super::pgm`]).
 //!
 //! **Model graph.** Every measured pair `(a, b)` is scored by its expected gain
-//! ([`pair_gain`]): its estimated dependence (the independence model's L1 error on the pair,
-//! debiased for noise cell by cell) minus the L1 error of its estimate once projected onto
-//! the simplex ([`projected_noise_l1`]: the error the model takes on by keeping it; the
+//! ([`best_pair_gain`], over every binning the pair was measured under): its estimated
+//! dependence (the independence model's L1 error on the pair, debiased for noise cell by
+//! cell) minus the L1 error of its estimate once projected onto the simplex
+//! ([`projected_noise_l1`]: the error the model takes on by keeping it; the
 //! projection removes much of the noise of sparse tables). Positive gain means keeping the
 //! pair is expected to lower the pair's error below the independence model's. Pairs with
 //! positive gain are added greedily, best first, while the triangulated graph's largest
@@ -177,12 +178,6 @@ fn outer(a: &[f64], b: &[f64]) -> Vec<f64> {
     a.iter()
         .flat_map(|x| b.iter().map(move |y| x * y))
         .collect()
-}
-
-/// [`PairGain`] of `(a, b)` from every table containing both at full resolution; `None` if
-/// none does.
-pub fn pair_gain(ms: &Measurements, one_way: &[Vec<f64>], a: usize, b: usize) -> Option<PairGain> {
-    pair_gain_binned(ms, one_way, a, b, &[])
 }
 
 /// The best [`PairGain`] of `(a, b)` over every binning it was measured under

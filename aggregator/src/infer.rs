@@ -226,10 +226,16 @@ pub fn infer_schema(path: &Path, cfg: &InferConfig) -> Result<(Schema, Vec<Strin
             warnings.push(format!("`{name}`: no values, left out"));
             continue;
         }
+        // The empty field stays a marker: synthetic downloads write missing values as empty
+        // fields, and a schema must read its own synthetic data back.
         let (missing, missing_markers) = if s.markers.is_empty() {
             (MissingPolicy::Reject, vec![String::new()])
         } else {
-            (MissingPolicy::Category, s.markers.clone())
+            let mut markers = s.markers.clone();
+            if !markers.iter().any(String::is_empty) {
+                markers.push(String::new());
+            }
+            (MissingPolicy::Category, markers)
         };
         let kind = if s.numeric && (s.overflow || s.counts.len() > cfg.max_categories) {
             let (min, max) = round_bounds(s.min, s.max);
@@ -332,6 +338,7 @@ pub fn infer_schema(path: &Path, cfg: &InferConfig) -> Result<(Schema, Vec<Strin
 mod tests {
     use super::*;
     use crate::sim::load_csv;
+    use ldpsyn::schema::Value;
 
     /// Every kind of column: a wide integer column (numeric, integer, rounded bounds), a
     /// float column, a small numeric code (categorical, numeric order), text with "?"
@@ -399,7 +406,12 @@ mod tests {
         let labels: Vec<String> = (1..=12).map(|g| g.to_string()).collect();
         assert_eq!(a[2].kind, AttributeKind::Categorical { labels });
         assert_eq!(a[3].missing, MissingPolicy::Category);
-        assert_eq!(a[3].missing_markers, vec!["?".to_owned()]);
+        assert_eq!(a[3].missing_markers, vec!["?".to_owned(), String::new()]);
+        assert_eq!(
+            a[3].encode_value(&Value::Text(String::new())),
+            a[3].encode_value(&Value::Text("?".into())),
+            "an empty field (a synthetic missing value) reads as missing"
+        );
         let loaded = load_csv(&path, &schema).unwrap();
         assert_eq!((loaded.population.len(), loaded.rejected_rows), (500, 0));
     }

@@ -203,6 +203,26 @@ pub fn bin_of(code: u32, cuts: &[u32]) -> u32 {
     }
 }
 
+/// The cuts of factor attribute `i` in the list of bin maps `bins` (one per factor attribute,
+/// or empty when none is binned): `[]`, the identity, when `bins` has no map at `i`.
+pub fn cuts_of(bins: &[Vec<u32>], i: usize) -> &[u32] {
+    bins.get(i).map_or(&[], Vec::as_slice)
+}
+
+/// The codes a device holding `record` (one code per schema attribute) reports for `factor`
+/// under the bin maps `bins` ([`cuts_of`]): each factor attribute's code mapped to its bin, in
+/// factor order. Panics if a factor attribute is beyond `record`.
+pub fn binned_codes<'a>(
+    record: &'a [u32],
+    factor: &'a [usize],
+    bins: &'a [Vec<u32>],
+) -> impl Iterator<Item = u32> + 'a {
+    factor
+        .iter()
+        .enumerate()
+        .map(move |(i, &a)| bin_of(record[a], cuts_of(bins, i)))
+}
+
 /// The schema's `domain_sizes` with each attribute of `factor` replaced by its number of
 /// bins under `bins` (one bin map per factor attribute, in factor order; empty: no maps).
 /// Errors: [`FactorError::InvalidBinMap`] for a list of another length than the factor or an

@@ -6,7 +6,7 @@ use rand::Rng;
 use uuid::Uuid;
 
 use crate::Epsilon;
-use crate::factor::{DEFAULT_MAX_CELLS, Factor, FactorError, bin_of, binned_domain_sizes};
+use crate::factor::{DEFAULT_MAX_CELLS, Factor, FactorError, binned_codes, binned_domain_sizes};
 use crate::ledger::{BudgetLedger, LedgerEntry, LedgerError, ReportState};
 use crate::mechanism::{Mechanism, MechanismError};
 use crate::protocol::{
@@ -153,17 +153,7 @@ pub fn randomize_task<R: Rng + ?Sized>(
     let factor = Factor::new(task.factor.clone(), &sizes, DEFAULT_MAX_CELLS).map_err(invalid)?;
     let mechanism = Mechanism::new(task.mechanism, task.epsilon, factor.dims())
         .map_err(|e: MechanismError| ClientError::InvalidTask(e.to_string()))?;
-    let codes: Vec<u32> = factor
-        .attributes()
-        .iter()
-        .enumerate()
-        .map(|(i, &a)| {
-            bin_of(
-                record.codes()[a],
-                task.bins.get(i).map_or(&[], Vec::as_slice),
-            )
-        })
-        .collect();
+    let codes: Vec<u32> = binned_codes(record.codes(), factor.attributes(), &task.bins).collect();
     let payload = mechanism
         .randomize(&codes, rng)
         .map_err(|e| ClientError::InvalidTask(e.to_string()))?;

@@ -242,15 +242,8 @@ async fn auto_bin_maps_over_http() {
         json!({"protocol": "auto", "epsilon": 2.0, "target_users": n, "schema": schema_json}),
     )
     .await;
-    let http = reqwest::Client::new();
-    let tasks: Vec<Task> = http
-        .get(format!("{base}/v1/collections/{id}/task?count=50"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, tasks) = admin(&base, "GET", &format!("/v1/collections/{id}/task?count=50")).await;
+    let tasks: Vec<Task> = serde_json::from_value(tasks).unwrap();
     let binned = tasks
         .iter()
         .find(|t| !t.bins.is_empty())
@@ -260,14 +253,8 @@ async fn auto_bin_maps_over_http() {
 
     // A report randomized under other maps than the token's: refused, nothing stored.
     let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(3);
-    let config: CollectionConfig = http
-        .get(format!("{base}/v1/collections/{id}"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, config) = admin(&base, "GET", &format!("/v1/collections/{id}")).await;
+    let config: CollectionConfig = serde_json::from_value(config).unwrap();
     let record = schema.encoded(vec![1, 2, 3]).unwrap();
     let mut forged = binned.clone();
     forged.bins = vec![vec![]; forged.factor.len()];
@@ -279,7 +266,7 @@ async fn auto_bin_maps_over_http() {
         &mut rng,
     )
     .unwrap();
-    let answer: Value = http
+    let answer: Value = reqwest::Client::new()
         .post(format!("{base}/v1/collections/{id}/reports"))
         .json(&json!([report]))
         .send()

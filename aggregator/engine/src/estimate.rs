@@ -23,6 +23,7 @@
 
 use std::collections::BTreeSet;
 
+use ldpsyn::factor::cuts_of;
 use ldpsyn::mechanism::norm_sub;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
@@ -122,8 +123,7 @@ pub fn one_way_estimates(ms: &Measurements) -> Vec<Vec<f64>> {
                 .max_by_key(|(c, _)| c.reports);
             match best {
                 Some((c, b)) => {
-                    let cuts = b.first().map_or(&[][..], Vec::as_slice);
-                    spread_within_bins(&norm_sub(&c.frequencies), cuts, dims[a])
+                    spread_within_bins(&norm_sub(&c.frequencies), cuts_of(&b, 0), dims[a])
                 }
                 None => vec![1.0 / dims[a] as f64; dims[a]],
             }
@@ -205,12 +205,9 @@ pub fn pair_gain_binned(
     b: usize,
     bins: &[Vec<u32>],
 ) -> Option<PairGain> {
-    let cuts = |i: usize| bins.get(i).cloned().unwrap_or_default();
     let dims = ms.domain_sizes();
-    let null = outer(
-        &coarsen(&one_way[a], &[dims[a]], &[cuts(0)]),
-        &coarsen(&one_way[b], &[dims[b]], &[cuts(1)]),
-    );
+    let one = |x: usize, i: usize| coarsen(&one_way[x], &[dims[x]], &[cuts_of(bins, i).to_vec()]);
+    let null = outer(&one(a, 0), &one(b, 1));
     let c = ms.combined_binned(&[a, b], bins, |_| true, Some(&null))?;
     let projected = norm_sub(&c.frequencies);
     let observed_l1 = projected

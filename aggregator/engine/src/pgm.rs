@@ -325,13 +325,13 @@ pub fn fit(
     let mut pooled: Vec<Pooled> = Vec::new();
     let mut keys: Vec<(usize, Vec<usize>, Vec<Vec<u32>>)> = Vec::new();
     for o in observations {
-        let odims: Vec<usize> = o.attrs.iter().map(|&a| dims[a]).collect();
-        let bins_ok = (o.bins.is_empty() || o.bins.len() == o.attrs.len())
-            && o.attrs.iter().all(|&a| a < dims.len())
+        // Every attribute inside `dims` and valid bin maps (a list matching `attrs`).
+        let bins_ok = o.attrs.iter().all(|&a| a < dims.len())
             && ldpsyn::factor::binned_domain_sizes(dims, &o.attrs, &o.bins).is_ok();
         if !bins_ok {
             return Err(FitError::Malformed(o.attrs.clone()));
         }
+        let odims: Vec<usize> = o.attrs.iter().map(|&a| dims[a]).collect();
         let (coarse, cells) = coarsen_map(&odims, &o.bins);
         if o.values.len() != cells
             || o.variances.len() != cells

@@ -19,7 +19,7 @@
 use std::sync::Arc;
 
 use ldpsyn::Epsilon;
-use ldpsyn::factor::{bin_of, binned_domain_sizes};
+use ldpsyn::factor::{binned_codes, binned_domain_sizes};
 use ldpsyn::mechanism::{Mechanism, MechanismKind};
 use ldpsyn::protocol::{CollectionConfig, Protocol};
 use rand::Rng;
@@ -208,13 +208,10 @@ pub struct TaskSpec {
 
 impl TaskSpec {
     /// The codes a device holding `record` (one code per schema attribute) randomizes: its
-    /// factor's codes, mapped to bins where the task bins an attribute.
-    pub fn codes(&self, record: &[u32]) -> Vec<u32> {
-        self.factor
-            .iter()
-            .enumerate()
-            .map(|(i, &a)| bin_of(record[a], self.bins.get(i).map_or(&[], Vec::as_slice)))
-            .collect()
+    /// factor's codes, mapped to bins where the task bins an attribute
+    /// ([`ldpsyn::factor::binned_codes`]).
+    pub fn codes<'a>(&'a self, record: &'a [u32]) -> impl Iterator<Item = u32> + 'a {
+        binned_codes(record, &self.factor, &self.bins)
     }
 }
 

@@ -20,7 +20,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use ldpsyn::Epsilon;
-use ldpsyn::factor::binned_domain_sizes;
+use ldpsyn::factor::{binned_domain_sizes, cuts_of};
 use ldpsyn::mechanism::{
     FrequencyEstimate, Mechanism, MechanismError, MechanismKind, Oracle, SufficientStatistics,
     norm_sub,
@@ -52,8 +52,7 @@ impl TableKey {
         self.factor
             .iter()
             .position(|&a| a == attr)
-            .and_then(|i| self.bins.get(i))
-            .map_or(&[], Vec::as_slice)
+            .map_or(&[], |i| cuts_of(&self.bins, i))
     }
 }
 
@@ -200,11 +199,10 @@ pub(crate) fn projection_map(factor: &[usize], dims: &[usize], target: &[usize])
 /// number of binned cells. Panics on an invalid map (callers build maps with
 /// [`binned_domain_sizes`]).
 pub fn coarsen_map(dims: &[usize], bins: &[Vec<u32>]) -> (Vec<usize>, usize) {
-    let cuts = |i: usize| bins.get(i).map_or(&[][..], Vec::as_slice);
     let sizes: Vec<usize> = dims
         .iter()
         .enumerate()
-        .map(|(i, &k)| ldpsyn::factor::bin_count(cuts(i), k).expect("valid bin map"))
+        .map(|(i, &k)| ldpsyn::factor::bin_count(cuts_of(bins, i), k).expect("valid bin map"))
         .collect();
     let cells: usize = dims.iter().product();
     let mut out = Vec::with_capacity(cells);
@@ -212,7 +210,7 @@ pub fn coarsen_map(dims: &[usize], bins: &[Vec<u32>]) -> (Vec<usize>, usize) {
     for _ in 0..cells {
         let mut index = 0;
         for (i, (&c, &k)) in codes.iter().zip(&sizes).enumerate() {
-            index = index * k + ldpsyn::factor::bin_of(c as u32, cuts(i)) as usize;
+            index = index * k + ldpsyn::factor::bin_of(c as u32, cuts_of(bins, i)) as usize;
         }
         out.push(index);
         for i in (0..codes.len()).rev() {
@@ -511,13 +509,12 @@ impl Measurements {
         let dims: Vec<usize> = attrs.iter().map(|&a| sizes[a]).collect();
         let cells: usize = dims.iter().product();
         let uniform = vec![1.0 / cells as f64; cells];
-        let wanted = |i: usize| bins.get(i).map_or(&[][..], Vec::as_slice);
         let mut parts: Vec<(f64, Vec<f64>, &Measurement)> = Vec::new();
         for m in &self.items {
             let fits = attrs
                 .iter()
                 .enumerate()
-                .all(|(i, &a)| m.key.factor.contains(&a) && m.key.bins_of(a) == wanted(i));
+                .all(|(i, &a)| m.key.factor.contains(&a) && m.key.bins_of(a) == cuts_of(bins, i));
             if !keep(&m.key) || !fits {
                 continue;
             }

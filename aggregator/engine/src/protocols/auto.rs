@@ -6,7 +6,7 @@
 //! nothing is screened) and the result is the independence model. The model graph may keep
 //! any measured pair.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use ldpsyn::protocol::PrivIncrParams;
 use rand::{Rng, RngCore};
@@ -35,7 +35,7 @@ pub const AUTO_PHASE1_SHARE: f64 = 0.3;
 /// (`Auto::screening_bins`). Chosen by a sweep of 2, 1, 0.5, 0.25, 0.125 and 0.0625 over
 /// adult, nist-taxi, temporal-match2 and the built-in network at ε ∈ {1, 2, 4, 8}, 3 seeds
 /// (`benchmarks/sweeps/auto-bin-noise.md`): 0.25 has the lowest mean 2-way TVD over the 16
-/// cells; it loses 1–11% to full-resolution screening on Adult and gains up to 19% on
+/// cells; it loses 3–12% to full-resolution screening on Adult and gains up to 19% on
 /// nist-taxi and temporal-match2.
 pub const AUTO_BIN_NOISE_L1: f64 = 0.25;
 
@@ -254,16 +254,16 @@ impl Auto {
 
 impl CollectionProtocol for Auto {
     fn initial_state(&self, engine: &Engine) -> CollectionState {
-        let d = engine.dims().len();
-        if !pairs(d)
+        let screened: BTreeMap<Edge, Vec<Vec<u32>>> = pairs(engine.dims().len())
             .into_iter()
-            .any(|(a, b)| self.screening_bins(engine, a, b).is_some())
-        {
+            .filter_map(|(a, b)| Some(((a, b), self.screening_bins(engine, a, b)?)))
+            .collect();
+        if screened.is_empty() {
             // No pair could ever pay for its reports: the independence model, at no cost.
             return one_way_state(engine);
         }
         graph_state(engine, &self.params, 1, self.share(engine), |a, b| {
-            self.screening_bins(engine, a, b)
+            screened.get(&(a, b)).cloned()
         })
     }
 

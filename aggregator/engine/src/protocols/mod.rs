@@ -371,7 +371,7 @@ mod tests {
             let task = e.draw_task(state, &mut rng).unwrap();
             let key = e.table_key(&task);
             let m = e.mechanism(&key).unwrap();
-            let codes = task.codes(p);
+            let codes: Vec<u32> = task.codes(p).collect();
             let report = m.randomize(&codes, &mut rng).unwrap();
             let stats = tables
                 .entry(key)

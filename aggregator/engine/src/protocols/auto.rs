@@ -40,7 +40,8 @@ pub const AUTO_PHASE1_SHARE: f64 = 0.3;
 pub const AUTO_BIN_NOISE_L1: f64 = 0.25;
 
 /// Interior cuts of `bins` equal-width contiguous bins over `k` codes (`[]` when
-/// `bins == k`: full resolution).
+/// `bins ≥ k`: full resolution); cut i at `round(i·k/bins)`. Data-independent, as VertiMRF
+/// §6.1's attribute binning.
 pub fn equal_width_cuts(k: usize, bins: usize) -> Vec<u32> {
     if bins >= k {
         return Vec::new();

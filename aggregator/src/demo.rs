@@ -19,7 +19,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::eval::{MarginalCounts, NumericFidelity, numeric_fidelity};
+use crate::eval::{MarginalCounts, NumericFidelity, evaluation_schema, numeric_fidelity, regrid};
 use crate::service::Server;
 use crate::service::config::ServeConfig;
 use crate::sim::{BayesNet, NumericColumn, Population, load_csv};
@@ -121,7 +121,9 @@ pub struct DemoReport {
     pub epsilon: f64,
     /// Protocol.
     pub protocol: String,
-    /// Mean TVD over all 1-way marginals, synthetic vs the simulated population.
+    /// Mean TVD over all 1-way marginals, synthetic vs the simulated population (on the
+    /// schema's codes, `bins: "auto"` attributes in their working bins:
+    /// [`crate::eval::evaluation_schema`]).
     pub tvd1: f64,
     /// Mean TVD over all 2-way marginals.
     pub tvd2: f64,
@@ -410,14 +412,20 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
             synthetic.rejected_rows
         )));
     }
+    // Binned TVDs on the working bins of `bins: "auto"` attributes (their fine grids would
+    // make every 3-way table huge and sparse), comparable with a fixed-count schema.
+    let grid = evaluation_schema(&input.schema);
+    let bad = |e: ldpsyn::schema::RecordError| DemoError::Service(e.to_string());
+    let real_binned = regrid(&population, &input.schema, &grid).map_err(bad)?;
+    let synth_binned = regrid(&synthetic.population, &input.schema, &grid).map_err(bad)?;
     let mut tvd = [0.0; 3];
     for (k, slot) in tvd.iter_mut().enumerate() {
         let k = k + 1;
         if k > d {
             continue;
         }
-        let real = MarginalCounts::of_population(&population, k);
-        let synth = MarginalCounts::of_population(&synthetic.population, k);
+        let real = MarginalCounts::of_population(&real_binned, k);
+        let synth = MarginalCounts::of_population(&synth_binned, k);
         *slot = real
             .mean_tvd(&synth)
             .map_err(|e| DemoError::Service(e.to_string()))?;

@@ -5,6 +5,10 @@ use linfa::prelude::*;
 use linfa_logistic::LogisticRegression;
 use ndarray::{Array1, Array2};
 
+use ldpsyn::schema::{
+    AttributeKind, DecodedValue, NumericBins, NumericDecoding, RecordError, Schema, Value,
+};
+
 use crate::sim::Population;
 
 /// Errors of the evaluation.
@@ -410,6 +414,62 @@ pub fn chow_liu_model(pop: std::sync::Arc<Population>) -> crate::engine::Model {
     let edges = crate::engine::graph::maximum_spanning_forest(d, weighted);
     let structure = crate::engine::plan::build_structure(&dims, &edges, &[], u64::MAX);
     crate::engine::Model::graphical("chow-liu", dims, Vec::new(), structure, source)
+}
+
+/// The schema binned TVDs are measured on: `schema` with every `bins: "auto"` numeric
+/// attribute as a fixed count of its working bins (equal width, same points and policies):
+/// the grid the model measures pairs on, and what a fixed-count schema with that count
+/// would give, so TVDs of the two are comparable. Other attributes are unchanged.
+pub fn evaluation_schema(schema: &Schema) -> Schema {
+    let attributes = schema
+        .attributes()
+        .iter()
+        .map(|a| {
+            let mut a = a.clone();
+            if let (
+                Some(m),
+                AttributeKind::Numeric {
+                    bins,
+                    grid,
+                    max_bins,
+                    ..
+                },
+            ) = (a.working_bins(), &mut a.kind)
+            {
+                *bins = NumericBins::Count(m);
+                *grid = None;
+                *max_bins = None;
+            }
+            a
+        })
+        .collect();
+    Schema::new(attributes).expect("a valid schema stays valid at fewer bins")
+}
+
+/// `pop` (codes of `from`) in the codes of `to`, a schema of the same attributes that may
+/// bin numeric ones differently: each code decoded to its cell's midpoint and encoded again
+/// (exact where `to`'s bins are unions of `from`'s cells, as with
+/// [`evaluation_schema`]). Errors: a decoded value that `to` refuses.
+pub fn regrid(pop: &Population, from: &Schema, to: &Schema) -> Result<Population, RecordError> {
+    // Midpoint decoding draws nothing.
+    let mut rng = <rand_chacha::ChaCha12Rng as rand::SeedableRng>::seed_from_u64(0);
+    let mut codes = Vec::with_capacity(pop.codes().len());
+    for row in pop.rows() {
+        for (a, &c) in row.iter().enumerate() {
+            let (fa, ta) = (&from.attributes()[a], &to.attributes()[a]);
+            codes.push(if fa == ta {
+                c
+            } else {
+                let v = match fa.decode(c, NumericDecoding::Midpoint, &mut rng) {
+                    DecodedValue::Number(x) => Value::Number(x),
+                    DecodedValue::Label(l) => Value::Text(l),
+                    DecodedValue::Missing => Value::Missing,
+                };
+                ta.encode_value(&v)?
+            });
+        }
+    }
+    Ok(Population::new(to.domain_sizes(), codes).expect("codes of `to`"))
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Parser;
 use ldpsyn::schema::{
-    Attribute, AttributeKind, MissingPolicy, OutOfRangePolicy, Schema, SchemaError,
+    Attribute, AttributeKind, MissingPolicy, NumericBins, OutOfRangePolicy, Schema, SchemaError,
 };
 
 /// Strings read as "missing" when they fill a whole cell (after trimming).
@@ -268,10 +268,12 @@ pub fn infer_schema(path: &Path, cfg: &InferConfig) -> Result<(Schema, Vec<Strin
             AttributeKind::Numeric {
                 min,
                 max,
-                bins,
+                bins: NumericBins::Count(bins),
                 integer: s.integer,
                 out_of_range: OutOfRangePolicy::Clamp,
                 points: Vec::new(),
+                grid: None,
+                max_bins: None,
             }
         } else if !s.overflow && s.counts.len() <= cfg.max_categories {
             let mut labels: Vec<(String, u64)> = s.counts.into_iter().collect();
@@ -377,10 +379,12 @@ mod tests {
             AttributeKind::Numeric {
                 min: 15.0,
                 max: 90.0,
-                bins: 16,
+                bins: NumericBins::Count(16),
                 integer: true,
                 out_of_range: OutOfRangePolicy::Clamp,
                 points: vec![],
+                grid: None,
+                max_bins: None,
             }
         );
         // Half the rows work 40 h: a point mass; the odd hours, 5 rows each, are not.

@@ -2,7 +2,9 @@
 //!
 //! A [`Schema`] is an ordered list of attributes, each with a finite domain of integer codes
 //! `0..domain_size`. Categorical attributes map labels to codes in list order; numeric ones
-//! are cut into `bins` equal-width bins between `min` and `max` (`max` falls in the last bin).
+//! are cut into `bins` equal-width bins between `min` and `max` (`max` falls in the last bin),
+//! or with `"bins": "auto"` into a fine grid ([`Attribute::grid_cells`]) that the aggregator
+//! measures in working bins ([`Attribute::working_cuts`]); point masses get codes of their own.
 //! With the `category` missing-value policy an attribute gets one more code, the last one,
 //! for "missing".
 //!
@@ -73,29 +75,86 @@ pub enum AttributeKind {
         /// The labels, in code order.
         labels: Vec<String>,
     },
-    /// Equal-width bins over `[min, max]`, plus one code per point mass.
+    /// Equal-width cells over `[min, max]` (a fixed count of bins, or a fine grid under
+    /// `bins: "auto"`), plus one code per point mass.
     Numeric {
         /// Lower bound (inclusive), finite.
         min: f64,
-        /// Upper bound (inclusive; falls in the last bin), finite, > `min`.
+        /// Upper bound (inclusive; falls in the last cell), finite, > `min`.
         max: f64,
-        /// Number of bins, ≥ 1.
-        bins: u32,
+        /// A number of bins (≥ 1: the codes, measured as they are), or `"auto"`: the codes
+        /// are a fine grid ([`Attribute::grid_cells`]) that devices encode to, and the
+        /// aggregator measures factors over at most `max_bins` working bins of it while
+        /// 1-ways see the grid, so synthetic values follow the fine distribution within a
+        /// bin (DESIGN.md "Numeric attributes").
+        bins: NumericBins,
         /// Decoded values are whole numbers.
         #[serde(default)]
         integer: bool,
         /// What to do outside `[min, max]`.
         #[serde(default)]
         out_of_range: OutOfRangePolicy,
-        /// Point masses: values with a code of their own (codes `bins..bins + points.len()`,
-        /// in this order), e.g. `[0]` for an income that is 0 for most people or `[40]` for
-        /// weekly hours. A value equal to a point takes its code instead of its bin's, and
-        /// decodes to exactly that value, so synthetic data keeps the mass a bin would smear
-        /// out. Public like the bounds: from domain knowledge. Finite, within `[min, max]`,
-        /// whole for `integer` attributes, each listed once; default none.
+        /// Point masses: values with a code of their own (codes `cells..cells + points.len()`,
+        /// in this order, after the `cells` grid codes), e.g. `[0]` for an income that is 0
+        /// for most people or `[40]` for weekly hours. A value equal to a point takes its code
+        /// instead of its cell's, and decodes to exactly that value, so synthetic data keeps
+        /// the mass a bin would smear out. Public like the bounds: from domain knowledge.
+        /// Finite, within `[min, max]`, whole for `integer` attributes, each listed once;
+        /// default none.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         points: Vec<f64>,
+        /// `bins: "auto"` only: cells of the fine grid, 2..=[`MAX_GRID`] (default: one per
+        /// whole number for an `integer` attribute whose range holds at most
+        /// [`DEFAULT_GRID`] of them, else [`DEFAULT_GRID`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        grid: Option<u32>,
+        /// `bins: "auto"` only: most working bins a factor measures the grid in, 2..=grid
+        /// (default [`DEFAULT_MAX_BINS`]; points and "missing" are bins of their own beyond
+        /// it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_bins: Option<u32>,
     },
+}
+
+/// Default fine-grid size of a `bins: "auto"` numeric attribute (DESIGN.md "Numeric
+/// attributes": e.g. 1024 equal-width cells).
+pub const DEFAULT_GRID: u32 = 1024;
+
+/// Largest fine grid a schema may ask for: a 1-way over it is one OUE report of this many
+/// bits (512 bytes at most on the wire).
+pub const MAX_GRID: u32 = 4096;
+
+/// Default number of working bins of a `bins: "auto"` numeric attribute: the resolution
+/// of the fixed-count example schemas (16), so the model's cliques stay as small as before.
+pub const DEFAULT_MAX_BINS: u32 = 16;
+
+/// The `bins` of a numeric attribute: a count, or `"auto"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum NumericBins {
+    /// This many equal-width bins.
+    Count(u32),
+    /// `"auto"`: a fine grid with working bins chosen by the aggregator.
+    Auto(AutoBins),
+}
+
+/// The literal `"auto"` of [`NumericBins::Auto`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AutoBins {
+    /// `"auto"`.
+    Auto,
+}
+
+impl NumericBins {
+    /// `"auto"`.
+    pub const AUTO: Self = Self::Auto(AutoBins::Auto);
+}
+
+impl From<u32> for NumericBins {
+    fn from(n: u32) -> Self {
+        Self::Count(n)
+    }
 }
 
 fn default_markers() -> Vec<String> {
@@ -161,6 +220,15 @@ pub enum SchemaError {
     ZeroBins {
         /// The attribute.
         attribute: String,
+    },
+    /// A `bins: "auto"` attribute's `grid` or `max_bins` out of range, or either given with
+    /// a bin count.
+    #[error("attribute `{attribute}`: {reason}")]
+    InvalidGrid {
+        /// The attribute.
+        attribute: String,
+        /// What is wrong.
+        reason: String,
     },
     /// A numeric attribute with `min >= max`.
     #[error("attribute `{attribute}`: min ({min}) must be < max ({max})")]
@@ -315,9 +383,91 @@ impl Attribute {
     pub fn domain_size(&self) -> usize {
         let base = match &self.kind {
             AttributeKind::Categorical { labels } => labels.len(),
-            AttributeKind::Numeric { bins, points, .. } => *bins as usize + points.len(),
+            AttributeKind::Numeric { points, .. } => {
+                self.grid_cells().unwrap_or(0) as usize + points.len()
+            }
         };
         base + usize::from(self.missing == MissingPolicy::Category)
+    }
+
+    /// Equal-width cells of a numeric attribute's `[min, max]` (its first codes): the
+    /// `bins` count, or under `bins: "auto"` the fine grid (`grid`, else one cell per whole
+    /// number for an `integer` attribute whose range holds at most [`DEFAULT_GRID`], else
+    /// [`DEFAULT_GRID`]). `None` for a categorical attribute.
+    pub fn grid_cells(&self) -> Option<u32> {
+        let AttributeKind::Numeric {
+            min,
+            max,
+            bins,
+            integer,
+            grid,
+            ..
+        } = &self.kind
+        else {
+            return None;
+        };
+        Some(match bins {
+            NumericBins::Count(n) => *n,
+            NumericBins::Auto(_) => grid.unwrap_or_else(|| {
+                let whole = max.floor() - min.ceil() + 1.0;
+                if *integer
+                    && min.fract() == 0.0
+                    && max.fract() == 0.0
+                    && whole <= f64::from(DEFAULT_GRID)
+                {
+                    whole as u32
+                } else {
+                    DEFAULT_GRID
+                }
+            }),
+        })
+    }
+
+    /// The working bins of a `bins: "auto"` numeric attribute as cuts over its codes
+    /// ([`crate::factor::bin_count`]): grid cells grouped into the [`Attribute::working_bins`]
+    /// equal-width bins of `[min, max]` that `bins: <that count>` would give (a cell joins the
+    /// bin of its midpoint, a whole-number cell the bin of its number), every point mass and
+    /// "missing" a bin of its own. `None` for every other attribute. Working bins are what
+    /// the aggregator measures factors in (DESIGN.md "Numeric attributes").
+    pub fn working_cuts(&self) -> Option<Vec<u32>> {
+        let m = self.working_bins()?;
+        let AttributeKind::Numeric {
+            min, max, integer, ..
+        } = &self.kind
+        else {
+            return None;
+        };
+        let cells = self.grid_cells()?;
+        let unit = *integer && f64::from(cells) == max - min + 1.0;
+        let width = (max - min) / f64::from(cells);
+        let bin = |c: u32| {
+            let x = if unit {
+                min + f64::from(c)
+            } else {
+                min + width * (f64::from(c) + 0.5)
+            };
+            numeric_bin(x, *min, *max, m)
+        };
+        let mut cuts: Vec<u32> = (1..cells).filter(|&c| bin(c) != bin(c - 1)).collect();
+        cuts.extend(cells..self.domain_size() as u32);
+        Some(cuts)
+    }
+
+    /// Working bins of a `bins: "auto"` numeric attribute (`max_bins`, default
+    /// [`DEFAULT_MAX_BINS`], at most the grid); `None` for every other attribute.
+    pub fn working_bins(&self) -> Option<u32> {
+        match &self.kind {
+            AttributeKind::Numeric {
+                bins: NumericBins::Auto(_),
+                max_bins,
+                ..
+            } => Some(
+                max_bins
+                    .unwrap_or(DEFAULT_MAX_BINS)
+                    .min(self.grid_cells().unwrap_or(u32::MAX)),
+            ),
+            _ => None,
+        }
     }
 
     /// The code of "missing", if this attribute has one.
@@ -364,11 +514,11 @@ impl Attribute {
             AttributeKind::Numeric {
                 min,
                 max,
-                bins,
                 out_of_range,
                 points,
                 ..
             } => {
+                let cells = self.grid_cells().expect("numeric");
                 let x = match value {
                     Value::Number(x) => *x,
                     Value::Text(s) => {
@@ -403,8 +553,8 @@ impl Attribute {
                     x
                 };
                 Ok(match points.iter().position(|p| *p == x) {
-                    Some(i) => bins + i as u32,
-                    None => numeric_bin(x, *min, *max, *bins),
+                    Some(i) => cells + i as u32,
+                    None => numeric_bin(x, *min, *max, cells),
                 })
             }
         }
@@ -435,11 +585,11 @@ impl Attribute {
             AttributeKind::Numeric {
                 min,
                 max,
-                bins,
                 integer,
                 points,
                 ..
             } => {
+                let bins = &self.grid_cells().expect("numeric");
                 if code >= *bins {
                     return DecodedValue::Number(points[(code - bins) as usize]);
                 }
@@ -512,6 +662,8 @@ impl Attribute {
                 bins,
                 integer,
                 points,
+                grid,
+                max_bins,
                 ..
             } => {
                 for (i, p) in points.iter().enumerate() {
@@ -537,8 +689,31 @@ impl Attribute {
                         max: *max,
                     });
                 }
-                if *bins == 0 {
-                    return Err(SchemaError::ZeroBins { attribute });
+                match bins {
+                    NumericBins::Count(0) => return Err(SchemaError::ZeroBins { attribute }),
+                    NumericBins::Count(_) => {
+                        if grid.is_some() || max_bins.is_some() {
+                            return Err(SchemaError::InvalidGrid {
+                                attribute,
+                                reason: "grid and max_bins need bins \"auto\"".into(),
+                            });
+                        }
+                    }
+                    NumericBins::Auto(_) => {
+                        if grid.is_some_and(|g| !(2..=MAX_GRID).contains(&g)) {
+                            return Err(SchemaError::InvalidGrid {
+                                attribute,
+                                reason: format!("grid must be within 2..={MAX_GRID}"),
+                            });
+                        }
+                        let cells = self.grid_cells().expect("numeric");
+                        if max_bins.is_some_and(|m| m < 2 || m > cells) {
+                            return Err(SchemaError::InvalidGrid {
+                                attribute,
+                                reason: format!("max_bins must be within 2..={cells} (the grid)"),
+                            });
+                        }
+                    }
                 }
             }
         }
@@ -865,6 +1040,106 @@ mod tests {
             .to_string()
     }
 
+    /// `bins: "auto"`: a unit grid for small integer ranges (every whole number its own
+    /// code, decoded exactly), 1024 cells otherwise or `grid` cells; JSON round trip; the
+    /// working bins are exactly the bins of `bins: max_bins`.
+    #[test]
+    fn auto_bins_grid_and_working_bins() {
+        let s: Schema = serde_json::from_value(serde_json::json!({"attributes": [
+            {"name": "h", "type": "numeric", "min": 1, "max": 99, "bins": "auto",
+             "integer": true, "points": [40]},
+            {"name": "g", "type": "numeric", "min": 0, "max": 99999, "bins": "auto",
+             "integer": true, "max_bins": 8},
+            {"name": "r", "type": "numeric", "min": 0.0, "max": 1.0, "bins": "auto", "grid": 10}
+        ]}))
+        .unwrap();
+        assert_eq!(s.domain_sizes(), vec![100, 1024, 10]);
+        let a = &s.attributes()[0];
+        assert_eq!((a.grid_cells(), a.working_bins()), (Some(99), Some(16)));
+        let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(1);
+        for x in 1..=99 {
+            let c = a.encode_value(&Value::Number(f64::from(x))).unwrap();
+            let expected = if x == 40 { 99 } else { x as u32 - 1 };
+            assert_eq!(c, expected, "{x}");
+            assert_eq!(
+                a.decode(c, NumericDecoding::Uniform, &mut rng),
+                DecodedValue::Number(f64::from(x))
+            );
+        }
+        let back: Schema = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(back, s);
+        assert!(
+            serde_json::to_string(&s)
+                .unwrap()
+                .contains(r#""bins":"auto""#)
+        );
+        // Working bins: the fixed-count encoding of every code's value, points apart.
+        for (attr, m) in [
+            (&s.attributes()[0], 16),
+            (&s.attributes()[1], 8),
+            (&s.attributes()[2], 16),
+        ] {
+            let mut fixed = attr.clone();
+            if let AttributeKind::Numeric {
+                bins,
+                grid,
+                max_bins,
+                ..
+            } = &mut fixed.kind
+            {
+                *bins = NumericBins::Count(m.min(attr.grid_cells().unwrap()));
+                *grid = None;
+                *max_bins = None;
+            }
+            let cuts = attr.working_cuts().unwrap();
+            for c in 0..attr.domain_size() as u32 {
+                let x = attr.decode(c, NumericDecoding::Midpoint, &mut rng);
+                let DecodedValue::Number(x) = x else { panic!() };
+                if c == 39 && attr.name == "h" {
+                    continue; // the grid cell of the point 40 holds nobody
+                }
+                let want = fixed.encode_value(&Value::Number(x)).unwrap();
+                assert_eq!(
+                    crate::factor::bin_of(c, &cuts),
+                    want,
+                    "{} code {c}",
+                    attr.name
+                );
+            }
+        }
+        // Fewer cells than max_bins: every cell a working bin.
+        assert_eq!(
+            s.attributes()[2].working_cuts().unwrap(),
+            (1..10).collect::<Vec<u32>>()
+        );
+    }
+
+    #[test]
+    fn auto_bins_are_validated() {
+        let one = |extra: serde_json::Value| {
+            let mut a = serde_json::json!({"name": "n", "type": "numeric", "min": 0, "max": 10});
+            a.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            serde_json::json!({"attributes": [a]})
+        };
+        let e = err(one(serde_json::json!({"bins": "auto", "grid": 1})));
+        assert!(e.contains("`n`: grid must be within 2..=4096"), "{e}");
+        let e = err(one(serde_json::json!({"bins": "auto", "grid": 5000})));
+        assert!(e.contains("grid must be within"), "{e}");
+        let e = err(one(serde_json::json!({"bins": "auto", "max_bins": 1})));
+        assert!(e.contains("`n`: max_bins must be within 2..=1024"), "{e}");
+        let e = err(one(serde_json::json!({"bins": 8, "grid": 64})));
+        assert!(e.contains("need bins \"auto\""), "{e}");
+        let e = err(one(serde_json::json!({"bins": "many"})));
+        assert!(e.contains("did not match"), "{e}");
+        // A fixed count keeps its old form and meaning.
+        let s: Schema = serde_json::from_value(one(serde_json::json!({"bins": 5}))).unwrap();
+        assert_eq!(s.domain_sizes(), vec![5]);
+        assert_eq!(s.attributes()[0].working_cuts(), None);
+        assert!(!serde_json::to_string(&s).unwrap().contains("grid"));
+    }
+
     #[test]
     fn validation_errors_name_the_attribute() {
         let e = err(serde_json::json!({"attributes": [
@@ -892,10 +1167,12 @@ mod tests {
             kind: AttributeKind::Numeric {
                 min: 0.0,
                 max: f64::INFINITY,
-                bins: 3,
+                bins: NumericBins::Count(3),
                 integer: false,
                 out_of_range: OutOfRangePolicy::Reject,
                 points: vec![],
+                grid: None,
+                max_bins: None,
             },
             missing: MissingPolicy::Reject,
             missing_markers: vec![],
@@ -1074,7 +1351,7 @@ mod tests {
         fn schema_json_round_trip(bins in 1u32..40, min in -1e6f64..1e6, width in 1e-3f64..1e6, labels in proptest::collection::hash_set("[a-z]{1,6}", 2..10)) {
             let labels: Vec<String> = labels.into_iter().collect();
             let s = Schema::new(vec![
-                Attribute { name: "n".into(), kind: AttributeKind::Numeric { min, max: min + width, bins: bins + 1, integer: false, out_of_range: OutOfRangePolicy::Clamp, points: vec![min] }, missing: MissingPolicy::Reject, missing_markers: vec!["?".into()] },
+                Attribute { name: "n".into(), kind: AttributeKind::Numeric { min, max: min + width, bins: NumericBins::Count(bins + 1), integer: false, out_of_range: OutOfRangePolicy::Clamp, points: vec![min], grid: None, max_bins: None }, missing: MissingPolicy::Reject, missing_markers: vec!["?".into()] },
                 Attribute { name: "c".into(), kind: AttributeKind::Categorical { labels }, missing: MissingPolicy::Category, missing_markers: vec![] },
             ]).unwrap();
             let json = serde_json::to_string(&s).unwrap();

@@ -329,3 +329,132 @@ async fn auto_bin_maps_over_http() {
     assert_eq!(s, 200, "{model}");
     server.shutdown().await.unwrap();
 }
+
+/// `bins: "auto"` over HTTP: devices encode to the grid, 1-way tasks carry working or
+/// sub-bin maps, the model's marginals and the synthetic download are on the grid, and a
+/// spike inside a working bin comes back with `numeric=recover` (the default) but not with
+/// `numeric=uniform`; a bad `numeric` is a 400 problem.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn numeric_auto_bins_over_http() {
+    use ldpsyn::client::SimulatedPerson;
+    use ldpsyn::protocol::Task;
+    use ldpsyn::schema::Schema;
+    use rand::{Rng, SeedableRng};
+
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("grid.db").display());
+    let schema_json = json!({"attributes": [
+        {"name": "h", "type": "numeric", "min": 1, "max": 30, "bins": "auto", "integer": true,
+         "max_bins": 4},
+        {"name": "c", "type": "categorical", "labels": ["a", "b"]}]});
+    let schema: Schema = serde_json::from_value(schema_json.clone()).unwrap();
+    let n = 20_000;
+    let server = start(&url, &[]).await;
+    let base = base(&server);
+    let id = create(
+        &base,
+        json!({"protocol": "independence", "epsilon": 4.0, "target_users": n, "schema": schema_json}),
+    )
+    .await;
+    let (_, tasks) = admin(
+        &base,
+        "GET",
+        &format!("/v1/collections/{id}/task?count=200"),
+    )
+    .await;
+    let tasks: Vec<Task> = serde_json::from_value(tasks).unwrap();
+    let h_maps: std::collections::BTreeSet<Vec<Vec<u32>>> = tasks
+        .iter()
+        .filter(|t| t.factor == [0])
+        .map(|t| t.bins.clone())
+        .collect();
+    // Working bins of [1, 30] in 4: 1–8, 9–15, 16–22, 23–30; and sub-bins, here every code
+    // (at most 8 codes per working bin: no map).
+    assert_eq!(
+        h_maps,
+        [vec![], vec![vec![8, 15, 22]]].into_iter().collect(),
+        "{h_maps:?}"
+    );
+
+    let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(4);
+    let mut people: Vec<SimulatedPerson<MemoryLedger>> = (0..n)
+        .map(|_| {
+            let h = if rng.random_bool(0.4) {
+                9
+            } else {
+                rng.random_range(0..30u32)
+            };
+            SimulatedPerson {
+                record: schema.encoded(vec![h, u32::from(h < 15)]).unwrap(),
+                ledger: MemoryLedger::default(),
+            }
+        })
+        .collect();
+    let mut options = ClientOptions::new(Epsilon::new(4.0).unwrap());
+    options.seed = Some(2);
+    let mut client = Client::connect(&base, id, options, MemoryLedger::default())
+        .await
+        .unwrap();
+    for chunk in people.chunks_mut(2000) {
+        for r in client.submit_batch(chunk).await.unwrap() {
+            assert_eq!(r.expect("accepted").status, ReportStatus::Accepted);
+        }
+    }
+    let (s, fin) = admin(&base, "POST", &format!("/v1/collections/{id}/finalize")).await;
+    assert_eq!(s, 200, "{fin}");
+    let (s, m) = admin(
+        &base,
+        "GET",
+        &format!("/v1/collections/{id}/marginals?attrs=h"),
+    )
+    .await;
+    assert_eq!(s, 200, "{m}");
+    assert_eq!(
+        m.to_string().matches("\"10\"").count(),
+        1,
+        "one cell per whole number: {m}"
+    );
+
+    let http = reqwest::Client::new();
+    let share_of_10 = |numeric: &'static str| {
+        let (http, base) = (http.clone(), base.clone());
+        async move {
+            let resp = http
+                .get(format!(
+                    "{base}/v1/collections/{id}/synthetic?rows=20000&seed=3{numeric}"
+                ))
+                .bearer_auth(ADMIN)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+            let text = resp.text().await.unwrap();
+            let mut rdr = csv::Reader::from_reader(text.as_bytes());
+            let mut hits = 0;
+            for rec in rdr.records() {
+                let h: f64 = rec.unwrap()[0].parse().unwrap();
+                assert!(h.fract() == 0.0 && (1.0..=30.0).contains(&h), "{h}");
+                hits += u32::from(h == 10.0);
+            }
+            f64::from(hits) / 20_000.0
+        }
+    };
+    let real = 0.4 + 0.6 / 30.0;
+    let recovered = share_of_10("").await;
+    assert!((recovered - real).abs() < 0.05, "recover: {recovered}");
+    assert!(share_of_10("&numeric=uniform").await < 0.2);
+    let bad = http
+        .get(format!(
+            "{base}/v1/collections/{id}/synthetic?rows=5&numeric=spline"
+        ))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    assert_eq!(
+        bad.headers()["content-type"],
+        ldpsyn::protocol::PROBLEM_CONTENT_TYPE
+    );
+    server.shutdown().await.unwrap();
+}

@@ -20,6 +20,7 @@
 //! - [`graph`]: triangulation, maximal cliques, junction tree.
 //! - [`plan`]: conditionals of the junction tree, Algorithm 2 of PrivIncr with mRMR.
 //! - [`model`]: the [`Model`]: marginals with standard errors, streaming synthesis.
+//! - [`space`]: schema codes ↔ working bins (fine-grid numeric attributes).
 //! - [`samprivsyn`]: SamPrivSyn's own estimation and data generation (eq. 7, eq. 11, Alg. 2).
 //!
 //! Reductions iterate tables in key order (`BTreeMap`), so the same multiset of reports gives
@@ -72,14 +73,17 @@ pub mod pgm;
 pub mod plan;
 pub mod protocols;
 pub mod samprivsyn;
+pub mod space;
 pub mod state;
 pub mod tables;
 
 pub use graph::{Edge, EdgeState, JunctionTree};
 pub use model::{
-    EdgeGain, FittedJoint, JointSource, MarginalEstimate, Model, ModelDescription, Synthesizer,
+    EdgeGain, Expansion, FittedJoint, JointSource, MarginalEstimate, Model, ModelDescription,
+    Recovery, Synthesizer,
 };
 pub use plan::{Conditional, Structure};
+pub use space::Space;
 pub use state::{
     CollectionState, Engine, EngineOptions, PairRounds, PairSampling, Phase, Phase2Plan,
     PlannedFactor, ProtocolState, TaskSpec, Transition,

@@ -21,6 +21,7 @@ use super::graph::EdgeState;
 use super::pgm::GraphicalModel;
 use super::plan::{Conditional, Structure};
 use super::samprivsyn::SamPrivSynModel;
+use super::space::Space;
 use super::tables::{Measurements, projection_map};
 
 /// Where joint tables of attribute sets come from.
@@ -196,11 +197,168 @@ enum ModelKind {
     SamPrivSyn(Arc<SamPrivSynModel>),
 }
 
+/// How a synthetic row's working bin becomes a schema code ([`crate::space`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Expansion {
+    /// In proportion to the attribute's 1-way estimated on its codes (VertiMRF §6.1's
+    /// histogram recovery); uniform within a bin where there is none or it has no mass.
+    #[default]
+    Recover,
+    /// Uniform over the bin's codes.
+    Uniform,
+    /// The bin's middle code.
+    Midpoint,
+}
+
+/// Working bins → schema codes, for synthesis and marginals of a model fitted in a working
+/// space that is not the identity ([`crate::space`]).
+#[derive(Debug, Clone)]
+pub struct Recovery {
+    space: Space,
+    /// Per attribute with working bins, the probability of each code within its bin (each
+    /// bin sums to 1), from [`Measurements::sub_bin_distribution`] (uniform within a sub-bin);
+    /// uniform where there is none.
+    within: Vec<Option<Vec<f64>>>,
+}
+
+impl Recovery {
+    /// The recovery of `space` from the sub-bin 1-ways in `ms` (measurements in that space);
+    /// `None` for the identity space.
+    pub fn new(space: &Space, ms: &Measurements) -> Option<Self> {
+        if space.is_identity() {
+            return None;
+        }
+        let within = (0..space.dims().len())
+            .map(|a| {
+                if space.cuts(a).is_empty() {
+                    return None;
+                }
+                let k = space.code_dims()[a];
+                // Uniform within each bin unless sub-bins were measured.
+                let mut w: Vec<f64> = (0..k)
+                    .map(|c| {
+                        let bin = ldpsyn::factor::bin_of(c as u32, space.cuts(a)) as usize;
+                        let r = space.code_range(a, bin);
+                        1.0 / f64::from(r.end - r.start)
+                    })
+                    .collect();
+                if let Some((cuts, f, se)) = ms.sub_bin_distribution(a) {
+                    let cell_of = |c: u32| ldpsyn::factor::bin_of(c, &cuts) as usize;
+                    let cell_size = |i: usize| {
+                        if cuts.is_empty() {
+                            return 1;
+                        }
+                        let lo = if i == 0 { 0 } else { cuts[i - 1] };
+                        cuts.get(i).copied().unwrap_or(k as u32) - lo
+                    };
+                    for bin in 0..space.dims()[a] {
+                        let r = space.code_range(a, bin);
+                        let cells = cell_of(r.start)..cell_of(r.end - 1) + 1;
+                        let shape = within_bin_shape(&f[cells.clone()], &se[cells.clone()]);
+                        for c in r {
+                            let i = cell_of(c);
+                            w[c as usize] = shape[i - cells.start] / f64::from(cell_size(i));
+                        }
+                    }
+                }
+                Some(w)
+            })
+            .collect();
+        Some(Self {
+            space: space.clone(),
+            within,
+        })
+    }
+
+    /// The code of attribute `a` for working bin `bin`, drawn per `how` with `u ∈ [0, 1)`.
+    fn code(&self, a: usize, bin: u32, how: Expansion, u: f64) -> u32 {
+        let Some(w) = &self.within[a] else {
+            return bin;
+        };
+        let r = self.space.code_range(a, bin as usize);
+        match how {
+            Expansion::Midpoint => r.start + (r.end - r.start - 1) / 2,
+            Expansion::Uniform => {
+                r.start + ((u * f64::from(r.end - r.start)) as u32).min(r.end - r.start - 1)
+            }
+            Expansion::Recover => {
+                let mut acc = 0.0;
+                for c in r.clone() {
+                    acc += w[c as usize];
+                    if u < acc {
+                        return c;
+                    }
+                }
+                r.end - 1
+            }
+        }
+    }
+
+    /// A marginal over working bins (row-major over `attrs`) spread over schema codes in
+    /// proportion to the within-bin probabilities; also used for its standard errors.
+    fn expand(&self, attrs: &[usize], working: &[f64]) -> Vec<f64> {
+        let code_dims: Vec<usize> = attrs.iter().map(|&a| self.space.code_dims()[a]).collect();
+        let cells: usize = code_dims.iter().product();
+        let mut out = Vec::with_capacity(cells);
+        let mut codes = vec![0usize; attrs.len()];
+        for _ in 0..cells {
+            let (mut index, mut share) = (0usize, 1.0);
+            for (i, &a) in attrs.iter().enumerate() {
+                let bin = ldpsyn::factor::bin_of(codes[i] as u32, self.space.cuts(a)) as usize;
+                index = index * self.space.dims()[a] + bin;
+                if let Some(w) = &self.within[a] {
+                    share *= w[codes[i]];
+                }
+            }
+            out.push(working[index] * share);
+            for i in (0..codes.len()).rev() {
+                codes[i] += 1;
+                if codes[i] < code_dims[i] {
+                    break;
+                }
+                codes[i] = 0;
+            }
+        }
+        out
+    }
+}
+
+/// The shape of a distribution within one working bin from unbiased cell estimates `x`
+/// with standard errors `se`: the cells' deviations from their mean shrunk by the share of
+/// them that is signal, `λ = max(0, O − E)/O`, with `O = Σ|x_c − x̄|` the observed L1
+/// deviation and `E = √(2/π)·√((k−1)/k)·Σσ_c` what noise alone would give (the same
+/// debiasing as a pair's dependence in `auto`), then clipped at 0 and normalized. Pure noise
+/// gives the uniform shape; a strong peak (weekly hours at 40) survives. Sums to 1.
+fn within_bin_shape(x: &[f64], se: &[f64]) -> Vec<f64> {
+    let k = x.len() as f64;
+    let mean = x.iter().sum::<f64>() / k;
+    let observed: f64 = x.iter().map(|v| (v - mean).abs()).sum();
+    let noise =
+        (2.0 / std::f64::consts::PI).sqrt() * ((k - 1.0) / k).sqrt() * se.iter().sum::<f64>();
+    let lambda = if observed > 0.0 {
+        ((observed - noise) / observed).max(0.0)
+    } else {
+        0.0
+    };
+    let shrunk: Vec<f64> = x
+        .iter()
+        .map(|v| (mean.max(0.0) + lambda * (v - mean)).max(0.0))
+        .collect();
+    let total: f64 = shrunk.iter().sum();
+    if total > 0.0 {
+        shrunk.iter().map(|v| v / total).collect()
+    } else {
+        vec![1.0 / k; x.len()]
+    }
+}
+
 /// A finalized model. Cheap to clone (shared tables).
 #[derive(Debug, Clone)]
 pub struct Model {
     protocol: String,
     dims: Vec<usize>,
+    /// Working bins → schema codes (`None`: the working space is the schema's).
+    recovery: Option<Arc<Recovery>>,
     edges: Vec<EdgeState>,
     gains: Vec<EdgeGain>,
     kind: ModelKind,
@@ -224,6 +382,7 @@ impl Model {
         Self {
             protocol: protocol.into(),
             dims,
+            recovery: None,
             edges,
             gains: Vec::new(),
             kind: ModelKind::Graphical {
@@ -242,6 +401,7 @@ impl Model {
         Self {
             protocol: "samprivsyn".into(),
             dims,
+            recovery: None,
             edges: Vec::new(),
             gains: Vec::new(),
             kind: ModelKind::SamPrivSyn(Arc::new(model)),
@@ -256,9 +416,23 @@ impl Model {
         self
     }
 
-    /// Domain sizes.
+    /// The model with the way back from its working bins to schema codes (see
+    /// [`Recovery`]; `None` keeps the model's codes).
+    pub fn with_recovery(mut self, recovery: Option<Recovery>) -> Self {
+        self.recovery = recovery.map(Arc::new);
+        self
+    }
+
+    /// Working domain sizes (the model's; [`crate::space`]).
     pub fn dims(&self) -> &[usize] {
         &self.dims
+    }
+
+    /// Schema domain sizes: of the codes [`Model::synthesize`] and [`Model::marginal`] give.
+    pub fn schema_dims(&self) -> &[usize] {
+        self.recovery
+            .as_ref()
+            .map_or(&self.dims, |r| r.space.code_dims())
     }
 
     /// The dependency-graph edges of the model (attribute pairs), sorted.
@@ -307,7 +481,7 @@ impl Model {
         {
             return Err(EngineError::BadAttributes(format!("{attrs:?}")));
         }
-        let dims: Vec<usize> = attrs.iter().map(|&a| self.dims[a]).collect();
+        let dims: Vec<usize> = attrs.iter().map(|&a| self.schema_dims()[a]).collect();
         let cells = dims.iter().try_fold(1usize, |acc, &k| acc.checked_mul(k));
         if cells.is_none_or(|c| c > 1 << 22) {
             return Err(EngineError::BadAttributes("marginal too large".into()));
@@ -316,18 +490,45 @@ impl Model {
             ModelKind::Graphical { factors, .. } => infer(&self.dims, factors, attrs),
             ModelKind::SamPrivSyn(_) => self.source.joint(attrs),
         };
+        let std_errors = self.source.std_errors(attrs, &frequencies);
+        let (frequencies, std_errors) = match &self.recovery {
+            // Within a working bin, shares follow the code distribution: the bin's standard
+            // error is split the same way (the recovery's own error is not in it).
+            Some(r) => (
+                r.expand(attrs, &frequencies),
+                std_errors.map(|s| r.expand(attrs, &s)),
+            ),
+            None => (frequencies, std_errors),
+        };
         Ok(MarginalEstimate {
-            std_errors: self.source.std_errors(attrs, &frequencies),
+            std_errors,
             attrs: attrs.to_vec(),
             dims,
             frequencies,
         })
     }
 
-    /// Streams `rows` synthetic records (codes, one per attribute) from `seed`. Graphical
-    /// models use constant memory; SamPrivSyn builds its table first (O(rows·d), the eq. 12
-    /// updating needs it). The same model and seed give the same rows.
+    /// Streams `rows` synthetic records (schema codes, one per attribute) from `seed`, each
+    /// working bin recovered as [`Expansion::Recover`]. Graphical models use constant memory;
+    /// SamPrivSyn builds its table first (O(rows·d), the eq. 12 updating needs it). The same
+    /// model and seed give the same rows.
     pub fn synthesize(&self, rows: u64, seed: u64) -> Synthesizer {
+        self.synthesize_with(rows, seed, Expansion::Recover)
+    }
+
+    /// As [`Model::synthesize`], with working bins turned into codes per `how`.
+    pub fn synthesize_with(&self, rows: u64, seed: u64, how: Expansion) -> Synthesizer {
+        let expand = self.recovery.as_ref().map(|r| {
+            // Its own stream, so rows over identity spaces are exactly as before.
+            let rng = ChaCha12Rng::seed_from_u64(seed ^ 0x05EE_D0FC_0DE5);
+            (Arc::clone(r), how, Box::new(rng))
+        });
+        let mut s = self.synthesize_working(rows, seed);
+        s.expand = expand;
+        s
+    }
+
+    fn synthesize_working(&self, rows: u64, seed: u64) -> Synthesizer {
         match &self.kind {
             ModelKind::Graphical { factors, .. } => Synthesizer {
                 inner: SynthInner::Forward {
@@ -336,6 +537,7 @@ impl Model {
                 },
                 d: self.dims.len(),
                 remaining: rows,
+                expand: None,
             },
             ModelKind::SamPrivSyn(m) => Synthesizer {
                 inner: SynthInner::Table {
@@ -344,6 +546,7 @@ impl Model {
                 },
                 d: self.dims.len(),
                 remaining: rows,
+                expand: None,
             },
         }
     }
@@ -408,6 +611,7 @@ pub struct Synthesizer {
     inner: SynthInner,
     d: usize,
     remaining: u64,
+    expand: Option<(Arc<Recovery>, Expansion, Box<ChaCha12Rng>)>,
 }
 
 impl Iterator for Synthesizer {
@@ -419,6 +623,25 @@ impl Iterator for Synthesizer {
         }
         self.remaining -= 1;
         let d = self.d;
+        let mut row = self.next_working(d);
+        if let Some((r, how, rng)) = &mut self.expand {
+            for (a, c) in row.iter_mut().enumerate() {
+                if r.within[a].is_some() {
+                    *c = r.code(a, *c, *how, rng.random::<f64>());
+                }
+            }
+        }
+        Some(row)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let r = usize::try_from(self.remaining).unwrap_or(usize::MAX);
+        (r, Some(r))
+    }
+}
+
+impl Synthesizer {
+    fn next_working(&mut self, d: usize) -> Vec<u32> {
         match &mut self.inner {
             SynthInner::Forward { factors, rng } => {
                 let mut row = vec![0u32; d];
@@ -436,19 +659,14 @@ impl Iterator for Synthesizer {
                         t /= k;
                     }
                 }
-                Some(row)
+                row
             }
             SynthInner::Table { table, next } => {
                 let row = table[*next * d..(*next + 1) * d].to_vec();
                 *next += 1;
-                Some(row)
+                row
             }
         }
-    }
-
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        let r = usize::try_from(self.remaining).unwrap_or(usize::MAX);
-        (r, Some(r))
     }
 }
 
@@ -598,4 +816,25 @@ fn infer(dims: &[usize], factors: &[EstimatedConditional], query: &[usize]) -> V
         out.iter_mut().for_each(|v| *v /= s);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::within_bin_shape;
+
+    #[test]
+    fn within_bin_shape_keeps_signal_and_drops_noise() {
+        // Deviations well inside the noise: uniform.
+        let s = within_bin_shape(&[0.010, 0.013, 0.008, 0.009], &[0.01; 4]);
+        assert!(s.iter().all(|&x| (x - 0.25).abs() < 1e-12), "{s:?}");
+        // A peak far above the noise keeps most of its height.
+        let s = within_bin_shape(&[0.30, 0.01, 0.02, 0.0], &[0.005; 4]);
+        assert!(
+            s[0] > 0.85 && (s.iter().sum::<f64>() - 1.0).abs() < 1e-12,
+            "{s:?}"
+        );
+        // A bin with no estimated mass: uniform.
+        let s = within_bin_shape(&[-0.01, -0.02], &[0.01; 2]);
+        assert_eq!(s, vec![0.5, 0.5]);
+    }
 }

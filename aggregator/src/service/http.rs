@@ -7,7 +7,7 @@
 //! | GET `/v1/collections/{id}/task[?count=n]` | anyone |
 //! | POST `/v1/collections/{id}/reports` | anyone (per-IP rate limit) |
 //! | POST `/v1/collections/{id}/close-round`, `/finalize` | admin |
-//! | GET `/v1/collections/{id}/model`, `/marginals?attrs=a,b`, `/synthetic?rows=N&seed=S&format=csv\|ndjson&numeric=uniform\|midpoint` | admin |
+//! | GET `/v1/collections/{id}/model`, `/marginals?attrs=a,b`, `/synthetic?rows=N&seed=S&format=csv\|ndjson&numeric=recover\|uniform\|midpoint` | admin |
 //! | GET `/healthz`, `/metrics` | anyone (per-collection series: admin) |
 //!
 //! Layers wrap inside-out; a request passes them top to bottom as written in [`router`]:

@@ -1,6 +1,7 @@
-//! Streamed synthetic downloads: `GET /v1/collections/{id}/synthetic?rows=N&seed=S&format=csv|ndjson&numeric=uniform|midpoint`.
+//! Streamed synthetic downloads: `GET /v1/collections/{id}/synthetic?rows=N&seed=S&format=csv|ndjson&numeric=recover|uniform|midpoint`.
 //!
-//! Rows come from [`crate::engine::Model::synthesize`] (codes), are decoded to labels and
+//! Rows come from [`crate::engine::Model::synthesize_with`] (codes; a `bins: "auto"`
+//! attribute's working bin becomes a grid code per [`Numeric`]), are decoded to labels and
 //! numbers by [`ldpsyn::schema::Schema::decode`] with an RNG seeded from `seed`, and are
 //! written in chunks by a blocking task into a bounded channel: memory stays constant
 //! (except SamPrivSyn, whose eq. 12 updating needs the table), and the same seed and model
@@ -18,12 +19,43 @@ use rand_chacha::ChaCha12Rng;
 use super::AppState;
 use super::error::ApiError;
 use super::http::{Admin, model_of, query_map};
-use crate::engine::Model;
+use crate::engine::{Expansion, Model};
 
 /// Rows per streamed chunk.
 const ROWS_PER_CHUNK: usize = 2048;
 /// Mixed into the seed of the decoding RNG so it differs from the model's sampling RNG.
 const DECODE_SEED_SALT: u64 = 0x6c64_7073_796e_6465;
+
+/// How a numeric value is drawn: `numeric=` of the download.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Numeric {
+    /// A grid cell within the model's bin in proportion to the attribute's 1-way estimated
+    /// on the grid (VertiMRF §6.1's histogram recovery), then uniform within the cell; for a
+    /// fixed-count attribute the same as `Uniform`. The default.
+    #[default]
+    Recover,
+    /// Uniform within the model's bin.
+    Uniform,
+    /// The middle of the model's bin.
+    Midpoint,
+}
+
+impl Numeric {
+    fn expansion(self) -> Expansion {
+        match self {
+            Self::Recover => Expansion::Recover,
+            Self::Uniform => Expansion::Uniform,
+            Self::Midpoint => Expansion::Midpoint,
+        }
+    }
+
+    fn decoding(self) -> NumericDecoding {
+        match self {
+            Self::Recover | Self::Uniform => NumericDecoding::Uniform,
+            Self::Midpoint => NumericDecoding::Midpoint,
+        }
+    }
+}
 
 /// Output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +74,7 @@ pub fn write_synthetic(
     rows: u64,
     seed: u64,
     format: Format,
-    numeric: NumericDecoding,
+    numeric: Numeric,
     mut sink: impl FnMut(Bytes) -> bool,
 ) {
     let mut rng = ChaCha12Rng::seed_from_u64(seed ^ DECODE_SEED_SALT);
@@ -62,8 +94,8 @@ pub fn write_synthetic(
     let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
     let mut in_chunk = 0;
     let mut fields: Vec<String> = Vec::with_capacity(names.len());
-    for codes in model.synthesize(rows, seed) {
-        let values = schema.decode(&codes, numeric, &mut rng);
+    for codes in model.synthesize_with(rows, seed, numeric.expansion()) {
+        let values = schema.decode(&codes, numeric.decoding(), &mut rng);
         match format {
             Format::Csv => {
                 fields.clear();
@@ -143,11 +175,12 @@ pub async fn get_synthetic(
         }
     };
     let numeric = match q.get("numeric").map(String::as_str) {
-        None | Some("uniform") => NumericDecoding::Uniform,
-        Some("midpoint") => NumericDecoding::Midpoint,
+        None | Some("recover") => Numeric::Recover,
+        Some("uniform") => Numeric::Uniform,
+        Some("midpoint") => Numeric::Midpoint,
         Some(other) => {
             return Err(bad(format!(
-                "`numeric` must be uniform or midpoint, got `{other}`"
+                "`numeric` must be recover, uniform or midpoint, got `{other}`"
             )));
         }
     };

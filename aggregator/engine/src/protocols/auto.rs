@@ -20,6 +20,7 @@ use crate::estimate::{
 };
 use crate::graph::{Edge, edge};
 use crate::info::mutual_information;
+use crate::space::equal_width_cuts;
 use crate::state::{CollectionState, Engine, Phase, PlannedFactor, TaskSpec, Transition};
 use crate::{EngineError, Measurements, Tables};
 
@@ -38,18 +39,6 @@ pub const AUTO_PHASE1_SHARE: f64 = 0.3;
 /// cells; it loses 3–12% to full-resolution screening on Adult and gains up to 19% on
 /// nist-taxi and temporal-match2.
 pub const AUTO_BIN_NOISE_L1: f64 = 0.25;
-
-/// Interior cuts of `bins` equal-width contiguous bins over `k` codes (`[]` when
-/// `bins ≥ k`: full resolution); cut i at `round(i·k/bins)`. Data-independent, as VertiMRF
-/// §6.1's attribute binning.
-pub fn equal_width_cuts(k: usize, bins: usize) -> Vec<u32> {
-    if bins >= k {
-        return Vec::new();
-    }
-    (1..bins)
-        .map(|i| ((i * k) as f64 / bins as f64).round() as u32)
-        .collect()
-}
 
 /// Bin maps of a pair whose attributes of `ka_full`, `kb_full` codes get `ka`, `kb`
 /// equal-width bins (empty when neither is binned).
@@ -309,7 +298,7 @@ impl CollectionProtocol for Auto {
             return Ok(Transition::Nothing);
         }
         let t = state.round;
-        let ms = Measurements::filtered(engine.epsilon(), engine.dims(), tables, |k| k.round <= t)?;
+        let ms = engine.measurements(tables, |k| k.round <= t)?;
         let (pruned, factors) = self.select(engine, state, &ms);
         let sigma = self.params.sigma;
         Ok(end_phase1_round(

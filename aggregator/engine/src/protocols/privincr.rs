@@ -19,7 +19,7 @@ use super::{
 use crate::graph::{Edge, edge};
 use crate::info::{mutual_information, relaxed_threshold};
 use crate::state::{CollectionState, Engine, Phase, PlannedFactor, TaskSpec, Transition};
-use crate::{EngineError, Measurements, Tables};
+use crate::{EngineError, Tables};
 
 /// PrivIncr's rules (NoIncremental: one phase-1 round).
 #[derive(Debug, Clone)]
@@ -90,7 +90,7 @@ impl CollectionProtocol for PrivIncr {
         }
         let t = state.round;
         let dims = engine.dims();
-        let ms = Measurements::filtered(engine.epsilon(), dims, tables, |k| k.round <= t)?;
+        let ms = engine.measurements(tables, |k| k.round <= t)?;
         let mut pruned = Vec::new();
         let edges = state
             .pair_rounds_mut()

@@ -18,7 +18,7 @@ use crate::plan::Structure;
 use crate::state::{
     CollectionState, Engine, PairSampling, Phase, ProtocolState, TaskSpec, Transition,
 };
-use crate::{EngineError, Measurements, Tables};
+use crate::{EngineError, Tables};
 
 /// Floor of every SamPrivSyn pair weight, as a fraction of the mean weight.
 pub const SAMPRIVSYN_WEIGHT_FLOOR: f64 = 0.05;
@@ -44,7 +44,7 @@ impl SamPrivSyn {
         tables: &Tables,
     ) -> Result<Vec<f64>, EngineError> {
         let dims = engine.dims();
-        let ms = Measurements::new(engine.epsilon(), dims, tables)?;
+        let ms = engine.measurements(tables, |_| true)?;
         let mi: Vec<Option<f64>> = pairs(dims.len())
             .iter()
             .map(|&(a, b)| {

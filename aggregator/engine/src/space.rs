@@ -1,0 +1,406 @@
+//! The working domain (DESIGN.md "Numeric attributes"). A `bins: "auto"` numeric attribute
+//! is encoded by devices on a fine grid (its schema codes); protocols, measurements of
+//! several attributes and the graphical model work over its *working bins*, contiguous bins
+//! of those codes given by cuts ([`ldpsyn::factor::bin_count`]); its 1-ways are measured on
+//! the grid itself. A 1-way measured on the grid enters the fit as its sums over the working
+//! bins, and synthesis draws a code within a working bin in proportion to the grid estimate
+//! (VertiMRF §6.1's histogram recovery). Every other attribute's working domain is its
+//! schema domain, so a schema without `bins: "auto"` gives the identity space and exactly the
+//! engine of before.
+
+use std::ops::Range;
+
+use ldpsyn::factor::{bin_count, bin_of};
+use ldpsyn::schema::Schema;
+
+use crate::EngineError;
+use crate::state::TaskSpec;
+use crate::tables::TableKey;
+
+/// Most bin-map cuts one task may carry (the task token binds them).
+pub const MAX_TASK_CUTS: usize = 512;
+
+/// Most cells of a sub-bin 1-way ([`Space::sub_bin_cuts`]), so that its bin map stays
+/// within [`MAX_TASK_CUTS`] with room for point masses.
+pub const MAX_SUB_BIN_CELLS: usize = 256;
+
+/// Interior cuts of `bins` equal-width contiguous bins over `k` codes (`[]` when
+/// `bins ≥ k`: full resolution); cut i at `round(i·k/bins)`. Data-independent, as VertiMRF
+/// §6.1's attribute binning.
+pub fn equal_width_cuts(k: usize, bins: usize) -> Vec<u32> {
+    if bins >= k {
+        return Vec::new();
+    }
+    (1..bins)
+        .map(|i| ((i * k) as f64 / bins as f64).round() as u32)
+        .collect()
+}
+
+/// Schema codes ↔ working bins, per attribute.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Space {
+    code_dims: Vec<usize>,
+    /// Per attribute, the cuts of its working bins over its codes (`[]`: every code is a
+    /// working bin).
+    cuts: Vec<Vec<u32>>,
+    dims: Vec<usize>,
+}
+
+/// How a table over schema codes reads in the working space ([`Space::to_working`]).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum WorkingKey {
+    /// The table's bins are unions of working bins: the same cells, keyed in working codes.
+    Binned(TableKey),
+    /// A 1-way finer than the working bins: its cells sum into working bins;
+    /// `blocks[i]` is the working bin of measured cell i.
+    Refined {
+        /// The working key (the attribute at full working resolution).
+        key: TableKey,
+        /// Working bin of each measured cell.
+        blocks: Vec<usize>,
+    },
+}
+
+impl Space {
+    /// Every code its own working bin.
+    pub fn identity(code_dims: Vec<usize>) -> Self {
+        Self {
+            cuts: vec![Vec::new(); code_dims.len()],
+            dims: code_dims.clone(),
+            code_dims,
+        }
+    }
+
+    /// The space of a schema: a `bins: "auto"` attribute's grid cut into its working bins
+    /// ([`ldpsyn::schema::Attribute::working_cuts`]: the equal-width bins of a fixed count,
+    /// every point mass and "missing" a bin of its own); every other attribute as it is.
+    pub fn from_schema(schema: &Schema) -> Self {
+        let cuts = schema
+            .attributes()
+            .iter()
+            .map(|a| a.working_cuts().unwrap_or_default())
+            .collect();
+        Self::new(schema.domain_sizes(), cuts).expect("cuts built within each domain")
+    }
+
+    /// A space from per-attribute cuts. Errors: a cut list that is not a bin map of its
+    /// attribute.
+    pub fn new(code_dims: Vec<usize>, cuts: Vec<Vec<u32>>) -> Result<Self, EngineError> {
+        if cuts.len() != code_dims.len() {
+            return Err(EngineError::InvalidConfig(
+                "one cut list per attribute".into(),
+            ));
+        }
+        let dims = cuts
+            .iter()
+            .zip(&code_dims)
+            .map(|(c, &k)| bin_count(c, k))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| EngineError::InvalidConfig(e.to_string()))?;
+        // Any factor's task must fit one token; so does any sub-bin 1-way (at most
+        // max(MAX_SUB_BIN_CELLS, working bins) cells).
+        let working: usize = cuts.iter().map(Vec::len).sum();
+        if working > MAX_TASK_CUTS {
+            return Err(EngineError::InvalidConfig(format!(
+                "the working bins of `bins: \"auto\"` attributes need {working} cuts, more than \
+                 the {MAX_TASK_CUTS} a task carries: lower max_bins or the point masses"
+            )));
+        }
+        // A full cut list is the identity: keep the canonical empty form.
+        let cuts = cuts
+            .into_iter()
+            .zip(&code_dims)
+            .map(|(c, &k)| if c.len() + 1 == k { Vec::new() } else { c })
+            .collect();
+        Ok(Self {
+            code_dims,
+            cuts,
+            dims,
+        })
+    }
+
+    /// Working domain sizes (what protocols and the model see).
+    pub fn dims(&self) -> &[usize] {
+        &self.dims
+    }
+
+    /// Schema domain sizes (what devices encode to).
+    pub fn code_dims(&self) -> &[usize] {
+        &self.code_dims
+    }
+
+    /// The cuts of attribute `a`'s working bins over its codes (`[]`: identity).
+    pub fn cuts(&self, a: usize) -> &[u32] {
+        &self.cuts[a]
+    }
+
+    /// Whether every attribute's working bins are its codes.
+    pub fn is_identity(&self) -> bool {
+        self.cuts.iter().all(Vec::is_empty)
+    }
+
+    /// The codes of attribute `a` in working bin `bin`.
+    pub fn code_range(&self, a: usize, bin: usize) -> Range<u32> {
+        let c = &self.cuts[a];
+        if c.is_empty() {
+            return bin as u32..bin as u32 + 1;
+        }
+        let lo = if bin == 0 { 0 } else { c[bin - 1] };
+        let hi = c.get(bin).copied().unwrap_or(self.code_dims[a] as u32);
+        lo..hi
+    }
+
+    /// Whether `task` (in working codes) is a 1-way at full working resolution of an
+    /// attribute with working bins: one that [`Space::task_to_codes`] may measure on the grid.
+    pub fn refinable(&self, task: &TaskSpec) -> bool {
+        matches!(task.factor[..], [a] if !self.cuts[a].is_empty())
+            && task.bins.iter().all(Vec::is_empty)
+    }
+
+    /// Cuts of attribute `a`'s codes into sub-bins: each working bin split into `per_bin`
+    /// equal-width contiguous parts (fewer where it has fewer codes, or where that would
+    /// exceed [`MAX_SUB_BIN_CELLS`] in all). `[]` (every code) when that is every code.
+    pub fn sub_bin_cuts(&self, a: usize, per_bin: usize) -> Vec<u32> {
+        let per_bin = per_bin.min((MAX_SUB_BIN_CELLS / self.dims[a]).max(1));
+        let mut cuts = Vec::new();
+        for bin in 0..self.dims[a] {
+            let r = self.code_range(a, bin);
+            if bin > 0 {
+                cuts.push(r.start);
+            }
+            let k = (r.end - r.start) as usize;
+            cuts.extend(
+                equal_width_cuts(k, per_bin.min(k))
+                    .iter()
+                    .map(|c| r.start + c),
+            );
+            if per_bin >= k {
+                cuts.extend(r.start + 1..r.end);
+            }
+        }
+        if cuts.len() + 1 == self.code_dims[a] {
+            Vec::new()
+        } else {
+            cuts
+        }
+    }
+
+    /// A protocol's task (factor and bin maps in working codes) as devices run it: bin maps
+    /// over schema codes. With `sub_bins` a [`Space::refinable`] 1-way is measured in that
+    /// many sub-bins of each working bin ([`Space::sub_bin_cuts`]), with the better oracle
+    /// for that many cells.
+    pub fn task_to_codes(
+        &self,
+        task: TaskSpec,
+        sub_bins: Option<usize>,
+        epsilon: ldpsyn::Epsilon,
+    ) -> TaskSpec {
+        if task.factor.iter().all(|&a| self.cuts[a].is_empty()) {
+            return task;
+        }
+        let working = |i: usize| task.bins.get(i).map_or(&[][..], Vec::as_slice);
+        if let Some(per_bin) = sub_bins.filter(|_| self.refinable(&task)) {
+            let a = task.factor[0];
+            let cuts = self.sub_bin_cuts(a, per_bin);
+            let cells = bin_count(&cuts, self.code_dims[a]).expect("cuts within the domain");
+            return TaskSpec {
+                mechanism: ldpsyn::mechanism::MechanismKind::choose(epsilon, cells),
+                bins: if cuts.is_empty() {
+                    Vec::new()
+                } else {
+                    vec![cuts]
+                },
+                ..task
+            };
+        }
+        let bins = task
+            .factor
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| {
+                let w = &self.cuts[a];
+                let b = working(i);
+                if w.is_empty() {
+                    b.to_vec()
+                } else if b.is_empty() {
+                    w.clone()
+                } else {
+                    b.iter().map(|&j| w[j as usize - 1]).collect()
+                }
+            })
+            .collect();
+        TaskSpec { bins, ..task }
+    }
+
+    /// Attribute `a`'s code cuts `code` in working cuts, if they are unions of working bins.
+    fn working_cuts(&self, a: usize, code: &[u32]) -> Option<Vec<u32>> {
+        let w = &self.cuts[a];
+        if w.is_empty() {
+            return Some(code.to_vec());
+        }
+        if code.is_empty() {
+            return None;
+        }
+        let cuts: Vec<u32> = code
+            .iter()
+            .map(|c| w.binary_search(c).ok().map(|j| j as u32 + 1))
+            .collect::<Option<_>>()?;
+        // All working cuts present: the working identity.
+        Some(if cuts.len() == w.len() {
+            Vec::new()
+        } else {
+            cuts
+        })
+    }
+
+    /// How a table keyed over schema codes reads in working codes; `None` for a table of
+    /// several attributes whose bins cut through a working bin (no device is given one).
+    pub(crate) fn to_working(&self, key: &TableKey) -> Option<WorkingKey> {
+        if key.factor.iter().all(|&a| self.cuts[a].is_empty()) {
+            return Some(WorkingKey::Binned(key.clone()));
+        }
+        let bins: Option<Vec<Vec<u32>>> = key
+            .factor
+            .iter()
+            .map(|&a| self.working_cuts(a, key.bins_of(a)))
+            .collect();
+        if let Some(bins) = bins {
+            let bins = if bins.iter().all(Vec::is_empty) {
+                Vec::new()
+            } else {
+                bins
+            };
+            return Some(WorkingKey::Binned(TableKey {
+                bins,
+                ..key.clone()
+            }));
+        }
+        let [a] = key.factor[..] else { return None };
+        // A 1-way finer than the working bins: every working cut must be one of its cuts.
+        let code = key.bins_of(a);
+        let w = &self.cuts[a];
+        if !code.is_empty() && !w.iter().all(|c| code.binary_search(c).is_ok()) {
+            return None;
+        }
+        let measured = bin_count(code, self.code_dims[a]).ok()?;
+        let blocks = (0..measured)
+            .map(|i| {
+                let first = if code.is_empty() {
+                    i as u32
+                } else if i == 0 {
+                    0
+                } else {
+                    code[i - 1]
+                };
+                bin_of(first, w) as usize
+            })
+            .collect();
+        Some(WorkingKey::Refined {
+            key: TableKey {
+                bins: Vec::new(),
+                ..key.clone()
+            },
+            blocks,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ldpsyn::mechanism::MechanismKind;
+
+    fn key(factor: Vec<usize>, bins: Vec<Vec<u32>>) -> TableKey {
+        TableKey {
+            round: 0,
+            factor,
+            mechanism: MechanismKind::Grr,
+            bins,
+        }
+    }
+
+    #[test]
+    fn tasks_and_tables_translate_both_ways() {
+        // Attribute 0: 12 codes in working bins [0,4) [4,8) [8,11) [11]; attribute 1: 3 codes.
+        let s = Space::new(vec![12, 3], vec![vec![4, 8, 11], vec![]]).unwrap();
+        assert_eq!(s.dims(), &[4, 3]);
+        assert_eq!(s.code_range(0, 2), 8..11);
+        assert_eq!(s.code_range(1, 2), 2..3);
+        let eps = ldpsyn::Epsilon::new(1.0).unwrap();
+        let task = |factor: Vec<usize>, bins: Vec<Vec<u32>>| TaskSpec {
+            round: 0,
+            factor,
+            mechanism: MechanismKind::Grr,
+            bins,
+        };
+        // A pair at full working resolution: the working cuts.
+        let t = s.task_to_codes(task(vec![1, 0], vec![]), Some(2), eps);
+        assert_eq!(t.bins, vec![vec![], vec![4, 8, 11]]);
+        // Coarser working bins {0,1} {2,3}: code cut 8.
+        let t = s.task_to_codes(task(vec![0, 1], vec![vec![2], vec![]]), Some(2), eps);
+        assert_eq!(t.bins, vec![vec![8], vec![]]);
+        // A 1-way is measured in sub-bins (every code at ≥ 4 per bin), or in the working bins.
+        let t = s.task_to_codes(task(vec![0], vec![]), Some(4), eps);
+        assert!(t.bins.is_empty());
+        assert_eq!(t.mechanism, MechanismKind::choose(eps, 12));
+        let t = s.task_to_codes(task(vec![0], vec![]), Some(2), eps);
+        assert_eq!(t.bins, vec![vec![2, 4, 6, 8, 10, 11]]);
+        assert_eq!(t.mechanism, MechanismKind::choose(eps, 7));
+        let t = s.task_to_codes(task(vec![0], vec![]), None, eps);
+        assert_eq!(t.bins, vec![vec![4, 8, 11]]);
+        // Back: the pair reads as the working identity, the coarser one as cut 2.
+        match s.to_working(&key(vec![1, 0], vec![vec![], vec![4, 8, 11]])) {
+            Some(WorkingKey::Binned(k)) => assert!(k.bins.is_empty()),
+            other => panic!("{other:?}"),
+        }
+        match s.to_working(&key(vec![0, 1], vec![vec![8], vec![]])) {
+            Some(WorkingKey::Binned(k)) => assert_eq!(k.bins, vec![vec![2], vec![]]),
+            other => panic!("{other:?}"),
+        }
+        // The grid 1-way and the sub-bin one sum into working bins.
+        match s.to_working(&key(vec![0], vec![])) {
+            Some(WorkingKey::Refined { key, blocks }) => {
+                assert!(key.bins.is_empty());
+                assert_eq!(blocks, vec![0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 3]);
+            }
+            other => panic!("{other:?}"),
+        }
+        match s.to_working(&key(vec![0], vec![vec![2, 4, 6, 8, 10, 11]])) {
+            Some(WorkingKey::Refined { blocks, .. }) => {
+                assert_eq!(blocks, vec![0, 0, 1, 1, 2, 2, 3]);
+            }
+            other => panic!("{other:?}"),
+        }
+        // A pair cutting through a working bin is not readable.
+        assert_eq!(s.to_working(&key(vec![0, 1], vec![vec![5], vec![]])), None);
+    }
+
+    #[test]
+    fn schema_space_gives_points_and_missing_their_own_bins() {
+        let schema: Schema = serde_json::from_str(
+            r#"{"attributes": [
+                {"name": "h", "type": "numeric", "min": 1, "max": 99, "bins": "auto",
+                 "integer": true, "points": [40], "missing": "category"},
+                {"name": "c", "type": "categorical", "labels": ["a", "b"]}]}"#,
+        )
+        .unwrap();
+        // 99 whole numbers, the point 40, missing: 101 codes; 16 working bins + 2.
+        assert_eq!(schema.domain_sizes(), vec![101, 2]);
+        let s = Space::from_schema(&schema);
+        assert_eq!(s.dims(), &[18, 2]);
+        assert_eq!(s.code_range(0, 16), 99..100);
+        assert_eq!(s.code_range(0, 17), 100..101);
+        assert!(s.cuts(1).is_empty());
+    }
+
+    #[test]
+    fn fixed_bin_schemas_give_the_identity() {
+        let schema: Schema = serde_json::from_str(
+            r#"{"attributes": [
+                {"name": "h", "type": "numeric", "min": 1, "max": 99, "bins": 8},
+                {"name": "c", "type": "categorical", "labels": ["a", "b"]}]}"#,
+        )
+        .unwrap();
+        assert!(Space::from_schema(&schema).is_identity());
+    }
+}

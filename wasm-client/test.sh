@@ -8,7 +8,9 @@
 #   4. end to end: the real `ldpsyn-aggregator serve` (release build with the normal rustup
 #      toolchain, CARGO_TARGET_DIR under ~/.cache/ldpsyn) on a temporary SQLite database and a
 #      free loopback port, CORS for the page's origin; a collection from
-#      examples/adult/schema.json; www/ + pkg/ served on another loopback port; Debian's
+#      examples/adult/schema-auto.json (numeric attributes on fine grids: the page encodes to
+#      the grid and reports under the tasks' bin maps); www/ + pkg/ served on another loopback
+#      port; Debian's
 #      chromium headless driven by playwright-core (npm) fills and submits the form; the
 #      aggregator's API must show exactly one accepted report, and a second submit is refused.
 #      Skipped, with a message, only when the aggregator binary does not build
@@ -76,7 +78,7 @@ if [ -z "$AGG_BIN" ] || [ ! -x "$AGG_BIN" ]; then
   step "unit tests passed; end-to-end test SKIPPED"
   exit 0
 fi
-SCHEMA="$REPO/examples/adult/schema.json"
+SCHEMA="$REPO/examples/adult/schema-auto.json"
 test -f "$SCHEMA" || { echo "test.sh: $SCHEMA is missing" >&2; exit 1; }
 
 for p in chromium python3 curl; do
@@ -126,7 +128,7 @@ LDPSYN_ADMIN_TOKEN="$ADMIN" "$AGG_BIN" serve --bind "127.0.0.1:$APORT" \
 AGG_PID=$!
 wait_http "$AGG/healthz" "$AGG_PID" || { echo "aggregator did not start:" >&2; cat "$TMP/aggregator.log" >&2; exit 1; }
 
-step "create a collection (examples/adult/schema.json, privincr, epsilon 2)"
+step "create a collection (examples/adult/schema-auto.json, privincr, epsilon 2)"
 python3 - "$SCHEMA" >"$TMP/create.json" <<'EOF'
 import json, sys
 print(json.dumps({"schema": json.load(open(sys.argv[1])), "epsilon": 2.0,

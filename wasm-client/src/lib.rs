@@ -108,7 +108,7 @@ export type LdpAttribute = {
   missing_markers?: string[];
 } & (
   | { type: "categorical"; labels: string[] }
-  | { type: "numeric"; min: number; max: number; bins: number; integer?: boolean; out_of_range?: "reject" | "clamp"; points?: number[] }
+  | { type: "numeric"; min: number; max: number; bins: number | "auto"; grid?: number; max_bins?: number; integer?: boolean; out_of_range?: "reject" | "clamp"; points?: number[] }
 );
 
 /** A collection's schema. */

@@ -8,7 +8,7 @@
 //! differently compare on one grid.
 //!
 //! ```text
-//! bench-numeric --data ../shared/datasets/adult/adult.csv \
+//! bench-numeric --data examples/adult/adult.csv \
 //!     --schema examples/adult/schema-points.json --schema examples/adult/schema-auto.json \
 //!     [--epsilon E]… [--seeds S] [--protocol auto] [--out results.json]
 //! ```

@@ -6,7 +6,7 @@
 //! # bn and adult-1.5m at their real sizes, every protocol and the non-private references
 //! bench-utility --suite --no-ml --out benchmarks/results/utility.json
 //! # Adult resampled (the original benchmark)
-//! bench-utility --data ../shared/datasets/adult/adult.csv --schema examples/adult/schema.json \
+//! bench-utility --data examples/adult/adult.csv --schema examples/adult/schema.json \
 //!     --out benchmarks/results/utility-adult.json
 //!     [--only PROTOCOL]… [--epsilon E]… [--users N]… [--datasets a,b] [--seeds S]
 //!     [--threads T] [--no-ml] [--ml-only] [--ml-seeds S]
@@ -52,7 +52,7 @@ const EPSILONS: [f64; 4] = [1.0, 2.0, 4.0, 8.0];
 #[derive(Debug, Parser)]
 struct Args {
     /// Raw Adult CSV.
-    #[arg(long, default_value = "../shared/datasets/adult/adult.csv")]
+    #[arg(long, default_value = "examples/adult/adult.csv")]
     data: PathBuf,
     /// Its schema.
     #[arg(long, default_value = "examples/adult/schema.json")]

@@ -26,6 +26,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod admin;
 pub mod demo;
 pub use ldpsyn_engine as engine;
 pub mod eval;

@@ -1,6 +1,7 @@
 //! `ldpsyn-aggregator`: thin binary over the library. `serve` runs the HTTP service.
 
 use clap::{Parser, Subcommand};
+use ldpsyn_aggregator::admin::{self, AdminConfig};
 use ldpsyn_aggregator::demo::{self, DemoConfig};
 use ldpsyn_aggregator::infer::{InferConfig, infer_schema};
 use ldpsyn_aggregator::service::{self, config::ServeConfig};
@@ -23,6 +24,9 @@ enum Command {
     /// Schema tools.
     #[command(subcommand)]
     Schema(SchemaCommand),
+    /// Operate a running aggregator over HTTP: create, list, status, close-round, finalize,
+    /// download (admin token from `LDPSYN_ADMIN_TOKEN`).
+    Collections(AdminConfig),
 }
 
 #[derive(Debug, Subcommand)]
@@ -66,6 +70,12 @@ fn main() -> std::process::ExitCode {
                     println!("{json}");
                     Ok(())
                 }),
+            Command::Collections(config) => {
+                let token = std::env::var("LDPSYN_ADMIN_TOKEN").ok();
+                admin::run(&config, token.as_deref(), &mut std::io::stdout())
+                    .await
+                    .map_err(|e| e.to_string())
+            }
             Command::Schema(SchemaCommand::Infer(config)) => infer_schema(&config.data, &config)
                 .map_err(|e| e.to_string())
                 .and_then(|(schema, warnings)| {

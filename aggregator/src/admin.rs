@@ -1,0 +1,360 @@
+//! `ldpsyn-aggregator collections …`: the operator's command line over the HTTP API of a
+//! running aggregator (`create`, `list`, `status`, `close-round`, `finalize`, `download`).
+//! The admin token comes from `LDPSYN_ADMIN_TOKEN` (never a flag: it would show in the
+//! process list). Output is a human-readable summary, or the server's JSON with `--json`; a
+//! refusal prints the server's problem document (type, title, detail) and fails.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::{Map, Value, json};
+
+/// `collections` options.
+#[derive(Debug, Clone, Args)]
+pub struct AdminConfig {
+    /// Base URL of the aggregator.
+    #[arg(
+        long,
+        env = "LDPSYN_SERVER",
+        default_value = "http://127.0.0.1:8080",
+        global = true
+    )]
+    pub server: String,
+    /// Print the server's JSON instead of a summary.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: AdminCommand,
+}
+
+/// The `collections` subcommands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum AdminCommand {
+    /// Create a collection from a schema file; prints its id.
+    Create {
+        /// Schema JSON file.
+        #[arg(long)]
+        schema: PathBuf,
+        /// ε of every report.
+        #[arg(long)]
+        epsilon: f64,
+        /// Number of users N the collection aims at.
+        #[arg(long)]
+        target_users: u64,
+        /// Protocol: auto, privincr, noincremental, samprivsyn or independence.
+        #[arg(long, default_value = "auto")]
+        protocol: String,
+        /// A protocol parameter as KEY=VALUE (JSON value; repeat), e.g. `rounds=3`.
+        #[arg(long = "param", value_parser = parse_param)]
+        params: Vec<(String, Value)>,
+    },
+    /// List every collection with its progress.
+    List,
+    /// A collection's config and progress.
+    Status {
+        /// Collection id.
+        id: String,
+    },
+    /// Close the current round (or batch) now.
+    CloseRound {
+        /// Collection id.
+        id: String,
+    },
+    /// Finalize: build the model; no more reports.
+    Finalize {
+        /// Collection id.
+        id: String,
+    },
+    /// Download synthetic rows to a file, with a progress bar.
+    Download {
+        /// Collection id.
+        id: String,
+        /// Output file.
+        #[arg(long)]
+        out: PathBuf,
+        /// Rows (default: the server's, the collection's target users).
+        #[arg(long)]
+        rows: Option<u64>,
+        /// Seed: the same seed and model give the same bytes.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// csv or ndjson.
+        #[arg(long, default_value = "csv")]
+        format: String,
+        /// Numeric values: recover, uniform or midpoint.
+        #[arg(long)]
+        numeric: Option<String>,
+        /// Hide the progress bar.
+        #[arg(long)]
+        quiet: bool,
+    },
+}
+
+fn parse_param(s: &str) -> Result<(String, Value), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}`: expected KEY=VALUE"))?;
+    let v = serde_json::from_str(v).unwrap_or_else(|_| Value::String(v.to_owned()));
+    Ok((k.trim().to_owned(), v))
+}
+
+/// Why a command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// No admin token in the environment.
+    #[error("set LDPSYN_ADMIN_TOKEN to the aggregator's admin token")]
+    NoToken,
+    /// The server refused: its problem document.
+    #[error("HTTP {status} {kind}: {title}{}", detail.as_ref().map(|d| format!(" ({d})")).unwrap_or_default())]
+    Refused {
+        /// HTTP status.
+        status: u16,
+        /// Problem type (without the `urn:ldpsyn:problem:` prefix).
+        kind: String,
+        /// Problem title.
+        title: String,
+        /// Problem detail.
+        detail: Option<String>,
+    },
+    /// The server could not be reached or answered something unreadable.
+    #[error("HTTP: {0}")]
+    Http(#[from] reqwest::Error),
+    /// A local file could not be read or written.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// A local file is not valid JSON.
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// Runs one command against `cfg.server` with the admin `token`, writing its output to
+/// `out`. Errors: [`AdminError`].
+pub async fn run(
+    cfg: &AdminConfig,
+    token: Option<&str>,
+    out: &mut impl Write,
+) -> Result<(), AdminError> {
+    let token = token.ok_or(AdminError::NoToken)?;
+    let base = cfg.server.trim_end_matches('/');
+    let http = reqwest::Client::new();
+    let call = |method: reqwest::Method, path: &str| {
+        http.request(method, format!("{base}{path}"))
+            .bearer_auth(token)
+    };
+    match &cfg.command {
+        AdminCommand::Create {
+            schema,
+            epsilon,
+            target_users,
+            protocol,
+            params,
+        } => {
+            let schema: Value = serde_json::from_str(&std::fs::read_to_string(schema)?)?;
+            let mut body = Map::new();
+            body.insert("schema".into(), schema);
+            body.insert("epsilon".into(), json!(epsilon));
+            body.insert("target_users".into(), json!(target_users));
+            body.insert("protocol".into(), json!(protocol));
+            body.extend(params.iter().cloned());
+            let v = json_of(
+                call(reqwest::Method::POST, "/v1/collections")
+                    .json(&body)
+                    .send()
+                    .await?,
+            )
+            .await?;
+            if cfg.json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
+            } else {
+                writeln!(out, "{}", v["id"].as_str().unwrap_or(""))?;
+            }
+        }
+        AdminCommand::List => {
+            let v = json_of(call(reqwest::Method::GET, "/v1/collections").send().await?).await?;
+            if cfg.json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
+            } else {
+                let all = v.as_array().cloned().unwrap_or_default();
+                if all.is_empty() {
+                    writeln!(out, "no collections")?;
+                }
+                for c in all {
+                    writeln!(out, "{}", one_line(&c))?;
+                }
+            }
+        }
+        AdminCommand::Status { id } => {
+            let v = json_of(
+                call(reqwest::Method::GET, &format!("/v1/collections/{id}"))
+                    .send()
+                    .await?,
+            )
+            .await?;
+            if cfg.json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
+            } else {
+                write!(out, "{}", summary(&v))?;
+            }
+        }
+        AdminCommand::CloseRound { id } | AdminCommand::Finalize { id } => {
+            let verb = if matches!(cfg.command, AdminCommand::Finalize { .. }) {
+                "finalize"
+            } else {
+                "close-round"
+            };
+            let v = json_of(
+                call(
+                    reqwest::Method::POST,
+                    &format!("/v1/collections/{id}/{verb}"),
+                )
+                .send()
+                .await?,
+            )
+            .await?;
+            if cfg.json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
+            } else {
+                let what = if verb == "finalize" {
+                    "finalized"
+                } else {
+                    "round closed"
+                };
+                writeln!(out, "{id}: {what}")?;
+                if let Some(t) = v.get("transition") {
+                    writeln!(out, "  {}", serde_json::to_string(t)?)?;
+                }
+            }
+        }
+        AdminCommand::Download {
+            id,
+            out: path,
+            rows,
+            seed,
+            format,
+            numeric,
+            quiet,
+        } => {
+            let mut query = vec![("format", format.clone())];
+            query.extend(rows.map(|r| ("rows", r.to_string())));
+            query.extend(seed.map(|s| ("seed", s.to_string())));
+            query.extend(numeric.clone().map(|n| ("numeric", n)));
+            let mut resp = call(
+                reqwest::Method::GET,
+                &format!("/v1/collections/{id}/synthetic"),
+            )
+            .query(&query)
+            .send()
+            .await?;
+            if !resp.status().is_success() {
+                return Err(refusal(resp).await);
+            }
+            let bar = if *quiet {
+                ProgressBar::hidden()
+            } else {
+                let bar = rows.map_or_else(ProgressBar::new_spinner, ProgressBar::new);
+                bar.set_style(
+                    ProgressStyle::with_template(
+                        "download {bar:40} {human_pos}/{human_len} rows {per_sec} {elapsed}",
+                    )
+                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
+                );
+                bar
+            };
+            let header = u64::from(format == "csv");
+            let mut file = std::io::BufWriter::new(std::fs::File::create(path)?);
+            let mut lines = 0u64;
+            while let Some(chunk) = resp.chunk().await? {
+                file.write_all(&chunk)?;
+                let n = chunk.iter().filter(|&&b| b == b'\n').count() as u64;
+                lines += n;
+                bar.set_position(lines.saturating_sub(header));
+            }
+            file.flush()?;
+            bar.finish_and_clear();
+            let rows_written = lines.saturating_sub(header);
+            if cfg.json {
+                let v = json!({"id": id, "rows": rows_written, "out": path.display().to_string()});
+                writeln!(out, "{v}")?;
+            } else {
+                writeln!(out, "{rows_written} rows written to {}", path.display())?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The body of a 2xx answer as JSON, or the server's problem as an error.
+async fn json_of(resp: reqwest::Response) -> Result<Value, AdminError> {
+    if !resp.status().is_success() {
+        return Err(refusal(resp).await);
+    }
+    Ok(resp.json().await?)
+}
+
+async fn refusal(resp: reqwest::Response) -> AdminError {
+    let status = resp.status().as_u16();
+    let problem: Value = resp.json().await.unwrap_or(Value::Null);
+    let text = |k: &str| problem.get(k).and_then(Value::as_str).map(str::to_owned);
+    AdminError::Refused {
+        status,
+        kind: text("type")
+            .map(|t| {
+                t.trim_start_matches(ldpsyn::protocol::PROBLEM_TYPE_PREFIX)
+                    .to_owned()
+            })
+            .unwrap_or_else(|| "unknown".into()),
+        title: text("title").unwrap_or_default(),
+        detail: text("detail"),
+    }
+}
+
+/// `accepted/target (percent)` of a collection document.
+fn progress(c: &Value) -> String {
+    let accepted = c["status"]["reports_accepted"].as_u64().unwrap_or(0);
+    let target = c["target_users"].as_u64().unwrap_or(0).max(1);
+    format!(
+        "{accepted}/{target} ({:.1}%)",
+        100.0 * accepted as f64 / target as f64
+    )
+}
+
+fn one_line(c: &Value) -> String {
+    format!(
+        "{}  {:<13} ε={:<5} {:<20} {}",
+        c["id"].as_str().unwrap_or(""),
+        c["protocol"].as_str().unwrap_or(""),
+        c["epsilon"],
+        c["status"]["phase"].as_str().unwrap_or(""),
+        progress(c)
+    )
+}
+
+fn summary(c: &Value) -> String {
+    let s = &c["status"];
+    let attrs: Vec<&str> = c["schema"]["attributes"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|x| x["name"].as_str()).collect())
+        .unwrap_or_default();
+    let round = match (s["round_quota"].as_u64(), s["round_accepted"].as_u64()) {
+        (Some(q), Some(a)) => format!("round {} ({a}/{q} reports)", s["round"]),
+        _ => format!("round {}", s["round"]),
+    };
+    format!(
+        "collection  {}\nprotocol    {} at ε = {}\nattributes  {} ({})\nphase       {}, {round}\nreports     {}\nmodel       {}\n",
+        c["id"].as_str().unwrap_or(""),
+        c["protocol"].as_str().unwrap_or(""),
+        c["epsilon"],
+        attrs.len(),
+        attrs.join(", "),
+        s["phase"].as_str().unwrap_or(""),
+        progress(c),
+        if s["model_ready"].as_bool() == Some(true) {
+            "ready"
+        } else {
+            "not built"
+        },
+    )
+}

@@ -1,0 +1,187 @@
+//! The operator's CLI (`ldpsyn-aggregator collections …`), real binaries on both sides: a
+//! `serve` process on a temporary SQLite database, the CLI as a second process; people upload
+//! through the SDK in between.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use ldpsyn::Epsilon;
+use ldpsyn::client::{Client, ClientOptions, SimulatedPerson};
+use ldpsyn::ledger::MemoryLedger;
+use ldpsyn::schema::Schema;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+const ADMIN: &str = "cli-admin-token-0123456789";
+const BIN: &str = env!("CARGO_BIN_EXE_ldpsyn-aggregator");
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// `ldpsyn-aggregator collections ARGS` against `base`, with the admin token unless `token`
+/// is false.
+fn cli(base: &str, args: &[&str], token: bool) -> Output {
+    let mut c = Command::new(BIN);
+    c.arg("collections")
+        .args(args)
+        .env("LDPSYN_SERVER", base)
+        .env_remove("LDPSYN_ADMIN_TOKEN")
+        .env("LDPSYN_LOG", "warn");
+    if token {
+        c.env("LDPSYN_ADMIN_TOKEN", ADMIN);
+    }
+    c.output().expect("the CLI runs")
+}
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "CLI failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+fn failed(out: &Output) -> String {
+    assert!(!out.status.success(), "CLI succeeded unexpectedly");
+    String::from_utf8(out.stderr.clone()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collections_cli_drives_a_collection() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let _server = Server(
+        Command::new(BIN)
+            .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
+            .arg("--database-url")
+            .arg(format!("sqlite://{}", dir.path().join("cli.db").display()))
+            .env("LDPSYN_ADMIN_TOKEN", ADMIN)
+            .env("LDPSYN_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("serve starts"),
+    );
+    let start = Instant::now();
+    while reqwest::get(format!("{base}/healthz")).await.is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "serve did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    assert_eq!(ok(&cli(&base, &["list"], true)).trim(), "no collections");
+    let schema_json = json!({"attributes": [
+        {"name": "a", "type": "categorical", "labels": ["x", "y", "z"]},
+        {"name": "h", "type": "numeric", "min": 0, "max": 10, "bins": 5, "integer": true}]});
+    let schema_path = dir.path().join("schema.json");
+    std::fs::write(&schema_path, schema_json.to_string()).unwrap();
+    let schema_arg = schema_path.display().to_string();
+    let create = [
+        "create",
+        "--schema",
+        &schema_arg,
+        "--epsilon",
+        "2",
+        "--target-users",
+        "300",
+        "--protocol",
+        "independence",
+    ];
+    let id: Uuid = ok(&cli(&base, &create, true)).trim().parse().unwrap();
+
+    let status = ok(&cli(&base, &["status", &id.to_string()], true));
+    assert!(status.contains("independence at ε = 2"), "{status}");
+    assert!(status.contains("0/300 (0.0%)"), "{status}");
+    assert!(status.contains("model       not built"), "{status}");
+    let listed = ok(&cli(&base, &["list"], true));
+    assert!(
+        listed.contains(&id.to_string()) && listed.contains("0/300"),
+        "{listed}"
+    );
+    // Refusals print the server's problem and fail.
+    let e = failed(&cli(&base, &["finalize", &id.to_string()], true));
+    assert!(e.contains("HTTP 4"), "{e}");
+    let e = failed(&cli(&base, &["status", &Uuid::nil().to_string()], true));
+    assert!(e.contains("HTTP 404"), "{e}");
+    let e = failed(&cli(&base, &["list"], false));
+    assert!(e.contains("LDPSYN_ADMIN_TOKEN"), "{e}");
+    let bad = [
+        "create",
+        "--schema",
+        &schema_arg,
+        "--epsilon=-1",
+        "--target-users",
+        "5",
+    ];
+    let e = failed(&cli(&base, &bad, true));
+    assert!(e.contains("HTTP 400"), "{e}");
+
+    // 300 people answer through the SDK.
+    let schema: Schema = serde_json::from_value(schema_json).unwrap();
+    let mut people: Vec<SimulatedPerson<MemoryLedger>> = (0..300u32)
+        .map(|i| SimulatedPerson {
+            record: schema.encoded(vec![i % 3, i % 5]).unwrap(),
+            ledger: MemoryLedger::default(),
+        })
+        .collect();
+    let mut options = ClientOptions::new(Epsilon::new(2.0).unwrap());
+    options.seed = Some(1);
+    let mut client = Client::connect(&base, id, options, MemoryLedger::default())
+        .await
+        .unwrap();
+    for r in client.submit_batch(&mut people).await.unwrap() {
+        r.expect("accepted");
+    }
+
+    let status: Value = serde_json::from_str(&ok(&cli(
+        &base,
+        &["status", &id.to_string(), "--json"],
+        true,
+    )))
+    .unwrap();
+    assert_eq!(status["status"]["reports_accepted"], 300, "{status}");
+    ok(&cli(&base, &["close-round", &id.to_string()], true));
+    let fin = ok(&cli(&base, &["finalize", &id.to_string()], true));
+    assert!(fin.contains("finalized"), "{fin}");
+    let status = ok(&cli(&base, &["status", &id.to_string()], true));
+    assert!(status.contains("model       ready"), "{status}");
+
+    let download = |name: &str| {
+        let path = dir.path().join(name).display().to_string();
+        let args = [
+            "download",
+            &id.to_string(),
+            "--out",
+            &path,
+            "--rows",
+            "500",
+            "--seed",
+            "4",
+            "--quiet",
+        ];
+        let said = ok(&cli(&base, &args, true));
+        assert!(said.contains("500 rows written"), "{said}");
+        std::fs::read(&path).unwrap()
+    };
+    let first = download("a.csv");
+    assert_eq!(first.iter().filter(|&&b| b == b'\n').count(), 501);
+    assert!(first.starts_with(b"a,h\n"));
+    assert_eq!(first, download("b.csv"), "same seed, same bytes");
+}

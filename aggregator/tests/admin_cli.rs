@@ -184,4 +184,33 @@ async fn collections_cli_drives_a_collection() {
     assert_eq!(first.iter().filter(|&&b| b == b'\n').count(), 501);
     assert!(first.starts_with(b"a,h\n"));
     assert_eq!(first, download("b.csv"), "same seed, same bytes");
+
+    // The analyst's pandas recipe (README), when a Python with pandas is given.
+    match std::env::var("LDPSYN_PYTHON") {
+        Ok(python) => {
+            let script = concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../examples/pandas/read_synthetic.py"
+            );
+            let out = Command::new(python)
+                .args([script, &base, &id.to_string(), "250", "a,h"])
+                .env("LDPSYN_ADMIN_TOKEN", ADMIN)
+                .output()
+                .expect("python runs");
+            let said = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "pandas recipe failed: {}{said}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(said.contains("250 rows × 2 columns"), "{said}");
+        }
+        Err(_) => {
+            assert!(
+                std::env::var("LDPSYN_REQUIRE_PANDAS").is_err(),
+                "LDPSYN_REQUIRE_PANDAS is set but LDPSYN_PYTHON is not"
+            );
+            eprintln!("skipped the pandas recipe: set LDPSYN_PYTHON to a Python with pandas");
+        }
+    }
 }

@@ -394,3 +394,114 @@ async fn two_processes_share_one_postgres_database() {
         "both processes serve the same model"
     );
 }
+
+/// Finalize through one process while the other is under upload load (PostgreSQL): no
+/// report commits after finalize read its tables — the model is exactly the reduction of
+/// the acknowledged reports, the others were answered `collection-finalized` — and both
+/// processes and a restart serve the same synthetic bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finalize_through_one_process_while_another_ingests() {
+    let Some(db) = std::env::var("LDPSYN_TEST_DATABASE_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
+    else {
+        eprintln!(
+            "finalize_through_one_process_while_another_ingests: skipped (set LDPSYN_TEST_DATABASE_URL)"
+        );
+        return;
+    };
+    let (port_a, port_b) = (free_port(), free_port());
+    let (base_a, base_b) = (
+        format!("http://127.0.0.1:{port_a}"),
+        format!("http://127.0.0.1:{port_b}"),
+    );
+    let a = spawn(&db, port_a);
+    let _b = spawn(&db, port_b);
+    wait_healthy(&base_a).await;
+    wait_healthy(&base_b).await;
+    let http = reqwest::Client::new();
+    let (id, config) = create(
+        &http,
+        &base_a,
+        json!({"protocol": "independence", "epsilon": 2.0, "target_users": 1_000_000_000u64}),
+    )
+    .await;
+    let engine = Engine::new(&config).unwrap();
+
+    // Two uploaders through B; finalize through A once B has accepted some.
+    let all = people(&config.schema, 16_000);
+    let tasks: Vec<_> = all
+        .chunks(8000)
+        .enumerate()
+        .map(|(i, c)| tokio::spawn(upload_all(base_b.clone(), id, c.to_vec(), 70 + i as u64)))
+        .collect();
+    let start = Instant::now();
+    loop {
+        let s = admin(&http, "GET", format!("{base_b}/v1/collections/{id}")).await;
+        if s["status"]["reports_accepted"].as_u64().unwrap_or(0) >= 1500 {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "uploads stalled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    admin(
+        &http,
+        "POST",
+        format!("{base_a}/v1/collections/{id}/finalize"),
+    )
+    .await;
+    let mut done = Vec::new();
+    for t in tasks {
+        done.extend(t.await.unwrap());
+    }
+    let acked = reports(&done, id, ReportState::Acknowledged);
+    assert!(
+        (1500..16_000).contains(&acked.len()),
+        "finalize happened mid-upload: {} acknowledged",
+        acked.len()
+    );
+
+    // A's model is exactly the reduction of the acknowledged reports.
+    let mut state = engine.initial_state();
+    engine.mark_finalized(&mut state);
+    let clean = engine.finalize(&state, &reduce(&engine, &acked)).unwrap();
+    let served = admin(
+        &http,
+        "GET",
+        format!("{base_a}/v1/collections/{id}/marginals?attrs=a,b"),
+    )
+    .await;
+    let expected = clean.marginal(&[0, 1]).unwrap().frequencies;
+    assert_eq!(
+        served["frequencies"],
+        json!(expected),
+        "{} acknowledged reports, model of another set",
+        acked.len()
+    );
+
+    // Same synthetic bytes from A, from B (after its refresh) and from A restarted.
+    let synthetic = |base: String| {
+        let http = http.clone();
+        async move {
+            let r = http
+                .get(format!(
+                    "{base}/v1/collections/{id}/synthetic?rows=2000&seed=5"
+                ))
+                .bearer_auth(ADMIN)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200, "{base}");
+            r.bytes().await.unwrap()
+        }
+    };
+    let from_a = synthetic(base_a.clone()).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(synthetic(base_b.clone()).await, from_a, "process B");
+    drop(a);
+    let port_c = free_port();
+    let base_c = format!("http://127.0.0.1:{port_c}");
+    let _c = spawn(&db, port_c);
+    wait_healthy(&base_c).await;
+    assert_eq!(synthetic(base_c).await, from_a, "after a restart");
+}

@@ -411,10 +411,34 @@ async fn write_group(
     positions: &[(usize, usize)],
 ) -> Result<Written, ApiError> {
     let mut tx = writer.begin().await?;
-    let inserted = db.insert_reports(&mut tx, to_insert).await?;
+    // Another process may have finalized since this one last refreshed: ask the database,
+    // behind finalize's barrier, before inserting anything.
+    let mut finalized = BTreeMap::new();
+    for r in to_insert {
+        if !finalized.contains_key(&r.collection) {
+            let f = db.finalized_for_ingest(&mut tx, r.collection).await?;
+            finalized.insert(r.collection, f);
+        }
+    }
+    let open: Vec<usize> = (0..to_insert.len())
+        .filter(|&k| !finalized[&to_insert[k].collection])
+        .collect();
+    let open_reports: Vec<&NewReport> = open.iter().map(|&k| to_insert[k]).collect();
+    let mut inserted = vec![false; to_insert.len()];
+    for (&k, ok) in open
+        .iter()
+        .zip(db.insert_reports(&mut tx, &open_reports).await?)
+    {
+        inserted[k] = ok;
+    }
     let mut classified = vec![Outcome::Accepted; to_insert.len()];
     for (k, r) in to_insert.iter().enumerate() {
-        if !inserted[k] {
+        if finalized[&r.collection] {
+            classified[k] = Outcome::Rejected(Problem::new(
+                ProblemType::CollectionFinalized,
+                "the collection was finalized before this report was committed",
+            ));
+        } else if !inserted[k] {
             let stored = Db::report_of_token(&mut tx, r.collection, &r.nonce).await?;
             classified[k] = if stored == Some(r.report_id) {
                 Outcome::Duplicate
@@ -594,6 +618,9 @@ async fn finalize(
         return Ok(m);
     }
     let mut tx = writer.begin().await?;
+    // Waits for every ingest transaction in flight on any process; later ones see the
+    // finalized state (Db::finalized_for_ingest).
+    db.lock_ingest_exclusive(&mut tx, handle.id).await?;
     db.lock_collection(&mut tx, handle.id).await?;
     let state: CollectionState = match db.backend {
         Backend::Postgres => {

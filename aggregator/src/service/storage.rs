@@ -455,6 +455,49 @@ impl Db {
         Ok(())
     }
 
+    /// The ingest side of finalization's barrier (PostgreSQL; a no-op on SQLite, whose one
+    /// process serializes ingest and finalize in its committer): a shared transaction-level
+    /// advisory lock on the collection's ingest key, then whether the database says the
+    /// collection is finalized. [`Db::lock_ingest_exclusive`] (taken by finalize before
+    /// anything else) waits for every transaction holding it, and a transaction arriving
+    /// after finalize's commit reads the finalized state: no report commits after finalize
+    /// read its tables.
+    pub async fn finalized_for_ingest(
+        &self,
+        conn: &mut AnyConnection,
+        id: Uuid,
+    ) -> Result<bool, ApiError> {
+        if self.backend != Backend::Postgres {
+            return Ok(false);
+        }
+        sqlx::query("SELECT pg_advisory_xact_lock_shared($1)")
+            .bind(ingest_key(id))
+            .execute(&mut *conn)
+            .await?;
+        let (json, _) = Self::state_of(conn, id)
+            .await?
+            .ok_or_else(|| ApiError::Internal("collection row vanished".into()))?;
+        let state: crate::engine::CollectionState = serde_json::from_str(&json)?;
+        Ok(state.phase == crate::engine::Phase::Finalized)
+    }
+
+    /// Finalize's side of the barrier of [`Db::finalized_for_ingest`]: the exclusive lock on
+    /// the ingest key (PostgreSQL), taken before the collection lock so that no transaction
+    /// waits for both in opposite orders.
+    pub async fn lock_ingest_exclusive(
+        &self,
+        conn: &mut AnyConnection,
+        id: Uuid,
+    ) -> Result<(), ApiError> {
+        if self.backend == Backend::Postgres {
+            sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                .bind(ingest_key(id))
+                .execute(&mut *conn)
+                .await?;
+        }
+        Ok(())
+    }
+
     /// Checks that the database answers.
     pub async fn ping(&self) -> Result<(), ApiError> {
         let mut conn = self.pool.acquire().await?;
@@ -484,4 +527,10 @@ pub(crate) fn unhex(s: &str) -> Option<Vec<u8>> {
         .step_by(2)
         .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
         .collect()
+}
+
+/// The advisory-lock key of a collection's ingest barrier: the id's last 8 bytes, apart from
+/// the collection lock's key (its first 8) by a fixed tag.
+fn ingest_key(id: Uuid) -> i64 {
+    i64::from_be_bytes(id.as_bytes()[8..].try_into().unwrap_or([0; 8])) ^ 0x1D6E_57B4_4E1E_0001
 }

@@ -415,9 +415,8 @@ async fn write_group(
     // behind finalize's barrier, before inserting anything.
     let mut finalized = BTreeMap::new();
     for r in to_insert {
-        if !finalized.contains_key(&r.collection) {
-            let f = db.finalized_for_ingest(&mut tx, r.collection).await?;
-            finalized.insert(r.collection, f);
+        if let std::collections::btree_map::Entry::Vacant(e) = finalized.entry(r.collection) {
+            e.insert(db.finalized_for_ingest(&mut tx, r.collection).await?);
         }
     }
     let open: Vec<usize> = (0..to_insert.len())

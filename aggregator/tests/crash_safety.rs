@@ -505,3 +505,87 @@ async fn finalize_through_one_process_while_another_ingests() {
     wait_healthy(&base_c).await;
     assert_eq!(synthetic(base_c).await, from_a, "after a restart");
 }
+
+/// `ldpsyn_collection_lookups_total` of a server's `/metrics`.
+async fn lookups(http: &reqwest::Client, base: &str) -> u64 {
+    let text = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("ldpsyn_collection_lookups_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("the lookup counter is exported")
+}
+
+/// PostgreSQL, two processes: a collection created through A is loaded once by B however
+/// many requests ask for it at once (single flight), and requests for an unknown id reach
+/// the database once per negative-cache period, not once each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_and_unknown_ids_are_looked_up_once() {
+    let Some(db) = std::env::var("LDPSYN_TEST_DATABASE_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
+    else {
+        eprintln!("new_and_unknown_ids_are_looked_up_once: skipped (set LDPSYN_TEST_DATABASE_URL)");
+        return;
+    };
+    let (port_a, port_b) = (free_port(), free_port());
+    let (base_a, base_b) = (
+        format!("http://127.0.0.1:{port_a}"),
+        format!("http://127.0.0.1:{port_b}"),
+    );
+    let _a = spawn(&db, port_a);
+    let _b = spawn(&db, port_b);
+    wait_healthy(&base_a).await;
+    wait_healthy(&base_b).await;
+    let http = reqwest::Client::new();
+    let before = lookups(&http, &base_b).await;
+    let (id, _) = create(
+        &http,
+        &base_a,
+        json!({"protocol": "independence", "epsilon": 1.0, "target_users": 1000}),
+    )
+    .await;
+    let gets = |path: String, n: usize| {
+        let http = http.clone();
+        async move {
+            let calls = (0..n).map(|_| {
+                let (http, path) = (http.clone(), path.clone());
+                tokio::spawn(async move { http.get(path).send().await.unwrap().status().as_u16() })
+            });
+            let mut statuses = Vec::new();
+            for c in calls.collect::<Vec<_>>() {
+                statuses.push(c.await.unwrap());
+            }
+            statuses
+        }
+    };
+    let statuses = gets(format!("{base_b}/v1/collections/{id}"), 32).await;
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+    // Loaded by one request (or by B's refresher first, then none).
+    let after_new = lookups(&http, &base_b).await;
+    assert!(after_new - before <= 1, "{before} → {after_new}");
+
+    let missing = Uuid::new_v4();
+    let statuses = gets(format!("{base_b}/v1/collections/{missing}"), 32).await;
+    assert!(statuses.iter().all(|&s| s == 404), "{statuses:?}");
+    for _ in 0..20 {
+        let s = http
+            .get(format!("{base_b}/v1/collections/{missing}/task"))
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(s, 404);
+    }
+    assert_eq!(
+        lookups(&http, &base_b).await,
+        after_new + 1,
+        "52 requests, one lookup"
+    );
+}

@@ -25,6 +25,7 @@ pub struct Metrics {
     commit_buckets: [AtomicU64; BUCKETS_S.len()],
     commit_sum_us: AtomicU64,
     rounds_closed: AtomicU64,
+    collection_lookups: AtomicU64,
 }
 
 fn problem_index(p: ProblemType) -> usize {
@@ -69,6 +70,10 @@ impl Metrics {
     /// Counts closed rounds (and SamPrivSyn re-weightings).
     pub fn rounds_closed(&self, n: u64) {
         self.rounds_closed.fetch_add(n, Relaxed);
+    }
+    /// Counts one database lookup of a collection id this process did not have in memory.
+    pub fn collection_lookup(&self) {
+        self.collection_lookups.fetch_add(1, Relaxed);
     }
     /// The Prometheus text exposition: `collections` loaded, and per collection in `rounds`
     /// `(collection id, current round, accepted reports)` (empty for the public view).
@@ -145,6 +150,11 @@ impl Metrics {
             s,
             "# HELP ldpsyn_rounds_closed_total Rounds closed (PrivIncr) and batches re-weighted (SamPrivSyn).\n# TYPE ldpsyn_rounds_closed_total counter\nldpsyn_rounds_closed_total {}",
             self.rounds_closed.load(Relaxed)
+        );
+        let _ = writeln!(
+            s,
+            "# HELP ldpsyn_collection_lookups_total Database lookups of collection ids not in memory (PostgreSQL; one per new id, then cached).\n# TYPE ldpsyn_collection_lookups_total counter\nldpsyn_collection_lookups_total {}",
+            self.collection_lookups.load(Relaxed)
         );
         if rounds.is_empty() {
             return s;

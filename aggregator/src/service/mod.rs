@@ -67,6 +67,15 @@ pub enum LimitedRoute {
     Task,
 }
 
+/// How long an id the database did not know is answered `unknown-collection` without asking
+/// again (PostgreSQL: a collection created through another process is visible here after at
+/// most this long).
+pub const NEGATIVE_TTL: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Most remembered unknown ids (expired ones are dropped first, then all): bounded memory
+/// against requests for random ids.
+const MAX_NEGATIVE_ENTRIES: usize = 100_000;
+
 #[derive(Debug)]
 struct Inner {
     db: Db,
@@ -74,6 +83,10 @@ struct Inner {
     admin_token_hash: [u8; 32],
     token_key: TokenKey,
     collections: DashMap<Uuid, Arc<CollectionHandle>>,
+    /// Ids the database did not know, and when it said so ([`NEGATIVE_TTL`]).
+    unknown: DashMap<Uuid, std::time::Instant>,
+    /// One loader per id new to this process; concurrent requests wait for it.
+    loading: DashMap<Uuid, Arc<tokio::sync::Mutex<()>>>,
     committer: mpsc::Sender<Command>,
     metrics: Arc<Metrics>,
     upload_limiter: RateLimiter,
@@ -111,6 +124,8 @@ impl AppState {
                 admin_token_hash,
                 token_key,
                 collections: DashMap::new(),
+                unknown: DashMap::new(),
+                loading: DashMap::new(),
                 committer: tx,
                 metrics,
                 upload_limiter,
@@ -211,15 +226,58 @@ impl AppState {
         if let Some(h) = self.inner.collections.get(&id) {
             return Ok(h.clone());
         }
-        if self.inner.db.backend == Backend::Postgres {
-            if let Some(row) = self.inner.db.collection(id).await? {
-                return self.load_row(row).await;
+        let unknown = || {
+            Err(ApiError::problem(
+                ldpsyn::protocol::ProblemType::UnknownCollection,
+                format!("no collection {id}"),
+            ))
+        };
+        if self.inner.db.backend != Backend::Postgres {
+            return unknown();
+        }
+        // Another process may have created it: ask the database, unless it said no lately.
+        if self
+            .inner
+            .unknown
+            .get(&id)
+            .is_some_and(|t| t.elapsed() < NEGATIVE_TTL)
+        {
+            return unknown();
+        }
+        // Single flight: the first request loads (a full read of the collection's reports),
+        // the others wait for it and find the handle.
+        let gate = self.load_gate(id);
+        let _turn = gate.lock().await;
+        if let Some(h) = self.inner.collections.get(&id) {
+            return Ok(h.clone());
+        }
+        if self
+            .inner
+            .unknown
+            .get(&id)
+            .is_some_and(|t| t.elapsed() < NEGATIVE_TTL)
+        {
+            return unknown();
+        }
+        self.inner.metrics.collection_lookup();
+        let found = match self.inner.db.collection(id).await? {
+            Some(row) => Some(self.load_row(row).await?),
+            None => None,
+        };
+        self.inner.loading.remove(&id);
+        match found {
+            Some(h) => Ok(h),
+            None => {
+                if self.inner.unknown.len() >= MAX_NEGATIVE_ENTRIES {
+                    self.inner.unknown.retain(|_, t| t.elapsed() < NEGATIVE_TTL);
+                    if self.inner.unknown.len() >= MAX_NEGATIVE_ENTRIES {
+                        self.inner.unknown.clear();
+                    }
+                }
+                self.inner.unknown.insert(id, std::time::Instant::now());
+                unknown()
             }
         }
-        Err(ApiError::problem(
-            ldpsyn::protocol::ProblemType::UnknownCollection,
-            format!("no collection {id}"),
-        ))
     }
 
     /// Every collection in memory, sorted by id.
@@ -256,11 +314,23 @@ impl AppState {
             .map_err(|_| ApiError::Internal("the committer dropped the command".into()))?
     }
 
-    /// PostgreSQL: picks up other processes' transitions, counts and finalizations.
+    /// The lock that makes one task at a time load collection `id` into this process.
+    fn load_gate(&self, id: Uuid) -> Arc<tokio::sync::Mutex<()>> {
+        self.inner.loading.entry(id).or_default().clone()
+    }
+
+    /// PostgreSQL: picks up other processes' collections, transitions, counts and
+    /// finalizations.
     pub async fn refresh_from_db(&self) -> Result<(), ApiError> {
         for row in self.inner.db.collections().await? {
             let Some(handle) = self.inner.collections.get(&row.id).map(|h| h.clone()) else {
-                self.load_row(row).await?;
+                let id = row.id;
+                let gate = self.load_gate(id);
+                let _turn = gate.lock().await;
+                if !self.inner.collections.contains_key(&id) {
+                    self.load_row(row).await?;
+                }
+                self.inner.loading.remove(&id);
                 continue;
             };
             let state: CollectionState = serde_json::from_str(&row.state)?;

@@ -86,7 +86,7 @@ pub use plan::{Conditional, Structure};
 pub use space::Space;
 pub use state::{
     CollectionState, Engine, EngineOptions, PairRounds, PairSampling, Phase, Phase2Plan,
-    PlannedFactor, ProtocolState, TaskSpec, Transition,
+    PlannedFactor, ProtocolState, TaskSampler, TaskSpec, Transition,
 };
 pub use tables::{Combined, Measurements, TableKey, Tables, TablesError};
 

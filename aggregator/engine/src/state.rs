@@ -37,7 +37,7 @@ use super::protocols::auto::Auto;
 use super::protocols::independence::Independence;
 use super::protocols::privincr::PrivIncr;
 use super::protocols::samprivsyn::SamPrivSyn;
-use super::protocols::{CollectionProtocol, DynRng, check_privincr};
+use super::protocols::{CollectionProtocol, check_privincr};
 use super::space::Space;
 use super::tables::{Measurements, TableKey, Tables};
 
@@ -225,6 +225,41 @@ impl TaskSpec {
     /// ([`ldpsyn::factor::binned_codes`]).
     pub fn codes<'a>(&'a self, record: &'a [u32]) -> impl Iterator<Item = u32> + 'a {
         binned_codes(record, &self.factor, &self.bins)
+    }
+}
+
+/// The task distribution of one state ([`Engine::sampler`]): draws in O(log n) (uniform: O(1)),
+/// so a request for many tasks, or a cache of it per state, does not rebuild the protocol's
+/// choices per task.
+#[derive(Debug, Clone)]
+pub struct TaskSampler {
+    engine: Engine,
+    tasks: Vec<TaskSpec>,
+    /// Cumulative weights (`None`: uniform).
+    cdf: Option<Vec<f64>>,
+}
+
+impl TaskSampler {
+    /// Draws one task (schema codes: bin maps as devices apply them).
+    pub fn draw<R: Rng + ?Sized>(&self, rng: &mut R) -> TaskSpec {
+        let i = match &self.cdf {
+            None => rng.random_range(0..self.tasks.len()),
+            Some(cdf) => {
+                let u = rng.random::<f64>() * cdf[cdf.len() - 1];
+                cdf.partition_point(|&c| c <= u).min(cdf.len() - 1)
+            }
+        };
+        self.engine.to_codes(self.tasks[i].clone(), rng)
+    }
+
+    /// Number of distinct tasks.
+    pub fn len(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Never true: a sampler has at least one task.
+    pub fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
     }
 }
 
@@ -454,13 +489,46 @@ impl Engine {
     }
 
     /// Draws the next task: a pure function of the state and `rng`, never of anyone's data.
-    /// Errors: [`EngineError::Finalized`] once finalized.
+    /// Builds the state's [`TaskSampler`] (O(tasks)); to draw many tasks of one state, build
+    /// it once with [`Engine::sampler`]. Errors: [`EngineError::Finalized`] once finalized.
     pub fn draw_task<R: Rng + ?Sized>(
         &self,
         state: &CollectionState,
         rng: &mut R,
     ) -> Result<TaskSpec, EngineError> {
-        let task = self.rules.draw_task(self, state, &mut DynRng(rng))?;
+        Ok(self.sampler(state)?.draw(rng))
+    }
+
+    /// The task distribution of `state`, to draw from in O(log n) per task
+    /// ([`TaskSampler::draw`]). Errors: as [`Engine::draw_task`].
+    pub fn sampler(&self, state: &CollectionState) -> Result<TaskSampler, EngineError> {
+        let choices = self.rules.task_choices(self, state)?;
+        if choices.tasks.is_empty() {
+            return Err(EngineError::InvalidState("a state without tasks".into()));
+        }
+        let cdf = choices.weights.as_ref().map(|w| {
+            w.iter()
+                .scan(0.0, |acc, &x| {
+                    *acc += x.max(0.0);
+                    Some(*acc)
+                })
+                .collect::<Vec<f64>>()
+        });
+        if cdf
+            .as_ref()
+            .is_some_and(|c| c.last().is_none_or(|&t| t <= 0.0))
+        {
+            return Err(EngineError::InvalidState("task weights sum to 0".into()));
+        }
+        Ok(TaskSampler {
+            engine: self.clone(),
+            tasks: choices.tasks,
+            cdf,
+        })
+    }
+
+    /// A protocol's task (working codes) as devices run it.
+    fn to_codes<R: Rng + ?Sized>(&self, task: TaskSpec, rng: &mut R) -> TaskSpec {
         // Some of a binned attribute's 1-ways are measured in sub-bins (the shape within its
         // working bins), the others in the working bins (the bins' totals, at less noise).
         let share = self
@@ -470,7 +538,7 @@ impl Engine {
             .clamp(0.0, 1.0);
         let sub_bins = (self.space.refinable(&task) && rng.random_bool(share))
             .then(|| self.options.sub_bins.unwrap_or(SUB_BINS).max(1));
-        Ok(self.space.task_to_codes(task, sub_bins, self.epsilon))
+        self.space.task_to_codes(task, sub_bins, self.epsilon)
     }
 
     /// The table a report answering `task` is counted in. SamPrivSyn and independence pool

@@ -490,8 +490,10 @@ async fn get_task(
     let mut rng = rand::rng();
     let n = count.unwrap_or(1);
     let mut tasks = Vec::with_capacity(n);
+    // The state's choices once per request; each task an O(log n) draw.
+    let sampler = h.engine.sampler(&s)?;
     for _ in 0..n {
-        let spec = h.engine.draw_task(&s, &mut rng)?;
+        let spec = sampler.draw(&mut rng);
         if spec.factor.len() > MAX_FACTOR_LEN
             || spec.bins.iter().map(Vec::len).sum::<usize>() > MAX_TOKEN_CUTS
         {

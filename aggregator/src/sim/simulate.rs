@@ -1,5 +1,5 @@
 //! The in-process simulator: every simulated person gets a task from
-//! [`Engine::draw_task`], randomizes with the real `ldpsyn` mechanism, and the report flows
+//! [`Engine::sampler`] (as [`Engine::draw_task`]), randomizes with the real `ldpsyn` mechanism, and the report flows
 //! into the tables; rounds close through [`Engine::should_close`] / [`Engine::close_round`];
 //! then [`Engine::finalize`].
 //!
@@ -116,8 +116,10 @@ impl<'a> Simulation<'a> {
         let mut accepted_in_round = 0u64;
         let bucketed = self.bucketed && !self.record;
         let mut codes = Vec::new();
+        // Rebuilt when the state changes: the same draws as Engine::draw_task.
+        let mut sampler = engine.sampler(&state)?;
         for row in self.population.rows() {
-            let task = engine.draw_task(&state, &mut task_rng)?;
+            let task = sampler.draw(&mut task_rng);
             let key = engine.table_key(&task);
             if !mechs.contains_key(&key) {
                 mechs.insert(key.clone(), engine.mechanism(&key)?);
@@ -158,6 +160,7 @@ impl<'a> Simulation<'a> {
                 transitions.push(engine.close_round(&mut state, &tables)?);
                 states.push(state.clone());
                 accepted_in_round = 0;
+                sampler = engine.sampler(&state)?;
             }
         }
         flush(&mut pending, &mut tables, &mut noise_rng)?;

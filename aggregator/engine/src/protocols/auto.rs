@@ -9,11 +9,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use ldpsyn::protocol::PrivIncrParams;
-use rand::{Rng, RngCore};
 
 use super::{
-    CollectionProtocol, active_edges, common_task, end_phase1_round, graph_state, one_way_state,
-    one_way_task, pairs, plan_structure,
+    CollectionProtocol, TaskChoices, active_edges, common_choices, end_phase1_round, graph_state,
+    one_way_choices, one_way_state, pairs, plan_structure,
 };
 use crate::estimate::{
     MAX_CLIQUE_CELLS, largest_clique_cells, one_way_estimates, pair_gain_binned, projected_noise_l1,
@@ -257,14 +256,13 @@ impl CollectionProtocol for Auto {
         })
     }
 
-    fn draw_task(
+    fn task_choices(
         &self,
         engine: &Engine,
         state: &CollectionState,
-        rng: &mut dyn RngCore,
-    ) -> Result<TaskSpec, EngineError> {
-        if let Some(task) = common_task(engine, state, rng) {
-            return task;
+    ) -> Result<TaskChoices, EngineError> {
+        if let Some(choices) = common_choices(engine, state) {
+            return choices;
         }
         if state.phase != Phase::GraphConstruction {
             return Err(EngineError::InvalidState(format!(
@@ -274,17 +272,23 @@ impl CollectionProtocol for Auto {
         }
         let active = active_edges(state);
         if active.is_empty() {
-            return Ok(one_way_task(engine, state, rng));
+            return Ok(one_way_choices(engine, state));
         }
         // Every screened pair alike: each needs its own dependence estimate.
-        let i = rng.random_range(0..active.len());
-        let factor = vec![active[i].a, active[i].b];
-        let bins = active[i].bins.clone();
-        Ok(TaskSpec {
-            round: state.round,
-            mechanism: engine.best_oracle(&factor, &bins),
-            factor,
-            bins,
+        Ok(TaskChoices {
+            tasks: active
+                .iter()
+                .map(|e| {
+                    let factor = vec![e.a, e.b];
+                    TaskSpec {
+                        round: state.round,
+                        mechanism: engine.best_oracle(&factor, &e.bins),
+                        factor,
+                        bins: e.bins.clone(),
+                    }
+                })
+                .collect(),
+            weights: None,
         })
     }
 

@@ -1,11 +1,9 @@
 //! The independence protocol: every task is one attribute, drawn uniformly, reported with
 //! its lower-variance oracle (`MechanismKind::choose`); no rounds; the model keeps no pair.
 
-use rand::RngCore;
-
-use super::{CollectionProtocol, common_task, one_way_state};
+use super::{CollectionProtocol, TaskChoices, common_choices, one_way_state};
 use crate::graph::Edge;
-use crate::state::{CollectionState, Engine, TaskSpec, Transition};
+use crate::state::{CollectionState, Engine, Transition};
 use crate::{EngineError, Tables};
 
 /// The independence protocol's rules.
@@ -17,13 +15,12 @@ impl CollectionProtocol for Independence {
         one_way_state(engine)
     }
 
-    fn draw_task(
+    fn task_choices(
         &self,
         engine: &Engine,
         state: &CollectionState,
-        rng: &mut dyn RngCore,
-    ) -> Result<TaskSpec, EngineError> {
-        common_task(engine, state, rng).unwrap_or_else(|| {
+    ) -> Result<TaskChoices, EngineError> {
+        common_choices(engine, state).unwrap_or_else(|| {
             Err(EngineError::InvalidState(format!(
                 "independence has no {:?} phase",
                 state.phase

@@ -18,7 +18,6 @@ use std::collections::BTreeSet;
 use std::fmt::Debug;
 
 use ldpsyn::protocol::PrivIncrParams;
-use rand::{Rng, RngCore};
 
 use crate::graph::{Edge, EdgeState, edge};
 use crate::info::tau;
@@ -41,15 +40,14 @@ pub trait CollectionProtocol: Send + Sync + Debug {
     /// The state of a new collection.
     fn initial_state(&self, engine: &Engine) -> CollectionState;
 
-    /// The next task: a pure function of the state and `rng`, never of anyone's data.
-    /// Errors: [`EngineError::Finalized`] once finalized, [`EngineError::InvalidState`] for a
-    /// state the protocol cannot be in.
-    fn draw_task(
+    /// The distribution tasks are drawn from in `state` (working codes): a pure function of
+    /// the state, never of anyone's data. Errors: [`EngineError::Finalized`] once
+    /// finalized, [`EngineError::InvalidState`] for a state the protocol cannot be in.
+    fn task_choices(
         &self,
         engine: &Engine,
         state: &CollectionState,
-        rng: &mut dyn RngCore,
-    ) -> Result<TaskSpec, EngineError>;
+    ) -> Result<TaskChoices, EngineError>;
 
     /// Whether every round's reports go into one table per factor (round 0): exact pooling
     /// for protocols whose mechanism and ε never change (eq. 5 of PrivIncr).
@@ -100,24 +98,14 @@ pub(crate) fn pairs(d: usize) -> Vec<Edge> {
     v
 }
 
-/// Draws an index with probability ∝ `weights` (all ≥ 0, not all 0).
-pub(crate) fn draw_weighted<R: Rng + ?Sized>(
-    weights: impl Iterator<Item = f64> + Clone,
-    rng: &mut R,
-) -> usize {
-    let total: f64 = weights.clone().sum();
-    let mut u = rng.random::<f64>() * total;
-    let mut last = 0;
-    for (i, w) in weights.enumerate() {
-        if w > 0.0 {
-            last = i;
-            if u < w {
-                return i;
-            }
-            u -= w;
-        }
-    }
-    last
+/// The tasks of one state and how likely each is: uniform, or `∝ weights` (≥ 0, not all 0).
+/// Built once per state, drawn from many times ([`crate::state::TaskSampler`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskChoices {
+    /// The tasks (working codes).
+    pub tasks: Vec<TaskSpec>,
+    /// Their weights; `None`: uniform.
+    pub weights: Option<Vec<f64>>,
 }
 
 /// A state with no round structure: every task is one attribute.
@@ -130,45 +118,50 @@ pub(crate) fn one_way_state(engine: &Engine) -> CollectionState {
     }
 }
 
-/// One attribute drawn uniformly, with its lower-variance oracle.
-pub(crate) fn one_way_task(
-    engine: &Engine,
-    state: &CollectionState,
-    rng: &mut dyn RngCore,
-) -> TaskSpec {
-    let a = rng.random_range(0..engine.dims().len());
-    TaskSpec {
-        round: state.round,
-        factor: vec![a],
-        mechanism: engine.best_oracle(&[a], &[]),
-        bins: vec![],
+/// Every attribute alone, uniformly, each with its lower-variance oracle.
+pub(crate) fn one_way_choices(engine: &Engine, state: &CollectionState) -> TaskChoices {
+    TaskChoices {
+        tasks: (0..engine.dims().len())
+            .map(|a| TaskSpec {
+                round: state.round,
+                factor: vec![a],
+                mechanism: engine.best_oracle(&[a], &[]),
+                bins: vec![],
+            })
+            .collect(),
+        weights: None,
     }
 }
 
 /// The tasks of the phases every protocol may be in besides its own: finalized (error),
-/// 1-ways, and a phase-2 plan's factors drawn ∝ their weights. `None` for the phase-1 and
+/// 1-ways, and a phase-2 plan's factors `∝` their weights. `None` for the phase-1 and
 /// pair-sampling phases, which the protocol draws itself.
-pub(crate) fn common_task(
+pub(crate) fn common_choices(
     engine: &Engine,
     state: &CollectionState,
-    rng: &mut dyn RngCore,
-) -> Option<Result<TaskSpec, EngineError>> {
+) -> Option<Result<TaskChoices, EngineError>> {
     match state.phase {
         Phase::Finalized => Some(Err(EngineError::Finalized)),
-        Phase::OneWay => Some(Ok(one_way_task(engine, state, rng))),
+        Phase::OneWay => Some(Ok(one_way_choices(engine, state))),
         Phase::CliqueMeasurement => Some((|| {
             let plan = state
                 .plan()
                 .ok_or_else(|| EngineError::InvalidState("phase 2 without a plan".into()))?;
             if plan.factors.is_empty() {
-                return Ok(one_way_task(engine, state, rng));
+                return Ok(one_way_choices(engine, state));
             }
-            let i = draw_weighted(plan.factors.iter().map(|f| f.weight), rng);
-            Ok(TaskSpec {
-                round: state.round,
-                factor: plan.factors[i].factor.clone(),
-                mechanism: plan.factors[i].mechanism,
-                bins: plan.factors[i].bins.clone(),
+            Ok(TaskChoices {
+                tasks: plan
+                    .factors
+                    .iter()
+                    .map(|f| TaskSpec {
+                        round: state.round,
+                        factor: f.factor.clone(),
+                        mechanism: f.mechanism,
+                        bins: f.bins.clone(),
+                    })
+                    .collect(),
+                weights: Some(plan.factors.iter().map(|f| f.weight).collect()),
             })
         })()),
         Phase::GraphConstruction | Phase::PairSampling => None,
@@ -293,21 +286,6 @@ pub(crate) fn conditional_scopes(structure: &Structure) -> Vec<Vec<usize>> {
     scopes
 }
 
-/// Forwards a generic RNG as a `dyn RngCore` (same draws: every call passes through).
-pub(crate) struct DynRng<'a, R: ?Sized>(pub &'a mut R);
-
-impl<R: RngCore + ?Sized> RngCore for DynRng<'_, R> {
-    fn next_u32(&mut self) -> u32 {
-        self.0.next_u32()
-    }
-    fn next_u64(&mut self) -> u64 {
-        self.0.next_u64()
-    }
-    fn fill_bytes(&mut self, dst: &mut [u8]) {
-        self.0.fill_bytes(dst)
-    }
-}
-
 /// PrivIncr-family parameters validation shared by privincr, noincremental and auto.
 pub(crate) fn check_privincr(p: &PrivIncrParams) -> Result<(), EngineError> {
     if !(p.omega > 0.0 && p.omega < 1.0) {
@@ -330,7 +308,7 @@ mod tests {
     use ldpsyn::Epsilon;
     use ldpsyn::mechanism::{MechanismKind, SufficientStatistics};
     use ldpsyn::protocol::{PrivIncrParams, Protocol, SamPrivSynParams};
-    use rand::SeedableRng;
+    use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha12Rng;
 
     use super::*;

@@ -10,11 +10,10 @@
 
 use ldpsyn::mechanism::{MechanismKind, norm_sub};
 use ldpsyn::protocol::PrivIncrParams;
-use rand::RngCore;
 
 use super::{
-    CollectionProtocol, active_edges, common_task, conditional_scopes, draw_weighted,
-    end_phase1_round, graph_state, one_way_task, plan_structure,
+    CollectionProtocol, TaskChoices, active_edges, common_choices, conditional_scopes,
+    end_phase1_round, graph_state, one_way_choices, plan_structure,
 };
 use crate::graph::{Edge, edge};
 use crate::info::{mutual_information, relaxed_threshold};
@@ -48,14 +47,13 @@ impl CollectionProtocol for PrivIncr {
         )
     }
 
-    fn draw_task(
+    fn task_choices(
         &self,
         engine: &Engine,
         state: &CollectionState,
-        rng: &mut dyn RngCore,
-    ) -> Result<TaskSpec, EngineError> {
-        if let Some(task) = common_task(engine, state, rng) {
-            return task;
+    ) -> Result<TaskChoices, EngineError> {
+        if let Some(choices) = common_choices(engine, state) {
+            return choices;
         }
         if state.phase != Phase::GraphConstruction {
             return Err(EngineError::InvalidState(format!(
@@ -66,16 +64,26 @@ impl CollectionProtocol for PrivIncr {
         let active = active_edges(state);
         if active.is_empty() {
             // Every edge pruned (or d = 1): spend the rest of the round on 1-ways.
-            return Ok(one_way_task(engine, state, rng));
+            return Ok(one_way_choices(engine, state));
         }
         // Line 5 of Algorithm 1: Ñ_{t,e} ∝ |Ω_i|·|Ω_j|.
         let dims = engine.dims();
-        let i = draw_weighted(active.iter().map(|e| (dims[e.a] * dims[e.b]) as f64), rng);
-        Ok(TaskSpec {
-            round: state.round,
-            factor: vec![active[i].a, active[i].b],
-            mechanism: MechanismKind::Oue,
-            bins: vec![],
+        Ok(TaskChoices {
+            weights: Some(
+                active
+                    .iter()
+                    .map(|e| (dims[e.a] * dims[e.b]) as f64)
+                    .collect(),
+            ),
+            tasks: active
+                .iter()
+                .map(|e| TaskSpec {
+                    round: state.round,
+                    factor: vec![e.a, e.b],
+                    mechanism: MechanismKind::Oue,
+                    bins: vec![],
+                })
+                .collect(),
         })
     }
 

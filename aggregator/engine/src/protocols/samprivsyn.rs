@@ -8,9 +8,8 @@
 
 use ldpsyn::mechanism::{MechanismKind, norm_sub};
 use ldpsyn::protocol::SamPrivSynParams;
-use rand::RngCore;
 
-use super::{CollectionProtocol, common_task, draw_weighted, pairs};
+use super::{CollectionProtocol, TaskChoices, common_choices, pairs};
 use crate::graph::Edge;
 use crate::info::mutual_information;
 use crate::model::{FittedJoint, Model};
@@ -86,14 +85,13 @@ impl CollectionProtocol for SamPrivSyn {
         }
     }
 
-    fn draw_task(
+    fn task_choices(
         &self,
         engine: &Engine,
         state: &CollectionState,
-        rng: &mut dyn RngCore,
-    ) -> Result<TaskSpec, EngineError> {
-        if let Some(task) = common_task(engine, state, rng) {
-            return task;
+    ) -> Result<TaskChoices, EngineError> {
+        if let Some(choices) = common_choices(engine, state) {
+            return choices;
         }
         if state.phase != Phase::PairSampling {
             return Err(EngineError::InvalidState(format!(
@@ -101,13 +99,17 @@ impl CollectionProtocol for SamPrivSyn {
                 state.phase
             )));
         }
-        let i = draw_weighted(state.pair_weights().iter().copied(), rng);
-        let (a, b) = pairs(engine.dims().len())[i];
-        Ok(TaskSpec {
-            round: state.round,
-            factor: vec![a, b],
-            mechanism: MechanismKind::GrrPair,
-            bins: vec![],
+        Ok(TaskChoices {
+            tasks: pairs(engine.dims().len())
+                .into_iter()
+                .map(|(a, b)| TaskSpec {
+                    round: state.round,
+                    factor: vec![a, b],
+                    mechanism: MechanismKind::GrrPair,
+                    bins: vec![],
+                })
+                .collect(),
+            weights: Some(state.pair_weights().to_vec()),
         })
     }
 

@@ -144,3 +144,85 @@ async fn upgrade_keeps_stored_collection_state() {
     assert_eq!(state.edges()[0].pruned_in, Some(1));
     db.pool.close().await;
 }
+
+/// Table counts: a collection stored before they existed (reports, no counts) gets them
+/// rebuilt from its reports once, and from then on the counts the ingest path adds in the
+/// same transaction as its reports equal a full scan of the reports.
+#[tokio::test]
+async fn table_counts_rebuild_and_track_the_reports() {
+    use ldpsyn::Epsilon;
+    use ldpsyn::mechanism::SufficientStatistics;
+    use ldpsyn::protocol::Protocol;
+    use ldpsyn_aggregator::engine::{Engine, EngineOptions, Tables};
+    use ldpsyn_aggregator::service::storage::CollectionRow;
+
+    let scratch = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}?mode=rwc", scratch.path().join("c.db").display());
+    let db = Db::connect(&url, 2).await.unwrap();
+    let engine = Engine::from_parts(
+        vec![3, 4],
+        Epsilon::new(1.0).unwrap(),
+        100,
+        Protocol::Independence {},
+        EngineOptions::default(),
+    )
+    .unwrap();
+    let id = Uuid::new_v4();
+    let row = CollectionRow {
+        id,
+        config: "{}".into(),
+        state: "{}".into(),
+        state_version: 0,
+    };
+    db.insert_collection(&row, 0).await.unwrap();
+    let report = |i: u32, a: usize| NewReport {
+        collection: id,
+        report_id: Uuid::new_v4(),
+        nonce: format!("{a}-{i:030x}"),
+        task_round: 0,
+        key: TableKey {
+            round: 0,
+            factor: vec![a],
+            mechanism: MechanismKind::Grr,
+            bins: vec![],
+        },
+        payload: Payload::Grr(u64::from(i % (3 + a as u32))),
+    };
+    // Reports as an earlier release stored them: no counts, no marker.
+    let old: Vec<NewReport> = (0..40).map(|i| report(i, (i % 2) as usize)).collect();
+    let mut conn = db.pool.acquire().await.unwrap();
+    db.insert_reports(&mut conn, &old.iter().collect::<Vec<_>>())
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM table_counts_ready")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    drop(conn);
+    let rebuilt = db.rebuild_table_counts(&engine, id).await.unwrap();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let scanned = Db::load_tables(&mut conn, &engine, id).await.unwrap();
+    assert_eq!(rebuilt, scanned);
+    assert_eq!(rebuilt.values().map(|s| s.n).sum::<u64>(), 40);
+    assert_eq!(Db::tables_of(&mut conn, &engine, id).await.unwrap(), scanned);
+
+    // New reports with their counts, as the ingest path writes them.
+    let new: Vec<NewReport> = (40..100).map(|i| report(i, (i % 2) as usize)).collect();
+    let mut delta = Tables::new();
+    for r in &new {
+        let m = engine.mechanism(&r.key).unwrap();
+        let s = delta
+            .entry(r.key.clone())
+            .or_insert_with(|| SufficientStatistics::new(&m));
+        m.accumulate(&r.payload, s).unwrap();
+    }
+    db.insert_reports(&mut conn, &new.iter().collect::<Vec<_>>())
+        .await
+        .unwrap();
+    db.add_table_counts(&mut conn, id, &delta).await.unwrap();
+    let scanned = Db::load_tables(&mut conn, &engine, id).await.unwrap();
+    assert_eq!(scanned.values().map(|s| s.n).sum::<u64>(), 100);
+    assert_eq!(Db::tables_of(&mut conn, &engine, id).await.unwrap(), scanned);
+    drop(conn);
+    db.pool.close().await;
+}

@@ -19,7 +19,10 @@ fn tasks(c: &mut Criterion) {
     g.measurement_time(Duration::from_secs(2))
         .warm_up_time(Duration::from_millis(500));
     for (name, protocol) in [
-        ("samprivsyn", Protocol::Samprivsyn(SamPrivSynParams::default())),
+        (
+            "samprivsyn",
+            Protocol::Samprivsyn(SamPrivSynParams::default()),
+        ),
         ("privincr", Protocol::Privincr(PrivIncrParams::default())),
         ("auto", Protocol::Auto(PrivIncrParams::default())),
     ] {

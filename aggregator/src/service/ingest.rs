@@ -469,6 +469,7 @@ async fn write_group(
     }
     let mut after = Vec::new();
     for (id, (handle, rounds, delta)) in &per {
+        db.add_table_counts(&mut tx, *id, delta).await?;
         let mut counts: BTreeMap<u32, u64> = BTreeMap::new();
         for (&round, &n) in rounds {
             let total = Db::bump_round_count(&mut tx, *id, round, n).await?;
@@ -511,7 +512,7 @@ async fn close_in_tx(
                     .await?
                     .ok_or_else(|| ApiError::Internal("collection row vanished".into()))?;
                 let state = serde_json::from_str(&json)?;
-                let tables = Db::load_tables(conn, &handle.engine, handle.id).await?;
+                let tables = Db::tables_of(conn, &handle.engine, handle.id).await?;
                 let counts = Db::round_counts(conn, handle.id)
                     .await?
                     .into_iter()
@@ -592,7 +593,7 @@ pub async fn estimation_tables(db: &Db, handle: &CollectionHandle) -> Result<Tab
         Backend::Sqlite => Ok(handle.tables_snapshot()),
         Backend::Postgres => {
             let mut conn = db.pool.acquire().await?;
-            Db::load_tables(&mut conn, &handle.engine, handle.id).await
+            Db::tables_of(&mut conn, &handle.engine, handle.id).await
         }
     }
 }
@@ -632,7 +633,7 @@ async fn finalize(
     };
     let tables = match db.backend {
         Backend::Sqlite => handle.tables_snapshot(),
-        Backend::Postgres => Db::load_tables(&mut tx, &handle.engine, handle.id).await?,
+        Backend::Postgres => Db::tables_of(&mut tx, &handle.engine, handle.id).await?,
     };
     let model = build_model(handle.engine.clone(), state.clone(), tables)
         .await

@@ -158,8 +158,9 @@ impl AppState {
         let config: CollectionConfig = serde_json::from_str(&row.config)?;
         let state: CollectionState = serde_json::from_str(&row.state)?;
         let engine = Engine::new(&config)?;
+        // Table counts (rebuilt once from the reports for a collection older than them).
+        let tables = self.inner.db.rebuild_table_counts(&engine, row.id).await?;
         let mut conn = self.inner.db.pool.acquire().await?;
-        let tables = Db::load_tables(&mut conn, &engine, row.id).await?;
         let counts = Db::round_counts(&mut conn, row.id).await?;
         drop(conn);
         let finalized = state.phase == Phase::Finalized;

@@ -189,8 +189,9 @@ impl Db {
         unhex(&stored).ok_or_else(|| ApiError::Internal("stored token key is not hex".into()))
     }
 
-    /// Inserts a new collection.
+    /// Inserts a new collection (its table counts complete: it has no reports).
     pub async fn insert_collection(&self, row: &CollectionRow, now: i64) -> Result<(), ApiError> {
+        let mut tx = self.pool.begin().await?;
         sqlx::query(
             "INSERT INTO collections (id, config, state, state_version, created_at) VALUES ($1, $2, $3, $4, $5)",
         )
@@ -199,8 +200,10 @@ impl Db {
         .bind(row.state.clone())
         .bind(row.state_version)
         .bind(now)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
+        Self::mark_counts_ready(&mut tx, row.id).await?;
+        tx.commit().await?;
         Ok(())
     }
 
@@ -330,6 +333,190 @@ impl Db {
                 .or_insert_with(|| SufficientStatistics::new(m));
             m.accumulate(&payload, stats)
                 .map_err(|e| ApiError::Internal(format!("stored report does not validate: {e}")))?;
+        }
+        Ok(tables)
+    }
+
+    /// Adds `delta` (one group's statistics of collection `id`) to its stored table counts,
+    /// in the caller's transaction: an additive upsert per nonzero cell and per table's n.
+    pub async fn add_table_counts(
+        &self,
+        conn: &mut AnyConnection,
+        id: Uuid,
+        delta: &Tables,
+    ) -> Result<(), ApiError> {
+        let mut rows: Vec<(i64, String, &'static str, String, i64, i64)> = Vec::new();
+        for (key, stats) in delta {
+            let (factor, mech, bins) = (
+                factor_text(&key.factor),
+                mechanism_name(key.mechanism),
+                bins_text(&key.bins)?,
+            );
+            rows.push((
+                key.round as i64,
+                factor.clone(),
+                mech,
+                bins.clone(),
+                -1,
+                stats.n as i64,
+            ));
+            for (c, &v) in stats.counts.iter().enumerate() {
+                if v > 0 {
+                    rows.push((
+                        key.round as i64,
+                        factor.clone(),
+                        mech,
+                        bins.clone(),
+                        c as i64,
+                        v as i64,
+                    ));
+                }
+            }
+        }
+        for chunk in rows.chunks(MAX_ROWS_PER_INSERT) {
+            let mut sql = String::from(
+                "INSERT INTO table_counts (collection_id, round, factor, mechanism, bins, cell, total) VALUES ",
+            );
+            for i in 0..chunk.len() {
+                if i > 0 {
+                    sql.push(',');
+                }
+                match self.backend {
+                    Backend::Sqlite => sql.push_str("(?,?,?,?,?,?,?)"),
+                    Backend::Postgres => {
+                        let b = i * 7;
+                        sql.push_str(&format!(
+                            "(${},${},${},${},${},${},${})",
+                            b + 1,
+                            b + 2,
+                            b + 3,
+                            b + 4,
+                            b + 5,
+                            b + 6,
+                            b + 7
+                        ));
+                    }
+                }
+            }
+            sql.push_str(
+                " ON CONFLICT (collection_id, round, factor, mechanism, bins, cell) \
+                 DO UPDATE SET total = table_counts.total + excluded.total",
+            );
+            let mut q = sqlx::query(&sql);
+            for (round, factor, mech, bins, cell, total) in chunk {
+                q = q
+                    .bind(id.to_string())
+                    .bind(*round)
+                    .bind(factor.clone())
+                    .bind(*mech)
+                    .bind(bins.clone())
+                    .bind(*cell)
+                    .bind(*total);
+            }
+            q.execute(&mut *conn).await?;
+        }
+        Ok(())
+    }
+
+    /// A collection's sufficient statistics: from its table counts when they are complete
+    /// (O(tables × cells) rows), else rebuilt from its reports ([`Db::load_tables`]).
+    pub async fn tables_of(
+        conn: &mut AnyConnection,
+        engine: &Engine,
+        id: Uuid,
+    ) -> Result<Tables, ApiError> {
+        if Self::counts_ready(conn, id).await? {
+            Self::load_table_counts(conn, engine, id).await
+        } else {
+            Self::load_tables(conn, engine, id).await
+        }
+    }
+
+    async fn counts_ready(conn: &mut AnyConnection, id: Uuid) -> Result<bool, ApiError> {
+        Ok(
+            sqlx::query("SELECT 1 FROM table_counts_ready WHERE collection_id = $1")
+                .bind(id.to_string())
+                .fetch_optional(&mut *conn)
+                .await?
+                .is_some(),
+        )
+    }
+
+    /// Marks collection `id`'s table counts complete (a new collection, or after
+    /// [`Db::rebuild_table_counts`]).
+    pub async fn mark_counts_ready(conn: &mut AnyConnection, id: Uuid) -> Result<(), ApiError> {
+        sqlx::query(
+            "INSERT INTO table_counts_ready (collection_id) VALUES ($1) ON CONFLICT DO NOTHING",
+        )
+        .bind(id.to_string())
+        .execute(&mut *conn)
+        .await?;
+        Ok(())
+    }
+
+    /// For a collection stored before table counts existed: rebuilds them from its reports
+    /// in one transaction behind the ingest barrier (no report commits meanwhile), marks them
+    /// complete, and returns the tables. A no-op read when they already are.
+    pub async fn rebuild_table_counts(
+        &self,
+        engine: &Engine,
+        id: Uuid,
+    ) -> Result<Tables, ApiError> {
+        let mut tx = self.pool.begin().await?;
+        self.lock_ingest_exclusive(&mut tx, id).await?;
+        if Self::counts_ready(&mut tx, id).await? {
+            let t = Self::load_table_counts(&mut tx, engine, id).await?;
+            tx.commit().await?;
+            return Ok(t);
+        }
+        let tables = Self::load_tables(&mut tx, engine, id).await?;
+        sqlx::query("DELETE FROM table_counts WHERE collection_id = $1")
+            .bind(id.to_string())
+            .execute(&mut *tx)
+            .await?;
+        self.add_table_counts(&mut tx, id, &tables).await?;
+        Self::mark_counts_ready(&mut tx, id).await?;
+        tx.commit().await?;
+        Ok(tables)
+    }
+
+    async fn load_table_counts(
+        conn: &mut AnyConnection,
+        engine: &Engine,
+        id: Uuid,
+    ) -> Result<Tables, ApiError> {
+        let mut tables = Tables::new();
+        let mut rows = sqlx::query(
+            "SELECT round, factor, mechanism, bins, cell, total FROM table_counts WHERE collection_id = $1",
+        )
+        .bind(id.to_string())
+        .fetch(&mut *conn);
+        while let Some(row) = rows.try_next().await? {
+            let round: i64 = row.try_get(0)?;
+            let key = TableKey {
+                round: round as u32,
+                factor: parse_factor(&row.try_get::<String, _>(1)?)?,
+                mechanism: parse_mechanism(&row.try_get::<String, _>(2)?)?,
+                bins: parse_bins(&row.try_get::<String, _>(3)?)?,
+            };
+            let (cell, total): (i64, i64) = (row.try_get(4)?, row.try_get(5)?);
+            let stats = match tables.get_mut(&key) {
+                Some(s) => s,
+                None => {
+                    let m = engine.mechanism(&key)?;
+                    tables
+                        .entry(key)
+                        .or_insert_with(|| SufficientStatistics::new(&m))
+                }
+            };
+            let bad =
+                || ApiError::Internal(format!("stored table count out of shape: cell {cell}"));
+            if cell < 0 {
+                stats.n = u64::try_from(total).map_err(|_| bad())?;
+            } else {
+                *stats.counts.get_mut(cell as usize).ok_or_else(bad)? =
+                    u64::try_from(total).map_err(|_| bad())?;
+            }
         }
         Ok(tables)
     }

@@ -157,7 +157,10 @@ async fn table_counts_rebuild_and_track_the_reports() {
     use ldpsyn_aggregator::service::storage::CollectionRow;
 
     let scratch = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}?mode=rwc", scratch.path().join("c.db").display());
+    let url = format!(
+        "sqlite://{}?mode=rwc",
+        scratch.path().join("c.db").display()
+    );
     let db = Db::connect(&url, 2).await.unwrap();
     let engine = Engine::from_parts(
         vec![3, 4],
@@ -204,7 +207,10 @@ async fn table_counts_rebuild_and_track_the_reports() {
     let scanned = Db::load_tables(&mut conn, &engine, id).await.unwrap();
     assert_eq!(rebuilt, scanned);
     assert_eq!(rebuilt.values().map(|s| s.n).sum::<u64>(), 40);
-    assert_eq!(Db::tables_of(&mut conn, &engine, id).await.unwrap(), scanned);
+    assert_eq!(
+        Db::tables_of(&mut conn, &engine, id).await.unwrap(),
+        scanned
+    );
 
     // New reports with their counts, as the ingest path writes them.
     let new: Vec<NewReport> = (40..100).map(|i| report(i, (i % 2) as usize)).collect();
@@ -222,7 +228,10 @@ async fn table_counts_rebuild_and_track_the_reports() {
     db.add_table_counts(&mut conn, id, &delta).await.unwrap();
     let scanned = Db::load_tables(&mut conn, &engine, id).await.unwrap();
     assert_eq!(scanned.values().map(|s| s.n).sum::<u64>(), 100);
-    assert_eq!(Db::tables_of(&mut conn, &engine, id).await.unwrap(), scanned);
+    assert_eq!(
+        Db::tables_of(&mut conn, &engine, id).await.unwrap(),
+        scanned
+    );
     drop(conn);
     db.pool.close().await;
 }

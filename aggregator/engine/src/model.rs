@@ -510,8 +510,9 @@ impl Model {
 
     /// Streams `rows` synthetic records (schema codes, one per attribute) from `seed`, each
     /// working bin recovered as [`Expansion::Recover`]. Graphical models use constant memory;
-    /// SamPrivSyn builds its table first (O(rows·d), the eq. 12 updating needs it). The same
-    /// model and seed give the same rows.
+    /// SamPrivSyn builds its table in chunks of [`SAMPRIVSYN_CHUNK_ROWS`] rows (the eq. 12
+    /// updating needs a table), so its memory is bounded too. The same model and seed give
+    /// the same rows.
     pub fn synthesize(&self, rows: u64, seed: u64) -> Synthesizer {
         self.synthesize_with(rows, seed, Expansion::Recover)
     }
@@ -541,7 +542,11 @@ impl Model {
             },
             ModelKind::SamPrivSyn(m) => Synthesizer {
                 inner: SynthInner::Table {
-                    table: m.synthesize_table(rows as usize, seed),
+                    model: Arc::clone(m),
+                    seed,
+                    chunk: 0,
+                    left: rows,
+                    table: Vec::new(),
                     next: 0,
                 },
                 d: self.dims.len(),
@@ -599,11 +604,23 @@ enum SynthInner {
         factors: Arc<Vec<Compiled>>,
         rng: Box<ChaCha12Rng>,
     },
+    /// SamPrivSyn's eq. 12 updating needs a whole table: built chunk by chunk
+    /// ([`SAMPRIVSYN_CHUNK_ROWS`] rows each, its own seed), so memory stays bounded.
     Table {
+        model: Arc<SamPrivSynModel>,
+        seed: u64,
+        chunk: u64,
+        /// Rows not yet built into a chunk.
+        left: u64,
         table: Vec<u32>,
         next: usize,
     },
 }
+
+/// Rows of one SamPrivSyn synthesis chunk (Algorithm 2 of SamPrivSyn on each): each chunk
+/// matches the estimated 1- and 2-way distributions on its own, so their concatenation does
+/// too; a download of any size holds one chunk (≈ 4·d bytes per row) at a time.
+pub const SAMPRIVSYN_CHUNK_ROWS: u64 = 1 << 20;
 
 /// Iterator of synthetic rows (codes, one per attribute); see [`Model::synthesize`].
 #[derive(Debug)]
@@ -661,7 +678,23 @@ impl Synthesizer {
                 }
                 row
             }
-            SynthInner::Table { table, next } => {
+            SynthInner::Table {
+                model,
+                seed,
+                chunk,
+                left,
+                table,
+                next,
+            } => {
+                if *next * d >= table.len() {
+                    let rows = (*left).min(SAMPRIVSYN_CHUNK_ROWS);
+                    // Chunk 0 keeps the seed itself: downloads within one chunk are as before.
+                    let chunk_seed = seed.wrapping_add(chunk.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+                    *table = model.synthesize_table(rows as usize, chunk_seed);
+                    *left -= rows;
+                    *chunk += 1;
+                    *next = 0;
+                }
                 let row = table[*next * d..(*next + 1) * d].to_vec();
                 *next += 1;
                 row

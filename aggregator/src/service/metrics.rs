@@ -26,6 +26,7 @@ pub struct Metrics {
     commit_sum_us: AtomicU64,
     rounds_closed: AtomicU64,
     collection_lookups: AtomicU64,
+    synthetic_bytes: AtomicU64,
 }
 
 fn problem_index(p: ProblemType) -> usize {
@@ -70,6 +71,10 @@ impl Metrics {
     /// Counts closed rounds (and SamPrivSyn re-weightings).
     pub fn rounds_closed(&self, n: u64) {
         self.rounds_closed.fetch_add(n, Relaxed);
+    }
+    /// Counts bytes of synthetic data produced for downloads.
+    pub fn synthetic_bytes(&self, n: u64) {
+        self.synthetic_bytes.fetch_add(n, Relaxed);
     }
     /// Counts one database lookup of a collection id this process did not have in memory.
     pub fn collection_lookup(&self) {
@@ -155,6 +160,11 @@ impl Metrics {
             s,
             "# HELP ldpsyn_collection_lookups_total Database lookups of collection ids not in memory (PostgreSQL; one per new id, then cached).\n# TYPE ldpsyn_collection_lookups_total counter\nldpsyn_collection_lookups_total {}",
             self.collection_lookups.load(Relaxed)
+        );
+        let _ = writeln!(
+            s,
+            "# HELP ldpsyn_synthetic_bytes_total Bytes of synthetic data produced for downloads (production stops when the client goes away).\n# TYPE ldpsyn_synthetic_bytes_total counter\nldpsyn_synthetic_bytes_total {}",
+            self.synthetic_bytes.load(Relaxed)
         );
         if rounds.is_empty() {
             return s;

@@ -3,9 +3,10 @@
 //! Rows come from [`crate::engine::Model::synthesize_with`] (codes; a `bins: "auto"`
 //! attribute's working bin becomes a grid code per [`Numeric`]), are decoded to labels and
 //! numbers by [`ldpsyn::schema::Schema::decode`] with an RNG seeded from `seed`, and are
-//! written in chunks by a blocking task into a bounded channel: memory stays constant
-//! (except SamPrivSyn, whose eq. 12 updating needs the table), and the same seed and model
-//! give the same bytes.
+//! written in chunks by a blocking task into a bounded channel: memory stays bounded (a
+//! graphical model streams rows; SamPrivSyn's own synthesis builds one chunk of rows at a
+//! time), the work stops when the client goes away (the channel closes), and the same seed
+//! and model give the same bytes.
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, RawQuery, State};
@@ -187,8 +188,11 @@ pub async fn get_synthetic(
     let (h, model) = model_of(&state, &id).await?;
     let schema = h.config.schema.clone();
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(4);
+    let counting = state.clone();
     tokio::task::spawn_blocking(move || {
         write_synthetic(&model, &schema, rows, seed, format, numeric, |chunk| {
+            counting.metrics().synthetic_bytes(chunk.len() as u64);
+            // Fails once the client has gone (the body stream and its receiver dropped).
             tx.blocking_send(chunk).is_ok()
         });
     });

@@ -291,6 +291,45 @@ mod tests {
         }
     }
 
+    /// SamPrivSyn's own synthesis (`samprivsyn_lasso`) builds its table chunk by chunk: a
+    /// download longer than a chunk is deterministic, and every chunk keeps the estimated
+    /// 1-ways (the whole download's and the first chunk's agree to 1%).
+    #[test]
+    fn samprivsyn_synthesis_streams_in_chunks() {
+        use crate::engine::model::SAMPRIVSYN_CHUNK_ROWS;
+        use ldpsyn::protocol::SamPrivSynParams;
+        let net = BayesNet::standard();
+        let pop = net.sample(20_000, 4);
+        let e = Engine::from_parts(
+            net.dims(),
+            Epsilon::new(4.0).unwrap(),
+            20_000,
+            Protocol::Samprivsyn(SamPrivSynParams::default()),
+            EngineOptions {
+                samprivsyn_lasso: Some(1e-4),
+                ..EngineOptions::default()
+            },
+        )
+        .unwrap();
+        let run = Simulation::new(&e, &pop).seed(2).run().unwrap();
+        let rows = SAMPRIVSYN_CHUNK_ROWS + 20_000;
+        let a: Vec<Vec<u32>> = run.model.synthesize(rows, 9).collect();
+        assert_eq!(a.len() as u64, rows);
+        let share = |rows: &[Vec<u32>], v: u32| {
+            rows.iter().filter(|r| r[0] == v).count() as f64 / rows.len() as f64
+        };
+        let first = &a[..SAMPRIVSYN_CHUNK_ROWS as usize];
+        for v in 0..net.dims()[0] as u32 {
+            assert!((share(&a, v) - share(first, v)).abs() < 0.01, "code {v}");
+        }
+        let again: Vec<Vec<u32>> = run
+            .model
+            .synthesize(rows, 9)
+            .skip(rows as usize - 5)
+            .collect();
+        assert_eq!(again, a[rows as usize - 5..]);
+    }
+
     /// The same multiset of reports, reduced in any order, gives the same tables, the same
     /// transitions and the same model (edges, junction tree, estimates within 1e-12).
     #[test]

@@ -589,3 +589,116 @@ async fn new_and_unknown_ids_are_looked_up_once() {
         "52 requests, one lookup"
     );
 }
+
+/// PostgreSQL, two processes under upload load: SIGKILL one. No acknowledged report is lost,
+/// the survivor keeps accepting, the killed one restarts and converges (same count, same
+/// estimates), and everything equals one clean reduction of the acknowledged reports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_one_of_two_postgres_processes() {
+    let Some(db) = std::env::var("LDPSYN_TEST_DATABASE_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
+    else {
+        eprintln!("sigkill_one_of_two_postgres_processes: skipped (set LDPSYN_TEST_DATABASE_URL)");
+        return;
+    };
+    let (port_a, port_b) = (free_port(), free_port());
+    let (base_a, base_b) = (
+        format!("http://127.0.0.1:{port_a}"),
+        format!("http://127.0.0.1:{port_b}"),
+    );
+    let mut a = spawn(&db, port_a);
+    let _b = spawn(&db, port_b);
+    wait_healthy(&base_a).await;
+    wait_healthy(&base_b).await;
+    let http = reqwest::Client::new();
+    let (id, config) = create(
+        &http,
+        &base_a,
+        json!({"protocol": "samprivsyn", "epsilon": 2.0, "target_users": 1_000_000_000u64,
+               "batch_size": 500}),
+    )
+    .await;
+    // Two uploaders per process; kill A while they run.
+    let all = people(&config.schema, 8000);
+    let tasks: Vec<_> = all
+        .chunks(2000)
+        .enumerate()
+        .map(|(i, c)| {
+            let base = if i % 2 == 0 { &base_a } else { &base_b };
+            tokio::spawn(upload_all(base.clone(), id, c.to_vec(), 40 + i as u64))
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    a.0.kill().expect("SIGKILL");
+    let _ = a.0.wait();
+    let mut people: Vec<SimulatedPerson<MemoryLedger>> = Vec::new();
+    for t in tasks {
+        people.extend(t.await.unwrap());
+    }
+    let acked_before = reports(&people, id, ReportState::Acknowledged).len();
+    let pending = reports(&people, id, ReportState::Pending).len();
+    eprintln!("at the kill: {acked_before} acknowledged, {pending} pending");
+    let s = admin(&http, "GET", format!("{base_b}/v1/collections/{id}")).await;
+    let seen = s["status"]["reports_accepted"].as_u64().unwrap();
+    assert!(
+        (acked_before as u64..=(acked_before + pending) as u64).contains(&seen),
+        "survivor counts {seen}: {acked_before} acknowledged, {pending} pending"
+    );
+
+    // A restarts; everyone not yet acknowledged (pending ones resent with their own bytes)
+    // goes through the survivor and the restarted process alike.
+    let port_c = free_port();
+    let base_c = format!("http://127.0.0.1:{port_c}");
+    let _c = spawn(&db, port_c);
+    wait_healthy(&base_c).await;
+    for (i, part) in people.chunks_mut(2000).enumerate() {
+        let base = if i % 2 == 0 { &base_c } else { &base_b };
+        let mut options = ClientOptions::new(Epsilon::new(2.0).unwrap());
+        options.seed = Some(90 + i as u64);
+        let mut client = Client::connect(base, id, options, MemoryLedger::default())
+            .await
+            .unwrap();
+        for chunk in part.chunks_mut(500) {
+            for r in client.submit_batch(chunk).await.unwrap() {
+                match r {
+                    Ok(_) | Err(ClientError::BudgetExhausted { .. }) => {}
+                    Err(e) => panic!("resubmission failed: {e}"),
+                }
+            }
+        }
+    }
+    let acked = reports(&people, id, ReportState::Acknowledged);
+    assert_eq!(acked.len(), 8000, "everyone acknowledged once");
+
+    // Both processes converge on the same count and, after finalize, the same model: one
+    // clean reduction of the 8000 reports (with the rounds each closed).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for b in [&base_b, &base_c] {
+        let s = admin(&http, "GET", format!("{b}/v1/collections/{id}")).await;
+        assert_eq!(s["status"]["reports_accepted"], 8000, "{b}: {s}");
+    }
+    admin(
+        &http,
+        "POST",
+        format!("{base_c}/v1/collections/{id}/finalize"),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let engine = Engine::new(&config).unwrap();
+    let tables = reduce(&engine, &acked);
+    let mut state = engine.initial_state();
+    engine.mark_finalized(&mut state);
+    // SamPrivSyn pools every batch in round 0: the reduction does not depend on the closes.
+    let clean = engine.finalize(&state, &tables).unwrap();
+    let expected = json!(clean.marginal(&[0, 1]).unwrap().frequencies);
+    for b in [&base_b, &base_c] {
+        let m = admin(
+            &http,
+            "GET",
+            format!("{b}/v1/collections/{id}/marginals?attrs=a,b"),
+        )
+        .await;
+        assert_eq!(m["frequencies"], expected, "{b}");
+    }
+}

@@ -702,3 +702,89 @@ async fn sigkill_one_of_two_postgres_processes() {
         assert_eq!(m["frequencies"], expected, "{b}");
     }
 }
+
+/// While a process loads its state (here: rebuilding the table counts of 60,000 reports
+/// stored before them) its port answers at once — `/healthz` 503 `unavailable`, a problem
+/// document — and then 200 with everything loaded; no request hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_is_503_until_the_state_is_loaded() {
+    use ldpsyn::mechanism::MechanismKind;
+    use ldpsyn::protocol::Payload;
+    use ldpsyn_aggregator::engine::TableKey;
+    use ldpsyn_aggregator::service::storage::{CollectionRow, Db, NewReport};
+
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("slow.db").display());
+    let config = json!({"version": 1, "id": Uuid::nil(), "schema": schema(),
+        "epsilon": 2.0, "target_users": 1_000_000_000u64, "protocol": "independence"});
+    let config: CollectionConfig = serde_json::from_value(config).unwrap();
+    let id = Uuid::new_v4();
+    {
+        let db = Db::connect(&url, 2).await.unwrap();
+        let engine = Engine::new(&config).unwrap();
+        let row = CollectionRow {
+            id,
+            config: serde_json::to_string(&CollectionConfig {
+                id,
+                ..config.clone()
+            })
+            .unwrap(),
+            state: serde_json::to_string(&engine.initial_state()).unwrap(),
+            state_version: 0,
+        };
+        db.insert_collection(&row, 0).await.unwrap();
+        let reports: Vec<NewReport> = (0..60_000u32)
+            .map(|i| NewReport {
+                collection: id,
+                report_id: Uuid::new_v4(),
+                nonce: format!("{i:032x}"),
+                task_round: 0,
+                key: TableKey {
+                    round: 0,
+                    factor: vec![(i % 3) as usize],
+                    mechanism: MechanismKind::Grr,
+                    bins: vec![],
+                },
+                payload: Payload::Grr(u64::from(i % 2)),
+            })
+            .collect();
+        let mut conn = db.pool.acquire().await.unwrap();
+        for chunk in reports.chunks(4096) {
+            db.insert_reports(&mut conn, &chunk.iter().collect::<Vec<_>>())
+                .await
+                .unwrap();
+        }
+        // As stored before table counts: their rebuild is the slow part of the start.
+        sqlx::query("DELETE FROM table_counts_ready")
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        drop(conn);
+        db.pool.close().await;
+    }
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let _server = spawn(&url, port);
+    let http = reqwest::Client::new();
+    let (mut unavailable, start) = (0, Instant::now());
+    loop {
+        assert!(start.elapsed() < Duration::from_secs(60), "never ready");
+        let Ok(r) = http.get(format!("{base}/healthz")).send().await else {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            continue; // not bound yet
+        };
+        match r.status().as_u16() {
+            200 => break,
+            503 => {
+                let problem: Value = r.json().await.unwrap();
+                assert!(problem["type"].as_str().unwrap().ends_with("unavailable"));
+                unavailable += 1;
+            }
+            other => panic!("healthz answered {other}"),
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(unavailable > 0, "the port answered 503 while loading");
+    let s = admin(&http, "GET", format!("{base}/v1/collections/{id}")).await;
+    assert_eq!(s["status"]["reports_accepted"], 60_000, "rebuilt from the reports: {s}");
+}

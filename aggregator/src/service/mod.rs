@@ -384,17 +384,55 @@ impl Server {
         let addr = listener
             .local_addr()
             .map_err(|e| ApiError::Internal(e.to_string()))?;
-        let (state, committer) = AppState::open(config).await?;
-        let app = router(state.clone());
-        let refresher = spawn_refresher(state.clone());
-        let st = state.clone();
-        let task = tokio::spawn(async move {
-            let served = axum::serve(
+        // The port answers at once: 503 `unavailable` (with /healthz) while the state loads,
+        // then the API. Requests never hang on a process that is still starting.
+        let ready: Arc<std::sync::OnceLock<axum::Router>> = Arc::new(std::sync::OnceLock::new());
+        let gate = ready.clone();
+        let app = axum::Router::new().fallback_service(tower::service_fn(
+            move |req: axum::extract::Request| {
+                let gate = gate.clone();
+                async move {
+                    use tower::ServiceExt as _;
+                    match gate.get() {
+                        Some(router) => router.clone().oneshot(req).await,
+                        None => Ok(axum::response::IntoResponse::into_response(
+                            ApiError::problem(
+                                ldpsyn::protocol::ProblemType::Unavailable,
+                                "the aggregator is loading its state; retry shortly",
+                            ),
+                        )),
+                    }
+                }
+            },
+        ));
+        let (signal_tx, signal_rx) = oneshot::channel::<()>();
+        let serving = tokio::spawn(async move {
+            axum::serve(
                 listener,
                 app.into_make_service_with_connect_info::<SocketAddr>(),
             )
-            .with_graceful_shutdown(signal)
-            .await;
+            .with_graceful_shutdown(async move {
+                let _ = signal_rx.await;
+            })
+            .await
+        });
+        let (state, committer) = match AppState::open(config).await {
+            Ok(opened) => opened,
+            Err(e) => {
+                let _ = signal_tx.send(());
+                let _ = serving.await;
+                return Err(e);
+            }
+        };
+        let _ = ready.set(router(state.clone()));
+        let refresher = spawn_refresher(state.clone());
+        let st = state.clone();
+        let task = tokio::spawn(async move {
+            signal.await;
+            let _ = signal_tx.send(());
+            let served = serving
+                .await
+                .map_err(|e| ApiError::Internal(format!("server task: {e}")))?;
             if let Some(r) = refresher {
                 r.abort();
             }

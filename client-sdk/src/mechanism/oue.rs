@@ -47,8 +47,10 @@ impl Oue {
             epsilon,
             k,
             q,
-            // q < 1/2, so q·2^64 < 2^63 fits; `as` rounds toward zero.
-            q_threshold: (q * TWO_POW_64) as u64,
+            // Raised by 8 ULPs before rounding up, so the realized q' = threshold / 2^64 is
+            // above 1/(e^ε + 1) despite the rounding of e^ε and of the division: the realized
+            // ratio (1 − q')/q' stays ≤ e^ε. q < 1/2, so q'·2^64 < 2^63 fits.
+            q_threshold: (q * (1.0 + 8.0 * f64::EPSILON) * TWO_POW_64).ceil() as u64,
         })
     }
 

@@ -429,6 +429,20 @@ fn privacy_audit_oue_enumerated() {
     assert!(dense > 0 && geometric > 0, "both sampler paths audited");
 }
 
+/// The Bernoulli path's threshold is set so that the realized probability of a non-true bit
+/// is above q = 1/(e^ε + 1) by more than the rounding of its computation: the realized
+/// ratio (1 − q')/q' at p = 1/2 is ≤ e^ε, by a margin, and within 1e-14 of it (still tight).
+#[test]
+fn oue_threshold_rounds_towards_privacy() {
+    for &e in &AUDIT_EPSILONS {
+        let o = Oue::new(eps(e), 4).unwrap();
+        let (_, realized) = o.sampler_bit_probabilities();
+        let ratio = (1.0 - realized) / realized;
+        assert!(ratio < e.exp(), "ε={e}: realized ratio {ratio} ≥ e^ε");
+        assert!(ratio > e.exp() * (1.0 - 1e-14), "ε={e}: not tight");
+    }
+}
+
 #[test]
 fn privacy_audit_oue_closed_form() {
     let (mut dense, mut geometric) = (0, 0);

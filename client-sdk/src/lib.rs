@@ -36,4 +36,4 @@ pub mod submission;
 #[cfg(feature = "http")]
 pub mod client;
 
-pub use epsilon::{Epsilon, EpsilonError};
+pub use epsilon::{Epsilon, EpsilonError, MAX_EPSILON, MIN_COLLECTION_EPSILON};

@@ -265,7 +265,7 @@ mod tests {
             version: 1,
             id: Uuid::nil(),
             schema,
-            epsilon: Epsilon::new(40.0).unwrap(),
+            epsilon: Epsilon::new(20.0).unwrap(),
             target_users: 10,
             protocol: Protocol::Independence {},
         }
@@ -278,19 +278,19 @@ mod tests {
             factor: vec![0, 1],
             mechanism,
             bins,
-            epsilon: Epsilon::new(40.0).unwrap(),
+            epsilon: Epsilon::new(20.0).unwrap(),
             token: "t".into(),
             expires_at: 0,
         }
     }
 
     /// A binned task reports the record's bin, over the product of the bin counts (at
-    /// ε = 40 GRR keeps the true value but with probability ~e⁻³⁷); invalid maps are refused
+    /// ε = 20 GRR keeps the true value but with probability ~e⁻¹⁶); invalid maps are refused
     /// before anything is randomized.
     #[test]
     fn bin_maps_are_applied_and_checked() {
         let c = config();
-        let eps = Epsilon::new(40.0).unwrap();
+        let eps = Epsilon::new(20.0).unwrap();
         let record = c
             .schema
             .record()

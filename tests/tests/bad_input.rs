@@ -343,6 +343,14 @@ async fn bad_inputs_are_refused_and_change_nothing() {
             ProblemType::InvalidParameter,
         ),
         (
+            json!({"protocol": "privincr", "epsilon": 800.0, "target_users": 10}),
+            ProblemType::InvalidParameter,
+        ),
+        (
+            json!({"protocol": "auto", "epsilon": 0.001, "target_users": 10}),
+            ProblemType::InvalidParameter,
+        ),
+        (
             json!({"protocol": "privincr", "epsilon": 1.0, "target_users": 10, "batch_size": 5}),
             ProblemType::InvalidParameter,
         ),

@@ -366,6 +366,17 @@ pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine),
     obj.insert("id".into(), json!(id));
     let config: CollectionConfig = serde_json::from_value(Value::Object(obj))
         .map_err(|e| bad(ProblemType::InvalidParameter, e.to_string()))?;
+    if config.epsilon.get() < ldpsyn::MIN_COLLECTION_EPSILON {
+        return Err(bad(
+            ProblemType::InvalidParameter,
+            format!(
+                "`epsilon` must be within {}..={} (got {})",
+                ldpsyn::MIN_COLLECTION_EPSILON,
+                ldpsyn::MAX_EPSILON,
+                config.epsilon
+            ),
+        ));
+    }
     if config.target_users == 0 {
         return Err(bad(
             ProblemType::InvalidParameter,

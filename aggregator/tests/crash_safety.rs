@@ -786,5 +786,8 @@ async fn healthz_is_503_until_the_state_is_loaded() {
     }
     assert!(unavailable > 0, "the port answered 503 while loading");
     let s = admin(&http, "GET", format!("{base}/v1/collections/{id}")).await;
-    assert_eq!(s["status"]["reports_accepted"], 60_000, "rebuilt from the reports: {s}");
+    assert_eq!(
+        s["status"]["reports_accepted"], 60_000,
+        "rebuilt from the reports: {s}"
+    );
 }

@@ -107,7 +107,7 @@ proptest! {
     /// (e.g. 19.824778448721442 → 19.82477844872144), so an arbitrary ε survives JSON only to
     /// within 1 ulp. Exact equality holds for the decimal ε of real configs (above).
     #[test]
-    fn any_epsilon_round_trips_within_one_ulp(epsilon in 1e-6f64..50.0) {
+    fn any_epsilon_round_trips_within_one_ulp(epsilon in 1e-6f64..=ldpsyn::MAX_EPSILON) {
         let e = Epsilon::new(epsilon).unwrap();
         let back: Epsilon = serde_json::from_str(&serde_json::to_string(&e).unwrap()).unwrap();
         let ulps = (back.get().to_bits() as i64 - e.get().to_bits() as i64).abs();

@@ -151,10 +151,7 @@ fn spread_within_bins(binned: &[f64], cuts: &[u32], k: usize) -> Vec<f64> {
 pub fn binnings(ms: &Measurements, attrs: &[usize]) -> Vec<Vec<Vec<u32>>> {
     let dims = ms.domain_sizes();
     let mut out: Vec<Vec<Vec<u32>>> = Vec::new();
-    for m in ms.items() {
-        if !attrs.iter().all(|a| m.key.factor.contains(a)) {
-            continue;
-        }
+    for m in ms.containing(attrs) {
         let b: Vec<Vec<u32>> = attrs.iter().map(|&a| m.key.bins_of(a).to_vec()).collect();
         let b = if b.iter().all(Vec::is_empty) {
             Vec::new()

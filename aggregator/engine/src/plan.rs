@@ -56,8 +56,12 @@ pub struct Structure {
     pub conditionals: Vec<Conditional>,
 }
 
+/// Cells of the product domain of `attrs`, saturating (200 attributes of 4 values overflow
+/// even u128).
 fn cells(dims: &[usize], attrs: impl IntoIterator<Item = usize>) -> u128 {
-    attrs.into_iter().map(|a| dims[a] as u128).product()
+    attrs
+        .into_iter()
+        .fold(1u128, |acc, a| acc.saturating_mul(dims[a] as u128))
 }
 
 /// mRMR redundancy elimination (see the module docs for the stopping rule).

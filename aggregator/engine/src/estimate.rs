@@ -242,7 +242,10 @@ pub fn largest_clique_cells(dims: &[usize], edges: &BTreeSet<Edge>) -> u64 {
     build_junction_tree(dims.len(), edges)
         .cliques
         .iter()
-        .map(|c| c.iter().map(|&a| dims[a] as u64).product::<u64>())
+        .map(|c| {
+            c.iter()
+                .fold(1u64, |acc, &a| acc.saturating_mul(dims[a] as u64))
+        })
         .max()
         .unwrap_or(1)
 }

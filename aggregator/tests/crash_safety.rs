@@ -395,30 +395,35 @@ async fn two_processes_share_one_postgres_database() {
     );
 }
 
+/// `LDPSYN_TEST_DATABASE_URL` and two healthy `serve` processes on it with their base URLs;
+/// `None` (the test `name` prints that it was skipped) without the variable.
+async fn two_postgres_processes(name: &str) -> Option<(String, [(Server, String); 2])> {
+    let Some(db) = std::env::var("LDPSYN_TEST_DATABASE_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
+    else {
+        eprintln!("{name}: skipped (set LDPSYN_TEST_DATABASE_URL)");
+        return None;
+    };
+    let (port_a, port_b) = (free_port(), free_port());
+    let servers = [port_a, port_b].map(|p| (spawn(&db, p), format!("http://127.0.0.1:{p}")));
+    for (_, base) in &servers {
+        wait_healthy(base).await;
+    }
+    Some((db, servers))
+}
+
 /// Finalize through one process while the other is under upload load (PostgreSQL): no
 /// report commits after finalize read its tables — the model is exactly the reduction of
 /// the acknowledged reports, the others were answered `collection-finalized` — and both
 /// processes and a restart serve the same synthetic bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finalize_through_one_process_while_another_ingests() {
-    let Some(db) = std::env::var("LDPSYN_TEST_DATABASE_URL")
-        .ok()
-        .filter(|u| !u.is_empty())
+    let Some((db, [(a, base_a), (_b, base_b)])) =
+        two_postgres_processes("finalize_through_one_process_while_another_ingests").await
     else {
-        eprintln!(
-            "finalize_through_one_process_while_another_ingests: skipped (set LDPSYN_TEST_DATABASE_URL)"
-        );
         return;
     };
-    let (port_a, port_b) = (free_port(), free_port());
-    let (base_a, base_b) = (
-        format!("http://127.0.0.1:{port_a}"),
-        format!("http://127.0.0.1:{port_b}"),
-    );
-    let a = spawn(&db, port_a);
-    let _b = spawn(&db, port_b);
-    wait_healthy(&base_a).await;
-    wait_healthy(&base_b).await;
     let http = reqwest::Client::new();
     let (id, config) = create(
         &http,
@@ -527,22 +532,11 @@ async fn lookups(http: &reqwest::Client, base: &str) -> u64 {
 /// the database once per negative-cache period, not once each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_and_unknown_ids_are_looked_up_once() {
-    let Some(db) = std::env::var("LDPSYN_TEST_DATABASE_URL")
-        .ok()
-        .filter(|u| !u.is_empty())
+    let Some((_db, [(_a, base_a), (_b, base_b)])) =
+        two_postgres_processes("new_and_unknown_ids_are_looked_up_once").await
     else {
-        eprintln!("new_and_unknown_ids_are_looked_up_once: skipped (set LDPSYN_TEST_DATABASE_URL)");
         return;
     };
-    let (port_a, port_b) = (free_port(), free_port());
-    let (base_a, base_b) = (
-        format!("http://127.0.0.1:{port_a}"),
-        format!("http://127.0.0.1:{port_b}"),
-    );
-    let _a = spawn(&db, port_a);
-    let _b = spawn(&db, port_b);
-    wait_healthy(&base_a).await;
-    wait_healthy(&base_b).await;
     let http = reqwest::Client::new();
     let before = lookups(&http, &base_b).await;
     let (id, _) = create(
@@ -595,22 +589,11 @@ async fn new_and_unknown_ids_are_looked_up_once() {
 /// estimates), and everything equals one clean reduction of the acknowledged reports.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_one_of_two_postgres_processes() {
-    let Some(db) = std::env::var("LDPSYN_TEST_DATABASE_URL")
-        .ok()
-        .filter(|u| !u.is_empty())
+    let Some((db, [(mut a, base_a), (_b, base_b)])) =
+        two_postgres_processes("sigkill_one_of_two_postgres_processes").await
     else {
-        eprintln!("sigkill_one_of_two_postgres_processes: skipped (set LDPSYN_TEST_DATABASE_URL)");
         return;
     };
-    let (port_a, port_b) = (free_port(), free_port());
-    let (base_a, base_b) = (
-        format!("http://127.0.0.1:{port_a}"),
-        format!("http://127.0.0.1:{port_b}"),
-    );
-    let mut a = spawn(&db, port_a);
-    let _b = spawn(&db, port_b);
-    wait_healthy(&base_a).await;
-    wait_healthy(&base_b).await;
     let http = reqwest::Client::new();
     let (id, config) = create(
         &http,

@@ -237,12 +237,7 @@ impl AppState {
             return unknown();
         }
         // Another process may have created it: ask the database, unless it said no lately.
-        if self
-            .inner
-            .unknown
-            .get(&id)
-            .is_some_and(|t| t.elapsed() < NEGATIVE_TTL)
-        {
+        if self.recently_unknown(id) {
             return unknown();
         }
         // Single flight: the first request loads (a full read of the collection's reports),
@@ -252,12 +247,7 @@ impl AppState {
         if let Some(h) = self.inner.collections.get(&id) {
             return Ok(h.clone());
         }
-        if self
-            .inner
-            .unknown
-            .get(&id)
-            .is_some_and(|t| t.elapsed() < NEGATIVE_TTL)
-        {
+        if self.recently_unknown(id) {
             return unknown();
         }
         self.inner.metrics.collection_lookup();
@@ -313,6 +303,14 @@ impl AppState {
         answer
             .await
             .map_err(|_| ApiError::Internal("the committer dropped the command".into()))?
+    }
+
+    /// Whether the database said within [`NEGATIVE_TTL`] that it does not know `id`.
+    fn recently_unknown(&self, id: Uuid) -> bool {
+        self.inner
+            .unknown
+            .get(&id)
+            .is_some_and(|t| t.elapsed() < NEGATIVE_TTL)
     }
 
     /// The lock that makes one task at a time load collection `id` into this process.

@@ -337,6 +337,25 @@ impl Db {
         Ok(tables)
     }
 
+    /// Appends `rows` value tuples of `cols` parameters each to a multi-row INSERT: anonymous
+    /// `?` on SQLite (sqlx-sqlite looks every numbered parameter up by name, a linear scan,
+    /// which made a 512-row insert quadratic), `$1…` on PostgreSQL.
+    fn push_value_rows(&self, sql: &mut String, rows: usize, cols: usize) {
+        for i in 0..rows {
+            sql.push_str(if i == 0 { "(" } else { ",(" });
+            for c in 0..cols {
+                if c > 0 {
+                    sql.push(',');
+                }
+                match self.backend {
+                    Backend::Sqlite => sql.push('?'),
+                    Backend::Postgres => sql.push_str(&format!("${}", i * cols + c + 1)),
+                }
+            }
+            sql.push(')');
+        }
+    }
+
     /// Adds `delta` (one group's statistics of collection `id`) to its stored table counts,
     /// in the caller's transaction: an additive upsert per nonzero cell and per table's n.
     pub async fn add_table_counts(
@@ -377,27 +396,7 @@ impl Db {
             let mut sql = String::from(
                 "INSERT INTO table_counts (collection_id, round, factor, mechanism, bins, cell, total) VALUES ",
             );
-            for i in 0..chunk.len() {
-                if i > 0 {
-                    sql.push(',');
-                }
-                match self.backend {
-                    Backend::Sqlite => sql.push_str("(?,?,?,?,?,?,?)"),
-                    Backend::Postgres => {
-                        let b = i * 7;
-                        sql.push_str(&format!(
-                            "(${},${},${},${},${},${},${})",
-                            b + 1,
-                            b + 2,
-                            b + 3,
-                            b + 4,
-                            b + 5,
-                            b + 6,
-                            b + 7
-                        ));
-                    }
-                }
-            }
+            self.push_value_rows(&mut sql, chunk.len(), 7);
             sql.push_str(
                 " ON CONFLICT (collection_id, round, factor, mechanism, bins, cell) \
                  DO UPDATE SET total = table_counts.total + excluded.total",
@@ -537,30 +536,7 @@ impl Db {
             let chunk = &reports[start..start + n];
             let mut sql = String::with_capacity(80 + n * 40);
             sql.push_str("INSERT INTO reports (collection_id, token_nonce, report_id, round, factor, mechanism, payload, bins) VALUES ");
-            for i in 0..n {
-                if i > 0 {
-                    sql.push(',');
-                }
-                match self.backend {
-                    // Anonymous `?`: sqlx-sqlite looks every numbered parameter up by name,
-                    // a linear scan in SQLite, which made a 512-row insert quadratic.
-                    Backend::Sqlite => sql.push_str("(?,?,?,?,?,?,?,?)"),
-                    Backend::Postgres => {
-                        let b = i * 8;
-                        sql.push_str(&format!(
-                            "(${},${},${},${},${},${},${},${})",
-                            b + 1,
-                            b + 2,
-                            b + 3,
-                            b + 4,
-                            b + 5,
-                            b + 6,
-                            b + 7,
-                            b + 8
-                        ));
-                    }
-                }
-            }
+            self.push_value_rows(&mut sql, n, 8);
             sql.push_str(" ON CONFLICT DO NOTHING RETURNING collection_id, token_nonce");
             let mut q = sqlx::query(&sql);
             for r in chunk {

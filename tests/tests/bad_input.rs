@@ -350,6 +350,21 @@ async fn bad_inputs_are_refused_and_change_nothing() {
             json!({"protocol": "auto", "epsilon": 0.001, "target_users": 10}),
             ProblemType::InvalidParameter,
         ),
+        // A domain one anonymous report would make the server allocate (10a).
+        (
+            json!({"protocol": "samprivsyn", "epsilon": 1.0, "target_users": 10,
+                   "schema": {"attributes": [
+                       {"name": "n", "type": "numeric", "min": 0, "max": 1, "bins": 1_000_000_000u64},
+                       {"name": "c", "type": "categorical", "labels": ["a", "b"]}]}}),
+            ProblemType::InvalidParameter,
+        ),
+        (
+            json!({"protocol": "privincr", "epsilon": 1.0, "target_users": 10,
+                   "schema": {"attributes": [
+                       {"name": "x", "type": "numeric", "min": 0, "max": 1, "bins": 2000},
+                       {"name": "y", "type": "numeric", "min": 0, "max": 1, "bins": 2000}]}}),
+            ProblemType::InvalidParameter,
+        ),
         (
             json!({"protocol": "privincr", "epsilon": 1.0, "target_users": 10, "batch_size": 5}),
             ProblemType::InvalidParameter,

@@ -53,6 +53,14 @@ pub const SUB_BIN_ONE_WAY_SHARE: f64 = 0.25;
 /// ([`Space::sub_bin_cuts`]); from the same sweep (2, 4 and 8 compared).
 pub const SUB_BINS: usize = 8;
 
+/// Most values one attribute may have (schema codes, "missing" included): a 1-way table
+/// of it is allocated on its first report.
+pub const MAX_ATTRIBUTE_DOMAIN: usize = 1 << 15;
+
+/// Most cells of a pair measured at full resolution (protocols other than `auto`, which bins
+/// large pairs, and `independence`): the SDK's factor cap, 2^20.
+pub const MAX_PAIR_CELLS: usize = ldpsyn::factor::DEFAULT_MAX_CELLS;
+
 /// Where a collection is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -392,6 +400,32 @@ impl Engine {
                 "every attribute needs ≥ 2 values".into(),
             ));
         }
+        // Every table a task can open is allocated on its first report, which anyone may
+        // send: bound the domains here, before any request can ask for them.
+        if let Some((a, &k)) = space
+            .code_dims()
+            .iter()
+            .enumerate()
+            .find(|(_, k)| **k > MAX_ATTRIBUTE_DOMAIN)
+        {
+            return Err(EngineError::InvalidConfig(format!(
+                "attribute {a} has {k} values, more than {MAX_ATTRIBUTE_DOMAIN}"
+            )));
+        }
+        if !matches!(protocol, Protocol::Auto(_) | Protocol::Independence {}) {
+            // These measure every pair at full working resolution.
+            let mut order: Vec<usize> = (0..dims.len()).collect();
+            order.sort_by_key(|&a| std::cmp::Reverse(dims[a]));
+            if let [a, b, ..] = order[..]
+                && dims[a].saturating_mul(dims[b]) > MAX_PAIR_CELLS
+            {
+                return Err(EngineError::InvalidConfig(format!(
+                    "attributes {a} and {b} make a pair of {} cells, more than {MAX_PAIR_CELLS} \
+                     (use fewer bins, or protocol auto, which bins large pairs)",
+                    dims[a] * dims[b]
+                )));
+            }
+        }
         let rules: Arc<dyn CollectionProtocol> = match &protocol {
             Protocol::Privincr(p) => {
                 check_privincr(p)?;
@@ -704,6 +738,30 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Domains a first report would allocate are bounded at creation: an attribute above
+    /// MAX_ATTRIBUTE_DOMAIN always, a full-resolution pair above MAX_PAIR_CELLS for the
+    /// protocols that measure pairs as they are (not `auto`, which bins them).
+    #[test]
+    fn domains_are_bounded_at_creation() {
+        use ldpsyn::protocol::{PrivIncrParams, SamPrivSynParams};
+        let eps = Epsilon::new(1.0).unwrap();
+        let make = |dims: Vec<usize>, p: Protocol| {
+            Engine::from_parts(dims, eps, 100, p, EngineOptions::default())
+        };
+        let auto = || Protocol::Auto(PrivIncrParams::default());
+        assert!(make(vec![2, 1 << 16], auto()).is_err());
+        assert!(make(vec![2000, 2000], auto()).is_ok());
+        assert!(make(vec![2000, 2000], Protocol::Independence {}).is_ok());
+        for p in [
+            Protocol::Privincr(PrivIncrParams::default()),
+            Protocol::Samprivsyn(SamPrivSynParams::default()),
+        ] {
+            let e = make(vec![3, 2000, 2000], p.clone()).unwrap_err();
+            assert!(e.to_string().contains("attributes 1 and 2"), "{e}");
+            assert!(make(vec![3, 1000, 1000], p).is_ok());
+        }
+    }
 
     /// States stored before the tagged form carried every protocol's fields (and, before
     /// that, an `auto` significance `z` per edge): they read back as the tagged state, and

@@ -307,8 +307,10 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
             base.clone(),
         );
         let schema = input.schema.clone();
-        let mut options = ClientOptions::new(epsilon);
-        options.seed = Some(cfg.seed.wrapping_mul(1_000_003).wrapping_add(s as u64));
+        let options = ClientOptions::insecure_simulation(
+            epsilon,
+            cfg.seed.wrapping_mul(1_000_003).wrapping_add(s as u64),
+        );
         workers.push(tokio::spawn(async move {
             let mut client = Client::connect(&base, collection, options, MemoryLedger::default())
                 .await

@@ -141,8 +141,7 @@ async fn collections_cli_drives_a_collection() {
             ledger: MemoryLedger::default(),
         })
         .collect();
-    let mut options = ClientOptions::new(Epsilon::new(2.0).unwrap());
-    options.seed = Some(1);
+    let options = ClientOptions::insecure_simulation(Epsilon::new(2.0).unwrap(), 1);
     let mut client = Client::connect(&base, id, options, MemoryLedger::default())
         .await
         .unwrap();

@@ -133,8 +133,7 @@ async fn upload_all(
     mut chunk: Vec<SimulatedPerson<MemoryLedger>>,
     seed: u64,
 ) -> Vec<SimulatedPerson<MemoryLedger>> {
-    let mut options = ClientOptions::new(Epsilon::new(2.0).unwrap());
-    options.seed = Some(seed);
+    let mut options = ClientOptions::insecure_simulation(Epsilon::new(2.0).unwrap(), seed);
     options.max_attempts = 1;
     let Ok(mut client) = Client::connect(&base, id, options, MemoryLedger::default()).await else {
         return chunk;
@@ -240,8 +239,7 @@ async fn sigkill_during_uploads_loses_nothing_acknowledged() {
 
     // Resend everything pending (same ids: accepted or duplicate), then everyone else; the
     // people already acknowledged are refused by their own ledgers (budget spent).
-    let mut options = ClientOptions::new(Epsilon::new(2.0).unwrap());
-    options.seed = Some(99);
+    let options = ClientOptions::insecure_simulation(Epsilon::new(2.0).unwrap(), 99);
     let mut client = Client::connect(&base, id, options, MemoryLedger::default())
         .await
         .unwrap();
@@ -323,8 +321,7 @@ async fn two_processes_share_one_postgres_database() {
     // Round 0 through both processes at once, then close it through the second one.
     let upload = |chunk: Vec<SimulatedPerson<MemoryLedger>>, base: String, seed: u64| {
         tokio::spawn(async move {
-            let mut options = ClientOptions::new(Epsilon::new(2.0).unwrap());
-            options.seed = Some(seed);
+            let options = ClientOptions::insecure_simulation(Epsilon::new(2.0).unwrap(), seed);
             let mut client = Client::connect(&base, id, options, MemoryLedger::default())
                 .await
                 .unwrap();
@@ -637,8 +634,7 @@ async fn sigkill_one_of_two_postgres_processes() {
     wait_healthy(&base_c).await;
     for (i, part) in people.chunks_mut(2000).enumerate() {
         let base = if i % 2 == 0 { &base_c } else { &base_b };
-        let mut options = ClientOptions::new(Epsilon::new(2.0).unwrap());
-        options.seed = Some(90 + i as u64);
+        let options = ClientOptions::insecure_simulation(Epsilon::new(2.0).unwrap(), 90 + i as u64);
         let mut client = Client::connect(base, id, options, MemoryLedger::default())
             .await
             .unwrap();

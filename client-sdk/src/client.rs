@@ -48,13 +48,20 @@ pub struct ClientOptions {
     pub initial_backoff: Duration,
     /// Largest retry delay.
     pub max_backoff: Duration,
-    /// Seed of the privacy RNG, for tests and simulations only. `None` (the default) seeds
-    /// ChaCha12 (`StdRng`, a CSPRNG) from the operating system.
-    pub seed: Option<u64>,
+    /// Seed of the privacy RNG: only [`ClientOptions::insecure_simulation`] sets it. `None`
+    /// (always, from [`ClientOptions::new`]) seeds ChaCha12 (`StdRng`, a CSPRNG) from the
+    /// operating system.
+    seed: Option<u64>,
 }
 
 impl ClientOptions {
     /// Defaults: 10 s timeout, 5 attempts, backoff 100 ms doubling to 5 s, OS-seeded RNG.
+    /// The privacy RNG cannot be seeded on options made here:
+    ///
+    /// ```compile_fail
+    /// let mut o = ldpsyn::client::ClientOptions::new(ldpsyn::Epsilon::new(1.0).unwrap());
+    /// o.seed = Some(1);
+    /// ```
     pub fn new(max_epsilon: Epsilon) -> Self {
         Self {
             max_epsilon,
@@ -63,6 +70,16 @@ impl ClientOptions {
             initial_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(5),
             seed: None,
+        }
+    }
+
+    /// **Not private**: the defaults with the privacy RNG (and the report ids drawn from it)
+    /// seeded from `seed`, so anyone who knows the seed can undo the randomization. For
+    /// simulations and tests that must reproduce their reports; never for real people.
+    pub fn insecure_simulation(max_epsilon: Epsilon, seed: u64) -> Self {
+        Self {
+            seed: Some(seed),
+            ..Self::new(max_epsilon)
         }
     }
 }

@@ -191,11 +191,10 @@ async fn start(epsilon: f64, behaviour: Behaviour) -> (String, Arc<Fake>) {
 }
 
 fn options(max: f64) -> ClientOptions {
-    let mut o = ClientOptions::new(Epsilon::new(max).unwrap());
+    let mut o = ClientOptions::insecure_simulation(Epsilon::new(max).unwrap(), 42);
     o.initial_backoff = Duration::from_millis(5);
     o.max_backoff = Duration::from_millis(20);
     o.max_attempts = 3;
-    o.seed = Some(42);
     o
 }
 

@@ -25,8 +25,7 @@ async fn flow(db_url: &str) {
     .await;
     let schema = schema();
     let mut people = people(&schema, 4800, 11);
-    let mut options = ClientOptions::new(Epsilon::new(4.0).unwrap());
-    options.seed = Some(5);
+    let options = ClientOptions::insecure_simulation(Epsilon::new(4.0).unwrap(), 5);
     let mut client = Client::connect(&base, id, options, MemoryLedger::default())
         .await
         .expect("connect");
@@ -192,8 +191,7 @@ async fn samprivsyn_batches_reweight() {
     .await;
     let schema = schema();
     let mut people = people(&schema, 3000, 3);
-    let mut options = ClientOptions::new(Epsilon::new(4.0).unwrap());
-    options.seed = Some(1);
+    let options = ClientOptions::insecure_simulation(Epsilon::new(4.0).unwrap(), 1);
     let mut client = Client::connect(&base, id, options, MemoryLedger::default())
         .await
         .unwrap();
@@ -297,8 +295,7 @@ async fn auto_bin_maps_over_http() {
             }
         })
         .collect();
-    let mut options = ClientOptions::new(Epsilon::new(2.0).unwrap());
-    options.seed = Some(9);
+    let options = ClientOptions::insecure_simulation(Epsilon::new(2.0).unwrap(), 9);
     let mut client = Client::connect(&base, id, options, MemoryLedger::default())
         .await
         .unwrap();
@@ -390,8 +387,7 @@ async fn numeric_auto_bins_over_http() {
             }
         })
         .collect();
-    let mut options = ClientOptions::new(Epsilon::new(4.0).unwrap());
-    options.seed = Some(2);
+    let options = ClientOptions::insecure_simulation(Epsilon::new(4.0).unwrap(), 2);
     let mut client = Client::connect(&base, id, options, MemoryLedger::default())
         .await
         .unwrap();
@@ -487,8 +483,7 @@ async fn synthetic_download_stops_when_the_client_goes() {
     )
     .await;
     let mut people = people(&schema(), 500, 3);
-    let mut options = ClientOptions::new(Epsilon::new(2.0).unwrap());
-    options.seed = Some(5);
+    let options = ClientOptions::insecure_simulation(Epsilon::new(2.0).unwrap(), 5);
     let mut client = Client::connect(&base, id, options, MemoryLedger::default())
         .await
         .unwrap();

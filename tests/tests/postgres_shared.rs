@@ -30,8 +30,7 @@ async fn two_instances_share_one_postgres_database() {
     let mut people = people(&schema, 4800, 21);
     let mut clients = Vec::new();
     for (i, base) in [&base_a, &base_b].into_iter().enumerate() {
-        let mut o = ClientOptions::new(Epsilon::new(4.0).unwrap());
-        o.seed = Some(i as u64);
+        let o = ClientOptions::insecure_simulation(Epsilon::new(4.0).unwrap(), i as u64);
         clients.push(
             Client::connect(base, id, o, MemoryLedger::default())
                 .await

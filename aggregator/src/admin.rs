@@ -69,28 +69,32 @@ pub enum AdminCommand {
         id: String,
     },
     /// Download synthetic rows to a file, with a progress bar.
-    Download {
-        /// Collection id.
-        id: String,
-        /// Output file.
-        #[arg(long)]
-        out: PathBuf,
-        /// Rows (default: the server's, the collection's target users).
-        #[arg(long)]
-        rows: Option<u64>,
-        /// Seed: the same seed and model give the same bytes.
-        #[arg(long)]
-        seed: Option<u64>,
-        /// csv or ndjson.
-        #[arg(long, default_value = "csv")]
-        format: String,
-        /// Numeric values: recover, uniform or midpoint.
-        #[arg(long)]
-        numeric: Option<String>,
-        /// Hide the progress bar.
-        #[arg(long)]
-        quiet: bool,
-    },
+    Download(DownloadArgs),
+}
+
+/// `collections download` options.
+#[derive(Debug, Clone, Args)]
+pub struct DownloadArgs {
+    /// Collection id.
+    pub id: String,
+    /// Output file.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Rows (default: the server's, the collection's target users).
+    #[arg(long)]
+    pub rows: Option<u64>,
+    /// Seed: the same seed and model give the same bytes.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// csv or ndjson.
+    #[arg(long, default_value = "csv")]
+    pub format: String,
+    /// Numeric values: recover, uniform or midpoint.
+    #[arg(long)]
+    pub numeric: Option<String>,
+    /// Hide the progress bar.
+    #[arg(long)]
+    pub quiet: bool,
 }
 
 fn parse_param(s: &str) -> Result<(String, Value), String> {
@@ -130,6 +134,9 @@ pub enum AdminError {
     Json(#[from] serde_json::Error),
 }
 
+/// Turns a command's JSON answer into its human-readable summary.
+type Summary = Box<dyn Fn(&Value) -> String>;
+
 /// Runs one command against `cfg.server` with the admin `token`, writing its output to
 /// `out`. Errors: [`AdminError`].
 pub async fn run(
@@ -144,7 +151,9 @@ pub async fn run(
         http.request(method, format!("{base}{path}"))
             .bearer_auth(token)
     };
-    match &cfg.command {
+    // Every command but `download`: one request, its JSON answer printed as it is or
+    // summarized.
+    let (request, summarize): (reqwest::RequestBuilder, Summary) = match &cfg.command {
         AdminCommand::Create {
             schema,
             epsilon,
@@ -159,129 +168,115 @@ pub async fn run(
             body.insert("target_users".into(), json!(target_users));
             body.insert("protocol".into(), json!(protocol));
             body.extend(params.iter().cloned());
-            let v = json_of(
-                call(reqwest::Method::POST, "/v1/collections")
-                    .json(&body)
-                    .send()
-                    .await?,
+            (
+                call(reqwest::Method::POST, "/v1/collections").json(&body),
+                Box::new(|v| format!("{}\n", v["id"].as_str().unwrap_or(""))),
             )
-            .await?;
-            if cfg.json {
-                writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
-            } else {
-                writeln!(out, "{}", v["id"].as_str().unwrap_or(""))?;
-            }
         }
-        AdminCommand::List => {
-            let v = json_of(call(reqwest::Method::GET, "/v1/collections").send().await?).await?;
-            if cfg.json {
-                writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
-            } else {
+        AdminCommand::List => (
+            call(reqwest::Method::GET, "/v1/collections"),
+            Box::new(|v| {
                 let all = v.as_array().cloned().unwrap_or_default();
                 if all.is_empty() {
-                    writeln!(out, "no collections")?;
+                    return "no collections\n".into();
                 }
-                for c in all {
-                    writeln!(out, "{}", one_line(&c))?;
-                }
-            }
-        }
-        AdminCommand::Status { id } => {
-            let v = json_of(
-                call(reqwest::Method::GET, &format!("/v1/collections/{id}"))
-                    .send()
-                    .await?,
-            )
-            .await?;
-            if cfg.json {
-                writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
-            } else {
-                write!(out, "{}", summary(&v))?;
-            }
-        }
+                all.iter().map(|c| one_line(c) + "\n").collect()
+            }),
+        ),
+        AdminCommand::Status { id } => (
+            call(reqwest::Method::GET, &format!("/v1/collections/{id}")),
+            Box::new(summary),
+        ),
         AdminCommand::CloseRound { id } | AdminCommand::Finalize { id } => {
-            let verb = if matches!(cfg.command, AdminCommand::Finalize { .. }) {
-                "finalize"
-            } else {
-                "close-round"
+            let (verb, what) = match cfg.command {
+                AdminCommand::Finalize { .. } => ("finalize", "finalized"),
+                _ => ("close-round", "round closed"),
             };
-            let v = json_of(
+            let id = id.clone();
+            (
                 call(
                     reqwest::Method::POST,
                     &format!("/v1/collections/{id}/{verb}"),
-                )
-                .send()
-                .await?,
+                ),
+                Box::new(move |v| {
+                    let mut s = format!("{id}: {what}\n");
+                    if let Some(t) = v.get("transition") {
+                        s += &format!("  {t}\n");
+                    }
+                    s
+                }),
             )
-            .await?;
-            if cfg.json {
-                writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
-            } else {
-                let what = if verb == "finalize" {
-                    "finalized"
-                } else {
-                    "round closed"
-                };
-                writeln!(out, "{id}: {what}")?;
-                if let Some(t) = v.get("transition") {
-                    writeln!(out, "  {}", serde_json::to_string(t)?)?;
-                }
-            }
         }
-        AdminCommand::Download {
-            id,
-            out: path,
-            rows,
-            seed,
-            format,
-            numeric,
-            quiet,
-        } => {
-            let mut query = vec![("format", format.clone())];
-            query.extend(rows.map(|r| ("rows", r.to_string())));
-            query.extend(seed.map(|s| ("seed", s.to_string())));
-            query.extend(numeric.clone().map(|n| ("numeric", n)));
-            let mut resp = call(
-                reqwest::Method::GET,
-                &format!("/v1/collections/{id}/synthetic"),
+        AdminCommand::Download(args) => return download(args, cfg.json, &call, out).await,
+    };
+    let v = json_of(request.send().await?).await?;
+    if cfg.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
+    } else {
+        write!(out, "{}", summarize(&v))?;
+    }
+    Ok(())
+}
+
+/// `download`: the synthetic rows streamed to a file, with a progress bar.
+async fn download(
+    args: &DownloadArgs,
+    json_out: bool,
+    call: &impl Fn(reqwest::Method, &str) -> reqwest::RequestBuilder,
+    out: &mut impl Write,
+) -> Result<(), AdminError> {
+    let DownloadArgs {
+        id,
+        out: path,
+        rows,
+        seed,
+        format,
+        numeric,
+        quiet,
+    } = args;
+    let mut query = vec![("format", format.clone())];
+    query.extend(rows.map(|r| ("rows", r.to_string())));
+    query.extend(seed.map(|s| ("seed", s.to_string())));
+    query.extend(numeric.clone().map(|n| ("numeric", n)));
+    let mut resp = call(
+        reqwest::Method::GET,
+        &format!("/v1/collections/{id}/synthetic"),
+    )
+    .query(&query)
+    .send()
+    .await?;
+    if !resp.status().is_success() {
+        return Err(refusal(resp).await);
+    }
+    let bar = if *quiet {
+        ProgressBar::hidden()
+    } else {
+        let bar = rows.map_or_else(ProgressBar::new_spinner, ProgressBar::new);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "download {bar:40} {human_pos}/{human_len} rows {per_sec} {elapsed}",
             )
-            .query(&query)
-            .send()
-            .await?;
-            if !resp.status().is_success() {
-                return Err(refusal(resp).await);
-            }
-            let bar = if *quiet {
-                ProgressBar::hidden()
-            } else {
-                let bar = rows.map_or_else(ProgressBar::new_spinner, ProgressBar::new);
-                bar.set_style(
-                    ProgressStyle::with_template(
-                        "download {bar:40} {human_pos}/{human_len} rows {per_sec} {elapsed}",
-                    )
-                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
-                );
-                bar
-            };
-            let header = u64::from(format == "csv");
-            let mut file = std::io::BufWriter::new(std::fs::File::create(path)?);
-            let mut lines = 0u64;
-            while let Some(chunk) = resp.chunk().await? {
-                file.write_all(&chunk)?;
-                let n = chunk.iter().filter(|&&b| b == b'\n').count() as u64;
-                lines += n;
-                bar.set_position(lines.saturating_sub(header));
-            }
-            file.flush()?;
-            bar.finish_and_clear();
-            let rows_written = lines.saturating_sub(header);
-            if cfg.json {
-                let v = json!({"id": id, "rows": rows_written, "out": path.display().to_string()});
-                writeln!(out, "{v}")?;
-            } else {
-                writeln!(out, "{rows_written} rows written to {}", path.display())?;
-            }
-        }
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        bar
+    };
+    let header = u64::from(format == "csv");
+    let mut file = std::io::BufWriter::new(std::fs::File::create(path)?);
+    let mut lines = 0u64;
+    while let Some(chunk) = resp.chunk().await? {
+        file.write_all(&chunk)?;
+        let n = chunk.iter().filter(|&&b| b == b'\n').count() as u64;
+        lines += n;
+        bar.set_position(lines.saturating_sub(header));
+    }
+    file.flush()?;
+    bar.finish_and_clear();
+    let rows_written = lines.saturating_sub(header);
+    if json_out {
+        let v = json!({"id": id, "rows": rows_written, "out": path.display().to_string()});
+        writeln!(out, "{v}")?;
+    } else {
+        writeln!(out, "{rows_written} rows written to {}", path.display())?;
     }
     Ok(())
 }

@@ -589,21 +589,21 @@ impl Attribute {
                 points,
                 ..
             } => {
-                let bins = &self.grid_cells().expect("numeric");
-                if code >= *bins {
-                    return DecodedValue::Number(points[(code - bins) as usize]);
+                let cells = self.grid_cells().expect("numeric");
+                if code >= cells {
+                    return DecodedValue::Number(points[(code - cells) as usize]);
                 }
-                let width = (max - min) / f64::from(*bins);
+                let width = (max - min) / f64::from(cells);
                 let lo = min + width * f64::from(code);
-                let hi = if code + 1 == *bins { *max } else { lo + width };
+                let hi = if code + 1 == cells { *max } else { lo + width };
                 let x = if *integer {
                     // Whole numbers whose bin is `code`; a bin narrower than 1 may hold none.
                     let mut a = lo.ceil();
                     let mut b = hi.floor();
-                    while a <= b && numeric_bin(a, *min, *max, *bins) < code {
+                    while a <= b && numeric_bin(a, *min, *max, cells) < code {
                         a += 1.0;
                     }
-                    while b >= a && numeric_bin(b, *min, *max, *bins) > code {
+                    while b >= a && numeric_bin(b, *min, *max, cells) > code {
                         b -= 1.0;
                     }
                     if a > b {

@@ -171,7 +171,7 @@ pub fn binnings(ms: &Measurements, attrs: &[usize]) -> Vec<Vec<Vec<u32>>> {
 }
 
 /// The product of two 1-way distributions, row-major `a × b`.
-fn outer(a: &[f64], b: &[f64]) -> Vec<f64> {
+pub(crate) fn outer(a: &[f64], b: &[f64]) -> Vec<f64> {
     a.iter()
         .flat_map(|x| b.iter().map(move |y| x * y))
         .collect()

@@ -17,12 +17,13 @@ use rand_chacha::ChaCha12Rng;
 use serde::{Deserialize, Serialize};
 
 use super::EngineError;
+use super::estimate::outer;
 use super::graph::EdgeState;
 use super::pgm::GraphicalModel;
 use super::plan::{Conditional, Structure};
 use super::samprivsyn::SamPrivSynModel;
 use super::space::Space;
-use super::tables::{Measurements, projection_map};
+use super::tables::{Measurements, coarsen_map, projection_map};
 
 /// Where joint tables of attribute sets come from.
 pub trait JointSource: Send + Sync + std::fmt::Debug {
@@ -298,28 +299,20 @@ impl Recovery {
     /// proportion to the within-bin probabilities; also used for its standard errors.
     fn expand(&self, attrs: &[usize], working: &[f64]) -> Vec<f64> {
         let code_dims: Vec<usize> = attrs.iter().map(|&a| self.space.code_dims()[a]).collect();
-        let cells: usize = code_dims.iter().product();
-        let mut out = Vec::with_capacity(cells);
-        let mut codes = vec![0usize; attrs.len()];
-        for _ in 0..cells {
-            let (mut index, mut share) = (0usize, 1.0);
-            for (i, &a) in attrs.iter().enumerate() {
-                let bin = ldpsyn::factor::bin_of(codes[i] as u32, self.space.cuts(a)) as usize;
-                index = index * self.space.dims()[a] + bin;
-                if let Some(w) = &self.within[a] {
-                    share *= w[codes[i]];
-                }
-            }
-            out.push(working[index] * share);
-            for i in (0..codes.len()).rev() {
-                codes[i] += 1;
-                if codes[i] < code_dims[i] {
-                    break;
-                }
-                codes[i] = 0;
-            }
-        }
-        out
+        let cuts: Vec<Vec<u32>> = attrs.iter().map(|&a| self.space.cuts(a).to_vec()).collect();
+        let (bin_of_cell, _) = coarsen_map(&code_dims, &cuts);
+        // Each code's share of its bin: the product of its attributes' within-bin shares.
+        let shares = attrs
+            .iter()
+            .zip(&code_dims)
+            .fold(vec![1.0], |acc, (&a, &k)| {
+                outer(&acc, self.within[a].as_deref().unwrap_or(&vec![1.0; k]))
+            });
+        bin_of_cell
+            .iter()
+            .zip(&shares)
+            .map(|(&bin, &share)| working[bin] * share)
+            .collect()
     }
 }
 

@@ -236,6 +236,16 @@ impl TaskSpec {
     }
 }
 
+/// Domain sizes of `factor`'s attributes among `dims` under the bin maps `bins` (factor
+/// order); `None` for an attribute outside `dims` or an invalid map.
+fn factor_dims_in(dims: &[usize], factor: &[usize], bins: &[Vec<u32>]) -> Option<Vec<usize>> {
+    if factor.iter().any(|&a| a >= dims.len()) {
+        return None;
+    }
+    let sizes = binned_domain_sizes(dims, factor, bins).ok()?;
+    Some(factor.iter().map(|&a| sizes[a]).collect())
+}
+
 /// The task distribution of one state ([`Engine::sampler`]): draws in O(log n) (uniform: O(1)),
 /// so a request for many tasks, or a cache of it per state, does not rebuild the protocol's
 /// choices per task.
@@ -327,9 +337,8 @@ pub struct EngineOptions {
 /// The engine of one collection: its config, resolved. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Engine {
-    /// Schema codes ↔ working bins; `dims` are the working domain sizes.
+    /// Schema codes ↔ working bins.
     space: Space,
-    dims: Vec<usize>,
     epsilon: Epsilon,
     target_users: u64,
     protocol: Protocol,
@@ -395,11 +404,6 @@ impl Engine {
                 "every attribute needs ≥ 2 values".into(),
             ));
         }
-        if dims.is_empty() || dims.iter().any(|&k| k < 2) {
-            return Err(EngineError::InvalidConfig(
-                "every attribute needs ≥ 2 values".into(),
-            ));
-        }
         // Every table a task can open is allocated on its first report, which anyone may
         // send: bound the domains here, before any request can ask for them.
         if let Some((a, &k)) = space
@@ -449,7 +453,6 @@ impl Engine {
         };
         Ok(Self {
             space,
-            dims,
             epsilon,
             target_users,
             protocol,
@@ -461,7 +464,7 @@ impl Engine {
     /// Working domain sizes: what protocols and the model see (the schema's, with a
     /// `bins: "auto"` attribute in its working bins; [`crate::space`]).
     pub fn dims(&self) -> &[usize] {
-        &self.dims
+        self.space.dims()
     }
 
     /// Domain sizes of the schema (the codes devices encode to).
@@ -595,12 +598,8 @@ impl Engine {
     /// the factor's (binned) schema domains.
     /// Errors: an invalid factor or bin map for the schema.
     pub fn mechanism(&self, key: &TableKey) -> Result<Mechanism, EngineError> {
-        let code_dims = self.space.code_dims();
-        let dims = (key.factor.iter().all(|&a| a < code_dims.len()))
-            .then(|| binned_domain_sizes(code_dims, &key.factor, &key.bins).ok())
-            .flatten()
-            .map(|sizes| key.factor.iter().map(|&a| sizes[a]).collect::<Vec<_>>())
-            .ok_or_else(|| {
+        let dims =
+            factor_dims_in(self.space.code_dims(), &key.factor, &key.bins).ok_or_else(|| {
                 EngineError::InvalidState(format!(
                     "factor {:?} with bins {:?} does not fit the schema",
                     key.factor, key.bins
@@ -612,11 +611,7 @@ impl Engine {
     /// Domain sizes of `factor`'s attributes under the bin maps `bins` (factor order); `None`
     /// for an attribute outside the schema or an invalid map.
     pub(crate) fn factor_dims(&self, factor: &[usize], bins: &[Vec<u32>]) -> Option<Vec<usize>> {
-        if factor.iter().any(|&a| a >= self.dims.len()) {
-            return None;
-        }
-        let sizes = binned_domain_sizes(&self.dims, factor, bins).ok()?;
-        Some(factor.iter().map(|&a| sizes[a]).collect())
+        factor_dims_in(self.dims(), factor, bins)
     }
 
     /// Whether the current round (batch) should close now that it has
@@ -713,10 +708,10 @@ impl Engine {
             .filter_map(|(a, b)| best_pair_gain(&ms, &one_way, a, b).map(|(g, _)| ((a, b), g)))
             .collect();
         let cap = self.options.max_clique_cells.unwrap_or(MAX_CLIQUE_CELLS);
-        let edges = select_model_graph(&self.dims, &gains, cap);
+        let edges = select_model_graph(self.dims(), &gains, cap);
         let fitted = fit_model(&ms, &edges, &FitOptions::default())?;
         // Cliques are within the cap: one conditional per clique (no Algorithm 2 split).
-        let structure = build_structure(&self.dims, &edges, &[], u64::MAX);
+        let structure = build_structure(self.dims(), &edges, &[], u64::MAX);
         let recovery = Recovery::new(&self.space, &ms);
         let source = FittedJoint::new(ms, fitted);
         let gains = gains

@@ -130,8 +130,6 @@ pub struct Measurement {
 pub struct Refined {
     /// Bin maps of the measured cells over the attribute's schema codes (`[]`: every code).
     pub code_cuts: Vec<u32>,
-    /// Working bin of each measured cell.
-    pub blocks: Vec<usize>,
     /// Measured cells in each working bin.
     pub sizes: Vec<usize>,
     /// Unbiased estimate of each measured cell.
@@ -483,7 +481,6 @@ impl Measurements {
                     let cells = std::mem::replace(&mut estimate.frequencies, sums);
                     let refined = Refined {
                         code_cuts: key.bins_of(k.factor[0]).to_vec(),
-                        blocks,
                         sizes,
                         frequencies: cells,
                     };
@@ -523,10 +520,8 @@ impl Measurements {
     /// histogram recovery; [`crate::model::Recovery`]).
     pub fn sub_bin_distribution(&self, a: usize) -> Option<(Vec<u32>, Vec<f64>, Vec<f64>)> {
         let refined = || {
-            self.items
-                .iter()
+            self.containing(std::slice::from_ref(&a))
                 .filter_map(|m| Some((m, m.refined.as_ref()?)))
-                .filter(|(m, _)| m.key.factor == [a])
         };
         let cuts = refined()
             .max_by_key(|(_, r)| (r.frequencies.len(), std::cmp::Reverse(r.code_cuts.clone())))?
@@ -595,7 +590,8 @@ impl Measurements {
             .filter(move |m| attrs.iter().all(|a| m.key.factor.contains(a)))
     }
 
-    /// Schema domain sizes.
+    /// Domain sizes of the space the measurements were read in (the schema's for
+    /// [`Measurements::new`]; working ones for [`Measurements::filtered_in`]).
     pub fn domain_sizes(&self) -> &[usize] {
         &self.domain_sizes
     }
@@ -654,7 +650,7 @@ impl Measurements {
             let fits = attrs
                 .iter()
                 .enumerate()
-                .all(|(i, &a)| m.key.factor.contains(&a) && m.key.bins_of(a) == cuts_of(bins, i));
+                .all(|(i, &a)| m.key.bins_of(a) == cuts_of(bins, i));
             if !keep(&m.key) || !fits {
                 continue;
             }

@@ -292,6 +292,14 @@ pub async fn run_committer(db: Db, metrics: Arc<Metrics>, mut rx: mpsc::Receiver
     }
 }
 
+/// The answer to a report of a collection finalized before the report's commit.
+fn finalized_before_commit() -> Outcome {
+    Outcome::Rejected(Problem::new(
+        ProblemType::CollectionFinalized,
+        "the collection was finalized before this report was committed",
+    ))
+}
+
 type Group = Vec<(
     Vec<PendingReport>,
     oneshot::Sender<Result<Vec<Outcome>, ApiError>>,
@@ -314,10 +322,7 @@ async fn commit_group(db: &Db, writer: &mut Writer, metrics: &Metrics, group: Gr
         for (i, p) in items.iter().enumerate() {
             let r = &p.report;
             if p.handle.state().phase == Phase::Finalized {
-                outcomes[j][i] = Some(Outcome::Rejected(Problem::new(
-                    ProblemType::CollectionFinalized,
-                    "the collection was finalized before this report was committed",
-                )));
+                outcomes[j][i] = Some(finalized_before_commit());
             } else if let Some(&(fj, fi)) = tokens.get(&(r.collection, r.nonce.as_str())) {
                 if group[fj].0[fi].report.report_id == r.report_id {
                     follows.push(((j, i), (fj, fi)));
@@ -433,10 +438,7 @@ async fn write_group(
     let mut classified = vec![Outcome::Accepted; to_insert.len()];
     for (k, r) in to_insert.iter().enumerate() {
         if finalized[&r.collection] {
-            classified[k] = Outcome::Rejected(Problem::new(
-                ProblemType::CollectionFinalized,
-                "the collection was finalized before this report was committed",
-            ));
+            classified[k] = finalized_before_commit();
         } else if !inserted[k] {
             let stored = Db::report_of_token(&mut tx, r.collection, &r.nonce).await?;
             classified[k] = if stored == Some(r.report_id) {

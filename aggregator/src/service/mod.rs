@@ -240,8 +240,8 @@ impl AppState {
         if self.recently_unknown(id) {
             return unknown();
         }
-        // Single flight: the first request loads (a full read of the collection's reports),
-        // the others wait for it and find the handle.
+        // Single flight: the first request loads (its table counts, or a rebuild from its
+        // reports for a collection older than them); the others wait and find the handle.
         let gate = self.load_gate(id);
         let _turn = gate.lock().await;
         if let Some(h) = self.inner.collections.get(&id) {

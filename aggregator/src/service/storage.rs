@@ -461,9 +461,17 @@ impl Db {
         engine: &Engine,
         id: Uuid,
     ) -> Result<Tables, ApiError> {
+        {
+            // Complete counts (the usual case) are read without stopping anyone's ingest.
+            let mut conn = self.pool.acquire().await?;
+            if Self::counts_ready(&mut conn, id).await? {
+                return Self::load_table_counts(&mut conn, engine, id).await;
+            }
+        }
         let mut tx = self.pool.begin().await?;
         self.lock_ingest_exclusive(&mut tx, id).await?;
         if Self::counts_ready(&mut tx, id).await? {
+            // Another process rebuilt them meanwhile.
             let t = Self::load_table_counts(&mut tx, engine, id).await?;
             tx.commit().await?;
             return Ok(t);
@@ -640,7 +648,13 @@ impl Db {
         let (json, _) = Self::state_of(conn, id)
             .await?
             .ok_or_else(|| ApiError::Internal("collection row vanished".into()))?;
-        let state: crate::engine::CollectionState = serde_json::from_str(&json)?;
+        // Only the phase: this runs in every group commit, and a state can hold thousands of
+        // edges.
+        #[derive(serde::Deserialize)]
+        struct PhaseOnly {
+            phase: crate::engine::Phase,
+        }
+        let state: PhaseOnly = serde_json::from_str(&json)?;
         Ok(state.phase == crate::engine::Phase::Finalized)
     }
 

@@ -1,7 +1,7 @@
 //! Streamed synthetic downloads: `GET /v1/collections/{id}/synthetic?rows=N&seed=S&format=csv|ndjson&numeric=recover|uniform|midpoint`.
 //!
 //! Rows come from [`crate::engine::Model::synthesize_with`] (codes; a `bins: "auto"`
-//! attribute's working bin becomes a grid code per [`Numeric`]), are decoded to labels and
+//! attribute's working bin becomes a grid code per [`Expansion`]), are decoded to labels and
 //! numbers by [`ldpsyn::schema::Schema::decode`] with an RNG seeded from `seed`, and are
 //! written in chunks by a blocking task into a bounded channel: memory stays bounded (a
 //! graphical model streams rows; SamPrivSyn's own synthesis builds one chunk of rows at a
@@ -27,34 +27,14 @@ const ROWS_PER_CHUNK: usize = 2048;
 /// Mixed into the seed of the decoding RNG so it differs from the model's sampling RNG.
 const DECODE_SEED_SALT: u64 = 0x6c64_7073_796e_6465;
 
-/// How a numeric value is drawn: `numeric=` of the download.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Numeric {
-    /// A grid cell within the model's bin in proportion to the attribute's 1-way estimated
-    /// on the grid (VertiMRF §6.1's histogram recovery), then uniform within the cell; for a
-    /// fixed-count attribute the same as `Uniform`. The default.
-    #[default]
-    Recover,
-    /// Uniform within the model's bin.
-    Uniform,
-    /// The middle of the model's bin.
-    Midpoint,
-}
-
-impl Numeric {
-    fn expansion(self) -> Expansion {
-        match self {
-            Self::Recover => Expansion::Recover,
-            Self::Uniform => Expansion::Uniform,
-            Self::Midpoint => Expansion::Midpoint,
-        }
-    }
-
-    fn decoding(self) -> NumericDecoding {
-        match self {
-            Self::Recover | Self::Uniform => NumericDecoding::Uniform,
-            Self::Midpoint => NumericDecoding::Midpoint,
-        }
+/// How decoding turns a code into a number for `numeric=` `how` (the engine's
+/// [`Expansion`] chose the code within the model's bin): the middle of the cell for
+/// `midpoint`, else uniform within it (a fixed-count bin is one cell, so `recover` and
+/// `uniform` agree there).
+fn decoding(how: Expansion) -> NumericDecoding {
+    match how {
+        Expansion::Recover | Expansion::Uniform => NumericDecoding::Uniform,
+        Expansion::Midpoint => NumericDecoding::Midpoint,
     }
 }
 
@@ -75,7 +55,7 @@ pub fn write_synthetic(
     rows: u64,
     seed: u64,
     format: Format,
-    numeric: Numeric,
+    numeric: Expansion,
     mut sink: impl FnMut(Bytes) -> bool,
 ) {
     let mut rng = ChaCha12Rng::seed_from_u64(seed ^ DECODE_SEED_SALT);
@@ -95,8 +75,8 @@ pub fn write_synthetic(
     let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
     let mut in_chunk = 0;
     let mut fields: Vec<String> = Vec::with_capacity(names.len());
-    for codes in model.synthesize_with(rows, seed, numeric.expansion()) {
-        let values = schema.decode(&codes, numeric.decoding(), &mut rng);
+    for codes in model.synthesize_with(rows, seed, numeric) {
+        let values = schema.decode(&codes, decoding(numeric), &mut rng);
         match format {
             Format::Csv => {
                 fields.clear();
@@ -176,9 +156,9 @@ pub async fn get_synthetic(
         }
     };
     let numeric = match q.get("numeric").map(String::as_str) {
-        None | Some("recover") => Numeric::Recover,
-        Some("uniform") => Numeric::Uniform,
-        Some("midpoint") => Numeric::Midpoint,
+        None | Some("recover") => Expansion::Recover,
+        Some("uniform") => Expansion::Uniform,
+        Some("midpoint") => Expansion::Midpoint,
         Some(other) => {
             return Err(bad(format!(
                 "`numeric` must be recover, uniform or midpoint, got `{other}`"

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use ldpsyn::Epsilon;
-use ldpsyn::protocol::{CollectionConfig, PROTOCOL_VERSION, PrivIncrParams, Protocol};
+use ldpsyn::protocol::{CollectionConfig, PROTOCOL_VERSION, Protocol};
 use ldpsyn::schema::{AttributeKind, DecodedValue, NumericDecoding, Schema};
 use ldpsyn_aggregator::engine::{Engine, EngineOptions, Expansion};
 use ldpsyn_aggregator::eval::{MarginalCounts, evaluation_schema, numeric_fidelity, regrid};
@@ -55,18 +55,10 @@ struct Args {
     out: Option<PathBuf>,
 }
 
+/// The protocol `name` with its default parameters, read as the service reads a create
+/// request.
 fn protocol(name: &str) -> Result<Protocol, Error> {
-    Ok(match name {
-        "privincr" => Protocol::Privincr(PrivIncrParams::default()),
-        "noincremental" => Protocol::Noincremental(PrivIncrParams {
-            rounds: 1,
-            ..PrivIncrParams::default()
-        }),
-        "samprivsyn" => Protocol::Samprivsyn(Default::default()),
-        "independence" => Protocol::Independence {},
-        "auto" => Protocol::Auto(PrivIncrParams::default()),
-        other => return Err(format!("unknown protocol {other}").into()),
-    })
+    Ok(serde_json::from_value(json!({ "protocol": name }))?)
 }
 
 fn options() -> EngineOptions {

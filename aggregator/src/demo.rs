@@ -64,6 +64,12 @@ pub struct DemoConfig {
     /// Hide progress bars.
     #[arg(long)]
     pub quiet: bool,
+    /// A vertical collection instead (VertiMRF): a JSON file with its `parties` (each with its
+    /// attributes and their ε, e.g. `examples/adult/parties.json`). Each party randomizes
+    /// its columns of every person and uploads them over HTTP under a pseudonymous record
+    /// id; `--epsilon` and `--protocol` are ignored (ε is the largest party's Σε).
+    #[arg(long)]
+    pub vertical: Option<PathBuf>,
 }
 
 /// Errors of the demo.
@@ -129,6 +135,13 @@ pub struct DemoReport {
     pub tvd2: f64,
     /// Mean TVD over all 3-way marginals.
     pub tvd3: f64,
+    /// Vertical collections: mean TVD over the 2-way marginals of attributes held by
+    /// different parties.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cross_party_tvd2: Option<f64>,
+    /// Vertical collections: each party's ε per person (Σ of its attributes' ε).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub party_epsilon: Option<serde_json::Value>,
     /// Raw-value fidelity of every numeric attribute of `--data` (KS, W1/(max − min), 1-D
     /// range queries, the real mode's share), against the file's kept rows.
     pub numeric: Vec<NumericFidelity>,
@@ -240,6 +253,17 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
     let started = Instant::now();
     let mut phases = std::collections::BTreeMap::new();
     let epsilon = Epsilon::new(cfg.epsilon).map_err(|e| DemoError::Input(e.to_string()))?;
+    let parties: Option<serde_json::Value> = cfg
+        .vertical
+        .as_ref()
+        .map(|p| {
+            let text = std::fs::read_to_string(p)
+                .map_err(|e| DemoError::Input(format!("cannot read {}: {e}", p.display())))?;
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| DemoError::Input(format!("{}: {e}", p.display())))?;
+            Ok::<_, DemoError>(v.get("parties").cloned().unwrap_or(v))
+        })
+        .transpose()?;
     let input = load_input(&cfg)?;
     let n = input.population.len();
     let d = input.population.d();
@@ -274,10 +298,16 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
     let http = reqwest::Client::new();
 
     // 2. The collection.
-    let create = serde_json::json!({
-        "schema": input.schema, "protocol": cfg.protocol, "epsilon": cfg.epsilon,
-        "target_users": n,
-    });
+    let create = match &parties {
+        Some(parties) => serde_json::json!({
+            "schema": input.schema, "protocol": "vertical", "parties": parties,
+            "target_users": n,
+        }),
+        None => serde_json::json!({
+            "schema": input.schema, "protocol": cfg.protocol, "epsilon": cfg.epsilon,
+            "target_users": n,
+        }),
+    };
     let created = send_json(
         http.post(format!("{base}/v1/collections"))
             .bearer_auth(&admin)
@@ -297,7 +327,15 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
     let population = Arc::new(input.population);
     let bar = progress(n as u64, "upload", cfg.quiet);
     let accepted = Arc::new(AtomicU64::new(0));
-    let streams = cfg.streams.clamp(1, 64);
+    let streams = if parties.is_some() {
+        0
+    } else {
+        cfg.streams.clamp(1, 64)
+    };
+    if parties.is_some() {
+        let n = upload_parties(&base, collection, &created, &population, cfg.seed, &bar).await?;
+        accepted.fetch_add(n, Ordering::Relaxed);
+    }
     let mut workers = Vec::new();
     for s in 0..streams {
         let (population, bar, accepted, base) = (
@@ -432,6 +470,26 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
             .mean_tvd(&synth)
             .map_err(|e| DemoError::Service(e.to_string()))?;
     }
+    let cross_party_tvd2 = match &created["parties"] {
+        serde_json::Value::Array(list) if d >= 2 => {
+            let mut owner = vec![usize::MAX; d];
+            for (p, party) in list.iter().enumerate() {
+                for a in party["attributes"].as_array().into_iter().flatten() {
+                    if let Some(i) = names
+                        .iter()
+                        .position(|n| Some(n.as_str()) == a["name"].as_str())
+                    {
+                        owner[i] = p;
+                    }
+                }
+            }
+            let real = MarginalCounts::of_population(&real_binned, 2);
+            let synth = MarginalCounts::of_population(&synth_binned, 2);
+            real.mean_tvd_where(&synth, |s| owner[s[0]] != owner[s[1]])
+                .ok()
+        }
+        _ => None,
+    };
     let mut numeric = Vec::new();
     for real in &input.numeric {
         let attr = &input.schema.attributes()[real.attribute];
@@ -467,11 +525,16 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
     let report = DemoReport {
         users: n,
         rows_skipped: input.rows_skipped,
-        epsilon: cfg.epsilon,
-        protocol: cfg.protocol.clone(),
+        epsilon: created["epsilon"].as_f64().unwrap_or(cfg.epsilon),
+        protocol: created["protocol"]
+            .as_str()
+            .unwrap_or(&cfg.protocol)
+            .to_owned(),
         tvd1: tvd[0],
         tvd2: tvd[1],
         tvd3: tvd[2],
+        cross_party_tvd2,
+        party_epsilon: created.get("party_epsilon").cloned(),
         numeric,
         edges,
         synthetic_rows: rows,
@@ -484,6 +547,72 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
         write_json(path, &report)?;
     }
     Ok(report)
+}
+
+/// The vertical demo's parties: each connects with its token from the create answer,
+/// randomizes its columns of every person (one GRR per attribute; seeded, as a simulation)
+/// and uploads them under record ids derived with a key the aggregator never sees. Returns
+/// the records accepted.
+async fn upload_parties(
+    base: &str,
+    collection: Uuid,
+    created: &serde_json::Value,
+    population: &Population,
+    seed: u64,
+    bar: &ProgressBar,
+) -> Result<u64, DemoError> {
+    use ldpsyn::vertical::{PartyClient, PartyRecord, RecordIdKey};
+    let mut key = vec![0u8; 32];
+    rand::rngs::StdRng::from_os_rng().fill(&mut key[..]);
+    let key = RecordIdKey::new(key).map_err(|e| DemoError::Input(e.to_string()))?;
+    let tokens = created["party_tokens"]
+        .as_object()
+        .ok_or_else(|| DemoError::Service("create answered no party tokens".into()))?;
+    bar.set_length((population.len() * tokens.len()) as u64);
+    let mut accepted = 0;
+    for (p, (party, token)) in tokens.iter().enumerate() {
+        let options = ClientOptions::new(
+            Epsilon::new(ldpsyn::MAX_EPSILON).map_err(|e| DemoError::Input(e.to_string()))?,
+        );
+        let client = PartyClient::connect(
+            base,
+            collection,
+            party,
+            token.as_str().unwrap_or_default(),
+            options,
+        )
+        .await
+        .map_err(|e| DemoError::Http(e.to_string()))?;
+        // Not private: seeded so the demo reproduces (a real party uses an OS-seeded RNG).
+        let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(
+            seed.wrapping_mul(7_919).wrapping_add(p as u64),
+        );
+        let attrs = client.randomizer().attributes().to_vec();
+        let ids: Vec<usize> = (0..population.len()).collect();
+        for chunk in ids.chunks(5_000) {
+            let records = chunk
+                .iter()
+                .map(|&i| {
+                    let row = population.row(i);
+                    let codes: Vec<u32> = attrs.iter().map(|&a| row[a]).collect();
+                    Ok(PartyRecord {
+                        id: key.record_id(&format!("person-{i}")),
+                        codes: client
+                            .randomizer()
+                            .randomize_codes(&codes, &mut rng)
+                            .map_err(|e| DemoError::Input(e.to_string()))?,
+                    })
+                })
+                .collect::<Result<Vec<_>, DemoError>>()?;
+            let r = client
+                .upload(&records)
+                .await
+                .map_err(|e| DemoError::Http(e.to_string()))?;
+            accepted += r.accepted;
+            bar.inc(chunk.len() as u64);
+        }
+    }
+    Ok(accepted)
 }
 
 fn write_json(path: &Path, report: &DemoReport) -> Result<(), DemoError> {

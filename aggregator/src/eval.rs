@@ -116,26 +116,40 @@ impl MarginalCounts {
     /// Mean over all k-subsets of the TVD `½ Σ |p − q|` between the two tables' normalized
     /// marginals. Errors: different shapes or no rows.
     pub fn mean_tvd(&self, other: &MarginalCounts) -> Result<f64, EvalError> {
+        self.mean_tvd_where(other, |_| true)
+    }
+
+    /// As [`MarginalCounts::mean_tvd`] over the subsets for which `keep` holds (e.g. the
+    /// pairs across two parties). Errors: different shapes, no rows or no subset kept.
+    pub fn mean_tvd_where(
+        &self,
+        other: &MarginalCounts,
+        keep: impl Fn(&[usize]) -> bool,
+    ) -> Result<f64, EvalError> {
         if self.dims != other.dims || self.subsets != other.subsets {
             return Err(EvalError::BadInput("different marginals".into()));
         }
-        if self.rows == 0 || other.rows == 0 || self.subsets.is_empty() {
+        if self.rows == 0 || other.rows == 0 {
             return Err(EvalError::BadInput("no rows".into()));
         }
         let (na, nb) = (self.rows as f64, other.rows as f64);
-        let total: f64 = self
-            .counts
+        let tvds: Vec<f64> = self
+            .subsets
             .iter()
-            .zip(&other.counts)
-            .map(|(a, b)| {
+            .zip(self.counts.iter().zip(&other.counts))
+            .filter(|(s, _)| keep(s))
+            .map(|(_, (a, b))| {
                 a.iter()
                     .zip(b)
                     .map(|(&x, &y)| (x as f64 / na - y as f64 / nb).abs())
                     .sum::<f64>()
                     / 2.0
             })
-            .sum();
-        Ok(total / self.subsets.len() as f64)
+            .collect();
+        if tvds.is_empty() {
+            return Err(EvalError::BadInput("no marginal to compare".into()));
+        }
+        Ok(tvds.iter().sum::<f64>() / tvds.len() as f64)
     }
 }
 

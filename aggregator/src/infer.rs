@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 
 use clap::Parser;
 use ldpsyn::schema::{
-    Attribute, AttributeKind, MissingPolicy, NumericBins, OutOfRangePolicy, Schema, SchemaError,
+    Attribute, AttributeKind, InvalidPolicy, MissingPolicy, NumericBins, OutOfRangePolicy, Schema,
+    SchemaError,
 };
 
 /// Strings read as "missing" when they fill a whole cell (after trimming).
@@ -302,6 +303,7 @@ pub fn infer_schema(path: &Path, cfg: &InferConfig) -> Result<(Schema, Vec<Strin
             kind,
             missing,
             missing_markers,
+            on_invalid: InvalidPolicy::Reject,
         });
     }
     if !plans.is_empty() {

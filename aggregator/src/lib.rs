@@ -31,5 +31,6 @@ pub mod demo;
 pub use ldpsyn_engine as engine;
 pub mod eval;
 pub mod infer;
+pub mod party;
 pub mod service;
 pub mod sim;

@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 use ldpsyn_aggregator::admin::{self, AdminConfig};
 use ldpsyn_aggregator::demo::{self, DemoConfig};
 use ldpsyn_aggregator::infer::{InferConfig, infer_schema};
+use ldpsyn_aggregator::party::{self, PartyConfig};
 use ldpsyn_aggregator::service::{self, config::ServeConfig};
 
 /// ldpsyn aggregator: collects LDP reports and serves models, marginals and synthetic data.
@@ -27,6 +28,9 @@ enum Command {
     /// Operate a running aggregator over HTTP: create, list, status, close-round, finalize,
     /// download (admin token from `LDPSYN_ADMIN_TOKEN`).
     Collections(AdminConfig),
+    /// A data party of a vertical collection: `keygen` (record-id key), `upload` (randomize
+    /// and upload its records; token from `LDPSYN_PARTY_TOKEN`).
+    Party(PartyConfig),
 }
 
 #[derive(Debug, Subcommand)]
@@ -73,6 +77,12 @@ fn main() -> std::process::ExitCode {
             Command::Collections(config) => {
                 let token = std::env::var("LDPSYN_ADMIN_TOKEN").ok();
                 admin::run(&config, token.as_deref(), &mut std::io::stdout())
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+            Command::Party(config) => {
+                let token = std::env::var("LDPSYN_PARTY_TOKEN").ok();
+                party::run(&config, token.as_deref(), &mut std::io::stdout())
                     .await
                     .map_err(|e| e.to_string())
             }

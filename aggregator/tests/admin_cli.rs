@@ -2,9 +2,7 @@
 //! `serve` process on a temporary SQLite database, the CLI as a second process; people upload
 //! through the SDK in between.
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
 
 use ldpsyn::Epsilon;
 use ldpsyn::client::{Client, ClientOptions, SimulatedPerson};
@@ -14,23 +12,9 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 const ADMIN: &str = "cli-admin-token-0123456789";
-const BIN: &str = env!("CARGO_BIN_EXE_ldpsyn-aggregator");
 
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
+mod common;
+use common::BIN;
 
 /// `ldpsyn-aggregator collections ARGS` against `base`, with the admin token unless `token`
 /// is false.
@@ -64,27 +48,8 @@ fn failed(out: &Output) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn collections_cli_drives_a_collection() {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let base = format!("http://127.0.0.1:{port}");
-    let _server = Server(
-        Command::new(BIN)
-            .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
-            .arg("--database-url")
-            .arg(format!("sqlite://{}", dir.path().join("cli.db").display()))
-            .env("LDPSYN_ADMIN_TOKEN", ADMIN)
-            .env("LDPSYN_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("serve starts"),
-    );
-    let start = Instant::now();
-    while reqwest::get(format!("{base}/healthz")).await.is_err() {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "serve did not start"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let server = common::serve(ADMIN, &[]);
+    let base = server.base.clone();
 
     assert_eq!(ok(&cli(&base, &["list"], true)).trim(), "no collections");
     let schema_json = json!({"attributes": [

@@ -26,14 +26,19 @@ use rand::{Rng, SeedableRng};
 use uuid::Uuid;
 
 use crate::Epsilon;
-use crate::ledger::{BudgetLedger, NextStep, next_step, remaining_budget};
+use crate::ledger::{
+    BudgetLedger, DeviceBudget, NextStep, next_step_within, remaining_budget_within,
+};
 use crate::protocol::{
     CollectionConfig, DEFAULT_MAX_REPORTS_PER_UPLOAD, MAX_TASKS_PER_REQUEST, Problem, ProblemType,
     Report, ReportAnswer, Task,
 };
 use crate::schema::{EncodedRecord, Schema};
 pub use crate::submission::{ClientError, Receipt, randomize_task};
-use crate::submission::{apply_answer, check_config, pending_entry, pending_of, settle_upload};
+use crate::submission::{
+    SpendLimits, apply_answer, check_config, decision, pending_of, randomize_and_record,
+    settle_upload,
+};
 
 /// Client settings. [`ClientOptions::new`] gives the defaults.
 #[derive(Debug, Clone)]
@@ -48,6 +53,12 @@ pub struct ClientOptions {
     pub initial_backoff: Duration,
     /// Largest retry delay.
     pub max_backoff: Duration,
+    /// A device-wide ε cap over a rolling window, across every collection this ledger
+    /// records (default none): a collection whose ε would take the ε spent within the
+    /// window above it is refused with [`ClientError::DeviceBudgetExhausted`] before its
+    /// task is fetched, and again, under the ledger's lock, before randomizing. Give every
+    /// client of one ledger the same budget.
+    pub device_budget: Option<DeviceBudget>,
     /// Seed of the privacy RNG: only [`ClientOptions::insecure_simulation`] sets it. `None`
     /// (always, from [`ClientOptions::new`]) seeds ChaCha12 (`StdRng`, a CSPRNG) from the
     /// operating system.
@@ -69,6 +80,7 @@ impl ClientOptions {
             max_attempts: 5,
             initial_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(5),
+            device_budget: None,
             seed: None,
         }
     }
@@ -162,19 +174,45 @@ impl<L: BudgetLedger> Client<L> {
     }
 
     /// ε this device may still spend on the collection: the collection's ε before the first
-    /// report, 0 after.
+    /// report if the device budget (if any) allows it now, else 0.
     pub fn remaining_budget(&self) -> Result<f64, ClientError> {
-        let entry = self.ledger.get(self.config.id)?;
-        Ok(remaining_budget(entry.as_ref(), self.config.epsilon.get()))
+        Ok(remaining_budget_within(
+            &self.ledger.entries()?,
+            self.config.id,
+            self.config.epsilon.get(),
+            self.options.device_budget.as_ref(),
+            now_unix_ms(),
+        ))
+    }
+
+    fn limits(&self) -> SpendLimits {
+        SpendLimits {
+            max_epsilon: self.options.max_epsilon,
+            device_budget: self.options.device_budget,
+        }
+    }
+
+    /// The ledger's rule for this collection on `ledger`'s entries now.
+    fn next_step<M: BudgetLedger + ?Sized>(&self, ledger: &M) -> Result<NextStep, ClientError> {
+        Ok(next_step_within(
+            &ledger.entries()?,
+            self.config.id,
+            self.config.epsilon.get(),
+            self.options.device_budget.as_ref(),
+            now_unix_ms(),
+        ))
     }
 
     /// Submits one person's record given as a JSON object `{attribute: value}`.
     ///
     /// Encodes first (an invalid record fails with [`ClientError::Record`] before any
-    /// request), then follows the ledger: resend a pending report, refuse when the budget is
-    /// spent, else fetch a task, check it, randomize, record in the ledger, post.
+    /// request; under an attribute's `on_invalid: randomize` an invalid value is replaced by
+    /// a uniform draw from the privacy RNG instead, see [`Schema::encode_json_with`]), then
+    /// follows the ledger: resend a pending report, refuse when the budget is spent (this
+    /// collection's, or the device's [`ClientOptions::device_budget`]), else fetch a task,
+    /// check it, decide again and randomize and record under the ledger's lock, post.
     pub async fn submit(&mut self, record: &serde_json::Value) -> Result<Receipt, ClientError> {
-        let encoded = self.config.schema.encode_json(record)?;
+        let encoded = self.config.schema.encode_json_with(record, &mut self.rng)?;
         self.submit_encoded(&encoded).await
     }
 
@@ -183,29 +221,27 @@ impl<L: BudgetLedger> Client<L> {
     pub async fn submit_encoded(&mut self, record: &EncodedRecord) -> Result<Receipt, ClientError> {
         let record = self.config.schema.encoded(record.codes().to_vec())?;
         let collection = self.config.id;
-        let report = match next_step(self.ledger.get(collection)?.as_ref()) {
-            NextStep::Exhausted { epsilon_spent } => {
-                return Err(ClientError::BudgetExhausted {
-                    collection,
-                    epsilon_spent,
-                });
-            }
-            NextStep::Resend(report) => report,
-            NextStep::Randomize => {
+        let report = match decision(collection, self.next_step(&self.ledger)?)? {
+            Some(report) => report,
+            None => {
                 let task = self
                     .fetch_tasks(1)
                     .await?
                     .pop()
                     .ok_or_else(|| ClientError::Protocol("the server sent no task".into()))?;
-                let report = randomize_task(
+                // Decide again, randomize and record under the ledger's lock: another client
+                // on the same ledger (another process on the same file) may have randomized
+                // while the task was fetched; then its report is resent instead.
+                let limits = self.limits();
+                randomize_and_record(
+                    &mut self.ledger,
                     &self.config,
-                    self.options.max_epsilon,
+                    &limits,
+                    now_unix_ms(),
                     &task,
                     &record,
                     &mut self.rng,
-                )?;
-                self.ledger.put(collection, pending_entry(&task, &report))?;
-                report
+                )?
             }
         };
         let answer = self
@@ -239,18 +275,14 @@ impl<L: BudgetLedger> Client<L> {
         for (i, person) in people.iter_mut().enumerate() {
             match self.config.schema.encoded(person.record.codes().to_vec()) {
                 Err(e) => results[i] = Some(Err(e.into())),
-                Ok(_) => match next_step(person.ledger.get(collection)?.as_ref()) {
-                    NextStep::Exhausted { epsilon_spent } => {
-                        results[i] = Some(Err(ClientError::BudgetExhausted {
-                            collection,
-                            epsilon_spent,
-                        }))
-                    }
-                    NextStep::Resend(r) => outgoing.push((i, r)),
-                    NextStep::Randomize => need_task.push(i),
+                Ok(_) => match decision(collection, self.next_step(&person.ledger)?) {
+                    Err(e) => results[i] = Some(Err(e)),
+                    Ok(Some(r)) => outgoing.push((i, r)),
+                    Ok(None) => need_task.push(i),
                 },
             }
         }
+        let limits = self.limits();
         for chunk in need_task.chunks(MAX_TASKS_PER_REQUEST) {
             let tasks = self.fetch_tasks(chunk.len()).await?;
             if tasks.len() != chunk.len() {
@@ -262,19 +294,17 @@ impl<L: BudgetLedger> Client<L> {
             }
             for (&i, task) in chunk.iter().zip(&tasks) {
                 let person = &mut people[i];
-                match randomize_task(
+                match randomize_and_record(
+                    &mut person.ledger,
                     &self.config,
-                    self.options.max_epsilon,
+                    &limits,
+                    now_unix_ms(),
                     task,
                     &person.record,
                     &mut self.rng,
                 ) {
-                    Ok(report) => {
-                        person
-                            .ledger
-                            .put(collection, pending_entry(task, &report))?;
-                        outgoing.push((i, report));
-                    }
+                    Ok(report) => outgoing.push((i, report)),
+                    Err(ClientError::Ledger(e)) => return Err(e.into()),
                     Err(e) => results[i] = Some(Err(e)),
                 }
             }
@@ -330,9 +360,17 @@ impl<L: BudgetLedger> Client<L> {
     }
 }
 
+/// The device clock, ms since the Unix epoch (0 for a clock set before 1970: every dated
+/// entry then counts in the device budget's window).
+fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// Sends a request with retries on connection errors, timeouts, 5xx and 429 (honouring
 /// `Retry-After` seconds), and decodes a 2xx JSON body or a problem document.
-async fn send_json<T: serde::de::DeserializeOwned>(
+pub(crate) async fn send_json<T: serde::de::DeserializeOwned>(
     http: &reqwest::Client,
     options: &ClientOptions,
     build: impl Fn(&reqwest::Client) -> reqwest::RequestBuilder,

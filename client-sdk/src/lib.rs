@@ -32,6 +32,7 @@ pub mod mechanism;
 pub mod protocol;
 pub mod schema;
 pub mod submission;
+pub mod vertical;
 
 #[cfg(feature = "http")]
 pub mod client;

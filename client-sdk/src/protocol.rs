@@ -158,6 +158,43 @@ impl Default for SamPrivSynParams {
     }
 }
 
+/// One attribute a party of a vertical collection reports, and the ε of its GRR report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartyAttribute {
+    /// The attribute's name in the collection's schema.
+    pub name: String,
+    /// ε of the attribute's GRR report (VertiMRF §4.2, eq. 6).
+    pub epsilon: Epsilon,
+}
+
+/// One party of a vertical collection: a data holder (a bank, a telecom) that uploads, per
+/// record id, one GRR report per attribute it holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Party {
+    /// Name, used in upload paths: 1–64 of `a-z`, `0-9`, `-`, `_`.
+    pub name: String,
+    /// Its attributes, in the order of the codes of its uploads.
+    pub attributes: Vec<PartyAttribute>,
+}
+
+impl Party {
+    /// ε of the party's reports about one person: the sum of its attributes' ε (sequential
+    /// composition of independent GRR reports on one record).
+    pub fn epsilon(&self) -> f64 {
+        self.attributes.iter().map(|a| a.epsilon.get()).sum()
+    }
+}
+
+/// Parameters of a vertical collection (VertiMRF): the parties and what each reports. Every
+/// schema attribute belongs to exactly one party.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VerticalParams {
+    /// The parties.
+    pub parties: Vec<Party>,
+}
+
 /// A collection protocol and its parameters. JSON: `{"protocol": "privincr", "omega": 0.5, …}`
 /// flattened into the collection config. Unknown keys are ignored here so that clients keep
 /// working when the server adds fields; the server checks its own create requests strictly.
@@ -174,6 +211,9 @@ pub enum Protocol {
     Independence {},
     /// The project's recommended default: the engine chooses factors and mechanisms.
     Auto(PrivIncrParams),
+    /// Several parties hold different attributes of the same people and upload per-record
+    /// GRR reports joined by a pseudonymous record id (VertiMRF; [`crate::vertical`]).
+    Vertical(VerticalParams),
 }
 
 impl Protocol {
@@ -185,6 +225,7 @@ impl Protocol {
             Protocol::Samprivsyn(_) => "samprivsyn",
             Protocol::Independence {} => "independence",
             Protocol::Auto(_) => "auto",
+            Protocol::Vertical(_) => "vertical",
         }
     }
 }
@@ -341,6 +382,8 @@ problem_types! {
     ModelNotReady = "model-not-ready", 409, "Model not ready";
     /// The request conflicts with the collection's state.
     Conflict = "conflict", 409, "Conflict";
+    /// A vertical collection's party already uploaded this record id with other codes.
+    RecordIdConflict = "record-id-conflict", 409, "Record id already holds other codes";
     /// The body is too large, or the batch has too many reports.
     PayloadTooLarge = "payload-too-large", 413, "Payload too large";
     /// Too many requests from this client; retry later.

@@ -6,7 +6,10 @@
 //! or with `"bins": "auto"` into a fine grid ([`Attribute::grid_cells`]) that the aggregator
 //! measures in working bins ([`Attribute::working_cuts`]); point masses get codes of their own.
 //! With the `category` missing-value policy an attribute gets one more code, the last one,
-//! for "missing".
+//! for "missing". With `"on_invalid": "randomize"` ([`InvalidPolicy`]) a value the attribute
+//! cannot encode (missing, an unknown label, out of range, not a number) takes a code drawn
+//! uniformly from its domain, so a device reports whatever its data (the `_with` encoders,
+//! which take the privacy RNG; the native and WASM clients use them).
 //!
 //! Schema JSON:
 //!
@@ -53,6 +56,37 @@ pub enum MissingPolicy {
     Reject,
     /// "Missing" is one more value of the domain, with the last code.
     Category,
+}
+
+/// What to do with a value the attribute cannot encode: missing under `missing: reject`, not
+/// one of the labels, not a finite number, outside `[min, max]` under `out_of_range: reject`,
+/// or a JSON boolean, array or object. The other two policies come first: a missing value
+/// under `missing: category` and an out-of-range one under `out_of_range: clamp` are valid.
+///
+/// Under `reject` an invalid record never reports, so *whether* a device reports depends on
+/// its data, which the server sees. Under `randomize` the value is replaced, on the device, by
+/// a code drawn uniformly from the attribute's whole domain (`0..domain_size()`, the
+/// "missing" code included if there is one) with the privacy CSPRNG before the record is
+/// randomized: every device reports, and ε-LDP holds for any input (the replacement is a
+/// data-independent pre-processing step, so the report's distribution given any input is a
+/// mixture of its distributions given valid inputs, each within e^ε of any other). The
+/// aggregator cannot tell these reports apart: estimates count invalid values as spread
+/// uniformly over the domain (a share `s` of invalid values moves every frequency `f` to
+/// `(1 − s)·f + s/|Ω|`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InvalidPolicy {
+    /// Refuse the record (the default).
+    #[default]
+    Reject,
+    /// Replace the value by a uniformly drawn code of the domain before randomizing.
+    Randomize,
+}
+
+impl InvalidPolicy {
+    fn is_reject(&self) -> bool {
+        *self == InvalidPolicy::Reject
+    }
 }
 
 /// How a numeric bin is turned back into a number when decoding synthetic data.
@@ -175,6 +209,10 @@ pub struct Attribute {
     /// Strings that mean "missing" (compared after trimming whitespace); default `[""]`.
     #[serde(default = "default_markers")]
     pub missing_markers: Vec<String>,
+    /// What to do with a value this attribute cannot encode (default `reject`; left out of
+    /// the JSON when it is the default, so older schemas read and write as before).
+    #[serde(default, skip_serializing_if = "InvalidPolicy::is_reject")]
+    pub on_invalid: InvalidPolicy,
 }
 
 /// Why a schema is invalid. Every variant names the attribute at fault.
@@ -377,6 +415,25 @@ pub enum RecordError {
     BadCodes(String),
 }
 
+impl RecordError {
+    /// Whether the error is about one attribute's value (missing, unknown label, not a
+    /// number, out of range, an unsupported JSON value), which [`InvalidPolicy::Randomize`]
+    /// replaces; not an error of the record's shape (unknown attribute, CSV layout, codes).
+    pub fn is_invalid_value(&self) -> bool {
+        match self {
+            RecordError::Missing { .. }
+            | RecordError::UnknownLabel { .. }
+            | RecordError::NotANumber { .. }
+            | RecordError::OutOfRange { .. } => true,
+            RecordError::UnsupportedJson { attribute, .. } => !attribute.is_empty(),
+            RecordError::UnknownAttribute { .. }
+            | RecordError::MissingColumn { .. }
+            | RecordError::ShortRow { .. }
+            | RecordError::BadCodes(_) => false,
+        }
+    }
+}
+
 impl Attribute {
     /// Number of codes of this attribute, including the "missing" code under
     /// [`MissingPolicy::Category`].
@@ -486,7 +543,9 @@ impl Attribute {
         })
     }
 
-    /// Encodes one value to its code in `0..domain_size()`.
+    /// Encodes one value to its code in `0..domain_size()`, refusing every invalid value
+    /// whatever [`Attribute::on_invalid`] says (no randomness here; see
+    /// [`Attribute::encode_value_with`]).
     ///
     /// Errors: [`RecordError`] naming this attribute and the value.
     pub fn encode_value(&self, value: &Value) -> Result<u32, RecordError> {
@@ -557,6 +616,37 @@ impl Attribute {
                     None => numeric_bin(x, *min, *max, cells),
                 })
             }
+        }
+    }
+
+    /// As [`Attribute::encode_value`], then [`Attribute::on_invalid`]: under
+    /// [`InvalidPolicy::Randomize`] a value it refuses becomes a code drawn uniformly from
+    /// `0..domain_size()` with `rng`. On a device `rng` must be the privacy CSPRNG (the draw
+    /// is part of the randomizer: anyone who can predict it learns that the value was
+    /// invalid).
+    ///
+    /// Errors: [`RecordError`] naming this attribute and the value (under
+    /// [`InvalidPolicy::Reject`] only).
+    pub fn encode_value_with<R: Rng + ?Sized>(
+        &self,
+        value: &Value,
+        rng: &mut R,
+    ) -> Result<u32, RecordError> {
+        self.apply_invalid_policy(self.encode_value(value), rng)
+    }
+
+    /// [`Attribute::on_invalid`] applied to the outcome of encoding one of its values.
+    fn apply_invalid_policy<R: Rng + ?Sized>(
+        &self,
+        encoded: Result<u32, RecordError>,
+        rng: &mut R,
+    ) -> Result<u32, RecordError> {
+        match encoded {
+            Err(e) if e.is_invalid_value() && self.on_invalid == InvalidPolicy::Randomize => {
+                // Uniform over the whole domain (a validated schema has ≥ 2 codes).
+                Ok(rng.random_range(0..self.domain_size() as u32))
+            }
+            other => other,
         }
     }
 
@@ -840,8 +930,30 @@ impl Schema {
     }
 
     /// Encodes a JSON object `{name: value}`: strings, numbers, `null` (missing). An absent
-    /// key counts as missing; a key that is not an attribute is an error.
+    /// key counts as missing; a key that is not an attribute is an error. Refuses every
+    /// invalid value whatever [`Attribute::on_invalid`] says (see [`Schema::encode_json_with`]).
     pub fn encode_json(&self, record: &serde_json::Value) -> Result<EncodedRecord, RecordError> {
+        self.encode_json_by(record, |_, encoded| encoded)
+    }
+
+    /// As [`Schema::encode_json`], applying every attribute's [`Attribute::on_invalid`]
+    /// policy: under [`InvalidPolicy::Randomize`] an invalid value (also a boolean, array or
+    /// object) becomes a uniformly drawn code ([`Attribute::encode_value_with`]; `rng` is the
+    /// privacy CSPRNG on a device). A record that is not an object, or has a key that is not an
+    /// attribute, is still an error: that is the app's mistake, not the person's data.
+    pub fn encode_json_with<R: Rng + ?Sized>(
+        &self,
+        record: &serde_json::Value,
+        rng: &mut R,
+    ) -> Result<EncodedRecord, RecordError> {
+        self.encode_json_by(record, |a, encoded| a.apply_invalid_policy(encoded, rng))
+    }
+
+    fn encode_json_by(
+        &self,
+        record: &serde_json::Value,
+        mut policy: impl FnMut(&Attribute, Result<u32, RecordError>) -> Result<u32, RecordError>,
+    ) -> Result<EncodedRecord, RecordError> {
         let obj = record
             .as_object()
             .ok_or_else(|| RecordError::UnsupportedJson {
@@ -857,21 +969,19 @@ impl Schema {
             .attributes
             .iter()
             .map(|a| {
-                let v = match obj.get(&a.name) {
-                    None | Some(serde_json::Value::Null) => Value::Missing,
-                    Some(serde_json::Value::String(s)) => Value::Text(s.clone()),
+                let encoded = match obj.get(&a.name) {
+                    None | Some(serde_json::Value::Null) => a.encode_value(&Value::Missing),
+                    Some(serde_json::Value::String(s)) => a.encode_value(&Value::Text(s.clone())),
                     Some(serde_json::Value::Number(n)) => {
                         // serde_json numbers without arbitrary precision always fit f64.
-                        Value::Number(n.as_f64().unwrap_or(f64::NAN))
+                        a.encode_value(&Value::Number(n.as_f64().unwrap_or(f64::NAN)))
                     }
-                    Some(other) => {
-                        return Err(RecordError::UnsupportedJson {
-                            attribute: a.name.clone(),
-                            value: other.to_string(),
-                        });
-                    }
+                    Some(other) => Err(RecordError::UnsupportedJson {
+                        attribute: a.name.clone(),
+                        value: other.to_string(),
+                    }),
                 };
-                a.encode_value(&v)
+                policy(a, encoded)
             })
             .collect::<Result<_, _>>()?;
         Ok(EncodedRecord(codes))
@@ -959,8 +1069,27 @@ pub struct CsvEncoder<'a> {
 }
 
 impl CsvEncoder<'_> {
-    /// Encodes one row (fields in header order).
+    /// Encodes one row (fields in header order), refusing every invalid value whatever
+    /// [`Attribute::on_invalid`] says (see [`CsvEncoder::encode_with`]).
     pub fn encode<S: AsRef<str>>(&self, row: &[S]) -> Result<EncodedRecord, RecordError> {
+        self.encode_by(row, |_, encoded| encoded)
+    }
+
+    /// As [`CsvEncoder::encode`], applying every attribute's [`Attribute::on_invalid`]
+    /// policy with `rng` (see [`Attribute::encode_value_with`]).
+    pub fn encode_with<S: AsRef<str>, R: Rng + ?Sized>(
+        &self,
+        row: &[S],
+        rng: &mut R,
+    ) -> Result<EncodedRecord, RecordError> {
+        self.encode_by(row, |a, encoded| a.apply_invalid_policy(encoded, rng))
+    }
+
+    fn encode_by<S: AsRef<str>>(
+        &self,
+        row: &[S],
+        mut policy: impl FnMut(&Attribute, Result<u32, RecordError>) -> Result<u32, RecordError>,
+    ) -> Result<EncodedRecord, RecordError> {
         if row.len() < self.width {
             return Err(RecordError::ShortRow {
                 expected: self.width,
@@ -972,7 +1101,7 @@ impl CsvEncoder<'_> {
             .attributes
             .iter()
             .zip(&self.columns)
-            .map(|(a, &c)| a.encode_value(&Value::Text(row[c].as_ref().to_owned())))
+            .map(|(a, &c)| policy(a, a.encode_value(&Value::Text(row[c].as_ref().to_owned()))))
             .collect::<Result<_, _>>()?;
         Ok(EncodedRecord(codes))
     }
@@ -1001,8 +1130,23 @@ impl RecordBuilder<'_> {
         self
     }
 
-    /// Encodes the record. Errors: the first [`RecordError`].
+    /// Encodes the record, refusing every invalid value whatever [`Attribute::on_invalid`]
+    /// says (see [`RecordBuilder::build_with`]). Errors: the first [`RecordError`].
     pub fn build(self) -> Result<EncodedRecord, RecordError> {
+        self.build_by(|_, encoded| encoded)
+    }
+
+    /// As [`RecordBuilder::build`], applying every attribute's [`Attribute::on_invalid`]
+    /// policy with `rng` (see [`Attribute::encode_value_with`]); an unknown attribute name is
+    /// still an error.
+    pub fn build_with<R: Rng + ?Sized>(self, rng: &mut R) -> Result<EncodedRecord, RecordError> {
+        self.build_by(|a, encoded| a.apply_invalid_policy(encoded, rng))
+    }
+
+    fn build_by(
+        self,
+        mut policy: impl FnMut(&Attribute, Result<u32, RecordError>) -> Result<u32, RecordError>,
+    ) -> Result<EncodedRecord, RecordError> {
         if let Some(e) = self.error {
             return Err(e);
         }
@@ -1011,7 +1155,7 @@ impl RecordBuilder<'_> {
             .attributes
             .iter()
             .zip(&self.values)
-            .map(|(a, v)| a.encode_value(v))
+            .map(|(a, v)| policy(a, a.encode_value(v)))
             .collect::<Result<_, _>>()?;
         Ok(EncodedRecord(codes))
     }
@@ -1176,6 +1320,7 @@ mod tests {
             },
             missing: MissingPolicy::Reject,
             missing_markers: vec![],
+            on_invalid: InvalidPolicy::Reject,
         };
         assert_eq!(
             Schema::new(vec![a]),
@@ -1332,6 +1477,153 @@ mod tests {
         assert_eq!(serde_json::to_string(&s).unwrap(), plain);
     }
 
+    fn randomizing_schema() -> Schema {
+        serde_json::from_value(serde_json::json!({"attributes": [
+            {"name": "age", "type": "numeric", "min": 17, "max": 90, "bins": 16, "integer": true,
+             "on_invalid": "randomize"},
+            {"name": "sex", "type": "categorical", "labels": ["F", "M"], "on_invalid": "randomize"},
+            {"name": "wc", "type": "categorical", "labels": ["a", "b", "c"],
+             "missing": "category", "missing_markers": ["?"], "on_invalid": "randomize"},
+            {"name": "strict", "type": "categorical", "labels": ["x", "y"]}
+        ]}))
+        .unwrap()
+    }
+
+    /// `on_invalid: randomize`: every kind of invalid value (missing, unknown label, not a
+    /// number, out of range, a boolean) encodes to a code of the domain with the `_with`
+    /// encoders, while the plain ones still refuse it; valid values encode as before (no
+    /// draw); `missing: category` still gives "missing" its code; an attribute without the
+    /// policy, an unknown key and a record that is not an object are still errors.
+    #[test]
+    fn on_invalid_randomize_replaces_every_invalid_value() {
+        let s = randomizing_schema();
+        let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(11);
+        let valid = serde_json::json!({"age": 37, "sex": "M", "wc": "?", "strict": "y"});
+        let codes = s.encode_json(&valid).unwrap();
+        assert_eq!(codes.codes(), &[4, 1, 3, 1]);
+        assert_eq!(s.encode_json_with(&valid, &mut rng).unwrap(), codes);
+        for (attribute, value) in [
+            ("age", serde_json::json!(null)),
+            ("age", serde_json::json!(91)),
+            ("age", serde_json::json!("old")),
+            ("age", serde_json::json!(true)),
+            ("sex", serde_json::json!("X")),
+            ("sex", serde_json::json!([1])),
+            ("wc", serde_json::json!("d")),
+        ] {
+            let mut record = valid.clone();
+            record[attribute] = value.clone();
+            let e = s.encode_json(&record).unwrap_err();
+            assert!(e.is_invalid_value(), "{attribute} = {value}: {e}");
+            let i = s.index_of(attribute).unwrap();
+            let size = s.attributes()[i].domain_size() as u32;
+            for _ in 0..20 {
+                let c = s.encode_json_with(&record, &mut rng).unwrap();
+                assert!(c.codes()[i] < size, "{attribute} = {value}");
+                for (j, (&got, &want)) in c.codes().iter().zip(codes.codes()).enumerate() {
+                    if j != i {
+                        assert_eq!(got, want, "only `{attribute}` is drawn");
+                    }
+                }
+            }
+        }
+        // The CSV encoder and the builder follow the same policy.
+        let enc = s.csv_encoder(&["age", "sex", "wc", "strict"]).unwrap();
+        assert!(enc.encode(&["200", "M", "a", "x"]).is_err());
+        assert!(
+            enc.encode_with(&["200", "M", "a", "x"], &mut rng)
+                .unwrap()
+                .codes()[0]
+                < 16
+        );
+        let built = s.record().set("age", 30).set("sex", "?").set("strict", "x");
+        assert!(built.clone().build().is_err());
+        assert!(built.build_with(&mut rng).unwrap().codes()[1] < 2);
+        // Not covered: an attribute under `reject`, the app's own mistakes.
+        let mut record = valid.clone();
+        record["strict"] = serde_json::json!("z");
+        assert!(matches!(
+            s.encode_json_with(&record, &mut rng),
+            Err(RecordError::UnknownLabel { .. })
+        ));
+        let mut record = valid.clone();
+        record["nope"] = serde_json::json!(1);
+        assert!(matches!(
+            s.encode_json_with(&record, &mut rng),
+            Err(RecordError::UnknownAttribute { .. })
+        ));
+        assert!(
+            s.encode_json_with(&serde_json::json!([1]), &mut rng)
+                .is_err()
+        );
+        assert!(
+            s.record()
+                .set("nope", 1)
+                .build_with(&mut rng)
+                .unwrap_err()
+                .to_string()
+                .contains("unknown attribute")
+        );
+    }
+
+    /// The replacement of an invalid value is uniform over the whole domain ("missing"
+    /// included): χ² goodness of fit at α = 1e-6 with a fixed seed, 11 codes × 4,000 draws;
+    /// power self-check: the same statistic rejects a draw that skips the "missing" code.
+    #[test]
+    fn on_invalid_replacement_is_uniform() {
+        use crate::mechanism::tests::{ALPHA, chi2_critical};
+        let a: Attribute = serde_json::from_value(serde_json::json!({"name": "h",
+            "type": "numeric", "min": 0, "max": 100, "bins": 9, "points": [40],
+            "missing": "category", "on_invalid": "randomize"}))
+        .unwrap();
+        let k = a.domain_size();
+        assert_eq!(k, 11);
+        let n = 4_000 * k;
+        let chi2 = |counts: &[u64]| {
+            let expected = n as f64 / k as f64;
+            counts
+                .iter()
+                .map(|&c| (c as f64 - expected).powi(2) / expected)
+                .sum::<f64>()
+        };
+        let critical = chi2_critical(k - 1, ALPHA);
+        let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(2026);
+        let mut counts = vec![0u64; k];
+        for i in 0..n {
+            // Each kind of invalid value in turn.
+            let v = match i % 3 {
+                0 => Value::Number(-5.0),
+                1 => Value::Text("many".into()),
+                _ => Value::Number(f64::NAN),
+            };
+            counts[a.encode_value_with(&v, &mut rng).unwrap() as usize] += 1;
+        }
+        let stat = chi2(&counts);
+        assert!(stat < critical, "χ² {stat} ≥ {critical}: {counts:?}");
+        // Power: a draw over all codes but "missing" is rejected.
+        let mut skewed = vec![0u64; k];
+        for _ in 0..n {
+            skewed[rng.random_range(0..k - 1)] += 1;
+        }
+        assert!(chi2(&skewed) > critical, "{skewed:?}");
+    }
+
+    /// The policy is optional in JSON, left out when it is the default (older schemas read
+    /// and write byte for byte as before), and round-trips when set.
+    #[test]
+    fn on_invalid_json() {
+        let s = randomizing_schema();
+        assert_eq!(s.attributes()[0].on_invalid, InvalidPolicy::Randomize);
+        assert_eq!(s.attributes()[3].on_invalid, InvalidPolicy::Reject);
+        let json = serde_json::to_string(&s).unwrap();
+        assert_eq!(json.matches(r#""on_invalid":"randomize""#).count(), 3);
+        assert!(!json.contains(r#""on_invalid":"reject""#));
+        assert_eq!(serde_json::from_str::<Schema>(&json).unwrap(), s);
+        let e = err(serde_json::json!({"attributes": [
+            {"name": "c", "type": "categorical", "labels": ["a", "b"], "on_invalid": "drop"}]}));
+        assert!(e.contains("unknown variant `drop`"), "{e}");
+    }
+
     proptest! {
         #[test]
         fn encode_decode_round_trip(age in 0u32..16, w in 0u32..4, sex in 0u32..2, wc in 0u32..4, seed: u64) {
@@ -1351,8 +1643,8 @@ mod tests {
         fn schema_json_round_trip(bins in 1u32..40, min in -1e6f64..1e6, width in 1e-3f64..1e6, labels in proptest::collection::hash_set("[a-z]{1,6}", 2..10)) {
             let labels: Vec<String> = labels.into_iter().collect();
             let s = Schema::new(vec![
-                Attribute { name: "n".into(), kind: AttributeKind::Numeric { min, max: min + width, bins: NumericBins::Count(bins + 1), integer: false, out_of_range: OutOfRangePolicy::Clamp, points: vec![min], grid: None, max_bins: None }, missing: MissingPolicy::Reject, missing_markers: vec!["?".into()] },
-                Attribute { name: "c".into(), kind: AttributeKind::Categorical { labels }, missing: MissingPolicy::Category, missing_markers: vec![] },
+                Attribute { name: "n".into(), kind: AttributeKind::Numeric { min, max: min + width, bins: NumericBins::Count(bins + 1), integer: false, out_of_range: OutOfRangePolicy::Clamp, points: vec![min], grid: None, max_bins: None }, missing: MissingPolicy::Reject, missing_markers: vec!["?".into()], on_invalid: InvalidPolicy::Reject },
+                Attribute { name: "c".into(), kind: AttributeKind::Categorical { labels }, missing: MissingPolicy::Category, missing_markers: vec![], on_invalid: InvalidPolicy::Randomize },
             ]).unwrap();
             let json = serde_json::to_string(&s).unwrap();
             prop_assert_eq!(serde_json::from_str::<Schema>(&json).unwrap(), s);

@@ -7,7 +7,10 @@ use uuid::Uuid;
 
 use crate::Epsilon;
 use crate::factor::{DEFAULT_MAX_CELLS, Factor, FactorError, binned_codes, binned_domain_sizes};
-use crate::ledger::{BudgetLedger, LedgerEntry, LedgerError, ReportState};
+use crate::ledger::{
+    BudgetLedger, DeviceBudget, LedgerEntry, LedgerError, NextStep, ReportState, next_step_within,
+    update,
+};
 use crate::mechanism::{Mechanism, MechanismError};
 use crate::protocol::{
     CollectionConfig, PROTOCOL_VERSION, Problem, ProblemType, Report, ReportAnswer, ReportStatus,
@@ -42,6 +45,23 @@ pub enum ClientError {
         /// ε already spent.
         epsilon_spent: f64,
     },
+    /// Randomizing for this collection would take the ε this device spent on all
+    /// collections within its [`DeviceBudget`]'s window above the cap; nothing was randomized
+    /// or sent. Problem type `budget-exhausted`, as [`ClientError::BudgetExhausted`].
+    #[error(
+        "device privacy budget exhausted: epsilon {spent_in_window} spent within the window, \
+         {requested} more for collection {collection} would exceed the cap {max_epsilon}"
+    )]
+    DeviceBudgetExhausted {
+        /// The collection.
+        collection: Uuid,
+        /// ε spent on every collection within the window.
+        spent_in_window: f64,
+        /// ε the collection's report would spend.
+        requested: f64,
+        /// The device's cap.
+        max_epsilon: f64,
+    },
     /// The server answered with a problem (a 4xx, or a per-report `rejected`).
     #[error("server problem {}: {}", .0.problem_type, .0.detail)]
     Problem(Problem),
@@ -69,7 +89,9 @@ impl ClientError {
             ClientError::Record(_) => ProblemType::InvalidRecord,
             ClientError::EpsilonTooLarge { .. } => ProblemType::EpsilonTooLarge,
             ClientError::InvalidTask(_) | ClientError::Protocol(_) => ProblemType::MalformedRequest,
-            ClientError::BudgetExhausted { .. } => ProblemType::BudgetExhausted,
+            ClientError::BudgetExhausted { .. } | ClientError::DeviceBudgetExhausted { .. } => {
+                ProblemType::BudgetExhausted
+            }
             ClientError::Problem(p) => p.problem_type,
             ClientError::Unavailable { .. } => ProblemType::Unavailable,
             ClientError::Ledger(_) => ProblemType::Internal,
@@ -88,6 +110,40 @@ pub struct Receipt {
     pub status: ReportStatus,
     /// ε spent on this report.
     pub epsilon_spent: f64,
+}
+
+/// What the app accepts to spend: ε per report, and optionally a device-wide cap across
+/// collections. Shared by the native client's options and the WASM client's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SpendLimits {
+    /// The largest ε per report; configs and tasks asking more are refused.
+    pub max_epsilon: Epsilon,
+    /// The device-wide cap over a rolling window, if any.
+    pub device_budget: Option<DeviceBudget>,
+}
+
+/// The ledger's decision for `collection` as a result: the report to resend (`Some`),
+/// nothing yet (`None`: randomize), or the refusal ([`ClientError::BudgetExhausted`],
+/// [`ClientError::DeviceBudgetExhausted`]).
+pub fn decision(collection: Uuid, step: NextStep) -> Result<Option<Report>, ClientError> {
+    match step {
+        NextStep::Randomize => Ok(None),
+        NextStep::Resend(report) => Ok(Some(report)),
+        NextStep::Exhausted { epsilon_spent } => Err(ClientError::BudgetExhausted {
+            collection,
+            epsilon_spent,
+        }),
+        NextStep::DeviceBudgetExhausted {
+            spent_in_window,
+            requested,
+            max_epsilon,
+        } => Err(ClientError::DeviceBudgetExhausted {
+            collection,
+            spent_in_window,
+            requested,
+            max_epsilon,
+        }),
+    }
 }
 
 /// Checks a fetched public config: protocol version, the collection asked for, and
@@ -164,12 +220,56 @@ pub fn randomize_task<R: Rng + ?Sized>(
     })
 }
 
-/// The ledger entry recorded before `report` (answering `task`) leaves the device.
-pub fn pending_entry(task: &Task, report: &Report) -> LedgerEntry {
+/// The submission step that must not race: inside one [`BudgetLedger::transact`] (for a
+/// [`crate::ledger::FileLedger`], under its file lock), decides again on the entries read
+/// afresh ([`next_step_within`], with `limits.device_budget` at `now_unix_ms`, ms since the
+/// Unix epoch) and, if the collection still needs a report, randomizes `record` for `task`
+/// ([`randomize_task`]) and records the pending report stamped `now_unix_ms`. Another client
+/// sharing the ledger (another process on the same file) that decided meanwhile is seen
+/// here, so a collection is randomized for once and the device cap holds across them.
+/// Returns the report to send: the new one, or the pending one that other client recorded
+/// (resent, spending nothing).
+///
+/// Errors: [`ClientError::BudgetExhausted`] (the other client's report was already
+/// answered), [`ClientError::DeviceBudgetExhausted`], [`randomize_task`]'s (nothing
+/// recorded in all three cases), the ledger's.
+pub fn randomize_and_record<L: BudgetLedger + ?Sized, R: Rng + ?Sized>(
+    ledger: &mut L,
+    config: &CollectionConfig,
+    limits: &SpendLimits,
+    now_unix_ms: u64,
+    task: &Task,
+    record: &EncodedRecord,
+    rng: &mut R,
+) -> Result<Report, ClientError> {
+    let collection = config.id;
+    update(ledger, collection, |entries| {
+        let step = next_step_within(
+            entries,
+            collection,
+            config.epsilon.get(),
+            limits.device_budget.as_ref(),
+            now_unix_ms,
+        );
+        match decision(collection, step) {
+            Ok(None) => match randomize_task(config, limits.max_epsilon, task, record, rng) {
+                Ok(report) => (Some(pending_entry(task, &report, now_unix_ms)), Ok(report)),
+                Err(e) => (None, Err(e)),
+            },
+            Ok(Some(report)) => (None, Ok(report)),
+            Err(e) => (None, Err(e)),
+        }
+    })?
+}
+
+/// The ledger entry recorded before `report` (answering `task`) leaves the device, spent at
+/// `spent_at_unix_ms` (ms since the Unix epoch).
+pub fn pending_entry(task: &Task, report: &Report, spent_at_unix_ms: u64) -> LedgerEntry {
     LedgerEntry {
         epsilon_spent: task.epsilon.get(),
         report: report.clone(),
         state: ReportState::Pending,
+        spent_at_unix_ms: Some(spent_at_unix_ms),
     }
 }
 

@@ -6,13 +6,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
+use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use ldpsyn::Epsilon;
 use ldpsyn::client::{Client, ClientError, ClientOptions, SimulatedPerson};
-use ldpsyn::ledger::{BudgetLedger, MemoryLedger, ReportState};
+use ldpsyn::ledger::{BudgetLedger, FileLedger, MemoryLedger, ReportState};
 use ldpsyn::mechanism::{Mechanism, MechanismKind};
 use ldpsyn::protocol::{
     CollectionConfig, PROBLEM_CONTENT_TYPE, Problem, ProblemType, Protocol, Report, ReportAnswer,
@@ -31,10 +31,14 @@ struct Behaviour {
     reject_reports: bool,
     /// ε put in tasks (None: the config's).
     task_epsilon: Option<f64>,
+    /// Answer no task request before this many have arrived (so clients race).
+    hold_tasks_until: u32,
 }
 
 #[derive(Default)]
 struct Seen {
+    /// Every request: method, path and query, body.
+    requests: Vec<(String, String, Vec<u8>)>,
     task_fetches: u32,
     tasks_issued: u32,
     upload_bodies: Vec<Vec<u8>>,
@@ -45,6 +49,8 @@ struct Fake {
     config: CollectionConfig,
     behaviour: Mutex<Behaviour>,
     seen: Mutex<Seen>,
+    /// Wakes held task requests ([`Behaviour::hold_tasks_until`]).
+    release: tokio::sync::Notify,
 }
 
 fn schema() -> Schema {
@@ -85,22 +91,43 @@ fn task(fake: &Fake, i: u32) -> Task {
     }
 }
 
-async fn get_config(State(f): State<Arc<Fake>>) -> Json<CollectionConfig> {
+fn log_request(f: &Fake, method: &str, uri: &Uri, body: &[u8]) {
+    f.seen
+        .lock()
+        .unwrap()
+        .requests
+        .push((method.into(), uri.to_string(), body.to_vec()));
+}
+
+async fn get_config(State(f): State<Arc<Fake>>, uri: Uri) -> Json<CollectionConfig> {
+    log_request(&f, "GET", &uri, &[]);
     Json(f.config.clone())
 }
 
 async fn get_task(
     State(f): State<Arc<Fake>>,
+    uri: Uri,
     Query(q): Query<std::collections::HashMap<String, String>>,
 ) -> Response {
+    log_request(&f, "GET", &uri, &[]);
     let count: Option<u32> = q.get("count").map(|c| c.parse().unwrap());
-    let start = {
+    // Registered before the count is taken, so the last arrival's wake-up is not missed.
+    let released = f.release.notified();
+    tokio::pin!(released);
+    released.as_mut().enable();
+    let (start, fetches) = {
         let mut s = f.seen.lock().unwrap();
         s.task_fetches += 1;
         let start = s.tasks_issued;
         s.tasks_issued += count.unwrap_or(1);
-        start
+        (start, s.task_fetches)
     };
+    // Held requests are all answered at the same instant.
+    if fetches >= f.behaviour.lock().unwrap().hold_tasks_until {
+        f.release.notify_waiters();
+    } else {
+        released.await;
+    }
     match count {
         None => Json(task(&f, start)).into_response(),
         Some(n) => {
@@ -109,7 +136,8 @@ async fn get_task(
     }
 }
 
-async fn post_reports(State(f): State<Arc<Fake>>, body: axum::body::Bytes) -> Response {
+async fn post_reports(State(f): State<Arc<Fake>>, uri: Uri, body: axum::body::Bytes) -> Response {
+    log_request(&f, "POST", &uri, &body);
     f.seen.lock().unwrap().upload_bodies.push(body.to_vec());
     {
         let mut b = f.behaviour.lock().unwrap();
@@ -167,17 +195,22 @@ async fn post_reports(State(f): State<Arc<Fake>>, body: axum::body::Bytes) -> Re
 }
 
 async fn start(epsilon: f64, behaviour: Behaviour) -> (String, Arc<Fake>) {
+    start_with(schema(), epsilon, behaviour).await
+}
+
+async fn start_with(schema: Schema, epsilon: f64, behaviour: Behaviour) -> (String, Arc<Fake>) {
     let fake = Arc::new(Fake {
         config: CollectionConfig {
             version: 1,
             id: Uuid::new_v4(),
-            schema: schema(),
+            schema,
             epsilon: Epsilon::new(epsilon).unwrap(),
             target_users: 1000,
             protocol: Protocol::Independence {},
         },
         behaviour: Mutex::new(behaviour),
         seen: Mutex::new(Seen::default()),
+        release: tokio::sync::Notify::new(),
     });
     let app = Router::new()
         .route("/v1/collections/{id}", get(get_config))
@@ -439,4 +472,284 @@ async fn batch_mode_gives_every_person_their_own_task_and_ledger() {
             .iter()
             .all(|r| matches!(r, Err(ClientError::BudgetExhausted { .. })))
     );
+}
+
+/// The requests a client made, with everything randomized blanked out: method, path (the
+/// collection id replaced), query, and the body's JSON shape (every string by its length,
+/// every number by `0`) and length.
+fn request_shapes(fake: &Fake) -> Vec<(String, String, serde_json::Value, usize)> {
+    fn shape(v: &serde_json::Value) -> serde_json::Value {
+        match v {
+            serde_json::Value::String(s) => serde_json::json!(format!("string of {}", s.len())),
+            serde_json::Value::Number(_) => serde_json::json!(0),
+            serde_json::Value::Array(a) => a.iter().map(shape).collect(),
+            serde_json::Value::Object(o) => o.iter().map(|(k, v)| (k.clone(), shape(v))).collect(),
+            other => other.clone(),
+        }
+    }
+    let id = fake.config.id.to_string();
+    fake.seen
+        .lock()
+        .unwrap()
+        .requests
+        .iter()
+        .map(|(method, uri, body)| {
+            let body_shape = if body.is_empty() {
+                serde_json::Value::Null
+            } else {
+                shape(&serde_json::from_slice(body).unwrap())
+            };
+            (
+                method.clone(),
+                uri.replace(&id, "{id}"),
+                body_shape,
+                body.len(),
+            )
+        })
+        .collect()
+}
+
+/// Issue 13 item 11: under `on_invalid: randomize` a record with missing, unknown and
+/// out-of-range values makes exactly the requests a valid record makes (same methods, paths,
+/// body shapes and lengths; only the randomized content differs), and its report is one the
+/// server accepts; under the default policy the same record is refused before any request
+/// (participation would depend on the data).
+#[tokio::test]
+async fn invalid_record_under_randomize_sends_the_same_requests_as_a_valid_one() {
+    let randomizing: Schema = serde_json::from_value(serde_json::json!({"attributes": [
+        {"name": "age", "type": "numeric", "min": 0, "max": 100, "bins": 10,
+         "on_invalid": "randomize"},
+        {"name": "sex", "type": "categorical", "labels": ["F", "M"], "on_invalid": "randomize"},
+        {"name": "smoker", "type": "categorical", "labels": ["no", "yes"],
+         "on_invalid": "randomize"}
+    ]}))
+    .unwrap();
+    let invalid = serde_json::json!({"age": 140, "sex": "X", "smoker": null});
+    let mut shapes = Vec::new();
+    for record in [record(), invalid.clone()] {
+        let (url, fake) = start_with(randomizing.clone(), 2.0, Behaviour::default()).await;
+        let mut c = Client::connect(&url, fake.config.id, options(4.0), MemoryLedger::default())
+            .await
+            .unwrap();
+        let receipt = c.submit(&record).await.unwrap();
+        assert_eq!(receipt.status, ReportStatus::Accepted, "{record}");
+        shapes.push(request_shapes(&fake));
+    }
+    assert_eq!(shapes[0].len(), 3, "config, task, upload: {:?}", shapes[0]);
+    assert_eq!(shapes[0], shapes[1]);
+    // The default policy: refused on the device, nothing sent after the config.
+    let (url, fake) = start(2.0, Behaviour::default()).await;
+    let mut c = Client::connect(&url, fake.config.id, options(4.0), MemoryLedger::default())
+        .await
+        .unwrap();
+    assert!(matches!(
+        c.submit(&invalid).await,
+        Err(ClientError::Record(_))
+    ));
+    assert_eq!(request_shapes(&fake).len(), 1);
+}
+
+/// Environment variable that turns [`two_process_child`] into one of the racing processes of
+/// [`two_processes_on_one_ledger_file_randomize_once`]: `<server URL> <collection> <ledger>`.
+const CHILD_ENV: &str = "LDPSYN_TEST_LEDGER_RACE_CHILD";
+
+/// One racing process (does nothing unless [`CHILD_ENV`] is set): submits a record through a
+/// `FileLedger` on the shared path and prints its outcome.
+#[tokio::test]
+async fn two_process_child() {
+    let Ok(args) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let args: Vec<&str> = args.split(' ').collect();
+    let ledger = FileLedger::open(args[2]).unwrap();
+    // OS-seeded privacy RNG: the two processes could not draw the same report by chance.
+    let mut o = ClientOptions::new(Epsilon::new(4.0).unwrap());
+    o.initial_backoff = Duration::from_millis(5);
+    o.max_attempts = 3;
+    let mut c = Client::connect(args[0], args[1].parse().unwrap(), o, ledger)
+        .await
+        .unwrap();
+    match c.submit(&record()).await {
+        Ok(r) => println!("CHILD-OUTCOME {:?} {}", r.status, r.report_id),
+        Err(e) => println!("CHILD-OUTCOME error {:?}", e.problem_type()),
+    }
+}
+
+/// Issue 13 item 13: two processes submit for one collection through `FileLedger`s on one
+/// path at the same time. The server answers neither task request before both arrived, so
+/// both processes found the ledger empty and hold a task; the ledger's lock lets exactly one
+/// randomize. Every upload carries that one report (the other process resends it, answered
+/// `duplicate`, or is refused), and the file holds it acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_on_one_ledger_file_randomize_once() {
+    let (url, fake) = start(
+        2.0,
+        Behaviour {
+            hold_tasks_until: 2,
+            ..Default::default()
+        },
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.json");
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..2)
+        .map(|_| {
+            let mut cmd = std::process::Command::new(&exe);
+            cmd.args(["--exact", "two_process_child", "--nocapture"])
+                .env(
+                    CHILD_ENV,
+                    format!("{url} {} {}", fake.config.id, path.display()),
+                );
+            tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for child in children {
+        let out = child.await.unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let line = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("CHILD-OUTCOME "))
+            .unwrap_or_else(|| panic!("no outcome in {stdout}"))
+            .to_owned();
+        outcomes.push(line);
+    }
+    let seen = fake.seen.lock().unwrap();
+    assert_eq!(seen.task_fetches, 2, "both processes fetched a task");
+    let ids: std::collections::BTreeSet<Uuid> = seen
+        .upload_bodies
+        .iter()
+        .flat_map(|b| serde_json::from_slice::<Vec<Report>>(b).unwrap())
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(ids.len(), 1, "one randomization: {ids:?}, {outcomes:?}");
+    assert_eq!(seen.accepted.len(), 1);
+    let id = *ids.first().unwrap();
+    outcomes.sort();
+    assert!(
+        outcomes == [format!("Accepted {id}"), format!("Duplicate {id}")]
+            || outcomes == [format!("Accepted {id}"), "error BudgetExhausted".to_owned()],
+        "{outcomes:?}"
+    );
+    let entry = FileLedger::open(&path)
+        .unwrap()
+        .get(fake.config.id)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (entry.report.id, entry.state),
+        (id, ReportState::Acknowledged)
+    );
+}
+
+/// Issue 13 item 12: a device-wide cap across collections. Two collections at ε = 2 and a
+/// cap of 3 per day on one app's ledger file: the first collection reports; the second is
+/// refused with the typed `budget-exhausted` error before any task is fetched (nothing
+/// randomized, nothing sent) and stays unspent; an entry older than the window does not
+/// count, one without a timestamp (an older ledger) does.
+#[tokio::test]
+async fn device_budget_caps_epsilon_across_collections() {
+    use ldpsyn::ledger::{DeviceBudget, LedgerEntry};
+    let day = Duration::from_secs(86_400);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.json");
+    let mut o = options(4.0);
+    o.device_budget = Some(DeviceBudget::new(3.0, day).unwrap());
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    // Spent two days ago on another collection: outside the window.
+    let old = LedgerEntry {
+        epsilon_spent: 2.5,
+        report: Report {
+            id: Uuid::new_v4(),
+            token: "old".into(),
+            payload: ldpsyn::protocol::Payload::Grr(0),
+        },
+        state: ReportState::Acknowledged,
+        spent_at_unix_ms: Some(now_ms - 2 * 86_400_000),
+    };
+    FileLedger::open(&path)
+        .unwrap()
+        .put(Uuid::new_v4(), old.clone())
+        .unwrap();
+    let (url_a, a) = start(2.0, Behaviour::default()).await;
+    let mut ca = Client::connect(
+        &url_a,
+        a.config.id,
+        o.clone(),
+        FileLedger::open(&path).unwrap(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(ca.remaining_budget().unwrap(), 2.0);
+    assert_eq!(
+        ca.submit(&record()).await.unwrap().status,
+        ReportStatus::Accepted
+    );
+    let entry = ca.ledger().get(a.config.id).unwrap().unwrap();
+    let stamped = entry.spent_at_unix_ms.unwrap();
+    assert!(stamped >= now_ms && stamped < now_ms + 60_000, "{stamped}");
+
+    let (url_b, b) = start(2.0, Behaviour::default()).await;
+    let mut cb = Client::connect(
+        &url_b,
+        b.config.id,
+        o.clone(),
+        FileLedger::open(&path).unwrap(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(cb.remaining_budget().unwrap(), 0.0);
+    let e = cb.submit(&record()).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ClientError::DeviceBudgetExhausted { spent_in_window, requested, max_epsilon, .. }
+                if (spent_in_window, requested, max_epsilon) == (2.0, 2.0, 3.0)
+        ),
+        "{e:?}"
+    );
+    assert_eq!(e.problem_type(), ProblemType::BudgetExhausted);
+    let seen = request_shapes(&b);
+    assert_eq!(seen.len(), 1, "only the config was fetched: {seen:?}");
+    assert_eq!(cb.ledger().get(b.config.id).unwrap(), None);
+    // Without the cap the same ledger would let collection B report.
+    let mut uncapped = options(4.0);
+    uncapped.device_budget = None;
+    let free = Client::connect(
+        &url_b,
+        b.config.id,
+        uncapped,
+        FileLedger::open(&path).unwrap(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(free.remaining_budget().unwrap(), 2.0);
+    // An entry without a timestamp (written by an older SDK) counts in every window.
+    let (url_c, c) = start(1.0, Behaviour::default()).await;
+    let mut undated = MemoryLedger::default();
+    undated
+        .put(
+            Uuid::new_v4(),
+            LedgerEntry {
+                spent_at_unix_ms: None,
+                ..old
+            },
+        )
+        .unwrap();
+    let mut cc = Client::connect(&url_c, c.config.id, o, undated)
+        .await
+        .unwrap();
+    assert!(matches!(
+        cc.submit(&record()).await,
+        Err(ClientError::DeviceBudgetExhausted { .. })
+    ));
 }

@@ -1,13 +1,14 @@
 //! The device budget ledger of the browser: entries in `localStorage` (one key per
 //! collection), or, where there is none (node), in memory for the life of the WASM instance.
 //!
-//! The rules are `ldpsyn::ledger`'s ([`ldpsyn::ledger::next_step`]); this module only stores
-//! entries. Only the randomized report is stored, never the record.
+//! The rules are `ldpsyn::ledger`'s ([`ldpsyn::ledger::next_step_within`], the device-wide
+//! cap summing every entry of the origin); this module only stores entries. Only the
+//! randomized report, its ε and the time it was spent are stored, never the record.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
-use ldpsyn::ledger::{BudgetLedger, LedgerEntry, LedgerError};
+use ldpsyn::ledger::{BudgetLedger, Entries, LedgerEntry, LedgerError};
 use uuid::Uuid;
 use wasm_bindgen::JsValue;
 
@@ -90,6 +91,32 @@ impl DeviceLedger {
 }
 
 impl BudgetLedger for DeviceLedger {
+    fn entries(&self) -> Result<Entries, LedgerError> {
+        match self.storage {
+            Storage::Memory => Ok(MEMORY.with(|m| m.borrow().clone())),
+            Storage::LocalStorage => {
+                let local = self.local()?;
+                let mut entries = Entries::new();
+                for i in 0..local.length().map_err(storage_error)? {
+                    let Some(key) = local.key(i).map_err(storage_error)? else {
+                        continue;
+                    };
+                    // Other keys of the origin are not ours.
+                    let Some(id) = key.strip_prefix(KEY_PREFIX) else {
+                        continue;
+                    };
+                    let Ok(collection) = id.parse::<Uuid>() else {
+                        continue;
+                    };
+                    if let Some(json) = local.get_item(&key).map_err(storage_error)? {
+                        entries.insert(collection, serde_json::from_str(&json)?);
+                    }
+                }
+                Ok(entries)
+            }
+        }
+    }
+
     fn get(&self, collection: Uuid) -> Result<Option<LedgerEntry>, LedgerError> {
         match self.storage {
             Storage::Memory => Ok(MEMORY.with(|m| m.borrow().get(&collection).cloned())),
@@ -106,7 +133,24 @@ impl BudgetLedger for DeviceLedger {
         }
     }
 
-    fn put(&mut self, collection: Uuid, entry: LedgerEntry) -> Result<(), LedgerError> {
+    /// Reads, decides and writes synchronously, with no `await` in between: nothing else runs
+    /// in this page (JS is single-threaded) meanwhile. Other tabs of the origin share
+    /// `localStorage` without a lock; the client's in-flight guard and its second decision
+    /// after fetching a task narrow that window (see the README's known limitations).
+    fn transact(
+        &mut self,
+        collection: Uuid,
+        step: &mut dyn FnMut(&Entries) -> Option<LedgerEntry>,
+    ) -> Result<(), LedgerError> {
+        if let Some(entry) = step(&self.entries()?) {
+            self.store(collection, entry)?;
+        }
+        Ok(())
+    }
+}
+
+impl DeviceLedger {
+    fn store(&mut self, collection: Uuid, entry: LedgerEntry) -> Result<(), LedgerError> {
         match self.storage {
             Storage::Memory => {
                 MEMORY.with(|m| m.borrow_mut().insert(collection, entry));

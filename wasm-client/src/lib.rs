@@ -26,12 +26,15 @@ pub mod ledger;
 use std::cell::RefCell;
 use std::collections::BTreeSet;
 use std::rc::Rc;
+use std::time::Duration;
 
 use ldpsyn::Epsilon;
-use ldpsyn::ledger::{BudgetLedger, NextStep, ReportState, next_step, remaining_budget};
+use ldpsyn::ledger::{
+    BudgetLedger, DeviceBudget, ReportState, next_step_within, remaining_budget_within,
+};
 use ldpsyn::protocol::{CollectionConfig, ProblemType, ReportAnswer, ReportStatus, Task};
 use ldpsyn::submission::{
-    ClientError, Receipt, check_config, pending_entry, randomize_task, settle_upload,
+    ClientError, Receipt, SpendLimits, check_config, decision, randomize_and_record, settle_upload,
 };
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -68,7 +71,7 @@ export type ProblemCode =
   | "malformed-request" | "invalid-parameter" | "invalid-schema" | "invalid-record"
   | "invalid-payload" | "invalid-token" | "token-expired" | "token-reused" | "unauthorized"
   | "unknown-collection" | "not-found" | "collection-finalized" | "model-not-ready"
-  | "conflict" | "payload-too-large" | "rate-limited" | "epsilon-too-large"
+  | "conflict" | "record-id-conflict" | "payload-too-large" | "rate-limited" | "epsilon-too-large"
   | "budget-exhausted" | "internal" | "unavailable";
 
 /** What every promise of this package rejects with (`instanceof Error`). */
@@ -96,6 +99,13 @@ export interface LdpClientOptions {
   initialBackoffMs?: number;
   /** Largest retry delay, ms (default 5000). */
   maxBackoffMs?: number;
+  /**
+   * A cap on the ε this origin's ledger spends over every collection within a rolling window
+   * (default none): a collection whose ε would take the ε spent within the last `windowMs`
+   * above `maxEpsilon` is refused with `budget-exhausted`, before anything is fetched,
+   * randomized or sent. Give every client of the origin the same cap.
+   */
+  deviceBudget?: { maxEpsilon: number; windowMs: number };
 }
 
 /** A record: attribute name → label (categorical), number (numeric), or null (missing). */
@@ -106,6 +116,8 @@ export type LdpAttribute = {
   name: string;
   missing?: "reject" | "category";
   missing_markers?: string[];
+  /** A value the attribute cannot encode: refuse the record (default), or replace it on the device by a uniformly drawn code before randomizing, so every device reports. */
+  on_invalid?: "reject" | "randomize";
 } & (
   | { type: "categorical"; labels: string[] }
   | { type: "numeric"; min: number; max: number; bins: number | "auto"; grid?: number; max_bins?: number; integer?: boolean; out_of_range?: "reject" | "clamp"; points?: number[] }
@@ -199,6 +211,22 @@ struct JsOptions {
     initial_backoff_ms: Option<u32>,
     #[serde(default)]
     max_backoff_ms: Option<u32>,
+    #[serde(default)]
+    device_budget: Option<JsDeviceBudget>,
+}
+
+/// `options.deviceBudget`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct JsDeviceBudget {
+    max_epsilon: f64,
+    window_ms: f64,
+}
+
+/// The browser's clock, ms since the Unix epoch.
+fn now_unix_ms() -> u64 {
+    // `Date.now()` is a whole, non-negative number of ms (`as` saturates).
+    js_sys::Date::now() as u64
 }
 
 #[derive(Serialize)]
@@ -255,7 +283,7 @@ impl Drop for InFlight {
 struct Inner {
     base: String,
     config: CollectionConfig,
-    max_epsilon: Epsilon,
+    limits: SpendLimits,
     policy: RetryPolicy,
     ledger: DeviceLedger,
     /// Privacy randomness and backoff jitter: ChaCha12 seeded from `crypto.getRandomValues`.
@@ -323,15 +351,22 @@ impl LdpClient {
     }
 
     /// ε this device may still spend on the collection: the collection's ε before the first
-    /// report, 0 after. Throws an `LdpError` (`internal`) if the ledger cannot be read.
+    /// report if `options.deviceBudget` (if any) allows it now, else 0. Throws an `LdpError`
+    /// (`internal`) if the ledger cannot be read.
     #[wasm_bindgen(js_name = remainingBudget)]
     pub fn remaining_budget(&self) -> Result<f64, JsValue> {
         let inner = self.inner.borrow();
-        let entry = inner
+        let entries = inner
             .ledger
-            .get(inner.config.id)
+            .entries()
             .map_err(|e| client_error(&e.into()))?;
-        Ok(remaining_budget(entry.as_ref(), inner.config.epsilon.get()))
+        Ok(remaining_budget_within(
+            &entries,
+            inner.config.id,
+            inner.config.epsilon.get(),
+            inner.limits.device_budget.as_ref(),
+            now_unix_ms(),
+        ))
     }
 
     /// What the device ledger holds for the collection, or `null` before the first report.
@@ -353,10 +388,12 @@ impl LdpClient {
     }
 
     /// Submits one person's record `{attribute: value}`: validates and encodes it first (an
-    /// invalid record rejects with `invalid-record` before any request), then follows the
-    /// ledger: resend a pending report byte for byte, refuse once the budget is spent
-    /// (`budget-exhausted`), else fetch a task, check it, randomize, record the report in the
-    /// ledger, and post it. Resolves to a `Receipt`.
+    /// invalid record rejects with `invalid-record` before any request; under an attribute's
+    /// `on_invalid: "randomize"` an invalid value is replaced by a uniform draw from the
+    /// browser's CSPRNG instead), then follows the ledger: resend a pending report byte for
+    /// byte, refuse once the budget is spent (`budget-exhausted`: this collection's, or the
+    /// origin's `options.deviceBudget`), else fetch a task, check it, decide again, randomize
+    /// and record the report in one ledger step, and post it. Resolves to a `Receipt`.
     #[wasm_bindgen(unchecked_return_type = "Promise<Receipt>")]
     pub fn submit(
         &self,
@@ -394,6 +431,20 @@ impl LdpClient {
         let opts: JsOptions = from_js(&options).map_err(|e| invalid(format!("options: {e}")))?;
         let max_epsilon = Epsilon::new(opts.max_epsilon)
             .map_err(|e| invalid(format!("options.maxEpsilon: {e}")))?;
+        let device_budget = match opts.device_budget {
+            None => None,
+            Some(b) if !(b.window_ms.is_finite() && b.window_ms >= 1.0) => {
+                return Err(invalid(format!(
+                    "options.deviceBudget.windowMs: must be at least 1, got {}",
+                    b.window_ms
+                )));
+            }
+            Some(b) => Some(
+                // `as` saturates; the window is ≥ 1 ms here.
+                DeviceBudget::new(b.max_epsilon, Duration::from_millis(b.window_ms as u64))
+                    .map_err(|e| invalid(format!("options.deviceBudget: {e}")))?,
+            ),
+        };
         let storage = match opts.storage.as_deref() {
             None | Some("auto") if ledger::local_storage_available() => Storage::LocalStorage,
             None | Some("auto") | Some("memory") => Storage::Memory,
@@ -423,7 +474,10 @@ impl LdpClient {
             inner: Rc::new(RefCell::new(Inner {
                 base,
                 config,
-                max_epsilon,
+                limits: SpendLimits {
+                    max_epsilon,
+                    device_budget,
+                },
                 policy,
                 ledger,
                 rng,
@@ -449,13 +503,6 @@ impl From<ldpsyn::ledger::LedgerError> for Failure {
     }
 }
 
-fn exhausted(collection: Uuid, epsilon_spent: f64) -> Failure {
-    Failure::Client(ClientError::BudgetExhausted {
-        collection,
-        epsilon_spent,
-    })
-}
-
 /// The native client's `submit` (ldpsyn `client.rs`), over `fetch` and the device ledger.
 async fn submit(inner: &Rc<RefCell<Inner>>, record: &JsValue) -> Result<Receipt, Failure> {
     let record_json: serde_json::Value = from_js(record).map_err(|e| {
@@ -465,11 +512,14 @@ async fn submit(inner: &Rc<RefCell<Inner>>, record: &JsValue) -> Result<Receipt,
         ))
     })?;
     let (collection, base, policy, encoded) = {
-        let i = inner.borrow();
+        let mut i = inner.borrow_mut();
+        let i = &mut *i;
+        // Under `on_invalid: randomize` an invalid value is drawn from the privacy RNG here,
+        // as in the native client.
         let encoded = i
             .config
             .schema
-            .encode_json(&record_json)
+            .encode_json_with(&record_json, &mut i.rng)
             .map_err(ClientError::from)?;
         (i.config.id, i.base.clone(), i.policy, encoded)
     };
@@ -481,30 +531,34 @@ async fn submit(inner: &Rc<RefCell<Inner>>, record: &JsValue) -> Result<Receipt,
     })?;
     let step = {
         let i = inner.borrow();
-        next_step(i.ledger.get(collection)?.as_ref())
+        next_step_within(
+            &i.ledger.entries()?,
+            collection,
+            i.config.epsilon.get(),
+            i.limits.device_budget.as_ref(),
+            now_unix_ms(),
+        )
     };
-    let report = match step {
-        NextStep::Exhausted { epsilon_spent } => return Err(exhausted(collection, epsilon_spent)),
-        NextStep::Resend(report) => report,
-        NextStep::Randomize => {
+    // Refused here (this collection's budget, or the device's) before any request.
+    let report = match decision(collection, step)? {
+        Some(report) => report,
+        None => {
             let url = format!("{base}/v1/collections/{collection}/task");
             let mut rng = StdRng::from_os_rng(); // backoff jitter only
             let task: Task = send_json(&url, "GET", None, policy, &mut rng).await?;
             let mut i = inner.borrow_mut();
             let i = &mut *i;
-            // Another page of this origin (sharing localStorage) may have reported meanwhile.
-            match next_step(i.ledger.get(collection)?.as_ref()) {
-                NextStep::Exhausted { epsilon_spent } => {
-                    return Err(exhausted(collection, epsilon_spent));
-                }
-                NextStep::Resend(report) => report,
-                NextStep::Randomize => {
-                    let report =
-                        randomize_task(&i.config, i.max_epsilon, &task, &encoded, &mut i.rng)?;
-                    i.ledger.put(collection, pending_entry(&task, &report))?;
-                    report
-                }
-            }
+            // Decided again on fresh entries, randomized and recorded in one ledger step:
+            // another page of this origin (sharing localStorage) may have reported meanwhile.
+            randomize_and_record(
+                &mut i.ledger,
+                &i.config,
+                &i.limits,
+                now_unix_ms(),
+                &task,
+                &encoded,
+                &mut i.rng,
+            )?
         }
     };
     let url = format!("{base}/v1/collections/{collection}/reports");

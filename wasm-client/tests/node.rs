@@ -68,6 +68,7 @@ fn schema() -> serde_json::Value {
 
 struct Plan {
     id: String,
+    schema: serde_json::Value,
     config_epsilon: f64,
     task_epsilon: f64,
     posts: serde_json::Value,
@@ -79,6 +80,7 @@ impl Plan {
             id: uuid::Builder::from_random_bytes(rand::random())
                 .into_uuid()
                 .to_string(),
+            schema: schema(),
             config_epsilon: 2.0,
             task_epsilon: 2.0,
             posts,
@@ -86,7 +88,7 @@ impl Plan {
     }
     fn install(&self) {
         let plan = serde_json::json!({
-            "config": {"version": 1, "id": self.id, "schema": schema(), "epsilon": self.config_epsilon,
+            "config": {"version": 1, "id": self.id, "schema": self.schema, "epsilon": self.config_epsilon,
                        "target_users": 1000, "protocol": "privincr"},
             "task": {"collection_id": self.id, "round": 0, "factor": [0, 2], "mechanism": "oue",
                      "epsilon": self.task_epsilon, "token": "tok-1", "expires_at": 4102444800_i64},
@@ -195,6 +197,7 @@ fn memory_ledger_round_trip_and_is_shared() {
             payload: Payload::Grr(3),
         },
         state: ReportState::Pending,
+        spent_at_unix_ms: Some(js_sys::Date::now() as u64),
     };
     a.put(collection, entry.clone()).unwrap();
     // A second ledger of the same instance sees it: reconnecting does not reset the budget.
@@ -408,4 +411,136 @@ async fn unknown_collection_and_bad_options() {
     .await
     .unwrap_err();
     assert_eq!(code(&err), "invalid-parameter");
+}
+
+/// The request log with the randomized content blanked out: method, path (collection id
+/// replaced), and the body's JSON shape (every string by its length, every number by 0) and
+/// length.
+fn request_shapes(plan: &Plan) -> Vec<serde_json::Value> {
+    fn shape(v: &serde_json::Value) -> serde_json::Value {
+        match v {
+            serde_json::Value::String(s) => serde_json::json!(format!("string of {}", s.len())),
+            serde_json::Value::Number(_) => serde_json::json!(0),
+            serde_json::Value::Array(a) => a.iter().map(shape).collect(),
+            serde_json::Value::Object(o) => o.iter().map(|(k, v)| (k.clone(), shape(v))).collect(),
+            other => other.clone(),
+        }
+    }
+    log()
+        .iter()
+        .map(|r| {
+            let body = r["body"].as_str();
+            serde_json::json!({
+                "method": r["method"],
+                "url": r["url"].as_str().unwrap().replace(&plan.id, "{id}"),
+                "body": body.map(|b| shape(&serde_json::from_str(b).unwrap())),
+                "length": body.map(str::len),
+            })
+        })
+        .collect()
+}
+
+/// Issue 13 item 11 in the browser client: under `on_invalid: "randomize"` a record with a
+/// missing, an unknown and an out-of-range value makes the same requests as a valid record
+/// (methods, paths, body shapes and lengths); under the default policy it is refused before
+/// any request.
+#[wasm_bindgen_test]
+async fn invalid_record_under_randomize_sends_the_same_requests_as_a_valid_one() {
+    let mut randomizing = schema();
+    for a in randomizing["attributes"].as_array_mut().unwrap() {
+        a["on_invalid"] = serde_json::json!("randomize");
+    }
+    let invalid =
+        || js_sys::JSON::parse(r#"{"age": 140, "sex": "Other", "workclass": null}"#).unwrap();
+    let mut shapes = Vec::new();
+    for valid in [true, false] {
+        let mut plan = Plan::new(serde_json::json!([{"status": 200}]));
+        plan.schema = randomizing.clone();
+        plan.install();
+        let client = connect(&plan, 4.0).await.unwrap();
+        let receipt = submit(&client, if valid { record() } else { invalid() })
+            .await
+            .unwrap();
+        assert_eq!(receipt["status"], "accepted");
+        shapes.push(request_shapes(&plan));
+    }
+    assert_eq!(shapes[0].len(), 3, "config, task, upload: {:?}", shapes[0]);
+    assert_eq!(shapes[0], shapes[1]);
+    // The default policy: refused on the device, nothing sent after the config.
+    let plan = Plan::new(serde_json::json!([{"status": 200}]));
+    plan.install();
+    let client = connect(&plan, 4.0).await.unwrap();
+    assert_eq!(
+        code(&submit(&client, invalid()).await.unwrap_err()),
+        "invalid-record"
+    );
+    assert_eq!(log().len(), 1);
+}
+
+/// Issue 13 item 12 in the browser client: `options.deviceBudget` caps the ε this origin's
+/// ledger spends across collections within a window. The in-memory ledger is shared by the
+/// tests of this instance, so the cap is set to what they already spent plus 3: a first
+/// collection at ε = 2 reports, a second one is refused with `budget-exhausted` before its
+/// task is fetched. A malformed budget is refused at connect.
+#[wasm_bindgen_test]
+async fn device_budget_caps_epsilon_across_collections() {
+    use ldpsyn::ledger::DeviceBudget;
+    let window_ms = 86_400_000.0;
+    let already = DeviceBudget::new(1.0, std::time::Duration::from_millis(86_400_000))
+        .unwrap()
+        .spent_in_window(
+            &DeviceLedger::new(Storage::Memory)
+                .unwrap()
+                .entries()
+                .unwrap(),
+            js_sys::Date::now() as u64,
+        );
+    let capped = |cap: f64| {
+        js_sys::JSON::parse(&format!(
+            r#"{{"maxEpsilon": 4, "storage": "memory", "maxAttempts": 1,
+                "deviceBudget": {{"maxEpsilon": {cap}, "windowMs": {window_ms}}}}}"#
+        ))
+        .unwrap()
+    };
+    let cap = already + 3.0;
+    let first = Plan::new(serde_json::json!([{"status": 200}]));
+    first.install();
+    let client = LdpClient::open(BASE.into(), first.id.clone(), capped(cap))
+        .await
+        .unwrap();
+    assert_eq!(client.remaining_budget().unwrap(), 2.0);
+    assert_eq!(
+        submit(&client, record()).await.unwrap()["status"],
+        "accepted"
+    );
+
+    let second = Plan::new(serde_json::json!([{"status": 200}]));
+    second.install();
+    let client = LdpClient::open(BASE.into(), second.id.clone(), capped(cap))
+        .await
+        .unwrap();
+    assert_eq!(client.remaining_budget().unwrap(), 0.0);
+    let err = submit(&client, record()).await.unwrap_err();
+    assert_eq!(code(&err), "budget-exhausted");
+    assert!(requests("GET", "/task").is_empty(), "nothing fetched");
+    assert!(requests("POST", "/reports").is_empty(), "nothing sent");
+    assert!(client.ledger_state().unwrap().is_null(), "nothing spent");
+    // Without the cap the same collection could report.
+    let free = connect(&second, 4.0).await.unwrap();
+    assert_eq!(free.remaining_budget().unwrap(), 2.0);
+    for bad in [
+        r#"{"maxEpsilon": 4, "deviceBudget": {"maxEpsilon": 0, "windowMs": 1000}}"#,
+        r#"{"maxEpsilon": 4, "deviceBudget": {"maxEpsilon": 5, "windowMs": 0}}"#,
+        r#"{"maxEpsilon": 4, "deviceBudget": {"maxEpsilon": 5}}"#,
+    ] {
+        let err = LdpClient::open(
+            BASE.into(),
+            second.id.clone(),
+            js_sys::JSON::parse(bad).unwrap(),
+        )
+        .await
+        .err()
+        .expect("refused");
+        assert_eq!(code(&err), "invalid-parameter", "{bad}");
+    }
 }

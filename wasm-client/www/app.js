@@ -44,7 +44,9 @@ function renderForm(schema) {
     }
     input.name = a.name;
     input.dataset.kind = a.type;
-    input.required = a.missing !== "category";
+    // Under `on_invalid: "randomize"` an empty field is sent as missing and replaced on the
+    // device by a random code, so the person reports whatever they leave out.
+    input.required = a.missing !== "category" && a.on_invalid !== "randomize";
     label.append(input);
     fields.append(label);
   }

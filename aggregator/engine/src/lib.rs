@@ -104,6 +104,9 @@ pub enum EngineError {
     /// The collection is finalized: no more tasks.
     #[error("the collection is finalized")]
     Finalized,
+    /// The collection hands out no device tasks (a vertical collection takes party uploads).
+    #[error("a vertical collection takes party uploads, not device tasks")]
+    NoDeviceTasks,
     /// Nothing was collected.
     #[error("no reports to build a model from")]
     NoData,

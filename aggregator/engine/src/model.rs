@@ -167,6 +167,9 @@ pub struct EdgeGain {
     pub noise_l1: f64,
     /// Estimated dependence (L1 distance from independence, debiased for noise).
     pub dependence: f64,
+    /// Standard deviation of the dependence estimate for an independent pair.
+    #[serde(default)]
+    pub dependence_sd: f64,
     /// In the model graph.
     pub kept: bool,
 }

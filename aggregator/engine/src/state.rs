@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use super::EngineError;
 use super::estimate::{
-    MAX_CLIQUE_CELLS, PairGain, best_pair_gain, fit_model, one_way_estimates, select_model_graph,
+    MAX_CLIQUE_CELLS, PairGain, fit_model, one_way_estimates, select_model_graph,
 };
 use super::graph::{Edge, EdgeState};
 use super::model::{EdgeGain, FittedJoint, Model, Recovery};
@@ -37,6 +37,7 @@ use super::protocols::auto::Auto;
 use super::protocols::independence::Independence;
 use super::protocols::privincr::PrivIncr;
 use super::protocols::samprivsyn::SamPrivSyn;
+use super::protocols::vertical::{Vertical, resolve};
 use super::protocols::{CollectionProtocol, check_privincr};
 use super::space::Space;
 use super::tables::{Measurements, TableKey, Tables};
@@ -137,6 +138,8 @@ pub enum ProtocolState {
     Samprivsyn(PairSampling),
     /// Independence: nothing to decide.
     Independence {},
+    /// Vertical: nothing to decide before finalize.
+    Vertical {},
 }
 
 /// The decisions of a two-phase protocol (PrivIncr, NoIncremental, `auto`).
@@ -167,6 +170,7 @@ impl ProtocolState {
                 pair_weights: weights,
             }),
             Protocol::Independence {} => Self::Independence {},
+            Protocol::Vertical(_) => Self::Vertical {},
         }
     }
 }
@@ -329,6 +333,9 @@ pub struct EngineOptions {
     /// [`SUB_BIN_ONE_WAY_SHARE`]).
     #[serde(default)]
     pub sub_bin_share: Option<f64>,
+    /// Standard deviations of its dependence estimate a pair's expected gain must exceed to
+    /// enter the model graph (default: the protocol's, `CollectionProtocol::gain_margin`).
+    pub gain_margin: Option<f64>,
     /// Sub-bins per working bin of those 1-ways (default [`SUB_BINS`]).
     #[serde(default)]
     pub sub_bins: Option<usize>,
@@ -345,6 +352,8 @@ pub struct Engine {
     options: EngineOptions,
     /// The protocol's rules, chosen once from `protocol`.
     rules: Arc<dyn CollectionProtocol>,
+    /// A vertical collection's parties (the same rules, for the party-upload path).
+    vertical: Option<Arc<Vertical>>,
 }
 
 impl Engine {
@@ -360,12 +369,36 @@ impl Engine {
         config: &CollectionConfig,
         options: EngineOptions,
     ) -> Result<Self, EngineError> {
-        Self::from_space(
+        let vertical = resolve(&config.protocol, &config.schema)?;
+        if let Some(v) = &vertical {
+            if config
+                .schema
+                .attributes()
+                .iter()
+                .any(|a| a.working_bins().is_some())
+            {
+                return Err(EngineError::InvalidConfig(
+                    "a vertical collection needs fixed bins (`bins: \"auto\"` is for device \
+                     collections)"
+                        .into(),
+                ));
+            }
+            let want = v.max_party_epsilon();
+            if (config.epsilon.get() - want).abs() > 1e-9 * want.max(1.0) {
+                return Err(EngineError::InvalidConfig(format!(
+                    "a vertical collection's epsilon is its largest party total Σε = {want} \
+                     (got {})",
+                    config.epsilon
+                )));
+            }
+        }
+        Self::assemble(
             Space::from_schema(&config.schema),
             config.epsilon,
             config.target_users,
             config.protocol.clone(),
             options,
+            vertical.map(Arc::new),
         )
     }
 
@@ -387,13 +420,26 @@ impl Engine {
         )
     }
 
-    /// The engine over the working space `space` ([`crate::space`]).
+    /// The engine over the working space `space` ([`crate::space`]). Errors: as
+    /// [`Engine::new`]; a vertical protocol (its parties name schema attributes: build it
+    /// with [`Engine::new`]).
     pub fn from_space(
         space: Space,
         epsilon: Epsilon,
         target_users: u64,
         protocol: Protocol,
         options: EngineOptions,
+    ) -> Result<Self, EngineError> {
+        Self::assemble(space, epsilon, target_users, protocol, options, None)
+    }
+
+    fn assemble(
+        space: Space,
+        epsilon: Epsilon,
+        target_users: u64,
+        protocol: Protocol,
+        options: EngineOptions,
+        vertical: Option<Arc<Vertical>>,
     ) -> Result<Self, EngineError> {
         let dims = space.dims().to_vec();
         if space.code_dims().is_empty()
@@ -450,6 +496,14 @@ impl Engine {
                 Arc::new(SamPrivSyn::new(s.clone()))
             }
             Protocol::Independence {} => Arc::new(Independence),
+            Protocol::Vertical(_) => match &vertical {
+                Some(v) => v.clone(),
+                None => {
+                    return Err(EngineError::InvalidConfig(
+                        "a vertical collection is built from its config (Engine::new)".into(),
+                    ));
+                }
+            },
         };
         Ok(Self {
             space,
@@ -458,6 +512,7 @@ impl Engine {
             protocol,
             options,
             rules,
+            vertical,
         })
     }
 
@@ -485,11 +540,17 @@ impl Engine {
         keep: impl Fn(&TableKey) -> bool,
     ) -> Result<Measurements, EngineError> {
         Ok(Measurements::filtered_in(
-            self.epsilon,
+            &|key: &TableKey, dims: &[usize]| self.rules.table_mechanism(self, key, dims),
             &self.space,
             tables,
             keep,
         )?)
+    }
+
+    /// A vertical collection's parties resolved against the schema; `None` for device
+    /// collections.
+    pub fn vertical(&self) -> Option<&Vertical> {
+        self.vertical.as_deref()
     }
     /// ε of every report.
     pub fn epsilon(&self) -> Epsilon {
@@ -605,7 +666,7 @@ impl Engine {
                     key.factor, key.bins
                 ))
             })?;
-        Ok(Mechanism::new(key.mechanism, self.epsilon, &dims)?)
+        Ok(self.rules.table_mechanism(self, key, &dims)?)
     }
 
     /// Domain sizes of `factor`'s attributes under the bin maps `bins` (factor order); `None`
@@ -705,10 +766,15 @@ impl Engine {
             .rules
             .model_candidates(self, state)
             .into_iter()
-            .filter_map(|(a, b)| best_pair_gain(&ms, &one_way, a, b).map(|(g, _)| ((a, b), g)))
+            .filter_map(|(a, b)| Some(((a, b), self.rules.pair_gain(&ms, &one_way, a, b)?)))
             .collect();
         let cap = self.options.max_clique_cells.unwrap_or(MAX_CLIQUE_CELLS);
-        let edges = select_model_graph(self.dims(), &gains, cap);
+        let margin = self
+            .options
+            .gain_margin
+            .unwrap_or_else(|| self.rules.gain_margin());
+        let edges = select_model_graph(self.dims(), &gains, cap, margin);
+        let ms = ms.retained(|m| self.rules.fit_table(&m.key, &edges));
         let fitted = fit_model(&ms, &edges, &FitOptions::default())?;
         // Cliques are within the cap: one conditional per clique (no Algorithm 2 split).
         let structure = build_structure(self.dims(), &edges, &[], u64::MAX);
@@ -722,6 +788,7 @@ impl Engine {
                 observed_l1: g.observed_l1,
                 noise_l1: g.noise_l1,
                 dependence: g.dependence,
+                dependence_sd: g.dependence_sd,
                 kept: edges.contains(&(a, b)),
             })
             .collect();

@@ -170,6 +170,9 @@ pub enum TablesError {
     BadFactor(TableKey),
 }
 
+/// Builds a table's mechanism from its key and its factor's (binned) domain sizes.
+pub type MechanismOf<'a> = dyn Fn(&TableKey, &[usize]) -> Result<Mechanism, MechanismError> + 'a;
+
 /// Every non-empty table turned into an unbiased estimate; answers combined marginals.
 #[derive(Debug, Clone)]
 pub struct Measurements {
@@ -430,7 +433,7 @@ impl Measurements {
         keep: impl Fn(&TableKey) -> bool,
     ) -> Result<Self, TablesError> {
         Self::filtered_in(
-            epsilon,
+            &|key: &TableKey, dims: &[usize]| Mechanism::new(key.mechanism, epsilon, dims),
             &Space::identity(domain_sizes.to_vec()),
             tables,
             keep,
@@ -438,12 +441,13 @@ impl Measurements {
     }
 
     /// As [`Measurements::filtered`] for tables keyed over schema codes, read in the working
-    /// space `space` ([`crate::space`]): keys, cells and domain sizes are working ones; a
+    /// space `space` ([`crate::space`]), each table's mechanism built by `mechanism` from its
+    /// key and (binned) factor domain sizes: keys, cells and domain sizes are working ones; a
     /// 1-way finer than its attribute's working bins is summed into them
     /// ([`Measurement::refined`] keeps its cells). A table of several attributes that cuts
     /// through a working bin (no task asks for one) is skipped.
     pub fn filtered_in(
-        epsilon: Epsilon,
+        mechanism: &MechanismOf<'_>,
         space: &Space,
         tables: &Tables,
         keep: impl Fn(&TableKey) -> bool,
@@ -466,7 +470,7 @@ impl Measurements {
                 key: key.clone(),
                 source,
             };
-            let mechanism = Mechanism::new(key.mechanism, epsilon, &dims).map_err(err)?;
+            let mechanism = mechanism(key, &dims).map_err(err)?;
             let mut estimate = mechanism.estimate(stats).map_err(err)?;
             let (key, dims, refined) = match space.to_working(key) {
                 Some(WorkingKey::Binned(k)) => (k, dims, None),
@@ -497,18 +501,28 @@ impl Measurements {
             });
         }
         let population = items.iter().map(|m| m.estimate.n).sum();
-        let mut by_attr = vec![Vec::new(); space.dims().len()];
+        Ok(Self::indexed(items, space.dims().to_vec(), population))
+    }
+
+    fn indexed(items: Vec<Measurement>, domain_sizes: Vec<usize>, population: u64) -> Self {
+        let mut by_attr = vec![Vec::new(); domain_sizes.len()];
         for (i, m) in items.iter().enumerate() {
             for &a in &m.key.factor {
                 by_attr[a].push(i);
             }
         }
-        Ok(Self {
+        Self {
             items,
-            domain_sizes: space.dims().to_vec(),
+            domain_sizes,
             population,
             by_attr,
-        })
+        }
+    }
+
+    /// Only the measurements for which `keep` holds (same population).
+    pub fn retained(self, keep: impl Fn(&Measurement) -> bool) -> Self {
+        let items = self.items.into_iter().filter(|m| keep(m)).collect();
+        Self::indexed(items, self.domain_sizes, self.population)
     }
 
     /// The unbiased estimate of attribute `a`'s distribution over the cells of its finest
@@ -859,7 +873,13 @@ mod tests {
                     mech.accumulate(&r, &mut stats).unwrap();
                 }
                 let tables: Tables = [(key.clone(), stats)].into_iter().collect();
-                let ms = Measurements::filtered_in(eps(2.0), &space, &tables, |_| true).unwrap();
+                let ms = Measurements::filtered_in(
+                    &|k: &TableKey, d: &[usize]| Mechanism::new(k.mechanism, eps(2.0), d),
+                    &space,
+                    &tables,
+                    |_| true,
+                )
+                .unwrap();
                 let m = ms.items()[0].clone();
                 assert_eq!(m.key.bins, Vec::<Vec<u32>>::new());
                 assert_eq!(m.refined.as_ref().unwrap().frequencies.len(), 12);

@@ -62,6 +62,15 @@ pub struct ServeConfig {
     /// Request timeout until the response starts, milliseconds.
     #[arg(long, env = "LDPSYN_REQUEST_TIMEOUT_MS", default_value_t = 30_000)]
     pub request_timeout_ms: u64,
+    /// Most time a connection may take to send a request's complete headers, counted from
+    /// when it waits for a request (so it also bounds a keep-alive connection's wait for the
+    /// next request), milliseconds; the connection is closed when it expires.
+    #[arg(long, env = "LDPSYN_HEADER_READ_TIMEOUT_MS", default_value_t = 10_000)]
+    pub header_read_timeout_ms: u64,
+    /// A connection on which no byte moved for this long is closed (after the response of a
+    /// request in flight), milliseconds.
+    #[arg(long, env = "LDPSYN_IDLE_TIMEOUT_MS", default_value_t = 60_000)]
+    pub idle_timeout_ms: u64,
     /// Requests served at once; more are shed with 503.
     #[arg(long, env = "LDPSYN_MAX_IN_FLIGHT_REQUESTS", default_value_t = 4096)]
     pub max_in_flight_requests: usize,

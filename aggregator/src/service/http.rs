@@ -9,6 +9,7 @@
 //! | POST `/v1/collections/{id}/close-round`, `/finalize` | admin |
 //! | GET `/v1/collections/{id}/model`, `/marginals?attrs=a,b`, `/synthetic?rows=N&seed=S&format=csv\|ndjson&numeric=recover\|uniform\|midpoint` | admin |
 //! | GET `/healthz`, `/metrics` | anyone (per-collection series: admin) |
+//! | GET `/ui/` and its files | anyone (the dashboard; its data calls are admin) |
 //!
 //! Layers wrap inside-out; a request passes them top to bottom as written in [`router`]:
 //! `TraceLayer` (logs every request and its status) → `CorsLayer` → `HandleErrorLayer`
@@ -97,8 +98,18 @@ pub fn router(state: AppState) -> Router {
             "/v1/collections/{id}/synthetic",
             get(super::synthetic::get_synthetic),
         )
+        .route(
+            "/v1/collections/{id}/parties",
+            get(super::vertical::get_party_tokens),
+        )
+        .route(
+            "/v1/collections/{id}/parties/{party}/records",
+            post(super::vertical::post_party_records),
+        )
         .merge(uploads)
         .merge(tasks)
+        // The dashboard's static files (no auth; its data calls are the admin routes above).
+        .merge(super::ui::routes())
         .fallback(not_found)
         .layer(
             ServiceBuilder::new()
@@ -238,7 +249,10 @@ fn parse_id(id: &str) -> Result<Uuid, ApiError> {
     })
 }
 
-async fn handle_of(state: &AppState, id: &str) -> Result<Arc<CollectionHandle>, ApiError> {
+pub(crate) async fn handle_of(
+    state: &AppState,
+    id: &str,
+) -> Result<Arc<CollectionHandle>, ApiError> {
     state.collection(parse_id(id)?).await
 }
 
@@ -299,6 +313,9 @@ fn public_json(h: &CollectionHandle) -> Value {
     let mut v = serde_json::to_value(&h.config).unwrap_or(Value::Null);
     if let Value::Object(m) = &mut v {
         m.insert("status".into(), status_json(h));
+        if let Some(e) = super::vertical::party_epsilons(h) {
+            m.insert("party_epsilon".into(), e);
+        }
     }
     v
 }
@@ -306,6 +323,7 @@ fn public_json(h: &CollectionHandle) -> Value {
 const COMMON_KEYS: &[&str] = &["schema", "epsilon", "target_users", "protocol"];
 const PRIVINCR_KEYS: &[&str] = &["omega", "rounds", "phi", "alpha", "sigma"];
 const SAMPRIVSYN_KEYS: &[&str] = &["batch_size"];
+const VERTICAL_KEYS: &[&str] = &["parties"];
 
 /// Parses and checks a create request strictly: known keys only, valid schema, ε, N and
 /// protocol parameters. Returns the config and its engine. Errors: 400 problems
@@ -333,11 +351,12 @@ pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine),
         "privincr" | "noincremental" | "auto" => PRIVINCR_KEYS,
         "samprivsyn" => SAMPRIVSYN_KEYS,
         "independence" => &[],
+        "vertical" => VERTICAL_KEYS,
         other => {
             return Err(bad(
                 ProblemType::InvalidParameter,
                 format!(
-                    "unknown protocol `{other}`: privincr, noincremental, samprivsyn, independence or auto"
+                    "unknown protocol `{other}`: privincr, noincremental, samprivsyn, independence, auto or vertical"
                 ),
             ));
         }
@@ -361,6 +380,19 @@ pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine),
             ProblemType::InvalidSchema,
             "too many attributes".into(),
         ));
+    }
+    if protocol == "vertical" && !obj.contains_key("epsilon") {
+        // A vertical collection's ε is its largest party total: filled in when omitted.
+        let parties: ldpsyn::protocol::VerticalParams = serde_json::from_value(
+            json!({"parties": obj.get("parties").cloned().unwrap_or(Value::Null)}),
+        )
+        .map_err(|e| bad(ProblemType::InvalidParameter, e.to_string()))?;
+        let total = parties
+            .parties
+            .iter()
+            .map(ldpsyn::protocol::Party::epsilon)
+            .fold(0.0, f64::max);
+        obj.insert("epsilon".into(), json!(total));
     }
     obj.insert("version".into(), json!(PROTOCOL_VERSION));
     obj.insert("id".into(), json!(id));
@@ -423,7 +455,17 @@ async fn create_collection(
     ));
     state.insert_collection(handle.clone());
     tracing::info!(collection = %id, protocol = handle.config.protocol.name(), "collection created");
-    Ok((StatusCode::CREATED, Json(public_json(&handle))).into_response())
+    let mut body = public_json(&handle);
+    if handle.engine.vertical().is_some()
+        && let Value::Object(m) = &mut body
+    {
+        // Shown to the admin once here, and again at GET …/parties.
+        m.insert(
+            "party_tokens".into(),
+            super::vertical::party_tokens(&state, &handle)?,
+        );
+    }
+    Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
 async fn list_collections(State(state): State<AppState>, _admin: Admin) -> Json<Value> {
@@ -502,7 +544,12 @@ async fn get_task(
     let n = count.unwrap_or(1);
     let mut tasks = Vec::with_capacity(n);
     // The state's choices once per request; each task an O(log n) draw.
-    let sampler = h.engine.sampler(&s)?;
+    let sampler = h.engine.sampler(&s).map_err(|e| match e {
+        crate::engine::EngineError::NoDeviceTasks => {
+            ApiError::problem(ProblemType::Conflict, e.to_string())
+        }
+        e => e.into(),
+    })?;
     for _ in 0..n {
         let spec = sampler.draw(&mut rng);
         if spec.factor.len() > MAX_FACTOR_LEN
@@ -519,8 +566,16 @@ async fn get_task(
     })
 }
 
-/// Reads a body of at most `limit` bytes; 413 above.
+/// Reads a body of at most `limit` bytes; 413 above. A body whose declared `Content-Length`
+/// (hyper's exact size hint) exceeds `limit` is refused before a byte of it is read.
 pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    let declared = axum::body::HttpBody::size_hint(&body).lower();
+    if declared > limit as u64 {
+        return Err(ApiError::problem(
+            ProblemType::PayloadTooLarge,
+            format!("the body ({declared} bytes declared) exceeds {limit} bytes"),
+        ));
+    }
     axum::body::to_bytes(body, limit).await.map_err(|e| {
         let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(&e);
         let mut too_large = false;

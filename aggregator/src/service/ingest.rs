@@ -58,7 +58,13 @@ impl CollectionHandle {
         tables: Tables,
         round_counts: Vec<(u32, u64)>,
     ) -> Self {
-        let accepted = tables.values().map(|s| s.n).sum();
+        // A device report counts in one table; a party record counts in many, so vertical
+        // collections count accepted records from their round counts.
+        let accepted = if engine.vertical().is_some() {
+            round_counts.iter().map(|c| c.1).sum()
+        } else {
+            tables.values().map(|s| s.n).sum()
+        };
         Self {
             id: config.id,
             config,
@@ -105,7 +111,7 @@ impl CollectionHandle {
     }
 
     /// Adds what a commit accepted: reports per task round and their statistics.
-    fn apply_committed(&self, rounds: &BTreeMap<u32, u64>, delta: &Tables) {
+    pub(crate) fn apply_committed(&self, rounds: &BTreeMap<u32, u64>, delta: &Tables) {
         for (key, s) in delta {
             match self.tables.get_mut(key) {
                 // Same mechanism, so same shape: merging cannot fail.
@@ -201,6 +207,17 @@ pub enum Command {
         /// Where to answer.
         reply: oneshot::Sender<Result<Vec<Transition>, ApiError>>,
     },
+    /// Commit one party upload of a vertical collection.
+    PartyRecords {
+        /// The collection.
+        handle: Arc<CollectionHandle>,
+        /// The party's index.
+        party: usize,
+        /// Its records (validated).
+        records: Vec<ldpsyn::vertical::PartyRecord>,
+        /// Where to answer.
+        reply: oneshot::Sender<Result<ldpsyn::vertical::PartyUploadResult, ApiError>>,
+    },
     /// Build the model and mark the collection finalized.
     Finalize {
         /// The collection.
@@ -223,13 +240,13 @@ async fn blocking<T: Send + 'static>(
 /// whose database another connection has written since its last use must reload its whole
 /// page cache, which made every group commit re-read the report indexes. Dropped after an
 /// error and acquired again.
-struct Writer {
+pub(crate) struct Writer {
     db: Db,
     conn: Option<PoolConnection<Any>>,
 }
 
 impl Writer {
-    async fn begin(&mut self) -> Result<Transaction<'_, Any>, ApiError> {
+    pub(crate) async fn begin(&mut self) -> Result<Transaction<'_, Any>, ApiError> {
         let conn = match self.conn.take() {
             Some(c) => c,
             None => self.db.pool.acquire().await?,
@@ -287,6 +304,27 @@ pub async fn run_committer(db: Db, metrics: Arc<Metrics>, mut rx: mpsc::Receiver
             Command::Finalize { handle, reply } => {
                 let r = finalize(&db, &mut writer, &handle).await;
                 let _ = reply.send(writer.settle(r));
+            }
+            Command::PartyRecords {
+                handle,
+                party,
+                records,
+                reply,
+            } => {
+                let r = super::vertical::commit_party_records(
+                    &db,
+                    &mut writer,
+                    &handle,
+                    party,
+                    &records,
+                )
+                .await;
+                // A refused upload (conflict, finalized) is no reason to drop the connection.
+                let r = match r {
+                    Err(e @ ApiError::Problem { .. }) => Err(e),
+                    other => writer.settle(other),
+                };
+                let _ = reply.send(r);
             }
         }
     }

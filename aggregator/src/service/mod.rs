@@ -6,6 +6,8 @@
 //! - [`tokens`]: HMAC-SHA256 task tokens.
 //! - [`ingest`]: collections in memory and the group committer.
 //! - [`http`]: routes, handlers, layers ([`router`]).
+//! - [`listener`]: the accept loop (header-read and idle timeouts, graceful shutdown).
+//! - [`ui`]: the dashboard at `/ui/` (embedded static files).
 //! - [`metrics`], [`ratelimit`], [`synthetic`].
 //!
 //! ```no_run
@@ -24,11 +26,14 @@ pub mod config;
 pub mod error;
 pub mod http;
 pub mod ingest;
+pub mod listener;
 pub mod metrics;
 pub mod ratelimit;
 pub mod storage;
 pub mod synthetic;
 pub mod tokens;
+pub mod ui;
+pub mod vertical;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -404,16 +409,18 @@ impl Server {
             },
         ));
         let (signal_tx, signal_rx) = oneshot::channel::<()>();
-        let serving = tokio::spawn(async move {
-            axum::serve(
-                listener,
-                app.into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .with_graceful_shutdown(async move {
+        let timeouts = listener::ConnectionTimeouts {
+            header_read: Duration::from_millis(config.header_read_timeout_ms.max(1)),
+            idle: Duration::from_millis(config.idle_timeout_ms.max(1)),
+        };
+        let serving = tokio::spawn(listener::serve_connections(
+            listener,
+            app,
+            timeouts,
+            async move {
                 let _ = signal_rx.await;
-            })
-            .await
-        });
+            },
+        ));
         let (state, committer) = match AppState::open(config).await {
             Ok(opened) => opened,
             Err(e) => {
@@ -428,7 +435,7 @@ impl Server {
         let task = tokio::spawn(async move {
             signal.await;
             let _ = signal_tx.send(());
-            let served = serving
+            serving
                 .await
                 .map_err(|e| ApiError::Internal(format!("server task: {e}")))?;
             if let Some(r) = refresher {
@@ -440,7 +447,7 @@ impl Server {
             drop(st);
             let _ = tokio::time::timeout(Duration::from_secs(30), committer).await;
             db.pool.close().await;
-            served.map_err(|e| ApiError::Internal(format!("server: {e}")))
+            Ok(())
         });
         tracing::info!(%addr, "listening");
         Ok(Self {

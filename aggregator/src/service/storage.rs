@@ -599,6 +599,72 @@ impl Db {
         }
     }
 
+    /// The stored party rows of collection `id` for `record_ids`: `(party, record id,
+    /// codes)` (vertical collections), in the caller's transaction.
+    pub async fn vertical_rows(
+        &self,
+        conn: &mut AnyConnection,
+        id: Uuid,
+        record_ids: &[&str],
+    ) -> Result<Vec<(String, String, Vec<u32>)>, ApiError> {
+        let mut out = Vec::new();
+        for chunk in record_ids.chunks(MAX_ROWS_PER_INSERT) {
+            let mut sql = String::from(
+                "SELECT party, record_id, codes FROM vertical_records \
+                 WHERE collection_id = $1 AND record_id IN (",
+            );
+            for i in 0..chunk.len() {
+                if i > 0 {
+                    sql.push(',');
+                }
+                sql.push_str(&format!("${}", i + 2));
+            }
+            sql.push(')');
+            let mut q = sqlx::query(&sql).bind(id.to_string());
+            for r in chunk {
+                q = q.bind(r.to_string());
+            }
+            for row in q.fetch_all(&mut *conn).await? {
+                let codes: String = row.try_get(2)?;
+                out.push((
+                    row.try_get(0)?,
+                    row.try_get(1)?,
+                    serde_json::from_str(&codes)?,
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Stores party `party`'s `records` (record id, codes) of collection `id` in the
+    /// caller's transaction; the caller has checked that none is stored yet.
+    pub async fn insert_vertical_records(
+        &self,
+        conn: &mut AnyConnection,
+        id: Uuid,
+        party: &str,
+        records: &[(&str, &[u32])],
+        now: i64,
+    ) -> Result<(), ApiError> {
+        for chunk in records.chunks(MAX_ROWS_PER_INSERT) {
+            let mut sql = String::from(
+                "INSERT INTO vertical_records (collection_id, record_id, party, codes, received_at) VALUES ",
+            );
+            self.push_value_rows(&mut sql, chunk.len(), 5);
+            let mut q = sqlx::query(&sql);
+            for (record, codes) in chunk {
+                q = q
+                    .bind(id.to_string())
+                    .bind(record.to_string())
+                    .bind(party.to_owned())
+                    .bind(serde_json::to_string(codes)?)
+                    .bind(now);
+            }
+            q.execute(&mut *conn).await?;
+        }
+        Ok(())
+    }
+
     /// Number of stored reports of a collection.
     pub async fn count_reports(&self, collection: Uuid) -> Result<u64, ApiError> {
         let row = sqlx::query("SELECT COUNT(*) FROM reports WHERE collection_id = $1")

@@ -130,6 +130,17 @@ impl TaskClaims {
     }
 }
 
+/// The bytes of an even-length hex string, `None` if it is not one.
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 || s.len() > 128 {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
 /// Lowercase hex of `bytes`.
 pub(crate) fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
@@ -221,6 +232,32 @@ impl TokenKey {
         mac.update(&body);
         body.extend_from_slice(&mac.finalize().into_bytes());
         URL_SAFE_NO_PAD.encode(body)
+    }
+
+    /// The upload token of party `party` of vertical collection `collection`: lowercase hex
+    /// of HMAC-SHA256(key, "ldpsyn-party\0" ‖ collection ‖ party). Only the server can mint
+    /// one; it binds the party, so a party cannot upload for another.
+    pub fn party_token(&self, collection: Uuid, party: &str) -> String {
+        hex(&self.party_mac(collection, party).finalize().into_bytes())
+    }
+
+    /// Whether `presented` is [`TokenKey::party_token`] of `(collection, party)` (constant
+    /// time).
+    pub fn verify_party_token(&self, collection: Uuid, party: &str, presented: &str) -> bool {
+        let Some(bytes) = unhex(presented) else {
+            return false;
+        };
+        self.party_mac(collection, party)
+            .verify_slice(&bytes)
+            .is_ok()
+    }
+
+    fn party_mac(&self, collection: Uuid, party: &str) -> HmacSha256 {
+        let mut mac = self.mac.clone();
+        mac.update(b"ldpsyn-party\0");
+        mac.update(collection.as_bytes());
+        mac.update(party.as_bytes());
+        mac
     }
 
     /// Checks the MAC (constant time) and parses the claims. Expiry and collection are the

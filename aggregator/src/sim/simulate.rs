@@ -106,6 +106,9 @@ impl<'a> Simulation<'a> {
         }
         let mut task_rng = ChaCha12Rng::seed_from_u64(self.seed);
         let mut noise_rng = ChaCha12Rng::seed_from_u64(self.seed ^ 0x9e37_79b9_7f4a_7c15);
+        if engine.vertical().is_some() {
+            return self.run_vertical(&mut noise_rng);
+        }
         let mut state = engine.initial_state();
         let mut tables = Tables::new();
         let mut mechs: HashMap<TableKey, Mechanism> = HashMap::new();
@@ -173,6 +176,57 @@ impl<'a> Simulation<'a> {
             transitions,
             states,
             reports,
+        })
+    }
+}
+
+impl Simulation<'_> {
+    /// A vertical collection: every party randomizes its attributes of every person (one
+    /// GRR each at its ε) and uploads them in party order; the tables are what the service
+    /// counts ([`crate::engine::protocols::vertical::Vertical::record_cells`]).
+    fn run_vertical(self, rng: &mut ChaCha12Rng) -> Result<SimRun, SimError> {
+        let engine = self.engine;
+        let v = engine
+            .vertical()
+            .ok_or_else(|| SimError::Population("not a vertical collection".into()))?;
+        let dims = engine.schema_dims();
+        let grrs: Vec<ldpsyn::mechanism::Grr> = (0..dims.len())
+            .map(|a| ldpsyn::mechanism::Grr::new(v.epsilon_of(a), dims[a]))
+            .collect::<Result<_, _>>()?;
+        let mut tables = Tables::new();
+        let mut mechs: HashMap<TableKey, Mechanism> = HashMap::new();
+        let mut uploaded: Vec<(usize, Vec<u32>)> = Vec::new();
+        for row in self.population.rows() {
+            uploaded.clear();
+            for (p, party) in v.parties().iter().enumerate() {
+                let codes = party
+                    .attributes
+                    .iter()
+                    .map(|&a| Ok(grrs[a].randomize(row[a] as usize, rng)? as u32))
+                    .collect::<Result<Vec<u32>, SimError>>()?;
+                for (key, cell) in v.record_cells(p, &codes, &uploaded) {
+                    if !mechs.contains_key(&key) {
+                        mechs.insert(key.clone(), engine.mechanism(&key)?);
+                    }
+                    let stats = tables
+                        .entry(key.clone())
+                        .or_insert_with(|| SufficientStatistics::new(&mechs[&key]));
+                    stats.counts[cell] += 1;
+                    stats.n += 1;
+                }
+                uploaded.push((p, codes));
+            }
+        }
+        let mut state = engine.initial_state();
+        let model = engine.finalize(&state, &tables)?;
+        engine.mark_finalized(&mut state);
+        Ok(SimRun {
+            model,
+            state,
+            tables,
+            transitions: Vec::new(),
+            states: Vec::new(),
+            reports: Vec::new(),
         })
     }
 }

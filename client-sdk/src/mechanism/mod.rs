@@ -74,6 +74,9 @@ pub enum MechanismError {
     /// No reports: nothing to estimate.
     #[error("no reports to estimate from")]
     NoReports,
+    /// A composed ε (the sum of a pair's two) is not a valid ε.
+    #[error(transparent)]
+    Epsilon(#[from] crate::EpsilonError),
 }
 
 /// The kind of a mechanism, as named on the wire.
@@ -185,6 +188,23 @@ impl Mechanism {
         Ok(Self {
             dims: dims.to_vec(),
             oracle,
+        })
+    }
+
+    /// The pair report of two GRRs at their own ε over `dims = [k₁, k₂]` (kind `grr_pair`,
+    /// ε = `first + second`): a vertical collection's cross-party or intra-party pair
+    /// ([`PairGrr::with_epsilons`]). Errors: as [`Mechanism::new`].
+    pub fn grr_pair_with_epsilons(
+        first: Epsilon,
+        second: Epsilon,
+        dims: &[usize],
+    ) -> Result<Self, MechanismError> {
+        let &[k1, k2] = dims else {
+            return Err(MechanismError::PairNeedsTwo(dims.len()));
+        };
+        Ok(Self {
+            dims: dims.to_vec(),
+            oracle: Oracle::GrrPair(PairGrr::with_epsilons(first, second, k1, k2)?),
         })
     }
 
@@ -487,4 +507,4 @@ pub fn norm_sub(estimates: &[f64]) -> Vec<f64> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -30,6 +30,25 @@ impl PairGrr {
         })
     }
 
+    /// Two independent GRRs at their own ε, `first` over `k1` values and `second` over `k2`
+    /// (total `first + second` by sequential composition): the cross-party pair of a
+    /// vertical collection, each party's attribute randomized at its own ε (VertiMRF §4.2,
+    /// eq. 6; the estimator is the same Kronecker inverse).
+    /// Errors: [`MechanismError::DomainTooSmall`] if either domain is < 2;
+    /// [`MechanismError::Epsilon`] if the sum is not a valid ε.
+    pub fn with_epsilons(
+        first: Epsilon,
+        second: Epsilon,
+        k1: usize,
+        k2: usize,
+    ) -> Result<Self, MechanismError> {
+        Ok(Self {
+            epsilon: Epsilon::new(first.get() + second.get())?,
+            first: Grr::new(first, k1)?,
+            second: Grr::new(second, k2)?,
+        })
+    }
+
     /// Total ε of one pair report.
     pub fn epsilon(&self) -> Epsilon {
         self.epsilon

@@ -18,7 +18,7 @@ use rand_chacha::ChaCha8Rng;
 use super::*;
 
 /// False-alarm level of every statistical test here.
-const ALPHA: f64 = 1e-6;
+pub(crate) const ALPHA: f64 = 1e-6;
 
 fn eps(v: f64) -> Epsilon {
     Epsilon::new(v).unwrap()
@@ -117,7 +117,7 @@ fn chi2_sf(x: f64, df: usize) -> f64 {
 }
 
 /// The χ²(df) critical value at level `alpha` (bisection on [`chi2_sf`]).
-fn chi2_critical(df: usize, alpha: f64) -> f64 {
+pub(crate) fn chi2_critical(df: usize, alpha: f64) -> f64 {
     let (mut lo, mut hi) = (0.0, df as f64 + 10.0);
     while chi2_sf(hi, df) > alpha {
         hi *= 2.0;
@@ -504,6 +504,25 @@ fn privacy_audit_pair_grr() {
     }
 }
 
+/// A vertical collection's pair of two attributes at their own ε (two parties, or one party
+/// holding both): the joint channel's worst ratio is exactly `e^{ε₁+ε₂}`, and the channel
+/// of either attribute alone is tight at its own ε (each report is ε_a-LDP).
+#[test]
+fn privacy_audit_pair_grr_with_epsilons() {
+    for (e1, e2) in [(0.5, 3.5), (1.0, 1.0), (0.25, 2.0), (4.0, 0.3)] {
+        for (k1, k2) in [(2usize, 3usize), (5, 2), (9, 16)] {
+            let m = PairGrr::with_epsilons(eps(e1), eps(e2), k1, k2).unwrap();
+            assert!((m.epsilon().get() - (e1 + e2)).abs() < 1e-12);
+            let (c1, c2) = (grr_channel(m.first()), grr_channel(m.second()));
+            let label = format!("pair ε=({e1},{e2}) {k1}×{k2}");
+            assert_ratio_tight(&label, audit_channel(&kron(&c1, &c2)), e1 + e2);
+            assert_ratio_tight(&format!("{label} first"), audit_channel(&c1), e1);
+            assert_ratio_tight(&format!("{label} second"), audit_channel(&c2), e2);
+        }
+    }
+    assert!(PairGrr::with_epsilons(eps(15.0), eps(15.0), 2, 2).is_err());
+}
+
 #[test]
 fn privacy_audit_has_power() {
     // A GRR whose "other value" map could return the true value breaks the bound.
@@ -828,6 +847,17 @@ fn unbiased_pair_grr() {
     let counts = [90, 60, 30, 20, 0, 40, 10, 50, 0, 30, 50, 20];
     for (e, seed) in [(1.0, 45u64), (4.0, 46)] {
         let m = Mechanism::new(MechanismKind::GrrPair, eps(e), &[3, 4]).unwrap();
+        assert_unbiased(&m, &counts, 4000, seed);
+    }
+}
+
+/// The Kronecker estimator with a different ε per attribute (vertical collections) is
+/// unbiased with the exact variance, as the equal-split pair.
+#[test]
+fn unbiased_pair_grr_with_epsilons() {
+    let counts = [90, 60, 30, 20, 0, 40, 10, 50, 0, 30, 50, 20];
+    for ((e1, e2), seed) in [((0.5, 2.0), 47u64), ((3.0, 1.0), 48)] {
+        let m = Mechanism::grr_pair_with_epsilons(eps(e1), eps(e2), &[3, 4]).unwrap();
         assert_unbiased(&m, &counts, 4000, seed);
     }
 }

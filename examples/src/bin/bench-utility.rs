@@ -191,6 +191,7 @@ fn engine_options() -> EngineOptions {
     EngineOptions {
         auto_phase1_share: env("LDPSYN_AUTO_SHARE"),
         auto_bin_noise_l1: env("LDPSYN_AUTO_BIN_NOISE"),
+        gain_margin: env("LDPSYN_GAIN_MARGIN"),
         max_clique_cells: std::env::var("LDPSYN_MAX_CLIQUE_CELLS")
             .ok()
             .and_then(|v| v.parse().ok()),

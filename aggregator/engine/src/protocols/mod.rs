@@ -10,6 +10,7 @@
 //! - [`samprivsyn`]: SamPrivSyn's MI-weighted pair sampling (Sci China Inf Sci 2023,
 //!   Algorithm 1).
 //! - [`independence`]: every attribute alone.
+//! - [`vertical`]: parties' per-attribute GRR reports joined by record id (VertiMRF).
 //!
 //! The two-phase machinery PrivIncr and `auto` share (the phase-1 state, the phase-2 plan
 //! and its tasks) lives here.
@@ -17,8 +18,10 @@
 use std::collections::BTreeSet;
 use std::fmt::Debug;
 
+use ldpsyn::mechanism::{Mechanism, MechanismError};
 use ldpsyn::protocol::PrivIncrParams;
 
+use crate::estimate::{PairGain, best_pair_gain};
 use crate::graph::{Edge, EdgeState, edge};
 use crate::info::tau;
 use crate::model::{FittedJoint, Model};
@@ -27,12 +30,13 @@ use crate::state::{
     CollectionState, Engine, PairRounds, Phase, Phase2Plan, PlannedFactor, ProtocolState, TaskSpec,
     Transition,
 };
-use crate::{EngineError, Tables};
+use crate::{EngineError, Measurements, TableKey, Tables};
 
 pub mod auto;
 pub mod independence;
 pub mod privincr;
 pub mod samprivsyn;
+pub mod vertical;
 
 /// One protocol's collection rules (module docs). Implementations are stateless beyond their
 /// parameters: everything a collection has decided lives in its [`CollectionState`].
@@ -66,6 +70,46 @@ pub trait CollectionProtocol: Send + Sync + Debug {
 
     /// Pairs the final model graph may keep (only measured pairs can score).
     fn model_candidates(&self, engine: &Engine, state: &CollectionState) -> Vec<Edge>;
+
+    /// The mechanism of a table over the (binned) domain sizes `dims` of its factor: by
+    /// default its kind at the collection's ε. Errors: an invalid mechanism.
+    fn table_mechanism(
+        &self,
+        engine: &Engine,
+        key: &TableKey,
+        dims: &[usize],
+    ) -> Result<Mechanism, MechanismError> {
+        Mechanism::new(key.mechanism, engine.epsilon(), dims)
+    }
+
+    /// The evidence for keeping pair `(a, b)` in the final model graph, from the
+    /// measurements and the Norm-Sub'd 1-ways: by default [`best_pair_gain`] (1-ways and
+    /// pairs from different users).
+    fn pair_gain(
+        &self,
+        ms: &Measurements,
+        one_way: &[Vec<f64>],
+        a: usize,
+        b: usize,
+    ) -> Option<PairGain> {
+        best_pair_gain(ms, one_way, a, b).map(|(g, _)| g)
+    }
+
+    /// Standard deviations of its dependence estimate ([`PairGain::dependence_sd`]) a
+    /// pair's expected gain must exceed to enter the model graph
+    /// ([`PairGain::cautious_gain`]): by default 0, the expected gain itself. Device
+    /// protocols measure pairs they screened or sampled; a margin there dropped pairs that
+    /// are individually insignificant but collectively useful (nist-taxi, temporal-match2:
+    /// `benchmarks/sweeps/gain-margin.md`).
+    fn gain_margin(&self) -> f64 {
+        0.0
+    }
+
+    /// Whether the final fit observes `key`'s table once the model graph `edges` is chosen:
+    /// by default every table (each holds reports of its own users).
+    fn fit_table(&self, _key: &TableKey, _edges: &BTreeSet<Edge>) -> bool {
+        true
+    }
 
     /// The final model from the graphical model fitted to every measurement: by default the
     /// fit itself, sampled through the conditionals of `structure`.

@@ -1,0 +1,708 @@
+//! Vertical collections (VertiMRF, `../shared/papers/vertimrf.txt`): parties hold different
+//! attributes of the same people and upload, per pseudonymous record id, one GRR report per
+//! attribute at its own ε (§4.2, FO-based LocEnc, eq. 6).
+//!
+//! **Tables.** Once the reports of a record id are joined, every pair of its attributes is an
+//! observation of two independent GRRs, so every marginal is estimable by the Kronecker
+//! inverse of the attributes' GRR matrices (§4.2, FO-based CarEst; the algebra of the
+//! SamPrivSyn pair, [`ldpsyn::mechanism::PairGrr::with_epsilons`]). The aggregator keeps, as
+//! additive tables: each attribute's GRR counts (factor `[a]`, `grr` at ε_a) and each pair's
+//! joint noisy counts over the records holding both (factor `[a, b]`, `a < b`, `grr_pair`
+//! at (ε_a, ε_b)). [`Vertical::record_cells`] says which cells one party record adds, given
+//! what the other parties already uploaded for the same id, so every pair of a record is
+//! counted exactly once whatever the upload order.
+//!
+//! **Model.** Every pair is a candidate; the model graph keeps pairs by expected gain —
+//! the R-score `‖T̂_ab − T̂_a ⊗ T̂_b‖₁` of §5.1 debiased for noise, minus the noise the model
+//! takes on — greedily within the clique cap (§5.1, CSTR1–2; [`crate::estimate`]). The fit
+//! sees the 1-ways and the kept pairs ([`CollectionProtocol::fit_table`]): a pruned pair
+//! summed to its 1-ways would count the same reports again (§6.2's consistency comes from the
+//! fit, not from averaging).
+
+use std::collections::BTreeSet;
+
+use ldpsyn::Epsilon;
+use ldpsyn::mechanism::{Mechanism, MechanismError, MechanismKind};
+use ldpsyn::protocol::{Protocol, VerticalParams};
+use ldpsyn::schema::Schema;
+
+use super::{CollectionProtocol, TaskChoices, pairs};
+use crate::estimate::{PairGain, pair_gain_own_margins};
+use crate::graph::Edge;
+use crate::state::{CollectionState, Engine, Phase, ProtocolState, Transition};
+use crate::{EngineError, Measurements, TableKey, Tables};
+
+/// [`CollectionProtocol::gain_margin`] of vertical collections: every pair is measured, all
+/// with the large noise of per-attribute ε, so choosing among them by noisy gains keeps
+/// pure-noise pairs (the winner's curse); one standard deviation of the dependence
+/// estimate kept the model from doing worse than its own 1-ways on Adult, nist-taxi and
+/// temporal-match2 (`benchmarks/sweeps/gain-margin.md`).
+pub const VERTICAL_GAIN_MARGIN: f64 = 1.0;
+
+/// Longest party name.
+pub const MAX_PARTY_NAME: usize = 64;
+
+/// One party, resolved against the schema.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResolvedParty {
+    /// Its name.
+    pub name: String,
+    /// Schema indices of its attributes, in upload order.
+    pub attributes: Vec<usize>,
+}
+
+/// The vertical protocol's rules and its parties resolved against the schema.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Vertical {
+    parties: Vec<ResolvedParty>,
+    /// ε of each attribute's GRR report (schema order).
+    epsilons: Vec<Epsilon>,
+    /// Schema domain sizes.
+    dims: Vec<usize>,
+}
+
+impl Vertical {
+    /// Resolves `params` against `schema`. Errors ([`EngineError::InvalidConfig`]): no party,
+    /// a bad or repeated party name, a party without attributes, an unknown attribute, or an
+    /// attribute held by no party or by two.
+    pub fn new(params: &VerticalParams, schema: &Schema) -> Result<Self, EngineError> {
+        let bad = |m: String| Err(EngineError::InvalidConfig(m));
+        if params.parties.is_empty() {
+            return bad("a vertical collection needs at least one party".into());
+        }
+        let mut owner: Vec<Option<usize>> = vec![None; schema.len()];
+        let mut epsilons = vec![None; schema.len()];
+        let mut parties = Vec::with_capacity(params.parties.len());
+        let mut names = BTreeSet::new();
+        for (p, party) in params.parties.iter().enumerate() {
+            let ok = !party.name.is_empty()
+                && party.name.len() <= MAX_PARTY_NAME
+                && party
+                    .name
+                    .bytes()
+                    .all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_'));
+            if !ok {
+                return bad(format!(
+                    "party name `{}` must be 1–{MAX_PARTY_NAME} of a-z, 0-9, `-`, `_`",
+                    party.name
+                ));
+            }
+            if !names.insert(party.name.as_str()) {
+                return bad(format!("party `{}` is listed twice", party.name));
+            }
+            if party.attributes.is_empty() {
+                return bad(format!("party `{}` holds no attribute", party.name));
+            }
+            let mut attributes = Vec::with_capacity(party.attributes.len());
+            for pa in &party.attributes {
+                let Some(a) = schema.index_of(&pa.name) else {
+                    return bad(format!(
+                        "party `{}`: attribute `{}` is not in the schema",
+                        party.name, pa.name
+                    ));
+                };
+                if let Some(q) = owner[a] {
+                    return bad(format!(
+                        "attribute `{}` is held by party `{}` and party `{}`",
+                        pa.name, params.parties[q].name, party.name
+                    ));
+                }
+                owner[a] = Some(p);
+                epsilons[a] = Some(pa.epsilon);
+                attributes.push(a);
+            }
+            parties.push(ResolvedParty {
+                name: party.name.clone(),
+                attributes,
+            });
+        }
+        let epsilons = epsilons
+            .into_iter()
+            .enumerate()
+            .map(|(a, e)| {
+                e.ok_or_else(|| {
+                    EngineError::InvalidConfig(format!(
+                        "attribute `{}` is held by no party",
+                        schema.attributes()[a].name
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            parties,
+            epsilons,
+            dims: schema.domain_sizes(),
+        })
+    }
+
+    /// The parties, in config order.
+    pub fn parties(&self) -> &[ResolvedParty] {
+        &self.parties
+    }
+
+    /// The index of party `name`.
+    pub fn party_index(&self, name: &str) -> Option<usize> {
+        self.parties.iter().position(|p| p.name == name)
+    }
+
+    /// ε of attribute `a`'s GRR report.
+    pub fn epsilon_of(&self, a: usize) -> Epsilon {
+        self.epsilons[a]
+    }
+
+    /// The largest ε a party spends on one person (Σ of its attributes' ε): the collection's
+    /// `epsilon`.
+    pub fn max_party_epsilon(&self) -> f64 {
+        self.parties
+            .iter()
+            .map(|p| p.attributes.iter().map(|&a| self.epsilons[a].get()).sum())
+            .fold(0.0, f64::max)
+    }
+
+    /// Whether `codes` fit party `party`'s attributes (one code per attribute, each below
+    /// its domain size).
+    pub fn fits(&self, party: usize, codes: &[u32]) -> bool {
+        let attrs = &self.parties[party].attributes;
+        codes.len() == attrs.len()
+            && attrs
+                .iter()
+                .zip(codes)
+                .all(|(&a, &c)| (c as usize) < self.dims[a])
+    }
+
+    /// The table cells one record of party `party` (its GRR outputs `codes`, party order)
+    /// adds, given the codes `others` already stored for the same record id by other
+    /// parties: its 1-ways, the pairs within the party, and every pair with an attribute of
+    /// a party in `others` (whichever of two parties uploads second counts their pairs).
+    /// Pair tables are keyed `[a, b]` with `a < b`, cells row-major (`code_a·k_b + code_b`).
+    /// Panics if `codes` or an entry of `others` does not fit ([`Vertical::fits`]).
+    pub fn record_cells(
+        &self,
+        party: usize,
+        codes: &[u32],
+        others: &[(usize, Vec<u32>)],
+    ) -> Vec<(TableKey, usize)> {
+        assert!(self.fits(party, codes), "codes do not fit the party");
+        let mine: Vec<(usize, u32)> = self.parties[party]
+            .attributes
+            .iter()
+            .copied()
+            .zip(codes.iter().copied())
+            .collect();
+        let mut theirs = Vec::new();
+        for (q, c) in others {
+            assert!(
+                *q != party && self.fits(*q, c),
+                "codes do not fit the party"
+            );
+            theirs.extend(
+                self.parties[*q]
+                    .attributes
+                    .iter()
+                    .copied()
+                    .zip(c.iter().copied()),
+            );
+        }
+        let mut out = Vec::new();
+        for (i, &(a, x)) in mine.iter().enumerate() {
+            out.push((one_way_key(a), x as usize));
+            for &(b, y) in mine[i + 1..].iter().chain(&theirs) {
+                let ((lo, u), (hi, v)) = if a < b {
+                    ((a, x), (b, y))
+                } else {
+                    ((b, y), (a, x))
+                };
+                out.push((pair_key(lo, hi), u as usize * self.dims[hi] + v as usize));
+            }
+        }
+        out
+    }
+
+    /// The mechanism of a vertical table: GRR at ε_a for `[a]`, the pair of GRRs at
+    /// (ε_a, ε_b) for `[a, b]`. Errors: any other factor or mechanism.
+    pub fn mechanism(&self, key: &TableKey, dims: &[usize]) -> Result<Mechanism, MechanismError> {
+        match (key.factor.as_slice(), key.mechanism) {
+            (&[a], MechanismKind::Grr) => {
+                Mechanism::new(MechanismKind::Grr, self.epsilons[a], dims)
+            }
+            (&[a, b], MechanismKind::GrrPair) => {
+                Mechanism::grr_pair_with_epsilons(self.epsilons[a], self.epsilons[b], dims)
+            }
+            _ => Err(MechanismError::BadStatistics(format!(
+                "no vertical table has factor {:?} with {}",
+                key.factor, key.mechanism
+            ))),
+        }
+    }
+}
+
+fn one_way_key(a: usize) -> TableKey {
+    TableKey {
+        round: 0,
+        factor: vec![a],
+        mechanism: MechanismKind::Grr,
+        bins: vec![],
+    }
+}
+
+fn pair_key(a: usize, b: usize) -> TableKey {
+    TableKey {
+        round: 0,
+        factor: vec![a, b],
+        mechanism: MechanismKind::GrrPair,
+        bins: vec![],
+    }
+}
+
+impl CollectionProtocol for Vertical {
+    fn initial_state(&self, _engine: &Engine) -> CollectionState {
+        CollectionState {
+            phase: Phase::OneWay,
+            round: 0,
+            round_quota: None,
+            protocol: ProtocolState::Vertical {},
+        }
+    }
+
+    fn task_choices(
+        &self,
+        _engine: &Engine,
+        state: &CollectionState,
+    ) -> Result<TaskChoices, EngineError> {
+        Err(match state.phase {
+            Phase::Finalized => EngineError::Finalized,
+            _ => EngineError::NoDeviceTasks,
+        })
+    }
+
+    fn pools_rounds(&self) -> bool {
+        true
+    }
+
+    fn close_round(
+        &self,
+        _engine: &Engine,
+        _state: &mut CollectionState,
+        _tables: &Tables,
+    ) -> Result<Transition, EngineError> {
+        Ok(Transition::Nothing)
+    }
+
+    fn model_candidates(&self, engine: &Engine, _state: &CollectionState) -> Vec<Edge> {
+        pairs(engine.dims().len())
+    }
+
+    fn table_mechanism(
+        &self,
+        _engine: &Engine,
+        key: &TableKey,
+        dims: &[usize],
+    ) -> Result<Mechanism, MechanismError> {
+        self.mechanism(key, dims)
+    }
+
+    fn pair_gain(
+        &self,
+        ms: &Measurements,
+        _one_way: &[Vec<f64>],
+        a: usize,
+        b: usize,
+    ) -> Option<PairGain> {
+        pair_gain_own_margins(ms, a.min(b), a.max(b))
+    }
+
+    fn gain_margin(&self) -> f64 {
+        VERTICAL_GAIN_MARGIN
+    }
+
+    fn fit_table(&self, key: &TableKey, edges: &BTreeSet<Edge>) -> bool {
+        match key.factor.as_slice() {
+            [_] => true,
+            &[a, b] => edges.contains(&(a.min(b), a.max(b))),
+            _ => false,
+        }
+    }
+}
+
+/// The vertical rules of `protocol` resolved against `schema`, if it is vertical.
+/// Errors: as [`Vertical::new`].
+pub fn resolve(protocol: &Protocol, schema: &Schema) -> Result<Option<Vertical>, EngineError> {
+    match protocol {
+        Protocol::Vertical(p) => Vertical::new(p, schema).map(Some),
+        _ => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ldpsyn::mechanism::SufficientStatistics;
+    use ldpsyn::protocol::{Party, PartyAttribute};
+    use rand::{Rng, SeedableRng};
+
+    fn schema() -> Schema {
+        serde_json::from_str(
+            r#"{"attributes": [
+              {"name": "a", "type": "categorical", "labels": ["0", "1", "2"]},
+              {"name": "b", "type": "categorical", "labels": ["0", "1"]},
+              {"name": "c", "type": "categorical", "labels": ["0", "1", "2", "3"]}]}"#,
+        )
+        .unwrap()
+    }
+
+    fn params(parties: &[(&str, &[(&str, f64)])]) -> VerticalParams {
+        VerticalParams {
+            parties: parties
+                .iter()
+                .map(|(n, attrs)| Party {
+                    name: n.to_string(),
+                    attributes: attrs
+                        .iter()
+                        .map(|(a, e)| PartyAttribute {
+                            name: a.to_string(),
+                            epsilon: Epsilon::new(*e).unwrap(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn parties_must_partition_the_schema() {
+        let s = schema();
+        let ok = Vertical::new(
+            &params(&[
+                ("bank", &[("c", 1.0), ("a", 2.0)]),
+                ("telco", &[("b", 0.5)]),
+            ]),
+            &s,
+        )
+        .unwrap();
+        assert_eq!(ok.parties()[0].attributes, vec![2, 0]);
+        assert_eq!(ok.max_party_epsilon(), 3.0);
+        assert_eq!(ok.epsilon_of(1).get(), 0.5);
+        for (p, why) in [
+            (
+                params(&[("bank", &[("a", 1.0), ("b", 1.0)])]),
+                "held by no party",
+            ),
+            (
+                params(&[
+                    ("bank", &[("a", 1.0), ("b", 1.0)]),
+                    ("t", &[("b", 1.0), ("c", 1.0)]),
+                ]),
+                "held by party",
+            ),
+            (
+                params(&[("bank", &[("a", 1.0), ("b", 1.0), ("z", 1.0), ("c", 1.0)])]),
+                "not in the schema",
+            ),
+            (
+                params(&[("Bank", &[("a", 1.0), ("b", 1.0), ("c", 1.0)])]),
+                "party name",
+            ),
+            (
+                params(&[("x", &[("a", 1.0), ("b", 1.0)]), ("x", &[("c", 1.0)])]),
+                "twice",
+            ),
+            (
+                params(&[("x", &[("a", 1.0), ("b", 1.0), ("c", 1.0)]), ("y", &[])]),
+                "no attribute",
+            ),
+            (params(&[]), "at least one party"),
+        ] {
+            let e = Vertical::new(&p, &s).unwrap_err().to_string();
+            assert!(e.contains(why), "{e} lacks {why}");
+        }
+    }
+
+    /// Every pair of a record is counted once, whichever party uploads first, and the tables
+    /// equal the direct count of the joined reports.
+    #[test]
+    fn record_cells_count_every_pair_once_in_any_order() {
+        let v = Vertical::new(
+            &params(&[("p", &[("c", 1.0), ("a", 1.0)]), ("q", &[("b", 1.0)])]),
+            &schema(),
+        )
+        .unwrap();
+        let (p_codes, q_codes) = (vec![3u32, 1], vec![1u32]);
+        let first = [
+            v.record_cells(0, &p_codes, &[]),
+            v.record_cells(1, &q_codes, &[(0, p_codes.clone())]),
+        ]
+        .concat();
+        let second = [
+            v.record_cells(1, &q_codes, &[]),
+            v.record_cells(0, &p_codes, &[(1, q_codes.clone())]),
+        ]
+        .concat();
+        let sorted = |mut x: Vec<(TableKey, usize)>| {
+            x.sort_by(|l, r| l.0.cmp(&r.0).then(l.1.cmp(&r.1)));
+            x
+        };
+        assert_eq!(sorted(first.clone()), sorted(second));
+        // a=1, b=1, c=3: 1-ways at their codes, pairs (a,b) = 1·2+1, (a,c) = 1·4+3, (b,c) = 1·4+3.
+        assert_eq!(
+            sorted(first),
+            sorted(vec![
+                (one_way_key(0), 1),
+                (one_way_key(1), 1),
+                (one_way_key(2), 3),
+                (pair_key(0, 1), 3),
+                (pair_key(0, 2), 7),
+                (pair_key(1, 2), 7),
+            ])
+        );
+    }
+
+    /// The Kronecker estimator across parties is unbiased: a cross-party pair estimated from
+    /// joined GRR reports at different ε averages to the true joint (5 standard errors of
+    /// the mean over 300 collections of 2,000 people, per cell).
+    #[test]
+    fn cross_party_pair_estimate_is_unbiased() {
+        let v = Vertical::new(
+            &params(&[("p", &[("a", 0.7), ("c", 1.0)]), ("q", &[("b", 2.5)])]),
+            &schema(),
+        )
+        .unwrap();
+        let dims = schema().domain_sizes();
+        let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(9);
+        let people: Vec<[u32; 3]> = (0..2000)
+            .map(|_| {
+                let a = rng.random_range(0..3u32);
+                let b = u32::from(rng.random_bool(if a == 0 { 0.8 } else { 0.2 }));
+                [a, b, rng.random_range(0..4u32)]
+            })
+            .collect();
+        let key = pair_key(0, 1);
+        let m = v.mechanism(&key, &[3, 2]).unwrap();
+        let mut truth = vec![0.0; 6];
+        for r in &people {
+            truth[r[0] as usize * 2 + r[1] as usize] += 1.0 / people.len() as f64;
+        }
+        let grr = |a: usize, x: u32, rng: &mut rand_chacha::ChaCha12Rng| {
+            ldpsyn::mechanism::Grr::new(v.epsilon_of(a), dims[a])
+                .unwrap()
+                .randomize(x as usize, rng)
+                .unwrap() as u32
+        };
+        let trials = 300;
+        let mut mean = [0.0; 6];
+        let exact = m.frequency_variances(&truth, people.len() as u64);
+        for _ in 0..trials {
+            let mut stats = SufficientStatistics::new(&m);
+            for r in &people {
+                let p_codes = vec![grr(0, r[0], &mut rng), grr(2, r[2], &mut rng)];
+                let q_codes = vec![grr(1, r[1], &mut rng)];
+                for (k, cell) in v.record_cells(1, &q_codes, &[(0, p_codes)]) {
+                    if k == key {
+                        stats.counts[cell] += 1;
+                        stats.n += 1;
+                    }
+                }
+            }
+            let est = m.estimate(&stats).unwrap();
+            for (s, f) in mean.iter_mut().zip(&est.frequencies) {
+                *s += f / trials as f64;
+            }
+        }
+        for c in 0..6 {
+            let se = (exact[c] / trials as f64).sqrt();
+            assert!(
+                (mean[c] - truth[c]).abs() < 5.0 * se,
+                "cell {c}: {} vs {}",
+                mean[c],
+                truth[c]
+            );
+        }
+    }
+
+    /// Two independent attributes of 16 and 41 values at ε = 0.5 each (a vertical split's
+    /// typical per-attribute budget): the pair's estimated dependence stays near 0 and the
+    /// model graph keeps no edge.
+    #[test]
+    fn independent_noisy_pair_keeps_no_edge() {
+        let schema: Schema = serde_json::from_str(
+            r#"{"attributes": [
+              {"name": "x", "type": "numeric", "min": 0, "max": 16, "bins": 16},
+              {"name": "y", "type": "numeric", "min": 0, "max": 41, "bins": 41}]}"#,
+        )
+        .unwrap();
+        let p = params(&[("p", &[("x", 0.5)]), ("q", &[("y", 0.5)])]);
+        let config: ldpsyn::protocol::CollectionConfig =
+            serde_json::from_value(serde_json::json!({
+                "version": 1, "id": "c0ffee00-0000-4000-8000-000000000000",
+                "schema": schema, "epsilon": 0.5, "target_users": 45_000,
+                "protocol": "vertical", "parties": p.parties,
+            }))
+            .unwrap();
+        let engine = Engine::new(&config).unwrap();
+        let v = engine.vertical().unwrap().clone();
+        let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(4);
+        let grr = |a: usize| ldpsyn::mechanism::Grr::new(v.epsilon_of(a), [16, 41][a]).unwrap();
+        let (g0, g1) = (grr(0), grr(1));
+        let mut tables = Tables::new();
+        for _ in 0..45_000 {
+            // Skewed, independent marginals.
+            let x = (rng.random::<f64>().powi(2) * 16.0) as usize;
+            let y = (rng.random::<f64>().powi(3) * 41.0) as usize;
+            let cx = vec![g0.randomize(x, &mut rng).unwrap() as u32];
+            let cy = vec![g1.randomize(y, &mut rng).unwrap() as u32];
+            for (key, cell) in v
+                .record_cells(0, &cx, &[])
+                .into_iter()
+                .chain(v.record_cells(1, &cy, &[(0, cx.clone())]))
+            {
+                let m = engine.mechanism(&key).unwrap();
+                let stats = tables
+                    .entry(key)
+                    .or_insert_with(|| SufficientStatistics::new(&m));
+                stats.counts[cell] += 1;
+                stats.n += 1;
+            }
+        }
+        let state = engine.initial_state();
+        let model = engine.finalize(&state, &tables).unwrap();
+        let g = &model.describe().model_graph[0];
+        eprintln!("{g:?}");
+        assert!(!g.kept, "{g:?}");
+    }
+
+    /// VertiMRF §6.2's two-step consistency for a pair `T̂` (`ka × kb`, row-major) and the
+    /// two 1-ways `T̃_a`, `T̃_b`: per attribute, average the pair's margin with the 1-way,
+    /// set the 1-way to the mean and shift the pair's cells evenly to match it; then clip
+    /// negatives and renormalize; `rounds` times.
+    fn two_step(
+        pair: &[f64],
+        ta: &[f64],
+        tb: &[f64],
+        rounds: usize,
+    ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+        let (ka, kb) = (ta.len(), tb.len());
+        let (mut t, mut ta, mut tb) = (pair.to_vec(), ta.to_vec(), tb.to_vec());
+        for _ in 0..rounds {
+            for a in 0..ka {
+                let m: f64 = t[a * kb..(a + 1) * kb].iter().sum();
+                let mean = (m + ta[a]) / 2.0;
+                ta[a] = mean;
+                for b in 0..kb {
+                    t[a * kb + b] += (mean - m) / kb as f64;
+                }
+            }
+            for b in 0..kb {
+                let m: f64 = (0..ka).map(|a| t[a * kb + b]).sum();
+                let mean = (m + tb[b]) / 2.0;
+                tb[b] = mean;
+                for a in 0..ka {
+                    t[a * kb + b] += (mean - m) / ka as f64;
+                }
+            }
+            for x in t.iter_mut() {
+                *x = x.max(0.0);
+            }
+            let s: f64 = t.iter().sum();
+            t.iter_mut().for_each(|x| *x /= s);
+        }
+        (t, ta, tb)
+    }
+
+    /// Consistency of overlapping marginals comes from the fit: the fitted pair sums exactly
+    /// to the fitted 1-ways, and its error is no larger than that of §6.2's two-step method
+    /// applied to the same noisy estimates (10 rounds; measured: mean L1 0.115 for the fit,
+    /// 0.118 for the two-step), over 12 simulated two-party collections of a dependent pair.
+    #[test]
+    fn fit_is_consistent_and_no_worse_than_two_step() {
+        let p = params(&[("p", &[("a", 1.0)]), ("q", &[("c", 1.0), ("b", 1.0)])]);
+        let config: ldpsyn::protocol::CollectionConfig =
+            serde_json::from_value(serde_json::json!({
+                "version": 1, "id": "c0ffee00-0000-4000-8000-000000000000",
+                "schema": schema(), "epsilon": 2.0, "target_users": 20_000,
+                "protocol": "vertical", "parties": p.parties,
+            }))
+            .unwrap();
+        let engine = Engine::new(&config).unwrap();
+        let v = engine.vertical().unwrap().clone();
+        let (mut fit_err, mut two_err, mut inconsistency) = (0.0, 0.0, 0.0f64);
+        for seed in 0..12u64 {
+            let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(100 + seed);
+            let grr =
+                |a: usize| ldpsyn::mechanism::Grr::new(v.epsilon_of(a), [3, 2, 4][a]).unwrap();
+            let g = [grr(0), grr(1), grr(2)];
+            let mut truth = [0.0; 12];
+            let mut tables = Tables::new();
+            for _ in 0..20_000 {
+                let a = rng.random_range(0..3u32);
+                let c = if rng.random_bool(0.7) {
+                    a
+                } else {
+                    rng.random_range(0..4u32)
+                };
+                let b = u32::from(rng.random_bool(0.5));
+                truth[(a * 4 + c) as usize] += 1.0 / 20_000.0;
+                let noisy = |x: u32, i: usize, rng: &mut rand_chacha::ChaCha12Rng| {
+                    g[i].randomize(x as usize, rng).unwrap() as u32
+                };
+                let pa = vec![noisy(a, 0, &mut rng)];
+                let qa = vec![noisy(c, 2, &mut rng), noisy(b, 1, &mut rng)];
+                for (key, cell) in v
+                    .record_cells(0, &pa, &[])
+                    .into_iter()
+                    .chain(v.record_cells(1, &qa, &[(0, pa.clone())]))
+                {
+                    let m = engine.mechanism(&key).unwrap();
+                    let stats = tables
+                        .entry(key)
+                        .or_insert_with(|| SufficientStatistics::new(&m));
+                    stats.counts[cell] += 1;
+                    stats.n += 1;
+                }
+            }
+            let model = engine.finalize(&engine.initial_state(), &tables).unwrap();
+            assert!(
+                model
+                    .describe()
+                    .model_graph
+                    .iter()
+                    .any(|e| e.kept && (e.a, e.b) == (0, 2))
+            );
+            let fitted = model.marginal(&[0, 2]).unwrap().frequencies;
+            let fa = model.marginal(&[0]).unwrap().frequencies;
+            for a in 0..3 {
+                let row: f64 = fitted[a * 4..(a + 1) * 4].iter().sum();
+                assert!((row - fa[a]).abs() < 1e-9, "fitted pair and 1-way disagree");
+            }
+            // Two-step from the raw estimates of the same tables.
+            let ms = engine.measurements(&tables, |_| true).unwrap();
+            let est = |f: &[usize]| {
+                ms.items()
+                    .iter()
+                    .find(|m| m.key.factor == f)
+                    .unwrap()
+                    .estimate
+                    .frequencies
+                    .clone()
+            };
+            let (t, ta, _) = two_step(&est(&[0, 2]), &est(&[0]), &est(&[2]), 10);
+            for a in 0..3 {
+                let row: f64 = t[a * 4..(a + 1) * 4].iter().sum();
+                inconsistency = inconsistency.max((row - ta[a]).abs());
+            }
+            let l1 = |x: &[f64]| {
+                x.iter()
+                    .zip(&truth)
+                    .map(|(p, q)| (p - q).abs())
+                    .sum::<f64>()
+            };
+            fit_err += l1(&fitted) / 12.0;
+            two_err += l1(&t) / 12.0;
+        }
+        eprintln!(
+            "fit {fit_err:.4} two-step {two_err:.4} two-step inconsistency {inconsistency:.2e}"
+        );
+        assert!(
+            fit_err <= two_err * 1.05,
+            "fit {fit_err} vs two-step {two_err}"
+        );
+    }
+}

@@ -1,0 +1,381 @@
+//! `ldpsyn-aggregator party …`: a data party of a vertical collection (VertiMRF).
+//!
+//! - `keygen --out FILE`: a new 32-byte record-id key (hex), to share with the other
+//!   parties and never with the aggregator.
+//! - `upload`: reads the party's CSV, derives each row's record id from its customer id
+//!   (HMAC-SHA256 under the key), randomizes the party's attributes (one GRR per attribute at
+//!   its ε, OS-seeded CSPRNG), writes the randomized records to a **journal** (fsync'd,
+//!   renamed into place) and only then uploads them in batches with a progress bar. A rerun
+//!   with an existing journal resends the journal's records byte for byte (the server counts
+//!   them as duplicates) instead of randomizing again: re-randomizing would let the noise be
+//!   averaged away, and the server refuses other codes for a record id it holds.
+//!
+//! The upload token comes from `LDPSYN_PARTY_TOKEN` (never a flag: it would show in the
+//! process list).
+
+use std::collections::HashSet;
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use ldpsyn::Epsilon;
+use ldpsyn::client::{ClientError, ClientOptions};
+use ldpsyn::schema::Value;
+use ldpsyn::vertical::{MAX_RECORDS_PER_UPLOAD, PartyClient, PartyRecord, RecordIdKey};
+use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// `party` options.
+#[derive(Debug, Clone, Args)]
+pub struct PartyConfig {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: PartyCommand,
+}
+
+/// The `party` subcommands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum PartyCommand {
+    /// Write a new random record-id key (64 hex digits) to a file (mode 0600).
+    Keygen {
+        /// The key file to create (refused if it exists).
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Randomize and upload this party's records to a vertical collection.
+    Upload(UploadArgs),
+}
+
+/// `party upload` options.
+#[derive(Debug, Clone, Args)]
+pub struct UploadArgs {
+    /// Base URL of the aggregator.
+    #[arg(long, env = "LDPSYN_SERVER", default_value = "http://127.0.0.1:8080")]
+    pub server: String,
+    /// The vertical collection's id.
+    #[arg(long)]
+    pub collection: Uuid,
+    /// This party's name in the collection.
+    #[arg(long)]
+    pub party: String,
+    /// The party's CSV (header row; a column per party attribute, named as in the schema).
+    #[arg(long)]
+    pub data: PathBuf,
+    /// The column holding the customer id the parties share.
+    #[arg(long)]
+    pub id_column: String,
+    /// The record-id key file (from `party keygen`: hex; or ≥ 32 raw bytes).
+    #[arg(long)]
+    pub key_file: PathBuf,
+    /// Optional: the party's schema file; checked against the collection's attributes.
+    #[arg(long)]
+    pub schema: Option<PathBuf>,
+    /// Journal of randomized records (default: `<data>.<party>.journal.jsonl`).
+    #[arg(long)]
+    pub journal: Option<PathBuf>,
+    /// Largest ε per person this party accepts to spend (Σ of its attributes' ε).
+    #[arg(long, default_value_t = ldpsyn::MAX_EPSILON)]
+    pub max_epsilon: f64,
+    /// Records per request.
+    #[arg(long, default_value_t = 5_000)]
+    pub batch: usize,
+    /// Hide the progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// Why a `party` command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PartyError {
+    /// No upload token in the environment.
+    #[error("set LDPSYN_PARTY_TOKEN to this party's upload token")]
+    NoToken,
+    /// A local file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The input does not fit (CSV, key, schema, journal).
+    #[error("{0}")]
+    Input(String),
+    /// The server or the SDK refused.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> PartyError + '_ {
+    move |source| PartyError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// The journal's first line: which collection and party its records belong to.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+struct JournalHeader {
+    collection: Uuid,
+    party: String,
+    records: usize,
+}
+
+/// Runs a `party` command, writing its summary to `out`.
+/// Errors: [`PartyError`].
+pub async fn run(
+    cfg: &PartyConfig,
+    token: Option<&str>,
+    out: &mut impl Write,
+) -> Result<(), PartyError> {
+    match &cfg.command {
+        PartyCommand::Keygen { out: path } => {
+            keygen(path)?;
+            writeln!(out, "wrote a new record-id key to {}", path.display()).map_err(io(path))
+        }
+        PartyCommand::Upload(args) => {
+            let token = token.ok_or(PartyError::NoToken)?;
+            let (accepted, duplicate) = upload(args, token).await?;
+            writeln!(
+                out,
+                "{}: {accepted} records accepted, {duplicate} already held",
+                args.party
+            )
+            .map_err(io(&args.data))
+        }
+    }
+}
+
+fn keygen(path: &Path) -> Result<(), PartyError> {
+    use rand::TryRngCore;
+    let mut key = [0u8; 32];
+    rand::rngs::OsRng
+        .try_fill_bytes(&mut key)
+        .map_err(|e| PartyError::Input(format!("no OS randomness: {e}")))?;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    let mut f = opts.open(path).map_err(io(path))?;
+    let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    writeln!(f, "{hex}").map_err(io(path))?;
+    f.sync_all().map_err(io(path))
+}
+
+/// The key in `path`: 64+ hex digits (keygen's format) or the raw bytes.
+fn read_key(path: &Path) -> Result<RecordIdKey, PartyError> {
+    let bytes = std::fs::read(path).map_err(io(path))?;
+    let text = String::from_utf8_lossy(&bytes);
+    let t = text.trim();
+    let raw = if t.len() >= 64 && t.len() % 2 == 0 && t.bytes().all(|b| b.is_ascii_hexdigit()) {
+        (0..t.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&t[i..i + 2], 16))
+            .collect::<Result<Vec<u8>, _>>()
+            .map_err(|e| PartyError::Input(e.to_string()))?
+    } else {
+        bytes
+    };
+    RecordIdKey::new(raw).map_err(|e| PartyError::Input(format!("{}: {e}", path.display())))
+}
+
+async fn upload(args: &UploadArgs, token: &str) -> Result<(u64, u64), PartyError> {
+    let max = Epsilon::new(args.max_epsilon).map_err(|e| PartyError::Input(e.to_string()))?;
+    let client = PartyClient::connect(
+        &args.server,
+        args.collection,
+        &args.party,
+        token,
+        ClientOptions::new(max),
+    )
+    .await?;
+    if let Some(schema) = &args.schema {
+        check_schema(schema, &client)?;
+    }
+    let journal = args.journal.clone().unwrap_or_else(|| {
+        let mut p = args.data.clone().into_os_string();
+        p.push(format!(".{}.journal.jsonl", args.party));
+        PathBuf::from(p)
+    });
+    let records = if journal.exists() {
+        read_journal(&journal, args.collection, &args.party)?
+    } else {
+        let records = randomize_csv(args, &client)?;
+        write_journal(&journal, args.collection, &args.party, &records)?;
+        records
+    };
+    let batch = args.batch.clamp(1, MAX_RECORDS_PER_UPLOAD);
+    let bar = if args.quiet {
+        ProgressBar::hidden()
+    } else {
+        let bar = ProgressBar::new(records.len() as u64);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "upload {bar:40} {human_pos}/{human_len} records {per_sec} {elapsed}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        bar
+    };
+    let (mut accepted, mut duplicate) = (0, 0);
+    for chunk in records.chunks(batch) {
+        let r = client.upload(chunk).await?;
+        accepted += r.accepted;
+        duplicate += r.duplicate;
+        bar.inc(chunk.len() as u64);
+    }
+    bar.finish_and_clear();
+    Ok((accepted, duplicate))
+}
+
+/// Checks that `path`'s attributes are exactly the party's, each as the collection defines it.
+fn check_schema(path: &Path, client: &PartyClient) -> Result<(), PartyError> {
+    let text = std::fs::read_to_string(path).map_err(io(path))?;
+    let mine: ldpsyn::schema::Schema = serde_json::from_str(&text)
+        .map_err(|e| PartyError::Input(format!("{}: {e}", path.display())))?;
+    let r = client.randomizer();
+    let theirs = r.schema().attributes();
+    let names: Vec<&str> = r
+        .attributes()
+        .iter()
+        .map(|&a| theirs[a].name.as_str())
+        .collect();
+    let given: Vec<&str> = mine.attributes().iter().map(|a| a.name.as_str()).collect();
+    if given != names {
+        return Err(PartyError::Input(format!(
+            "{} lists attributes {given:?}; party `{}` holds {names:?} (in that order)",
+            path.display(),
+            r.party().name
+        )));
+    }
+    for (a, &i) in mine.attributes().iter().zip(r.attributes()) {
+        if *a != theirs[i] {
+            return Err(PartyError::Input(format!(
+                "{}: attribute `{}` differs from the collection's definition",
+                path.display(),
+                a.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Reads the CSV, derives record ids and randomizes each row (OS-seeded CSPRNG).
+fn randomize_csv(args: &UploadArgs, client: &PartyClient) -> Result<Vec<PartyRecord>, PartyError> {
+    let key = read_key(&args.key_file)?;
+    let r = client.randomizer();
+    let mut reader = csv::Reader::from_path(&args.data)
+        .map_err(|e| PartyError::Input(format!("{}: {e}", args.data.display())))?;
+    let header = reader
+        .headers()
+        .map_err(|e| PartyError::Input(format!("{}: {e}", args.data.display())))?
+        .clone();
+    let column = |name: &str| {
+        header.iter().position(|h| h.trim() == name).ok_or_else(|| {
+            PartyError::Input(format!("{} has no column `{name}`", args.data.display()))
+        })
+    };
+    let id_col = column(&args.id_column)?;
+    let schema = r.schema();
+    let cols = r
+        .attributes()
+        .iter()
+        .map(|&a| column(&schema.attributes()[a].name))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut rng = rand::rngs::StdRng::from_os_rng();
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for (line, row) in reader.records().enumerate() {
+        let row = row.map_err(|e| PartyError::Input(format!("{}: {e}", args.data.display())))?;
+        let customer = row.get(id_col).unwrap_or_default().trim();
+        if !seen.insert(customer.to_owned()) {
+            return Err(PartyError::Input(format!(
+                "row {}: customer id `{customer}` appears twice",
+                line + 2
+            )));
+        }
+        let values: Vec<Value> = cols
+            .iter()
+            .map(|&c| Value::from(row.get(c).unwrap_or_default()))
+            .collect();
+        let codes = r
+            .randomize(&values, &mut rng)
+            .map_err(|e| PartyError::Input(format!("row {}: {e}", line + 2)))?;
+        out.push(PartyRecord {
+            id: key.record_id(customer),
+            codes,
+        });
+    }
+    if out.is_empty() {
+        return Err(PartyError::Input(format!(
+            "{} has no rows",
+            args.data.display()
+        )));
+    }
+    Ok(out)
+}
+
+/// Writes the journal next to its final place, fsyncs it and renames it into place.
+fn write_journal(
+    path: &Path,
+    collection: Uuid,
+    party: &str,
+    records: &[PartyRecord],
+) -> Result<(), PartyError> {
+    let tmp = path.with_extension("tmp");
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(io(&tmp))?);
+    let header = JournalHeader {
+        collection,
+        party: party.to_owned(),
+        records: records.len(),
+    };
+    let line = |v: serde_json::Result<String>| v.map_err(|e| PartyError::Input(e.to_string()));
+    writeln!(f, "{}", line(serde_json::to_string(&header))?).map_err(io(&tmp))?;
+    for r in records {
+        writeln!(f, "{}", line(serde_json::to_string(r))?).map_err(io(&tmp))?;
+    }
+    let f = f.into_inner().map_err(|e| PartyError::Io {
+        path: tmp.clone(),
+        source: e.into_error(),
+    })?;
+    f.sync_all().map_err(io(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(io(path))
+}
+
+/// The journal's records, checked against the collection and party it was written for.
+fn read_journal(
+    path: &Path,
+    collection: Uuid,
+    party: &str,
+) -> Result<Vec<PartyRecord>, PartyError> {
+    let f = std::fs::File::open(path).map_err(io(path))?;
+    let mut lines = std::io::BufReader::new(f).lines();
+    let bad = |m: String| PartyError::Input(format!("journal {}: {m}", path.display()));
+    let first = lines
+        .next()
+        .ok_or_else(|| bad("empty".into()))?
+        .map_err(io(path))?;
+    let header: JournalHeader = serde_json::from_str(&first).map_err(|e| bad(e.to_string()))?;
+    if header.collection != collection || header.party != party {
+        return Err(bad(format!(
+            "written for collection {} party `{}`",
+            header.collection, header.party
+        )));
+    }
+    let records = lines
+        .map(|l| {
+            let l = l.map_err(io(path))?;
+            serde_json::from_str(&l).map_err(|e| bad(e.to_string()))
+        })
+        .collect::<Result<Vec<PartyRecord>, _>>()?;
+    if records.len() != header.records {
+        return Err(bad(format!(
+            "holds {} records, its header says {}",
+            records.len(),
+            header.records
+        )));
+    }
+    Ok(records)
+}

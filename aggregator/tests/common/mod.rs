@@ -1,0 +1,82 @@
+//! A real `ldpsyn-aggregator serve` process for the integration tests of this folder: on a
+//! free port of 127.0.0.1, on a SQLite database in its own temporary folder, killed when
+//! dropped.
+// Each test file uses a part of this module.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_ldpsyn-aggregator");
+
+/// A running `serve` process.
+pub struct Serve {
+    child: Child,
+    /// `127.0.0.1:port`.
+    pub addr: String,
+    /// `http://127.0.0.1:port`.
+    pub base: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A port nobody listens on now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// Starts `serve` with the admin token `admin` (no per-IP rate limit) and `args`, and waits
+/// until `/healthz` answers 200 (503 while the state loads). Blocking (plain TCP), so it
+/// works from sync and async tests alike.
+pub fn serve(admin: &str, args: &[&str]) -> Serve {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let child = Command::new(BIN)
+        .args(["serve", "--bind", &addr, "--rate-limit-per-ip", "0"])
+        .arg("--database-url")
+        .arg(format!(
+            "sqlite://{}",
+            dir.path().join("serve.db").display()
+        ))
+        .args(args)
+        .env("LDPSYN_ADMIN_TOKEN", admin)
+        .env("LDPSYN_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("serve starts");
+    let server = Serve {
+        child,
+        base: format!("http://{addr}"),
+        addr,
+        _dir: dir,
+    };
+    let start = Instant::now();
+    loop {
+        if let Ok(mut s) = TcpStream::connect(&server.addr) {
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let _ = s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+            let mut answer = String::new();
+            let _ = s.read_to_string(&mut answer);
+            if answer.starts_with("HTTP/1.1 200") {
+                return server;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "serve did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -1,0 +1,292 @@
+//! The dashboard (`GET /ui/`) against a real `ldpsyn-aggregator serve` process: its files load
+//! without the admin token while the data calls need it; and, in headless Chromium driven by
+//! playwright-core (`dashboard.mjs`), a collection fed through the SDK and finalized is drawn
+//! (graph with edges, heat maps, 1-way bars with error bars), a CSV download works, a collection
+//! still collecting shows its open round, the token never appears in a URL, and the console
+//! stays free of errors.
+//!
+//! The browser test needs `node`, `/usr/bin/chromium` and playwright-core under
+//! `$LDPSYN_NPM_DIR/node_modules` (default `~/.cache/ldpsyn/npm`, where `.ci/run` and
+//! `wasm-client/test.sh` install it); without them it says it was skipped, unless
+//! `LDPSYN_REQUIRE_DASHBOARD_E2E=1`. `LDPSYN_DASHBOARD_SCREENSHOT=docs/dashboard.png` (relative
+//! to the repository root) chooses where the screenshot goes (default: the test's temporary
+//! folder).
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ldpsyn::Epsilon;
+use ldpsyn::client::{Client, ClientOptions, SimulatedPerson};
+use ldpsyn::ledger::MemoryLedger;
+use ldpsyn::schema::Schema;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+
+const ADMIN: &str = "dashboard-admin-token-0123456789";
+
+mod common;
+
+async fn serve() -> common::Serve {
+    common::serve(ADMIN, &[])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_files_load_without_the_admin_token() {
+    let server = serve().await;
+    let base = &server.base;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+
+    let r = http.get(format!("{base}/ui")).send().await.unwrap();
+    assert_eq!(r.status(), 308);
+    assert_eq!(r.headers()["location"], "/ui/");
+
+    let r = http.get(format!("{base}/ui/")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "text/html; charset=utf-8");
+    let csp = r.headers()["content-security-policy"].to_str().unwrap();
+    assert!(csp.contains("script-src 'self'") && csp.contains("connect-src 'self'"));
+    let page = r.text().await.unwrap();
+    assert!(page.contains(r#"<script type="module" src="app.js">"#));
+    assert!(
+        !page.contains("http://") && !page.contains("https://"),
+        "no CDN"
+    );
+
+    for (file, kind) in [
+        ("app.js", "text/javascript"),
+        ("api.js", "text/javascript"),
+        ("charts.js", "text/javascript"),
+        ("style.css", "text/css"),
+    ] {
+        let r = http.get(format!("{base}/ui/{file}")).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{file}");
+        let ct = r.headers()["content-type"].to_str().unwrap().to_owned();
+        assert!(ct.starts_with(kind), "{file}: {ct}");
+        assert!(!r.text().await.unwrap().is_empty());
+    }
+    let r = http
+        .get(format!("{base}/ui/secret.txt"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    let r = http
+        .get(format!("{base}/ui/..%2Fmain.rs"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+
+    // The page's data calls are admin routes.
+    let r = http
+        .get(format!("{base}/v1/collections"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = http
+        .get(format!("{base}/v1/collections"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+/// Five attributes, two strong dependencies (region → language, age → income) and one
+/// independent attribute.
+fn schema_json() -> Value {
+    json!({"attributes": [
+        {"name": "region", "type": "categorical", "labels": ["north", "south", "east", "west"]},
+        {"name": "language", "type": "categorical", "labels": ["en", "es", "fr", "de"]},
+        {"name": "age", "type": "numeric", "min": 20, "max": 80, "bins": 6, "integer": true},
+        {"name": "income", "type": "numeric", "min": 0, "max": 100000, "bins": 6},
+        {"name": "smoker", "type": "categorical", "labels": ["no", "yes"]}
+    ]})
+}
+
+/// Codes of `n` people from the planted model (seeded).
+fn population(n: usize, seed: u64) -> Vec<Vec<u32>> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| {
+            let region = rng.random_range(0..4u32);
+            let language = if rng.random_bool(0.85) {
+                region
+            } else {
+                rng.random_range(0..4u32)
+            };
+            let age = rng.random_range(0..6u32);
+            let income = if rng.random_bool(0.85) {
+                age
+            } else {
+                rng.random_range(0..6u32)
+            };
+            let smoker = u32::from(rng.random_bool(0.3));
+            vec![region, language, age, income, smoker]
+        })
+        .collect()
+}
+
+/// Where playwright-core is installed, or why the browser test cannot run here.
+fn browser_setup() -> Result<PathBuf, String> {
+    let npm = std::env::var_os("LDPSYN_NPM_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/ldpsyn/npm")))
+        .ok_or("no LDPSYN_NPM_DIR and no HOME")?;
+    if !npm.join("node_modules/playwright-core").is_dir() {
+        return Err(format!(
+            "no playwright-core in {} (npm install --prefix {} playwright-core)",
+            npm.display(),
+            npm.display()
+        ));
+    }
+    if !std::path::Path::new("/usr/bin/chromium").exists() {
+        return Err("no /usr/bin/chromium (apt-get install chromium)".into());
+    }
+    match Command::new("node").arg("--version").output() {
+        Ok(o) if o.status.success() => Ok(npm),
+        _ => Err("no node".into()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_renders_a_finalized_collection_in_headless_chromium() {
+    let npm = match browser_setup() {
+        Ok(npm) => npm,
+        Err(why) => {
+            assert!(
+                std::env::var("LDPSYN_REQUIRE_DASHBOARD_E2E").as_deref() != Ok("1"),
+                "LDPSYN_REQUIRE_DASHBOARD_E2E=1 but the browser test cannot run: {why}"
+            );
+            eprintln!("skipped the dashboard browser test: {why}");
+            return;
+        }
+    };
+    let server = serve().await;
+    let base = server.base.clone();
+    let http = reqwest::Client::new();
+
+    // A collection fed through the SDK by simulated people, then finalized.
+    let n = 12_000;
+    let created: Value = http
+        .post(format!("{base}/v1/collections"))
+        .bearer_auth(ADMIN)
+        .json(
+            &json!({"schema": schema_json(), "protocol": "auto", "epsilon": 4,
+                      "target_users": n, "rounds": 2}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id: uuid::Uuid = created["id"].as_str().expect("an id").parse().unwrap();
+    let schema: Schema = serde_json::from_value(schema_json()).unwrap();
+    let options = ClientOptions::insecure_simulation(Epsilon::new(4.0).unwrap(), 7);
+    let mut client = Client::connect(&base, id, options, MemoryLedger::default())
+        .await
+        .unwrap();
+    let rows = population(n, 3);
+    for chunk in rows.chunks(1000) {
+        let mut people: Vec<SimulatedPerson<MemoryLedger>> = chunk
+            .iter()
+            .map(|codes| SimulatedPerson {
+                record: schema.encoded(codes.clone()).unwrap(),
+                ledger: MemoryLedger::default(),
+            })
+            .collect();
+        for r in client.submit_batch(&mut people).await.unwrap() {
+            r.expect("accepted");
+        }
+    }
+    let fin = http
+        .post(format!("{base}/v1/collections/{id}/finalize"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert!(fin.status().is_success(), "{}", fin.text().await.unwrap());
+    let fin: Value = fin.json().await.unwrap();
+    let edges = fin["model"]["structure"]["edges"]
+        .as_array()
+        .map_or(0, Vec::len);
+    assert!(edges >= 1, "the model learned no edge: {fin}");
+
+    // A second collection still collecting (privincr, round 0 closed by its quota).
+    let live: Value = http
+        .post(format!("{base}/v1/collections"))
+        .bearer_auth(ADMIN)
+        .json(
+            &json!({"schema": schema_json(), "protocol": "privincr", "epsilon": 2,
+                      "target_users": 10_000}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let live: uuid::Uuid = live["id"].as_str().expect("an id").parse().unwrap();
+    let options = ClientOptions::insecure_simulation(Epsilon::new(2.0).unwrap(), 8);
+    let mut client = Client::connect(&base, live, options, MemoryLedger::default())
+        .await
+        .unwrap();
+    let mut people: Vec<SimulatedPerson<MemoryLedger>> = population(1000, 4)
+        .into_iter()
+        .map(|codes| SimulatedPerson {
+            record: schema.encoded(codes).unwrap(),
+            ledger: MemoryLedger::default(),
+        })
+        .collect();
+    for r in client.submit_batch(&mut people).await.unwrap() {
+        r.expect("accepted");
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let screenshot = match std::env::var_os("LDPSYN_DASHBOARD_SCREENSHOT") {
+        Some(p) => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(p),
+        None => dir.path().join("dashboard.png"),
+    };
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/dashboard.mjs");
+    let log = dir.path().join("node.log");
+    let mut node = Command::new("node")
+        .arg(script)
+        .arg(format!("{base}/ui/"))
+        .arg(id.to_string())
+        .arg(live.to_string())
+        .arg(ADMIN)
+        .arg(&screenshot)
+        .arg(dir.path().join("profile"))
+        .env("LDPSYN_NPM_DIR", &npm)
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("node runs");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = node.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(180) {
+            let _ = node.kill();
+            let _ = node.wait();
+            panic!(
+                "the browser test took over 180 s:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    eprintln!("{said}");
+    assert!(status.success(), "the browser test failed:\n{said}");
+    assert!(said.contains("[dashboard] OK"), "{said}");
+    assert!(std::fs::metadata(&screenshot).unwrap().len() > 10_000);
+}

@@ -1,0 +1,192 @@
+//! The data parties' CLI (`ldpsyn-aggregator party …`) against a real `serve` process: the
+//! operator creates a vertical collection with `collections create`, two parties derive
+//! record ids from a shared key and upload their CSVs; a rerun resends the journal; a party
+//! that re-randomizes is refused and nothing of its upload is stored.
+
+use std::process::{Command, Output};
+
+use serde_json::{Value, json};
+
+const ADMIN: &str = "party-cli-admin-token-0123";
+const N: usize = 600;
+
+mod common;
+use common::BIN;
+
+fn run(base: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(BIN);
+    c.args(args)
+        .env("LDPSYN_SERVER", base)
+        .env_remove("LDPSYN_PARTY_TOKEN")
+        .env("LDPSYN_ADMIN_TOKEN", ADMIN)
+        .env("LDPSYN_LOG", "warn");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("the CLI runs")
+}
+
+fn stdout_ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "CLI failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+fn stderr_failed(out: &Output) -> String {
+    assert!(!out.status.success(), "CLI succeeded unexpectedly");
+    String::from_utf8(out.stderr.clone()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_parties_upload_with_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = common::serve(ADMIN, &[]);
+    let base = server.base.clone();
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    let schema = json!({"attributes": [
+        {"name": "sex", "type": "categorical", "labels": ["F", "M"]},
+        {"name": "age", "type": "numeric", "min": 0, "max": 100, "bins": 4},
+        {"name": "plan", "type": "categorical", "labels": ["a", "b", "c"]}]});
+    std::fs::write(path("schema.json"), schema.to_string()).unwrap();
+    let parties = json!([
+        {"name": "bank", "attributes": [{"name": "sex", "epsilon": 1.0}, {"name": "age", "epsilon": 2.0}]},
+        {"name": "telco", "attributes": [{"name": "plan", "epsilon": 3.0}]}]);
+    let create = stdout_ok(&run(
+        &base,
+        &[
+            "collections",
+            "--json",
+            "create",
+            "--schema",
+            &path("schema.json"),
+            "--protocol",
+            "vertical",
+            "--epsilon",
+            "3",
+            "--target-users",
+            &N.to_string(),
+            "--param",
+            &format!("parties={parties}"),
+        ],
+        &[],
+    ));
+    let created: Value = serde_json::from_str(&create).unwrap();
+    let id = created["id"].as_str().unwrap().to_owned();
+    let token = |p: &str| created["party_tokens"][p].as_str().unwrap().to_owned();
+
+    // The parties' files: a shared customer id, different attributes, rows in other orders.
+    let mut bank = String::from("customer_id,sex,age\n");
+    let mut telco = String::from("plan,customer_id\n");
+    for i in 0..N {
+        bank.push_str(&format!("c{i},{},{}\n", ["F", "M"][i % 2], (i * 7) % 100));
+        let j = N - 1 - i;
+        telco.push_str(&format!("{},c{j}\n", ["a", "b", "c"][j % 3]));
+    }
+    std::fs::write(path("bank.csv"), bank).unwrap();
+    std::fs::write(path("telco.csv"), telco).unwrap();
+    let key = path("key.hex");
+    stdout_ok(&run(&base, &["party", "keygen", "--out", &key], &[]));
+    let e = stderr_failed(&run(&base, &["party", "keygen", "--out", &key], &[]));
+    assert!(e.contains("exists"), "keygen never overwrites a key: {e}");
+    let upload = |party: &str, data: &str, journal: Option<&str>, token: &str| {
+        let mut args = vec![
+            "party".to_owned(),
+            "upload".into(),
+            "--collection".into(),
+            id.clone(),
+            "--party".into(),
+            party.into(),
+            "--data".into(),
+            path(data),
+            "--id-column".into(),
+            "customer_id".into(),
+            "--key-file".into(),
+            key.clone(),
+            "--quiet".into(),
+            "--batch".into(),
+            "250".into(),
+        ];
+        if let Some(j) = journal {
+            args.extend(["--journal".into(), path(j)]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run(&base, &args, &[("LDPSYN_PARTY_TOKEN", token)])
+    };
+    let out = stdout_ok(&upload("bank", "bank.csv", None, &token("bank")));
+    assert!(
+        out.contains(&format!("{N} records accepted, 0 already held")),
+        "{out}"
+    );
+    assert!(dir.path().join("bank.csv.bank.journal.jsonl").exists());
+    // A rerun resends the journal: every record is a duplicate.
+    let out = stdout_ok(&upload("bank", "bank.csv", None, &token("bank")));
+    assert!(
+        out.contains(&format!("0 records accepted, {N} already held")),
+        "{out}"
+    );
+    // Re-randomizing (a fresh journal) is refused: other codes for held record ids.
+    let e = stderr_failed(&upload(
+        "bank",
+        "bank.csv",
+        Some("again.jsonl"),
+        &token("bank"),
+    ));
+    assert!(
+        e.contains("record-id-conflict") || e.contains("other codes"),
+        "{e}"
+    );
+    // The wrong party's token, or none, is refused.
+    let e = stderr_failed(&upload("telco", "telco.csv", None, &token("bank")));
+    assert!(e.contains("unauthorized"), "{e}");
+    let e = stderr_failed(&run(
+        &base,
+        &[
+            "party",
+            "upload",
+            "--collection",
+            &id,
+            "--party",
+            "telco",
+            "--data",
+            &path("telco.csv"),
+            "--id-column",
+            "customer_id",
+            "--key-file",
+            &key,
+        ],
+        &[],
+    ));
+    assert!(e.contains("LDPSYN_PARTY_TOKEN"), "{e}");
+    let out = stdout_ok(&upload("telco", "telco.csv", None, &token("telco")));
+    assert!(out.contains(&format!("{N} records accepted")), "{out}");
+
+    let status: Value = serde_json::from_str(&stdout_ok(&run(
+        &base,
+        &["collections", "--json", "status", &id],
+        &[],
+    )))
+    .unwrap();
+    assert_eq!(status["status"]["reports_accepted"], json!(2 * N));
+    stdout_ok(&run(&base, &["collections", "finalize", &id], &[]));
+    let csv = path("synthetic.csv");
+    stdout_ok(&run(
+        &base,
+        &[
+            "collections",
+            "download",
+            &id,
+            "--out",
+            &csv,
+            "--rows",
+            "100",
+            "--quiet",
+        ],
+        &[],
+    ));
+    let text = std::fs::read_to_string(&csv).unwrap();
+    assert!(text.starts_with("sex,age,plan"), "{text}");
+    assert_eq!(text.lines().count(), 101);
+}

@@ -1,0 +1,370 @@
+// The dashboard: polls the admin API and draws what a collection is doing. Plain ES module,
+// no build step; every request carries the admin token as a bearer header (api.js).
+import * as api from "./api.js";
+import { bars, graph, heatmap, timeline, MAX_HEATMAP_CELLS } from "./charts.js";
+
+const POLL_MS = 2000;
+/** Reports/s is measured over this window of polls. */
+const RATE_WINDOW_MS = 15000;
+/** Heat maps drawn at first (the strongest edges of the graph). */
+const DEFAULT_HEATMAPS = 3;
+/** Most 1-way charts drawn. */
+const MAX_ONEWAYS = 24;
+
+const $ = (sel) => document.querySelector(sel);
+const state = {
+  selected: null,
+  /** id → [{t, n}] samples of reports_accepted. */
+  samples: new Map(),
+  /** id of the collection whose model views are drawn, and the graph drawn for it. */
+  drawnModel: null,
+  drawnProvisional: null,
+  timer: null,
+};
+
+function message(text, kind = "info") {
+  const m = $("#message");
+  m.textContent = text;
+  m.dataset.kind = kind;
+}
+
+function showSignedIn(on) {
+  $("#token-form").hidden = on;
+  $("#signed-in").hidden = !on;
+}
+
+function rate(id) {
+  const s = state.samples.get(id) ?? [];
+  if (s.length < 2) return null;
+  const a = s[0], b = s[s.length - 1];
+  const dt = (b.t - a.t) / 1000;
+  return dt >= 1 ? (b.n - a.n) / dt : null;
+}
+
+function record(id, n) {
+  const now = performance.now();
+  const s = state.samples.get(id) ?? [];
+  s.push({ t: now, n });
+  while (s.length > 2 && now - s[0].t > RATE_WINDOW_MS) s.shift();
+  state.samples.set(id, s);
+}
+
+const pct = (n, target) => (target > 0 ? Math.min(100, (100 * n) / target) : 0);
+const num = (x) => Number(x).toLocaleString("en-US");
+const fmtRate = (r) => (r === null ? "–" : r.toLocaleString("en-US", { maximumFractionDigits: 1 }));
+
+function progressCell(c) {
+  const n = c.status.reports_accepted;
+  const td = document.createElement("td");
+  const bar = document.createElement("div");
+  bar.className = "progress small";
+  const fill = document.createElement("div");
+  fill.style.width = `${pct(n, c.target_users)}%`;
+  bar.appendChild(fill);
+  td.append(bar, `${num(n)} / ${num(c.target_users)}`);
+  return td;
+}
+
+function renderList(list) {
+  const body = $("#collections tbody");
+  body.replaceChildren();
+  if (!list.length) {
+    const tr = body.insertRow();
+    const td = tr.insertCell();
+    td.colSpan = 6;
+    td.textContent = "no collections yet";
+    return;
+  }
+  for (const c of list) {
+    const tr = document.createElement("tr");
+    tr.dataset.collection = c.id;
+    if (c.id === state.selected) tr.className = "selected";
+    const link = document.createElement("a");
+    link.href = `#c=${c.id}`;
+    link.textContent = c.id.slice(0, 8);
+    link.title = c.id;
+    const cells = [link, c.protocol, String(c.epsilon), c.status.phase.replaceAll("_", " ")];
+    for (const v of cells) tr.insertCell().append(v);
+    tr.appendChild(progressCell(c));
+    tr.insertCell().textContent = fmtRate(rate(c.id));
+    tr.addEventListener("click", (e) => {
+      if (e.target.tagName !== "A") location.hash = `c=${c.id}`;
+    });
+    body.appendChild(tr);
+  }
+}
+
+/** The timeline's steps from the public config and status (and the model, when built). */
+function steps(c, model) {
+  const st = c.status;
+  const done = st.phase === "finalized";
+  const out = [];
+  if (["privincr", "noincremental", "auto"].includes(c.protocol)) {
+    let rounds = c.protocol === "noincremental" ? 1 : (c.rounds ?? 6);
+    if (st.phase === "graph_construction") rounds = Math.max(rounds, st.round + 1);
+    const pruned = new Map();
+    for (const e of model?.edges ?? []) {
+      if (e.pruned_in !== null && e.pruned_in !== undefined) pruned.set(e.pruned_in, (pruned.get(e.pruned_in) ?? 0) + 1);
+    }
+    for (let r = 0; r < rounds; r++) {
+      const current = st.phase === "graph_construction" && st.round === r;
+      const past = done || st.phase === "clique_measurement" || (st.phase === "graph_construction" && st.round > r);
+      const label = c.protocol === "auto" && r === 0 ? "round 0 · 1-ways" : `round ${r}`;
+      let detail = past ? (pruned.has(r) ? `closed · ${pruned.get(r)} pruned` : "closed") : "";
+      let share;
+      if (current) {
+        detail = `${num(st.round_accepted)} / ${st.round_quota === null ? "–" : num(st.round_quota)}`;
+        share = st.round_quota ? st.round_accepted / st.round_quota : 0;
+      }
+      out.push({ label, detail, state: current ? "current" : past ? "done" : "todo", share });
+    }
+    const measuring = st.phase === "clique_measurement";
+    out.push({
+      label: "cliques",
+      detail: measuring ? `${num(st.round_accepted)} reports` : done ? "measured" : "phase 2",
+      state: measuring ? "current" : done ? "done" : "todo",
+    });
+  } else if (c.protocol === "samprivsyn") {
+    out.push({
+      label: "pair sampling",
+      detail: done ? `${st.round} batches` : `batch ${st.round}`,
+      state: done ? "done" : "current",
+    });
+  } else {
+    out.push({ label: "1-ways", detail: done ? "measured" : `${num(st.reports_accepted)} reports`, state: done ? "done" : "current" });
+  }
+  out.push({ label: "finalized", detail: st.model_ready ? "model ready" : done ? "building" : "", state: done ? "done" : "todo" });
+  return out;
+}
+
+function names(c) {
+  return c.schema.attributes.map((a) => a.name);
+}
+
+/** Model graph edges [a, b, weight]: the structure's edges weighted by phase-1 MI or dependence. */
+function modelEdges(desc) {
+  const m = desc.model;
+  const weight = new Map();
+  for (const e of m.edges ?? []) {
+    const w = e.score ?? e.mi;
+    if (typeof w === "number") weight.set(`${e.a},${e.b}`, w);
+  }
+  for (const g of m.model_graph ?? []) weight.set(`${g.a},${g.b}`, g.dependence);
+  if (m.structure) {
+    return m.structure.edges.map(([a, b]) => [a, b, weight.get(`${Math.min(a, b)},${Math.max(a, b)}`)]);
+  }
+  // SamPrivSyn: no graph; its strongest pairs by MI weight.
+  const pairs = [...(m.pair_weights ?? [])].sort((x, y) => y[2] - x[2]);
+  return pairs.slice(0, Math.max(1, desc.attributes.length - 1));
+}
+
+async function showHeatmap(id, a, b, { prepend = true } = {}) {
+  const box = document.createElement("figure");
+  box.className = "heatmap-box";
+  const caption = document.createElement("figcaption");
+  caption.textContent = `${a} × ${b}`;
+  box.appendChild(caption);
+  const holder = $("#heatmaps");
+  if (prepend) holder.prepend(box); else holder.appendChild(box);
+  while (holder.children.length > 6) holder.lastElementChild.remove();
+  try {
+    const m = await api.marginal(id, [a, b]);
+    if (m.dims[0] * m.dims[1] > MAX_HEATMAP_CELLS) {
+      box.append(`${m.dims[0]} × ${m.dims[1]} cells: too many to draw`);
+    } else {
+      box.appendChild(heatmap(m));
+      if (!m.std_errors) box.append(Object.assign(document.createElement("p"), { className: "note", textContent: "no standard errors: no table measured this pair" }));
+    }
+  } catch (e) {
+    box.append(`cannot load: ${e.message}`);
+  }
+}
+
+async function showOneways(id, attrs) {
+  const holder = $("#oneways");
+  holder.replaceChildren();
+  for (const name of attrs.slice(0, MAX_ONEWAYS)) {
+    const fig = document.createElement("figure");
+    fig.className = "oneway-box";
+    holder.appendChild(fig);
+    try {
+      fig.appendChild(bars(await api.marginal(id, [name])));
+    } catch (e) {
+      fig.append(`${name}: ${e.message}`);
+    }
+  }
+}
+
+function fillPairForm(attrs) {
+  for (const [sel, pick] of [["#pair-a", 0], ["#pair-b", 1]]) {
+    const s = $(sel);
+    s.replaceChildren(...attrs.map((n) => new Option(n, n)));
+    s.selectedIndex = Math.min(pick, attrs.length - 1);
+  }
+}
+
+async function drawModel(c) {
+  state.drawnModel = c.id;
+  state.drawnProvisional = null;
+  const desc = await api.model(c.id);
+  if (state.selected !== c.id) return;
+  const attrs = desc.attributes;
+  const edges = modelEdges(desc);
+  const sorted = [...edges].sort((x, y) => (y[2] ?? 0) - (x[2] ?? 0));
+  $("#graph").replaceChildren(graph(attrs, edges, {
+    onEdge: (a, b) => showHeatmap(c.id, attrs[a], attrs[b]),
+  }));
+  $("#graph-note").textContent = desc.model.structure
+    ? `${edges.length} edge(s) in the model graph; width: estimated dependence. Click an edge for its heat map.`
+    : "SamPrivSyn: the pairs with the largest MI weights.";
+  $("#timeline").replaceChildren(timeline(steps(c, desc.model)));
+  fillPairForm(attrs);
+  $("#heatmaps").replaceChildren();
+  for (const [a, b] of sorted.slice(0, DEFAULT_HEATMAPS)) {
+    await showHeatmap(c.id, attrs[a], attrs[b], { prepend: false });
+  }
+  if (!sorted.length && attrs.length > 1) await showHeatmap(c.id, attrs[0], attrs[1]);
+  await showOneways(c.id, attrs);
+  for (const b of document.querySelectorAll("#download-form button")) b.disabled = false;
+  $("#download-note").textContent = "Rows are drawn from the fitted model; the same seed gives the same file.";
+  $("#detail").dataset.ready = "true";
+}
+
+function drawProvisional(c) {
+  const key = JSON.stringify(c.status.active_edges);
+  if (state.drawnProvisional === key) return;
+  state.drawnProvisional = key;
+  state.drawnModel = null;
+  $("#graph").replaceChildren(graph(names(c), c.status.active_edges, { dashed: true }));
+  $("#graph-note").textContent = c.status.active_edges.length
+    ? "Collecting: pairs still active (not pruned); the model graph is drawn once finalized."
+    : "The graph is learned when the collection is finalized.";
+  $("#heatmaps").replaceChildren("Marginals are estimated once the collection is finalized.");
+  $("#oneways").replaceChildren("Available once the collection is finalized.");
+  for (const b of document.querySelectorAll("#download-form button")) b.disabled = true;
+  $("#download-note").textContent = "Synthetic data is available once the collection is finalized.";
+  delete $("#detail").dataset.ready;
+}
+
+function renderDetail(c) {
+  const detail = $("#detail");
+  detail.hidden = false;
+  $("#detail-title").textContent = `${c.protocol} at ε = ${c.epsilon} · ${c.id}`;
+  const st = c.status;
+  $("#progress-bar").style.width = `${pct(st.reports_accepted, c.target_users)}%`;
+  $("#progress-text").textContent =
+    `${num(st.reports_accepted)} of ${num(c.target_users)} reports (${pct(st.reports_accepted, c.target_users).toFixed(1)}%) · ` +
+    `${fmtRate(rate(c.id))} reports/s · ${st.phase.replaceAll("_", " ")}, round ${st.round}`;
+  if (st.model_ready) {
+    if (state.drawnModel !== c.id) {
+      drawModel(c).catch((e) => {
+        state.drawnModel = null;
+        message(`cannot load the model: ${e.message}`, "error");
+      });
+    }
+  } else {
+    $("#timeline").replaceChildren(timeline(steps(c, null)));
+    drawProvisional(c);
+  }
+}
+
+async function refresh() {
+  if (!api.token()) return;
+  try {
+    const list = await api.collections();
+    for (const c of list) record(c.id, c.status.reports_accepted);
+    renderList(list);
+    const sel = list.find((c) => c.id === state.selected);
+    if (sel) renderDetail(sel);
+    else $("#detail").hidden = true;
+    if ($("#message").dataset.kind === "error") message("");
+  } catch (e) {
+    if (e.status === 401) {
+      api.forgetToken();
+      showSignedIn(false);
+      stop();
+      message("The admin token was refused; enter it again.", "error");
+    } else {
+      message(`cannot reach the aggregator: ${e.message}`, "error");
+    }
+  }
+}
+
+function start() {
+  stop();
+  showSignedIn(true);
+  refresh();
+  state.timer = setInterval(refresh, POLL_MS);
+}
+
+function stop() {
+  if (state.timer) clearInterval(state.timer);
+  state.timer = null;
+}
+
+function selectFromHash() {
+  const m = /^#c=([0-9a-fA-F-]{36})$/.exec(location.hash);
+  state.selected = m ? m[1].toLowerCase() : null;
+  state.drawnModel = null;
+  state.drawnProvisional = null;
+  if (!state.selected) $("#detail").hidden = true;
+  refresh();
+}
+
+async function download(format) {
+  const id = state.selected;
+  const rows = $("#dl-rows").value, seed = $("#dl-seed").value, numeric = $("#dl-numeric").value;
+  const buttons = document.querySelectorAll("#download-form button");
+  for (const b of buttons) b.disabled = true;
+  $("#download-note").textContent = `preparing ${num(rows)} rows…`;
+  try {
+    const blob = await api.synthetic(id, { rows, seed, format, numeric });
+    const url = URL.createObjectURL(blob);
+    const a = document.createElement("a");
+    a.href = url;
+    a.download = `synthetic-${id.slice(0, 8)}-seed${seed}.${format === "csv" ? "csv" : "ndjson"}`;
+    document.body.appendChild(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 60000);
+    $("#download-note").textContent = `${a.download}: ${num(blob.size)} bytes`;
+  } catch (e) {
+    $("#download-note").textContent = `download refused: ${e.message}`;
+  } finally {
+    for (const b of buttons) b.disabled = false;
+  }
+}
+
+$("#token-form").addEventListener("submit", (e) => {
+  e.preventDefault();
+  const input = $("#token");
+  const value = input.value.trim();
+  input.value = "";
+  if (!value) return;
+  api.setToken(value);
+  message("");
+  start();
+});
+$("#forget").addEventListener("click", () => {
+  api.forgetToken();
+  stop();
+  showSignedIn(false);
+  $("#collections tbody").replaceChildren();
+  $("#detail").hidden = true;
+  message("Token forgotten.");
+});
+$("#pair-form").addEventListener("submit", (e) => {
+  e.preventDefault();
+  const a = $("#pair-a").value, b = $("#pair-b").value;
+  if (state.selected && a && b && a !== b) showHeatmap(state.selected, a, b);
+});
+$("#dl-csv").addEventListener("click", () => download("csv"));
+$("#dl-ndjson").addEventListener("click", () => download("ndjson"));
+window.addEventListener("hashchange", selectFromHash);
+
+selectFromHash();
+if (api.token()) start();
+else {
+  showSignedIn(false);
+  message("Enter the admin token to see the collections.");
+}

@@ -1,0 +1,252 @@
+//! Vertical-collection benchmark (VertiMRF): a CSV split between parties, each party's ε per
+//! person split over its attributes (one GRR each) equally or by
+//! [`ldpsyn::vertical::split_epsilon`] (`l1`), through the in-process simulator
+//! (seeded; the tables the service counts from party uploads). Per party ε and seed it
+//! reports the mean 2-way TVD over all pairs and over cross-party pairs only, and the 1-way
+//! TVD, for:
+//! - `vertical-equal`, `vertical-l1`: the vertical collection under either split;
+//! - `vertical-l1-1way`: the `l1` split's reports with no pair kept (the clique cap at 1 cell): what
+//!   the learned cross- and intra-party edges add;
+//! - `auto` and `independence`: a centralized device collection at the same total ε per
+//!   person (the sum over the parties), each person reporting once;
+//! - `exact-independence`: the non-private product of the data's 1-ways.
+//!
+//! ```text
+//! bench-vertical --data examples/adult/adult.csv --schema examples/adult/schema.json \
+//!     --parties examples/adult/parties.json [--party-epsilon E]… [--seeds S] [--out F]
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Parser;
+use ldpsyn::Epsilon;
+use ldpsyn::protocol::{
+    CollectionConfig, PROTOCOL_VERSION, Party, PartyAttribute, Protocol, VerticalParams,
+};
+use ldpsyn::schema::Schema;
+use ldpsyn::vertical::split_epsilon;
+use ldpsyn_aggregator::engine::{Engine, EngineOptions, Model};
+use ldpsyn_aggregator::eval::{MarginalCounts, exact_independence_model};
+use ldpsyn_aggregator::sim::{Population, Simulation, load_csv};
+use serde_json::{Value, json};
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// Vertical-collection benchmark (module docs).
+#[derive(Debug, Parser)]
+struct Args {
+    /// CSV with a header row.
+    #[arg(long)]
+    data: PathBuf,
+    /// Its schema.
+    #[arg(long)]
+    schema: PathBuf,
+    /// The parties (`{"parties": [{"name", "attributes": [{"name", …}]}]}`); their
+    /// attributes' ε are replaced by `--party-epsilon` split equally.
+    #[arg(long)]
+    parties: PathBuf,
+    /// ε per person towards each party (repeat; default 4 and 8).
+    #[arg(long = "party-epsilon")]
+    party_epsilons: Vec<f64>,
+    /// Seeds per cell.
+    #[arg(long, default_value_t = 3)]
+    seeds: u64,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+struct Scores {
+    tvd1: f64,
+    tvd2: f64,
+    cross_tvd2: f64,
+    edges: usize,
+    cross_edges: usize,
+}
+
+fn score(model: &Model, pop: &Population, owner: &[usize], seed: u64) -> Result<Scores, Error> {
+    let rows = model.synthesize(pop.len() as u64, seed ^ 0x5eed);
+    let synthetic = Population::from_rows(pop.dims().to_vec(), rows)?;
+    let tvd = |k: usize, cross: bool| -> Result<f64, Error> {
+        let real = MarginalCounts::of_population(pop, k);
+        let synth = MarginalCounts::of_population(&synthetic, k);
+        Ok(real.mean_tvd_where(&synth, |s| !cross || owner[s[0]] != owner[s[1]])?)
+    };
+    let edges: Vec<(usize, usize)> = model
+        .describe()
+        .model_graph
+        .iter()
+        .filter(|g| g.kept)
+        .map(|g| (g.a, g.b))
+        .collect();
+    Ok(Scores {
+        tvd1: tvd(1, false)?,
+        tvd2: tvd(2, false)?,
+        cross_tvd2: tvd(2, true)?,
+        cross_edges: edges.iter().filter(|&&(a, b)| owner[a] != owner[b]).count(),
+        edges: edges.len(),
+    })
+}
+
+fn config(
+    schema: &Schema,
+    n: usize,
+    epsilon: f64,
+    protocol: Protocol,
+) -> Result<CollectionConfig, Error> {
+    Ok(CollectionConfig {
+        version: PROTOCOL_VERSION,
+        id: uuid::Uuid::nil(),
+        schema: schema.clone(),
+        epsilon: Epsilon::new(epsilon)?,
+        target_users: n as u64,
+        protocol,
+    })
+}
+
+fn main() -> Result<(), Error> {
+    let mut args = Args::parse();
+    if args.party_epsilons.is_empty() {
+        args.party_epsilons = vec![4.0, 8.0];
+    }
+    let schema: Schema = serde_json::from_str(&std::fs::read_to_string(&args.schema)?)?;
+    let pop = load_csv(&args.data, &schema)?.population;
+    let n = pop.len();
+    let parties: Value = serde_json::from_str(&std::fs::read_to_string(&args.parties)?)?;
+    let names: Vec<Vec<String>> = parties["parties"]
+        .as_array()
+        .ok_or("no `parties` array")?
+        .iter()
+        .map(|p| {
+            p["attributes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|a| a["name"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .collect();
+    let mut owner = vec![usize::MAX; schema.len()];
+    for (p, attrs) in names.iter().enumerate() {
+        for a in attrs {
+            owner[schema
+                .index_of(a)
+                .ok_or_else(|| format!("unknown attribute {a}"))?] = p;
+        }
+    }
+    let exact = score(
+        &exact_independence_model(Arc::new(pop.clone())),
+        &pop,
+        &owner,
+        1,
+    )?;
+    let mut results = Vec::new();
+    let dims = schema.domain_sizes();
+    for &e in &args.party_epsilons {
+        let params = |optimal: bool| -> Result<VerticalParams, Error> {
+            Ok(VerticalParams {
+                parties: names
+                    .iter()
+                    .enumerate()
+                    .map(|(p, attrs)| {
+                        let k: Vec<usize> = attrs
+                            .iter()
+                            .map(|a| schema.index_of(a).map_or(2, |i| dims[i]))
+                            .collect();
+                        let split = if optimal {
+                            split_epsilon(e, &k)
+                        } else {
+                            vec![e / attrs.len() as f64; attrs.len()]
+                        };
+                        Ok(Party {
+                            name: format!("party{p}"),
+                            attributes: attrs
+                                .iter()
+                                .zip(split)
+                                .map(|(a, eps)| {
+                                    Ok(PartyAttribute {
+                                        name: a.clone(),
+                                        epsilon: Epsilon::new(eps)?,
+                                    })
+                                })
+                                .collect::<Result<_, Error>>()?,
+                        })
+                    })
+                    .collect::<Result<_, Error>>()?,
+            })
+        };
+        let total = (e * names.len() as f64).min(ldpsyn::MAX_EPSILON);
+        let mut rows: BTreeMap<&str, Vec<Scores>> = BTreeMap::new();
+        for seed in 0..args.seeds {
+            for (label, optimal, cap) in [
+                ("vertical-equal", false, None),
+                ("vertical-l1", true, None),
+                ("vertical-l1-1way", true, Some(1)),
+            ] {
+                let params = params(optimal)?;
+                let eps = params
+                    .parties
+                    .iter()
+                    .map(Party::epsilon)
+                    .fold(0.0, f64::max);
+                let vertical = config(&schema, n, eps, Protocol::Vertical(params))?;
+                let options = EngineOptions {
+                    max_clique_cells: cap,
+                    gain_margin: std::env::var("LDPSYN_GAIN_MARGIN")
+                        .ok()
+                        .and_then(|v| v.parse().ok()),
+                    ..EngineOptions::default()
+                };
+                let engine = Engine::with_options(&vertical, options)?;
+                let model = Simulation::new(&engine, &pop).seed(seed).run()?.model;
+                rows.entry(label)
+                    .or_default()
+                    .push(score(&model, &pop, &owner, seed)?);
+            }
+            for (label, protocol) in [
+                ("auto", json!({"protocol": "auto"})),
+                ("independence", json!({"protocol": "independence"})),
+            ] {
+                let engine = Engine::new(&config(
+                    &schema,
+                    n,
+                    total,
+                    serde_json::from_value(protocol)?,
+                )?)?;
+                let model = Simulation::new(&engine, &pop)
+                    .seed(seed)
+                    .bucketed(true)
+                    .run()?
+                    .model;
+                rows.entry(label)
+                    .or_default()
+                    .push(score(&model, &pop, &owner, seed)?);
+            }
+        }
+        for (label, s) in rows {
+            let mean = |f: &dyn Fn(&Scores) -> f64| s.iter().map(f).sum::<f64>() / s.len() as f64;
+            let row = json!({
+                "party_epsilon": e, "total_epsilon": total, "method": label, "seeds": s.len(),
+                "tvd1": mean(&|x| x.tvd1), "tvd2": mean(&|x| x.tvd2),
+                "cross_party_tvd2": mean(&|x| x.cross_tvd2),
+                "edges": mean(&|x| x.edges as f64), "cross_party_edges": mean(&|x| x.cross_edges as f64),
+            });
+            eprintln!("{row}");
+            results.push(row);
+        }
+    }
+    let out = json!({
+        "data": args.data, "people": n, "parties": names,
+        "epsilon_split": "vertical-equal: equal over each party's attributes; vertical-l1: ldpsyn::vertical::split_epsilon",
+        "exact_independence": {"tvd2": exact.tvd2, "cross_party_tvd2": exact.cross_tvd2},
+        "results": results,
+    });
+    let text = serde_json::to_string_pretty(&out)?;
+    match &args.out {
+        Some(p) => std::fs::write(p, text + "\n")?,
+        None => println!("{text}"),
+    }
+    Ok(())
+}

@@ -1,0 +1,289 @@
+//! Vertical collections over real HTTP: two parties holding different attributes of the same
+//! people upload per-record GRR reports joined by record id; the aggregator learns the
+//! cross-party dependencies and serves synthetic data. Bad uploads change nothing.
+
+use ldpsyn::Epsilon;
+use ldpsyn::client::{ClientError, ClientOptions};
+use ldpsyn::protocol::ProblemType;
+use ldpsyn::vertical::{PartyClient, PartyRecord, RecordIdKey};
+use ldpsyn_tests::{ADMIN, admin, base, population, schema_json, start};
+use rand::SeedableRng;
+use serde_json::{Value, json};
+
+const N: usize = 20_000;
+
+/// bank: region (4) and smoker (2); clinic: income (3), lung (2), shoe (3). region → income
+/// and smoker → lung are the cross-party dependencies of the test population.
+fn create_body() -> Value {
+    json!({
+        "schema": schema_json(), "protocol": "vertical", "target_users": N,
+        "parties": [
+            {"name": "bank", "attributes": [
+                {"name": "region", "epsilon": 2.0}, {"name": "smoker", "epsilon": 2.0}]},
+            {"name": "clinic", "attributes": [
+                {"name": "income", "epsilon": 2.0}, {"name": "lung", "epsilon": 1.5},
+                {"name": "shoe", "epsilon": 0.5}]}
+        ]
+    })
+}
+
+async fn post_raw(url: &str, token: &str, body: Value) -> (u16, Value) {
+    let resp = reqwest::Client::new()
+        .post(url)
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+fn problem_kind(v: &Value) -> Option<ProblemType> {
+    v["type"].as_str().and_then(ProblemType::parse)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_parties_upload_and_the_model_learns_cross_party_pairs() {
+    let dir = tempfile::tempdir().unwrap();
+    two_parties(&format!("sqlite://{}", dir.path().join("v.db").display())).await;
+}
+
+/// The same on PostgreSQL (the party uploads take the ingest barrier and the collection's
+/// advisory lock there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_parties_upload_on_postgres() {
+    if let Some(url) = ldpsyn_tests::postgres_url("two_parties_upload_on_postgres") {
+        two_parties(&url).await;
+    }
+}
+
+async fn two_parties(database_url: &str) {
+    let server = start(database_url, &[]).await;
+    let base = base(&server);
+    let created: Value = reqwest::Client::new()
+        .post(format!("{base}/v1/collections"))
+        .bearer_auth(ADMIN)
+        .json(&create_body())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id: uuid::Uuid = created["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("create failed: {created}"))
+        .parse()
+        .unwrap();
+    // ε of the collection is the largest party total; each party's is public.
+    assert_eq!(created["epsilon"], json!(4.0));
+    assert_eq!(created["party_epsilon"]["clinic"], json!(4.0));
+    let tokens = created["party_tokens"].clone();
+    let (status, listed) = admin(&base, "GET", &format!("/v1/collections/{id}/parties")).await;
+    assert_eq!((status, &listed), (200, &tokens));
+    let (bank_token, clinic_token) = (
+        tokens["bank"].as_str().unwrap(),
+        tokens["clinic"].as_str().unwrap(),
+    );
+
+    let key = RecordIdKey::new(b"shared-secret-of-bank-and-clinic!!".to_vec()).unwrap();
+    let options = || ClientOptions::new(Epsilon::new(4.0).unwrap());
+    let bank = PartyClient::connect(&base, id, "bank", bank_token, options())
+        .await
+        .unwrap();
+    let clinic = PartyClient::connect(&base, id, "clinic", clinic_token, options())
+        .await
+        .unwrap();
+    // A party whose Σε is above what the app accepts is refused before anything is sent.
+    assert!(matches!(
+        PartyClient::connect(
+            &base,
+            id,
+            "clinic",
+            clinic_token,
+            ClientOptions::new(Epsilon::new(3.0).unwrap())
+        )
+        .await,
+        Err(ClientError::EpsilonTooLarge { .. })
+    ));
+    let people = population(N, 31);
+    let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(5);
+    let mut records = |client: &PartyClient, attrs: &[usize]| -> Vec<PartyRecord> {
+        people
+            .iter()
+            .enumerate()
+            .map(|(i, p)| PartyRecord {
+                id: key.record_id(&format!("customer-{i}")),
+                codes: client
+                    .randomizer()
+                    .randomize_codes(&attrs.iter().map(|&a| p[a]).collect::<Vec<_>>(), &mut rng)
+                    .unwrap(),
+            })
+            .collect()
+    };
+    let bank_records = records(&bank, &[0, 2]);
+    let clinic_records = records(&clinic, &[1, 3, 4]);
+    // The clinic uploads first for half the people, the bank for all, then the clinic's rest:
+    // every cross-party pair is counted once whichever party comes second.
+    let (early, late) = clinic_records.split_at(N / 2);
+    for chunk in early.chunks(5_000) {
+        assert_eq!(
+            clinic.upload(chunk).await.unwrap().accepted,
+            chunk.len() as u64
+        );
+    }
+    for chunk in bank_records.chunks(5_000) {
+        assert_eq!(
+            bank.upload(chunk).await.unwrap().accepted,
+            chunk.len() as u64
+        );
+    }
+    for chunk in late.chunks(5_000) {
+        clinic.upload(chunk).await.unwrap();
+    }
+    let status = |v: Value| v["status"]["reports_accepted"].as_u64().unwrap();
+    let (_, before) = admin(&base, "GET", &format!("/v1/collections/{id}")).await;
+    assert_eq!(status(before.clone()), 2 * N as u64);
+
+    // A retry resends the same codes: all duplicates.
+    let again = bank.upload(&bank_records[..100]).await.unwrap();
+    assert_eq!((again.accepted, again.duplicate), (0, 100));
+    // Other codes for a held id: 409, and nothing of the upload is stored (the new id too).
+    let mut forged = bank_records[7].clone();
+    forged.codes[0] = (forged.codes[0] + 1) % 4;
+    let fresh = PartyRecord {
+        id: key.record_id("customer-new"),
+        codes: vec![0, 0],
+    };
+    match bank.upload(&[fresh.clone(), forged]).await {
+        Err(ClientError::Problem(p)) => assert_eq!(p.problem_type, ProblemType::RecordIdConflict),
+        other => panic!("expected record-id-conflict, got {other:?}"),
+    }
+    let url = |party: &str| format!("{base}/v1/collections/{id}/parties/{party}/records");
+    let one = |r: &PartyRecord| json!({"records": [r]});
+    for (party, token, body, code, kind) in [
+        (
+            "bank",
+            clinic_token,
+            one(&fresh),
+            401,
+            ProblemType::Unauthorized,
+        ),
+        ("bank", "", one(&fresh), 401, ProblemType::Unauthorized),
+        ("bank", ADMIN, one(&fresh), 401, ProblemType::Unauthorized),
+        ("shop", bank_token, one(&fresh), 404, ProblemType::NotFound),
+        (
+            "bank",
+            bank_token,
+            json!({"records": [{"id": "ABC", "codes": [0, 0]}]}),
+            400,
+            ProblemType::InvalidParameter,
+        ),
+        (
+            "bank",
+            bank_token,
+            json!({"records": [{"id": fresh.id, "codes": [0, 0, 0]}]}),
+            400,
+            ProblemType::InvalidPayload,
+        ),
+        (
+            "bank",
+            bank_token,
+            json!({"records": [{"id": fresh.id, "codes": [4, 0]}]}),
+            400,
+            ProblemType::InvalidPayload,
+        ),
+        (
+            "bank",
+            bank_token,
+            json!({"records": [fresh, fresh]}),
+            400,
+            ProblemType::InvalidParameter,
+        ),
+        (
+            "bank",
+            bank_token,
+            json!({"records": []}),
+            400,
+            ProblemType::InvalidParameter,
+        ),
+        (
+            "bank",
+            bank_token,
+            json!({"records": [fresh], "extra": 1}),
+            400,
+            ProblemType::MalformedRequest,
+        ),
+    ] {
+        let (s, v) = post_raw(&url(party), token, body.clone()).await;
+        assert_eq!(
+            (s, problem_kind(&v)),
+            (code, Some(kind)),
+            "{party} {body}: {v}"
+        );
+    }
+    // A vertical collection hands out no device tasks.
+    let resp = reqwest::get(format!("{base}/v1/collections/{id}/task"))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 409);
+    let (_, after) = admin(&base, "GET", &format!("/v1/collections/{id}")).await;
+    assert_eq!(
+        status(after),
+        2 * N as u64,
+        "refused uploads changed nothing"
+    );
+
+    // The model keeps the two cross-party dependencies and no pair with `shoe`.
+    let (s, _) = admin(&base, "POST", &format!("/v1/collections/{id}/finalize")).await;
+    assert_eq!(s, 200);
+    let (_, model) = admin(&base, "GET", &format!("/v1/collections/{id}/model")).await;
+    let kept: Vec<(u64, u64)> = model["model"]["model_graph"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| g["kept"] == json!(true))
+        .map(|g| (g["a"].as_u64().unwrap(), g["b"].as_u64().unwrap()))
+        .collect();
+    assert!(kept.contains(&(0, 1)) && kept.contains(&(2, 3)), "{kept:?}");
+    assert!(!kept.iter().any(|&(a, b)| a == 4 || b == 4), "{kept:?}");
+    // The cross-party marginal region × income from the model is close to the truth.
+    let (_, m) = admin(
+        &base,
+        "GET",
+        &format!("/v1/collections/{id}/marginals?attrs=region,income"),
+    )
+    .await;
+    let freq: Vec<f64> = serde_json::from_value(m["frequencies"].clone()).unwrap();
+    let mut truth = [0.0; 12];
+    for p in &people {
+        truth[(p[0] * 3 + p[1]) as usize] += 1.0 / N as f64;
+    }
+    let tvd: f64 = freq
+        .iter()
+        .zip(truth)
+        .map(|(a, b)| (a - b).abs())
+        .sum::<f64>()
+        / 2.0;
+    assert!(tvd < 0.05, "region × income TVD {tvd}: {freq:?}");
+    // Finalized: uploads are refused; synthetic data downloads.
+    let (s, v) = post_raw(&url("bank"), bank_token, one(&fresh)).await;
+    assert_eq!(
+        (s, problem_kind(&v)),
+        (409, Some(ProblemType::CollectionFinalized))
+    );
+    let csv = reqwest::Client::new()
+        .get(format!(
+            "{base}/v1/collections/{id}/synthetic?rows=500&seed=3"
+        ))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(csv.lines().count(), 501, "header + 500 rows");
+    server.shutdown().await.unwrap();
+}

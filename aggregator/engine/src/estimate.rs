@@ -330,21 +330,18 @@ pub fn largest_clique_cells(dims: &[usize], edges: &BTreeSet<Edge>) -> u64 {
 }
 
 /// The model graph (module docs): `candidates` (pairs with their gain) whose
-/// [`PairGain::cautious_gain`] at `margin(pair)` is positive, added best first while the
-/// largest clique has at most `max_clique_cells` cells. Ties by pair order, so the result
-/// depends only on the inputs.
+/// [`PairGain::cautious_gain`] at `margin` is positive, added best first while the largest
+/// clique has at most `max_clique_cells` cells. Ties by pair order, so the result depends
+/// only on the inputs.
 pub fn select_model_graph(
     dims: &[usize],
     candidates: &[(Edge, PairGain)],
     max_clique_cells: u64,
-    margin: impl Fn(Edge) -> f64,
+    margin: f64,
 ) -> BTreeSet<Edge> {
     let mut ranked: Vec<(f64, Edge)> = candidates
         .iter()
-        .map(|(e, g)| {
-            let e = edge(e.0, e.1);
-            (g.cautious_gain(margin(e)), e)
-        })
+        .map(|(e, g)| (g.cautious_gain(margin), edge(e.0, e.1)))
         .filter(|(gain, _)| *gain > 0.0)
         .collect();
     ranked.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)));
@@ -506,12 +503,12 @@ mod tests {
             ((2, 3), g(0.15)),
         ];
         // Cap 100 cells: no triangle (1000 cells); (2, 3) has negative gain.
-        let e = select_model_graph(&dims, &cands, 100, |_| 0.0);
+        let e = select_model_graph(&dims, &cands, 100, 0.0);
         assert_eq!(e, [(0, 1), (1, 2)].into_iter().collect());
-        let e = select_model_graph(&dims, &cands, 1000, |_| 0.0);
+        let e = select_model_graph(&dims, &cands, 1000, 0.0);
         assert_eq!(e, [(0, 1), (0, 2), (1, 2)].into_iter().collect());
         // A margin of 3 sd (0.15) drops (0, 2), whose gain 0.1 is within its noise.
-        let e = select_model_graph(&dims, &cands, 1000, |_| 3.0);
+        let e = select_model_graph(&dims, &cands, 1000, 3.0);
         assert_eq!(e, [(0, 1), (1, 2)].into_iter().collect());
     }
 }

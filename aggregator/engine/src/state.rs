@@ -769,9 +769,11 @@ impl Engine {
             .filter_map(|(a, b)| Some(((a, b), self.rules.pair_gain(&ms, &one_way, a, b)?)))
             .collect();
         let cap = self.options.max_clique_cells.unwrap_or(MAX_CLIQUE_CELLS);
-        let edges = select_model_graph(self.dims(), &gains, cap, |e| {
-            self.rules.pair_margin(state, e, self.options.gain_margin)
-        });
+        let margin = self
+            .options
+            .gain_margin
+            .unwrap_or_else(|| self.rules.gain_margin());
+        let edges = select_model_graph(self.dims(), &gains, cap, margin);
         let ms = ms.retained(|m| self.rules.fit_table(&m.key, &edges));
         let fitted = fit_model(&ms, &edges, &FitOptions::default())?;
         // Cliques are within the cap: one conditional per clique (no Algorithm 2 split).

@@ -105,12 +105,6 @@ pub trait CollectionProtocol: Send + Sync + Debug {
         0.0
     }
 
-    /// The margin for pair `e` in particular: by default [`Self::gain_margin`] (or
-    /// `fallback`, the options' override, when set) for every pair.
-    fn pair_margin(&self, _state: &CollectionState, _e: Edge, fallback: Option<f64>) -> f64 {
-        fallback.unwrap_or_else(|| self.gain_margin())
-    }
-
     /// Whether the final fit observes `key`'s table once the model graph `edges` is chosen:
     /// by default every table (each holds reports of its own users).
     fn fit_table(&self, _key: &TableKey, _edges: &BTreeSet<Edge>) -> bool {

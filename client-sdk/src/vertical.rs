@@ -170,6 +170,7 @@ pub fn is_record_id(id: &str) -> bool {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PartyRecord {
     /// Record id ([`RecordIdKey::record_id`]).
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[0-9a-f]{64}$"))]
     pub id: String,
     /// GRR outputs, one per party attribute, each below the attribute's domain size.
     pub codes: Vec<u32>,

@@ -286,3 +286,25 @@ pub enum TaskAnswer {
     /// With `count`: that many independently drawn tasks.
     Many(Vec<ldpsyn::protocol::Task>),
 }
+
+/// The `format` of a synthetic download (documentation of the query parameter).
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SyntheticFormat {
+    /// CSV with a header row (the default).
+    Csv,
+    /// One JSON object per line.
+    Ndjson,
+}
+
+/// The `numeric` mode of a synthetic download (documentation of the query parameter).
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SyntheticNumeric {
+    /// By the sub-bin estimate (the default).
+    Recover,
+    /// Uniformly within the model's bin.
+    Uniform,
+    /// At the bin's middle.
+    Midpoint,
+}

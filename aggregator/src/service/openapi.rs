@@ -221,7 +221,14 @@ impl Modify for CommonResponses {
         super::ui::asset,
     ),
     components(
-        schemas(Problem, ProblemType, api::CollectionView, api::CreateCollection),
+        schemas(
+            Problem,
+            ProblemType,
+            api::CollectionView,
+            api::CreateCollection,
+            api::SyntheticFormat,
+            api::SyntheticNumeric
+        ),
         responses(
             BadRequest,
             Unauthorized,

@@ -29,6 +29,8 @@ mod epsilon;
 pub mod factor;
 pub mod ledger;
 pub mod mechanism;
+#[cfg(feature = "openapi")]
+mod openapi;
 pub mod protocol;
 pub mod schema;
 pub mod submission;

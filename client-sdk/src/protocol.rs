@@ -71,6 +71,7 @@ impl<'de> Deserialize<'de> for OueBits {
 /// A randomized report payload. Exactly one key, as in DESIGN.md.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum Payload {
     /// Row-major index in the factor's product domain.
     Grr(u64),
@@ -112,6 +113,7 @@ fn default_batch_size() -> u64 {
 
 /// PrivIncr parameters (EDBT 2023), names as in DESIGN.md.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PrivIncrParams {
     /// Share of users that build the dependency graph (phase 1), in (0, 1); default 0.5.
     #[serde(default = "default_omega")]
@@ -144,6 +146,7 @@ impl Default for PrivIncrParams {
 
 /// SamPrivSyn parameters (Sci China Inf Sci 2023).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SamPrivSynParams {
     /// Reports between re-weightings B ≥ 1; default 2000 (the paper finds 1000–5000 best).
     #[serde(default = "default_batch_size")]
@@ -161,6 +164,7 @@ impl Default for SamPrivSynParams {
 /// One attribute a party of a vertical collection reports, and the ε of its GRR report.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PartyAttribute {
     /// The attribute's name in the collection's schema.
     pub name: String,
@@ -172,6 +176,7 @@ pub struct PartyAttribute {
 /// record id, one GRR report per attribute it holds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Party {
     /// Name, used in upload paths: 1–64 of `a-z`, `0-9`, `-`, `_`.
     pub name: String,
@@ -190,6 +195,7 @@ impl Party {
 /// Parameters of a vertical collection (VertiMRF): the parties and what each reports. Every
 /// schema attribute belongs to exactly one party.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct VerticalParams {
     /// The parties.
     pub parties: Vec<Party>,
@@ -200,6 +206,7 @@ pub struct VerticalParams {
 /// working when the server adds fields; the server checks its own create requests strictly.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "protocol", rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum Protocol {
     /// PrivIncr: incremental graph construction with pruning, then clique measurement.
     Privincr(PrivIncrParams),
@@ -243,6 +250,7 @@ impl Protocol {
 /// assert!(matches!(c.protocol, Protocol::Privincr(ref p) if p.rounds == 6 && p.omega == 0.5));
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CollectionConfig {
     /// Protocol version, [`PROTOCOL_VERSION`].
     pub version: u32,
@@ -263,6 +271,7 @@ pub struct CollectionConfig {
 /// `Task` object; `GET …/task?count=n` (n ≤ [`MAX_TASKS_PER_REQUEST`]) a JSON array of n
 /// independently drawn tasks.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Task {
     /// The collection.
     pub collection_id: Uuid,
@@ -289,6 +298,7 @@ pub struct Task {
 /// One person's randomized report, as posted in `POST /v1/collections/{id}/reports`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Report {
     /// Random UUID v4, chosen on the device; retries reuse it.
     pub id: Uuid,
@@ -301,6 +311,7 @@ pub struct Report {
 /// Outcome of one report of an upload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum ReportStatus {
     /// Validated and durably committed.
     Accepted,
@@ -312,6 +323,7 @@ pub enum ReportStatus {
 
 /// The answer for one report of an upload (the 200 body is an array of these).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ReportAnswer {
     /// The report id.
     pub id: Uuid,
@@ -444,6 +456,7 @@ impl<'de> Deserialize<'de> for ProblemType {
 ///   "status": 400, "detail": "token expired at 1790000000"}));
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Problem {
     /// The problem type.
     #[serde(rename = "type")]

@@ -39,6 +39,7 @@ use serde::{Deserialize, Serialize};
 /// What to do with a numeric value outside `[min, max]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum OutOfRangePolicy {
     /// Refuse the record (the default).
     #[default]
@@ -50,6 +51,7 @@ pub enum OutOfRangePolicy {
 /// What to do with a missing value (JSON `null`, an absent key or one of the markers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum MissingPolicy {
     /// Refuse the record (the default).
     #[default]
@@ -75,6 +77,7 @@ pub enum MissingPolicy {
 /// `(1 − s)·f + s/|Ω|`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum InvalidPolicy {
     /// Refuse the record (the default).
     #[default]
@@ -103,6 +106,7 @@ pub enum NumericDecoding {
 /// The kind of an attribute and its domain definition.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum AttributeKind {
     /// An ordered list of labels; code `i` is `labels[i]`.
     Categorical {
@@ -165,6 +169,7 @@ pub const DEFAULT_MAX_BINS: u32 = 16;
 /// The `bins` of a numeric attribute: a count, or `"auto"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum NumericBins {
     /// This many equal-width bins.
     Count(u32),
@@ -175,6 +180,7 @@ pub enum NumericBins {
 /// The literal `"auto"` of [`NumericBins::Auto`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum AutoBins {
     /// `"auto"`.
     Auto,
@@ -197,6 +203,7 @@ fn default_markers() -> Vec<String> {
 
 /// One attribute of a schema.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Attribute {
     /// Unique, non-empty name (the CSV column / JSON key).
     pub name: String,

@@ -167,8 +167,10 @@ pub fn is_record_id(id: &str) -> bool {
 /// (party order).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PartyRecord {
     /// Record id ([`RecordIdKey::record_id`]).
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[0-9a-f]{64}$"))]
     pub id: String,
     /// GRR outputs, one per party attribute, each below the attribute's domain size.
     pub codes: Vec<u32>,
@@ -177,6 +179,7 @@ pub struct PartyRecord {
 /// Body of `POST /v1/collections/{id}/parties/{party}/records`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PartyUpload {
     /// 1..=[`MAX_RECORDS_PER_UPLOAD`] records with distinct ids.
     pub records: Vec<PartyRecord>,
@@ -184,6 +187,7 @@ pub struct PartyUpload {
 
 /// Answer to a party upload: how many records were new and how many were identical resends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PartyUploadResult {
     /// Records stored by this request.
     pub accepted: u64,

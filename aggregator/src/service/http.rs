@@ -9,6 +9,7 @@
 //! | POST `/v1/collections/{id}/close-round`, `/finalize` | admin |
 //! | GET `/v1/collections/{id}/model`, `/marginals?attrs=a,b`, `/synthetic?rows=N&seed=S&format=csv\|ndjson&numeric=recover\|uniform\|midpoint` | admin |
 //! | GET `/healthz`, `/metrics` | anyone (per-collection series: admin) |
+//! | GET `/v1/openapi.json` | anyone (the OpenAPI 3.1 document, [`super::openapi`]) |
 //! | GET `/ui/` and its files | anyone (the dashboard; its data calls are admin) |
 //!
 //! Layers wrap inside-out; a request passes them top to bottom as written in [`router`]:
@@ -26,11 +27,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use axum::body::{Body, Bytes};
 use axum::error_handling::HandleErrorLayer;
 use axum::extract::{ConnectInfo, FromRequestParts, Path, RawQuery, Request, State};
+use axum::handler::Handler;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{MethodRouter, get, post};
 use axum::{BoxError, Json, Router};
 use ldpsyn::protocol::{
     CollectionConfig, MAX_TASKS_PER_REQUEST, PROTOCOL_VERSION, Problem, ProblemType, Protocol,
@@ -43,6 +45,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::trace::TraceLayer;
 use uuid::Uuid;
 
+use super::api;
 use super::error::{ApiError, problem_response};
 use super::ingest::{CollectionHandle, Command, Outcome, PendingReport};
 use super::ratelimit::client_ip;
@@ -51,7 +54,74 @@ use super::tokens::{MAX_FACTOR_LEN, MAX_TOKEN_CUTS, TaskClaims};
 use super::{AppState, LimitedRoute};
 use crate::engine::{Engine, Phase, TableKey, TaskSpec};
 
-/// The application: every route with its layers, over `state`.
+/// One route of the API: the method and path (axum syntax, the same as the OpenAPI
+/// document's), its handler and its per-IP rate limit. [`routes`] is the one list the router
+/// is built from and that the OpenAPI tests check against the document.
+pub struct Route {
+    /// The HTTP method.
+    pub method: Method,
+    /// The path, with `{param}` segments.
+    pub path: &'static str,
+    handler: MethodRouter<AppState>,
+    rate_limit: Option<LimitedRoute>,
+}
+
+impl Route {
+    fn get<H: Handler<T, AppState>, T: 'static>(path: &'static str, h: H) -> Self {
+        Self {
+            method: Method::GET,
+            path,
+            handler: get(h),
+            rate_limit: None,
+        }
+    }
+
+    fn post<H: Handler<T, AppState>, T: 'static>(path: &'static str, h: H) -> Self {
+        Self {
+            method: Method::POST,
+            path,
+            handler: post(h),
+            rate_limit: None,
+        }
+    }
+
+    fn limited(mut self, route: LimitedRoute) -> Self {
+        self.rate_limit = Some(route);
+        self
+    }
+}
+
+/// Every route of the service (each method of a path is one route). The router serves
+/// exactly these, and the OpenAPI document ([`super::openapi`]) documents exactly these.
+pub fn routes() -> Vec<Route> {
+    use super::{openapi, synthetic, ui, vertical};
+    vec![
+        Route::get("/healthz", healthz),
+        Route::get("/metrics", metrics),
+        Route::get("/v1/openapi.json", openapi::get_openapi),
+        Route::post("/v1/collections", create_collection),
+        Route::get("/v1/collections", list_collections),
+        Route::get("/v1/collections/{id}", get_collection),
+        Route::get("/v1/collections/{id}/task", get_task).limited(LimitedRoute::Task),
+        Route::post("/v1/collections/{id}/reports", post_reports).limited(LimitedRoute::Reports),
+        Route::post("/v1/collections/{id}/close-round", close_round),
+        Route::post("/v1/collections/{id}/finalize", finalize),
+        Route::get("/v1/collections/{id}/model", get_model),
+        Route::get("/v1/collections/{id}/marginals", get_marginals),
+        Route::get("/v1/collections/{id}/synthetic", synthetic::get_synthetic),
+        Route::get("/v1/collections/{id}/parties", vertical::get_party_tokens),
+        Route::post(
+            "/v1/collections/{id}/parties/{party}/records",
+            vertical::post_party_records,
+        ),
+        // The dashboard's static files (no auth; its data calls are the admin routes above).
+        Route::get("/ui", ui::ui_redirect),
+        Route::get("/ui/", ui::ui_index),
+        Route::get("/ui/{file}", ui::asset),
+    ]
+}
+
+/// The application: every route of [`routes`] with its layers, over `state`.
 pub fn router(state: AppState) -> Router {
     let cfg = state.config();
     let cors = {
@@ -70,47 +140,19 @@ pub fn router(state: AppState) -> Router {
             .allow_methods([Method::GET, Method::POST])
             .allow_headers([header::CONTENT_TYPE, header::AUTHORIZATION])
     };
-    let uploads = Router::new()
-        .route("/v1/collections/{id}/reports", post(post_reports))
-        .route_layer(middleware::from_fn_with_state(
-            (state.clone(), LimitedRoute::Reports),
-            rate_limit,
-        ));
-    let tasks = Router::new()
-        .route("/v1/collections/{id}/task", get(get_task))
-        .route_layer(middleware::from_fn_with_state(
-            (state.clone(), LimitedRoute::Task),
-            rate_limit,
-        ));
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics))
-        .route(
-            "/v1/collections",
-            post(create_collection).get(list_collections),
-        )
-        .route("/v1/collections/{id}", get(get_collection))
-        .route("/v1/collections/{id}/close-round", post(close_round))
-        .route("/v1/collections/{id}/finalize", post(finalize))
-        .route("/v1/collections/{id}/model", get(get_model))
-        .route("/v1/collections/{id}/marginals", get(get_marginals))
-        .route(
-            "/v1/collections/{id}/synthetic",
-            get(super::synthetic::get_synthetic),
-        )
-        .route(
-            "/v1/collections/{id}/parties",
-            get(super::vertical::get_party_tokens),
-        )
-        .route(
-            "/v1/collections/{id}/parties/{party}/records",
-            post(super::vertical::post_party_records),
-        )
-        .merge(uploads)
-        .merge(tasks)
-        // The dashboard's static files (no auth; its data calls are the admin routes above).
-        .merge(super::ui::routes())
-        .fallback(not_found)
+    let mut app = Router::new();
+    for r in routes() {
+        let mut handler = r.handler;
+        if let Some(limited) = r.rate_limit {
+            handler = handler.route_layer(middleware::from_fn_with_state(
+                (state.clone(), limited),
+                rate_limit,
+            ));
+        }
+        // Two methods of one path merge into one method router.
+        app = app.route(r.path, handler);
+    }
+    app.fallback(not_found)
         .layer(
             ServiceBuilder::new()
                 .layer(TraceLayer::new_for_http())
@@ -256,15 +298,26 @@ pub(crate) async fn handle_of(
     state.collection(parse_id(id)?).await
 }
 
-async fn healthz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+#[utoipa::path(get, path = "/healthz", tag = "service",
+    responses((status = 200, description = "The service and its database answer.", body = api::Health)))]
+pub(crate) async fn healthz(State(state): State<AppState>) -> Result<Json<api::Health>, ApiError> {
     state.db().ping().await?;
-    Ok(Json(json!({"status": "ok"})))
+    Ok(Json(api::Health {
+        status: "ok".into(),
+    }))
 }
 
 /// Service-wide series for anyone; per-collection series (which name every collection id)
 /// only for the admin token. A wrong token is refused rather than served the public view, so
 /// a misconfigured scraper notices.
-async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Response {
+#[utoipa::path(get, path = "/metrics", tag = "service",
+    security((), ("admin" = [])),
+    responses(
+        (status = 200, description = "Prometheus text: service-wide series; with the admin token also per-collection series.",
+            content_type = "text/plain; version=0.0.4; charset=utf-8", body = String),
+        (status = 401, response = super::openapi::Unauthorized),
+    ))]
+pub(crate) async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Response {
     let admin = headers.contains_key(header::AUTHORIZATION);
     if admin && let Err(e) = check_admin(&headers, &state) {
         return e.into_response();
@@ -290,34 +343,32 @@ async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Response 
 }
 
 /// Public status of a collection.
-fn status_json(h: &CollectionHandle) -> Value {
+fn status_of(h: &CollectionHandle) -> api::CollectionStatus {
     let s = h.state();
-    let active_edges: Vec<[usize; 2]> = s
-        .edges()
-        .iter()
-        .filter(|e| e.active)
-        .map(|e| [e.a, e.b])
-        .collect();
-    json!({
-        "phase": s.phase,
-        "round": s.round,
-        "round_quota": s.round_quota,
-        "round_accepted": h.round_count(s.round),
-        "reports_accepted": h.accepted(),
-        "active_edges": active_edges,
-        "model_ready": h.model().is_some(),
-    })
+    api::CollectionStatus {
+        phase: s.phase,
+        round: s.round,
+        round_quota: s.round_quota,
+        round_accepted: h.round_count(s.round),
+        reports_accepted: h.accepted(),
+        active_edges: s
+            .edges()
+            .iter()
+            .filter(|e| e.active)
+            .map(|e| [e.a, e.b])
+            .collect(),
+        model_ready: h.model().is_some(),
+    }
 }
 
-fn public_json(h: &CollectionHandle) -> Value {
-    let mut v = serde_json::to_value(&h.config).unwrap_or(Value::Null);
-    if let Value::Object(m) = &mut v {
-        m.insert("status".into(), status_json(h));
-        if let Some(e) = super::vertical::party_epsilons(h) {
-            m.insert("party_epsilon".into(), e);
-        }
+/// The public view of a collection: its config and status (vertical: the parties' ε).
+fn view_of(h: &CollectionHandle) -> api::CollectionView {
+    api::CollectionView {
+        config: h.config.clone(),
+        status: status_of(h),
+        party_epsilon: super::vertical::party_epsilons(h),
+        party_tokens: None,
     }
-    v
 }
 
 const COMMON_KEYS: &[&str] = &["schema", "epsilon", "target_users", "protocol"];
@@ -429,7 +480,16 @@ pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine),
     Ok((config, engine))
 }
 
-async fn create_collection(
+#[utoipa::path(post, path = "/v1/collections", tag = "collections",
+    security(("admin" = [])),
+    request_body(content = api::CreateCollection, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Created: the public config with its status (vertical: and `party_tokens`).", body = api::CollectionView),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 413, response = super::openapi::PayloadTooLarge),
+    ))]
+pub(crate) async fn create_collection(
     State(state): State<AppState>,
     _admin: Admin,
     body: Body,
@@ -455,31 +515,39 @@ async fn create_collection(
     ));
     state.insert_collection(handle.clone());
     tracing::info!(collection = %id, protocol = handle.config.protocol.name(), "collection created");
-    let mut body = public_json(&handle);
-    if handle.engine.vertical().is_some()
-        && let Value::Object(m) = &mut body
-    {
+    let mut body = view_of(&handle);
+    if handle.engine.vertical().is_some() {
         // Shown to the admin once here, and again at GET …/parties.
-        m.insert(
-            "party_tokens".into(),
-            super::vertical::party_tokens(&state, &handle)?,
-        );
+        body.party_tokens = Some(super::vertical::party_tokens(&state, &handle)?);
     }
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
-async fn list_collections(State(state): State<AppState>, _admin: Admin) -> Json<Value> {
-    Json(Value::Array(
-        state.collections().iter().map(|h| public_json(h)).collect(),
-    ))
+#[utoipa::path(get, path = "/v1/collections", tag = "collections",
+    security(("admin" = [])),
+    responses(
+        (status = 200, description = "Every collection with its status.", body = Vec<api::CollectionView>),
+        (status = 401, response = super::openapi::Unauthorized),
+    ))]
+pub(crate) async fn list_collections(
+    State(state): State<AppState>,
+    _admin: Admin,
+) -> Json<Vec<api::CollectionView>> {
+    Json(state.collections().iter().map(|h| view_of(h)).collect())
 }
 
-async fn get_collection(
+#[utoipa::path(get, path = "/v1/collections/{id}", tag = "devices",
+    params(("id" = uuid::Uuid, Path, description = "The collection id.")),
+    responses(
+        (status = 200, description = "The public config with its status.", body = api::CollectionView),
+        (status = 404, response = super::openapi::NotFound),
+    ))]
+pub(crate) async fn get_collection(
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<api::CollectionView>, ApiError> {
     let h = handle_of(&state, &id).await?;
-    Ok(Json(public_json(&h)))
+    Ok(Json(view_of(&h)))
 }
 
 fn issue(state: &AppState, h: &CollectionHandle, spec: TaskSpec, now: i64, now_ms: u64) -> Task {
@@ -506,7 +574,18 @@ fn issue(state: &AppState, h: &CollectionHandle, spec: TaskSpec, now: i64, now_m
     }
 }
 
-async fn get_task(
+#[utoipa::path(get, path = "/v1/collections/{id}/task", tag = "devices",
+    params(("id" = uuid::Uuid, Path, description = "The collection id."),
+        ("count" = Option<u32>, Query, minimum = 1, maximum = 1000,
+            description = "Ask for this many tasks (a JSON array); without it, one task object.")),
+    responses(
+        (status = 200, description = "One task, or an array of `count` independently drawn tasks.", body = api::TaskAnswer),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 404, response = super::openapi::NotFound),
+        (status = 409, response = super::openapi::Conflict),
+        (status = 429, response = super::openapi::TooManyRequests),
+    ))]
+pub(crate) async fn get_task(
     State(state): State<AppState>,
     Path(id): Path<String>,
     RawQuery(q): RawQuery,
@@ -668,7 +747,19 @@ pub fn parse_upload(body: &[u8], max: usize) -> Result<Vec<Report>, ApiError> {
     Ok(reports)
 }
 
-async fn post_reports(
+#[utoipa::path(post, path = "/v1/collections/{id}/reports", tag = "devices",
+    params(("id" = uuid::Uuid, Path, description = "The collection id.")),
+    request_body(content = Vec<Report>, content_type = "application/json",
+        description = "1..=`--max-reports-per-upload` reports (default 1000)."),
+    responses(
+        (status = 200, description = "One answer per report, in order, after the commit.", body = Vec<ReportAnswer>),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 404, response = super::openapi::NotFound),
+        (status = 409, response = super::openapi::Conflict),
+        (status = 413, response = super::openapi::PayloadTooLarge),
+        (status = 429, response = super::openapi::TooManyRequests),
+    ))]
+pub(crate) async fn post_reports(
     State(state): State<AppState>,
     Path(id): Path<String>,
     body: Body,
@@ -729,34 +820,54 @@ async fn post_reports(
     Ok(Json(answers))
 }
 
-async fn close_round(
+#[utoipa::path(post, path = "/v1/collections/{id}/close-round", tag = "collections",
+    security(("admin" = [])),
+    params(("id" = uuid::Uuid, Path, description = "The collection id.")),
+    responses(
+        (status = 200, description = "What closing did and the status afterwards.", body = api::CloseRoundAnswer),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 404, response = super::openapi::NotFound),
+        (status = 409, response = super::openapi::Conflict),
+    ))]
+pub(crate) async fn close_round(
     State(state): State<AppState>,
     _admin: Admin,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<api::CloseRoundAnswer>, ApiError> {
     let h = handle_of(&state, &id).await?;
     let handle = h.clone();
     let transitions = state
         .ask(|reply| Command::CloseRound { handle, reply })
         .await?;
-    Ok(Json(
-        json!({"transitions": transitions, "status": status_json(&h)}),
-    ))
+    Ok(Json(api::CloseRoundAnswer {
+        transitions,
+        status: status_of(&h),
+    }))
 }
 
-async fn finalize(
+#[utoipa::path(post, path = "/v1/collections/{id}/finalize", tag = "collections",
+    security(("admin" = [])),
+    params(("id" = uuid::Uuid, Path, description = "The collection id.")),
+    responses(
+        (status = 200, description = "The model built from everything collected.", body = api::FinalizeAnswer),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 404, response = super::openapi::NotFound),
+        (status = 409, response = super::openapi::Conflict),
+    ))]
+pub(crate) async fn finalize(
     State(state): State<AppState>,
     _admin: Admin,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<api::FinalizeAnswer>, ApiError> {
     let h = handle_of(&state, &id).await?;
     let handle = h.clone();
     let model = state
         .ask(|reply| Command::Finalize { handle, reply })
         .await?;
-    Ok(Json(
-        json!({"status": status_json(&h), "model": model.describe()}),
-    ))
+    Ok(Json(api::FinalizeAnswer {
+        status: status_of(&h),
+        model: model.describe(),
+    }))
 }
 
 /// The model of a finalized collection; 409 `model-not-ready` before.
@@ -774,20 +885,32 @@ pub(crate) async fn model_of(
     Ok((h, m))
 }
 
-async fn get_model(
+#[utoipa::path(get, path = "/v1/collections/{id}/model", tag = "results",
+    security(("admin" = [])),
+    params(("id" = uuid::Uuid, Path, description = "The collection id.")),
+    responses(
+        (status = 200, description = "The model of a finalized collection.", body = api::ModelAnswer),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 404, response = super::openapi::NotFound),
+        (status = 409, response = super::openapi::Conflict),
+    ))]
+pub(crate) async fn get_model(
     State(state): State<AppState>,
     _admin: Admin,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<api::ModelAnswer>, ApiError> {
     let (h, m) = model_of(&state, &id).await?;
-    let names: Vec<&str> = h
+    let attributes = h
         .config
         .schema
         .attributes()
         .iter()
-        .map(|a| a.name.as_str())
+        .map(|a| a.name.clone())
         .collect();
-    Ok(Json(json!({"attributes": names, "model": m.describe()})))
+    Ok(Json(api::ModelAnswer {
+        attributes,
+        model: m.describe(),
+    }))
 }
 
 /// Display labels of every code of an attribute (numeric: bin midpoints).
@@ -803,12 +926,23 @@ pub(crate) fn labels(schema: &Schema, a: usize) -> Vec<String> {
         .collect()
 }
 
-async fn get_marginals(
+#[utoipa::path(get, path = "/v1/collections/{id}/marginals", tag = "results",
+    security(("admin" = [])),
+    params(("id" = uuid::Uuid, Path, description = "The collection id."),
+        ("attrs" = String, Query, description = "Comma-separated attribute names, distinct.", example = "age,sex")),
+    responses(
+        (status = 200, description = "The marginal of `attrs` under the model, with standard errors where measured.", body = api::MarginalsAnswer),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 404, response = super::openapi::NotFound),
+        (status = 409, response = super::openapi::Conflict),
+    ))]
+pub(crate) async fn get_marginals(
     State(state): State<AppState>,
     _admin: Admin,
     Path(id): Path<String>,
     RawQuery(q): RawQuery,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<api::MarginalsAnswer>, ApiError> {
     let (h, m) = model_of(&state, &id).await?;
     let q = query_map(q)?;
     let attrs = q.get("attrs").ok_or_else(|| {
@@ -834,16 +968,14 @@ async fn get_marginals(
         }
         other => other.into(),
     })?;
-    let names: Vec<&str> = idx
-        .iter()
-        .map(|&i| schema.attributes()[i].name.as_str())
-        .collect();
-    let labels: Vec<Vec<String>> = idx.iter().map(|&i| labels(schema, i)).collect();
-    Ok(Json(json!({
-        "attributes": names,
-        "labels": labels,
-        "dims": est.dims,
-        "frequencies": est.frequencies,
-        "std_errors": est.std_errors,
-    })))
+    Ok(Json(api::MarginalsAnswer {
+        attributes: idx
+            .iter()
+            .map(|&i| schema.attributes()[i].name.clone())
+            .collect(),
+        labels: idx.iter().map(|&i| labels(schema, i)).collect(),
+        dims: est.dims,
+        frequencies: est.frequencies,
+        std_errors: est.std_errors,
+    }))
 }

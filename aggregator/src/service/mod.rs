@@ -22,12 +22,14 @@
 //! # Ok(()) }
 //! ```
 
+pub mod api;
 pub mod config;
 pub mod error;
 pub mod http;
 pub mod ingest;
 pub mod listener;
 pub mod metrics;
+pub mod openapi;
 pub mod ratelimit;
 pub mod storage;
 pub mod synthetic;

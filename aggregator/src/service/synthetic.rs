@@ -123,6 +123,27 @@ fn take_chunk(format: Format, csv: &mut csv::Writer<Vec<u8>>, buf: &mut Vec<u8>)
 }
 
 /// The synthetic download handler.
+#[utoipa::path(get, path = "/v1/collections/{id}/synthetic", tag = "results",
+    security(("admin" = [])),
+    params(
+        ("id" = uuid::Uuid, Path, description = "The collection id."),
+        ("rows" = u64, Query, minimum = 1,
+            description = "Rows to draw, 1..=`--max-synthetic-rows` of the server (default 10,000,000)."),
+        ("seed" = Option<u64>, Query, description = "Seed: the same seed and model give the same bytes (default 0)."),
+        ("format" = Option<super::api::SyntheticFormat>, Query, description = "`csv` (default, with a header row) or `ndjson` (one JSON object per row).",
+            example = "csv"),
+        ("numeric" = Option<super::api::SyntheticNumeric>, Query,
+            description = "Numeric values within the model's bin: `recover` (default; by the sub-bin estimate), `uniform` or `midpoint`.",
+            example = "recover"),
+    ),
+    responses(
+        (status = 200, description = "The synthetic rows, streamed.",
+            content((String = "text/csv; charset=utf-8"), (String = "application/x-ndjson"))),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 404, response = super::openapi::NotFound),
+        (status = 409, response = super::openapi::Conflict),
+    ))]
 pub async fn get_synthetic(
     State(state): State<AppState>,
     _admin: Admin,

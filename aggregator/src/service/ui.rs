@@ -11,11 +11,9 @@
 //! Every file is served with a Content-Security-Policy that allows only this origin's scripts,
 //! styles and API (no inline script, no third-party request).
 
-use axum::Router;
 use axum::extract::Path;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Redirect, Response};
-use axum::routing::get;
 use ldpsyn::protocol::ProblemType;
 
 use super::error::ApiError;
@@ -62,16 +60,33 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
     img-src 'self' data: blob:; connect-src 'self'; base-uri 'none'; form-action 'none'; \
     frame-ancestors 'none'";
 
-/// The dashboard's routes (no state, no auth): `/ui` redirects to `/ui/`, `/ui/` is the page,
-/// `/ui/{file}` its scripts and stylesheet; another name is a 404 problem.
-pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
-    Router::new()
-        .route("/ui", get(|| async { Redirect::permanent("/ui/") }))
-        .route("/ui/", get(|| async { serve(&ASSETS[0]) }))
-        .route("/ui/{file}", get(asset))
+/// `GET /ui`: a permanent redirect to the page at `/ui/`.
+#[utoipa::path(get, path = "/ui", tag = "service",
+    responses((status = 308, description = "Redirect to `/ui/`.",
+        headers(("location" = String, description = "`/ui/`")))))]
+pub async fn ui_redirect() -> Redirect {
+    Redirect::permanent("/ui/")
 }
 
-async fn asset(Path(file): Path<String>) -> Response {
+/// `GET /ui/`: the dashboard's page.
+#[utoipa::path(get, path = "/ui/", tag = "service",
+    responses((status = 200, description = "The dashboard's HTML page.",
+        content_type = "text/html; charset=utf-8", body = String)))]
+pub async fn ui_index() -> Response {
+    serve(&ASSETS[0])
+}
+
+/// `GET /ui/{file}`: one of the dashboard's scripts and stylesheet; another name is a 404
+/// problem.
+#[utoipa::path(get, path = "/ui/{file}", tag = "service",
+    params(("file" = String, Path, description = "`app.js`, `api.js`, `charts.js`, `style.css` or `index.html`.")),
+    responses(
+        (status = 200, description = "The file.",
+            content((String = "text/javascript; charset=utf-8"), (String = "text/css; charset=utf-8"),
+                (String = "text/html; charset=utf-8"))),
+        (status = 404, response = super::openapi::NotFound),
+    ))]
+pub async fn asset(Path(file): Path<String>) -> Response {
     match ASSETS.iter().find(|a| a.name == file) {
         Some(a) => serve(a),
         None => ApiError::problem(ProblemType::NotFound, format!("no dashboard file `{file}`"))

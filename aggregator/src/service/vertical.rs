@@ -26,9 +26,9 @@ use ldpsyn::protocol::ProblemType;
 use ldpsyn::vertical::{
     MAX_RECORDS_PER_UPLOAD, PartyRecord, PartyUpload, PartyUploadResult, is_record_id,
 };
-use serde_json::{Value, json};
 
 use super::AppState;
+use super::api::PartyTokens;
 use super::error::ApiError;
 use super::http::{Admin, handle_of, now_secs, read_body};
 use super::ingest::{CollectionHandle, Command, Writer};
@@ -36,28 +36,32 @@ use super::storage::Db;
 use crate::engine::{Phase, Tables};
 
 /// Every party's upload token of a vertical collection (admin).
+#[utoipa::path(get, path = "/v1/collections/{id}/parties", tag = "parties",
+    security(("admin" = [])),
+    params(("id" = uuid::Uuid, Path, description = "The collection id.")),
+    responses(
+        (status = 200, description = "`{party name: upload token}`.", body = PartyTokens),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 404, response = super::openapi::NotFound),
+        (status = 409, response = super::openapi::Conflict),
+    ))]
 pub async fn get_party_tokens(
     State(state): State<AppState>,
     _admin: Admin,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<PartyTokens>, ApiError> {
     let h = handle_of(&state, &id).await?;
     Ok(Json(party_tokens(&state, &h)?))
 }
 
 /// `{party name: token}` of a vertical collection. Errors: `conflict` for a device
 /// collection.
-pub fn party_tokens(state: &AppState, h: &CollectionHandle) -> Result<Value, ApiError> {
+pub fn party_tokens(state: &AppState, h: &CollectionHandle) -> Result<PartyTokens, ApiError> {
     let v = h.engine.vertical().ok_or_else(not_vertical)?;
-    Ok(Value::Object(
-        v.parties()
-            .iter()
-            .map(|p| {
-                let token = state.token_key().party_token(h.id, &p.name);
-                (p.name.clone(), Value::String(token))
-            })
-            .collect(),
-    ))
+    Ok(v.parties()
+        .iter()
+        .map(|p| (p.name.clone(), state.token_key().party_token(h.id, &p.name)))
+        .collect())
 }
 
 fn not_vertical() -> ApiError {
@@ -68,6 +72,21 @@ fn not_vertical() -> ApiError {
 }
 
 /// `POST /v1/collections/{id}/parties/{party}/records`.
+#[utoipa::path(post, path = "/v1/collections/{id}/parties/{party}/records", tag = "parties",
+    security(("party" = [])),
+    params(
+        ("id" = uuid::Uuid, Path, description = "The collection id."),
+        ("party" = String, Path, description = "The party's name."),
+    ),
+    request_body(content = PartyUpload, content_type = "application/json"),
+    responses(
+        (status = 200, description = "How many records were new and how many identical resends.", body = PartyUploadResult),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 404, response = super::openapi::NotFound),
+        (status = 409, response = super::openapi::Conflict),
+        (status = 413, response = super::openapi::PayloadTooLarge),
+    ))]
 pub async fn post_party_records(
     State(state): State<AppState>,
     Path((id, party)): Path<(String, String)>,
@@ -243,17 +262,17 @@ pub(crate) async fn commit_party_records(
     })
 }
 
-/// The public config's `parties` entries with each party's ε per person (Σ of its
-/// attributes' ε), for [`super::http`]'s collection JSON.
-pub fn party_epsilons(h: &CollectionHandle) -> Option<Value> {
+/// Each party's ε per person (Σ of its attributes' ε), for [`super::http`]'s collection
+/// view; `None` for a device collection.
+pub fn party_epsilons(h: &CollectionHandle) -> Option<BTreeMap<String, f64>> {
     let v = h.engine.vertical()?;
-    Some(Value::Object(
+    Some(
         v.parties()
             .iter()
             .map(|p| {
                 let e: f64 = p.attributes.iter().map(|&a| v.epsilon_of(a).get()).sum();
-                (p.name.clone(), json!(e))
+                (p.name.clone(), e)
             })
             .collect(),
-    ))
+    )
 }

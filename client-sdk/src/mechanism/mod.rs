@@ -82,6 +82,7 @@ pub enum MechanismError {
 /// The kind of a mechanism, as named on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum MechanismKind {
     /// GRR over the factor's product domain.
     Grr,

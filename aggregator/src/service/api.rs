@@ -1,0 +1,310 @@
+//! The JSON answers of the HTTP API that are not SDK wire types: one typed struct per answer,
+//! serialized by the handlers and described by the OpenAPI document
+//! ([`super::openapi`]), so the two cannot drift apart.
+//!
+//! The engine's own types (phases, round transitions, the model description) are described by
+//! the schemas of this module's `*_schema` functions rather than derived: the engine crate is
+//! IO-free and carries no OpenAPI dependency.
+
+use std::collections::BTreeMap;
+
+use ldpsyn::protocol::CollectionConfig;
+use serde::Serialize;
+use serde_json::json;
+use utoipa::ToSchema;
+use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, Type};
+use utoipa::openapi::{Ref, RefOr};
+
+use crate::engine::{ModelDescription, Phase, Transition};
+
+/// `GET /healthz`: the database answered.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Health {
+    /// Always `ok` (a failing database is a 500 problem).
+    #[schema(example = "ok")]
+    pub status: String,
+}
+
+/// Where a collection is: its phase, round and counts.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct CollectionStatus {
+    /// The protocol phase.
+    #[schema(schema_with = phase_schema)]
+    pub phase: Phase,
+    /// Round (PrivIncr/auto phase 1) or batch (SamPrivSyn) now open; 0 otherwise.
+    pub round: u32,
+    /// Reports that close the open round; `null` when no quota applies.
+    pub round_quota: Option<u64>,
+    /// Reports accepted in the open round.
+    pub round_accepted: u64,
+    /// Reports (or vertical records) accepted in all.
+    pub reports_accepted: u64,
+    /// Attribute pairs `[a, b]` still measured (PrivIncr/auto phase 1).
+    pub active_edges: Vec<[usize; 2]>,
+    /// The model is built (the collection is finalized).
+    pub model_ready: bool,
+}
+
+/// A collection as served by `GET /v1/collections/{id}`, listed by `GET /v1/collections` and
+/// answered on creation: its public config with its status.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct CollectionView {
+    /// The public config (id, schema, ε, target, protocol and its parameters).
+    #[serde(flatten)]
+    pub config: CollectionConfig,
+    /// Where the collection is.
+    pub status: CollectionStatus,
+    /// Vertical collections: each party's ε per person (the sum over its attributes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub party_epsilon: Option<BTreeMap<String, f64>>,
+    /// Vertical collections, in the creation answer only: each party's upload token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub party_tokens: Option<BTreeMap<String, String>>,
+}
+
+/// `POST /v1/collections/{id}/close-round`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct CloseRoundAnswer {
+    /// What closing did, in order.
+    #[schema(schema_with = transitions_schema)]
+    pub transitions: Vec<Transition>,
+    /// The collection's status afterwards.
+    pub status: CollectionStatus,
+}
+
+/// `POST /v1/collections/{id}/finalize`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct FinalizeAnswer {
+    /// The collection's status (phase `finalized`).
+    pub status: CollectionStatus,
+    /// The model built.
+    #[schema(schema_with = model_schema)]
+    pub model: ModelDescription,
+}
+
+/// `GET /v1/collections/{id}/model`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ModelAnswer {
+    /// Attribute names, in schema order (the model's attribute indices point here).
+    pub attributes: Vec<String>,
+    /// The model.
+    #[schema(schema_with = model_schema)]
+    pub model: ModelDescription,
+}
+
+/// `GET /v1/collections/{id}/marginals?attrs=…`: a marginal of the fitted model.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct MarginalsAnswer {
+    /// The attributes, as requested.
+    pub attributes: Vec<String>,
+    /// Per attribute, the label of each code (numeric: the bin's midpoint).
+    pub labels: Vec<Vec<String>>,
+    /// Per attribute, its domain size.
+    pub dims: Vec<usize>,
+    /// Frequencies, row-major in `attributes` order, non-negative, sum 1; length = the
+    /// product of `dims`.
+    pub frequencies: Vec<f64>,
+    /// Standard errors of `frequencies` where some measured table holds all the attributes;
+    /// `null` otherwise.
+    pub std_errors: Option<Vec<f64>>,
+}
+
+/// `{party name: upload token}` of a vertical collection.
+pub type PartyTokens = BTreeMap<String, String>;
+
+/// The body of `POST /v1/collections` (documentation only: the handler parses it strictly,
+/// [`super::http::parse_create`]): the public config without `version` and `id`. Only the
+/// chosen protocol's parameters are accepted; an unknown key is a 400.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct CreateCollection {
+    /// The schema every record follows.
+    pub schema: ldpsyn::schema::Schema,
+    /// ε of every report, 0.01..=20 (vertical collections: optional, default the largest
+    /// party total).
+    #[schema(value_type = Option<f64>, minimum = 0.01, maximum = 20.0)]
+    pub epsilon: Option<f64>,
+    /// Number of users N the collection aims at, ≥ 1.
+    #[schema(minimum = 1)]
+    pub target_users: u64,
+    /// The protocol (`protocol` key) and its parameters.
+    #[serde(flatten)]
+    pub protocol: ldpsyn::protocol::Protocol,
+}
+
+/// The schema of [`Phase`]: its wire names.
+pub fn phase_schema() -> Schema {
+    let names = [
+        Phase::GraphConstruction,
+        Phase::CliqueMeasurement,
+        Phase::PairSampling,
+        Phase::OneWay,
+        Phase::Finalized,
+    ]
+    .map(|p| json!(p).as_str().unwrap_or_default().to_owned());
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(names))
+        .description(Some(
+            "graph_construction and clique_measurement (PrivIncr, auto), pair_sampling \
+             (SamPrivSyn), one_way (independence, vertical), finalized",
+        ))
+        .into()
+}
+
+fn edge_list() -> ArrayBuilder {
+    ArrayBuilder::new().items(
+        ArrayBuilder::new()
+            .items(
+                ObjectBuilder::new()
+                    .schema_type(Type::Integer)
+                    .minimum(Some(0)),
+            )
+            .min_items(Some(2))
+            .max_items(Some(2)),
+    )
+}
+
+fn transition(name: &str, description: &str, fields: &[(&str, RefOr<Schema>)]) -> ObjectBuilder {
+    let mut o = ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .property(
+            "transition",
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .enum_values(Some([name])),
+        )
+        .required("transition")
+        .description(Some(description));
+    for (k, s) in fields {
+        o = o.property(*k, s.clone()).required(*k);
+    }
+    o
+}
+
+/// The schema of a list of round [`Transition`]s (tagged by `transition`).
+pub fn transitions_schema() -> ArrayBuilder {
+    let count = || -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .minimum(Some(0))
+            .into()
+    };
+    let pruned = || -> RefOr<Schema> { edge_list().into() };
+    ArrayBuilder::new().items(
+        OneOfBuilder::new()
+            .item(transition(
+                "round_closed",
+                "A phase-1 round closed; `pruned` edges dropped; the next round is open.",
+                &[("round", count()), ("pruned", pruned())],
+            ))
+            .item(transition(
+                "entered_clique_measurement",
+                "Phase 1 is over; phase 2 measures `factors` planned factors.",
+                &[("pruned", pruned()), ("factors", count())],
+            ))
+            .item(transition(
+                "reweighted",
+                "SamPrivSyn weights recomputed; batch `batch` is open.",
+                &[("batch", count())],
+            ))
+            .item(transition(
+                "nothing",
+                "Nothing to close in this phase.",
+                &[],
+            )),
+    )
+}
+
+/// The schema of a [`ModelDescription`]: its fields, with the engine's nested records (edge
+/// states, junction tree, conditionals, gains) as objects.
+pub fn model_schema() -> ObjectBuilder {
+    let object = || ObjectBuilder::new().schema_type(Type::Object);
+    let nullable = |s: RefOr<Schema>| -> RefOr<Schema> {
+        OneOfBuilder::new()
+            .item(s)
+            .item(ObjectBuilder::new().schema_type(Type::Null))
+            .into()
+    };
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .property("protocol", ObjectBuilder::new().schema_type(Type::String))
+        .required("protocol")
+        .property(
+            "domain_sizes",
+            ArrayBuilder::new().items(ObjectBuilder::new().schema_type(Type::Integer)),
+        )
+        .required("domain_sizes")
+        .property(
+            "edges",
+            ArrayBuilder::new().items(object()).description(Some(
+                "Every pair evaluated in phase 1: MI, thresholds, round pruned.",
+            )),
+        )
+        .required("edges")
+        .property(
+            "structure",
+            nullable(
+                object()
+                    .description(Some(
+                        "Dependency graph, junction tree and conditionals (graphical models).",
+                    ))
+                    .into(),
+            ),
+        )
+        .required("structure")
+        .property(
+            "pair_weights",
+            nullable(
+                ArrayBuilder::new()
+                    .items(ArrayBuilder::new().min_items(Some(3)).max_items(Some(3)))
+                    .description(Some("SamPrivSyn: pairs `[a, b, MI weight]`."))
+                    .into(),
+            ),
+        )
+        .required("pair_weights")
+        .property(
+            "model_graph",
+            ArrayBuilder::new().items(object()).description(Some(
+                "Every measured candidate pair of the model graph with its expected gain.",
+            )),
+        )
+        .required("model_graph")
+        .description(Some("The model built at finalization."))
+}
+
+/// A `$ref` to the component schema `name`.
+pub(crate) fn schema_ref(name: &str) -> RefOr<Schema> {
+    RefOr::Ref(Ref::from_schema_name(name))
+}
+
+/// `GET /v1/collections/{id}/task`: one task without `count`, an array of tasks with it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum TaskAnswer {
+    /// Without `count`.
+    One(ldpsyn::protocol::Task),
+    /// With `count`: that many independently drawn tasks.
+    Many(Vec<ldpsyn::protocol::Task>),
+}
+
+/// The `format` of a synthetic download (documentation of the query parameter).
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SyntheticFormat {
+    /// CSV with a header row (the default).
+    Csv,
+    /// One JSON object per line.
+    Ndjson,
+}
+
+/// The `numeric` mode of a synthetic download (documentation of the query parameter).
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SyntheticNumeric {
+    /// By the sub-bin estimate (the default).
+    Recover,
+    /// Uniformly within the model's bin.
+    Uniform,
+    /// At the bin's middle.
+    Midpoint,
+}

@@ -4,6 +4,8 @@
 //! reports. Scale-out: two `serve` processes on one PostgreSQL database give the estimates
 //! of one.
 
+mod common;
+
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -288,13 +290,7 @@ async fn sigkill_during_uploads_loses_nothing_acknowledged() {
 /// both, and both serve the model one process computes from the same reports.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_share_one_postgres_database() {
-    let Some(db) = std::env::var("LDPSYN_TEST_DATABASE_URL")
-        .ok()
-        .filter(|u| !u.is_empty())
-    else {
-        eprintln!(
-            "two_processes_share_one_postgres_database: skipped (set LDPSYN_TEST_DATABASE_URL)"
-        );
+    let Some(db) = common::postgres_url("two_processes_share_one_postgres_database") else {
         return;
     };
     let (port_a, port_b) = (free_port(), free_port());
@@ -395,13 +391,7 @@ async fn two_processes_share_one_postgres_database() {
 /// `LDPSYN_TEST_DATABASE_URL` and two healthy `serve` processes on it with their base URLs;
 /// `None` (the test `name` prints that it was skipped) without the variable.
 async fn two_postgres_processes(name: &str) -> Option<(String, [(Server, String); 2])> {
-    let Some(db) = std::env::var("LDPSYN_TEST_DATABASE_URL")
-        .ok()
-        .filter(|u| !u.is_empty())
-    else {
-        eprintln!("{name}: skipped (set LDPSYN_TEST_DATABASE_URL)");
-        return None;
-    };
+    let db = common::postgres_url(name)?;
     let (port_a, port_b) = (free_port(), free_port());
     let servers = [port_a, port_b].map(|p| (spawn(&db, p), format!("http://127.0.0.1:{p}")));
     for (_, base) in &servers {

@@ -80,3 +80,21 @@ pub fn serve(admin: &str, args: &[&str]) -> Serve {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// The PostgreSQL URL for tests (`LDPSYN_TEST_DATABASE_URL`), or `None` (and a note on
+/// stderr) when not configured. Panics when it is not configured but
+/// `LDPSYN_REQUIRE_POSTGRES=1` (CI), so a missing database fails the test instead of
+/// skipping it.
+pub fn postgres_url(test: &str) -> Option<String> {
+    match std::env::var("LDPSYN_TEST_DATABASE_URL") {
+        Ok(u) if !u.is_empty() => Some(u),
+        _ => {
+            assert!(
+                std::env::var("LDPSYN_REQUIRE_POSTGRES").as_deref() != Ok("1"),
+                "{test}: LDPSYN_REQUIRE_POSTGRES=1 but LDPSYN_TEST_DATABASE_URL is not set"
+            );
+            eprintln!("{test}: skipped (set LDPSYN_TEST_DATABASE_URL)");
+            None
+        }
+    }
+}

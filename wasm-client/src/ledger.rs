@@ -7,13 +7,21 @@
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::rc::Rc;
 
+use js_sys::{Function, Promise, Reflect};
 use ldpsyn::ledger::{BudgetLedger, Entries, LedgerEntry, LedgerError};
 use uuid::Uuid;
+use wasm_bindgen::JsCast;
 use wasm_bindgen::JsValue;
+use wasm_bindgen::closure::Closure;
+use wasm_bindgen_futures::JsFuture;
 
 /// Prefix of the `localStorage` keys: `ldpsyn.ledger.v1.<collection id>`.
 pub const KEY_PREFIX: &str = "ldpsyn.ledger.v1.";
+
+/// Name of the Web Lock every page of an origin takes around a ledger transaction.
+pub const LOCK_NAME: &str = "ldpsyn.ledger.v1";
 
 thread_local! {
     /// The in-memory store, shared by every client of this WASM instance, so that connecting
@@ -134,9 +142,8 @@ impl BudgetLedger for DeviceLedger {
     }
 
     /// Reads, decides and writes synchronously, with no `await` in between: nothing else runs
-    /// in this page (JS is single-threaded) meanwhile. Other tabs of the origin share
-    /// `localStorage` without a lock; the client's in-flight guard and its second decision
-    /// after fetching a task narrow that window (see the README's known limitations).
+    /// in this page (JS is single-threaded) meanwhile. Other pages of the origin share
+    /// `localStorage`: the client runs this inside [`with_origin_lock`], so they take turns.
     fn transact(
         &mut self,
         collection: Uuid,
@@ -166,4 +173,35 @@ impl DeviceLedger {
             }
         }
     }
+}
+
+/// Runs `f` while this page holds the origin-wide Web Lock [`LOCK_NAME`]
+/// (`navigator.locks.request`, W3C Web Locks API), so pages of one origin that share
+/// `localStorage` run their ledger transactions one at a time: two tabs cannot both read
+/// "nothing spent" and both randomize. Where there is no Web Locks API (node, whose ledger is
+/// in memory of one instance; very old browsers) `f` runs at once. `f` runs synchronously
+/// inside the lock callback, so the lock is released when it returns. Errors: the request's
+/// own JS error (e.g. a document that is not fully active).
+pub async fn with_origin_lock<T: 'static>(f: impl FnOnce() -> T + 'static) -> Result<T, JsValue> {
+    let locks = Reflect::get(&js_sys::global(), &"navigator".into())
+        .ok()
+        .filter(|n| n.is_object())
+        .and_then(|n| Reflect::get(&n, &"locks".into()).ok())
+        .filter(JsValue::is_object);
+    let Some(locks) = locks else {
+        return Ok(f());
+    };
+    let request: Function = Reflect::get(&locks, &"request".into())?.dyn_into()?;
+    let out = Rc::new(RefCell::new(None));
+    let slot = Rc::clone(&out);
+    let callback = Closure::once(move |_lock: JsValue| {
+        *slot.borrow_mut() = Some(f());
+    });
+    let granted: Promise = request
+        .call2(&locks, &LOCK_NAME.into(), callback.as_ref())?
+        .dyn_into()?;
+    JsFuture::from(granted).await?;
+    drop(callback);
+    let result = out.borrow_mut().take();
+    result.ok_or_else(|| JsValue::from_str("the Web Lock callback did not run"))
 }

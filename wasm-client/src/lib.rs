@@ -43,7 +43,7 @@ use uuid::Uuid;
 use wasm_bindgen::prelude::*;
 
 use crate::http::{RetryPolicy, send_json};
-use crate::ledger::{DeviceLedger, Storage};
+use crate::ledger::{DeviceLedger, Storage, with_origin_lock};
 
 #[wasm_bindgen(inline_js = r#"
 export class LdpError extends Error {
@@ -546,19 +546,25 @@ async fn submit(inner: &Rc<RefCell<Inner>>, record: &JsValue) -> Result<Receipt,
             let url = format!("{base}/v1/collections/{collection}/task");
             let mut rng = StdRng::from_os_rng(); // backoff jitter only
             let task: Task = send_json(&url, "GET", None, policy, &mut rng).await?;
-            let mut i = inner.borrow_mut();
-            let i = &mut *i;
-            // Decided again on fresh entries, randomized and recorded in one ledger step:
-            // another page of this origin (sharing localStorage) may have reported meanwhile.
-            randomize_and_record(
-                &mut i.ledger,
-                &i.config,
-                &i.limits,
-                now_unix_ms(),
-                &task,
-                &encoded,
-                &mut i.rng,
-            )?
+            // Decided again on fresh entries, randomized and recorded in one ledger step,
+            // under the origin's lock: another page of this origin (sharing localStorage) may
+            // have reported meanwhile, or be about to.
+            let inner = Rc::clone(inner);
+            with_origin_lock(move || {
+                let mut i = inner.borrow_mut();
+                let i = &mut *i;
+                randomize_and_record(
+                    &mut i.ledger,
+                    &i.config,
+                    &i.limits,
+                    now_unix_ms(),
+                    &task,
+                    &encoded,
+                    &mut i.rng,
+                )
+            })
+            .await
+            .map_err(Failure::Js)??
         }
     };
     let url = format!("{base}/v1/collections/{collection}/reports");

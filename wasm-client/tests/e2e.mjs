@@ -1,7 +1,8 @@
 // End-to-end browser test (run by test.sh): headless Debian chromium, driven by playwright-core,
-// opens the demo page against a real aggregator, fills the 15 Adult fields, submits, and checks
-// through the aggregator's API that exactly one report was accepted; a second submit (and one
-// after a reload: the ledger is in localStorage) is refused by the ledger and the count stays.
+// opens the demo page against a real aggregator in two tabs, fills the 15 Adult fields, submits
+// from both tabs at once, and checks through the aggregator's API that exactly one report was
+// accepted (the other tab refused by the shared ledger); a second submit (and one after a
+// reload: the ledger is in localStorage) is refused by the ledger and the count stays.
 //
 // usage: node e2e.mjs <page URL> <aggregator URL> <collection id> <admin token> <profile dir>
 import { createRequire } from "node:module";
@@ -66,13 +67,32 @@ try {
   if (await acceptedReports() !== 0) fail("reports accepted before submitting");
   const budgetBefore = await page.textContent("#budget");
 
-  await page.click("#send");
-  const first = await waitForStatus(page, ["accepted", "duplicate", "error"]);
-  log("first submit:", first.state, "-", first.text);
-  if (first.state !== "accepted") fail(`first submit not accepted: ${first.text}`);
+  // A second tab of the origin shares localStorage: both submit at once, and the ledger's
+  // Web Lock lets exactly one of them randomize; the other finds its entry and is refused
+  // (budget spent) or resends that same report (answered `duplicate`), never a second one.
+  if (!await page.evaluate(() => typeof navigator.locks?.request === "function")) {
+    fail("this browser has no Web Locks API: the ledger would run its transactions unlocked");
+  }
+  const page2 = await context.newPage();
+  page2.on("pageerror", (e) => log(`pageerror (tab 2): ${e.message}`));
+  await page2.goto(url);
+  const ready2 = await waitForStatus(page2, ["ready", "error"]);
+  if (ready2.state !== "ready") fail(`connect (tab 2): ${ready2.text}`);
+  await page2.click("#example");
+  await Promise.all([page.click("#send"), page2.click("#send")]);
+  const both = await Promise.all([page, page2].map((p) => waitForStatus(p, ["accepted", "duplicate", "error"])));
+  log("two tabs at once:", both.map((r) => `${r.state} ${r.code ?? ""}`).join(" | "));
+  const reportId = (r) => r.text.match(/report ([0-9a-f-]{36})/)?.[1];
+  const winner = both.find((r) => r.state === "accepted");
+  const other = both.find((r) => r !== winner);
+  const sameReport = other?.state === "duplicate" && reportId(other) === reportId(winner);
+  if (!winner || !other || !(other.code === "budget-exhausted" || sameReport)) {
+    fail(`two tabs: expected one accepted report and the other tab refused or resending it, got ${JSON.stringify(both)}`);
+  }
   const afterFirst = await acceptedReports();
   log(`aggregator reports_accepted = ${afterFirst}; budget ${budgetBefore} -> ${await page.textContent("#budget")}`);
   if (afterFirst !== 1) fail(`expected exactly 1 accepted report, got ${afterFirst}`);
+  await page2.close();
 
   await page.click("#send");
   const second = await waitForStatus(page, ["error"]);

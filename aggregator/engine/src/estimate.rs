@@ -241,14 +241,7 @@ pub fn pair_gain_binned(
         .map(|((y, x), s)| ((y - x).powi(2) - s * s).max(0.0).sqrt() - NULL_MAGNITUDE * s)
         .sum::<f64>();
     let dependence_sd = dependence_sd(c.std_errors.iter().copied());
-    // The kept pair's error: noise around the projected estimate itself, with standard
-    // errors evaluated there.
-    let at_estimate = ms.combined_binned(&[a, b], bins, |_| true, Some(&projected))?;
-    let noise_l1 = projected_noise_l1(
-        &projected,
-        &at_estimate.std_errors,
-        ((a as u64) << 32) | b as u64,
-    );
+    let noise_l1 = kept_noise_l1(ms, a, b, bins, &projected)?;
     Some(PairGain {
         observed_l1,
         noise_l1,
@@ -256,6 +249,23 @@ pub fn pair_gain_binned(
         dependence_sd,
         projected,
     })
+}
+
+/// The error a kept pair `(a, b)` brings: the L1 noise around its projected estimate
+/// `projected`, with standard errors evaluated there. `None` if no table holds the pair.
+fn kept_noise_l1(
+    ms: &Measurements,
+    a: usize,
+    b: usize,
+    bins: &[Vec<u32>],
+    projected: &[f64],
+) -> Option<f64> {
+    let at_estimate = ms.combined_binned(&[a, b], bins, |_| true, Some(projected))?;
+    Some(projected_noise_l1(
+        projected,
+        &at_estimate.std_errors,
+        ((a as u64) << 32) | b as u64,
+    ))
 }
 
 /// [`PairGain`] of `(a, b)` (`a < b`) when its 1-ways come from the same reports as the pair
@@ -301,12 +311,7 @@ pub fn pair_gain_own_margins(ms: &Measurements, a: usize, b: usize) -> Option<Pa
         .zip(outer(&pa, &pb))
         .map(|(p, x)| (p - x).abs())
         .sum::<f64>();
-    let at_estimate = ms.combined_binned(&[a, b], &[], |_| true, Some(&projected))?;
-    let noise_l1 = projected_noise_l1(
-        &projected,
-        &at_estimate.std_errors,
-        ((a as u64) << 32) | b as u64,
-    );
+    let noise_l1 = kept_noise_l1(ms, a, b, &[], &projected)?;
     Some(PairGain {
         observed_l1,
         noise_l1,

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 
 use clap::Parser;
 use ldpsyn::schema::{
-    Attribute, AttributeKind, InvalidPolicy, MissingPolicy, NumericBins, OutOfRangePolicy, Schema,
-    SchemaError,
+    Attribute, AttributeKind, DEFAULT_MAX_BINS, InvalidPolicy, MissingPolicy, NumericBins,
+    OutOfRangePolicy, Schema, SchemaError,
 };
 
 /// Strings read as "missing" when they fill a whole cell (after trimming).
@@ -29,9 +29,15 @@ pub struct InferConfig {
     /// is left out (an identifier or free text).
     #[arg(long, default_value_t = 32)]
     pub max_categories: usize,
-    /// Bins of each numeric attribute (fewer for an integer attribute with a smaller range).
-    #[arg(long, default_value_t = 16)]
+    /// Working bins of each numeric attribute (fewer for an integer attribute with a smaller
+    /// range): its `max_bins` under `bins: "auto"`, or its fixed count with `--fixed-bins`.
+    #[arg(long, default_value_t = DEFAULT_MAX_BINS)]
     pub bins: u32,
+    /// Propose a fixed number of equal-width bins (`"bins": n`, decoded within a bin without
+    /// a fine estimate) instead of `"bins": "auto"` (devices report on a fine grid and the
+    /// download recovers values within a bin, e.g. spikes at round numbers).
+    #[arg(long)]
+    pub fixed_bins: bool,
     /// Rows read at most (the rest of the file is not looked at).
     #[arg(long, default_value_t = 1_000_000)]
     pub max_rows: usize,
@@ -266,15 +272,24 @@ pub fn infer_schema(path: &Path, cfg: &InferConfig) -> Result<(Schema, Vec<Strin
                     rows: 0,
                 },
             ));
+            // A fine grid unless asked for fixed bins (or a range of one value).
+            let (numeric_bins, max_bins) = if cfg.fixed_bins || bins < 2 {
+                (NumericBins::Count(bins), None)
+            } else {
+                (
+                    NumericBins::AUTO,
+                    (bins != DEFAULT_MAX_BINS).then_some(bins),
+                )
+            };
             AttributeKind::Numeric {
                 min,
                 max,
-                bins: NumericBins::Count(bins),
+                bins: numeric_bins,
                 integer: s.integer,
                 out_of_range: OutOfRangePolicy::Clamp,
                 points: Vec::new(),
                 grid: None,
-                max_bins: None,
+                max_bins,
             }
         } else if !s.overflow && s.counts.len() <= cfg.max_categories {
             let mut labels: Vec<(String, u64)> = s.counts.into_iter().collect();
@@ -381,7 +396,7 @@ mod tests {
             AttributeKind::Numeric {
                 min: 15.0,
                 max: 90.0,
-                bins: NumericBins::Count(16),
+                bins: NumericBins::AUTO,
                 integer: true,
                 out_of_range: OutOfRangePolicy::Clamp,
                 points: vec![],
@@ -420,6 +435,50 @@ mod tests {
         );
         let loaded = load_csv(&path, &schema).unwrap();
         assert_eq!((loaded.population.len(), loaded.rejected_rows), (500, 0));
+    }
+
+    /// `--bins` is the fine grid's working bins by default and the fixed count with
+    /// `--fixed-bins`; an integer range narrower than `--bins` gets one bin per value.
+    #[test]
+    fn numeric_proposals_are_fine_grids_unless_fixed_bins() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.csv");
+        let mut text = String::from("wage,children\n");
+        for i in 0..200u32 {
+            text.push_str(&format!("{},{}\n", 1000 + 37 * i, i % 5));
+        }
+        std::fs::write(&path, text).unwrap();
+        let kinds = |args: &[&str]| {
+            let cfg = InferConfig::try_parse_from(
+                ["infer", "--data", "x", "--max-categories", "0"]
+                    .iter()
+                    .chain(args),
+            )
+            .unwrap();
+            let (schema, _) = infer_schema(&path, &cfg).unwrap();
+            let got: Vec<(NumericBins, Option<u32>)> = schema
+                .attributes()
+                .iter()
+                .map(|a| match &a.kind {
+                    AttributeKind::Numeric { bins, max_bins, .. } => (*bins, *max_bins),
+                    k => panic!("{k:?}"),
+                })
+                .collect();
+            got
+        };
+        // children: 0–4, five values.
+        assert_eq!(
+            kinds(&["--bins", "8"]),
+            [(NumericBins::AUTO, Some(8)), (NumericBins::AUTO, Some(5))]
+        );
+        assert_eq!(
+            kinds(&[]),
+            [(NumericBins::AUTO, None), (NumericBins::AUTO, Some(5))]
+        );
+        assert_eq!(
+            kinds(&["--bins", "8", "--fixed-bins"]),
+            [(NumericBins::Count(8), None), (NumericBins::Count(5), None)]
+        );
     }
 
     #[test]

@@ -623,12 +623,7 @@ pub(crate) async fn get_task(
     let n = count.unwrap_or(1);
     let mut tasks = Vec::with_capacity(n);
     // The state's choices once per request; each task an O(log n) draw.
-    let sampler = h.engine.sampler(&s).map_err(|e| match e {
-        crate::engine::EngineError::NoDeviceTasks => {
-            ApiError::problem(ProblemType::Conflict, e.to_string())
-        }
-        e => e.into(),
-    })?;
+    let sampler = h.engine.sampler(&s)?;
     for _ in 0..n {
         let spec = sampler.draw(&mut rng);
         if spec.factor.len() > MAX_FACTOR_LEN
@@ -962,12 +957,7 @@ pub(crate) async fn get_marginals(
         })?;
         idx.push(i);
     }
-    let est = m.marginal(&idx).map_err(|e| match e {
-        crate::engine::EngineError::BadAttributes(d) => {
-            ApiError::problem(ProblemType::InvalidParameter, d)
-        }
-        other => other.into(),
-    })?;
+    let est = m.marginal(&idx)?;
     Ok(Json(api::MarginalsAnswer {
         attributes: idx
             .iter()

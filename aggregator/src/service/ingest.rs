@@ -16,14 +16,12 @@ use std::time::Instant;
 use dashmap::DashMap;
 use ldpsyn::mechanism::{Mechanism, SufficientStatistics};
 use ldpsyn::protocol::{CollectionConfig, Problem, ProblemType};
-use sqlx::pool::PoolConnection;
-use sqlx::{Any, Connection, Transaction};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
 use super::error::ApiError;
 use super::metrics::Metrics;
-use super::storage::{Backend, Db, NewReport};
+use super::storage::{self, Backend, Db, NewReport, Writer};
 use crate::engine::tables::merge_into;
 use crate::engine::{CollectionState, Engine, Model, Phase, TableKey, Tables, Transition};
 
@@ -236,39 +234,9 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| ApiError::Internal(format!("estimation task failed: {e}")))
 }
 
-/// The committer's own connection, kept across commits: with SQLite, a pooled connection
-/// whose database another connection has written since its last use must reload its whole
-/// page cache, which made every group commit re-read the report indexes. Dropped after an
-/// error and acquired again.
-pub(crate) struct Writer {
-    db: Db,
-    conn: Option<PoolConnection<Any>>,
-}
-
-impl Writer {
-    pub(crate) async fn begin(&mut self) -> Result<Transaction<'_, Any>, ApiError> {
-        let conn = match self.conn.take() {
-            Some(c) => c,
-            None => self.db.pool.acquire().await?,
-        };
-        Ok(self.conn.insert(conn).begin().await?)
-    }
-
-    /// Keeps the connection after a success, drops it after an error.
-    fn settle<T>(&mut self, r: Result<T, ApiError>) -> Result<T, ApiError> {
-        if r.is_err() {
-            self.conn = None;
-        }
-        r
-    }
-}
-
 /// The committer task: runs until every sender is dropped.
 pub async fn run_committer(db: Db, metrics: Arc<Metrics>, mut rx: mpsc::Receiver<Command>) {
-    let mut writer = Writer {
-        db: db.clone(),
-        conn: None,
-    };
+    let mut writer = Writer::new(db.clone());
     let mut deferred: Option<Command> = None;
     loop {
         let cmd = match deferred.take() {
@@ -528,7 +496,7 @@ async fn write_group(
             }
         }
     }
-    tx.commit().await?;
+    storage::commit(tx).await?;
     Ok((inserted, classified, per.into_values().collect(), after))
 }
 
@@ -619,7 +587,7 @@ async fn admin_close(
     }
     let mut tx = writer.begin().await?;
     let (state, transitions) = close_in_tx(db, &mut tx, handle, None, true).await?;
-    tx.commit().await?;
+    storage::commit(tx).await?;
     metrics.rounds_closed(transitions.len() as u64);
     if state != *handle.state() {
         handle.set_state(state, None);
@@ -632,8 +600,12 @@ pub async fn estimation_tables(db: &Db, handle: &CollectionHandle) -> Result<Tab
     match db.backend {
         Backend::Sqlite => Ok(handle.tables_snapshot()),
         Backend::Postgres => {
-            let mut conn = db.pool.acquire().await?;
-            Db::tables_of(&mut conn, &handle.engine, handle.id).await
+            let mut conn = db
+                .pool
+                .acquire()
+                .await
+                .map_err(storage::StorageError::from)?;
+            Ok(Db::tables_of(&mut conn, &handle.engine, handle.id).await?)
         }
     }
 }
@@ -675,21 +647,13 @@ async fn finalize(
         Backend::Sqlite => handle.tables_snapshot(),
         Backend::Postgres => Db::tables_of(&mut tx, &handle.engine, handle.id).await?,
     };
-    let model = build_model(handle.engine.clone(), state.clone(), tables)
-        .await
-        .map_err(|e| match e {
-            ApiError::Engine(crate::engine::EngineError::NoData) => ApiError::problem(
-                ProblemType::Conflict,
-                "no reports collected yet; nothing to build a model from",
-            ),
-            other => other,
-        })?;
+    let model = build_model(handle.engine.clone(), state.clone(), tables).await?;
     let mut state = state;
     if state.phase != Phase::Finalized {
         handle.engine.mark_finalized(&mut state);
         Db::update_state(&mut tx, handle.id, &serde_json::to_string(&state)?).await?;
     }
-    tx.commit().await?;
+    storage::commit(tx).await?;
     handle.set_state(state, None);
     handle.set_model(model.clone());
     Ok(model)

@@ -167,9 +167,7 @@ impl AppState {
         let engine = Engine::new(&config)?;
         // Table counts (rebuilt once from the reports for a collection older than them).
         let tables = self.inner.db.rebuild_table_counts(&engine, row.id).await?;
-        let mut conn = self.inner.db.pool.acquire().await?;
-        let counts = Db::round_counts(&mut conn, row.id).await?;
-        drop(conn);
+        let counts = self.inner.db.stored_round_counts(row.id).await?;
         let finalized = state.phase == Phase::Finalized;
         let handle = Arc::new(CollectionHandle::new(
             config,
@@ -340,9 +338,7 @@ impl AppState {
                 continue;
             };
             let state: CollectionState = serde_json::from_str(&row.state)?;
-            let mut conn = self.inner.db.pool.acquire().await?;
-            let counts = Db::round_counts(&mut conn, row.id).await?;
-            drop(conn);
+            let counts = self.inner.db.stored_round_counts(row.id).await?;
             let finalized = state.phase == Phase::Finalized;
             handle.refresh(state.clone(), row.state_version, counts);
             if finalized && handle.model().is_none() {
@@ -448,7 +444,7 @@ impl Server {
             let db = st.db().clone();
             drop(st);
             let _ = tokio::time::timeout(Duration::from_secs(30), committer).await;
-            db.pool.close().await;
+            db.close().await;
             Ok(())
         });
         tracing::info!(%addr, "listening");

@@ -31,8 +31,8 @@ use super::AppState;
 use super::api::PartyTokens;
 use super::error::ApiError;
 use super::http::{Admin, handle_of, now_secs, read_body};
-use super::ingest::{CollectionHandle, Command, Writer};
-use super::storage::Db;
+use super::ingest::{CollectionHandle, Command};
+use super::storage::{self, Db, Writer};
 use crate::engine::{Phase, Tables};
 
 /// Every party's upload token of a vertical collection (admin).
@@ -254,7 +254,7 @@ pub(crate) async fn commit_party_records(
         db.add_table_counts(&mut tx, handle.id, &delta).await?;
         Db::bump_round_count(&mut tx, handle.id, 0, accepted).await?;
     }
-    tx.commit().await?;
+    storage::commit(tx).await?;
     handle.apply_committed(&BTreeMap::from([(0, accepted)]), &delta);
     Ok(PartyUploadResult {
         accepted,

@@ -55,7 +55,7 @@ use self::error::ApiError;
 use self::ingest::{CollectionHandle, Command};
 use self::metrics::Metrics;
 use self::ratelimit::RateLimiter;
-use self::storage::{Backend, Db};
+use self::storage::Db;
 use self::tokens::TokenKey;
 use crate::engine::{CollectionState, Engine, Phase};
 
@@ -238,7 +238,7 @@ impl AppState {
                 format!("no collection {id}"),
             ))
         };
-        if self.inner.db.backend != Backend::Postgres {
+        if !self.inner.db.is_shared() {
             return unknown();
         }
         // Another process may have created it: ask the database, unless it said no lately.
@@ -342,7 +342,7 @@ impl AppState {
             let finalized = state.phase == Phase::Finalized;
             handle.refresh(state.clone(), row.state_version, counts);
             if finalized && handle.model().is_none() {
-                let tables = ingest::estimation_tables(&self.inner.db, &handle).await?;
+                let tables = self.inner.db.estimation_tables(handle.as_ref()).await?;
                 let model = ingest::build_model(handle.engine.clone(), state, tables).await?;
                 handle.set_model(model);
             }
@@ -483,7 +483,7 @@ impl Server {
 }
 
 fn spawn_refresher(state: AppState) -> Option<tokio::task::JoinHandle<()>> {
-    if state.db().backend != Backend::Postgres {
+    if !state.db().is_shared() {
         return None;
     }
     let period = Duration::from_millis(state.config().refresh_interval_ms.max(50));

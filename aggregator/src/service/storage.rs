@@ -2,6 +2,7 @@
 //! driver, `$n` placeholders (understood by both), TEXT and BIGINT columns only, and the
 //! shared migrations in `migrations/`, run at startup.
 
+use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -13,7 +14,8 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Any, AnyConnection, AnyPool, Connection, Executor, Row};
 use uuid::Uuid;
 
-use crate::engine::{Engine, EngineError, TableKey, Tables};
+use crate::engine::tables::merge_into;
+use crate::engine::{CollectionState, Engine, EngineError, TableKey, Tables};
 
 /// Errors of the storage layer. The HTTP layer turns every one into a 500 `internal` problem
 /// (`From<StorageError> for ApiError` in [`super::error`]); their details are logged, never
@@ -47,22 +49,40 @@ pub enum StorageError {
 /// The shared migrations (`migrations/` at the workspace root).
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
-/// Which database is behind the pool.
+/// Which database is behind the pool. Private: callers ask [`Db`] for what they need
+/// ([`Db::is_shared`], [`Db::close_inputs`], …), never which backend it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
+enum Backend {
     /// SQLite: one process only.
     Sqlite,
     /// PostgreSQL: several processes may share it.
     Postgres,
 }
 
-/// The database.
+/// The database: SQLite (one process) or PostgreSQL (several processes may share it). The
+/// difference stays inside this module: every method has one signature for both.
 #[derive(Debug, Clone)]
 pub struct Db {
     /// The pool.
     pub pool: AnyPool,
-    /// The backend.
-    pub backend: Backend,
+    backend: Backend,
+}
+
+/// What this process holds in memory of a collection ([`super::ingest::CollectionHandle`]).
+/// On SQLite, whose one process is the only writer, memory is the truth and the methods of
+/// [`Db`] that read a collection's state or tables take them from here; on PostgreSQL they
+/// read the database, which other processes write too.
+pub trait MemoryView {
+    /// The collection id.
+    fn id(&self) -> Uuid;
+    /// The collection's engine.
+    fn engine(&self) -> &Engine;
+    /// The state this process holds.
+    fn memory_state(&self) -> CollectionState;
+    /// A copy of the sufficient statistics this process holds.
+    fn memory_tables(&self) -> Tables;
+    /// Accepted reports per round as this process counts them.
+    fn memory_round_counts(&self) -> BTreeMap<u32, u64>;
 }
 
 /// A transaction on either backend.
@@ -826,6 +846,94 @@ impl Db {
     /// Closes the pool (waits for its connections to be returned).
     pub async fn close(&self) {
         self.pool.close().await;
+    }
+
+    /// Whether several processes may share this database (PostgreSQL): then a collection
+    /// unknown here may have been created by another process, and memory must be refreshed
+    /// from the database. `false` for SQLite (one process).
+    pub fn is_shared(&self) -> bool {
+        self.backend == Backend::Postgres
+    }
+
+    /// What a round close of collection `mem` reads, in the caller's transaction after
+    /// [`Db::lock_collection`]: the state, the tables and the accepted reports per round.
+    ///
+    /// PostgreSQL (several processes): all three from the database, so every process's
+    /// reports count and a state another process advanced is seen. SQLite (one process, the
+    /// only writer): state and tables from memory plus `delta` (the caller's group, not yet
+    /// in memory), per-round counts from memory overlaid with the database's (which hold the
+    /// caller's fresh bumps). Errors: the database's, stored data that cannot be read.
+    pub async fn close_inputs(
+        &self,
+        conn: &mut AnyConnection,
+        mem: &impl MemoryView,
+        delta: Option<&Tables>,
+    ) -> Result<(CollectionState, Tables, BTreeMap<u32, u64>), StorageError> {
+        let id = mem.id();
+        match self.backend {
+            Backend::Postgres => {
+                let state = Self::stored_state(conn, id).await?;
+                let tables = Self::tables_of(conn, mem.engine(), id).await?;
+                let counts = Self::round_counts(conn, id).await?.into_iter().collect();
+                Ok((state, tables, counts))
+            }
+            Backend::Sqlite => {
+                let mut tables = mem.memory_tables();
+                let mut counts = mem.memory_round_counts();
+                for (key, s) in delta.into_iter().flatten() {
+                    merge_into(&mut tables, key.clone(), s).map_err(EngineError::from)?;
+                }
+                // The caller's fresh per-round counts are re-read from the database.
+                for (r, n) in Self::round_counts(conn, id).await? {
+                    counts.insert(r, n);
+                }
+                Ok((mem.memory_state(), tables, counts))
+            }
+        }
+    }
+
+    /// What finalize of collection `mem` reads, in the caller's transaction after
+    /// [`Db::lock_ingest_exclusive`] and [`Db::lock_collection`]: the state and the tables
+    /// (PostgreSQL: from the database, every process's reports; SQLite: from memory).
+    /// Errors: the database's, stored data that cannot be read.
+    pub async fn finalize_inputs(
+        &self,
+        conn: &mut AnyConnection,
+        mem: &impl MemoryView,
+    ) -> Result<(CollectionState, Tables), StorageError> {
+        let id = mem.id();
+        match self.backend {
+            Backend::Postgres => {
+                let state = Self::stored_state(conn, id).await?;
+                let tables = Self::tables_of(conn, mem.engine(), id).await?;
+                Ok((state, tables))
+            }
+            Backend::Sqlite => Ok((mem.memory_state(), mem.memory_tables())),
+        }
+    }
+
+    /// The tables to estimate collection `mem`'s model from: memory (SQLite) or the database
+    /// (PostgreSQL, every process's reports). Errors: the database's, stored data that cannot
+    /// be read.
+    pub async fn estimation_tables(&self, mem: &impl MemoryView) -> Result<Tables, StorageError> {
+        match self.backend {
+            Backend::Sqlite => Ok(mem.memory_tables()),
+            Backend::Postgres => {
+                let mut conn = self.pool.acquire().await?;
+                Self::tables_of(&mut conn, mem.engine(), mem.id()).await
+            }
+        }
+    }
+
+    /// Collection `id`'s stored state, parsed.
+    async fn stored_state(
+        conn: &mut AnyConnection,
+        id: Uuid,
+    ) -> Result<CollectionState, StorageError> {
+        let (json, _) = Self::state_of(conn, id)
+            .await?
+            .ok_or(StorageError::MissingCollection(id))?;
+        Ok(serde_json::from_str(&json)?)
     }
 
     /// Checks that the database answers.

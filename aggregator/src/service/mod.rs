@@ -5,7 +5,7 @@
 //! - [`storage`]: the database (sqlx `Any`, shared migrations).
 //! - [`tokens`]: HMAC-SHA256 task tokens.
 //! - [`ingest`]: collections in memory and the group committer.
-//! - [`http`]: routes, handlers, layers ([`router`]).
+//! - [`http`]: routes, handlers (one file per resource), extractors, layers ([`router`]).
 //! - [`listener`]: the accept loop (header-read and idle timeouts, graceful shutdown).
 //! - [`ui`]: the dashboard at `/ui/` (embedded static files).
 //! - [`metrics`], [`ratelimit`], [`synthetic`].
@@ -39,7 +39,7 @@ pub mod vertical;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use dashmap::DashMap;
 use ldpsyn::protocol::CollectionConfig;
@@ -527,4 +527,19 @@ async fn shutdown_signal() {
         _ = term => {},
     }
     tracing::info!("shutting down: finishing in-flight requests and commits");
+}
+
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
+pub(crate) fn now_millis() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Seconds since the Unix epoch (0 if the clock is before it).
+pub(crate) fn now_secs() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
 }

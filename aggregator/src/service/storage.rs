@@ -266,7 +266,7 @@ impl Db {
     /// insert-if-absent, then re-read). Errors: the database's, or a stored key that is not
     /// hex.
     pub async fn token_key(&self, generated: &[u8]) -> Result<Vec<u8>, StorageError> {
-        let hex = super::tokens::hex(generated);
+        let hex = hex(generated);
         sqlx::query(
             "INSERT INTO settings (name, value) VALUES ('token_key', $1) ON CONFLICT DO NOTHING",
         )
@@ -954,6 +954,17 @@ fn collection_row(r: &sqlx::any::AnyRow) -> Result<CollectionRow, StorageError> 
         state: r.try_get(2)?,
         state_version: r.try_get(3)?,
     })
+}
+
+/// Lowercase hex of `bytes`.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(DIGITS[(b >> 4) as usize] as char);
+        s.push(DIGITS[(b & 15) as usize] as char);
+    }
+    s
 }
 
 /// Decodes lowercase or uppercase hex.

@@ -44,7 +44,7 @@ use sha2::Sha256;
 use uuid::Uuid;
 
 use super::ingest::CollectionHandle;
-use super::storage::NewReport;
+use super::storage::{NewReport, hex};
 use crate::engine::{TableKey, TaskSpec};
 
 type HmacSha256 = Hmac<Sha256>;
@@ -135,7 +135,8 @@ impl TaskClaims {
     }
 }
 
-/// The bytes of an even-length hex string, `None` if it is not one.
+/// The bytes of an even-length hex string, `None` if it is not one (or longer than 128
+/// digits: it comes from an untrusted header).
 fn unhex(s: &str) -> Option<Vec<u8>> {
     if s.len() % 2 != 0 || s.len() > 128 {
         return None;
@@ -144,17 +145,6 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
         .step_by(2)
         .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
         .collect()
-}
-
-/// Lowercase hex of `bytes`.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(DIGITS[(b >> 4) as usize] as char);
-        s.push(DIGITS[(b & 15) as usize] as char);
-    }
-    s
 }
 
 fn mechanism_code(m: MechanismKind) -> u8 {

@@ -485,3 +485,82 @@ async fn per_ip_rate_limit_answers_429_with_retry_after() {
     expect_problem(r, 429, ProblemType::RateLimited).await;
     server.shutdown().await.unwrap();
 }
+
+/// Query strings are deserialized strictly (`deny_unknown_fields`): an unknown, repeated or
+/// ill-typed parameter answers 400 `invalid-parameter` as `application/problem+json` on
+/// `…/task`, `…/marginals` and `…/synthetic`, while the documented parameters still work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_query_parameters_are_400_problems() {
+    use ldpsyn::client::{Client, ClientOptions};
+    use ldpsyn::ledger::MemoryLedger;
+
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("query.db").display());
+    let server = start(&url, &[]).await;
+    let base = base(&server);
+    let id = create(
+        &base,
+        json!({"protocol": "independence", "epsilon": 2.0, "target_users": 200}),
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let get = |path: String, admin: bool| {
+        let mut req = http.get(format!("{base}/v1/collections/{id}/{path}"));
+        if admin {
+            req = req.bearer_auth(ADMIN);
+        }
+        req.send()
+    };
+    for q in [
+        "foo=1",
+        "count=2&foo=1",
+        "count=2&count=3",
+        "Count=2",
+        "count=%ZZ",
+    ] {
+        let r = get(format!("task?{q}"), false).await.unwrap();
+        expect_problem(r, 400, ProblemType::InvalidParameter).await;
+    }
+    assert_eq!(
+        get("task?count=2".into(), false).await.unwrap().status(),
+        200
+    );
+
+    let mut people = people(&schema(), 200, 4);
+    let options = ClientOptions::insecure_simulation(Epsilon::new(2.0).unwrap(), 6);
+    let mut client = Client::connect(&base, id, options, MemoryLedger::default())
+        .await
+        .unwrap();
+    for r in client.submit_batch(&mut people).await.unwrap() {
+        r.expect("accepted");
+    }
+    let (s, _) = admin(&base, "POST", &format!("/v1/collections/{id}/finalize")).await;
+    assert_eq!(s, 200);
+
+    for q in [
+        "rows=5&foo=1",
+        "rows=5&seed=1&extra=",
+        "rows=5&rows=6",
+        "rows=x",
+        "seed=1",
+        "rows=5&format=xml",
+    ] {
+        let r = get(format!("synthetic?{q}"), true).await.unwrap();
+        expect_problem(r, 400, ProblemType::InvalidParameter).await;
+    }
+    for q in ["attrs=region&foo=1", "attr=region", ""] {
+        let r = get(format!("marginals?{q}"), true).await.unwrap();
+        expect_problem(r, 400, ProblemType::InvalidParameter).await;
+    }
+    let ok = get(
+        "synthetic?rows=5&seed=1&format=ndjson&numeric=midpoint".into(),
+        true,
+    )
+    .await
+    .unwrap();
+    assert_eq!(ok.status(), 200);
+    assert_eq!(ok.text().await.unwrap().lines().count(), 5);
+    let ok = get("marginals?attrs=region".into(), true).await.unwrap();
+    assert_eq!(ok.status(), 200);
+    server.shutdown().await.unwrap();
+}

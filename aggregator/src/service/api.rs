@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use ldpsyn::protocol::CollectionConfig;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 use utoipa::ToSchema;
 use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, Type};
@@ -287,8 +287,8 @@ pub enum TaskAnswer {
     Many(Vec<ldpsyn::protocol::Task>),
 }
 
-/// The `format` of a synthetic download (documentation of the query parameter).
-#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+/// The `format` of a synthetic download (query parameter).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum SyntheticFormat {
     /// CSV with a header row (the default).
@@ -297,8 +297,8 @@ pub enum SyntheticFormat {
     Ndjson,
 }
 
-/// The `numeric` mode of a synthetic download (documentation of the query parameter).
-#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+/// The `numeric` mode of a synthetic download (query parameter).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum SyntheticNumeric {
     /// By the sub-bin estimate (the default).

@@ -1,8 +1,13 @@
-//! The service's error type and its one mapping to `application/problem+json` (RFC 9457).
+//! The service's error type and its one mapping to `application/problem+json` (RFC 9457):
+//! [`ApiError::to_problem`], which also holds the one mapping of engine errors
+//! ([`EngineError`]) to problem types. Storage errors ([`StorageError`]) are always 500.
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use ldpsyn::protocol::{PROBLEM_CONTENT_TYPE, Problem, ProblemType};
+
+use super::storage::StorageError;
+use crate::engine::EngineError;
 
 /// Errors of the service. Every one becomes a problem document whose `type` comes from
 /// [`ProblemType`]; 5xx are logged and their details never reach the client.
@@ -22,15 +27,13 @@ pub enum ApiError {
         /// Seconds until a request is allowed again.
         retry_after_secs: u64,
     },
-    /// The database failed.
-    #[error("database: {0}")]
-    Database(#[from] sqlx::Error),
-    /// Migrations failed.
-    #[error("migrations: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
-    /// The engine failed on stored data.
+    /// The storage layer failed (the database, or stored data it could not read).
+    #[error("storage: {0}")]
+    Storage(#[from] StorageError),
+    /// The engine refused or failed; [`engine_problem`] says which of its errors are the
+    /// client's (4xx) and which are internal.
     #[error("engine: {0}")]
-    Engine(#[from] crate::engine::EngineError),
+    Engine(#[from] EngineError),
     /// Stored JSON could not be read.
     #[error("stored JSON: {0}")]
     Json(#[from] serde_json::Error),
@@ -56,9 +59,38 @@ impl ApiError {
                 ProblemType::RateLimited,
                 format!("upload rate limit reached; retry after {retry_after_secs} s"),
             ),
-            _ => Problem::new(ProblemType::Internal, "internal error; see the server log"),
+            ApiError::Engine(e) => engine_problem(e).unwrap_or_else(internal),
+            ApiError::Storage(_) | ApiError::Json(_) | ApiError::Internal(_) => internal(),
         }
     }
+}
+
+/// The problem document of every 5xx: no internal detail reaches the client.
+fn internal() -> Problem {
+    Problem::new(ProblemType::Internal, "internal error; see the server log")
+}
+
+/// The one mapping of engine errors to problem types: the errors a request can cause (a
+/// vertical collection asked for device tasks, a model with no reports, a finalized
+/// collection, a bad attribute list) are client errors; `None` for the rest, which are
+/// internal (500). A config the engine refuses at creation is answered by the create
+/// handler as `invalid-parameter` (its body is the config).
+pub fn engine_problem(e: &EngineError) -> Option<Problem> {
+    let (kind, detail) = match e {
+        EngineError::NoDeviceTasks => (ProblemType::Conflict, e.to_string()),
+        EngineError::NoData => (
+            ProblemType::Conflict,
+            "no reports collected yet; nothing to build a model from".to_owned(),
+        ),
+        EngineError::Finalized => (ProblemType::CollectionFinalized, e.to_string()),
+        EngineError::BadAttributes(d) => (ProblemType::InvalidParameter, d.clone()),
+        EngineError::InvalidConfig(_)
+        | EngineError::InvalidState(_)
+        | EngineError::Estimation(_)
+        | EngineError::Mechanism(_)
+        | EngineError::Tables(_) => return None,
+    };
+    Some(Problem::new(kind, detail))
 }
 
 /// A problem document as a response with its status and media type.

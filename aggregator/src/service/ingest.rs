@@ -16,15 +16,12 @@ use std::time::Instant;
 use dashmap::DashMap;
 use ldpsyn::mechanism::{Mechanism, SufficientStatistics};
 use ldpsyn::protocol::{CollectionConfig, Problem, ProblemType};
-use sqlx::pool::PoolConnection;
-use sqlx::{Any, Connection, Transaction};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
 use super::error::ApiError;
 use super::metrics::Metrics;
-use super::storage::{Backend, Db, NewReport};
-use crate::engine::tables::merge_into;
+use super::storage::{self, Db, MemoryView, NewReport, Writer};
 use crate::engine::{CollectionState, Engine, Model, Phase, TableKey, Tables, Transition};
 
 /// Most reports written in one transaction.
@@ -170,6 +167,33 @@ impl CollectionHandle {
     }
 }
 
+/// Memory is the truth on SQLite: [`Db::close_inputs`], [`Db::finalize_inputs`] and
+/// [`Db::estimation_tables`] read it through this view there.
+impl MemoryView for CollectionHandle {
+    fn id(&self) -> Uuid {
+        self.id
+    }
+
+    fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    fn memory_state(&self) -> CollectionState {
+        (*self.state()).clone()
+    }
+
+    fn memory_tables(&self) -> Tables {
+        self.tables_snapshot()
+    }
+
+    fn memory_round_counts(&self) -> BTreeMap<u32, u64> {
+        self.round_counts
+            .iter()
+            .map(|e| (*e.key(), *e.value()))
+            .collect()
+    }
+}
+
 /// A validated report waiting for its commit.
 #[derive(Debug)]
 pub struct PendingReport {
@@ -236,39 +260,9 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| ApiError::Internal(format!("estimation task failed: {e}")))
 }
 
-/// The committer's own connection, kept across commits: with SQLite, a pooled connection
-/// whose database another connection has written since its last use must reload its whole
-/// page cache, which made every group commit re-read the report indexes. Dropped after an
-/// error and acquired again.
-pub(crate) struct Writer {
-    db: Db,
-    conn: Option<PoolConnection<Any>>,
-}
-
-impl Writer {
-    pub(crate) async fn begin(&mut self) -> Result<Transaction<'_, Any>, ApiError> {
-        let conn = match self.conn.take() {
-            Some(c) => c,
-            None => self.db.pool.acquire().await?,
-        };
-        Ok(self.conn.insert(conn).begin().await?)
-    }
-
-    /// Keeps the connection after a success, drops it after an error.
-    fn settle<T>(&mut self, r: Result<T, ApiError>) -> Result<T, ApiError> {
-        if r.is_err() {
-            self.conn = None;
-        }
-        r
-    }
-}
-
 /// The committer task: runs until every sender is dropped.
 pub async fn run_committer(db: Db, metrics: Arc<Metrics>, mut rx: mpsc::Receiver<Command>) {
-    let mut writer = Writer {
-        db: db.clone(),
-        conn: None,
-    };
+    let mut writer = Writer::new(db.clone());
     let mut deferred: Option<Command> = None;
     loop {
         let cmd = match deferred.take() {
@@ -528,14 +522,14 @@ async fn write_group(
             }
         }
     }
-    tx.commit().await?;
+    storage::commit(tx).await?;
     Ok((inserted, classified, per.into_values().collect(), after))
 }
 
 /// Closes rounds inside `tx`: takes the collection's lock (PostgreSQL), reads the state
-/// and tables (PostgreSQL: from the database, so every process's reports count; SQLite:
-/// memory plus this group's `delta`), closes while the quota is reached (or once when
-/// `force`), and stores the new state if it changed. Returns the current state (PostgreSQL:
+/// and tables ([`Db::close_inputs`] — PostgreSQL: from the database, so every process's
+/// reports count; SQLite: memory plus this group's `delta`), closes while the quota is
+/// reached (or once when `force`), and stores the new state if it changed. Returns the current state (PostgreSQL:
 /// possibly advanced by another process) and the transitions made here.
 async fn close_in_tx(
     db: &Db,
@@ -545,38 +539,7 @@ async fn close_in_tx(
     force: bool,
 ) -> Result<(CollectionState, Vec<Transition>), ApiError> {
     db.lock_collection(conn, handle.id).await?;
-    let (mut state, tables, counts): (CollectionState, Tables, BTreeMap<u32, u64>) =
-        match db.backend {
-            Backend::Postgres => {
-                let (json, _) = Db::state_of(conn, handle.id)
-                    .await?
-                    .ok_or_else(|| ApiError::Internal("collection row vanished".into()))?;
-                let state = serde_json::from_str(&json)?;
-                let tables = Db::tables_of(conn, &handle.engine, handle.id).await?;
-                let counts = Db::round_counts(conn, handle.id)
-                    .await?
-                    .into_iter()
-                    .collect();
-                (state, tables, counts)
-            }
-            Backend::Sqlite => {
-                let mut tables = handle.tables_snapshot();
-                let mut counts: BTreeMap<u32, u64> = handle
-                    .round_counts
-                    .iter()
-                    .map(|e| (*e.key(), *e.value()))
-                    .collect();
-                for (key, s) in delta.into_iter().flatten() {
-                    merge_into(&mut tables, key.clone(), s)
-                        .map_err(|e| ApiError::Internal(e.to_string()))?;
-                }
-                // The caller's fresh per-round counts are re-read below from the database.
-                for (r, n) in Db::round_counts(conn, handle.id).await? {
-                    counts.insert(r, n);
-                }
-                ((*handle.state()).clone(), tables, counts)
-            }
-        };
+    let (mut state, tables, counts) = db.close_inputs(conn, handle.as_ref(), delta).await?;
     let engine = handle.engine.clone();
     let (state, transitions) = blocking(move || {
         let mut transitions = Vec::new();
@@ -619,23 +582,12 @@ async fn admin_close(
     }
     let mut tx = writer.begin().await?;
     let (state, transitions) = close_in_tx(db, &mut tx, handle, None, true).await?;
-    tx.commit().await?;
+    storage::commit(tx).await?;
     metrics.rounds_closed(transitions.len() as u64);
     if state != *handle.state() {
         handle.set_state(state, None);
     }
     Ok(transitions)
-}
-
-/// Tables for estimation: memory (SQLite) or the database (PostgreSQL, all processes).
-pub async fn estimation_tables(db: &Db, handle: &CollectionHandle) -> Result<Tables, ApiError> {
-    match db.backend {
-        Backend::Sqlite => Ok(handle.tables_snapshot()),
-        Backend::Postgres => {
-            let mut conn = db.pool.acquire().await?;
-            Db::tables_of(&mut conn, &handle.engine, handle.id).await
-        }
-    }
 }
 
 /// Builds a model from `state` and `tables` on the blocking pool.
@@ -662,34 +614,14 @@ async fn finalize(
     // finalized state (Db::finalized_for_ingest).
     db.lock_ingest_exclusive(&mut tx, handle.id).await?;
     db.lock_collection(&mut tx, handle.id).await?;
-    let state: CollectionState = match db.backend {
-        Backend::Postgres => {
-            let (json, _) = Db::state_of(&mut tx, handle.id)
-                .await?
-                .ok_or_else(|| ApiError::Internal("collection row vanished".into()))?;
-            serde_json::from_str(&json)?
-        }
-        Backend::Sqlite => (*handle.state()).clone(),
-    };
-    let tables = match db.backend {
-        Backend::Sqlite => handle.tables_snapshot(),
-        Backend::Postgres => Db::tables_of(&mut tx, &handle.engine, handle.id).await?,
-    };
-    let model = build_model(handle.engine.clone(), state.clone(), tables)
-        .await
-        .map_err(|e| match e {
-            ApiError::Engine(crate::engine::EngineError::NoData) => ApiError::problem(
-                ProblemType::Conflict,
-                "no reports collected yet; nothing to build a model from",
-            ),
-            other => other,
-        })?;
+    let (state, tables) = db.finalize_inputs(&mut tx, handle.as_ref()).await?;
+    let model = build_model(handle.engine.clone(), state.clone(), tables).await?;
     let mut state = state;
     if state.phase != Phase::Finalized {
         handle.engine.mark_finalized(&mut state);
         Db::update_state(&mut tx, handle.id, &serde_json::to_string(&state)?).await?;
     }
-    tx.commit().await?;
+    storage::commit(tx).await?;
     handle.set_state(state, None);
     handle.set_model(model.clone());
     Ok(model)

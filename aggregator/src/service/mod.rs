@@ -5,7 +5,7 @@
 //! - [`storage`]: the database (sqlx `Any`, shared migrations).
 //! - [`tokens`]: HMAC-SHA256 task tokens.
 //! - [`ingest`]: collections in memory and the group committer.
-//! - [`http`]: routes, handlers, layers ([`router`]).
+//! - [`http`]: routes, handlers (one file per resource), extractors, layers ([`router`]).
 //! - [`listener`]: the accept loop (header-read and idle timeouts, graceful shutdown).
 //! - [`ui`]: the dashboard at `/ui/` (embedded static files).
 //! - [`metrics`], [`ratelimit`], [`synthetic`].
@@ -39,7 +39,7 @@ pub mod vertical;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use dashmap::DashMap;
 use ldpsyn::protocol::CollectionConfig;
@@ -55,7 +55,7 @@ use self::error::ApiError;
 use self::ingest::{CollectionHandle, Command};
 use self::metrics::Metrics;
 use self::ratelimit::RateLimiter;
-use self::storage::{Backend, Db};
+use self::storage::Db;
 use self::tokens::TokenKey;
 use crate::engine::{CollectionState, Engine, Phase};
 
@@ -167,9 +167,7 @@ impl AppState {
         let engine = Engine::new(&config)?;
         // Table counts (rebuilt once from the reports for a collection older than them).
         let tables = self.inner.db.rebuild_table_counts(&engine, row.id).await?;
-        let mut conn = self.inner.db.pool.acquire().await?;
-        let counts = Db::round_counts(&mut conn, row.id).await?;
-        drop(conn);
+        let counts = self.inner.db.stored_round_counts(row.id).await?;
         let finalized = state.phase == Phase::Finalized;
         let handle = Arc::new(CollectionHandle::new(
             config,
@@ -240,7 +238,7 @@ impl AppState {
                 format!("no collection {id}"),
             ))
         };
-        if self.inner.db.backend != Backend::Postgres {
+        if !self.inner.db.is_shared() {
             return unknown();
         }
         // Another process may have created it: ask the database, unless it said no lately.
@@ -340,13 +338,11 @@ impl AppState {
                 continue;
             };
             let state: CollectionState = serde_json::from_str(&row.state)?;
-            let mut conn = self.inner.db.pool.acquire().await?;
-            let counts = Db::round_counts(&mut conn, row.id).await?;
-            drop(conn);
+            let counts = self.inner.db.stored_round_counts(row.id).await?;
             let finalized = state.phase == Phase::Finalized;
             handle.refresh(state.clone(), row.state_version, counts);
             if finalized && handle.model().is_none() {
-                let tables = ingest::estimation_tables(&self.inner.db, &handle).await?;
+                let tables = self.inner.db.estimation_tables(handle.as_ref()).await?;
                 let model = ingest::build_model(handle.engine.clone(), state, tables).await?;
                 handle.set_model(model);
             }
@@ -448,7 +444,7 @@ impl Server {
             let db = st.db().clone();
             drop(st);
             let _ = tokio::time::timeout(Duration::from_secs(30), committer).await;
-            db.pool.close().await;
+            db.close().await;
             Ok(())
         });
         tracing::info!(%addr, "listening");
@@ -487,7 +483,7 @@ impl Server {
 }
 
 fn spawn_refresher(state: AppState) -> Option<tokio::task::JoinHandle<()>> {
-    if state.db().backend != Backend::Postgres {
+    if !state.db().is_shared() {
         return None;
     }
     let period = Duration::from_millis(state.config().refresh_interval_ms.max(50));
@@ -531,4 +527,19 @@ async fn shutdown_signal() {
         _ = term => {},
     }
     tracing::info!("shutting down: finishing in-flight requests and commits");
+}
+
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
+pub(crate) fn now_millis() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Seconds since the Unix epoch (0 if the clock is before it).
+pub(crate) fn now_secs() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
 }

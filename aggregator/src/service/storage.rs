@@ -2,6 +2,7 @@
 //! driver, `$n` placeholders (understood by both), TEXT and BIGINT columns only, and the
 //! shared migrations in `migrations/`, run at startup.
 
+use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -9,31 +10,122 @@ use futures_util::TryStreamExt;
 use ldpsyn::mechanism::{MechanismKind, SufficientStatistics};
 use ldpsyn::protocol::Payload;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
-use sqlx::{AnyConnection, AnyPool, Connection, Executor, Row};
+use sqlx::pool::PoolConnection;
+use sqlx::{Any, AnyConnection, AnyPool, Connection, Executor, Row};
 use uuid::Uuid;
 
-use super::error::ApiError;
-use crate::engine::{Engine, TableKey, Tables};
+use crate::engine::tables::merge_into;
+use crate::engine::{CollectionState, Engine, EngineError, TableKey, Tables};
+
+/// Errors of the storage layer. The HTTP layer turns every one into a 500 `internal` problem
+/// (`From<StorageError> for ApiError` in [`super::error`]); their details are logged, never
+/// sent.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// The database failed (connection, query, constraint, transaction).
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    /// A migration failed at startup.
+    #[error("migrations: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// Stored JSON (a payload, a state, a config) could not be read or written.
+    #[error("stored JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    /// Stored data does not fit the collection's engine (a mechanism cannot be built, a
+    /// table does not merge).
+    #[error("engine on stored data: {0}")]
+    Engine(#[from] EngineError),
+    /// A stored value is not what the schema allows (a mechanism name, a factor, an id).
+    #[error("corrupt stored data: {0}")]
+    Corrupt(String),
+    /// A collection's row disappeared while it was being read (rows are never deleted).
+    #[error("collection {0} is not stored")]
+    MissingCollection(Uuid),
+    /// The database URL names neither `sqlite:` nor `postgres:`.
+    #[error("unsupported database URL scheme `{0}` (sqlite:// or postgres://)")]
+    UnsupportedUrl(String),
+}
 
 /// The shared migrations (`migrations/` at the workspace root).
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
-/// Which database is behind the pool.
+/// Which database is behind the pool. Private: callers ask [`Db`] for what they need
+/// ([`Db::is_shared`], [`Db::close_inputs`], …), never which backend it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
+enum Backend {
     /// SQLite: one process only.
     Sqlite,
     /// PostgreSQL: several processes may share it.
     Postgres,
 }
 
-/// The database.
+/// The database: SQLite (one process) or PostgreSQL (several processes may share it). The
+/// difference stays inside this module: every method has one signature for both.
 #[derive(Debug, Clone)]
 pub struct Db {
     /// The pool.
     pub pool: AnyPool,
-    /// The backend.
-    pub backend: Backend,
+    backend: Backend,
+}
+
+/// What this process holds in memory of a collection ([`super::ingest::CollectionHandle`]).
+/// On SQLite, whose one process is the only writer, memory is the truth and the methods of
+/// [`Db`] that read a collection's state or tables take them from here; on PostgreSQL they
+/// read the database, which other processes write too.
+pub trait MemoryView {
+    /// The collection id.
+    fn id(&self) -> Uuid;
+    /// The collection's engine.
+    fn engine(&self) -> &Engine;
+    /// The state this process holds.
+    fn memory_state(&self) -> CollectionState;
+    /// A copy of the sufficient statistics this process holds.
+    fn memory_tables(&self) -> Tables;
+    /// Accepted reports per round as this process counts them.
+    fn memory_round_counts(&self) -> BTreeMap<u32, u64>;
+}
+
+/// A transaction on either backend.
+pub type Tx<'c> = sqlx::Transaction<'c, Any>;
+
+/// Commits `tx`. Errors: the database's.
+pub async fn commit(tx: Tx<'_>) -> Result<(), StorageError> {
+    Ok(tx.commit().await?)
+}
+
+/// A connection kept across transactions (the committer's): with SQLite, a pooled
+/// connection whose database another connection has written since its last use must reload
+/// its whole page cache, which made every group commit re-read the report indexes. Dropped
+/// after an error and acquired again.
+#[derive(Debug)]
+pub struct Writer {
+    db: Db,
+    conn: Option<PoolConnection<Any>>,
+}
+
+impl Writer {
+    /// A writer on `db` (it acquires its connection at the first [`Writer::begin`]).
+    pub fn new(db: Db) -> Self {
+        Self { db, conn: None }
+    }
+
+    /// Begins a transaction on the kept connection (acquired first if there is none).
+    /// Errors: the database's.
+    pub async fn begin(&mut self) -> Result<Tx<'_>, StorageError> {
+        let conn = match self.conn.take() {
+            Some(c) => c,
+            None => self.db.pool.acquire().await?,
+        };
+        Ok(self.conn.insert(conn).begin().await?)
+    }
+
+    /// Passes `r` through; keeps the connection after a success, drops it after an error.
+    pub fn settle<T, E>(&mut self, r: Result<T, E>) -> Result<T, E> {
+        if r.is_err() {
+            self.conn = None;
+        }
+        r
+    }
 }
 
 /// A stored collection row.
@@ -75,12 +167,12 @@ pub fn mechanism_name(m: MechanismKind) -> &'static str {
     }
 }
 
-fn parse_mechanism(s: &str) -> Result<MechanismKind, ApiError> {
+fn parse_mechanism(s: &str) -> Result<MechanismKind, StorageError> {
     match s {
         "grr" => Ok(MechanismKind::Grr),
         "oue" => Ok(MechanismKind::Oue),
         "grr_pair" => Ok(MechanismKind::GrrPair),
-        _ => Err(ApiError::Internal(format!("stored mechanism `{s}`"))),
+        _ => Err(StorageError::Corrupt(format!("stored mechanism `{s}`"))),
     }
 }
 
@@ -90,7 +182,7 @@ fn factor_text(f: &[usize]) -> String {
 }
 
 /// The stored form of a table key's bin maps: `''` when none is binned, else JSON.
-fn bins_text(bins: &[Vec<u32>]) -> Result<String, ApiError> {
+fn bins_text(bins: &[Vec<u32>]) -> Result<String, StorageError> {
     if bins.is_empty() {
         Ok(String::new())
     } else {
@@ -98,19 +190,19 @@ fn bins_text(bins: &[Vec<u32>]) -> Result<String, ApiError> {
     }
 }
 
-fn parse_bins(s: &str) -> Result<Vec<Vec<u32>>, ApiError> {
+fn parse_bins(s: &str) -> Result<Vec<Vec<u32>>, StorageError> {
     if s.is_empty() {
         Ok(Vec::new())
     } else {
-        serde_json::from_str(s).map_err(|_| ApiError::Internal(format!("stored bins `{s}`")))
+        serde_json::from_str(s).map_err(|_| StorageError::Corrupt(format!("stored bins `{s}`")))
     }
 }
 
-fn parse_factor(s: &str) -> Result<Vec<usize>, ApiError> {
+fn parse_factor(s: &str) -> Result<Vec<usize>, StorageError> {
     s.split(',')
         .map(|a| {
             a.parse()
-                .map_err(|_| ApiError::Internal(format!("stored factor `{s}`")))
+                .map_err(|_| StorageError::Corrupt(format!("stored factor `{s}`")))
         })
         .collect()
 }
@@ -122,17 +214,16 @@ const MAX_ROWS_PER_INSERT: usize = 512;
 impl Db {
     /// Connects to `url` (`sqlite://path` — the file is created if missing — or
     /// `postgres://…`) and runs the migrations.
-    pub async fn connect(url: &str, max_connections: u32) -> Result<Self, ApiError> {
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StorageError> {
         sqlx::any::install_default_drivers();
         let backend = if url.starts_with("sqlite:") {
             Backend::Sqlite
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
             Backend::Postgres
         } else {
-            return Err(ApiError::Internal(format!(
-                "unsupported database URL scheme (sqlite:// or postgres://): {}",
-                url.split(':').next().unwrap_or("")
-            )));
+            return Err(StorageError::UnsupportedUrl(
+                url.split(':').next().unwrap_or("").to_owned(),
+            ));
         };
         let url = match backend {
             Backend::Sqlite if !url.contains("mode=") => {
@@ -174,8 +265,8 @@ impl Db {
     /// random 32-byte key) is stored and returned (race-free across processes:
     /// insert-if-absent, then re-read). Errors: the database's, or a stored key that is not
     /// hex.
-    pub async fn token_key(&self, generated: &[u8]) -> Result<Vec<u8>, ApiError> {
-        let hex = super::tokens::hex(generated);
+    pub async fn token_key(&self, generated: &[u8]) -> Result<Vec<u8>, StorageError> {
+        let hex = hex(generated);
         sqlx::query(
             "INSERT INTO settings (name, value) VALUES ('token_key', $1) ON CONFLICT DO NOTHING",
         )
@@ -186,11 +277,15 @@ impl Db {
             .fetch_one(&self.pool)
             .await?;
         let stored: String = row.try_get(0)?;
-        unhex(&stored).ok_or_else(|| ApiError::Internal("stored token key is not hex".into()))
+        unhex(&stored).ok_or_else(|| StorageError::Corrupt("stored token key is not hex".into()))
     }
 
     /// Inserts a new collection (its table counts complete: it has no reports).
-    pub async fn insert_collection(&self, row: &CollectionRow, now: i64) -> Result<(), ApiError> {
+    pub async fn insert_collection(
+        &self,
+        row: &CollectionRow,
+        now: i64,
+    ) -> Result<(), StorageError> {
         let mut tx = self.pool.begin().await?;
         sqlx::query(
             "INSERT INTO collections (id, config, state, state_version, created_at) VALUES ($1, $2, $3, $4, $5)",
@@ -208,7 +303,7 @@ impl Db {
     }
 
     /// Every collection, oldest first.
-    pub async fn collections(&self) -> Result<Vec<CollectionRow>, ApiError> {
+    pub async fn collections(&self) -> Result<Vec<CollectionRow>, StorageError> {
         let rows = sqlx::query(
             "SELECT id, config, state, state_version FROM collections ORDER BY created_at, id",
         )
@@ -218,7 +313,7 @@ impl Db {
     }
 
     /// One collection's row, if stored.
-    pub async fn collection(&self, id: Uuid) -> Result<Option<CollectionRow>, ApiError> {
+    pub async fn collection(&self, id: Uuid) -> Result<Option<CollectionRow>, StorageError> {
         let row =
             sqlx::query("SELECT id, config, state, state_version FROM collections WHERE id = $1")
                 .bind(id.to_string())
@@ -231,7 +326,7 @@ impl Db {
     pub async fn state_of(
         conn: &mut AnyConnection,
         id: Uuid,
-    ) -> Result<Option<(String, i64)>, ApiError> {
+    ) -> Result<Option<(String, i64)>, StorageError> {
         let row = sqlx::query("SELECT state, state_version FROM collections WHERE id = $1")
             .bind(id.to_string())
             .fetch_optional(&mut *conn)
@@ -247,7 +342,7 @@ impl Db {
         conn: &mut AnyConnection,
         id: Uuid,
         state: &str,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), StorageError> {
         sqlx::query(
             "UPDATE collections SET state = $1, state_version = state_version + 1 WHERE id = $2",
         )
@@ -262,7 +357,7 @@ impl Db {
     pub async fn round_counts(
         conn: &mut AnyConnection,
         id: Uuid,
-    ) -> Result<Vec<(u32, u64)>, ApiError> {
+    ) -> Result<Vec<(u32, u64)>, StorageError> {
         let rows = sqlx::query("SELECT round, accepted FROM round_counts WHERE collection_id = $1")
             .bind(id.to_string())
             .fetch_all(&mut *conn)
@@ -282,7 +377,7 @@ impl Db {
         id: Uuid,
         round: u32,
         n: u64,
-    ) -> Result<u64, ApiError> {
+    ) -> Result<u64, StorageError> {
         let row = sqlx::query(
             "INSERT INTO round_counts (collection_id, round, accepted) VALUES ($1, $2, $3) \
              ON CONFLICT (collection_id, round) DO UPDATE SET accepted = round_counts.accepted + excluded.accepted \
@@ -303,7 +398,7 @@ impl Db {
         conn: &mut AnyConnection,
         engine: &Engine,
         id: Uuid,
-    ) -> Result<Tables, ApiError> {
+    ) -> Result<Tables, StorageError> {
         let mut tables = Tables::new();
         let mut mechanisms = std::collections::BTreeMap::new();
         let mut rows = sqlx::query(
@@ -331,8 +426,9 @@ impl Db {
             let stats = tables
                 .entry(key)
                 .or_insert_with(|| SufficientStatistics::new(m));
-            m.accumulate(&payload, stats)
-                .map_err(|e| ApiError::Internal(format!("stored report does not validate: {e}")))?;
+            m.accumulate(&payload, stats).map_err(|e| {
+                StorageError::Corrupt(format!("stored report does not validate: {e}"))
+            })?;
         }
         Ok(tables)
     }
@@ -363,7 +459,7 @@ impl Db {
         conn: &mut AnyConnection,
         id: Uuid,
         delta: &Tables,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), StorageError> {
         let mut rows: Vec<(i64, String, &'static str, String, i64, i64)> = Vec::new();
         for (key, stats) in delta {
             let (factor, mech, bins) = (
@@ -423,7 +519,7 @@ impl Db {
         conn: &mut AnyConnection,
         engine: &Engine,
         id: Uuid,
-    ) -> Result<Tables, ApiError> {
+    ) -> Result<Tables, StorageError> {
         if Self::counts_ready(conn, id).await? {
             Self::load_table_counts(conn, engine, id).await
         } else {
@@ -431,7 +527,7 @@ impl Db {
         }
     }
 
-    async fn counts_ready(conn: &mut AnyConnection, id: Uuid) -> Result<bool, ApiError> {
+    async fn counts_ready(conn: &mut AnyConnection, id: Uuid) -> Result<bool, StorageError> {
         Ok(
             sqlx::query("SELECT 1 FROM table_counts_ready WHERE collection_id = $1")
                 .bind(id.to_string())
@@ -443,7 +539,7 @@ impl Db {
 
     /// Marks collection `id`'s table counts complete (a new collection, or after
     /// [`Db::rebuild_table_counts`]).
-    pub async fn mark_counts_ready(conn: &mut AnyConnection, id: Uuid) -> Result<(), ApiError> {
+    pub async fn mark_counts_ready(conn: &mut AnyConnection, id: Uuid) -> Result<(), StorageError> {
         sqlx::query(
             "INSERT INTO table_counts_ready (collection_id) VALUES ($1) ON CONFLICT DO NOTHING",
         )
@@ -460,7 +556,7 @@ impl Db {
         &self,
         engine: &Engine,
         id: Uuid,
-    ) -> Result<Tables, ApiError> {
+    ) -> Result<Tables, StorageError> {
         {
             // Complete counts (the usual case) are read without stopping anyone's ingest.
             let mut conn = self.pool.acquire().await?;
@@ -491,7 +587,7 @@ impl Db {
         conn: &mut AnyConnection,
         engine: &Engine,
         id: Uuid,
-    ) -> Result<Tables, ApiError> {
+    ) -> Result<Tables, StorageError> {
         let mut tables = Tables::new();
         let mut rows = sqlx::query(
             "SELECT round, factor, mechanism, bins, cell, total FROM table_counts WHERE collection_id = $1",
@@ -517,7 +613,7 @@ impl Db {
                 }
             };
             let bad =
-                || ApiError::Internal(format!("stored table count out of shape: cell {cell}"));
+                || StorageError::Corrupt(format!("stored table count out of shape: cell {cell}"));
             if cell < 0 {
                 stats.n = u64::try_from(total).map_err(|_| bad())?;
             } else {
@@ -535,7 +631,7 @@ impl Db {
         &self,
         conn: &mut AnyConnection,
         reports: &[&NewReport],
-    ) -> Result<Vec<bool>, ApiError> {
+    ) -> Result<Vec<bool>, StorageError> {
         let mut inserted = vec![false; reports.len()];
         let mut start = 0;
         while start < reports.len() {
@@ -580,7 +676,7 @@ impl Db {
         conn: &mut AnyConnection,
         collection: Uuid,
         nonce: &str,
-    ) -> Result<Option<Uuid>, ApiError> {
+    ) -> Result<Option<Uuid>, StorageError> {
         let row = sqlx::query(
             "SELECT report_id FROM reports WHERE collection_id = $1 AND token_nonce = $2",
         )
@@ -594,7 +690,7 @@ impl Db {
                 let id: String = r.try_get(0)?;
                 id.parse()
                     .map(Some)
-                    .map_err(|_| ApiError::Internal(format!("stored report id `{id}`")))
+                    .map_err(|_| StorageError::Corrupt(format!("stored report id `{id}`")))
             }
         }
     }
@@ -606,7 +702,7 @@ impl Db {
         conn: &mut AnyConnection,
         id: Uuid,
         record_ids: &[&str],
-    ) -> Result<Vec<(String, String, Vec<u32>)>, ApiError> {
+    ) -> Result<Vec<(String, String, Vec<u32>)>, StorageError> {
         let mut out = Vec::new();
         for chunk in record_ids.chunks(MAX_ROWS_PER_INSERT) {
             let mut sql = String::from(
@@ -645,7 +741,7 @@ impl Db {
         party: &str,
         records: &[(&str, &[u32])],
         now: i64,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), StorageError> {
         for chunk in records.chunks(MAX_ROWS_PER_INSERT) {
             let mut sql = String::from(
                 "INSERT INTO vertical_records (collection_id, record_id, party, codes, received_at) VALUES ",
@@ -666,7 +762,7 @@ impl Db {
     }
 
     /// Number of stored reports of a collection.
-    pub async fn count_reports(&self, collection: Uuid) -> Result<u64, ApiError> {
+    pub async fn count_reports(&self, collection: Uuid) -> Result<u64, StorageError> {
         let row = sqlx::query("SELECT COUNT(*) FROM reports WHERE collection_id = $1")
             .bind(collection.to_string())
             .fetch_one(&self.pool)
@@ -681,7 +777,7 @@ impl Db {
         &self,
         conn: &mut AnyConnection,
         id: Uuid,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), StorageError> {
         if self.backend == Backend::Postgres {
             let key = i64::from_be_bytes(id.as_bytes()[..8].try_into().unwrap_or([0; 8]));
             sqlx::query("SELECT pg_advisory_xact_lock($1)")
@@ -703,7 +799,7 @@ impl Db {
         &self,
         conn: &mut AnyConnection,
         id: Uuid,
-    ) -> Result<bool, ApiError> {
+    ) -> Result<bool, StorageError> {
         if self.backend != Backend::Postgres {
             return Ok(false);
         }
@@ -713,7 +809,7 @@ impl Db {
             .await?;
         let (json, _) = Self::state_of(conn, id)
             .await?
-            .ok_or_else(|| ApiError::Internal("collection row vanished".into()))?;
+            .ok_or(StorageError::MissingCollection(id))?;
         // Only the phase: this runs in every group commit, and a state can hold thousands of
         // edges.
         #[derive(serde::Deserialize)]
@@ -731,7 +827,7 @@ impl Db {
         &self,
         conn: &mut AnyConnection,
         id: Uuid,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), StorageError> {
         if self.backend == Backend::Postgres {
             sqlx::query("SELECT pg_advisory_xact_lock($1)")
                 .bind(ingest_key(id))
@@ -741,24 +837,134 @@ impl Db {
         Ok(())
     }
 
+    /// Accepted reports per round of collection `id`, on a connection of the pool.
+    pub async fn stored_round_counts(&self, id: Uuid) -> Result<Vec<(u32, u64)>, StorageError> {
+        let mut conn = self.pool.acquire().await?;
+        Self::round_counts(&mut conn, id).await
+    }
+
+    /// Closes the pool (waits for its connections to be returned).
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    /// Whether several processes may share this database (PostgreSQL): then a collection
+    /// unknown here may have been created by another process, and memory must be refreshed
+    /// from the database. `false` for SQLite (one process).
+    pub fn is_shared(&self) -> bool {
+        self.backend == Backend::Postgres
+    }
+
+    /// What a round close of collection `mem` reads, in the caller's transaction after
+    /// [`Db::lock_collection`]: the state, the tables and the accepted reports per round.
+    ///
+    /// PostgreSQL (several processes): all three from the database, so every process's
+    /// reports count and a state another process advanced is seen. SQLite (one process, the
+    /// only writer): state and tables from memory plus `delta` (the caller's group, not yet
+    /// in memory), per-round counts from memory overlaid with the database's (which hold the
+    /// caller's fresh bumps). Errors: the database's, stored data that cannot be read.
+    pub async fn close_inputs(
+        &self,
+        conn: &mut AnyConnection,
+        mem: &impl MemoryView,
+        delta: Option<&Tables>,
+    ) -> Result<(CollectionState, Tables, BTreeMap<u32, u64>), StorageError> {
+        let id = mem.id();
+        match self.backend {
+            Backend::Postgres => {
+                let state = Self::stored_state(conn, id).await?;
+                let tables = Self::tables_of(conn, mem.engine(), id).await?;
+                let counts = Self::round_counts(conn, id).await?.into_iter().collect();
+                Ok((state, tables, counts))
+            }
+            Backend::Sqlite => {
+                let mut tables = mem.memory_tables();
+                let mut counts = mem.memory_round_counts();
+                for (key, s) in delta.into_iter().flatten() {
+                    merge_into(&mut tables, key.clone(), s).map_err(EngineError::from)?;
+                }
+                // The caller's fresh per-round counts are re-read from the database.
+                for (r, n) in Self::round_counts(conn, id).await? {
+                    counts.insert(r, n);
+                }
+                Ok((mem.memory_state(), tables, counts))
+            }
+        }
+    }
+
+    /// What finalize of collection `mem` reads, in the caller's transaction after
+    /// [`Db::lock_ingest_exclusive`] and [`Db::lock_collection`]: the state and the tables
+    /// (PostgreSQL: from the database, every process's reports; SQLite: from memory).
+    /// Errors: the database's, stored data that cannot be read.
+    pub async fn finalize_inputs(
+        &self,
+        conn: &mut AnyConnection,
+        mem: &impl MemoryView,
+    ) -> Result<(CollectionState, Tables), StorageError> {
+        let id = mem.id();
+        match self.backend {
+            Backend::Postgres => {
+                let state = Self::stored_state(conn, id).await?;
+                let tables = Self::tables_of(conn, mem.engine(), id).await?;
+                Ok((state, tables))
+            }
+            Backend::Sqlite => Ok((mem.memory_state(), mem.memory_tables())),
+        }
+    }
+
+    /// The tables to estimate collection `mem`'s model from: memory (SQLite) or the database
+    /// (PostgreSQL, every process's reports). Errors: the database's, stored data that cannot
+    /// be read.
+    pub async fn estimation_tables(&self, mem: &impl MemoryView) -> Result<Tables, StorageError> {
+        match self.backend {
+            Backend::Sqlite => Ok(mem.memory_tables()),
+            Backend::Postgres => {
+                let mut conn = self.pool.acquire().await?;
+                Self::tables_of(&mut conn, mem.engine(), mem.id()).await
+            }
+        }
+    }
+
+    /// Collection `id`'s stored state, parsed.
+    async fn stored_state(
+        conn: &mut AnyConnection,
+        id: Uuid,
+    ) -> Result<CollectionState, StorageError> {
+        let (json, _) = Self::state_of(conn, id)
+            .await?
+            .ok_or(StorageError::MissingCollection(id))?;
+        Ok(serde_json::from_str(&json)?)
+    }
+
     /// Checks that the database answers.
-    pub async fn ping(&self) -> Result<(), ApiError> {
+    pub async fn ping(&self) -> Result<(), StorageError> {
         let mut conn = self.pool.acquire().await?;
         conn.ping().await?;
         Ok(())
     }
 }
 
-fn collection_row(r: &sqlx::any::AnyRow) -> Result<CollectionRow, ApiError> {
+fn collection_row(r: &sqlx::any::AnyRow) -> Result<CollectionRow, StorageError> {
     let id: String = r.try_get(0)?;
     Ok(CollectionRow {
         id: id
             .parse()
-            .map_err(|_| ApiError::Internal(format!("stored collection id `{id}`")))?,
+            .map_err(|_| StorageError::Corrupt(format!("stored collection id `{id}`")))?,
         config: r.try_get(1)?,
         state: r.try_get(2)?,
         state_version: r.try_get(3)?,
     })
+}
+
+/// Lowercase hex of `bytes`.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(DIGITS[(b >> 4) as usize] as char);
+        s.push(DIGITS[(b & 15) as usize] as char);
+    }
+    s
 }
 
 /// Decodes lowercase or uppercase hex.

@@ -1,4 +1,5 @@
-//! Streamed synthetic downloads: `GET /v1/collections/{id}/synthetic?rows=N&seed=S&format=csv|ndjson&numeric=recover|uniform|midpoint`.
+//! Synthetic rows as bytes, for the streamed download `GET /v1/collections/{id}/synthetic?rows=N&seed=S&format=csv|ndjson&numeric=recover|uniform|midpoint`
+//! (its handler: [`super::http`]'s results).
 //!
 //! Rows come from [`crate::engine::Model::synthesize_with`] (codes; a `bins: "auto"`
 //! attribute's working bin becomes a grid code per [`Expansion`]), are decoded to labels and
@@ -8,18 +9,11 @@
 //! time), the work stops when the client goes away (the channel closes), and the same seed
 //! and model give the same bytes.
 
-use axum::body::{Body, Bytes};
-use axum::extract::{Path, RawQuery, State};
-use axum::http::header;
-use axum::response::{IntoResponse, Response};
-use ldpsyn::protocol::ProblemType;
+use bytes::Bytes;
 use ldpsyn::schema::{NumericDecoding, Schema};
 use rand::SeedableRng;
 use rand_chacha::ChaCha12Rng;
 
-use super::AppState;
-use super::error::ApiError;
-use super::http::{Admin, model_of, query_map};
 use crate::engine::{Expansion, Model};
 
 /// Rows per streamed chunk.
@@ -120,95 +114,4 @@ fn take_chunk(format: Format, csv: &mut csv::Writer<Vec<u8>>, buf: &mut Vec<u8>)
         }
         Format::Ndjson => Bytes::from(std::mem::take(buf)),
     }
-}
-
-/// The synthetic download handler.
-#[utoipa::path(get, path = "/v1/collections/{id}/synthetic", tag = "results",
-    security(("admin" = [])),
-    params(
-        ("id" = uuid::Uuid, Path, description = "The collection id."),
-        ("rows" = u64, Query, minimum = 1,
-            description = "Rows to draw, 1..=`--max-synthetic-rows` of the server (default 10,000,000)."),
-        ("seed" = Option<u64>, Query, description = "Seed: the same seed and model give the same bytes (default 0)."),
-        ("format" = Option<super::api::SyntheticFormat>, Query, description = "`csv` (default, with a header row) or `ndjson` (one JSON object per row).",
-            example = "csv"),
-        ("numeric" = Option<super::api::SyntheticNumeric>, Query,
-            description = "Numeric values within the model's bin: `recover` (default; by the sub-bin estimate), `uniform` or `midpoint`.",
-            example = "recover"),
-    ),
-    responses(
-        (status = 200, description = "The synthetic rows, streamed.",
-            content((String = "text/csv; charset=utf-8"), (String = "application/x-ndjson"))),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 404, response = super::openapi::NotFound),
-        (status = 409, response = super::openapi::Conflict),
-    ))]
-pub async fn get_synthetic(
-    State(state): State<AppState>,
-    _admin: Admin,
-    Path(id): Path<String>,
-    RawQuery(q): RawQuery,
-) -> Result<Response, ApiError> {
-    let q = query_map(q)?;
-    let bad = |d: String| ApiError::problem(ProblemType::InvalidParameter, d);
-    let max = state.config().max_synthetic_rows;
-    let rows: u64 = q
-        .get("rows")
-        .ok_or_else(|| bad("`rows` is required".into()))?
-        .parse()
-        .map_err(|_| bad("`rows` must be a non-negative integer".into()))?;
-    if rows == 0 || rows > max {
-        return Err(bad(format!("`rows` must be in 1..={max}")));
-    }
-    let seed: u64 = match q.get("seed") {
-        Some(s) => s
-            .parse()
-            .map_err(|_| bad("`seed` must be an unsigned integer".into()))?,
-        None => 0,
-    };
-    let format = match q.get("format").map(String::as_str) {
-        None | Some("csv") => Format::Csv,
-        Some("ndjson") => Format::Ndjson,
-        Some(other) => {
-            return Err(bad(format!(
-                "`format` must be csv or ndjson, got `{other}`"
-            )));
-        }
-    };
-    let numeric = match q.get("numeric").map(String::as_str) {
-        None | Some("recover") => Expansion::Recover,
-        Some("uniform") => Expansion::Uniform,
-        Some("midpoint") => Expansion::Midpoint,
-        Some(other) => {
-            return Err(bad(format!(
-                "`numeric` must be recover, uniform or midpoint, got `{other}`"
-            )));
-        }
-    };
-    let (h, model) = model_of(&state, &id).await?;
-    let schema = h.config.schema.clone();
-    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(4);
-    let counting = state.clone();
-    tokio::task::spawn_blocking(move || {
-        write_synthetic(&model, &schema, rows, seed, format, numeric, |chunk| {
-            counting.metrics().synthetic_bytes(chunk.len() as u64);
-            // Fails once the client has gone (the body stream and its receiver dropped).
-            tx.blocking_send(chunk).is_ok()
-        });
-    });
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv()
-            .await
-            .map(|b| (Ok::<Bytes, std::convert::Infallible>(b), rx))
-    });
-    let content_type = match format {
-        Format::Csv => "text/csv; charset=utf-8",
-        Format::Ndjson => "application/x-ndjson",
-    };
-    Ok((
-        [(header::CONTENT_TYPE, content_type)],
-        Body::from_stream(stream),
-    )
-        .into_response())
 }

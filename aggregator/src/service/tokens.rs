@@ -17,6 +17,8 @@
 //! trusted. The key is shared by all aggregator processes and survives restarts (stored in
 //! the database unless `LDPSYN_TOKEN_KEY` is set).
 //!
+//! [`validate_report`] checks an uploaded report against its token and collection.
+//!
 //! ```
 //! use ldpsyn::{Epsilon, mechanism::MechanismKind};
 //! use ldpsyn_aggregator::service::tokens::{TaskClaims, TokenKey};
@@ -37,10 +39,13 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use hmac::{Hmac, Mac};
 use ldpsyn::Epsilon;
 use ldpsyn::mechanism::MechanismKind;
+use ldpsyn::protocol::{Problem, ProblemType, Report};
 use sha2::Sha256;
 use uuid::Uuid;
 
-use crate::engine::TaskSpec;
+use super::ingest::CollectionHandle;
+use super::storage::{NewReport, hex};
+use crate::engine::{TableKey, TaskSpec};
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -130,7 +135,8 @@ impl TaskClaims {
     }
 }
 
-/// The bytes of an even-length hex string, `None` if it is not one.
+/// The bytes of an even-length hex string, `None` if it is not one (or longer than 128
+/// digits: it comes from an untrusted header).
 fn unhex(s: &str) -> Option<Vec<u8>> {
     if s.len() % 2 != 0 || s.len() > 128 {
         return None;
@@ -139,17 +145,6 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
         .step_by(2)
         .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
         .collect()
-}
-
-/// Lowercase hex of `bytes`.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(DIGITS[(b >> 4) as usize] as char);
-        s.push(DIGITS[(b & 15) as usize] as char);
-    }
-    s
 }
 
 fn mechanism_code(m: MechanismKind) -> u8 {
@@ -352,6 +347,53 @@ impl Reader<'_> {
         out.copy_from_slice(head);
         Ok(out)
     }
+}
+
+/// Validates one report against its token and the collection: a verified token of this
+/// collection, unexpired, with the collection's ε, and a payload that fits the token's
+/// mechanism and factor ([`ldpsyn::mechanism::Mechanism::validate`]). Errors: the problem
+/// of the report's answer (`invalid-token`, `token-expired`, `invalid-payload`).
+pub fn validate_report(
+    key: &TokenKey,
+    h: &CollectionHandle,
+    report: Report,
+    now: i64,
+) -> Result<NewReport, Problem> {
+    let claims = key
+        .verify(&report.token)
+        .map_err(|e| Problem::new(ProblemType::InvalidToken, e.to_string()))?;
+    if claims.collection != h.id {
+        return Err(Problem::new(
+            ProblemType::InvalidToken,
+            "the token was issued for another collection",
+        ));
+    }
+    if claims.expires_at < now {
+        return Err(Problem::new(
+            ProblemType::TokenExpired,
+            format!("the token expired at {}", claims.expires_at),
+        ));
+    }
+    if claims.epsilon != h.config.epsilon {
+        return Err(Problem::new(
+            ProblemType::InvalidToken,
+            "the token's epsilon is not the collection's",
+        ));
+    }
+    let key: TableKey = h.engine.table_key(&claims.task_spec());
+    let m = h
+        .mechanism(&key)
+        .map_err(|e| Problem::new(ProblemType::InvalidToken, e.to_string()))?;
+    m.validate(&report.payload)
+        .map_err(|e| Problem::new(ProblemType::InvalidPayload, e.to_string()))?;
+    Ok(NewReport {
+        collection: h.id,
+        report_id: report.id,
+        nonce: claims.nonce_hex(),
+        task_round: claims.round,
+        key,
+        payload: report.payload,
+    })
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
-//! Party uploads of vertical collections (VertiMRF; [`crate::engine::protocols::vertical`]).
+//! Party uploads of vertical collections (VertiMRF; [`crate::engine::protocols::vertical`]):
+//! the committer's side. The routes are in [`super::http`] (`parties`).
 //!
 //! `POST /v1/collections/{id}/parties/{party}/records` with `Authorization: Bearer <party
-//! token>` and a [`PartyUpload`] body. Each party's token is an HMAC of the collection id and
+//! token>` and a [`ldpsyn::vertical::PartyUpload`] body. Each party's token is an HMAC of the collection id and
 //! the party name under the server's token key: returned once at creation and to the admin
 //! at `GET /v1/collections/{id}/parties` (a party token can only upload for its party).
 //!
@@ -14,167 +15,21 @@
 //! (`409 record-id-conflict`, nothing stored); a new id is stored and adds its table cells
 //! ([`crate::engine::protocols::vertical::Vertical::record_cells`]) to `table_counts`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use axum::Json;
-use axum::body::Body;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, header};
 use ldpsyn::mechanism::SufficientStatistics;
 use ldpsyn::protocol::ProblemType;
-use ldpsyn::vertical::{
-    MAX_RECORDS_PER_UPLOAD, PartyRecord, PartyUpload, PartyUploadResult, is_record_id,
-};
+use ldpsyn::vertical::{PartyRecord, PartyUploadResult};
 
-use super::AppState;
-use super::api::PartyTokens;
 use super::error::ApiError;
-use super::http::{Admin, handle_of, now_secs, read_body};
-use super::ingest::{CollectionHandle, Command, Writer};
-use super::storage::Db;
+use super::ingest::CollectionHandle;
+use super::now_secs;
+use super::storage::{self, Db, Writer};
 use crate::engine::{Phase, Tables};
 
-/// Every party's upload token of a vertical collection (admin).
-#[utoipa::path(get, path = "/v1/collections/{id}/parties", tag = "parties",
-    security(("admin" = [])),
-    params(("id" = uuid::Uuid, Path, description = "The collection id.")),
-    responses(
-        (status = 200, description = "`{party name: upload token}`.", body = PartyTokens),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 404, response = super::openapi::NotFound),
-        (status = 409, response = super::openapi::Conflict),
-    ))]
-pub async fn get_party_tokens(
-    State(state): State<AppState>,
-    _admin: Admin,
-    Path(id): Path<String>,
-) -> Result<Json<PartyTokens>, ApiError> {
-    let h = handle_of(&state, &id).await?;
-    Ok(Json(party_tokens(&state, &h)?))
-}
-
-/// `{party name: token}` of a vertical collection. Errors: `conflict` for a device
-/// collection.
-pub fn party_tokens(state: &AppState, h: &CollectionHandle) -> Result<PartyTokens, ApiError> {
-    let v = h.engine.vertical().ok_or_else(not_vertical)?;
-    Ok(v.parties()
-        .iter()
-        .map(|p| (p.name.clone(), state.token_key().party_token(h.id, &p.name)))
-        .collect())
-}
-
-fn not_vertical() -> ApiError {
-    ApiError::problem(
-        ProblemType::Conflict,
-        "not a vertical collection (it takes device reports through …/task and …/reports)",
-    )
-}
-
-/// `POST /v1/collections/{id}/parties/{party}/records`.
-#[utoipa::path(post, path = "/v1/collections/{id}/parties/{party}/records", tag = "parties",
-    security(("party" = [])),
-    params(
-        ("id" = uuid::Uuid, Path, description = "The collection id."),
-        ("party" = String, Path, description = "The party's name."),
-    ),
-    request_body(content = PartyUpload, content_type = "application/json"),
-    responses(
-        (status = 200, description = "How many records were new and how many identical resends.", body = PartyUploadResult),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 404, response = super::openapi::NotFound),
-        (status = 409, response = super::openapi::Conflict),
-        (status = 413, response = super::openapi::PayloadTooLarge),
-    ))]
-pub async fn post_party_records(
-    State(state): State<AppState>,
-    Path((id, party)): Path<(String, String)>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Json<PartyUploadResult>, ApiError> {
-    let h = handle_of(&state, &id).await?;
-    let v = h.engine.vertical().ok_or_else(not_vertical)?;
-    let p = v.party_index(&party).ok_or_else(|| {
-        ApiError::problem(
-            ProblemType::NotFound,
-            format!("the collection has no party `{party}`"),
-        )
-    })?;
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or_default();
-    if !state
-        .token_key()
-        .verify_party_token(h.id, &party, presented.trim())
-    {
-        return Err(ApiError::problem(
-            ProblemType::Unauthorized,
-            format!("this route needs `Authorization: Bearer <token of party {party}>`"),
-        ));
-    }
-    let body = read_body(body, state.config().max_body_bytes).await?;
-    let upload: PartyUpload = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::problem(
-            ProblemType::MalformedRequest,
-            format!("body is not a party upload: {e}"),
-        )
-    })?;
-    let n = upload.records.len();
-    if n > MAX_RECORDS_PER_UPLOAD {
-        return Err(ApiError::problem(
-            ProblemType::PayloadTooLarge,
-            format!("{n} records in one upload; at most {MAX_RECORDS_PER_UPLOAD}"),
-        ));
-    }
-    if n == 0 {
-        return Err(ApiError::problem(
-            ProblemType::InvalidParameter,
-            "`records` is empty",
-        ));
-    }
-    let mut seen = BTreeSet::new();
-    for (i, r) in upload.records.iter().enumerate() {
-        if !is_record_id(&r.id) {
-            return Err(ApiError::problem(
-                ProblemType::InvalidParameter,
-                format!("record {i}: `id` must be 64 lowercase hex digits (HMAC-SHA256)"),
-            ));
-        }
-        if !seen.insert(r.id.as_str()) {
-            return Err(ApiError::problem(
-                ProblemType::InvalidParameter,
-                format!("record {i}: id {} appears twice in this upload", r.id),
-            ));
-        }
-        if !v.fits(p, &r.codes) {
-            return Err(ApiError::problem(
-                ProblemType::InvalidPayload,
-                format!(
-                    "record {i}: `codes` must hold {} codes, each below its attribute's domain size",
-                    v.parties()[p].attributes.len()
-                ),
-            ));
-        }
-    }
-    if h.state().phase == Phase::Finalized {
-        return Err(finalized());
-    }
-    let result = state
-        .ask(|reply| Command::PartyRecords {
-            handle: h.clone(),
-            party: p,
-            records: upload.records,
-            reply,
-        })
-        .await?;
-    state.metrics().reports(result.accepted, result.duplicate);
-    Ok(Json(result))
-}
-
-fn finalized() -> ApiError {
+/// The refusal of a party upload to a finalized collection.
+pub(crate) fn finalized() -> ApiError {
     ApiError::problem(
         ProblemType::CollectionFinalized,
         "the collection is finalized and takes no more records",
@@ -254,7 +109,7 @@ pub(crate) async fn commit_party_records(
         db.add_table_counts(&mut tx, handle.id, &delta).await?;
         Db::bump_round_count(&mut tx, handle.id, 0, accepted).await?;
     }
-    tx.commit().await?;
+    storage::commit(tx).await?;
     handle.apply_committed(&BTreeMap::from([(0, accepted)]), &delta);
     Ok(PartyUploadResult {
         accepted,
@@ -262,8 +117,8 @@ pub(crate) async fn commit_party_records(
     })
 }
 
-/// Each party's ε per person (Σ of its attributes' ε), for [`super::http`]'s collection
-/// view; `None` for a device collection.
+/// Each party's ε per person (Σ of its attributes' ε), for the collection view
+/// ([`super::http`]); `None` for a device collection.
 pub fn party_epsilons(h: &CollectionHandle) -> Option<BTreeMap<String, f64>> {
     let v = h.engine.vertical()?;
     Some(

@@ -1,0 +1,278 @@
+//! Collections: create (strictly parsed), list, get, close a round, finalize.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use ldpsyn::protocol::{CollectionConfig, PROTOCOL_VERSION, ProblemType, Protocol};
+use ldpsyn::schema::Schema;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use super::super::error::ApiError;
+use super::super::ingest::{CollectionHandle, Command};
+use super::super::storage::CollectionRow;
+use super::super::{AppState, api, now_secs};
+use super::extract::{Admin, handle_of, read_body};
+use crate::engine::Engine;
+
+/// Public status of a collection.
+pub(super) fn status_of(h: &CollectionHandle) -> api::CollectionStatus {
+    let s = h.state();
+    api::CollectionStatus {
+        phase: s.phase,
+        round: s.round,
+        round_quota: s.round_quota,
+        round_accepted: h.round_count(s.round),
+        reports_accepted: h.accepted(),
+        active_edges: s
+            .edges()
+            .iter()
+            .filter(|e| e.active)
+            .map(|e| [e.a, e.b])
+            .collect(),
+        model_ready: h.model().is_some(),
+    }
+}
+
+/// The public view of a collection: its config and status (vertical: the parties' ε).
+fn view_of(h: &CollectionHandle) -> api::CollectionView {
+    api::CollectionView {
+        config: h.config.clone(),
+        status: status_of(h),
+        party_epsilon: super::super::vertical::party_epsilons(h),
+        party_tokens: None,
+    }
+}
+
+const COMMON_KEYS: &[&str] = &["schema", "epsilon", "target_users", "protocol"];
+const PRIVINCR_KEYS: &[&str] = &["omega", "rounds", "phi", "alpha", "sigma"];
+const SAMPRIVSYN_KEYS: &[&str] = &["batch_size"];
+const VERTICAL_KEYS: &[&str] = &["parties"];
+
+/// Parses and checks a create request strictly: known keys only, valid schema, ε, N and
+/// protocol parameters. Returns the config and its engine. Errors: 400 problems
+/// (`invalid-parameter`, `invalid-schema`, malformed JSON).
+pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine), ApiError> {
+    let bad = |kind, d: String| ApiError::problem(kind, d);
+    let v: Value = serde_json::from_slice(body).map_err(|e| {
+        bad(
+            ProblemType::MalformedRequest,
+            format!("body is not JSON: {e}"),
+        )
+    })?;
+    let Value::Object(mut obj) = v else {
+        return Err(bad(
+            ProblemType::MalformedRequest,
+            "body must be a JSON object".into(),
+        ));
+    };
+    let protocol = obj
+        .get("protocol")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad(ProblemType::InvalidParameter, "`protocol` (string) is required: privincr, noincremental, samprivsyn, independence or auto".into()))?
+        .to_owned();
+    let extra: &[&str] = match protocol.as_str() {
+        "privincr" | "noincremental" | "auto" => PRIVINCR_KEYS,
+        "samprivsyn" => SAMPRIVSYN_KEYS,
+        "independence" => &[],
+        "vertical" => VERTICAL_KEYS,
+        other => {
+            return Err(bad(
+                ProblemType::InvalidParameter,
+                format!(
+                    "unknown protocol `{other}`: privincr, noincremental, samprivsyn, independence, auto or vertical"
+                ),
+            ));
+        }
+    };
+    for k in obj.keys() {
+        if !COMMON_KEYS.contains(&k.as_str()) && !extra.contains(&k.as_str()) {
+            return Err(bad(
+                ProblemType::InvalidParameter,
+                format!("unknown field `{k}` for protocol `{protocol}`"),
+            ));
+        }
+    }
+    let schema_v = obj
+        .get("schema")
+        .cloned()
+        .ok_or_else(|| bad(ProblemType::InvalidSchema, "`schema` is required".into()))?;
+    let schema: Schema = serde_json::from_value(schema_v)
+        .map_err(|e| bad(ProblemType::InvalidSchema, e.to_string()))?;
+    if schema.len() > u16::MAX as usize {
+        return Err(bad(
+            ProblemType::InvalidSchema,
+            "too many attributes".into(),
+        ));
+    }
+    if protocol == "vertical" && !obj.contains_key("epsilon") {
+        // A vertical collection's ε is its largest party total: filled in when omitted.
+        let parties: ldpsyn::protocol::VerticalParams = serde_json::from_value(
+            json!({"parties": obj.get("parties").cloned().unwrap_or(Value::Null)}),
+        )
+        .map_err(|e| bad(ProblemType::InvalidParameter, e.to_string()))?;
+        let total = parties
+            .parties
+            .iter()
+            .map(ldpsyn::protocol::Party::epsilon)
+            .fold(0.0, f64::max);
+        obj.insert("epsilon".into(), json!(total));
+    }
+    obj.insert("version".into(), json!(PROTOCOL_VERSION));
+    obj.insert("id".into(), json!(id));
+    let config: CollectionConfig = serde_json::from_value(Value::Object(obj))
+        .map_err(|e| bad(ProblemType::InvalidParameter, e.to_string()))?;
+    if config.epsilon.get() < ldpsyn::MIN_COLLECTION_EPSILON {
+        return Err(bad(
+            ProblemType::InvalidParameter,
+            format!(
+                "`epsilon` must be within {}..={} (got {})",
+                ldpsyn::MIN_COLLECTION_EPSILON,
+                ldpsyn::MAX_EPSILON,
+                config.epsilon
+            ),
+        ));
+    }
+    if config.target_users == 0 {
+        return Err(bad(
+            ProblemType::InvalidParameter,
+            "`target_users` must be ≥ 1".into(),
+        ));
+    }
+    if let Protocol::Privincr(p) | Protocol::Noincremental(p) | Protocol::Auto(p) = &config.protocol
+    {
+        if p.rounds > 1000 {
+            return Err(bad(
+                ProblemType::InvalidParameter,
+                "`rounds` must be ≤ 1000".into(),
+            ));
+        }
+    }
+    let engine =
+        Engine::new(&config).map_err(|e| bad(ProblemType::InvalidParameter, e.to_string()))?;
+    Ok((config, engine))
+}
+
+#[utoipa::path(post, path = "/v1/collections", tag = "collections",
+    security(("admin" = [])),
+    request_body(content = api::CreateCollection, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Created: the public config with its status (vertical: and `party_tokens`).", body = api::CollectionView),
+        (status = 400, response = super::super::openapi::BadRequest),
+        (status = 401, response = super::super::openapi::Unauthorized),
+        (status = 413, response = super::super::openapi::PayloadTooLarge),
+    ))]
+pub(crate) async fn create_collection(
+    State(state): State<AppState>,
+    _admin: Admin,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let body = read_body(body, state.config().max_body_bytes).await?;
+    let id = Uuid::new_v4();
+    let (config, engine) = parse_create(&body, id)?;
+    let initial = engine.initial_state();
+    let row = CollectionRow {
+        id,
+        config: serde_json::to_string(&config)?,
+        state: serde_json::to_string(&initial)?,
+        state_version: 0,
+    };
+    state.db().insert_collection(&row, now_secs()).await?;
+    let handle = Arc::new(CollectionHandle::new(
+        config,
+        engine,
+        initial,
+        0,
+        Default::default(),
+        Vec::new(),
+    ));
+    state.insert_collection(handle.clone());
+    tracing::info!(collection = %id, protocol = handle.config.protocol.name(), "collection created");
+    let mut body = view_of(&handle);
+    if handle.engine.vertical().is_some() {
+        // Shown to the admin once here, and again at GET …/parties.
+        body.party_tokens = Some(super::parties::party_tokens(&state, &handle)?);
+    }
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+#[utoipa::path(get, path = "/v1/collections", tag = "collections",
+    security(("admin" = [])),
+    responses(
+        (status = 200, description = "Every collection with its status.", body = Vec<api::CollectionView>),
+        (status = 401, response = super::super::openapi::Unauthorized),
+    ))]
+pub(crate) async fn list_collections(
+    State(state): State<AppState>,
+    _admin: Admin,
+) -> Json<Vec<api::CollectionView>> {
+    Json(state.collections().iter().map(|h| view_of(h)).collect())
+}
+
+#[utoipa::path(get, path = "/v1/collections/{id}", tag = "devices",
+    params(("id" = uuid::Uuid, Path, description = "The collection id.")),
+    responses(
+        (status = 200, description = "The public config with its status.", body = api::CollectionView),
+        (status = 404, response = super::super::openapi::NotFound),
+    ))]
+pub(crate) async fn get_collection(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<api::CollectionView>, ApiError> {
+    let h = handle_of(&state, &id).await?;
+    Ok(Json(view_of(&h)))
+}
+
+#[utoipa::path(post, path = "/v1/collections/{id}/close-round", tag = "collections",
+    security(("admin" = [])),
+    params(("id" = uuid::Uuid, Path, description = "The collection id.")),
+    responses(
+        (status = 200, description = "What closing did and the status afterwards.", body = api::CloseRoundAnswer),
+        (status = 401, response = super::super::openapi::Unauthorized),
+        (status = 404, response = super::super::openapi::NotFound),
+        (status = 409, response = super::super::openapi::Conflict),
+    ))]
+pub(crate) async fn close_round(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(id): Path<String>,
+) -> Result<Json<api::CloseRoundAnswer>, ApiError> {
+    let h = handle_of(&state, &id).await?;
+    let handle = h.clone();
+    let transitions = state
+        .ask(|reply| Command::CloseRound { handle, reply })
+        .await?;
+    Ok(Json(api::CloseRoundAnswer {
+        transitions,
+        status: status_of(&h),
+    }))
+}
+
+#[utoipa::path(post, path = "/v1/collections/{id}/finalize", tag = "collections",
+    security(("admin" = [])),
+    params(("id" = uuid::Uuid, Path, description = "The collection id.")),
+    responses(
+        (status = 200, description = "The model built from everything collected.", body = api::FinalizeAnswer),
+        (status = 401, response = super::super::openapi::Unauthorized),
+        (status = 404, response = super::super::openapi::NotFound),
+        (status = 409, response = super::super::openapi::Conflict),
+    ))]
+pub(crate) async fn finalize(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(id): Path<String>,
+) -> Result<Json<api::FinalizeAnswer>, ApiError> {
+    let h = handle_of(&state, &id).await?;
+    let handle = h.clone();
+    let model = state
+        .ask(|reply| Command::Finalize { handle, reply })
+        .await?;
+    Ok(Json(api::FinalizeAnswer {
+        status: status_of(&h),
+        model: model.describe(),
+    }))
+}

@@ -1,0 +1,157 @@
+//! Parties of vertical collections: their upload tokens (admin) and their record uploads
+//! (committed by the committer; [`super::super::vertical`]).
+
+use std::collections::BTreeSet;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, header};
+use ldpsyn::protocol::ProblemType;
+use ldpsyn::vertical::{MAX_RECORDS_PER_UPLOAD, PartyUpload, PartyUploadResult, is_record_id};
+
+use super::super::api::PartyTokens;
+use super::super::error::ApiError;
+use super::super::ingest::{CollectionHandle, Command};
+use super::super::{AppState, vertical};
+use super::extract::{Admin, handle_of, read_body};
+use crate::engine::Phase;
+
+/// Every party's upload token of a vertical collection (admin).
+#[utoipa::path(get, path = "/v1/collections/{id}/parties", tag = "parties",
+    security(("admin" = [])),
+    params(("id" = uuid::Uuid, Path, description = "The collection id.")),
+    responses(
+        (status = 200, description = "`{party name: upload token}`.", body = PartyTokens),
+        (status = 401, response = super::super::openapi::Unauthorized),
+        (status = 404, response = super::super::openapi::NotFound),
+        (status = 409, response = super::super::openapi::Conflict),
+    ))]
+pub async fn get_party_tokens(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(id): Path<String>,
+) -> Result<Json<PartyTokens>, ApiError> {
+    let h = handle_of(&state, &id).await?;
+    Ok(Json(party_tokens(&state, &h)?))
+}
+
+/// `{party name: token}` of a vertical collection. Errors: `conflict` for a device
+/// collection.
+pub fn party_tokens(state: &AppState, h: &CollectionHandle) -> Result<PartyTokens, ApiError> {
+    let v = h.engine.vertical().ok_or_else(not_vertical)?;
+    Ok(v.parties()
+        .iter()
+        .map(|p| (p.name.clone(), state.token_key().party_token(h.id, &p.name)))
+        .collect())
+}
+
+fn not_vertical() -> ApiError {
+    ApiError::problem(
+        ProblemType::Conflict,
+        "not a vertical collection (it takes device reports through …/task and …/reports)",
+    )
+}
+
+/// `POST /v1/collections/{id}/parties/{party}/records`.
+#[utoipa::path(post, path = "/v1/collections/{id}/parties/{party}/records", tag = "parties",
+    security(("party" = [])),
+    params(
+        ("id" = uuid::Uuid, Path, description = "The collection id."),
+        ("party" = String, Path, description = "The party's name."),
+    ),
+    request_body(content = PartyUpload, content_type = "application/json"),
+    responses(
+        (status = 200, description = "How many records were new and how many identical resends.", body = PartyUploadResult),
+        (status = 400, response = super::super::openapi::BadRequest),
+        (status = 401, response = super::super::openapi::Unauthorized),
+        (status = 404, response = super::super::openapi::NotFound),
+        (status = 409, response = super::super::openapi::Conflict),
+        (status = 413, response = super::super::openapi::PayloadTooLarge),
+    ))]
+pub async fn post_party_records(
+    State(state): State<AppState>,
+    Path((id, party)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<PartyUploadResult>, ApiError> {
+    let h = handle_of(&state, &id).await?;
+    let v = h.engine.vertical().ok_or_else(not_vertical)?;
+    let p = v.party_index(&party).ok_or_else(|| {
+        ApiError::problem(
+            ProblemType::NotFound,
+            format!("the collection has no party `{party}`"),
+        )
+    })?;
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    if !state
+        .token_key()
+        .verify_party_token(h.id, &party, presented.trim())
+    {
+        return Err(ApiError::problem(
+            ProblemType::Unauthorized,
+            format!("this route needs `Authorization: Bearer <token of party {party}>`"),
+        ));
+    }
+    let body = read_body(body, state.config().max_body_bytes).await?;
+    let upload: PartyUpload = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::problem(
+            ProblemType::MalformedRequest,
+            format!("body is not a party upload: {e}"),
+        )
+    })?;
+    let n = upload.records.len();
+    if n > MAX_RECORDS_PER_UPLOAD {
+        return Err(ApiError::problem(
+            ProblemType::PayloadTooLarge,
+            format!("{n} records in one upload; at most {MAX_RECORDS_PER_UPLOAD}"),
+        ));
+    }
+    if n == 0 {
+        return Err(ApiError::problem(
+            ProblemType::InvalidParameter,
+            "`records` is empty",
+        ));
+    }
+    let mut seen = BTreeSet::new();
+    for (i, r) in upload.records.iter().enumerate() {
+        if !is_record_id(&r.id) {
+            return Err(ApiError::problem(
+                ProblemType::InvalidParameter,
+                format!("record {i}: `id` must be 64 lowercase hex digits (HMAC-SHA256)"),
+            ));
+        }
+        if !seen.insert(r.id.as_str()) {
+            return Err(ApiError::problem(
+                ProblemType::InvalidParameter,
+                format!("record {i}: id {} appears twice in this upload", r.id),
+            ));
+        }
+        if !v.fits(p, &r.codes) {
+            return Err(ApiError::problem(
+                ProblemType::InvalidPayload,
+                format!(
+                    "record {i}: `codes` must hold {} codes, each below its attribute's domain size",
+                    v.parties()[p].attributes.len()
+                ),
+            ));
+        }
+    }
+    if h.state().phase == Phase::Finalized {
+        return Err(vertical::finalized());
+    }
+    let result = state
+        .ask(|reply| Command::PartyRecords {
+            handle: h.clone(),
+            party: p,
+            records: upload.records,
+            reply,
+        })
+        .await?;
+    state.metrics().reports(result.accepted, result.duplicate);
+    Ok(Json(result))
+}

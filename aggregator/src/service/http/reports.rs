@@ -1,0 +1,209 @@
+//! Devices: tasks (`GET …/task`) and report uploads (`POST …/reports`).
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use ldpsyn::protocol::{
+    MAX_TASKS_PER_REQUEST, ProblemType, Report, ReportAnswer, ReportStatus, Task,
+};
+use serde::Deserialize;
+use utoipa::IntoParams;
+
+use super::super::error::ApiError;
+use super::super::ingest::{CollectionHandle, Command, Outcome, PendingReport};
+use super::super::tokens::{MAX_FACTOR_LEN, MAX_TOKEN_CUTS, TaskClaims, validate_report};
+use super::super::{AppState, api, now_millis, now_secs};
+use super::extract::{Query, handle_of, read_body};
+use crate::engine::{Phase, TaskSpec};
+
+/// The query of `GET /v1/collections/{id}/task`; any other parameter is a 400.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct TaskQuery {
+    /// Ask for this many tasks (a JSON array); without it, one task object.
+    #[param(minimum = 1, maximum = 1000)]
+    pub count: Option<u32>,
+}
+
+fn issue(state: &AppState, h: &CollectionHandle, spec: TaskSpec, now: i64, now_ms: u64) -> Task {
+    let nonce = TaskClaims::fresh_nonce(now_ms);
+    let claims = TaskClaims {
+        collection: h.id,
+        round: spec.round,
+        factor: spec.factor.clone(),
+        mechanism: spec.mechanism,
+        epsilon: h.config.epsilon,
+        expires_at: now.saturating_add(state.config().task_ttl_secs),
+        nonce,
+        bins: spec.bins.clone(),
+    };
+    Task {
+        collection_id: h.id,
+        round: spec.round,
+        factor: spec.factor,
+        mechanism: spec.mechanism,
+        bins: spec.bins,
+        epsilon: h.config.epsilon,
+        token: state.token_key().sign(&claims),
+        expires_at: claims.expires_at,
+    }
+}
+
+#[utoipa::path(get, path = "/v1/collections/{id}/task", tag = "devices",
+    params(("id" = uuid::Uuid, Path, description = "The collection id."), TaskQuery),
+    responses(
+        (status = 200, description = "One task, or an array of `count` independently drawn tasks.", body = api::TaskAnswer),
+        (status = 400, response = super::super::openapi::BadRequest),
+        (status = 404, response = super::super::openapi::NotFound),
+        (status = 409, response = super::super::openapi::Conflict),
+        (status = 429, response = super::super::openapi::TooManyRequests),
+    ))]
+pub(crate) async fn get_task(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    query: Result<Query<TaskQuery>, ApiError>,
+) -> Result<Response, ApiError> {
+    let h = handle_of(&state, &id).await?;
+    // Parsed after the id, as before: an unknown collection answers 404 whatever the query.
+    let Query(q) = query?;
+    let count = match q.count {
+        None => None,
+        Some(n) => {
+            let n = n as usize;
+            if !(1..=MAX_TASKS_PER_REQUEST).contains(&n) {
+                return Err(ApiError::problem(
+                    ProblemType::InvalidParameter,
+                    format!("`count` must be in 1..={MAX_TASKS_PER_REQUEST}, got {n}"),
+                ));
+            }
+            Some(n)
+        }
+    };
+    let s = h.state();
+    if s.phase == Phase::Finalized {
+        return Err(ApiError::problem(
+            ProblemType::CollectionFinalized,
+            "the collection is finalized and hands out no more tasks",
+        ));
+    }
+    let now_ms = now_millis();
+    let now = (now_ms / 1000) as i64;
+    let mut rng = rand::rng();
+    let n = count.unwrap_or(1);
+    let mut tasks = Vec::with_capacity(n);
+    // The state's choices once per request; each task an O(log n) draw.
+    let sampler = h.engine.sampler(&s)?;
+    for _ in 0..n {
+        let spec = sampler.draw(&mut rng);
+        if spec.factor.len() > MAX_FACTOR_LEN
+            || spec.bins.iter().map(Vec::len).sum::<usize>() > MAX_TOKEN_CUTS
+        {
+            return Err(ApiError::Internal("task too large for a token".into()));
+        }
+        tasks.push(issue(&state, &h, spec, now, now_ms));
+    }
+    state.metrics().task_request(n as u64);
+    Ok(match count {
+        None => Json(tasks.pop()).into_response(),
+        Some(_) => Json(tasks).into_response(),
+    })
+}
+
+/// Parses an upload body: a JSON array of 1..=`max` reports. Errors: 400 (not JSON of that
+/// shape, empty), 413 (too many).
+pub fn parse_upload(body: &[u8], max: usize) -> Result<Vec<Report>, ApiError> {
+    let reports: Vec<Report> = serde_json::from_slice(body).map_err(|e| {
+        ApiError::problem(
+            ProblemType::MalformedRequest,
+            format!("the body must be a JSON array of reports {{id, token, payload}}: {e}"),
+        )
+    })?;
+    if reports.is_empty() {
+        return Err(ApiError::problem(
+            ProblemType::InvalidParameter,
+            "the upload holds no report",
+        ));
+    }
+    if reports.len() > max {
+        return Err(ApiError::problem(
+            ProblemType::PayloadTooLarge,
+            format!("{} reports in one upload; at most {max}", reports.len()),
+        ));
+    }
+    Ok(reports)
+}
+
+#[utoipa::path(post, path = "/v1/collections/{id}/reports", tag = "devices",
+    params(("id" = uuid::Uuid, Path, description = "The collection id.")),
+    request_body(content = Vec<Report>, content_type = "application/json",
+        description = "1..=`--max-reports-per-upload` reports (default 1000)."),
+    responses(
+        (status = 200, description = "One answer per report, in order, after the commit.", body = Vec<ReportAnswer>),
+        (status = 400, response = super::super::openapi::BadRequest),
+        (status = 404, response = super::super::openapi::NotFound),
+        (status = 409, response = super::super::openapi::Conflict),
+        (status = 413, response = super::super::openapi::PayloadTooLarge),
+        (status = 429, response = super::super::openapi::TooManyRequests),
+    ))]
+pub(crate) async fn post_reports(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: Body,
+) -> Result<Json<Vec<ReportAnswer>>, ApiError> {
+    state.metrics().upload_request();
+    let h = handle_of(&state, &id).await?;
+    let body = read_body(body, state.config().max_body_bytes).await?;
+    let reports = parse_upload(&body, state.config().max_reports_per_upload)?;
+    if h.state().phase == Phase::Finalized {
+        return Err(ApiError::problem(
+            ProblemType::CollectionFinalized,
+            "the collection is finalized and takes no more reports",
+        ));
+    }
+    let now = now_secs();
+    let mut answers: Vec<ReportAnswer> = Vec::with_capacity(reports.len());
+    let mut items = Vec::with_capacity(reports.len());
+    let mut slots = Vec::with_capacity(reports.len());
+    for report in reports {
+        let rid = report.id;
+        match validate_report(state.token_key(), &h, report, now) {
+            Ok(r) => {
+                slots.push(answers.len());
+                items.push(PendingReport {
+                    handle: h.clone(),
+                    report: r,
+                });
+                answers.push(ReportAnswer {
+                    id: rid,
+                    status: ReportStatus::Accepted,
+                    problem: None,
+                });
+            }
+            Err(p) => {
+                state.metrics().rejected(p.problem_type);
+                answers.push(ReportAnswer {
+                    id: rid,
+                    status: ReportStatus::Rejected,
+                    problem: Some(p),
+                });
+            }
+        }
+    }
+    if !items.is_empty() {
+        let outcomes = state.ask(|reply| Command::Reports { items, reply }).await?;
+        for (slot, o) in slots.into_iter().zip(outcomes) {
+            let a = &mut answers[slot];
+            match o {
+                Outcome::Accepted => {}
+                Outcome::Duplicate => a.status = ReportStatus::Duplicate,
+                Outcome::Rejected(p) => {
+                    a.status = ReportStatus::Rejected;
+                    a.problem = Some(p);
+                }
+            }
+        }
+    }
+    Ok(Json(answers))
+}

@@ -1,0 +1,215 @@
+//! Results of a finalized collection (admin): the model, marginals, and the streamed
+//! synthetic download (rows written by [`super::super::synthetic`] on a blocking task into a
+//! bounded channel: memory stays bounded, the work stops when the client goes away).
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use ldpsyn::protocol::ProblemType;
+use ldpsyn::schema::{NumericDecoding, Schema};
+use serde::Deserialize;
+use utoipa::IntoParams;
+
+use super::super::error::ApiError;
+use super::super::ingest::CollectionHandle;
+use super::super::synthetic::{Format, write_synthetic};
+use super::super::{AppState, api};
+use super::extract::{Admin, Query, handle_of};
+use crate::engine::Expansion;
+
+/// The query of `GET /v1/collections/{id}/marginals`; any other parameter is a 400.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct MarginalsQuery {
+    /// Comma-separated attribute names, distinct.
+    #[param(example = "age,sex")]
+    pub attrs: String,
+}
+
+/// The query of `GET /v1/collections/{id}/synthetic`; any other parameter is a 400.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct SyntheticQuery {
+    /// Rows to draw, 1..=`--max-synthetic-rows` of the server (default 10,000,000).
+    #[param(minimum = 1)]
+    pub rows: u64,
+    /// Seed: the same seed and model give the same bytes (default 0).
+    pub seed: Option<u64>,
+    /// `csv` (default, with a header row) or `ndjson` (one JSON object per row).
+    #[param(example = "csv")]
+    pub format: Option<api::SyntheticFormat>,
+    /// Numeric values within the model's bin: `recover` (default; by the sub-bin estimate), `uniform` or `midpoint`.
+    #[param(example = "recover")]
+    pub numeric: Option<api::SyntheticNumeric>,
+}
+
+/// The model of a finalized collection; 409 `model-not-ready` before.
+pub(crate) async fn model_of(
+    state: &AppState,
+    id: &str,
+) -> Result<(Arc<CollectionHandle>, Arc<crate::engine::Model>), ApiError> {
+    let h = handle_of(state, id).await?;
+    let m = h.model().ok_or_else(|| {
+        ApiError::problem(
+            ProblemType::ModelNotReady,
+            "the model is built when the collection is finalized (POST …/finalize)",
+        )
+    })?;
+    Ok((h, m))
+}
+
+#[utoipa::path(get, path = "/v1/collections/{id}/model", tag = "results",
+    security(("admin" = [])),
+    params(("id" = uuid::Uuid, Path, description = "The collection id.")),
+    responses(
+        (status = 200, description = "The model of a finalized collection.", body = api::ModelAnswer),
+        (status = 401, response = super::super::openapi::Unauthorized),
+        (status = 404, response = super::super::openapi::NotFound),
+        (status = 409, response = super::super::openapi::Conflict),
+    ))]
+pub(crate) async fn get_model(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(id): Path<String>,
+) -> Result<Json<api::ModelAnswer>, ApiError> {
+    let (h, m) = model_of(&state, &id).await?;
+    let attributes = h
+        .config
+        .schema
+        .attributes()
+        .iter()
+        .map(|a| a.name.clone())
+        .collect();
+    Ok(Json(api::ModelAnswer {
+        attributes,
+        model: m.describe(),
+    }))
+}
+
+/// Display labels of every code of an attribute (numeric: bin midpoints).
+pub(crate) fn labels(schema: &Schema, a: usize) -> Vec<String> {
+    let attr = &schema.attributes()[a];
+    // Midpoint decoding draws nothing; any RNG will do.
+    let mut rng = <rand_chacha::ChaCha12Rng as rand::SeedableRng>::seed_from_u64(0);
+    (0..attr.domain_size() as u32)
+        .map(|c| {
+            attr.decode(c, NumericDecoding::Midpoint, &mut rng)
+                .to_string()
+        })
+        .collect()
+}
+
+#[utoipa::path(get, path = "/v1/collections/{id}/marginals", tag = "results",
+    security(("admin" = [])),
+    params(("id" = uuid::Uuid, Path, description = "The collection id."), MarginalsQuery),
+    responses(
+        (status = 200, description = "The marginal of `attrs` under the model, with standard errors where measured.", body = api::MarginalsAnswer),
+        (status = 400, response = super::super::openapi::BadRequest),
+        (status = 401, response = super::super::openapi::Unauthorized),
+        (status = 404, response = super::super::openapi::NotFound),
+        (status = 409, response = super::super::openapi::Conflict),
+    ))]
+pub(crate) async fn get_marginals(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(id): Path<String>,
+    query: Result<Query<MarginalsQuery>, ApiError>,
+) -> Result<Json<api::MarginalsAnswer>, ApiError> {
+    let (h, m) = model_of(&state, &id).await?;
+    // Parsed after the model, as before: 404/409 come first whatever the query.
+    let Query(MarginalsQuery { attrs }) = query?;
+    let schema = &h.config.schema;
+    let mut idx = Vec::new();
+    for name in attrs.split(',').map(str::trim) {
+        let i = schema.index_of(name).ok_or_else(|| {
+            ApiError::problem(
+                ProblemType::InvalidParameter,
+                format!("unknown attribute `{name}`"),
+            )
+        })?;
+        idx.push(i);
+    }
+    let est = m.marginal(&idx)?;
+    Ok(Json(api::MarginalsAnswer {
+        attributes: idx
+            .iter()
+            .map(|&i| schema.attributes()[i].name.clone())
+            .collect(),
+        labels: idx.iter().map(|&i| labels(schema, i)).collect(),
+        dims: est.dims,
+        frequencies: est.frequencies,
+        std_errors: est.std_errors,
+    }))
+}
+
+/// The synthetic download handler.
+#[utoipa::path(get, path = "/v1/collections/{id}/synthetic", tag = "results",
+    security(("admin" = [])),
+    params(
+        ("id" = uuid::Uuid, Path, description = "The collection id."),
+        SyntheticQuery,
+    ),
+    responses(
+        (status = 200, description = "The synthetic rows, streamed.",
+            content((String = "text/csv; charset=utf-8"), (String = "application/x-ndjson"))),
+        (status = 400, response = super::super::openapi::BadRequest),
+        (status = 401, response = super::super::openapi::Unauthorized),
+        (status = 404, response = super::super::openapi::NotFound),
+        (status = 409, response = super::super::openapi::Conflict),
+    ))]
+pub(crate) async fn get_synthetic(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(id): Path<String>,
+    Query(q): Query<SyntheticQuery>,
+) -> Result<Response, ApiError> {
+    let max = state.config().max_synthetic_rows;
+    let rows = q.rows;
+    if rows == 0 || rows > max {
+        return Err(ApiError::problem(
+            ProblemType::InvalidParameter,
+            format!("`rows` must be in 1..={max}"),
+        ));
+    }
+    let seed = q.seed.unwrap_or(0);
+    let format = match q.format.unwrap_or(api::SyntheticFormat::Csv) {
+        api::SyntheticFormat::Csv => Format::Csv,
+        api::SyntheticFormat::Ndjson => Format::Ndjson,
+    };
+    let numeric = match q.numeric.unwrap_or(api::SyntheticNumeric::Recover) {
+        api::SyntheticNumeric::Recover => Expansion::Recover,
+        api::SyntheticNumeric::Uniform => Expansion::Uniform,
+        api::SyntheticNumeric::Midpoint => Expansion::Midpoint,
+    };
+    let (h, model) = model_of(&state, &id).await?;
+    let schema = h.config.schema.clone();
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(4);
+    let counting = state.clone();
+    tokio::task::spawn_blocking(move || {
+        write_synthetic(&model, &schema, rows, seed, format, numeric, |chunk| {
+            counting.metrics().synthetic_bytes(chunk.len() as u64);
+            // Fails once the client has gone (the body stream and its receiver dropped).
+            tx.blocking_send(chunk).is_ok()
+        });
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|b| (Ok::<Bytes, std::convert::Infallible>(b), rx))
+    });
+    let content_type = match format {
+        Format::Csv => "text/csv; charset=utf-8",
+        Format::Ndjson => "application/x-ndjson",
+    };
+    Ok((
+        [(header::CONTENT_TYPE, content_type)],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}

@@ -388,6 +388,8 @@ problem_types! {
     UnknownCollection = "unknown-collection", 404, "Unknown collection";
     /// No such resource.
     NotFound = "not-found", 404, "Not found";
+    /// The path exists but not with this method (the `Allow` header lists the ones it has).
+    MethodNotAllowed = "method-not-allowed", 405, "Method not allowed";
     /// The collection is finalized and takes no more tasks or reports.
     CollectionFinalized = "collection-finalized", 409, "Collection finalized";
     /// The model is not built yet (finalize first).

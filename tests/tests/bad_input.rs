@@ -525,6 +525,18 @@ async fn unknown_query_parameters_are_400_problems() {
         get("task?count=2".into(), false).await.unwrap().status(),
         200
     );
+    // A route with another method: 405 as a problem document, with `Allow`.
+    let r = http
+        .delete(format!("{base}/v1/collections/{id}/task"))
+        .send()
+        .await
+        .unwrap();
+    let allow = r
+        .headers()
+        .get("allow")
+        .map(|v| v.to_str().unwrap().to_owned());
+    expect_problem(r, 405, ProblemType::MethodNotAllowed).await;
+    assert!(allow.is_some_and(|a| a.contains("GET")), "Allow header");
 
     let mut people = people(&schema(), 200, 4);
     let options = ClientOptions::insecure_simulation(Epsilon::new(2.0).unwrap(), 6);

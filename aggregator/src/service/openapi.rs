@@ -10,7 +10,8 @@
 //! [`ProblemType`]; each status the server answers with has a response component
 //! (`BadRequest`, `Unauthorized`, …) whose `type` is limited to that status's types. Every
 //! operation may answer `500 internal` and `503 unavailable` (timeout, load shedding, state
-//! still loading): [`CommonResponses`] adds them. Security: `admin` (the admin bearer token)
+//! still loading), and its path `405 method-not-allowed` to other methods:
+//! [`CommonResponses`] adds them. Security: `admin` (the admin bearer token)
 //! and `party` (a vertical collection party's bearer token) schemes.
 
 use std::sync::OnceLock;
@@ -53,6 +54,8 @@ problem_responses! {
     Unauthorized = 401;
     /// 404: no such collection, party, file or route.
     NotFound = 404;
+    /// 405: the path exists, the method does not (`Allow` lists the methods).
+    MethodNotAllowed = 405;
     /// 409: the request conflicts with the collection's state.
     Conflict = 409;
     /// 413: body or batch too large.
@@ -124,8 +127,8 @@ fn problem_response(status: u16) -> RefOr<utoipa::openapi::response::Response> {
     b.build().into()
 }
 
-/// Adds the security schemes, every problem response component, and `500`/`503` to every
-/// operation.
+/// Adds the security schemes, every problem response component, and `405`/`500`/`503` to
+/// every operation.
 pub struct CommonResponses;
 
 impl Modify for CommonResponses {
@@ -172,6 +175,10 @@ impl Modify for CommonResponses {
             .flatten()
             {
                 let common = ResponsesBuilder::new()
+                    .response(
+                        "405",
+                        utoipa::openapi::Ref::from_response_name("MethodNotAllowed"),
+                    )
                     .response(
                         "500",
                         utoipa::openapi::Ref::from_response_name("InternalError"),
@@ -233,6 +240,7 @@ impl Modify for CommonResponses {
             BadRequest,
             Unauthorized,
             NotFound,
+            MethodNotAllowed,
             Conflict,
             PayloadTooLarge,
             TooManyRequests,

@@ -163,6 +163,7 @@ pub fn router(state: AppState) -> Router {
         app = app.route(r.path, handler);
     }
     app.fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(
             ServiceBuilder::new()
                 .layer(TraceLayer::new_for_http())
@@ -188,6 +189,13 @@ async fn overloaded(err: BoxError) -> Response {
 
 async fn not_found() -> ApiError {
     ApiError::problem(ProblemType::NotFound, "no such route")
+}
+
+async fn method_not_allowed(method: axum::http::Method) -> ApiError {
+    ApiError::problem(
+        ProblemType::MethodNotAllowed,
+        format!("this path does not take {method} (see the `Allow` header)"),
+    )
 }
 
 async fn rate_limit(

@@ -23,7 +23,7 @@ use super::pgm::GraphicalModel;
 use super::plan::{Conditional, Structure};
 use super::samprivsyn::SamPrivSynModel;
 use super::space::Space;
-use super::tables::{Measurements, coarsen_map, projection_map};
+use super::tables::{Measurements, TableKey, coarsen_map, projection_map};
 
 /// Where joint tables of attribute sets come from.
 pub trait JointSource: Send + Sync + std::fmt::Debug {
@@ -45,12 +45,26 @@ pub trait JointSource: Send + Sync + std::fmt::Debug {
 pub struct FittedJoint {
     ms: Measurements,
     model: GraphicalModel,
+    shared_records: bool,
 }
 
 impl FittedJoint {
-    /// Wraps a fit and the measurements it was fitted to.
+    /// Wraps a fit and the measurements it was fitted to, each table of its own users.
     pub fn new(ms: Measurements, model: GraphicalModel) -> Self {
-        Self { ms, model }
+        Self {
+            ms,
+            model,
+            shared_records: false,
+        }
+    }
+
+    /// The same, for tables that all count reports of the same records (a vertical
+    /// collection): a 1-way and every pair containing it are then one estimate, not
+    /// independent ones, and a marginal's standard errors are those of the table over
+    /// exactly its attributes.
+    pub fn with_shared_records(mut self, shared: bool) -> Self {
+        self.shared_records = shared;
+        self
     }
 
     /// The measurements.
@@ -83,10 +97,19 @@ impl JointSource for FittedJoint {
 
     /// The standard errors of the inverse-variance combination of every table containing
     /// `attrs` (the one variance model at the model's `frequencies`): the model's estimate
-    /// pools at least those tables, so they bound its error where the model holds.
+    /// pools at least those tables, so they bound its error where the model holds. With
+    /// shared records ([`FittedJoint::with_shared_records`]) only the table over exactly
+    /// `attrs` counts: the others hold the same reports.
     fn std_errors(&self, attrs: &[usize], frequencies: &[f64]) -> Option<Vec<f64>> {
+        let exact = |k: &TableKey| {
+            k.factor.len() == attrs.len() && attrs.iter().all(|a| k.factor.contains(a))
+        };
         self.ms
-            .combined_at(attrs, |_| true, Some(frequencies))
+            .combined_at(
+                attrs,
+                |m| !self.shared_records || exact(m),
+                Some(frequencies),
+            )
             .map(|c| c.std_errors)
     }
 }

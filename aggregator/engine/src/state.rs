@@ -779,7 +779,8 @@ impl Engine {
         // Cliques are within the cap: one conditional per clique (no Algorithm 2 split).
         let structure = build_structure(self.dims(), &edges, &[], u64::MAX);
         let recovery = Recovery::new(&self.space, &ms);
-        let source = FittedJoint::new(ms, fitted);
+        let source =
+            FittedJoint::new(ms, fitted).with_shared_records(self.rules.tables_share_records());
         let gains = gains
             .into_iter()
             .map(|((a, b), g)| EdgeGain {

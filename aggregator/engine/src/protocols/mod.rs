@@ -105,6 +105,14 @@ pub trait CollectionProtocol: Send + Sync + Debug {
         0.0
     }
 
+    /// Whether every table counts reports of the same records (a vertical collection), so
+    /// that overlapping tables are one estimate rather than independent ones (standard
+    /// errors: [`crate::model::FittedJoint::with_shared_records`]). By default `false`: each
+    /// device report is in one table.
+    fn tables_share_records(&self) -> bool {
+        false
+    }
+
     /// Whether the final fit observes `key`'s table once the model graph `edges` is chosen:
     /// by default every table (each holds reports of its own users).
     fn fit_table(&self, _key: &TableKey, _edges: &BTreeSet<Edge>) -> bool {

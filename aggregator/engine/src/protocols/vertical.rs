@@ -317,6 +317,10 @@ impl CollectionProtocol for Vertical {
         VERTICAL_GAIN_MARGIN
     }
 
+    fn tables_share_records(&self) -> bool {
+        true
+    }
+
     fn fit_table(&self, key: &TableKey, edges: &BTreeSet<Edge>) -> bool {
         match key.factor.as_slice() {
             [_] => true,

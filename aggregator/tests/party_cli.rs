@@ -190,3 +190,123 @@ async fn two_parties_upload_with_the_cli() {
     assert!(text.starts_with("sex,age,plan"), "{text}");
     assert_eq!(text.lines().count(), 101);
 }
+
+/// A `serve` SIGKILLed while a party uploads: the CLI fails, the server restarts on the same
+/// database with every acknowledged record, and rerunning the upload resends the journal:
+/// each record is then stored exactly once (accepted + already held = all), and a further
+/// rerun finds every one held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_during_a_party_upload_loses_nothing_acknowledged() {
+    const M: usize = 40_000;
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    let db = format!("sqlite://{}", path("crash.db"));
+    let server = common::serve_on(ADMIN, &db, &[]);
+    let schema = json!({"attributes": [
+        {"name": "sex", "type": "categorical", "labels": ["F", "M"]},
+        {"name": "plan", "type": "categorical", "labels": ["a", "b", "c"]}]});
+    std::fs::write(path("schema.json"), schema.to_string()).unwrap();
+    let parties = json!([
+        {"name": "bank", "attributes": [{"name": "sex", "epsilon": 1.0}]},
+        {"name": "telco", "attributes": [{"name": "plan", "epsilon": 1.0}]}]);
+    let create = stdout_ok(&run(
+        &server.base,
+        &[
+            "collections",
+            "--json",
+            "create",
+            "--schema",
+            &path("schema.json"),
+            "--protocol",
+            "vertical",
+            "--epsilon",
+            "1",
+            "--target-users",
+            &M.to_string(),
+            "--param",
+            &format!("parties={parties}"),
+        ],
+        &[],
+    ));
+    let created: Value = serde_json::from_str(&create).unwrap();
+    let id = created["id"].as_str().unwrap().to_owned();
+    let token = created["party_tokens"]["bank"].as_str().unwrap().to_owned();
+    let mut bank = String::from("customer_id,sex\n");
+    for i in 0..M {
+        bank.push_str(&format!("c{i},{}\n", ["F", "M"][i % 2]));
+    }
+    std::fs::write(path("bank.csv"), bank).unwrap();
+    let key = path("key.hex");
+    stdout_ok(&run(&server.base, &["party", "keygen", "--out", &key], &[]));
+    let upload = |base: &str| {
+        let mut c = Command::new(BIN);
+        c.args(["party", "upload", "--collection", &id, "--party", "bank"])
+            .args(["--data", &path("bank.csv"), "--id-column", "customer_id"])
+            .args(["--key-file", &key, "--quiet", "--batch", "200"])
+            .env("LDPSYN_SERVER", base)
+            .env("LDPSYN_PARTY_TOKEN", &token)
+            .env("LDPSYN_LOG", "warn");
+        c
+    };
+    let accepted = |base: String| {
+        let id = id.clone();
+        async move {
+            let s: Value = reqwest::Client::new()
+                .get(format!("{base}/v1/collections/{id}"))
+                .bearer_auth(ADMIN)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            s["status"]["reports_accepted"].as_u64().unwrap()
+        }
+    };
+
+    // Kill the server once a tenth of the records are acknowledged, mid-upload.
+    let mut child = upload(&server.base)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let acked = loop {
+        let n = accepted(server.base.clone()).await;
+        if n >= M as u64 / 10 {
+            break n;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    };
+    server.kill();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        !out.status.success(),
+        "the upload outlived the server: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!((acked as usize) < M, "killed mid-upload ({acked} of {M})");
+
+    // Restarted on the same database: the acknowledged records are there.
+    let server = common::serve_on(ADMIN, &db, &[]);
+    let after = accepted(server.base.clone()).await;
+    assert!(
+        after >= acked,
+        "{after} < {acked} acknowledged before the kill"
+    );
+    eprintln!("killed with {acked} records acknowledged; {after} after the restart, of {M}");
+    // The rerun resends the journal: new ids accepted, the rest already held, once each.
+    let out = stdout_ok(&upload(&server.base).output().unwrap());
+    assert!(
+        out.contains(&format!(
+            "{} records accepted, {after} already held",
+            M as u64 - after
+        )),
+        "{out}"
+    );
+    assert_eq!(accepted(server.base.clone()).await, M as u64);
+    let out = stdout_ok(&upload(&server.base).output().unwrap());
+    assert!(
+        out.contains(&format!("0 records accepted, {M} already held")),
+        "{out}"
+    );
+}

@@ -19,7 +19,15 @@ pub struct Serve {
     pub addr: String,
     /// `http://127.0.0.1:port`.
     pub base: String,
-    _dir: tempfile::TempDir,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Serve {
+    /// SIGKILLs the process (as a crash would) and waits for it.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 impl Drop for Serve {
@@ -42,14 +50,18 @@ pub fn free_port() -> u16 {
 /// works from sync and async tests alike.
 pub fn serve(admin: &str, args: &[&str]) -> Serve {
     let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("serve.db").display());
+    let mut server = serve_on(admin, &url, args);
+    server._dir = Some(dir);
+    server
+}
+
+/// As [`serve`], on the database `database_url` (which outlives the process).
+pub fn serve_on(admin: &str, database_url: &str, args: &[&str]) -> Serve {
     let addr = format!("127.0.0.1:{}", free_port());
     let child = Command::new(BIN)
         .args(["serve", "--bind", &addr, "--rate-limit-per-ip", "0"])
-        .arg("--database-url")
-        .arg(format!(
-            "sqlite://{}",
-            dir.path().join("serve.db").display()
-        ))
+        .args(["--database-url", database_url])
         .args(args)
         .env("LDPSYN_ADMIN_TOKEN", admin)
         .env("LDPSYN_LOG", "warn")
@@ -60,7 +72,7 @@ pub fn serve(admin: &str, args: &[&str]) -> Serve {
         child,
         base: format!("http://{addr}"),
         addr,
-        _dir: dir,
+        _dir: None,
     };
     let start = Instant::now();
     loop {

@@ -265,7 +265,7 @@ async fn sigkill_during_a_party_upload_loses_nothing_acknowledged() {
     };
 
     // Kill the server once a tenth of the records are acknowledged, mid-upload.
-    let mut child = upload(&server.base)
+    let child = upload(&server.base)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

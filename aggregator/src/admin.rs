@@ -80,7 +80,7 @@ pub struct DownloadArgs {
     /// Output file.
     #[arg(long)]
     pub out: PathBuf,
-    /// Rows (default: the server's, the collection's target users).
+    /// Rows (default: the collection's target users).
     #[arg(long)]
     pub rows: Option<u64>,
     /// Seed: the same seed and model give the same bytes.
@@ -234,8 +234,20 @@ async fn download(
         numeric,
         quiet,
     } = args;
-    let mut query = vec![("format", format.clone())];
-    query.extend(rows.map(|r| ("rows", r.to_string())));
+    // The server needs a row count: by default as many rows as the collection has people.
+    let rows = match rows {
+        Some(r) => *r,
+        None => {
+            let c = json_of(
+                call(reqwest::Method::GET, &format!("/v1/collections/{id}"))
+                    .send()
+                    .await?,
+            )
+            .await?;
+            c["target_users"].as_u64().unwrap_or(1).max(1)
+        }
+    };
+    let mut query = vec![("format", format.clone()), ("rows", rows.to_string())];
     query.extend(seed.map(|s| ("seed", s.to_string())));
     query.extend(numeric.clone().map(|n| ("numeric", n)));
     let mut resp = call(
@@ -251,7 +263,7 @@ async fn download(
     let bar = if *quiet {
         ProgressBar::hidden()
     } else {
-        let bar = rows.map_or_else(ProgressBar::new_spinner, ProgressBar::new);
+        let bar = ProgressBar::new(rows);
         bar.set_style(
             ProgressStyle::with_template(
                 "download {bar:40} {human_pos}/{human_len} rows {per_sec} {elapsed}",

@@ -8,7 +8,10 @@
 //!   renamed into place) and only then uploads them in batches with a progress bar. A rerun
 //!   with an existing journal resends the journal's records byte for byte (the server counts
 //!   them as duplicates) instead of randomizing again: re-randomizing would let the noise be
-//!   averaged away, and the server refuses other codes for a record id it holds.
+//!   averaged away, and the server refuses other codes for a record id it holds. A row with
+//!   a value the schema refuses (e.g. missing under `"missing": "reject"`) is not uploaded,
+//!   as a device would not report it, and counted in a warning; an attribute with
+//!   `"on_invalid": "randomize"` reports a uniform code instead.
 //!
 //! The upload token comes from `LDPSYN_PARTY_TOKEN` (never a flag: it would show in the
 //! process list).
@@ -22,7 +25,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use ldpsyn::Epsilon;
 use ldpsyn::client::{ClientError, ClientOptions};
 use ldpsyn::schema::Value;
-use ldpsyn::vertical::{MAX_RECORDS_PER_UPLOAD, PartyClient, PartyRecord, RecordIdKey};
+use ldpsyn::vertical::{
+    MAX_RECORDS_PER_UPLOAD, PartyClient, PartyRecord, RecordIdKey, VerticalError,
+};
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -287,6 +292,7 @@ fn randomize_csv(args: &UploadArgs, client: &PartyClient) -> Result<Vec<PartyRec
     let mut rng = rand::rngs::StdRng::from_os_rng();
     let mut seen = HashSet::new();
     let mut out = Vec::new();
+    let (mut skipped, mut skipped_rows) = (Vec::new(), 0usize);
     for (line, row) in reader.records().enumerate() {
         let row = row.map_err(|e| PartyError::Input(format!("{}: {e}", args.data.display())))?;
         let customer = row.get(id_col).unwrap_or_default().trim();
@@ -300,13 +306,35 @@ fn randomize_csv(args: &UploadArgs, client: &PartyClient) -> Result<Vec<PartyRec
             .iter()
             .map(|&c| Value::from(row.get(c).unwrap_or_default()))
             .collect();
-        let codes = r
-            .randomize(&values, &mut rng)
-            .map_err(|e| PartyError::Input(format!("row {}: {e}", line + 2)))?;
+        let codes = match r.randomize(&values, &mut rng) {
+            Ok(codes) => codes,
+            // A value the schema refuses: this party does not report the record, as a
+            // device would not (the record's other parties still may).
+            Err(VerticalError::Record { source, .. }) => {
+                if skipped.len() < 3 {
+                    skipped.push(format!("row {}: {source}", line + 2));
+                }
+                skipped_rows += 1;
+                continue;
+            }
+            Err(e) => return Err(PartyError::Input(format!("row {}: {e}", line + 2))),
+        };
         out.push(PartyRecord {
             id: key.record_id(customer),
             codes,
         });
+    }
+    if skipped_rows > 0 {
+        eprintln!(
+            "warning: {skipped_rows} rows not uploaded, a value refused by the schema ({}{}); \
+             `\"on_invalid\": \"randomize\"` or `\"missing\": \"category\"` in the schema would report them",
+            skipped.join("; "),
+            if skipped_rows > skipped.len() {
+                "; …"
+            } else {
+                ""
+            }
+        );
     }
     if out.is_empty() {
         return Err(PartyError::Input(format!(

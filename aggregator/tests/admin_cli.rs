@@ -148,6 +148,14 @@ async fn collections_cli_drives_a_collection() {
     assert_eq!(first.iter().filter(|&&b| b == b'\n').count(), 501);
     assert!(first.starts_with(b"a,h\n"));
     assert_eq!(first, download("b.csv"), "same seed, same bytes");
+    // Without --rows: as many rows as the collection's target users.
+    let path = dir.path().join("default.csv").display().to_string();
+    let said = ok(&cli(
+        &base,
+        &["download", &id.to_string(), "--out", &path, "--quiet"],
+        true,
+    ));
+    assert!(said.contains("300 rows written"), "{said}");
 
     // The analyst's pandas recipe (README), when a Python with pandas is given.
     match std::env::var("LDPSYN_PYTHON") {

@@ -85,6 +85,8 @@ async fn two_parties_upload_with_the_cli() {
         let j = N - 1 - i;
         telco.push_str(&format!("{},c{j}\n", ["a", "b", "c"][j % 3]));
     }
+    // One telco row the schema refuses (missing plan): not uploaded, counted in a warning.
+    telco.push_str(&format!(",c{N}\n"));
     std::fs::write(path("bank.csv"), bank).unwrap();
     std::fs::write(path("telco.csv"), telco).unwrap();
     let key = path("key.hex");
@@ -141,6 +143,12 @@ async fn two_parties_upload_with_the_cli() {
     // The wrong party's token, or none, is refused.
     let e = stderr_failed(&upload("telco", "telco.csv", None, &token("bank")));
     assert!(e.contains("unauthorized"), "{e}");
+    // That run randomized telco's file into its journal, without the refused row.
+    let skipped = format!(
+        "1 rows not uploaded, a value refused by the schema (row {}: attribute `plan`",
+        N + 2
+    );
+    assert!(e.contains(&skipped), "{e}");
     let e = stderr_failed(&run(
         &base,
         &[

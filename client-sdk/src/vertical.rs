@@ -63,8 +63,8 @@ pub enum VerticalError {
         /// Values given.
         found: usize,
     },
-    /// A value cannot be encoded.
-    #[error("attribute `{attribute}`: {source}")]
+    /// A value cannot be encoded (the source names the attribute).
+    #[error("{source}")]
     Record {
         /// The attribute.
         attribute: String,
@@ -252,8 +252,9 @@ impl PartyRandomizer {
 
     /// Encodes the party's values (party order) with the schema and randomizes each with its
     /// attribute's GRR (ε-LDP per attribute; Σ ε over the party's attributes per record).
-    /// `rng` must be a CSPRNG seeded from the OS outside tests and simulations.
-    /// Errors: wrong arity, or a value the schema cannot encode.
+    /// `rng` must be a CSPRNG seeded from the OS outside tests and simulations. An invalid
+    /// value of an attribute with `on_invalid: "randomize"` is replaced by a uniform code
+    /// first, as on devices. Errors: wrong arity, or a value the schema cannot encode.
     pub fn randomize<R: Rng + ?Sized>(
         &self,
         values: &[Value],
@@ -269,7 +270,7 @@ impl PartyRandomizer {
         for (&a, v) in self.attributes.iter().zip(values) {
             let attr = &self.config.schema.attributes()[a];
             codes.push(
-                attr.encode_value(v)
+                attr.encode_value_with(v, rng)
                     .map_err(|source| VerticalError::Record {
                         attribute: attr.name.clone(),
                         source,

@@ -243,8 +243,9 @@ pub enum Expansion {
 pub struct Recovery {
     space: Space,
     /// Per attribute with working bins, the probability of each code within its bin (each
-    /// bin sums to 1), from [`Measurements::sub_bin_distribution`] (uniform within a sub-bin);
-    /// uniform where there is none.
+    /// bin sums to 1), from [`Measurements::sub_bin_distribution`] shrunk towards the
+    /// frequency polygon of the working bins ([`frequency_polygon`]); the polygon alone where
+    /// no sub-bins were measured.
     within: Vec<Option<Vec<f64>>>,
 }
 
@@ -261,14 +262,13 @@ impl Recovery {
                     return None;
                 }
                 let k = space.code_dims()[a];
-                // Uniform within each bin unless sub-bins were measured.
-                let mut w: Vec<f64> = (0..k)
-                    .map(|c| {
-                        let bin = ldpsyn::factor::bin_of(c as u32, space.cuts(a)) as usize;
-                        let r = space.code_range(a, bin);
-                        1.0 / f64::from(r.end - r.start)
-                    })
-                    .collect();
+                // The polygon within each bin unless sub-bins were measured.
+                let bins = ms
+                    .combined_at(&[a], |_| true, None)
+                    .map(|c| c.frequencies)
+                    .unwrap_or_else(|| vec![1.0; space.dims()[a]]);
+                let prior = frequency_polygon(space, a, &bins);
+                let mut w = prior.clone();
                 if let Some((cuts, f, se)) = ms.sub_bin_distribution(a) {
                     let cell_of = |c: u32| ldpsyn::factor::bin_of(c, &cuts) as usize;
                     let cell_size = |i: usize| {
@@ -281,10 +281,21 @@ impl Recovery {
                     for bin in 0..space.dims()[a] {
                         let r = space.code_range(a, bin);
                         let cells = cell_of(r.start)..cell_of(r.end - 1) + 1;
-                        let shape = within_bin_shape(&f[cells.clone()], &se[cells.clone()]);
+                        // The polygon's share of each sub-bin cell of this bin.
+                        let mut prior_cells = vec![0.0; cells.len()];
+                        for c in r.clone() {
+                            prior_cells[cell_of(c) - cells.start] += prior[c as usize];
+                        }
+                        let shape =
+                            within_bin_shape(&f[cells.clone()], &se[cells.clone()], &prior_cells);
                         for c in r {
-                            let i = cell_of(c);
-                            w[c as usize] = shape[i - cells.start] / f64::from(cell_size(i));
+                            let i = cell_of(c) - cells.start;
+                            // Within a cell, the codes as the polygon spreads them.
+                            w[c as usize] = if prior_cells[i] > 0.0 {
+                                shape[i] * prior[c as usize] / prior_cells[i]
+                            } else {
+                                shape[i] / f64::from(cell_size(i + cells.start))
+                            };
                         }
                     }
                 }
@@ -343,15 +354,18 @@ impl Recovery {
 }
 
 /// The shape of a distribution within one working bin from unbiased cell estimates `x`
-/// with standard errors `se`: the cells' deviations from their mean shrunk by the share of
-/// them that is signal, `λ = max(0, O − E)/O`, with `O = Σ|x_c − x̄|` the observed L1
-/// deviation and `E = √(2/π)·√((k−1)/k)·Σσ_c` what noise alone would give (the same
-/// debiasing as a pair's dependence in `auto`), then clipped at 0 and normalized. Pure noise
-/// gives the uniform shape; a strong peak (weekly hours at 40) survives. Sums to 1.
-fn within_bin_shape(x: &[f64], se: &[f64]) -> Vec<f64> {
+/// with standard errors `se`, given a prior shape `prior` (the cells' shares of the bin,
+/// summing to 1): the cells' deviations from the prior's expectation `e_c = prior_c·Σx`
+/// shrunk by the share of them that is signal, `λ = max(0, O − E)/O`, with
+/// `O = Σ|x_c − e_c|` the observed L1 deviation and `E = √(2/π)·√((k−1)/k)·Σσ_c` what noise
+/// alone would give (the same debiasing as a pair's dependence in `auto`), then clipped at
+/// 0 and normalized. Pure noise gives the prior; a strong peak (weekly hours at 40)
+/// survives. Sums to 1.
+fn within_bin_shape(x: &[f64], se: &[f64], prior: &[f64]) -> Vec<f64> {
     let k = x.len() as f64;
-    let mean = x.iter().sum::<f64>() / k;
-    let observed: f64 = x.iter().map(|v| (v - mean).abs()).sum();
+    let total_x = x.iter().sum::<f64>().max(0.0);
+    let expected: Vec<f64> = prior.iter().map(|p| p * total_x).collect();
+    let observed: f64 = x.iter().zip(&expected).map(|(v, e)| (v - e).abs()).sum();
     let noise =
         (2.0 / std::f64::consts::PI).sqrt() * ((k - 1.0) / k).sqrt() * se.iter().sum::<f64>();
     let lambda = if observed > 0.0 {
@@ -361,14 +375,61 @@ fn within_bin_shape(x: &[f64], se: &[f64]) -> Vec<f64> {
     };
     let shrunk: Vec<f64> = x
         .iter()
-        .map(|v| (mean.max(0.0) + lambda * (v - mean)).max(0.0))
+        .zip(&expected)
+        .map(|(v, e)| (e + lambda * (v - e)).max(0.0))
         .collect();
     let total: f64 = shrunk.iter().sum();
     if total > 0.0 {
         shrunk.iter().map(|v| v / total).collect()
     } else {
-        vec![1.0 / k; x.len()]
+        let p: f64 = prior.iter().sum();
+        if p > 0.0 {
+            prior.iter().map(|v| v / p).collect()
+        } else {
+            vec![1.0 / k; x.len()]
+        }
     }
+}
+
+/// The frequency polygon of attribute `a`'s working bins (VertiMRF §6.1's recovery when
+/// nothing finer was measured): each code's share of its bin, from the density
+/// `max(0, m_b)/width_b` of the bins' masses `bins` interpolated linearly between bin
+/// centres over the ordered grid ([`Space::grid_cells`]; flat beyond the outer centres).
+/// Bins past the grid (point masses, "missing") hold one code each, share 1. A smooth
+/// density is then not drawn as steps at the bin edges.
+fn frequency_polygon(space: &Space, a: usize, bins: &[f64]) -> Vec<f64> {
+    let k = space.code_dims()[a];
+    let grid = space.grid_cells(a) as u32;
+    let ordered: Vec<(f64, f64)> = (0..bins.len())
+        .map(|b| (b, space.code_range(a, b)))
+        .filter(|(_, r)| r.end <= grid)
+        .map(|(b, r)| {
+            let width = f64::from(r.end - r.start);
+            (f64::from(r.start + r.end) / 2.0, bins[b].max(0.0) / width)
+        })
+        .collect();
+    let density = |x: f64| -> f64 {
+        let i = ordered.partition_point(|&(centre, _)| centre <= x);
+        match (i.checked_sub(1).map(|j| ordered[j]), ordered.get(i)) {
+            (Some((x0, d0)), Some(&(x1, d1))) => d0 + (d1 - d0) * (x - x0) / (x1 - x0),
+            (Some((_, d)), None) | (None, Some(&(_, d))) => d,
+            (None, None) => 1.0,
+        }
+    };
+    let mut w = vec![0.0; k];
+    for b in 0..space.dims()[a] {
+        let r = space.code_range(a, b);
+        let raw: Vec<f64> = r.clone().map(|c| density(f64::from(c) + 0.5)).collect();
+        let total: f64 = raw.iter().sum();
+        for (c, v) in r.clone().zip(&raw) {
+            w[c as usize] = if total > 0.0 {
+                v / total
+            } else {
+                1.0 / raw.len() as f64
+            };
+        }
+    }
+    w
 }
 
 /// A finalized model. Cheap to clone (shared tables).
@@ -872,21 +933,53 @@ fn infer(dims: &[usize], factors: &[EstimatedConditional], query: &[usize]) -> V
 
 #[cfg(test)]
 mod tests {
-    use super::within_bin_shape;
+    use super::{frequency_polygon, within_bin_shape};
+    use crate::space::Space;
+
+    /// The polygon spreads a bin's codes along the line between its neighbours' densities,
+    /// is flat at the outer bins, and leaves a bin past the grid (a point mass) whole.
+    #[test]
+    fn frequency_polygon_interpolates_between_bin_centres() {
+        // 12 codes: grid bins [0,4) [4,8) [8,11), then code 11 (a point mass) alone.
+        let mut space = Space::new(vec![12], vec![vec![4, 8, 11]]).unwrap();
+        space.set_grid_cells(0, 11);
+        let w = frequency_polygon(&space, 0, &[0.1, 0.3, 0.3, 0.3]);
+        for bin in [0..4, 4..8, 8..11] {
+            let s: f64 = w[bin].iter().sum();
+            assert!((s - 1.0).abs() < 1e-12);
+        }
+        assert_eq!(w[11], 1.0);
+        // Rising from bin 0 to bin 1: inside bin 1 the left codes (towards bin 0's lower
+        // density) weigh less than the right ones; bin 0 is flat left of its centre.
+        assert!(w[4] < w[5] && w[5] < w[6]);
+        assert!((w[0] - w[1]).abs() < 1e-12 && w[2] < w[3]);
+        // Equal densities: uniform.
+        let w = frequency_polygon(&space, 0, &[0.4, 0.4, 0.3, 0.2]);
+        assert!(w[..4].iter().all(|&x| (x - 0.25).abs() < 1e-12), "{w:?}");
+    }
 
     #[test]
     fn within_bin_shape_keeps_signal_and_drops_noise() {
-        // Deviations well inside the noise: uniform.
-        let s = within_bin_shape(&[0.010, 0.013, 0.008, 0.009], &[0.01; 4]);
+        let uniform = [0.25; 4];
+        // Deviations well inside the noise: the prior.
+        let s = within_bin_shape(&[0.010, 0.013, 0.008, 0.009], &[0.01; 4], &uniform);
         assert!(s.iter().all(|&x| (x - 0.25).abs() < 1e-12), "{s:?}");
-        // A peak far above the noise keeps most of its height.
-        let s = within_bin_shape(&[0.30, 0.01, 0.02, 0.0], &[0.005; 4]);
+        let sloped = [0.1, 0.2, 0.3, 0.4];
+        let s = within_bin_shape(&[0.010, 0.013, 0.008, 0.009], &[0.01; 4], &sloped);
         assert!(
-            s[0] > 0.85 && (s.iter().sum::<f64>() - 1.0).abs() < 1e-12,
+            s.iter().zip(sloped).all(|(x, p)| (x - p).abs() < 1e-12),
             "{s:?}"
         );
-        // A bin with no estimated mass: uniform.
-        let s = within_bin_shape(&[-0.01, -0.02], &[0.01; 2]);
+        // A peak far above the noise keeps most of its height whatever the prior.
+        for prior in [uniform, sloped] {
+            let s = within_bin_shape(&[0.30, 0.01, 0.02, 0.0], &[0.005; 4], &prior);
+            assert!(
+                s[0] > 0.85 && (s.iter().sum::<f64>() - 1.0).abs() < 1e-12,
+                "{s:?}"
+            );
+        }
+        // A bin with no estimated mass: the prior.
+        let s = within_bin_shape(&[-0.01, -0.02], &[0.01; 2], &[0.5, 0.5]);
         assert_eq!(s, vec![0.5, 0.5]);
     }
 }

@@ -44,6 +44,9 @@ pub struct Space {
     /// working bin).
     cuts: Vec<Vec<u32>>,
     dims: Vec<usize>,
+    /// Per attribute, how many leading codes are ordered grid cells (the rest: point masses
+    /// and "missing", each a bin of its own).
+    grid: Vec<usize>,
 }
 
 /// How a table over schema codes reads in the working space ([`Space::to_working`]).
@@ -67,6 +70,7 @@ impl Space {
         Self {
             cuts: vec![Vec::new(); code_dims.len()],
             dims: code_dims.clone(),
+            grid: code_dims.clone(),
             code_dims,
         }
     }
@@ -80,7 +84,14 @@ impl Space {
             .iter()
             .map(|a| a.working_cuts().unwrap_or_default())
             .collect();
-        Self::new(schema.domain_sizes(), cuts).expect("cuts built within each domain")
+        let mut space =
+            Self::new(schema.domain_sizes(), cuts).expect("cuts built within each domain");
+        for (g, a) in space.grid.iter_mut().zip(schema.attributes()) {
+            if let (Some(cells), Some(_)) = (a.grid_cells(), a.working_bins()) {
+                *g = cells as usize;
+            }
+        }
+        space
     }
 
     /// A space from per-attribute cuts. Errors: a cut list that is not a bin map of its
@@ -113,10 +124,23 @@ impl Space {
             .map(|(c, &k)| if c.len() + 1 == k { Vec::new() } else { c })
             .collect();
         Ok(Self {
+            grid: code_dims.clone(),
             code_dims,
             cuts,
             dims,
         })
+    }
+
+    /// How many leading codes of attribute `a` are ordered grid cells: the grid of a
+    /// `bins: "auto"` attribute (its point masses and "missing" follow), else every code.
+    pub fn grid_cells(&self, a: usize) -> usize {
+        self.grid[a]
+    }
+
+    /// Sets attribute `a`'s grid to its first `cells` codes (tests; schemas set it).
+    #[cfg(test)]
+    pub(crate) fn set_grid_cells(&mut self, a: usize, cells: usize) {
+        self.grid[a] = cells.min(self.code_dims[a]);
     }
 
     /// Working domain sizes (what protocols and the model see).

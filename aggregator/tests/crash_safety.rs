@@ -609,8 +609,17 @@ async fn sigkill_one_of_two_postgres_processes() {
     let acked_before = reports(&people, id, ReportState::Acknowledged).len();
     let pending = reports(&people, id, ReportState::Pending).len();
     eprintln!("at the kill: {acked_before} acknowledged, {pending} pending");
-    let s = admin(&http, "GET", format!("{base_b}/v1/collections/{id}")).await;
-    let seen = s["status"]["reports_accepted"].as_u64().unwrap();
+    // The survivor counts what A committed at its next refresh (500 ms): wait for it, with
+    // a deadline of ten refresh intervals.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let seen = loop {
+        let s = admin(&http, "GET", format!("{base_b}/v1/collections/{id}")).await;
+        let seen = s["status"]["reports_accepted"].as_u64().unwrap();
+        if seen >= acked_before as u64 || std::time::Instant::now() > deadline {
+            break seen;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert!(
         (acked_before as u64..=(acked_before + pending) as u64).contains(&seen),
         "survivor counts {seen}: {acked_before} acknowledged, {pending} pending"

@@ -240,6 +240,30 @@ async fn auto_bin_maps_over_http() {
         json!({"protocol": "auto", "epsilon": 2.0, "target_users": n, "schema": schema_json}),
     )
     .await;
+    let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(3);
+    // People answer through the SDK: round 0 (every attribute alone) closes after the first
+    // thousand, then the screening round's tasks carry bin maps.
+    let mut people: Vec<SimulatedPerson<MemoryLedger>> = (0..n)
+        .map(|_| {
+            let codes = vec![
+                rng.random_range(0..60u32),
+                rng.random_range(0..50),
+                rng.random_range(0..40),
+            ];
+            SimulatedPerson {
+                record: schema.encoded(codes).unwrap(),
+                ledger: MemoryLedger::default(),
+            }
+        })
+        .collect();
+    let options = ClientOptions::insecure_simulation(Epsilon::new(2.0).unwrap(), 9);
+    let mut client = Client::connect(&base, id, options, MemoryLedger::default())
+        .await
+        .unwrap();
+    let (first, rest) = people.split_at_mut(1000);
+    for r in client.submit_batch(first).await.unwrap() {
+        assert_eq!(r.expect("accepted").status, ReportStatus::Accepted);
+    }
     let (_, tasks) = admin(&base, "GET", &format!("/v1/collections/{id}/task?count=50")).await;
     let tasks: Vec<Task> = serde_json::from_value(tasks).unwrap();
     let binned = tasks
@@ -250,7 +274,6 @@ async fn auto_bin_maps_over_http() {
     assert!(binned.bins.iter().any(|b| !b.is_empty()), "{binned:?}");
 
     // A report randomized under other maps than the token's: refused, nothing stored.
-    let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(3);
     let (_, config) = admin(&base, "GET", &format!("/v1/collections/{id}")).await;
     let config: CollectionConfig = serde_json::from_value(config).unwrap();
     let record = schema.encoded(vec![1, 2, 3]).unwrap();
@@ -281,25 +304,7 @@ async fn auto_bin_maps_over_http() {
         "{answer}"
     );
 
-    // People answer through the SDK, binned tasks included.
-    let mut people: Vec<SimulatedPerson<MemoryLedger>> = (0..n)
-        .map(|_| {
-            let codes = vec![
-                rng.random_range(0..60u32),
-                rng.random_range(0..50),
-                rng.random_range(0..40),
-            ];
-            SimulatedPerson {
-                record: schema.encoded(codes).unwrap(),
-                ledger: MemoryLedger::default(),
-            }
-        })
-        .collect();
-    let options = ClientOptions::insecure_simulation(Epsilon::new(2.0).unwrap(), 9);
-    let mut client = Client::connect(&base, id, options, MemoryLedger::default())
-        .await
-        .unwrap();
-    for chunk in people.chunks_mut(1000) {
+    for chunk in rest.chunks_mut(1000) {
         for r in client.submit_batch(chunk).await.unwrap() {
             assert_eq!(r.expect("accepted").status, ReportStatus::Accepted);
         }

@@ -31,7 +31,7 @@ use rand_chacha::ChaCha12Rng;
 use super::EngineError;
 use super::graph::{Edge, JunctionTree, build_junction_tree, edge};
 use super::pgm::{FitOptions, GraphicalModel, Observation, fit};
-use super::tables::{Measurements, coarsen};
+use super::tables::{Measurements, TableKey, coarsen};
 
 /// Default cap on the cells of one clique of the model graph: bounds the fit's memory and
 /// time (belief propagation is linear in the cells of all cliques); DESIGN.md suggests
@@ -197,34 +197,45 @@ pub(crate) fn outer(a: &[f64], b: &[f64]) -> Vec<f64> {
 }
 
 /// The best [`PairGain`] of `(a, b)` over every binning it was measured under
-/// ([`binnings`]), with that binning; `None` if no table contains both.
+/// ([`binnings`]), with that binning; `None` if no table contains both. The dependence is
+/// estimated from the tables `judge` accepts (all of them, or those measured after the pair
+/// was selected: [`pair_gain_binned`]).
 pub fn best_pair_gain(
     ms: &Measurements,
     one_way: &[Vec<f64>],
     a: usize,
     b: usize,
+    judge: impl Fn(&TableKey) -> bool + Copy,
 ) -> Option<(PairGain, Vec<Vec<u32>>)> {
     binnings(ms, &[a, b])
         .into_iter()
-        .filter_map(|bins| Some((pair_gain_binned(ms, one_way, a, b, &bins)?, bins)))
+        .filter_map(|bins| Some((pair_gain_binned(ms, one_way, a, b, &bins, judge)?, bins)))
         .max_by(|x, y| x.0.gain().total_cmp(&y.0.gain()))
 }
 
 /// [`PairGain`] of `(a, b)` under the bin maps `bins` (`[map of a, map of b]`, or empty for
 /// full resolution), from the tables that measured the pair under exactly these maps: the
 /// dependence and noise of the binned pair, against the binned product of the 1-ways (a
-/// binned pair shows at most the dependence of the full one). `None` if no table fits.
+/// binned pair shows at most the dependence of the full one). The dependence comes from the
+/// tables `judge` accepts, the noise of the kept pair from all of them (the fit sees them
+/// all): a pair selected for more reports because its first tables showed a large
+/// dependence is judged on the later ones only, which that selection did not see (the first
+/// are biased upwards given the selection: the winner's curse). Falls back to all tables
+/// when `judge` accepts none. `None` if no table fits.
 pub fn pair_gain_binned(
     ms: &Measurements,
     one_way: &[Vec<f64>],
     a: usize,
     b: usize,
     bins: &[Vec<u32>],
+    judge: impl Fn(&TableKey) -> bool,
 ) -> Option<PairGain> {
     let dims = ms.domain_sizes();
     let one = |x: usize, i: usize| coarsen(&one_way[x], &[dims[x]], &[cuts_of(bins, i).to_vec()]);
     let null = outer(&one(a, 0), &one(b, 1));
-    let c = ms.combined_binned(&[a, b], bins, |_| true, Some(&null))?;
+    let c = ms
+        .combined_binned(&[a, b], bins, judge, Some(&null))
+        .or_else(|| ms.combined_binned(&[a, b], bins, |_| true, Some(&null)))?;
     let projected = norm_sub(&c.frequencies);
     let observed_l1 = projected
         .iter()

@@ -36,6 +36,43 @@ pub fn equal_width_cuts(k: usize, bins: usize) -> Vec<u32> {
         .collect()
 }
 
+/// Interior cuts of at most `bins` contiguous bins over the codes of a distribution `p`
+/// (one mass per code, summing to about 1) with masses as equal as contiguity allows: each
+/// cut is placed where the cumulative mass is closest to an equal share of the mass still
+/// to be split, so a code heavier than a share becomes a bin of its own and the rest is
+/// shared among the others (`[]` when `bins ≥ p.len()`: full resolution). The maps depend on
+/// the data only through `p`, an earlier LDP estimate (DESIGN.md "Tasks with bin maps").
+pub fn equal_mass_cuts(p: &[f64], bins: usize) -> Vec<u32> {
+    let k = p.len();
+    if bins >= k {
+        return Vec::new();
+    }
+    let total: f64 = p.iter().map(|x| x.max(0.0)).sum();
+    if total <= 0.0 {
+        return equal_width_cuts(k, bins);
+    }
+    // cum[j]: mass of codes < j.
+    let mut cum = Vec::with_capacity(k + 1);
+    cum.push(0.0);
+    for x in p {
+        cum.push(cum.last().unwrap() + x.max(0.0) / total);
+    }
+    let mut cuts = Vec::with_capacity(bins - 1);
+    let mut prev = 0usize;
+    for t in 1..bins {
+        let left = bins - t + 1; // bins still to form, this one included
+        let target = cum[prev] + (1.0 - cum[prev]) / left as f64;
+        // Room for this bin (≥ 1 code) and the `left − 1` after it.
+        let (lo, hi) = (prev + 1, k - (left - 1));
+        let j = (lo..=hi)
+            .min_by(|&x, &y| (cum[x] - target).abs().total_cmp(&(cum[y] - target).abs()))
+            .unwrap_or(lo);
+        cuts.push(j as u32);
+        prev = j;
+    }
+    cuts
+}
+
 /// Schema codes ↔ working bins, per attribute.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Space {
@@ -341,6 +378,57 @@ mod tests {
             mechanism: MechanismKind::Grr,
             bins,
         }
+    }
+
+    /// Masses of the bins of `cuts` over `p`.
+    fn bin_masses(p: &[f64], cuts: &[u32]) -> Vec<f64> {
+        let mut m = vec![0.0; cuts.len() + 1];
+        for (c, x) in p.iter().enumerate() {
+            m[ldpsyn::factor::bin_of(c as u32, cuts) as usize] += x;
+        }
+        m
+    }
+
+    #[test]
+    fn equal_mass_cuts_isolate_heavy_codes_and_balance_the_rest() {
+        // A code holding 90%: a bin of its own, the other 10% split in three near-equal bins
+        // (equal width would leave it with two light codes, and one bin 0.06).
+        let mut p = vec![0.9];
+        p.extend([0.01; 10]);
+        let cuts = equal_mass_cuts(&p, 4);
+        assert_eq!(cuts.len(), 3);
+        assert_eq!(cuts[0], 1);
+        let m = bin_masses(&p, &cuts);
+        assert!(
+            m[1..].iter().all(|x| (0.02..=0.04 + 1e-12).contains(x)),
+            "{m:?}"
+        );
+        // Uniform: every bin ⌊k/bins⌋ or ⌈k/bins⌉ codes, as equal width.
+        for (k, bins) in [(10, 4), (16, 3), (41, 8), (7, 6)] {
+            let cuts = equal_mass_cuts(&vec![1.0 / k as f64; k], bins);
+            let mut edges = vec![0u32];
+            edges.extend(&cuts);
+            edges.push(k as u32);
+            for w in edges.windows(2) {
+                let width = (w[1] - w[0]) as usize;
+                assert!(
+                    width == k / bins || width == k.div_ceil(bins),
+                    "{k} {bins} {cuts:?}"
+                );
+            }
+        }
+        // Always `bins` non-empty contiguous bins, even over zero-mass runs; full resolution
+        // and a zero estimate as documented.
+        let p = [0.0, 0.0, 0.5, 0.0, 0.0, 0.0, 0.5, 0.0];
+        for bins in 2..8 {
+            let cuts = equal_mass_cuts(&p, bins);
+            assert_eq!(cuts.len(), bins - 1);
+            assert!(cuts.windows(2).all(|w| w[0] < w[1]) && cuts[0] >= 1);
+            assert!(*cuts.last().unwrap() < 8);
+        }
+        assert_eq!(bin_masses(&p, &equal_mass_cuts(&p, 2)), vec![0.5, 0.5]);
+        assert!(equal_mass_cuts(&p, 8).is_empty());
+        assert_eq!(equal_mass_cuts(&[0.0; 6], 3), equal_width_cuts(6, 3));
     }
 
     #[test]

@@ -325,6 +325,11 @@ pub struct EngineOptions {
     /// `auto`: share of users in phase 1 (default
     /// [`AUTO_PHASE1_SHARE`](crate::protocols::auto::AUTO_PHASE1_SHARE)).
     pub auto_phase1_share: Option<f64>,
+    /// `auto`: share of users in round 0, every attribute alone (default
+    /// [`AUTO_ROUND0_SHARE`](crate::protocols::auto::AUTO_ROUND0_SHARE); 0: no round 0, pairs
+    /// screened under equal-width bins).
+    #[serde(default)]
+    pub auto_round0_share: Option<f64>,
     /// `auto`: noise budget of a screened pair (default
     /// [`AUTO_BIN_NOISE_L1`](crate::protocols::auto::AUTO_BIN_NOISE_L1)).
     #[serde(default)]
@@ -766,7 +771,7 @@ impl Engine {
             .rules
             .model_candidates(self, state)
             .into_iter()
-            .filter_map(|(a, b)| Some(((a, b), self.rules.pair_gain(&ms, &one_way, a, b)?)))
+            .filter_map(|(a, b)| Some(((a, b), self.rules.pair_gain(state, &ms, &one_way, a, b)?)))
             .collect();
         let cap = self.options.max_clique_cells.unwrap_or(MAX_CLIQUE_CELLS);
         let margin = self

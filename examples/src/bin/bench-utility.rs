@@ -184,12 +184,14 @@ fn run_once(
 }
 
 /// Engine options; `LDPSYN_AUTO_SHARE` overrides `auto`'s screening share,
+/// `LDPSYN_AUTO_ROUND0` its round-0 share,
 /// `LDPSYN_AUTO_BIN_NOISE` its noise budget per screened pair and `LDPSYN_MAX_CLIQUE_CELLS`
 /// the clique cap, for sweeps (unset in the committed results).
 fn engine_options() -> EngineOptions {
     let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
     EngineOptions {
         auto_phase1_share: env("LDPSYN_AUTO_SHARE"),
+        auto_round0_share: env("LDPSYN_AUTO_ROUND0"),
         auto_bin_noise_l1: env("LDPSYN_AUTO_BIN_NOISE"),
         gain_margin: env("LDPSYN_GAIN_MARGIN"),
         max_clique_cells: std::env::var("LDPSYN_MAX_CLIQUE_CELLS")

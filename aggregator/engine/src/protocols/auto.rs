@@ -1,10 +1,15 @@
-//! `auto` (DESIGN.md "Adaptive rounds"): a screening round ([`AUTO_PHASE1_SHARE`] of the
-//! users) measures, uniformly, every pair that could ever pay for its reports, with the
-//! lower-variance oracle; at its close the pairs are selected greedily by predicted 2-way
-//! error (`Auto::select`), and phase 2 measures the selected pairs and every attribute
-//! alone, allocated to minimize that prediction. With too few users nothing is selected (or
-//! nothing is screened) and the result is the independence model. The model graph may keep
-//! any measured pair.
+//! `auto` (DESIGN.md "Adaptive rounds"): round 0 ([`AUTO_ROUND0_SHARE`] of the users)
+//! measures every attribute alone; a screening round ([`AUTO_PHASE1_SHARE`]) then measures,
+//! uniformly, every pair that could ever pay for its reports, with the lower-variance oracle,
+//! a pair too large for its reports over contiguous bins of equal estimated mass (round 0's
+//! 1-ways; VertiMRF §6.1's binning with the bins placed by an earlier LDP estimate); at its
+//! close the pairs are selected greedily by predicted 2-way error (`Auto::select`), and
+//! phase 2 measures the selected pairs and every attribute alone, allocated to minimize that
+//! prediction. Round 0's reports are not spent on structure only: they enter the final fit
+//! as 1-way measurements like phase 2's. With too few users nothing is screened and the
+//! collection is the independence model from the start, or nothing is selected and phase 2
+//! measures 1-ways only. The model graph may keep any measured pair. A state stored by a
+//! release without round 0 (screening in round 0) closes straight into phase 2.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -15,11 +20,12 @@ use super::{
     one_way_choices, one_way_state, pairs, plan_structure,
 };
 use crate::estimate::{
-    MAX_CLIQUE_CELLS, largest_clique_cells, one_way_estimates, pair_gain_binned, projected_noise_l1,
+    MAX_CLIQUE_CELLS, PairGain, best_pair_gain, largest_clique_cells, one_way_estimates,
+    pair_gain_binned, projected_noise_l1,
 };
 use crate::graph::{Edge, edge};
 use crate::info::mutual_information;
-use crate::space::equal_width_cuts;
+use crate::space::{equal_mass_cuts, equal_width_cuts};
 use crate::state::{CollectionState, Engine, Phase, PlannedFactor, TaskSpec, Transition};
 use crate::{EngineError, Measurements, Tables};
 
@@ -39,15 +45,66 @@ pub const AUTO_PHASE1_SHARE: f64 = 0.3;
 /// nist-taxi and temporal-match2.
 pub const AUTO_BIN_NOISE_L1: f64 = 0.25;
 
-/// Bin maps of a pair whose attributes of `ka_full`, `kb_full` codes get `ka`, `kb`
-/// equal-width bins (empty when neither is binned).
-fn pair_bins(ka_full: usize, ka: usize, kb_full: usize, kb: usize) -> Vec<Vec<u32>> {
-    let bins = vec![equal_width_cuts(ka_full, ka), equal_width_cuts(kb_full, kb)];
+/// Share of the users in `auto`'s round 0, which measures every attribute alone so that the
+/// screening round can bin pairs by equal estimated mass ([`equal_mass_cuts`]); its reports
+/// count towards the 1-ways' phase-2 allocation ([`top_up`]). Chosen by a sweep of 0 (no
+/// round 0: equal-width bins), 0.05, 0.1, 0.2 and 0.3 over adult, nist-taxi,
+/// temporal-match2, the built-in network and adult-1.5m at ε ∈ {1, 2, 4, 8}, 3 seeds
+/// (`benchmarks/sweeps/auto-round0-share.md`): 0.2 has the lowest mean ratio to no round 0
+/// (0.966) and the lowest worst cell (1.02).
+pub const AUTO_ROUND0_SHARE: f64 = 0.2;
+
+/// Cuts of `bins` contiguous bins of attribute `a` (of `k` codes): equal mass under the
+/// 1-way estimates `one_way` when known, else equal width.
+fn cuts(one_way: Option<&[Vec<f64>]>, a: usize, k: usize, bins: usize) -> Vec<u32> {
+    match one_way {
+        Some(p) => equal_mass_cuts(&p[a], bins),
+        None => equal_width_cuts(k, bins),
+    }
+}
+
+/// Bin maps of pair `(a, b)` whose attributes get `ka`, `kb` bins (empty when neither is
+/// binned).
+fn pair_bins(
+    one_way: Option<&[Vec<f64>]>,
+    (a, ka_full, ka): (usize, usize, usize),
+    (b, kb_full, kb): (usize, usize, usize),
+) -> Vec<Vec<u32>> {
+    let bins = vec![cuts(one_way, a, ka_full, ka), cuts(one_way, b, kb_full, kb)];
     if bins.iter().all(Vec::is_empty) {
         Vec::new()
     } else {
         bins
     }
+}
+
+/// Phase-2 reports per factor, `n_f = max(0, c·a_f − m_f)` with `c` such that
+/// `Σ n_f = n2`: the allocation `∝ a_f` of the totals `m_f + n_f` (which minimizes
+/// `Σ_f w_f K_f/√(m_f + n_f)` when no factor is over-measured already) for factors that
+/// already hold `m_f` reports. Water-filling by bisection on `c`; with no earlier reports it
+/// is `a_f·n2/Σa`, the allocation without offsets.
+fn top_up(a: &[f64], m: &[f64], n2: f64) -> Vec<f64> {
+    let given = |c: f64| -> f64 { a.iter().zip(m).map(|(a, m)| (c * a - m).max(0.0)).sum() };
+    let a_sum: f64 = a.iter().sum();
+    if a_sum <= 0.0 || n2 <= 0.0 {
+        return a.to_vec();
+    }
+    let (mut lo, mut hi) = (0.0, (n2 + m.iter().sum::<f64>()) / a_sum);
+    while given(hi) < n2 {
+        hi *= 2.0;
+    }
+    for _ in 0..100 {
+        let mid = 0.5 * (lo + hi);
+        if given(mid) < n2 {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    a.iter()
+        .zip(m)
+        .map(|(a, m)| (hi * a - m).max(0.0))
+        .collect()
 }
 
 /// `auto`'s rules.
@@ -70,9 +127,10 @@ impl Auto {
             .unwrap_or(AUTO_PHASE1_SHARE)
     }
 
-    /// Users `auto` expects in phase 2.
+    /// Users `auto` expects in phase 2: those not in round 0 or the screening round.
     fn phase2_users(&self, engine: &Engine) -> f64 {
-        (1.0 - self.share(engine)) * engine.target_users() as f64
+        (1.0 - self.share(engine) - self.round0_share(engine)).max(0.0)
+            * engine.target_users() as f64
     }
 
     /// The bin maps `auto` screens pair `(a, b)` under, or `None` if it never measures it.
@@ -81,16 +139,23 @@ impl Auto {
     /// below the noise budget ([`AUTO_BIN_NOISE_L1`]), and below the largest dependence an
     /// `m_a × m_b` table can show, `2(1 − 1/min(m_a, m_b))` (the L1 distance of a perfectly
     /// correlated table with uniform margins from their product). A pair over that at full
-    /// resolution is coarsened: its attribute with more bins is halved (equal-width contiguous
-    /// bins of codes, data-independent as in VertiMRF §6.1) until it fits, or until both have
-    /// 2 bins and it still does not.
-    fn screening_bins(&self, engine: &Engine, a: usize, b: usize) -> Option<Vec<Vec<u32>>> {
+    /// resolution is coarsened: its attribute with more bins is halved until it fits, or until
+    /// both have 2 bins and it still does not. Bins are contiguous runs of codes, of equal
+    /// mass under round 0's 1-way estimates `one_way` when known (a code heavier than a share
+    /// is a bin of its own), else of equal width (VertiMRF §6.1's data-independent binning).
+    fn screening_bins(
+        &self,
+        engine: &Engine,
+        one_way: Option<&[Vec<f64>]>,
+        a: usize,
+        b: usize,
+    ) -> Option<Vec<Vec<u32>>> {
         let dims = engine.dims();
         let n_ref = self.phase2_users(engine) / dims.len() as f64;
         let budget = self.bin_noise_l1(engine);
         let (mut ka, mut kb) = (dims[a], dims[b]);
         loop {
-            let bins = pair_bins(dims[a], ka, dims[b], kb);
+            let bins = pair_bins(one_way, (a, dims[a], ka), (b, dims[b], kb));
             let uniform = vec![1.0 / (ka * kb) as f64; ka * kb];
             let ceiling = 2.0 * (1.0 - 1.0 / ka.min(kb) as f64);
             let noise = engine.expected_noise_l1(&[a, b], &bins, &uniform, n_ref);
@@ -106,6 +171,27 @@ impl Auto {
                 kb = kb.div_ceil(2).max(2);
             }
         }
+    }
+
+    /// Round 0's share of the users (at most half).
+    fn round0_share(&self, engine: &Engine) -> f64 {
+        engine
+            .options()
+            .auto_round0_share
+            .unwrap_or(AUTO_ROUND0_SHARE)
+            .clamp(0.0, 0.5)
+    }
+
+    /// The screening round's state: every pair that could pay for its reports, binned by
+    /// [`Auto::screening_bins`] under `one_way`.
+    fn screening_state(&self, engine: &Engine, one_way: Option<&[Vec<f64>]>) -> CollectionState {
+        let screened: BTreeMap<Edge, Vec<Vec<u32>>> = pairs(engine.dims().len())
+            .into_iter()
+            .filter_map(|(a, b)| Some(((a, b), self.screening_bins(engine, one_way, a, b)?)))
+            .collect();
+        graph_state(engine, &self.params, 1, self.share(engine), |a, b| {
+            screened.get(&(a, b)).cloned()
+        })
     }
 
     fn bin_noise_l1(&self, engine: &Engine) -> f64 {
@@ -129,8 +215,11 @@ impl Auto {
     /// `Σ n_f = N₂` the allocation `n_f ∝ a_f = (w_f K_f)^{2/3}` minimizes the noise part to
     /// `A^{3/2}/√N₂` with `A = Σ_f a_f`. Pairs are added greedily, each time the one that
     /// lowers the prediction most, within the clique cap, until none does. With too few users
-    /// nothing is selected and `auto` is the independence model. Returns the pairs not
-    /// selected (pruned) and the phase-2 factors with their task weights `a_f`.
+    /// nothing is selected and `auto` is the independence model. Reports a 1-way already
+    /// holds from round 0 count towards its total: phase 2 tops the totals up to `∝ a_f`
+    /// ([`top_up`]), and the prediction's noise part is `A^{3/2}/√(N₂ + M)` with M those
+    /// reports. Returns the pairs not selected (pruned) and the phase-2 factors with their
+    /// task weights (expected phase-2 reports).
     fn select(
         &self,
         engine: &Engine,
@@ -162,7 +251,7 @@ impl Auto {
             if !e.active {
                 continue;
             }
-            let Some(g) = pair_gain_binned(ms, &one, e.a, e.b, &e.bins) else {
+            let Some(g) = pair_gain_binned(ms, &one, e.a, e.b, &e.bins, |_| true) else {
                 continue;
             };
             e.reports = ms
@@ -197,8 +286,17 @@ impl Auto {
             .options()
             .max_clique_cells
             .unwrap_or(MAX_CLIQUE_CELLS);
+        // Round 0's 1-way reports count towards phase 2's: the noise of a 1-way measured by
+        // m_f earlier and n_f later reports is K_f/√(m_f + n_f).
+        let earlier: Vec<f64> = (0..d)
+            .map(|a| {
+                ms.combined_binned(&[a], &[], |k| k.factor == [a], None)
+                    .map_or(0.0, |c| c.reports as f64)
+            })
+            .collect();
+        let m_total: f64 = earlier.iter().sum();
         let mut a_total: f64 = factors.iter().map(|f| f.weight).sum();
-        let noise = |a: f64| a.powf(1.5) / n2.sqrt();
+        let noise = |a: f64| a.powf(1.5) / (n2 + m_total).sqrt();
         let mut graph = BTreeSet::new();
         let mut keep = BTreeSet::new();
         loop {
@@ -229,6 +327,17 @@ impl Auto {
                 bins,
             });
         }
+        let a: Vec<f64> = factors.iter().map(|f| f.weight).collect();
+        let m: Vec<f64> = factors
+            .iter()
+            .map(|f| match f.factor.as_slice() {
+                [x] => earlier[*x],
+                _ => 0.0,
+            })
+            .collect();
+        for (f, w) in factors.iter_mut().zip(top_up(&a, &m, n2)) {
+            f.weight = w;
+        }
         let mut pruned = Vec::new();
         for (i, e) in edges.iter_mut().enumerate() {
             if e.active && !keep.contains(&i) {
@@ -243,17 +352,23 @@ impl Auto {
 
 impl CollectionProtocol for Auto {
     fn initial_state(&self, engine: &Engine) -> CollectionState {
-        let screened: BTreeMap<Edge, Vec<Vec<u32>>> = pairs(engine.dims().len())
+        if pairs(engine.dims().len())
             .into_iter()
-            .filter_map(|(a, b)| Some(((a, b), self.screening_bins(engine, a, b)?)))
-            .collect();
-        if screened.is_empty() {
+            .all(|(a, b)| self.screening_bins(engine, None, a, b).is_none())
+        {
             // No pair could ever pay for its reports: the independence model, at no cost.
             return one_way_state(engine);
         }
-        graph_state(engine, &self.params, 1, self.share(engine), |a, b| {
-            screened.get(&(a, b)).cloned()
-        })
+        let s0 = self.round0_share(engine);
+        if s0 <= 0.0 {
+            return self.screening_state(engine, None);
+        }
+        // Round 0: every attribute alone (no edges yet).
+        let mut state = graph_state(engine, &self.params, 1, s0, |_, _| None);
+        if let Some(r) = state.pair_rounds_mut() {
+            r.edges.clear();
+        }
+        state
     }
 
     fn task_choices(
@@ -303,11 +418,23 @@ impl CollectionProtocol for Auto {
         }
         let t = state.round;
         let ms = engine.measurements(tables, |k| k.round <= t)?;
+        if state.edges().is_empty() {
+            // Round 0 closes: screen pairs binned by the 1-ways' mass.
+            let one = one_way_estimates(&ms);
+            let next = self.screening_state(engine, Some(&one));
+            state.protocol = next.protocol;
+            state.round = t + 1;
+            state.round_quota = next.round_quota;
+            return Ok(Transition::RoundClosed {
+                round: t,
+                pruned: Vec::new(),
+            });
+        }
         let (pruned, factors) = self.select(engine, state, &ms);
         let sigma = self.params.sigma;
         Ok(end_phase1_round(
             state,
-            1,
+            t + 1,
             pruned,
             |_| factors,
             |s| plan_structure(engine, s, sigma, true),
@@ -316,5 +443,54 @@ impl CollectionProtocol for Auto {
 
     fn model_candidates(&self, engine: &Engine, _state: &CollectionState) -> Vec<Edge> {
         pairs(engine.dims().len())
+    }
+
+    /// A pair that phase 2 measured was selected for its screening dependence, so the
+    /// screening tables overstate it given the selection: its dependence is judged on the
+    /// phase-2 tables ([`pair_gain_binned`]); every other pair on all of its tables.
+    fn pair_gain(
+        &self,
+        state: &CollectionState,
+        ms: &Measurements,
+        one_way: &[Vec<f64>],
+        a: usize,
+        b: usize,
+    ) -> Option<PairGain> {
+        let selected = state
+            .plan()
+            .is_some_and(|p| p.factors.iter().any(|f| f.factor == [a, b]));
+        let phase2 = state.round;
+        best_pair_gain(ms, one_way, a, b, |k| {
+            !selected || k.factor != [a, b] || k.round >= phase2
+        })
+        .map(|(g, _)| g)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_up_allocates_totals_in_proportion() {
+        // Without earlier reports: n_f = a_f·n2/Σa.
+        let n = top_up(&[1.0, 3.0], &[0.0, 0.0], 400.0);
+        assert!(
+            (n[0] - 100.0).abs() < 1e-6 && (n[1] - 300.0).abs() < 1e-6,
+            "{n:?}"
+        );
+        // Earlier reports count: totals m_f + n_f ∝ a_f (here 250 and 750), Σn_f = n2.
+        let n = top_up(&[1.0, 3.0], &[150.0, 0.0], 850.0);
+        assert!(
+            (n[0] - 100.0).abs() < 1e-6 && (n[1] - 750.0).abs() < 1e-6,
+            "{n:?}"
+        );
+        // A factor already over its share gets nothing; the rest share n2 ∝ a_f.
+        let n = top_up(&[1.0, 1.0, 2.0], &[1000.0, 0.0, 0.0], 300.0);
+        assert_eq!(n[0], 0.0);
+        assert!(
+            (n[1] - 100.0).abs() < 1e-6 && (n[2] - 200.0).abs() < 1e-6,
+            "{n:?}"
+        );
     }
 }

@@ -5,8 +5,8 @@
 //! its constructor, and every engine call delegates to it.
 //!
 //! - [`privincr`]: PrivIncr and NoIncremental (EDBT 2023, Algorithms 1–2).
-//! - [`auto`]: screening round, then selection by predicted error (DESIGN.md "Adaptive
-//!   rounds").
+//! - [`auto`]: 1-ways, a screening round of pairs binned by their estimated mass, then
+//!   selection by predicted error (DESIGN.md "Adaptive rounds").
 //! - [`samprivsyn`]: SamPrivSyn's MI-weighted pair sampling (Sci China Inf Sci 2023,
 //!   Algorithm 1).
 //! - [`independence`]: every attribute alone.
@@ -82,17 +82,18 @@ pub trait CollectionProtocol: Send + Sync + Debug {
         Mechanism::new(key.mechanism, engine.epsilon(), dims)
     }
 
-    /// The evidence for keeping pair `(a, b)` in the final model graph, from the
-    /// measurements and the Norm-Sub'd 1-ways: by default [`best_pair_gain`] (1-ways and
-    /// pairs from different users).
+    /// The evidence for keeping pair `(a, b)` in the final model graph of a collection in
+    /// `state`, from the measurements and the Norm-Sub'd 1-ways: by default
+    /// [`best_pair_gain`] over every table (1-ways and pairs from different users).
     fn pair_gain(
         &self,
+        _state: &CollectionState,
         ms: &Measurements,
         one_way: &[Vec<f64>],
         a: usize,
         b: usize,
     ) -> Option<PairGain> {
-        best_pair_gain(ms, one_way, a, b).map(|(g, _)| g)
+        best_pair_gain(ms, one_way, a, b, |_| true).map(|(g, _)| g)
     }
 
     /// Standard deviations of its dependence estimate ([`PairGain::dependence_sd`]) a
@@ -450,30 +451,66 @@ mod tests {
         assert_eq!(state.round_quota, None);
     }
 
+    /// The pairs of `state`'s phase-2 plan, and how many 1-ways it measures.
+    fn planned(state: &CollectionState) -> (Vec<Vec<usize>>, usize) {
+        let plan = state.plan().unwrap();
+        let pairs = plan
+            .factors
+            .iter()
+            .map(|f| f.factor.clone())
+            .filter(|f| f.len() == 2)
+            .collect();
+        let ones = plan.factors.iter().filter(|f| f.factor.len() == 1).count();
+        (pairs, ones)
+    }
+
     #[test]
     fn auto_with_too_few_users_is_the_independence_model() {
         let e = engine(Protocol::Auto(PrivIncrParams::default()), 3);
         let state = e.initial_state();
         assert_eq!(state.phase, Phase::OneWay);
         assert!(state.edges().is_empty());
-        // With many users it screens and selects the dependent pair only.
+        // With many users: round 0 measures every attribute alone, round 1 screens every
+        // pair, and only the dependent pair is selected.
         let e = engine(Protocol::Auto(PrivIncrParams::default()), 50_000);
         let mut state = e.initial_state();
-        assert_eq!(state.phase, Phase::GraphConstruction);
+        assert_eq!((state.phase, state.round), (Phase::GraphConstruction, 0));
+        assert!(state.edges().is_empty());
+        assert_eq!(state.round_quota, Some(10_000));
+        let mut tables = collect(&e, &state, &people(10_000, 3), 4);
+        assert!(tables.keys().all(|k| k.factor.len() == 1 && k.round == 0));
+        e.close_round(&mut state, &tables).unwrap();
+        assert_eq!((state.phase, state.round), (Phase::GraphConstruction, 1));
+        assert_eq!(active_edges(&state).len(), 3);
+        assert_eq!(state.round_quota, Some(15_000));
+        tables.extend(collect(&e, &state, &people(15_000, 5), 6));
+        e.close_round(&mut state, &tables).unwrap();
+        assert_eq!((state.phase, state.round), (Phase::CliqueMeasurement, 2));
+        assert_eq!(planned(&state), (vec![vec![0, 1]], 3));
+    }
+
+    #[test]
+    fn auto_state_stored_before_round_zero_closes_into_phase_two() {
+        // A collection created by a release without round 0 is in its screening round 0;
+        // this release closes it straight into phase 2, as that release would have.
+        let old = Engine::from_parts(
+            vec![3, 3, 3],
+            Epsilon::new(4.0).unwrap(),
+            50_000,
+            Protocol::Auto(PrivIncrParams::default()),
+            EngineOptions {
+                auto_round0_share: Some(0.0),
+                ..EngineOptions::default()
+            },
+        )
+        .unwrap();
+        let mut state = old.initial_state();
+        assert_eq!((state.round, active_edges(&state).len()), (0, 3));
+        let e = engine(Protocol::Auto(PrivIncrParams::default()), 50_000);
         let tables = collect(&e, &state, &people(15_000, 3), 4);
         e.close_round(&mut state, &tables).unwrap();
-        let plan = state.plan().unwrap();
-        let pairs: Vec<&Vec<usize>> = plan
-            .factors
-            .iter()
-            .map(|f| &f.factor)
-            .filter(|f| f.len() == 2)
-            .collect();
-        assert_eq!(pairs, vec![&vec![0, 1]]);
-        assert_eq!(
-            plan.factors.iter().filter(|f| f.factor.len() == 1).count(),
-            3
-        );
+        assert_eq!((state.phase, state.round), (Phase::CliqueMeasurement, 1));
+        assert_eq!(planned(&state), (vec![vec![0, 1]], 3));
     }
 
     #[test]

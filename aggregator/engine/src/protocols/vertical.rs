@@ -305,6 +305,7 @@ impl CollectionProtocol for Vertical {
 
     fn pair_gain(
         &self,
+        _state: &CollectionState,
         ms: &Measurements,
         _one_way: &[Vec<f64>],
         a: usize,

@@ -79,8 +79,8 @@ pub mod tables;
 
 pub use graph::{Edge, EdgeState, JunctionTree};
 pub use model::{
-    EdgeGain, Expansion, FittedJoint, JointSource, MarginalEstimate, Model, ModelDescription,
-    Recovery, Synthesizer,
+    EdgeGain, Expansion, FittedJoint, JointSource, MarginalEstimate, MeasuredFactor, Model,
+    ModelDescription, Recovery, RoundSummary, Synthesizer,
 };
 pub use plan::{Conditional, Structure};
 pub use space::Space;

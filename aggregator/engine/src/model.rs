@@ -12,6 +12,7 @@
 
 use std::sync::Arc;
 
+use ldpsyn::mechanism::MechanismKind;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
 use serde::{Deserialize, Serialize};
@@ -197,6 +198,35 @@ pub struct EdgeGain {
     pub kept: bool,
 }
 
+/// One factor a round measured (for `GET /model`): its table and the reports it holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MeasuredFactor {
+    /// Attributes in report order.
+    pub factor: Vec<usize>,
+    /// Mechanism of the reports.
+    pub mechanism: MechanismKind,
+    /// Bin maps of the factor's attributes over schema codes (empty: full resolution).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bins: Vec<Vec<u32>>,
+    /// Reports (users) in the table.
+    pub reports: u64,
+    /// A pair's score where the protocol selected pairs by one (`auto`: estimated dependence,
+    /// L1; PrivIncr: MI), from the round that decided on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub score: Option<f64>,
+}
+
+/// What one round (SamPrivSyn: batch) measured, from the tables at finalize.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RoundSummary {
+    /// Round index (the tasks' round).
+    pub round: u32,
+    /// Reports in the round.
+    pub reports: u64,
+    /// Its tables, most reports first.
+    pub factors: Vec<MeasuredFactor>,
+}
+
 /// Serializable description of a model (for `GET /model`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelDescription {
@@ -213,6 +243,9 @@ pub struct ModelDescription {
     /// Every measured candidate pair of the model graph with its expected gain.
     #[serde(default)]
     pub model_graph: Vec<EdgeGain>,
+    /// Per round, what was measured and with how many reports.
+    #[serde(default)]
+    pub rounds: Vec<RoundSummary>,
 }
 
 #[derive(Debug, Clone)]
@@ -441,6 +474,7 @@ pub struct Model {
     recovery: Option<Arc<Recovery>>,
     edges: Vec<EdgeState>,
     gains: Vec<EdgeGain>,
+    rounds: Vec<RoundSummary>,
     kind: ModelKind,
     source: Arc<dyn JointSource>,
 }
@@ -465,6 +499,7 @@ impl Model {
             recovery: None,
             edges,
             gains: Vec::new(),
+            rounds: Vec::new(),
             kind: ModelKind::Graphical {
                 structure,
                 factors: Arc::new(factors),
@@ -484,6 +519,7 @@ impl Model {
             recovery: None,
             edges: Vec::new(),
             gains: Vec::new(),
+            rounds: Vec::new(),
             kind: ModelKind::SamPrivSyn(Arc::new(model)),
             source: Arc::new(source),
         }
@@ -493,6 +529,12 @@ impl Model {
     /// [`Model::describe`]).
     pub fn with_gains(mut self, gains: Vec<EdgeGain>) -> Self {
         self.gains = gains;
+        self
+    }
+
+    /// The model with its per-round summary (for [`Model::describe`]).
+    pub fn with_rounds(mut self, rounds: Vec<RoundSummary>) -> Self {
+        self.rounds = rounds;
         self
     }
 
@@ -546,6 +588,7 @@ impl Model {
                 ModelKind::Graphical { .. } => None,
             },
             model_graph: self.gains.clone(),
+            rounds: self.rounds.clone(),
         }
     }
 

@@ -16,6 +16,7 @@
 //! the clique cap, and one graphical model is fitted to all measurements
 //! ([`super::estimate`], [`super::pgm`]). The protocols differ in what they collect.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use ldpsyn::Epsilon;
@@ -30,7 +31,7 @@ use super::estimate::{
     MAX_CLIQUE_CELLS, PairGain, fit_model, one_way_estimates, select_model_graph,
 };
 use super::graph::{Edge, EdgeState};
-use super::model::{EdgeGain, FittedJoint, Model, Recovery};
+use super::model::{EdgeGain, FittedJoint, MeasuredFactor, Model, Recovery, RoundSummary};
 use super::pgm::FitOptions;
 use super::plan::{Structure, build_structure};
 use super::protocols::auto::Auto;
@@ -799,8 +800,45 @@ impl Engine {
             })
             .collect();
         let model = self.rules.final_model(self, state, structure, source)?;
-        Ok(model.with_gains(gains).with_recovery(recovery))
+        Ok(model
+            .with_gains(gains)
+            .with_recovery(recovery)
+            .with_rounds(round_summaries(state, tables)))
     }
+}
+
+/// Per round, its tables with their reports (most first) and, for a pair, the score the
+/// state recorded for it ([`EdgeState::score`], else its MI).
+fn round_summaries(state: &CollectionState, tables: &Tables) -> Vec<RoundSummary> {
+    let score = |f: &[usize]| match f {
+        [a, b] => state
+            .edges()
+            .iter()
+            .find(|e| (e.a, e.b) == (*a.min(b), *a.max(b)))
+            .and_then(|e| e.score.or(e.mi)),
+        _ => None,
+    };
+    let mut rounds: BTreeMap<u32, Vec<MeasuredFactor>> = BTreeMap::new();
+    for (key, stats) in tables {
+        rounds.entry(key.round).or_default().push(MeasuredFactor {
+            factor: key.factor.clone(),
+            mechanism: key.mechanism,
+            bins: key.bins.clone(),
+            reports: stats.n,
+            score: score(&key.factor),
+        });
+    }
+    rounds
+        .into_iter()
+        .map(|(round, mut factors)| {
+            factors.sort_by(|x, y| y.reports.cmp(&x.reports).then(x.factor.cmp(&y.factor)));
+            RoundSummary {
+                round,
+                reports: factors.iter().map(|f| f.reports).sum(),
+                factors,
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

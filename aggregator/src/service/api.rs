@@ -269,6 +269,14 @@ pub fn model_schema() -> ObjectBuilder {
             )),
         )
         .required("model_graph")
+        .property(
+            "rounds",
+            ArrayBuilder::new().items(object()).description(Some(
+                "Per round (SamPrivSyn: batch): its reports and every table it filled \
+                 (factor, mechanism, bin maps, reports, a pair's selection score).",
+            )),
+        )
+        .required("rounds")
         .description(Some("The model built at finalization."))
 }
 

@@ -530,16 +530,22 @@ mod tests {
     }
 
     /// Planted structure, over 5 population seeds of 200k simulated users at ε = 4: `auto`
-    /// keeps every planted edge, every other pair it keeps is a real marginal dependence of
-    /// the population (implied by a path of planted edges: L1 distance from independence
-    /// ≥ 0.1, where the noise alone would give pairs near 0), and its 2-way TVD is below half
-    /// of independence's. The first seed randomizes person by person; the others draw the
-    /// same counts in buckets (binomial draws per cell).
+    /// keeps every planted edge on every seed, its 2-way TVD is below half of independence's
+    /// on every seed, and over the 5 seeds at most one kept pair is not a real marginal
+    /// dependence of the population (a real one is implied by a path of planted edges: L1
+    /// distance from independence ≥ 0.1, where noise alone gives pairs near 0). Why one:
+    /// the model graph keeps a pair it measured only in the screening round when its
+    /// estimated gain is positive, and among ~50 independent pairs one passes that by chance
+    /// on 2–3 of 20 seeds (measured: `benchmarks/sweeps/auto-round0-share.md`, "Pairs kept
+    /// without dependence"); the stricter rules tried there cost temporal-match2 3–5% at
+    /// ε ≤ 2. The first seed randomizes person by person; the others draw the same counts in
+    /// buckets (binomial draws per cell).
     #[test]
     fn planted_structure_is_recovered() {
         let n = 200_000;
         let net = BayesNet::standard();
         let planted: BTreeSet<(usize, usize)> = net.planted_edges().into_iter().collect();
+        let mut chance = Vec::new();
         for seed in 0..5u64 {
             let pop = net.sample(n, 77 + seed);
             let auto = Simulation::new(
@@ -569,12 +575,13 @@ mod tests {
                 found.len()
             );
             assert!(missing.is_empty(), "seed {seed}: missing {missing:?}");
-            assert!(
-                extra.iter().all(|e| e.2 >= 0.1),
-                "seed {seed}: a kept pair without real dependence: {extra:?}"
-            );
+            chance.extend(extra.iter().filter(|e| e.2 < 0.1).map(|e| (seed, e.0, e.1)));
             assert!(ta < 0.5 * ti, "seed {seed}: {ta} vs {ti}");
         }
+        assert!(
+            chance.len() <= 1,
+            "kept pairs without real dependence (seed, a, b): {chance:?}"
+        );
     }
 
     /// Error bars that cover: with a known population, nominal 95% intervals (model
@@ -704,7 +711,56 @@ mod tests {
                 assert!((m3.frequencies.iter().sum::<f64>() - 1.0).abs() < 1e-9);
                 serde_json::to_string(&run.model.describe()).unwrap();
                 serde_json::to_string(&run.state).unwrap();
+                // Every report is in exactly one round's summary.
+                let rounds = run.model.describe().rounds;
+                assert_eq!(rounds.iter().map(|r| r.reports).sum::<u64>(), n as u64);
+                for r in &rounds {
+                    assert_eq!(r.reports, r.factors.iter().map(|f| f.reports).sum::<u64>());
+                }
             }
         }
+    }
+
+    /// `/model`'s rounds of an `auto` collection: round 0 measured every attribute alone with
+    /// its share of the users, the screening round every screened pair with the dependence
+    /// it showed, phase 2 the selected pairs (and the 1-ways) with their allocation.
+    #[test]
+    fn model_describes_each_round() {
+        let n = 50_000;
+        let pop = BayesNet::standard().sample(n, 8);
+        let e = engine(Protocol::Auto(PrivIncrParams::default()), 4.0, n as u64);
+        let run = Simulation::new(&e, &pop).seed(3).run().unwrap();
+        let rounds = run.model.describe().rounds;
+        assert_eq!(
+            rounds.iter().map(|r| r.round).collect::<Vec<_>>(),
+            vec![0, 1, 2]
+        );
+        let d = pop.dims().len();
+        assert!(rounds[0].factors.iter().all(|f| f.factor.len() == 1));
+        assert_eq!(rounds[0].factors.len(), d);
+        assert_eq!(rounds[0].reports, e.initial_state().round_quota.unwrap());
+        let screened = run.states[0].edges().iter().filter(|e| e.active).count();
+        assert_eq!(rounds[1].factors.len(), screened);
+        assert!(
+            rounds[1]
+                .factors
+                .iter()
+                .all(|f| f.factor.len() == 2 && f.score.is_some())
+        );
+        let plan = run.state.plan().unwrap();
+        let pairs: BTreeSet<&Vec<usize>> = rounds[2]
+            .factors
+            .iter()
+            .map(|f| &f.factor)
+            .filter(|f| f.len() == 2)
+            .collect();
+        let planned: BTreeSet<&Vec<usize>> = plan
+            .factors
+            .iter()
+            .map(|f| &f.factor)
+            .filter(|f| f.len() == 2)
+            .collect();
+        assert_eq!(pairs, planned);
+        assert!(!pairs.is_empty());
     }
 }

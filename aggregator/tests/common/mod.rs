@@ -58,39 +58,52 @@ pub fn serve(admin: &str, args: &[&str]) -> Serve {
 
 /// As [`serve`], on the database `database_url` (which outlives the process).
 pub fn serve_on(admin: &str, database_url: &str, args: &[&str]) -> Serve {
-    let addr = format!("127.0.0.1:{}", free_port());
-    let child = Command::new(BIN)
-        .args(["serve", "--bind", &addr, "--rate-limit-per-ip", "0"])
-        .args(["--database-url", database_url])
-        .args(args)
-        .env("LDPSYN_ADMIN_TOKEN", admin)
-        .env("LDPSYN_LOG", "warn")
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("serve starts");
-    let server = Serve {
-        child,
-        base: format!("http://{addr}"),
-        addr,
-        _dir: None,
-    };
-    let start = Instant::now();
-    loop {
-        if let Ok(mut s) = TcpStream::connect(&server.addr) {
-            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-            let _ = s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
-            let mut answer = String::new();
-            let _ = s.read_to_string(&mut answer);
-            if answer.starts_with("HTTP/1.1 200") {
-                return server;
+    // A port free a moment ago can be taken before `serve` binds it (another test picked
+    // it too): a process that exits before it is healthy is started again on a new port.
+    for _ in 0..5 {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let child = Command::new(BIN)
+            .args(["serve", "--bind", &addr, "--rate-limit-per-ip", "0"])
+            .args(["--database-url", database_url])
+            .args(args)
+            .env("LDPSYN_ADMIN_TOKEN", admin)
+            .env("LDPSYN_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("serve starts");
+        let mut server = Serve {
+            child,
+            base: format!("http://{addr}"),
+            addr,
+            _dir: None,
+        };
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(status)) = server.child.try_wait() {
+                eprintln!(
+                    "serve on {} exited ({status}); trying another port",
+                    server.addr
+                );
+                break;
             }
+            if let Ok(mut s) = TcpStream::connect(&server.addr) {
+                s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let _ =
+                    s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+                let mut answer = String::new();
+                let _ = s.read_to_string(&mut answer);
+                if answer.starts_with("HTTP/1.1 200") {
+                    return server;
+                }
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "serve did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "serve did not start"
-        );
-        std::thread::sleep(Duration::from_millis(50));
     }
+    panic!("serve exited on five ports in a row");
 }
 
 /// The PostgreSQL URL for tests (`LDPSYN_TEST_DATABASE_URL`), or `None` (and a note on

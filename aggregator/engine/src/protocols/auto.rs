@@ -47,7 +47,7 @@ pub const AUTO_BIN_NOISE_L1: f64 = 0.25;
 
 /// Share of the users in `auto`'s round 0, which measures every attribute alone so that the
 /// screening round can bin pairs by equal estimated mass ([`equal_mass_cuts`]); its reports
-/// count towards the 1-ways' phase-2 allocation ([`top_up`]). Chosen by a sweep of 0 (no
+/// count towards the 1-ways' phase-2 allocation (`top_up`). Chosen by a sweep of 0 (no
 /// round 0: equal-width bins), 0.05, 0.1, 0.2 and 0.3 over adult, nist-taxi,
 /// temporal-match2, the built-in network and adult-1.5m at ε ∈ {1, 2, 4, 8}, 3 seeds
 /// (`benchmarks/sweeps/auto-round0-share.md`): 0.2 has the lowest mean ratio to no round 0

@@ -38,9 +38,10 @@ pub enum AdminCommand {
         /// Schema JSON file.
         #[arg(long)]
         schema: PathBuf,
-        /// ε of every report.
+        /// ε of every report; a vertical collection may leave it out (the server takes the
+        /// largest party total).
         #[arg(long)]
-        epsilon: f64,
+        epsilon: Option<f64>,
         /// Number of users N the collection aims at.
         #[arg(long)]
         target_users: u64,
@@ -164,7 +165,9 @@ pub async fn run(
             let schema: Value = serde_json::from_str(&std::fs::read_to_string(schema)?)?;
             let mut body = Map::new();
             body.insert("schema".into(), schema);
-            body.insert("epsilon".into(), json!(epsilon));
+            if let Some(epsilon) = epsilon {
+                body.insert("epsilon".into(), json!(epsilon));
+            }
             body.insert("target_users".into(), json!(target_users));
             body.insert("protocol".into(), json!(protocol));
             body.extend(params.iter().cloned());

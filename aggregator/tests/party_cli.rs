@@ -64,8 +64,6 @@ async fn two_parties_upload_with_the_cli() {
             &path("schema.json"),
             "--protocol",
             "vertical",
-            "--epsilon",
-            "3",
             "--target-users",
             &N.to_string(),
             "--param",
@@ -74,6 +72,8 @@ async fn two_parties_upload_with_the_cli() {
         &[],
     ));
     let created: Value = serde_json::from_str(&create).unwrap();
+    // Without `--epsilon` the collection's ε is the largest party total (bank 1 + 2).
+    assert_eq!(created["epsilon"], 3.0, "{created}");
     let id = created["id"].as_str().unwrap().to_owned();
     let token = |p: &str| created["party_tokens"][p].as_str().unwrap().to_owned();
 

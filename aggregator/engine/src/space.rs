@@ -382,11 +382,7 @@ mod tests {
 
     /// Masses of the bins of `cuts` over `p`.
     fn bin_masses(p: &[f64], cuts: &[u32]) -> Vec<f64> {
-        let mut m = vec![0.0; cuts.len() + 1];
-        for (c, x) in p.iter().enumerate() {
-            m[ldpsyn::factor::bin_of(c as u32, cuts) as usize] += x;
-        }
-        m
+        crate::tables::coarsen(p, &[p.len()], &[cuts.to_vec()])
     }
 
     #[test]

@@ -17,7 +17,7 @@ use ldpsyn::protocol::PrivIncrParams;
 
 use super::{
     CollectionProtocol, TaskChoices, active_edges, common_choices, end_phase1_round, graph_state,
-    one_way_choices, one_way_state, pairs, plan_structure,
+    one_way_choices, one_way_state, pairs, plan_structure, round_quota,
 };
 use crate::estimate::{
     MAX_CLIQUE_CELLS, PairGain, best_pair_gain, largest_clique_cells, one_way_estimates,
@@ -290,8 +290,10 @@ impl Auto {
         // m_f earlier and n_f later reports is K_f/√(m_f + n_f).
         let earlier: Vec<f64> = (0..d)
             .map(|a| {
-                ms.combined_binned(&[a], &[], |k| k.factor == [a], None)
-                    .map_or(0.0, |c| c.reports as f64)
+                ms.containing(&[a])
+                    .filter(|m| m.key.factor == [a] && m.key.bins_of(a).is_empty())
+                    .map(|m| m.estimate.n as f64)
+                    .sum()
             })
             .collect();
         let m_total: f64 = earlier.iter().sum();
@@ -364,11 +366,11 @@ impl CollectionProtocol for Auto {
             return self.screening_state(engine, None);
         }
         // Round 0: every attribute alone (no edges yet).
-        let mut state = graph_state(engine, &self.params, 1, s0, |_, _| None);
-        if let Some(r) = state.pair_rounds_mut() {
-            r.edges.clear();
+        CollectionState {
+            phase: Phase::GraphConstruction,
+            round_quota: Some(round_quota(engine, s0, 1)),
+            ..one_way_state(engine)
         }
-        state
     }
 
     fn task_choices(

@@ -233,7 +233,6 @@ pub(crate) fn graph_state(
     screened: impl Fn(usize, usize) -> Option<Vec<Vec<u32>>>,
 ) -> CollectionState {
     let dims = engine.dims();
-    let n = engine.target_users();
     let edges = pairs(dims.len())
         .into_iter()
         .map(|(a, b)| {
@@ -256,13 +255,19 @@ pub(crate) fn graph_state(
     CollectionState {
         phase: Phase::GraphConstruction,
         round: 0,
-        round_quota: Some(((share * n as f64 / rounds as f64).floor() as u64).max(1)),
+        round_quota: Some(round_quota(engine, share, rounds)),
         protocol: ProtocolState::new(
             engine.protocol(),
             PairRounds { edges, plan: None },
             Vec::new(),
         ),
     }
+}
+
+/// Accepted reports per round when `rounds` rounds share `share` of the target users:
+/// `⌊share·N/rounds⌋`, at least one so that a round can close.
+pub(crate) fn round_quota(engine: &Engine, share: f64, rounds: u32) -> u64 {
+    ((share * engine.target_users() as f64 / rounds as f64).floor() as u64).max(1)
 }
 
 /// The active edges of a phase-1 state.

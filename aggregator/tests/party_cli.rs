@@ -40,6 +40,34 @@ fn stderr_failed(out: &Output) -> String {
     String::from_utf8(out.stderr.clone()).unwrap()
 }
 
+/// `collections --json create` of a vertical collection over the schema file `schema` with
+/// `parties` (JSON) for `users` people, plus `extra` arguments; the creation answer.
+fn create_vertical(
+    base: &str,
+    schema: &str,
+    parties: &Value,
+    users: usize,
+    extra: &[&str],
+) -> Value {
+    let parties = format!("parties={parties}");
+    let users = users.to_string();
+    let mut args = vec![
+        "collections",
+        "--json",
+        "create",
+        "--schema",
+        schema,
+        "--protocol",
+        "vertical",
+        "--target-users",
+        &users,
+        "--param",
+        &parties,
+    ];
+    args.extend(extra);
+    serde_json::from_str(&stdout_ok(&run(base, &args, &[]))).unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_parties_upload_with_the_cli() {
     let dir = tempfile::tempdir().unwrap();
@@ -54,24 +82,7 @@ async fn two_parties_upload_with_the_cli() {
     let parties = json!([
         {"name": "bank", "attributes": [{"name": "sex", "epsilon": 1.0}, {"name": "age", "epsilon": 2.0}]},
         {"name": "telco", "attributes": [{"name": "plan", "epsilon": 3.0}]}]);
-    let create = stdout_ok(&run(
-        &base,
-        &[
-            "collections",
-            "--json",
-            "create",
-            "--schema",
-            &path("schema.json"),
-            "--protocol",
-            "vertical",
-            "--target-users",
-            &N.to_string(),
-            "--param",
-            &format!("parties={parties}"),
-        ],
-        &[],
-    ));
-    let created: Value = serde_json::from_str(&create).unwrap();
+    let created = create_vertical(&base, &path("schema.json"), &parties, N, &[]);
     // Without `--epsilon` the collection's ε is the largest party total (bank 1 + 2).
     assert_eq!(created["epsilon"], 3.0, "{created}");
     let id = created["id"].as_str().unwrap().to_owned();
@@ -217,26 +228,13 @@ async fn sigkill_during_a_party_upload_loses_nothing_acknowledged() {
     let parties = json!([
         {"name": "bank", "attributes": [{"name": "sex", "epsilon": 1.0}]},
         {"name": "telco", "attributes": [{"name": "plan", "epsilon": 1.0}]}]);
-    let create = stdout_ok(&run(
+    let created = create_vertical(
         &server.base,
-        &[
-            "collections",
-            "--json",
-            "create",
-            "--schema",
-            &path("schema.json"),
-            "--protocol",
-            "vertical",
-            "--epsilon",
-            "1",
-            "--target-users",
-            &M.to_string(),
-            "--param",
-            &format!("parties={parties}"),
-        ],
-        &[],
-    ));
-    let created: Value = serde_json::from_str(&create).unwrap();
+        &path("schema.json"),
+        &parties,
+        M,
+        &["--epsilon", "1"],
+    );
     let id = created["id"].as_str().unwrap().to_owned();
     let token = created["party_tokens"]["bank"].as_str().unwrap().to_owned();
     let mut bank = String::from("customer_id,sex\n");

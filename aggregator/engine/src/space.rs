@@ -73,6 +73,13 @@ pub fn equal_mass_cuts(p: &[f64], bins: usize) -> Vec<u32> {
     cuts
 }
 
+/// Standard deviations above 0 a fine cell's estimate must be for [`Space::adaptive_cuts`]
+/// to give it a working bin of its own: one-sided, 4σ has a tail of 3.2·10⁻⁵, so over the
+/// at most [`MAX_SUB_BIN_CELLS`] cells of a grid a cell without mass is taken for a point
+/// mass with probability below 1% (a union bound), and a false one only costs its attribute
+/// one working bin.
+pub const POINT_MASS_Z: f64 = 4.0;
+
 /// Schema codes ↔ working bins, per attribute.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Space {
@@ -80,6 +87,10 @@ pub struct Space {
     /// Per attribute, the cuts of its working bins over its codes (`[]`: every code is a
     /// working bin).
     cuts: Vec<Vec<u32>>,
+    /// Per attribute whose working bins were placed by an earlier estimate
+    /// ([`Space::with_adapted_cuts`]), the cells that estimate was measured on: its sub-bin
+    /// 1-ways keep them, so that every sub-bin table shares one grid.
+    sub_cuts: Vec<Option<Vec<u32>>>,
     dims: Vec<usize>,
     /// Per attribute, how many leading codes are ordered grid cells (the rest: point masses
     /// and "missing", each a bin of its own).
@@ -106,6 +117,7 @@ impl Space {
     pub fn identity(code_dims: Vec<usize>) -> Self {
         Self {
             cuts: vec![Vec::new(); code_dims.len()],
+            sub_cuts: vec![None; code_dims.len()],
             dims: code_dims.clone(),
             grid: code_dims.clone(),
             code_dims,
@@ -162,10 +174,243 @@ impl Space {
             .collect();
         Ok(Self {
             grid: code_dims.clone(),
+            sub_cuts: vec![None; code_dims.len()],
             code_dims,
             cuts,
             dims,
         })
+    }
+
+    /// This space with attribute `a`'s working bins cut at `cuts` instead, as many as before,
+    /// and its sub-bin 1-ways measured on the cells of `sub_cuts` (`[]`: every code), of
+    /// which `cuts` must be a subset. Errors: another number of bins, a cut that is not a
+    /// cell boundary of `sub_cuts`, or a bin past the grid (a point mass, "missing") merged.
+    pub fn with_adapted_cuts(
+        &self,
+        a: usize,
+        cuts: Vec<u32>,
+        sub_cuts: Vec<u32>,
+    ) -> Result<Self, EngineError> {
+        let bad = |why: &str| {
+            Err(EngineError::InvalidConfig(format!(
+                "adapted working bins of attribute {a}: {why}"
+            )))
+        };
+        let Some(&k) = self.code_dims.get(a) else {
+            return bad("no such attribute");
+        };
+        let Ok(bins) = bin_count(&cuts, k) else {
+            return bad("not a bin map");
+        };
+        if cuts.is_empty() {
+            return bad("no bins");
+        }
+        if !sub_cuts.is_empty() && !cuts.iter().all(|c| sub_cuts.binary_search(c).is_ok()) {
+            return bad("a cut inside a measured cell");
+        }
+        let grid = self.grid[a] as u32;
+        if !(grid.max(1)..k as u32).all(|c| cuts.binary_search(&c).is_ok()) {
+            return bad("a bin past the grid is not alone");
+        }
+        let mut space = self.clone();
+        space.cuts[a] = cuts;
+        space.dims[a] = bins;
+        space.sub_cuts[a] = Some(sub_cuts);
+        let working: usize = space.cuts.iter().map(Vec::len).sum();
+        if working > MAX_TASK_CUTS {
+            return bad("more cuts than a task carries");
+        }
+        Ok(space)
+    }
+
+    /// Attribute `a`'s working cuts with every point mass found in an estimate of its
+    /// distribution over the cells of `sub_cuts` (`[]`: every code) made a bin of its own:
+    /// `x` unbiased cell estimates with standard errors `se`. A grid cell is a point mass
+    /// when its estimate is at least half an equal share of the grid's working bins
+    /// (`1/(2·bins)` of the grid's estimated mass: it would dominate any bin it falls in) and
+    /// [`POINT_MASS_Z`] standard errors above 0 (weekly hours at 40, a balance at 0); the
+    /// working cuts stay, so every table measured before still reads in the new bins, and
+    /// each point mass adds at most two bins. `None` when none is found, or the attribute has
+    /// no working bins, or `x`/`se` do not match the cells. The cuts depend on the data only
+    /// through the LDP estimate (post-processing; DESIGN.md "Numeric attributes").
+    pub fn point_mass_cuts(
+        &self,
+        a: usize,
+        sub_cuts: &[u32],
+        x: &[f64],
+        se: &[f64],
+    ) -> Option<Vec<u32>> {
+        let k = self.code_dims[a];
+        let cells = bin_count(sub_cuts, k).ok()?;
+        if self.cuts[a].is_empty() || x.len() != cells || se.len() != cells {
+            return None;
+        }
+        let start = |i: usize| -> u32 {
+            match (i, sub_cuts.is_empty()) {
+                (0, _) => 0,
+                (_, true) => i as u32,
+                (_, false) => sub_cuts[i - 1],
+            }
+        };
+        let end = |i: usize| if i + 1 == cells { k as u32 } else { start(i + 1) };
+        let grid = self.grid[a] as u32;
+        let g = (0..cells).take_while(|&i| end(i) <= grid).count();
+        let bins = (0..self.dims[a])
+            .filter(|&b| self.code_range(a, b).end <= grid)
+            .count();
+        let mass: f64 = x[..g].iter().map(|v| v.max(0.0)).sum();
+        if bins < 2 || mass <= 0.0 {
+            return None;
+        }
+        let mut cuts = self.cuts[a].clone();
+        let before = cuts.len();
+        for i in 0..g {
+            if x[i] >= 0.5 * mass / bins as f64 && x[i] >= POINT_MASS_Z * se[i] {
+                cuts.extend([start(i), end(i)]);
+            }
+        }
+        cuts.retain(|&c| c > 0 && c < k as u32);
+        cuts.sort_unstable();
+        cuts.dedup();
+        (cuts.len() > before).then_some(cuts)
+    }
+
+    /// Cuts of `bins` working bins of attribute `a` from an estimate of its distribution
+    /// over the cells of `sub_cuts` (`[]`: every code): `x` unbiased cell estimates with
+    /// standard errors `se` (one per cell). DESIGN.md "Numeric attributes", adaptive bins:
+    /// - a grid cell whose estimate is at least half a bin's share `1/(2·bins)` and
+    ///   [`POINT_MASS_Z`] standard errors above 0 is a **point mass**, a bin of its own
+    ///   (weekly hours at 40, a balance at 0), at most `bins/2` of them, heaviest first;
+    /// - the other bins are shared among the runs of cells between point masses in
+    ///   proportion to their mass (at least one each), and placed within a run by equal
+    ///   mass ([`equal_mass_cuts`]) under a smoothed estimate: the cell estimates summed into
+    ///   the current working bins, their deviations from equal width shrunk by the share
+    ///   that exceeds the noise (as within a bin, `model::within_bin_shape`), spread evenly
+    ///   over each bin's cells. Pure noise gives equal width, so a small sample changes
+    ///   nothing but its clear point masses;
+    /// - codes past the grid (declared point masses, "missing") stay bins of their own.
+    ///
+    /// The cuts depend on the data only through the LDP estimate (post-processing).
+    /// `None` when the attribute has no working bins, fewer cells than bins, or `x`/`se` do
+    /// not match the cells.
+    pub fn adaptive_cuts(&self, a: usize, sub_cuts: &[u32], x: &[f64], se: &[f64]) -> Option<Vec<u32>> {
+        let k = self.code_dims[a];
+        let cells = bin_count(sub_cuts, k).ok()?;
+        if self.cuts[a].is_empty() || x.len() != cells || se.len() != cells {
+            return None;
+        }
+        let start = |i: usize| -> u32 {
+            match (i, sub_cuts.is_empty()) {
+                (0, _) => 0,
+                (_, true) => i as u32,
+                (_, false) => sub_cuts[i - 1],
+            }
+        };
+        let end = |i: usize| if i + 1 == cells { k as u32 } else { start(i + 1) };
+        let grid = self.grid[a] as u32;
+        // Grid cells (the rest are bins of their own) and grid bins.
+        let g = (0..cells).take_while(|&i| end(i) <= grid).count();
+        let bins = (0..self.dims[a])
+            .filter(|&b| self.code_range(a, b).end <= grid)
+            .count();
+        if g <= bins || bins < 2 {
+            return None;
+        }
+        // Smoothed cell masses: the grid estimate per current bin, shrunk towards equal
+        // width, spread evenly over each bin's cells.
+        let bin_of_cell: Vec<usize> = (0..g).map(|i| bin_of(start(i), &self.cuts[a]) as usize).collect();
+        let mut bx = vec![0.0; bins];
+        let mut bvar = vec![0.0; bins];
+        let mut bwidth = vec![0.0; bins];
+        let mut bcells = vec![0usize; bins];
+        for i in 0..g {
+            let b = bin_of_cell[i];
+            bx[b] += x[i];
+            bvar[b] += se[i] * se[i];
+            bwidth[b] += f64::from(end(i) - start(i));
+            bcells[b] += 1;
+        }
+        let grid_width: f64 = bwidth.iter().sum();
+        let prior: Vec<f64> = bwidth.iter().map(|w| w / grid_width).collect();
+        let bse: Vec<f64> = bvar.iter().map(|v| v.sqrt()).collect();
+        let shares = crate::model::within_bin_shape(&bx, &bse, &prior);
+        let total = bx.iter().sum::<f64>().max(f64::MIN_POSITIVE);
+        let mut smooth: Vec<f64> = (0..g)
+            .map(|i| {
+                let b = bin_of_cell[i];
+                shares[b] * f64::from(end(i) - start(i)) / bwidth[b]
+            })
+            .collect();
+        // Point masses, heaviest first.
+        let share = 1.0 / bins as f64;
+        let mut points: Vec<usize> = (0..g)
+            .filter(|&i| x[i] / total >= 0.5 * share && x[i] >= POINT_MASS_Z * se[i])
+            .collect();
+        points.sort_by(|&i, &j| x[j].total_cmp(&x[i]).then(i.cmp(&j)));
+        points.truncate(bins / 2);
+        for &i in &points {
+            smooth[i] = x[i].max(0.0) / total;
+        }
+        // Drop the lightest point masses until every run between them can have a bin.
+        let cut_cells = loop {
+            let mut sorted = points.clone();
+            sorted.sort_unstable();
+            let mut runs: Vec<(usize, usize)> = Vec::new();
+            let mut lo = 0;
+            for &p in &sorted {
+                if p > lo {
+                    runs.push((lo, p));
+                }
+                lo = p + 1;
+            }
+            if lo < g {
+                runs.push((lo, g));
+            }
+            let free = bins - sorted.len();
+            if free < runs.len() {
+                points.pop();
+                continue;
+            }
+            // Bins per run ∝ its smoothed mass (largest remainder), ≥ 1, ≤ its cells.
+            let mass: Vec<f64> = runs.iter().map(|&(l, h)| smooth[l..h].iter().sum::<f64>()).collect();
+            let mass_total: f64 = mass.iter().sum::<f64>().max(f64::MIN_POSITIVE);
+            let mut alloc: Vec<usize> = vec![1; runs.len()];
+            let mut left = free - runs.len();
+            while left > 0 {
+                // The run furthest below its proportional share that can still split.
+                let Some(r) = (0..runs.len())
+                    .filter(|&r| alloc[r] < runs[r].1 - runs[r].0)
+                    .max_by(|&r, &s| {
+                        let need = |r: usize| mass[r] / mass_total * free as f64 - alloc[r] as f64;
+                        need(r).total_cmp(&need(s)).then(s.cmp(&r))
+                    })
+                else {
+                    break;
+                };
+                alloc[r] += 1;
+                left -= 1;
+            }
+            if left > 0 {
+                // Every run at full resolution: fewer point masses would not help either.
+                break None;
+            }
+            let mut cut_cells: Vec<usize> = sorted.iter().flat_map(|&p| [p, p + 1]).collect();
+            for (&(l, h), &n) in runs.iter().zip(&alloc) {
+                cut_cells.extend([l, h]);
+                cut_cells.extend(equal_mass_cuts(&smooth[l..h], n).iter().map(|&c| l + c as usize));
+                if n >= h - l {
+                    cut_cells.extend(l + 1..h);
+                }
+            }
+            cut_cells.sort_unstable();
+            cut_cells.dedup();
+            cut_cells.retain(|&c| c > 0 && c < g);
+            break Some(cut_cells);
+        }?;
+        let mut cuts: Vec<u32> = cut_cells.into_iter().map(start).collect();
+        cuts.extend((g..cells).map(start));
+        cuts.retain(|&c| c > 0);
+        (bin_count(&cuts, k).ok() == Some(self.dims[a])).then_some(cuts)
     }
 
     /// How many leading codes of attribute `a` are ordered grid cells: the grid of a
@@ -221,7 +466,12 @@ impl Space {
     /// Cuts of attribute `a`'s codes into sub-bins: each working bin split into `per_bin`
     /// equal-width contiguous parts (fewer where it has fewer codes, or where that would
     /// exceed [`MAX_SUB_BIN_CELLS`] in all). `[]` (every code) when that is every code.
+    /// Working bins placed by an earlier estimate keep that estimate's cells instead
+    /// ([`Space::with_adapted_cuts`]).
     pub fn sub_bin_cuts(&self, a: usize, per_bin: usize) -> Vec<u32> {
+        if let Some(cuts) = &self.sub_cuts[a] {
+            return cuts.clone();
+        }
         let per_bin = per_bin.min((MAX_SUB_BIN_CELLS / self.dims[a]).max(1));
         let mut cuts = Vec::new();
         for bin in 0..self.dims[a] {

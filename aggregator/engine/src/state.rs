@@ -16,6 +16,7 @@
 //! the clique cap, and one graphical model is fitted to all measurements
 //! ([`super::estimate`], [`super::pgm`]). The protocols differ in what they collect.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -120,9 +121,25 @@ pub struct CollectionState {
     /// Accepted reports of the current round after which it closes (`None`: never closes by
     /// itself; the operator finalizes).
     pub round_quota: Option<u64>,
+    /// Working bins placed by an earlier round's estimate, per attribute index (`auto`'s
+    /// round 0 for `bins: "auto"` attributes, [`Space::adaptive_cuts`]); every other
+    /// attribute keeps the schema's. Empty in states stored before adaptive bins.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub working_bins: BTreeMap<usize, AdaptedBins>,
     /// The protocol's own decisions.
     #[serde(flatten)]
     pub protocol: ProtocolState,
+}
+
+/// An attribute's working bins as an earlier round's estimate placed them
+/// ([`Space::with_adapted_cuts`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdaptedBins {
+    /// Cuts of the working bins over schema codes (as many bins as the schema's).
+    pub cuts: Vec<u32>,
+    /// Cuts of the cells the estimate was measured on, which its sub-bin 1-ways keep
+    /// (`[]`: every code).
+    pub sub_bins: Vec<u32>,
 }
 
 /// What a protocol decided, tagged `"protocol"` with the protocol's name.
@@ -260,6 +277,8 @@ pub struct TaskSampler {
     tasks: Vec<TaskSpec>,
     /// Cumulative weights (`None`: uniform).
     cdf: Option<Vec<f64>>,
+    /// Share of refinable 1-ways measured in sub-bins.
+    sub_bin_share: f64,
 }
 
 impl TaskSampler {
@@ -272,7 +291,8 @@ impl TaskSampler {
                 cdf.partition_point(|&c| c <= u).min(cdf.len() - 1)
             }
         };
-        self.engine.to_codes(self.tasks[i].clone(), rng)
+        self.engine
+            .to_codes(self.tasks[i].clone(), self.sub_bin_share, rng)
     }
 
     /// Number of distinct tasks.
@@ -606,7 +626,8 @@ impl Engine {
     /// The task distribution of `state`, to draw from in O(log n) per task
     /// ([`TaskSampler::draw`]). Errors: as [`Engine::draw_task`].
     pub fn sampler(&self, state: &CollectionState) -> Result<TaskSampler, EngineError> {
-        let choices = self.rules.task_choices(self, state)?;
+        let engine = self.at(state)?;
+        let choices = engine.rules.task_choices(&engine, state)?;
         if choices.tasks.is_empty() {
             return Err(EngineError::InvalidState("a state without tasks".into()));
         }
@@ -624,24 +645,46 @@ impl Engine {
         {
             return Err(EngineError::InvalidState("task weights sum to 0".into()));
         }
+        let sub_bin_share = choices
+            .sub_bin_share
+            .or(engine.options.sub_bin_share)
+            .unwrap_or(SUB_BIN_ONE_WAY_SHARE)
+            .clamp(0.0, 1.0);
         Ok(TaskSampler {
-            engine: self.clone(),
+            engine: engine.into_owned(),
             tasks: choices.tasks,
             cdf,
+            sub_bin_share,
         })
     }
 
-    /// A protocol's task (working codes) as devices run it.
-    fn to_codes<R: Rng + ?Sized>(&self, task: TaskSpec, rng: &mut R) -> TaskSpec {
-        // Some of a binned attribute's 1-ways are measured in sub-bins (the shape within its
-        // working bins), the others in the working bins (the bins' totals, at less noise).
-        let share = self
-            .options
-            .sub_bin_share
-            .unwrap_or(SUB_BIN_ONE_WAY_SHARE)
-            .clamp(0.0, 1.0);
-        let sub_bins = (self.space.refinable(&task) && rng.random_bool(share))
-            .then(|| self.options.sub_bins.unwrap_or(SUB_BINS).max(1));
+    /// This engine in the working space of `state`: the schema's, with the working bins an
+    /// earlier round placed ([`CollectionState::working_bins`]). Errors: adapted bins that do
+    /// not fit the schema.
+    pub fn at(&self, state: &CollectionState) -> Result<Cow<'_, Engine>, EngineError> {
+        if state.working_bins.is_empty() {
+            return Ok(Cow::Borrowed(self));
+        }
+        let mut engine = self.clone();
+        for (&a, bins) in &state.working_bins {
+            engine.space = engine
+                .space
+                .with_adapted_cuts(a, bins.cuts.clone(), bins.sub_bins.clone())?;
+        }
+        Ok(Cow::Owned(engine))
+    }
+
+    /// Sub-bins per working bin of a sub-bin 1-way ([`Space::sub_bin_cuts`]).
+    pub(crate) fn sub_bins_per_bin(&self) -> usize {
+        self.options.sub_bins.unwrap_or(SUB_BINS).max(1)
+    }
+
+    /// A protocol's task (working codes) as devices run it: a refinable 1-way is measured in
+    /// sub-bins with probability `sub_bin_share` (the shape within its working bins), else
+    /// in the working bins (the bins' totals, at less noise).
+    fn to_codes<R: Rng + ?Sized>(&self, task: TaskSpec, sub_bin_share: f64, rng: &mut R) -> TaskSpec {
+        let sub_bins = (self.space.refinable(&task) && rng.random_bool(sub_bin_share))
+            .then(|| self.sub_bins_per_bin());
         self.space.task_to_codes(task, sub_bins, self.epsilon)
     }
 
@@ -702,7 +745,8 @@ impl Engine {
         state: &mut CollectionState,
         tables: &Tables,
     ) -> Result<Transition, EngineError> {
-        self.rules.close_round(self, state, tables)
+        let engine = self.at(state)?.into_owned();
+        engine.rules.close_round(&engine, state, tables)
     }
 
     /// Standard error of every cell of factor `f` measured by `n` reports with its best
@@ -760,6 +804,11 @@ impl Engine {
     /// Deterministic given `(state, tables)`. Errors: tables that do not fit their
     /// mechanisms; [`EngineError::NoData`] when there are no reports at all.
     pub fn finalize(&self, state: &CollectionState, tables: &Tables) -> Result<Model, EngineError> {
+        self.at(state)?.finalize_here(state, tables)
+    }
+
+    /// [`Engine::finalize`] in this engine's working space.
+    fn finalize_here(&self, state: &CollectionState, tables: &Tables) -> Result<Model, EngineError> {
         let ms = self
             .measurements(tables, |_| true)?
             .with_population(self.target_users);

@@ -159,6 +159,10 @@ pub struct TaskChoices {
     pub tasks: Vec<TaskSpec>,
     /// Their weights; `None`: uniform.
     pub weights: Option<Vec<f64>>,
+    /// Share of the 1-ways of attributes with working bins measured in sub-bins
+    /// ([`crate::space::Space::sub_bin_cuts`]); `None`: the engine's
+    /// ([`crate::state::SUB_BIN_ONE_WAY_SHARE`] unless its options say otherwise).
+    pub sub_bin_share: Option<f64>,
 }
 
 /// A state with no round structure: every task is one attribute.
@@ -167,6 +171,7 @@ pub(crate) fn one_way_state(engine: &Engine) -> CollectionState {
         phase: Phase::OneWay,
         round: 0,
         round_quota: None,
+        working_bins: Default::default(),
         protocol: ProtocolState::new(engine.protocol(), PairRounds::default(), Vec::new()),
     }
 }
@@ -183,6 +188,7 @@ pub(crate) fn one_way_choices(engine: &Engine, state: &CollectionState) -> TaskC
             })
             .collect(),
         weights: None,
+        sub_bin_share: None,
     }
 }
 
@@ -215,6 +221,7 @@ pub(crate) fn common_choices(
                     })
                     .collect(),
                 weights: Some(plan.factors.iter().map(|f| f.weight).collect()),
+                sub_bin_share: None,
             })
         })()),
         Phase::GraphConstruction | Phase::PairSampling => None,
@@ -256,6 +263,7 @@ pub(crate) fn graph_state(
         phase: Phase::GraphConstruction,
         round: 0,
         round_quota: Some(round_quota(engine, share, rounds)),
+        working_bins: Default::default(),
         protocol: ProtocolState::new(
             engine.protocol(),
             PairRounds { edges, plan: None },

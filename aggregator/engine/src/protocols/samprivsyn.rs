@@ -78,6 +78,7 @@ impl CollectionProtocol for SamPrivSyn {
             },
             round: 0,
             round_quota: Some(self.params.batch_size),
+            working_bins: Default::default(),
             // Algorithm 1 line 4: every pair starts with weight 2/(d(d−1)).
             protocol: ProtocolState::Samprivsyn(PairSampling {
                 pair_weights: vec![1.0 / m.max(1) as f64; m],
@@ -110,6 +111,7 @@ impl CollectionProtocol for SamPrivSyn {
                 })
                 .collect(),
             weights: Some(state.pair_weights().to_vec()),
+            sub_bin_share: None,
         })
     }
 

@@ -262,6 +262,7 @@ impl CollectionProtocol for Vertical {
             phase: Phase::OneWay,
             round: 0,
             round_quota: None,
+            working_bins: Default::default(),
             protocol: ProtocolState::Vertical {},
         }
     }

@@ -394,7 +394,7 @@ impl Recovery {
 /// alone would give (the same debiasing as a pair's dependence in `auto`), then clipped at
 /// 0 and normalized. Pure noise gives the prior; a strong peak (weekly hours at 40)
 /// survives. Sums to 1.
-pub(crate) fn within_bin_shape(x: &[f64], se: &[f64], prior: &[f64]) -> Vec<f64> {
+fn within_bin_shape(x: &[f64], se: &[f64], prior: &[f64]) -> Vec<f64> {
     let k = x.len() as f64;
     let total_x = x.iter().sum::<f64>().max(0.0);
     let expected: Vec<f64> = prior.iter().map(|p| p * total_x).collect();

@@ -73,12 +73,21 @@ pub fn equal_mass_cuts(p: &[f64], bins: usize) -> Vec<u32> {
     cuts
 }
 
-/// Standard deviations above 0 a fine cell's estimate must be for [`Space::adaptive_cuts`]
+/// Standard deviations above 0 a fine cell's estimate must be for [`Space::point_mass_cuts`]
 /// to give it a working bin of its own: one-sided, 4σ has a tail of 3.2·10⁻⁵, so over the
 /// at most [`MAX_SUB_BIN_CELLS`] cells of a grid a cell without mass is taken for a point
 /// mass with probability below 1% (a union bound), and a false one only costs its attribute
 /// one working bin.
 pub const POINT_MASS_Z: f64 = 4.0;
+
+/// Fewest measured cells a working bin must have for [`Space::point_mass_cuts`] to take a
+/// point mass out of it. Splitting a bin of two cells is its full resolution, which the
+/// within-bin recovery already gives (one share to estimate), while the extra bin costs every
+/// pair that holds the attribute. Measured with `bench-numeric`
+/// (`benchmarks/sweeps/point-masses.md`): without this rule temporal-match2's ordinal
+/// columns (21–26 codes in 16 bins) had single codes split from two-code bins and a 2-way
+/// TVD 8% above no point masses at ε = 8; with it, at most equal at every ε.
+pub const MIN_POINT_BIN_CELLS: usize = 3;
 
 /// Schema codes ↔ working bins, per attribute.
 #[derive(Debug, Clone, PartialEq)]
@@ -181,10 +190,11 @@ impl Space {
         })
     }
 
-    /// This space with attribute `a`'s working bins cut at `cuts` instead, as many as before,
-    /// and its sub-bin 1-ways measured on the cells of `sub_cuts` (`[]`: every code), of
-    /// which `cuts` must be a subset. Errors: another number of bins, a cut that is not a
-    /// cell boundary of `sub_cuts`, or a bin past the grid (a point mass, "missing") merged.
+    /// This space with attribute `a`'s working bins cut at `cuts` instead, and its sub-bin
+    /// 1-ways measured on the cells of `sub_cuts` (`[]`: every code), of which `cuts` must
+    /// be a subset. Errors: not a bin map of the attribute, a cut that is not a cell
+    /// boundary of `sub_cuts`, a bin past the grid (a point mass, "missing") merged, or more
+    /// cuts in all than a task carries ([`MAX_TASK_CUTS`]).
     pub fn with_adapted_cuts(
         &self,
         a: usize,
@@ -227,8 +237,9 @@ impl Space {
     /// distribution over the cells of `sub_cuts` (`[]`: every code) made a bin of its own:
     /// `x` unbiased cell estimates with standard errors `se`. A grid cell is a point mass
     /// when its estimate is at least half an equal share of the grid's working bins
-    /// (`1/(2·bins)` of the grid's estimated mass: it would dominate any bin it falls in) and
-    /// [`POINT_MASS_Z`] standard errors above 0 (weekly hours at 40, a balance at 0); the
+    /// (`1/(2·bins)` of the grid's estimated mass: it would dominate any bin it falls in),
+    /// [`POINT_MASS_Z`] standard errors above 0 (weekly hours at 40, a balance at 0), and its
+    /// bin has at least [`MIN_POINT_BIN_CELLS`] cells; the
     /// working cuts stay, so every table measured before still reads in the new bins, and
     /// each point mass adds at most two bins. `None` when none is found, or the attribute has
     /// no working bins, or `x`/`se` do not match the cells. The cuts depend on the data only
@@ -252,7 +263,13 @@ impl Space {
                 (_, false) => sub_cuts[i - 1],
             }
         };
-        let end = |i: usize| if i + 1 == cells { k as u32 } else { start(i + 1) };
+        let end = |i: usize| {
+            if i + 1 == cells {
+                k as u32
+            } else {
+                start(i + 1)
+            }
+        };
         let grid = self.grid[a] as u32;
         let g = (0..cells).take_while(|&i| end(i) <= grid).count();
         let bins = (0..self.dims[a])
@@ -264,8 +281,17 @@ impl Space {
         }
         let mut cuts = self.cuts[a].clone();
         let before = cuts.len();
+        // Measured cells per working bin.
+        let bin_of_cell = |i: usize| bin_of(start(i), &self.cuts[a]) as usize;
+        let mut cells_in_bin = vec![0usize; self.dims[a]];
         for i in 0..g {
-            if x[i] >= 0.5 * mass / bins as f64 && x[i] >= POINT_MASS_Z * se[i] {
+            cells_in_bin[bin_of_cell(i)] += 1;
+        }
+        for i in 0..g {
+            if x[i] >= 0.5 * mass / bins as f64
+                && x[i] >= POINT_MASS_Z * se[i]
+                && cells_in_bin[bin_of_cell(i)] >= MIN_POINT_BIN_CELLS
+            {
                 cuts.extend([start(i), end(i)]);
             }
         }
@@ -273,144 +299,6 @@ impl Space {
         cuts.sort_unstable();
         cuts.dedup();
         (cuts.len() > before).then_some(cuts)
-    }
-
-    /// Cuts of `bins` working bins of attribute `a` from an estimate of its distribution
-    /// over the cells of `sub_cuts` (`[]`: every code): `x` unbiased cell estimates with
-    /// standard errors `se` (one per cell). DESIGN.md "Numeric attributes", adaptive bins:
-    /// - a grid cell whose estimate is at least half a bin's share `1/(2·bins)` and
-    ///   [`POINT_MASS_Z`] standard errors above 0 is a **point mass**, a bin of its own
-    ///   (weekly hours at 40, a balance at 0), at most `bins/2` of them, heaviest first;
-    /// - the other bins are shared among the runs of cells between point masses in
-    ///   proportion to their mass (at least one each), and placed within a run by equal
-    ///   mass ([`equal_mass_cuts`]) under a smoothed estimate: the cell estimates summed into
-    ///   the current working bins, their deviations from equal width shrunk by the share
-    ///   that exceeds the noise (as within a bin, `model::within_bin_shape`), spread evenly
-    ///   over each bin's cells. Pure noise gives equal width, so a small sample changes
-    ///   nothing but its clear point masses;
-    /// - codes past the grid (declared point masses, "missing") stay bins of their own.
-    ///
-    /// The cuts depend on the data only through the LDP estimate (post-processing).
-    /// `None` when the attribute has no working bins, fewer cells than bins, or `x`/`se` do
-    /// not match the cells.
-    pub fn adaptive_cuts(&self, a: usize, sub_cuts: &[u32], x: &[f64], se: &[f64]) -> Option<Vec<u32>> {
-        let k = self.code_dims[a];
-        let cells = bin_count(sub_cuts, k).ok()?;
-        if self.cuts[a].is_empty() || x.len() != cells || se.len() != cells {
-            return None;
-        }
-        let start = |i: usize| -> u32 {
-            match (i, sub_cuts.is_empty()) {
-                (0, _) => 0,
-                (_, true) => i as u32,
-                (_, false) => sub_cuts[i - 1],
-            }
-        };
-        let end = |i: usize| if i + 1 == cells { k as u32 } else { start(i + 1) };
-        let grid = self.grid[a] as u32;
-        // Grid cells (the rest are bins of their own) and grid bins.
-        let g = (0..cells).take_while(|&i| end(i) <= grid).count();
-        let bins = (0..self.dims[a])
-            .filter(|&b| self.code_range(a, b).end <= grid)
-            .count();
-        if g <= bins || bins < 2 {
-            return None;
-        }
-        // Smoothed cell masses: the grid estimate per current bin, shrunk towards equal
-        // width, spread evenly over each bin's cells.
-        let bin_of_cell: Vec<usize> = (0..g).map(|i| bin_of(start(i), &self.cuts[a]) as usize).collect();
-        let mut bx = vec![0.0; bins];
-        let mut bvar = vec![0.0; bins];
-        let mut bwidth = vec![0.0; bins];
-        let mut bcells = vec![0usize; bins];
-        for i in 0..g {
-            let b = bin_of_cell[i];
-            bx[b] += x[i];
-            bvar[b] += se[i] * se[i];
-            bwidth[b] += f64::from(end(i) - start(i));
-            bcells[b] += 1;
-        }
-        let grid_width: f64 = bwidth.iter().sum();
-        let prior: Vec<f64> = bwidth.iter().map(|w| w / grid_width).collect();
-        let bse: Vec<f64> = bvar.iter().map(|v| v.sqrt()).collect();
-        let shares = crate::model::within_bin_shape(&bx, &bse, &prior);
-        let total = bx.iter().sum::<f64>().max(f64::MIN_POSITIVE);
-        let mut smooth: Vec<f64> = (0..g)
-            .map(|i| {
-                let b = bin_of_cell[i];
-                shares[b] * f64::from(end(i) - start(i)) / bwidth[b]
-            })
-            .collect();
-        // Point masses, heaviest first.
-        let share = 1.0 / bins as f64;
-        let mut points: Vec<usize> = (0..g)
-            .filter(|&i| x[i] / total >= 0.5 * share && x[i] >= POINT_MASS_Z * se[i])
-            .collect();
-        points.sort_by(|&i, &j| x[j].total_cmp(&x[i]).then(i.cmp(&j)));
-        points.truncate(bins / 2);
-        for &i in &points {
-            smooth[i] = x[i].max(0.0) / total;
-        }
-        // Drop the lightest point masses until every run between them can have a bin.
-        let cut_cells = loop {
-            let mut sorted = points.clone();
-            sorted.sort_unstable();
-            let mut runs: Vec<(usize, usize)> = Vec::new();
-            let mut lo = 0;
-            for &p in &sorted {
-                if p > lo {
-                    runs.push((lo, p));
-                }
-                lo = p + 1;
-            }
-            if lo < g {
-                runs.push((lo, g));
-            }
-            let free = bins - sorted.len();
-            if free < runs.len() {
-                points.pop();
-                continue;
-            }
-            // Bins per run ∝ its smoothed mass (largest remainder), ≥ 1, ≤ its cells.
-            let mass: Vec<f64> = runs.iter().map(|&(l, h)| smooth[l..h].iter().sum::<f64>()).collect();
-            let mass_total: f64 = mass.iter().sum::<f64>().max(f64::MIN_POSITIVE);
-            let mut alloc: Vec<usize> = vec![1; runs.len()];
-            let mut left = free - runs.len();
-            while left > 0 {
-                // The run furthest below its proportional share that can still split.
-                let Some(r) = (0..runs.len())
-                    .filter(|&r| alloc[r] < runs[r].1 - runs[r].0)
-                    .max_by(|&r, &s| {
-                        let need = |r: usize| mass[r] / mass_total * free as f64 - alloc[r] as f64;
-                        need(r).total_cmp(&need(s)).then(s.cmp(&r))
-                    })
-                else {
-                    break;
-                };
-                alloc[r] += 1;
-                left -= 1;
-            }
-            if left > 0 {
-                // Every run at full resolution: fewer point masses would not help either.
-                break None;
-            }
-            let mut cut_cells: Vec<usize> = sorted.iter().flat_map(|&p| [p, p + 1]).collect();
-            for (&(l, h), &n) in runs.iter().zip(&alloc) {
-                cut_cells.extend([l, h]);
-                cut_cells.extend(equal_mass_cuts(&smooth[l..h], n).iter().map(|&c| l + c as usize));
-                if n >= h - l {
-                    cut_cells.extend(l + 1..h);
-                }
-            }
-            cut_cells.sort_unstable();
-            cut_cells.dedup();
-            cut_cells.retain(|&c| c > 0 && c < g);
-            break Some(cut_cells);
-        }?;
-        let mut cuts: Vec<u32> = cut_cells.into_iter().map(start).collect();
-        cuts.extend((g..cells).map(start));
-        cuts.retain(|&c| c > 0);
-        (bin_count(&cuts, k).ok() == Some(self.dims[a])).then_some(cuts)
     }
 
     /// How many leading codes of attribute `a` are ordered grid cells: the grid of a
@@ -731,6 +619,62 @@ mod tests {
         }
         // A pair cutting through a working bin is not readable.
         assert_eq!(s.to_working(&key(vec![0, 1], vec![vec![5], vec![]])), None);
+    }
+
+    #[test]
+    fn point_masses_become_bins_and_earlier_tables_still_read() {
+        // 12 codes in working bins [0,4) [4,8) [8,12), estimated on every code.
+        let s = Space::new(vec![12], vec![vec![4, 8]]).unwrap();
+        let mut x = vec![0.5 / 11.0; 12];
+        x[5] = 0.5;
+        let se = vec![0.01; 12];
+        // Code 5 holds half the mass, far above noise: a bin of its own.
+        let cuts = s.point_mass_cuts(0, &[], &x, &se).unwrap();
+        assert_eq!(cuts, vec![4, 5, 6, 8]);
+        // As heavy but within 4σ of 0, or clear but light (below half a bin's share, 1/6):
+        // nothing found.
+        assert_eq!(s.point_mass_cuts(0, &[], &x, &[0.2; 12]), None);
+        let mut light = vec![0.88 / 11.0; 12];
+        light[5] = 0.12;
+        assert_eq!(s.point_mass_cuts(0, &[], &light, &se), None);
+        // Wrong lengths.
+        assert_eq!(s.point_mass_cuts(0, &[], &x[..11], &se[..11]), None);
+
+        let adapted = s.with_adapted_cuts(0, cuts.clone(), Vec::new()).unwrap();
+        assert_eq!(adapted.dims(), &[5]);
+        assert_eq!(adapted.code_range(0, 2), 5..6);
+        // Sub-bin 1-ways keep the cells the estimate was made on (here every code).
+        assert!(adapted.sub_bin_cuts(0, 2).is_empty());
+        // A 1-way measured in the schema's bins reads as a coarser table of the new ones,
+        // one on every code as a finer one.
+        match adapted.to_working(&key(vec![0], vec![vec![4, 8]])) {
+            Some(WorkingKey::Binned(k)) => assert_eq!(k.bins, vec![vec![1, 4]]),
+            other => panic!("{other:?}"),
+        }
+        match adapted.to_working(&key(vec![0], vec![])) {
+            Some(WorkingKey::Refined { blocks, .. }) => {
+                assert_eq!(blocks, vec![0, 0, 0, 0, 1, 2, 3, 3, 4, 4, 4, 4]);
+            }
+            other => panic!("{other:?}"),
+        }
+        // Refused: a cut inside a measured cell; not a bin map; a code past the grid merged.
+        assert!(
+            s.with_adapted_cuts(0, vec![4, 5, 8], vec![2, 4, 6, 8, 10])
+                .is_err()
+        );
+        assert!(s.with_adapted_cuts(0, vec![8, 4], Vec::new()).is_err());
+        assert!(s.with_adapted_cuts(0, vec![12], Vec::new()).is_err());
+        let mut with_point = Space::new(vec![12], vec![vec![4, 8, 11]]).unwrap();
+        with_point.set_grid_cells(0, 11);
+        assert!(
+            with_point
+                .with_adapted_cuts(0, vec![4, 8], Vec::new())
+                .is_err()
+        );
+        // Codes past the grid are bins already: never searched for point masses.
+        let mut x = vec![0.1 / 11.0; 12];
+        x[11] = 0.9;
+        assert_eq!(with_point.point_mass_cuts(0, &[], &x, &se), None);
     }
 
     #[test]

@@ -122,8 +122,9 @@ pub struct CollectionState {
     /// itself; the operator finalizes).
     pub round_quota: Option<u64>,
     /// Working bins placed by an earlier round's estimate, per attribute index (`auto`'s
-    /// round 0 for `bins: "auto"` attributes, [`Space::adaptive_cuts`]); every other
-    /// attribute keeps the schema's. Empty in states stored before adaptive bins.
+    /// round 0 makes the point masses it finds in `bins: "auto"` attributes bins of their
+    /// own, [`Space::point_mass_cuts`]); every other attribute keeps the schema's. Empty in
+    /// states stored before adaptive bins.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub working_bins: BTreeMap<usize, AdaptedBins>,
     /// The protocol's own decisions.
@@ -277,8 +278,6 @@ pub struct TaskSampler {
     tasks: Vec<TaskSpec>,
     /// Cumulative weights (`None`: uniform).
     cdf: Option<Vec<f64>>,
-    /// Share of refinable 1-ways measured in sub-bins.
-    sub_bin_share: f64,
 }
 
 impl TaskSampler {
@@ -291,8 +290,7 @@ impl TaskSampler {
                 cdf.partition_point(|&c| c <= u).min(cdf.len() - 1)
             }
         };
-        self.engine
-            .to_codes(self.tasks[i].clone(), self.sub_bin_share, rng)
+        self.engine.to_codes(self.tasks[i].clone(), rng)
     }
 
     /// Number of distinct tasks.
@@ -645,16 +643,10 @@ impl Engine {
         {
             return Err(EngineError::InvalidState("task weights sum to 0".into()));
         }
-        let sub_bin_share = choices
-            .sub_bin_share
-            .or(engine.options.sub_bin_share)
-            .unwrap_or(SUB_BIN_ONE_WAY_SHARE)
-            .clamp(0.0, 1.0);
         Ok(TaskSampler {
             engine: engine.into_owned(),
             tasks: choices.tasks,
             cdf,
-            sub_bin_share,
         })
     }
 
@@ -667,9 +659,10 @@ impl Engine {
         }
         let mut engine = self.clone();
         for (&a, bins) in &state.working_bins {
-            engine.space = engine
-                .space
-                .with_adapted_cuts(a, bins.cuts.clone(), bins.sub_bins.clone())?;
+            engine.space =
+                engine
+                    .space
+                    .with_adapted_cuts(a, bins.cuts.clone(), bins.sub_bins.clone())?;
         }
         Ok(Cow::Owned(engine))
     }
@@ -679,11 +672,16 @@ impl Engine {
         self.options.sub_bins.unwrap_or(SUB_BINS).max(1)
     }
 
-    /// A protocol's task (working codes) as devices run it: a refinable 1-way is measured in
-    /// sub-bins with probability `sub_bin_share` (the shape within its working bins), else
-    /// in the working bins (the bins' totals, at less noise).
-    fn to_codes<R: Rng + ?Sized>(&self, task: TaskSpec, sub_bin_share: f64, rng: &mut R) -> TaskSpec {
-        let sub_bins = (self.space.refinable(&task) && rng.random_bool(sub_bin_share))
+    /// A protocol's task (working codes) as devices run it.
+    fn to_codes<R: Rng + ?Sized>(&self, task: TaskSpec, rng: &mut R) -> TaskSpec {
+        // Some of a binned attribute's 1-ways are measured in sub-bins (the shape within its
+        // working bins), the others in the working bins (the bins' totals, at less noise).
+        let share = self
+            .options
+            .sub_bin_share
+            .unwrap_or(SUB_BIN_ONE_WAY_SHARE)
+            .clamp(0.0, 1.0);
+        let sub_bins = (self.space.refinable(&task) && rng.random_bool(share))
             .then(|| self.sub_bins_per_bin());
         self.space.task_to_codes(task, sub_bins, self.epsilon)
     }
@@ -808,7 +806,11 @@ impl Engine {
     }
 
     /// [`Engine::finalize`] in this engine's working space.
-    fn finalize_here(&self, state: &CollectionState, tables: &Tables) -> Result<Model, EngineError> {
+    fn finalize_here(
+        &self,
+        state: &CollectionState,
+        tables: &Tables,
+    ) -> Result<Model, EngineError> {
         let ms = self
             .measurements(tables, |_| true)?
             .with_population(self.target_users);

@@ -283,7 +283,9 @@ mod tests {
     /// `bins: "auto"` end to end: devices encode to the grid, tasks carry working (and
     /// sub-bin) bin maps, the model works in 4 working bins, and synthesis recovers a spike
     /// inside a bin (40% of people at 10, not declared as a point) from the sub-bin 1-ways,
-    /// which uniform expansion smears over the bin. Rows and marginals are in grid codes.
+    /// which uniform expansion smears over the bin. `auto` finds the spike in its round 0
+    /// and makes it a working bin of its own, measured by every later factor, so that even
+    /// uniform expansion draws it. Rows and marginals are in grid codes.
     #[test]
     fn auto_bins_recover_a_spike_within_a_bin() {
         use crate::engine::Expansion;
@@ -333,7 +335,20 @@ mod tests {
             let real = 0.4 + 0.6 / 30.0;
             let recovered = share(Expansion::Recover);
             assert!((recovered - real).abs() < 0.04, "recovered {recovered}");
-            assert!(share(Expansion::Uniform) < 0.15);
+            let uniform = share(Expansion::Uniform);
+            if matches!(config.protocol, Protocol::Auto(_)) {
+                // Bins [0,8) [8,15) [15,22) [22,30) → code 9 alone.
+                let bins = &run.state.working_bins[&0];
+                assert_eq!(bins.cuts, vec![8, 9, 10, 15, 22]);
+                let phase2 = run.state.round;
+                assert!(run.tables.keys().any(|k| k.round == phase2
+                    && k.factor == [0, 1]
+                    && k.bins.first().is_some_and(|c| c.contains(&9))));
+                assert!((uniform - real).abs() < 0.04, "uniform {uniform}");
+            } else {
+                assert!(run.state.working_bins.is_empty());
+                assert!(uniform < 0.15, "uniform {uniform}");
+            }
             let m = run.model.marginal(&[0]).unwrap();
             assert_eq!(m.dims, vec![30]);
             assert!(

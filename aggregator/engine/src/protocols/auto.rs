@@ -109,43 +109,23 @@ fn top_up(a: &[f64], m: &[f64], n2: f64) -> Vec<f64> {
         .collect()
 }
 
-/// Working bins of every attribute that has them placed by round `round`'s estimate on its
-/// sub-bin grid ([`crate::space::Space::adaptive_cuts`]: point masses alone, equal mass elsewhere), from
-/// `ms` in the schema's working space. An attribute is left as it is when any of its
-/// 1-ways of that round was measured on other cells (a state stored before round 0 measured
-/// sub-bins only), or when the placement changes nothing.
-fn adapted_bins(engine: &Engine, ms: &Measurements, round: u32) -> BTreeMap<usize, AdaptedBins> {
+/// Working bins after round `round`: every attribute that has them, with the point masses
+/// its sub-bin estimate finds made bins of their own
+/// ([`crate::space::Space::point_mass_cuts`]); `ms` in the schema's working space. An
+/// attribute without sub-bin 1-ways on the engine's grid, or without a point mass found, is
+/// left as the schema has it. Round 0's working-bin 1-ways read as coarser tables in the new
+/// bins, its sub-bin ones as finer tables, so nothing measured is lost.
+fn point_mass_bins(engine: &Engine, ms: &Measurements) -> BTreeMap<usize, AdaptedBins> {
     let space = engine.space();
     (0..engine.dims().len())
         .filter_map(|a| {
             let sub_bins = space.sub_bin_cuts(a, engine.sub_bins_per_bin());
-            let on_grid = |m: &crate::tables::Measurement| {
-                m.refined
-                    .as_ref()
-                    .is_some_and(|r| r.code_cuts == sub_bins)
-            };
-            let attr = [a];
-            let round_one_ways: Vec<_> = ms
-                .containing(&attr)
-                .filter(|m| m.key.factor == attr && m.key.round == round)
-                .collect();
-            if round_one_ways.is_empty() || (std::env::var("XX_EQMASS").is_ok() && !round_one_ways.into_iter().all(on_grid)) {
-                return None;
-            }
             let (cuts, x, se) = ms.sub_bin_distribution(a)?;
             if cuts != sub_bins {
                 return None;
             }
-            if std::env::var("XX_DEBUG").is_ok() { for m in ms.containing(&[a]).filter(|m| m.key.factor == [a]) { eprintln!("  a{a} n {} mech {:?} cells {:?}", m.estimate.n, m.key.mechanism, m.refined.as_ref().map(|r| r.frequencies.len())); } }
-            if std::env::var("XX_DEBUG").is_ok() { eprintln!("attr {a} x {:?}", x.iter().zip(&se).enumerate().filter(|(_, (x, s))| **x > 4.0 * **s).map(|(i, (x, s))| (i, (x * 1000.0).round() / 1000.0, (s * 1000.0).round() / 1000.0)).collect::<Vec<_>>()); }
-            let adapted = if std::env::var("XX_EQMASS").is_ok() { space.adaptive_cuts(a, &cuts, &x, &se)? } else { space.point_mass_cuts(a, &cuts, &x, &se)? };
-            (adapted != space.cuts(a)).then_some((
-                a,
-                AdaptedBins {
-                    cuts: adapted,
-                    sub_bins,
-                },
-            ))
+            let cuts = space.point_mass_cuts(a, &sub_bins, &x, &se)?;
+            Some((a, AdaptedBins { cuts, sub_bins }))
         })
         .collect()
 }
@@ -422,9 +402,6 @@ impl CollectionProtocol for Auto {
         state: &CollectionState,
     ) -> Result<TaskChoices, EngineError> {
         if let Some(choices) = common_choices(engine, state) {
-            if let Ok(v) = std::env::var("XX_P2_SHARE") {
-                return choices.map(|c| TaskChoices { sub_bin_share: Some(v.parse().unwrap()), ..c });
-            }
             return choices;
         }
         if state.phase != Phase::GraphConstruction {
@@ -435,12 +412,7 @@ impl CollectionProtocol for Auto {
         }
         let active = active_edges(state);
         if active.is_empty() {
-            // Round 0: an attribute with working bins is measured on its sub-bin grid only,
-            // the estimate its working bins are placed by at the round's close.
-            return Ok(TaskChoices {
-                sub_bin_share: std::env::var("XX_R0_SHARE").ok().map(|v| v.parse().unwrap()).or(Some(1.0)),
-                ..one_way_choices(engine, state)
-            });
+            return Ok(one_way_choices(engine, state));
         }
         // Every screened pair alike: each needs its own dependence estimate.
         Ok(TaskChoices {
@@ -457,7 +429,6 @@ impl CollectionProtocol for Auto {
                 })
                 .collect(),
             weights: None,
-            sub_bin_share: None,
         })
     }
 
@@ -473,11 +444,9 @@ impl CollectionProtocol for Auto {
         let t = state.round;
         let ms = engine.measurements(tables, |k| k.round <= t)?;
         if state.edges().is_empty() {
-            // Round 0 closes: place the working bins, then screen pairs binned by the
-            // 1-ways' mass.
-            if std::env::var("XX_NO_ADAPT").is_err() {
-                state.working_bins = adapted_bins(engine, &ms, t);
-            }
+            // Round 0 closes: point masses become working bins, then pairs are screened
+            // binned by the 1-ways' mass.
+            state.working_bins = point_mass_bins(engine, &ms);
             let engine = engine.at(state)?;
             let ms = engine.measurements(tables, |k| k.round <= t)?;
             let one = one_way_estimates(&ms);

@@ -159,10 +159,6 @@ pub struct TaskChoices {
     pub tasks: Vec<TaskSpec>,
     /// Their weights; `None`: uniform.
     pub weights: Option<Vec<f64>>,
-    /// Share of the 1-ways of attributes with working bins measured in sub-bins
-    /// ([`crate::space::Space::sub_bin_cuts`]); `None`: the engine's
-    /// ([`crate::state::SUB_BIN_ONE_WAY_SHARE`] unless its options say otherwise).
-    pub sub_bin_share: Option<f64>,
 }
 
 /// A state with no round structure: every task is one attribute.
@@ -188,7 +184,6 @@ pub(crate) fn one_way_choices(engine: &Engine, state: &CollectionState) -> TaskC
             })
             .collect(),
         weights: None,
-        sub_bin_share: None,
     }
 }
 
@@ -221,7 +216,6 @@ pub(crate) fn common_choices(
                     })
                     .collect(),
                 weights: Some(plan.factors.iter().map(|f| f.weight).collect()),
-                sub_bin_share: None,
             })
         })()),
         Phase::GraphConstruction | Phase::PairSampling => None,

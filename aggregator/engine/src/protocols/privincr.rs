@@ -69,7 +69,6 @@ impl CollectionProtocol for PrivIncr {
         // Line 5 of Algorithm 1: Ñ_{t,e} ∝ |Ω_i|·|Ω_j|.
         let dims = engine.dims();
         Ok(TaskChoices {
-            sub_bin_share: None,
             weights: Some(
                 active
                     .iter()

@@ -111,7 +111,6 @@ impl CollectionProtocol for SamPrivSyn {
                 })
                 .collect(),
             weights: Some(state.pair_weights().to_vec()),
-            sub_bin_share: None,
         })
     }
 

@@ -29,6 +29,7 @@ use crate::space::{equal_mass_cuts, equal_width_cuts};
 use crate::state::{
     AdaptedBins, CollectionState, Engine, Phase, PlannedFactor, TaskSpec, Transition,
 };
+use crate::tables::Measurement;
 use crate::{EngineError, Measurements, Tables};
 
 /// Share of the users `auto` spends on its screening round (every screened pair measured
@@ -128,6 +129,30 @@ fn point_mass_bins(engine: &Engine, ms: &Measurements) -> BTreeMap<usize, Adapte
             Some((a, AdaptedBins { cuts, sub_bins }))
         })
         .collect()
+}
+
+/// Reports of a 1-way over the working bins (with its best oracle) that estimate the bins'
+/// totals as well as 1-way measurement `m` does when its attribute's distribution is `at`:
+/// its own reports, or fewer when it was measured in sub-bins, whose block sums are noisier
+/// (`n·(K_w/K_m)²`, with `K` the summed standard errors of the bins' totals, both ∝ 1/√n:
+/// the one variance model of [`crate::tables::Measurement::cell_variances`]).
+fn equivalent_reports(engine: &Engine, ms: &Measurements, m: &Measurement, at: &[f64]) -> f64 {
+    let n = m.estimate.n as f64;
+    let [a] = m.key.factor[..] else { return n };
+    if m.refined.is_none() || at.len() != engine.dims()[a] {
+        return n;
+    }
+    let own: f64 = m
+        .cell_variances(&[a], at, ms.population())
+        .iter()
+        .map(|v| v.max(0.0).sqrt())
+        .sum();
+    let working: f64 = engine.cell_std_errors(&[a], &[], at, n).iter().sum();
+    if own > 0.0 && working.is_finite() {
+        n * (working / own).powi(2).min(1.0)
+    } else {
+        n
+    }
 }
 
 /// `auto`'s rules.
@@ -310,12 +335,13 @@ impl Auto {
             .max_clique_cells
             .unwrap_or(MAX_CLIQUE_CELLS);
         // Round 0's 1-way reports count towards phase 2's: the noise of a 1-way measured by
-        // m_f earlier and n_f later reports is K_f/√(m_f + n_f).
+        // m_f earlier and n_f later reports is K_f/√(m_f + n_f), with sub-bin reports
+        // counted at what they are worth for the bins' totals.
         let earlier: Vec<f64> = (0..d)
             .map(|a| {
                 ms.containing(&[a])
                     .filter(|m| m.key.factor == [a] && m.key.bins_of(a).is_empty())
-                    .map(|m| m.estimate.n as f64)
+                    .map(|m| equivalent_reports(engine, ms, m, &one[a]))
                     .sum()
             })
             .collect();

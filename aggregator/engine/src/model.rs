@@ -246,6 +246,11 @@ pub struct ModelDescription {
     /// Per round, what was measured and with how many reports.
     #[serde(default)]
     pub rounds: Vec<RoundSummary>,
+    /// Per attribute, the cuts of the working bins the model was fitted in over its schema
+    /// codes (`[]`: every code a bin): a `bins: "auto"` attribute's grid in its working bins,
+    /// with the point masses `auto`'s round 0 found as bins of their own ([`crate::space`]).
+    #[serde(default)]
+    pub working_bins: Vec<Vec<u32>>,
 }
 
 #[derive(Debug, Clone)]
@@ -589,6 +594,13 @@ impl Model {
             },
             model_graph: self.gains.clone(),
             rounds: self.rounds.clone(),
+            working_bins: (0..self.dims.len())
+                .map(|a| {
+                    self.recovery
+                        .as_ref()
+                        .map_or_else(Vec::new, |r| r.space.cuts(a).to_vec())
+                })
+                .collect(),
         }
     }
 

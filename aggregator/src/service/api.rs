@@ -277,6 +277,23 @@ pub fn model_schema() -> ObjectBuilder {
             )),
         )
         .required("rounds")
+        .property(
+            "working_bins",
+            ArrayBuilder::new()
+                .items(
+                    ArrayBuilder::new().items(
+                        ObjectBuilder::new()
+                            .schema_type(Type::Integer)
+                            .minimum(Some(1)),
+                    ),
+                )
+                .description(Some(
+                    "Per attribute, the cuts of the working bins the model was fitted in over \
+                     its schema codes (`[]`: every code a bin); for `bins: \"auto\"` \
+                     attributes, with the point masses `auto` found as bins of their own.",
+                )),
+        )
+        .required("working_bins")
         .description(Some("The model built at finalization."))
 }
 

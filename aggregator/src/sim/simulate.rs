@@ -340,6 +340,10 @@ mod tests {
                 // Bins [0,8) [8,15) [15,22) [22,30) → code 9 alone.
                 let bins = &run.state.working_bins[&0];
                 assert_eq!(bins.cuts, vec![8, 9, 10, 15, 22]);
+                assert_eq!(
+                    run.model.describe().working_bins,
+                    vec![vec![8, 9, 10, 15, 22], vec![]]
+                );
                 let phase2 = run.state.round;
                 assert!(run.tables.keys().any(|k| k.round == phase2
                     && k.factor == [0, 1]
@@ -347,6 +351,7 @@ mod tests {
                 assert!((uniform - real).abs() < 0.04, "uniform {uniform}");
             } else {
                 assert!(run.state.working_bins.is_empty());
+                assert_eq!(run.model.describe().working_bins[0], vec![8, 15, 22]);
                 assert!(uniform < 0.15, "uniform {uniform}");
             }
             let m = run.model.marginal(&[0]).unwrap();

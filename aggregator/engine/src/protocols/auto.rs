@@ -110,11 +110,10 @@ fn top_up(a: &[f64], m: &[f64], n2: f64) -> Vec<f64> {
         .collect()
 }
 
-/// Working bins after round `round`: every attribute that has them, with the point masses
-/// its sub-bin estimate finds made bins of their own
-/// ([`crate::space::Space::point_mass_cuts`]); `ms` in the schema's working space. An
-/// attribute without sub-bin 1-ways on the engine's grid, or without a point mass found, is
-/// left as the schema has it. Round 0's working-bin 1-ways read as coarser tables in the new
+/// Working bins after round 0, from its measurements `ms` (in the schema's working space):
+/// each attribute with working bins gets the point masses its sub-bin estimate shows as bins
+/// of their own ([`crate::space::Space::point_mass_cuts`]). An attribute without sub-bin
+/// 1-ways on the engine's grid, or without a point mass found, is left as the schema has it. Round 0's working-bin 1-ways read as coarser tables in the new
 /// bins, its sub-bin ones as finer tables, so nothing measured is lost.
 fn point_mass_bins(engine: &Engine, ms: &Measurements) -> BTreeMap<usize, AdaptedBins> {
     let space = engine.space();

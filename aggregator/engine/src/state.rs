@@ -977,5 +977,26 @@ mod tests {
         assert!(auto.pair_weights().is_empty());
         let unknown = old("lopub", "one_way", "[]");
         assert!(serde_json::from_str::<CollectionState>(&unknown).is_err());
+        // States before adaptive bins have none, and a state without any writes none.
+        assert!(auto.working_bins.is_empty());
+        assert!(
+            !serde_json::to_string(&auto)
+                .unwrap()
+                .contains("working_bins")
+        );
+        let mut adapted = auto;
+        adapted.working_bins.insert(
+            3,
+            AdaptedBins {
+                cuts: vec![8, 9, 10, 15],
+                sub_bins: vec![],
+            },
+        );
+        let text = serde_json::to_string(&adapted).unwrap();
+        assert!(text.contains(r#""working_bins":{"3":{"cuts":[8,9,10,15],"sub_bins":[]}}"#));
+        assert_eq!(
+            serde_json::from_str::<CollectionState>(&text).unwrap(),
+            adapted
+        );
     }
 }

@@ -50,6 +50,8 @@ use super::tables::{Measurements, TableKey, Tables};
 /// noise. Chosen by a sweep of 0, 0.1, 0.25 and 0.5 on Adult and temporal-match2 at
 /// ε ∈ {1, 2, 4, 8} (`benchmarks/sweeps/sub-bin-share.md`): 0.25 cuts temporal-match2's mean
 /// KS ninefold at ε = 4 at equal 2-way TVD; on Adult it costs 3.6% of 2-way TVD at ε ≤ 2.
+/// Re-swept (0.1, 0.25, 0.4) after `auto`'s round 0 and found point masses: 0.25 stays (0.1
+/// nearly doubles temporal-match2's largest KS at ε = 1–4; 0.4 costs Adult 5% at ε = 1).
 pub const SUB_BIN_ONE_WAY_SHARE: f64 = 0.25;
 
 /// Sub-bins per working bin of a `bins: "auto"` attribute's sub-bin 1-ways

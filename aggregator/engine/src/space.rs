@@ -671,6 +671,16 @@ mod tests {
                 .with_adapted_cuts(0, vec![4, 8], Vec::new())
                 .is_err()
         );
+        // Refused: more cuts in all than a task carries (300 + 249 > 512).
+        let full = Space::new(vec![1024, 1024], vec![equal_width_cuts(1024, 250); 2]).unwrap();
+        assert!(
+            full.with_adapted_cuts(0, (1..=300).collect(), Vec::new())
+                .is_err()
+        );
+        assert!(
+            full.with_adapted_cuts(0, (1..=250).collect(), Vec::new())
+                .is_ok()
+        );
         // Codes past the grid are bins already: never searched for point masses.
         let mut x = vec![0.1 / 11.0; 12];
         x[11] = 0.9;

@@ -114,21 +114,31 @@ fn top_up(a: &[f64], m: &[f64], n2: f64) -> Vec<f64> {
 /// Working bins after round 0, from its measurements `ms` (in the schema's working space):
 /// each attribute with working bins gets the point masses its sub-bin estimate shows as bins
 /// of their own ([`crate::space::Space::point_mass_cuts`]). An attribute without sub-bin
-/// 1-ways on the engine's grid, or without a point mass found, is left as the schema has it. Round 0's working-bin 1-ways read as coarser tables in the new
-/// bins, its sub-bin ones as finer tables, so nothing measured is lost.
+/// 1-ways on the engine's grid, without a point mass found, or whose new bins would take the
+/// cuts of all attributes past what a task carries, is left as the schema has it. Round 0's
+/// working-bin 1-ways read as coarser tables in the new bins, its sub-bin ones as finer
+/// tables, so nothing measured is lost.
 fn point_mass_bins(engine: &Engine, ms: &Measurements) -> BTreeMap<usize, AdaptedBins> {
-    let space = engine.space();
-    (0..engine.dims().len())
-        .filter_map(|a| {
-            let sub_bins = space.sub_bin_cuts(a, engine.sub_bins_per_bin());
-            let (cuts, x, se) = ms.sub_bin_distribution(a)?;
-            if cuts != sub_bins {
-                return None;
-            }
-            let cuts = space.point_mass_cuts(a, &sub_bins, &x, &se)?;
-            Some((a, AdaptedBins { cuts, sub_bins }))
-        })
-        .collect()
+    let mut space = engine.space().clone();
+    let mut adapted = BTreeMap::new();
+    for a in 0..engine.dims().len() {
+        let sub_bins = space.sub_bin_cuts(a, engine.sub_bins_per_bin());
+        let Some((cuts, x, se)) = ms.sub_bin_distribution(a) else {
+            continue;
+        };
+        if cuts != sub_bins {
+            continue;
+        }
+        let Some(cuts) = space.point_mass_cuts(a, &sub_bins, &x, &se) else {
+            continue;
+        };
+        // Checked as `Engine::at` will apply them, one attribute after another.
+        if let Ok(next) = space.with_adapted_cuts(a, cuts.clone(), sub_bins.clone()) {
+            space = next;
+            adapted.insert(a, AdaptedBins { cuts, sub_bins });
+        }
+    }
+    adapted
 }
 
 /// Reports of a 1-way over the working bins (with its best oracle) that estimate the bins'

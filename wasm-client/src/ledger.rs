@@ -175,27 +175,39 @@ impl DeviceLedger {
     }
 }
 
-/// Runs `f` while this page holds the origin-wide Web Lock [`LOCK_NAME`]
+/// Runs the future `f` returns while this page holds the origin-wide Web Lock [`LOCK_NAME`]
 /// (`navigator.locks.request`, W3C Web Locks API), so pages of one origin that share
-/// `localStorage` run their ledger transactions one at a time: two tabs cannot both read
-/// "nothing spent" and both randomize. Where there is no Web Locks API (node, whose ledger is
-/// in memory of one instance; very old browsers) `f` runs at once. `f` runs synchronously
-/// inside the lock callback, so the lock is released when it returns. Errors: the request's
-/// own JS error (e.g. a document that is not fully active).
-pub async fn with_origin_lock<T: 'static>(f: impl FnOnce() -> T + 'static) -> Result<T, JsValue> {
+/// `localStorage` submit one at a time: two tabs cannot both read "nothing spent" and both
+/// randomize. The lock is held until the future completes (the lock callback returns its
+/// promise), so a submission's ledger write, upload and settlement all happen before another
+/// page reads the ledger: Chromium propagates a `localStorage` write to other pages
+/// asynchronously, and a page that took the lock right after the write could still read
+/// the entry before it (seen as two reports from two tabs, one "ledger lost the pending
+/// report"); the upload's round trip leaves that write time to arrive. Where there is no Web
+/// Locks API (node, whose ledger is in memory of one instance; very old browsers) the future
+/// runs at once. Errors: the request's own JS error (e.g. a document that is not fully
+/// active).
+pub async fn with_origin_lock<T: 'static, F: Future<Output = T> + 'static>(
+    f: impl FnOnce() -> F + 'static,
+) -> Result<T, JsValue> {
     let locks = Reflect::get(&js_sys::global(), &"navigator".into())
         .ok()
         .filter(|n| n.is_object())
         .and_then(|n| Reflect::get(&n, &"locks".into()).ok())
         .filter(JsValue::is_object);
     let Some(locks) = locks else {
-        return Ok(f());
+        return Ok(f().await);
     };
     let request: Function = Reflect::get(&locks, &"request".into())?.dyn_into()?;
     let out = Rc::new(RefCell::new(None));
     let slot = Rc::clone(&out);
-    let callback = Closure::once(move |_lock: JsValue| {
-        *slot.borrow_mut() = Some(f());
+    let callback = Closure::once(move |_lock: JsValue| -> Promise {
+        let work = f();
+        wasm_bindgen_futures::future_to_promise(async move {
+            let value = work.await;
+            *slot.borrow_mut() = Some(value);
+            Ok(JsValue::UNDEFINED)
+        })
     });
     let granted: Promise = request
         .call2(&locks, &LOCK_NAME.into(), callback.as_ref())?

@@ -529,6 +529,26 @@ async fn submit(inner: &Rc<RefCell<Inner>>, record: &JsValue) -> Result<Receipt,
             "a submission for this collection is already under way",
         ))
     })?;
+    // The whole submission under the origin's lock: another page of this origin (sharing
+    // localStorage) decides only once this one's report is recorded, sent and settled.
+    let inner = Rc::clone(inner);
+    with_origin_lock(move || async move {
+        submit_locked(&inner, collection, &base, policy, &encoded).await
+    })
+    .await
+    .map_err(Failure::Js)?
+}
+
+/// [`submit`] once the origin's lock is held: decide from the ledger (refused here, before
+/// any request, when this collection's budget or the device's is spent), fetch a task,
+/// randomize and record in one ledger step, upload, settle.
+async fn submit_locked(
+    inner: &Rc<RefCell<Inner>>,
+    collection: Uuid,
+    base: &str,
+    policy: RetryPolicy,
+    encoded: &ldpsyn::schema::EncodedRecord,
+) -> Result<Receipt, Failure> {
     let step = {
         let i = inner.borrow();
         next_step_within(
@@ -539,32 +559,24 @@ async fn submit(inner: &Rc<RefCell<Inner>>, record: &JsValue) -> Result<Receipt,
             now_unix_ms(),
         )
     };
-    // Refused here (this collection's budget, or the device's) before any request.
     let report = match decision(collection, step)? {
         Some(report) => report,
         None => {
             let url = format!("{base}/v1/collections/{collection}/task");
             let mut rng = StdRng::from_os_rng(); // backoff jitter only
             let task: Task = send_json(&url, "GET", None, policy, &mut rng).await?;
-            // Decided again on fresh entries, randomized and recorded in one ledger step,
-            // under the origin's lock: another page of this origin (sharing localStorage) may
-            // have reported meanwhile, or be about to.
-            let inner = Rc::clone(inner);
-            with_origin_lock(move || {
-                let mut i = inner.borrow_mut();
-                let i = &mut *i;
-                randomize_and_record(
-                    &mut i.ledger,
-                    &i.config,
-                    &i.limits,
-                    now_unix_ms(),
-                    &task,
-                    &encoded,
-                    &mut i.rng,
-                )
-            })
-            .await
-            .map_err(Failure::Js)??
+            // Decided again on fresh entries, randomized and recorded in one ledger step.
+            let mut i = inner.borrow_mut();
+            let i = &mut *i;
+            randomize_and_record(
+                &mut i.ledger,
+                &i.config,
+                &i.limits,
+                now_unix_ms(),
+                &task,
+                encoded,
+                &mut i.rng,
+            )?
         }
     };
     let url = format!("{base}/v1/collections/{collection}/reports");

@@ -23,7 +23,7 @@ use super::graph::EdgeState;
 use super::pgm::GraphicalModel;
 use super::plan::{Conditional, Structure};
 use super::samprivsyn::SamPrivSynModel;
-use super::space::Space;
+use super::space::{Space, cell_range};
 use super::tables::{Measurements, TableKey, coarsen_map, projection_map};
 
 /// Where joint tables of attribute sets come from.
@@ -309,13 +309,7 @@ impl Recovery {
                 let mut w = prior.clone();
                 if let Some((cuts, f, se)) = ms.sub_bin_distribution(a) {
                     let cell_of = |c: u32| ldpsyn::factor::bin_of(c, &cuts) as usize;
-                    let cell_size = |i: usize| {
-                        if cuts.is_empty() {
-                            return 1;
-                        }
-                        let lo = if i == 0 { 0 } else { cuts[i - 1] };
-                        cuts.get(i).copied().unwrap_or(k as u32) - lo
-                    };
+                    let cell_size = |i: usize| cell_range(&cuts, k, i).len() as u32;
                     for bin in 0..space.dims()[a] {
                         let r = space.code_range(a, bin);
                         let cells = cell_of(r.start)..cell_of(r.end - 1) + 1;

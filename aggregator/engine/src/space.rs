@@ -73,6 +73,15 @@ pub fn equal_mass_cuts(p: &[f64], bins: usize) -> Vec<u32> {
     cuts
 }
 
+/// The codes of bin `i` of a bin map `cuts` over `k` codes (`[]`: every code a bin).
+pub(crate) fn cell_range(cuts: &[u32], k: usize, i: usize) -> Range<u32> {
+    if cuts.is_empty() {
+        return i as u32..i as u32 + 1;
+    }
+    let lo = if i == 0 { 0 } else { cuts[i - 1] };
+    lo..cuts.get(i).copied().unwrap_or(k as u32)
+}
+
 /// Standard deviations above 0 a fine cell's estimate must be for [`Space::point_mass_cuts`]
 /// to give it a working bin of its own: one-sided, 4σ has a tail of 3.2·10⁻⁵, so over the
 /// at most [`MAX_SUB_BIN_CELLS`] cells of a grid a cell without mass is taken for a point
@@ -256,20 +265,8 @@ impl Space {
         if self.cuts[a].is_empty() || x.len() != cells || se.len() != cells {
             return None;
         }
-        let start = |i: usize| -> u32 {
-            match (i, sub_cuts.is_empty()) {
-                (0, _) => 0,
-                (_, true) => i as u32,
-                (_, false) => sub_cuts[i - 1],
-            }
-        };
-        let end = |i: usize| {
-            if i + 1 == cells {
-                k as u32
-            } else {
-                start(i + 1)
-            }
-        };
+        let start = |i: usize| cell_range(sub_cuts, k, i).start;
+        let end = |i: usize| cell_range(sub_cuts, k, i).end;
         let grid = self.grid[a] as u32;
         let g = (0..cells).take_while(|&i| end(i) <= grid).count();
         let bins = (0..self.dims[a])
@@ -335,13 +332,7 @@ impl Space {
 
     /// The codes of attribute `a` in working bin `bin`.
     pub fn code_range(&self, a: usize, bin: usize) -> Range<u32> {
-        let c = &self.cuts[a];
-        if c.is_empty() {
-            return bin as u32..bin as u32 + 1;
-        }
-        let lo = if bin == 0 { 0 } else { c[bin - 1] };
-        let hi = c.get(bin).copied().unwrap_or(self.code_dims[a] as u32);
-        lo..hi
+        cell_range(&self.cuts[a], self.code_dims[a], bin)
     }
 
     /// Whether `task` (in working codes) is a 1-way at full working resolution of an
@@ -483,16 +474,7 @@ impl Space {
         }
         let measured = bin_count(code, self.code_dims[a]).ok()?;
         let blocks = (0..measured)
-            .map(|i| {
-                let first = if code.is_empty() {
-                    i as u32
-                } else if i == 0 {
-                    0
-                } else {
-                    code[i - 1]
-                };
-                bin_of(first, w) as usize
-            })
+            .map(|i| bin_of(cell_range(code, self.code_dims[a], i).start, w) as usize)
             .collect();
         Some(WorkingKey::Refined {
             key: TableKey {

@@ -138,7 +138,8 @@ pub struct CollectionState {
 /// ([`Space::with_adapted_cuts`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AdaptedBins {
-    /// Cuts of the working bins over schema codes (as many bins as the schema's).
+    /// Cuts of the working bins over schema codes: the schema's, plus both sides of every
+    /// point mass found.
     pub cuts: Vec<u32>,
     /// Cuts of the cells the estimate was measured on, which its sub-bin 1-ways keep
     /// (`[]`: every code).

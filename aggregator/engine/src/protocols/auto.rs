@@ -484,7 +484,12 @@ impl CollectionProtocol for Auto {
             // binned by the 1-ways' mass.
             state.working_bins = point_mass_bins(engine, &ms);
             let engine = engine.at(state)?;
-            let ms = engine.measurements(tables, |k| k.round <= t)?;
+            // Read again only if the working bins moved.
+            let ms = if state.working_bins.is_empty() {
+                ms
+            } else {
+                engine.measurements(tables, |k| k.round <= t)?
+            };
             let one = one_way_estimates(&ms);
             let next = self.screening_state(&engine, Some(&one));
             state.protocol = next.protocol;

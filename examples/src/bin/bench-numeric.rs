@@ -18,19 +18,11 @@
 use std::path::PathBuf;
 
 use clap::Parser;
-use ldpsyn::Epsilon;
-use ldpsyn::protocol::{CollectionConfig, PROTOCOL_VERSION, Protocol};
-use ldpsyn::schema::{AttributeKind, DecodedValue, NumericDecoding, Schema};
-use ldpsyn_aggregator::engine::{Engine, EngineOptions, Expansion};
-use ldpsyn_aggregator::eval::{MarginalCounts, evaluation_schema, numeric_fidelity, regrid};
-use ldpsyn_aggregator::sim::{Population, Simulation, load_csv};
-use rand::SeedableRng;
-use serde_json::{Value, json};
-
-type Error = Box<dyn std::error::Error + Send + Sync>;
-
-/// 1-D range queries per numeric column.
-const RANGE_QUERIES: usize = 1000;
+use ldpsyn::schema::Schema;
+use ldpsyn_aggregator::engine::EngineOptions;
+use ldpsyn_aggregator::sim::load_csv;
+use ldpsyn_examples::{Error, NumericRun, column_means, protocol, run_mean, simulate_numeric};
+use serde_json::json;
 
 /// Numeric fidelity benchmark (module docs).
 #[derive(Debug, Parser)]
@@ -55,12 +47,6 @@ struct Args {
     out: Option<PathBuf>,
 }
 
-/// The protocol `name` with its default parameters, read as the service reads a create
-/// request.
-fn protocol(name: &str) -> Result<Protocol, Error> {
-    Ok(serde_json::from_value(json!({ "protocol": name }))?)
-}
-
 fn options() -> EngineOptions {
     let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
     EngineOptions {
@@ -70,73 +56,6 @@ fn options() -> EngineOptions {
             .and_then(|v| v.parse().ok()),
         ..EngineOptions::default()
     }
-}
-
-fn mean(v: &[f64]) -> f64 {
-    v.iter().sum::<f64>() / v.len().max(1) as f64
-}
-
-/// One schema × ε × seed: the metrics as JSON.
-fn run(
-    schema: &Schema,
-    loaded: &ldpsyn_aggregator::sim::LoadedCsv,
-    eps: f64,
-    seed: u64,
-    proto: &str,
-) -> Result<Value, Error> {
-    let pop = &loaded.population;
-    let config = CollectionConfig {
-        version: PROTOCOL_VERSION,
-        id: uuid::Uuid::nil(),
-        schema: schema.clone(),
-        epsilon: Epsilon::new(eps)?,
-        target_users: pop.len() as u64,
-        protocol: protocol(proto)?,
-    };
-    let engine = Engine::with_options(&config, options())?;
-    let model = Simulation::new(&engine, pop)
-        .seed(seed)
-        .bucketed(true)
-        .run()?
-        .model;
-    let rows: Vec<Vec<u32>> = model
-        .synthesize_with(pop.len() as u64, seed ^ 0x5eed, Expansion::Recover)
-        .collect();
-    let synthetic = Population::from_rows(schema.domain_sizes(), rows.iter().cloned())?;
-    let grid = evaluation_schema(schema);
-    let real_binned = regrid(pop, schema, &grid)?;
-    let synth_binned = regrid(&synthetic, schema, &grid)?;
-    let tvd = |k: usize| -> Result<f64, Error> {
-        let real = MarginalCounts::of_population(&real_binned, k);
-        Ok(real.mean_tvd(&MarginalCounts::of_population(&synth_binned, k))?)
-    };
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0xdec0de);
-    let mut columns = Vec::new();
-    for real in &loaded.numeric {
-        let attr = &schema.attributes()[real.attribute];
-        let AttributeKind::Numeric { min, max, .. } = attr.kind else {
-            continue;
-        };
-        let values: Vec<f64> = rows
-            .iter()
-            .map(
-                |r| match attr.decode(r[real.attribute], NumericDecoding::Uniform, &mut rng) {
-                    DecodedValue::Number(x) => x,
-                    _ => f64::NAN,
-                },
-            )
-            .collect();
-        let f = numeric_fidelity(
-            &attr.name,
-            &real.values,
-            &values,
-            (min, max),
-            RANGE_QUERIES,
-            seed,
-        )?;
-        columns.push(serde_json::to_value(f)?);
-    }
-    Ok(json!({"tvd1": tvd(1)?, "tvd2": tvd(2)?, "numeric": columns}))
 }
 
 fn main() -> Result<(), Error> {
@@ -149,34 +68,19 @@ fn main() -> Result<(), Error> {
         let schema: Schema = serde_json::from_str(&std::fs::read_to_string(path)?)?;
         let loaded = load_csv(&args.data, &schema)?;
         for &eps in &args.epsilons {
-            let runs: Vec<Value> = (0..args.seeds)
-                .map(|s| run(&schema, &loaded, eps, 1000 * s + 7, &args.protocol))
-                .collect::<Result<_, _>>()?;
-            let avg = |f: &dyn Fn(&Value) -> f64| mean(&runs.iter().map(f).collect::<Vec<_>>());
-            let tvd2: Vec<f64> = runs
-                .iter()
-                .map(|r| r["tvd2"].as_f64().unwrap_or(f64::NAN))
-                .collect();
-            let columns: Vec<Value> = (0..runs[0]["numeric"].as_array().map_or(0, Vec::len))
-                .map(|i| {
-                    let col =
-                        |k: &str| avg(&|r: &Value| r["numeric"][i][k].as_f64().unwrap_or(f64::NAN));
-                    let mode_gap = avg(&|r: &Value| {
-                        let c = &r["numeric"][i];
-                        (c["mode_share_real"].as_f64().unwrap_or(f64::NAN)
-                            - c["mode_share_synthetic"].as_f64().unwrap_or(f64::NAN))
-                        .abs()
-                    });
-                    json!({"attribute": runs[0]["numeric"][i]["attribute"], "ks": col("ks"),
-                           "w1": col("w1"), "range_query_error": col("range_query_error"),
-                           "mode_share_gap": mode_gap})
+            let runs: Vec<NumericRun> = (0..args.seeds)
+                .map(|s| {
+                    let protocol = protocol(&args.protocol)?;
+                    simulate_numeric(&schema, &loaded, eps, 1000 * s + 7, protocol, options())
                 })
-                .collect();
+                .collect::<Result<_, _>>()?;
+            let tvd2: Vec<f64> = runs.iter().map(|r| r.tvd2).collect();
+            let columns = column_means(&runs);
             let row = json!({
                 "schema": path.display().to_string(), "protocol": args.protocol, "epsilon": eps,
                 "seeds": args.seeds, "users": loaded.population.len(),
-                "tvd1_mean": avg(&|r: &Value| r["tvd1"].as_f64().unwrap_or(f64::NAN)),
-                "tvd2_mean": mean(&tvd2), "tvd2_runs": tvd2, "numeric": columns,
+                "tvd1_mean": run_mean(&runs, |r| r.tvd1),
+                "tvd2_mean": run_mean(&runs, |r| r.tvd2), "tvd2_runs": tvd2, "numeric": columns,
             });
             println!(
                 "{} ε={eps}: tvd1 {:.4} tvd2 {:.4}",

@@ -9,8 +9,12 @@
 //! bench-utility --data examples/adult/adult.csv --schema examples/adult/schema.json \
 //!     --out benchmarks/results/utility-adult.json
 //!     [--only PROTOCOL]… [--epsilon E]… [--users N]… [--datasets a,b] [--seeds S]
-//!     [--threads T] [--no-ml] [--ml-only] [--ml-seeds S]
+//!     [--threads T] [--no-ml] [--ml-only] [--ml-seeds S] [--no-numeric]
 //! ```
+//! The numeric rows read Adult under `examples/adult/schema-auto.json` and temporal-match2
+//! under `examples/temporal-match2/schema-numeric.json` (numeric attributes with `bins:
+//! "auto"`): the synthetic values (`numeric=recover`) against the file's, and the 2-way TVD
+//! on the evaluation grid (the working bins; not comparable with the coded rows).
 //! Results are merged into an existing `--out` file (same dataset, protocol and ε replaced),
 //! and written after every finished cell.
 
@@ -27,10 +31,9 @@ use ldpsyn_aggregator::engine::{Engine, EngineOptions, Model};
 use ldpsyn_aggregator::eval::{
     MarginalCounts, chow_liu_model, exact_independence_model, ml_accuracy, noprivacy_model,
 };
-use ldpsyn_aggregator::sim::{BayesNet, Population, Simulation, load_csv};
+use ldpsyn_aggregator::sim::{BayesNet, LoadedCsv, Population, Simulation, load_csv};
+use ldpsyn_examples::{Error, NumericRun, column_means, run_mean, simulate_numeric};
 use serde_json::{Value, json};
-
-type Error = Box<dyn std::error::Error + Send + Sync>;
 
 const PROTOCOLS: [&str; 8] = [
     "privincr",
@@ -41,6 +44,20 @@ const PROTOCOLS: [&str; 8] = [
     "noprivjtree",
     "exact-independence",
     "chow-liu",
+];
+
+/// The non-private references, computed from the data (no numeric rows).
+const REFERENCES: [&str; 3] = ["noprivjtree", "exact-independence", "chow-liu"];
+
+/// Numeric suite datasets: name, CSV (relative to `--shared`, or `None` for `--data`) and
+/// schema with raw numeric attributes.
+const NUMERIC_SUITE: [(&str, Option<&str>, &str); 2] = [
+    ("adult-45k-numeric", None, "examples/adult/schema-auto.json"),
+    (
+        "temporal-match2-numeric",
+        Some("temporal-match2/temporal-match2.csv"),
+        "examples/temporal-match2/schema-numeric.json",
+    ),
 ];
 
 /// Most k-subsets scored per dataset for 3-way TVD (temporal-match2 has 6,545 triples).
@@ -95,6 +112,9 @@ struct Args {
     /// Folder of the shared datasets (the suite's nist-taxi and temporal-match2).
     #[arg(long, default_value = "../shared/datasets")]
     shared: PathBuf,
+    /// Skip the suite's numeric rows.
+    #[arg(long = "no-numeric", action = clap::ArgAction::SetFalse)]
+    numeric: bool,
 }
 
 fn parse_args() -> Args {
@@ -242,6 +262,68 @@ fn run_cell(ds: &Dataset, proto: &str, eps: f64, seeds: u64) -> Result<Value, Er
     }))
 }
 
+/// A numeric suite dataset: the CSV read under a schema with raw numeric attributes.
+struct NumericDataset {
+    name: String,
+    schema: Schema,
+    loaded: LoadedCsv,
+}
+
+/// One numeric row: `seeds` runs of [`simulate_numeric`], per-column means and the worst
+/// column.
+fn run_numeric_cell(
+    ds: &NumericDataset,
+    proto: &str,
+    eps: f64,
+    seeds: u64,
+) -> Result<Value, Error> {
+    let start = Instant::now();
+    let runs: Vec<NumericRun> = (0..seeds)
+        .map(|s| {
+            let seed = 1000 * s + (eps * 10.0) as u64;
+            simulate_numeric(
+                &ds.schema,
+                &ds.loaded,
+                eps,
+                seed,
+                protocol(proto)?,
+                engine_options(),
+            )
+        })
+        .collect::<Result<_, _>>()?;
+    let columns = column_means(&runs);
+    let field = |c: &Value, k: &str| c[k].as_f64().unwrap_or(f64::NAN);
+    let worst = columns
+        .iter()
+        .max_by(|a, b| field(a, "ks").total_cmp(&field(b, "ks")));
+    let over =
+        |k: &str| columns.iter().map(|c| field(c, k)).sum::<f64>() / columns.len().max(1) as f64;
+    let row = json!({
+        "dataset": ds.name, "users": ds.loaded.population.len(), "protocol": proto,
+        "epsilon": eps, "seeds": seeds,
+        "grid_tvd1_mean": run_mean(&runs, |r| r.tvd1),
+        "grid_tvd2_mean": run_mean(&runs, |r| r.tvd2),
+        "ks_max": worst.map_or(f64::NAN, |c| field(c, "ks")),
+        "ks_max_attribute": worst.map(|c| c["attribute"].clone()),
+        "ks_mean": over("ks"), "w1_mean": over("w1"),
+        "range_query_error_mean": over("range_query_error"),
+        "mode_share_gap_max": columns.iter().map(|c| field(c, "mode_share_gap")).fold(0.0, f64::max),
+        "model_edges": runs.last().map_or(0, |r| r.edges),
+        "seconds_mean": start.elapsed().as_secs_f64() / seeds.max(1) as f64,
+        "numeric": columns,
+    });
+    eprintln!(
+        "{:>23} {:>13} eps={eps}: grid tvd2 {:.4} max KS {:.3} ({}) mean range err {:.4}",
+        ds.name,
+        proto,
+        row["grid_tvd2_mean"].as_f64().unwrap_or(f64::NAN),
+        row["ks_max"].as_f64().unwrap_or(f64::NAN),
+        row["ks_max_attribute"].as_str().unwrap_or(""),
+        row["range_query_error_mean"].as_f64().unwrap_or(f64::NAN),
+    );
+    Ok(row)
+}
+
 /// Resets the process's peak resident memory (Linux: `clear_refs` 5), so that
 /// [`peak_rss_mb`] measures from here; a no-op elsewhere.
 fn reset_peak_rss() {
@@ -284,6 +366,36 @@ fn run_ml_cell(
     )
 }
 
+/// Runs `cells` on `--threads` workers; every finished row joins `results`, which are
+/// written to `--out` each time (errors are printed and the cell skipped).
+fn run_cells<C: Send>(
+    cells: Vec<C>,
+    args: &Args,
+    results: &Mutex<Vec<Value>>,
+    run: impl Fn(&C) -> Result<Value, Error> + Sync,
+) {
+    let queue = Mutex::new(cells.into_iter().rev().collect::<Vec<_>>());
+    std::thread::scope(|s| {
+        for _ in 0..args.threads.max(1) {
+            s.spawn(|| {
+                while let Some(cell) = next_cell(&queue) {
+                    match run(&cell) {
+                        Ok(v) => {
+                            if let Ok(mut r) = results.lock() {
+                                r.push(v);
+                                if let Err(e) = write_results(&args.out, &r) {
+                                    eprintln!("writing results: {e}");
+                                }
+                            }
+                        }
+                        Err(e) => eprintln!("{e}"),
+                    }
+                }
+            });
+        }
+    });
+}
+
 /// Pops the next cell; the lock is released before the cell runs.
 fn next_cell<T>(queue: &Mutex<Vec<T>>) -> Option<T> {
     queue.lock().ok()?.pop()
@@ -316,6 +428,8 @@ fn write_results(out: &Path, new: &[Value]) -> Result<(), Error> {
             "temporal-match2",
             "bn",
             "adult-1.5m",
+            "adult-45k-numeric",
+            "temporal-match2-numeric",
             "adult-100k",
             "adult-10k",
             "adult-train-1m",
@@ -323,7 +437,7 @@ fn write_results(out: &Path, new: &[Value]) -> Result<(), Error> {
         ]
         .iter()
         .position(|x| *x == d)
-        .unwrap_or(9)
+        .unwrap_or(11)
     };
     let mut rows: Vec<Value> = all.into_values().collect();
     rows.sort_by(|a, b| {
@@ -361,6 +475,29 @@ fn write_results(out: &Path, new: &[Value]) -> Result<(), Error> {
             r["model_edges"],
             r["peak_rss_mb"].as_f64().unwrap_or(f64::NAN),
         );
+    }
+    let numeric: Vec<&Value> = rows.iter().filter(|r| r.get("ks_max").is_some()).collect();
+    if !numeric.is_empty() {
+        md += "\n## Numeric columns\n\nRaw values of the numeric attributes (schemas with `bins: \"auto\"`, `numeric=recover` decoding) against the file's: Kolmogorov–Smirnov distance (worst column and mean over columns), W1/(max − min), mean error of 1,000 random 1-D range queries (fraction of rows), the largest gap in the share of a column's mode (e.g. capital-gain = 0); grid tvd2 = mean 2-way TVD on the evaluation grid (working bins), not comparable with the coded rows above. Per-column figures are in the JSON.\n\n| dataset | users | protocol | ε | seeds | max KS (column) | mean KS | mean W1 | range-query error | max mode-share gap | grid tvd2 | seconds |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+        for r in numeric {
+            let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+            md += &format!(
+                "| {} | {} | {} | {} | {} | {:.3} ({}) | {:.3} | {:.4} | {:.4} | {:.3} | {:.4} | {:.1} |\n",
+                r["dataset"].as_str().unwrap_or(""),
+                r["users"],
+                r["protocol"].as_str().unwrap_or(""),
+                r["epsilon"],
+                r["seeds"],
+                f("ks_max"),
+                r["ks_max_attribute"].as_str().unwrap_or(""),
+                f("ks_mean"),
+                f("w1_mean"),
+                f("range_query_error_mean"),
+                f("mode_share_gap_max"),
+                f("grid_tvd2_mean"),
+                f("seconds_mean"),
+            );
+        }
     }
     let ml: Vec<&Value> = rows
         .iter()
@@ -459,29 +596,47 @@ fn main() -> Result<(), Error> {
                 }
             }
         }
-        let queue = Arc::new(Mutex::new(cells.into_iter().rev().collect::<Vec<_>>()));
-        std::thread::scope(|s| {
-            for _ in 0..args.threads.max(1) {
-                let queue = queue.clone();
-                let results = results.clone();
-                let out = args.out.clone();
-                let seeds = args.seeds;
-                s.spawn(move || {
-                    while let Some((ds, p, eps)) = next_cell(&queue) {
-                        match run_cell(&ds, &p, eps, seeds) {
-                            Ok(v) => {
-                                if let Ok(mut r) = results.lock() {
-                                    r.push(v);
-                                    if let Err(e) = write_results(&out, &r) {
-                                        eprintln!("writing results: {e}");
-                                    }
-                                }
-                            }
-                            Err(e) => eprintln!("{} {p} eps={eps}: {e}", ds.name),
-                        }
-                    }
-                });
+        run_cells(cells, &args, &results, |(ds, p, eps)| {
+            run_cell(ds, p, *eps, args.seeds)
+                .map_err(|e| format!("{} {p} eps={eps}: {e}", ds.name).into())
+        });
+    }
+
+    if args.suite && args.numeric && !args.ml_only {
+        let mut datasets = Vec::new();
+        for (name, csv, schema_path) in NUMERIC_SUITE {
+            // `--datasets adult-45k` selects both of its rows, `adult-45k-numeric` this one.
+            let base_name = name.trim_end_matches("-numeric");
+            if !args.datasets.is_empty()
+                && !args.datasets.iter().any(|d| d == base_name || d == name)
+            {
+                continue;
             }
+            let schema: Schema = serde_json::from_str(&std::fs::read_to_string(schema_path)?)?;
+            let csv = csv.map_or(args.data.clone(), |c| args.shared.join(c));
+            let loaded = load_csv(&csv, &schema)?;
+            println!("loaded {name}: {} rows", loaded.population.len());
+            datasets.push(Arc::new(NumericDataset {
+                name: name.into(),
+                schema,
+                loaded,
+            }));
+        }
+        let mut cells = Vec::new();
+        for ds in &datasets {
+            for &eps in &args.epsilons {
+                for p in args
+                    .only
+                    .iter()
+                    .filter(|p| !REFERENCES.contains(&p.as_str()))
+                {
+                    cells.push((ds.clone(), p.clone(), eps));
+                }
+            }
+        }
+        run_cells(cells, &args, &results, |(ds, p, eps)| {
+            run_numeric_cell(ds, p, *eps, args.seeds)
+                .map_err(|e| format!("{} {p} eps={eps}: {e}", ds.name).into())
         });
     }
 

@@ -171,6 +171,14 @@ pub struct PairRounds {
     pub edges: Vec<EdgeState>,
     /// Phase-2 plan once phase 1 is over.
     pub plan: Option<Phase2Plan>,
+    /// The round phase 1 starts in: 0, or 1 after PrivIncr's numeric round 0
+    /// ([`crate::protocols::privincr`]); absent (0) in states written before it existed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub first_round: u32,
+}
+
+fn is_zero(x: &u32) -> bool {
+    *x == 0
 }
 
 /// SamPrivSyn's decisions.
@@ -281,6 +289,8 @@ pub struct TaskSampler {
     tasks: Vec<TaskSpec>,
     /// Cumulative weights (`None`: uniform).
     cdf: Option<Vec<f64>>,
+    /// [`TaskChoices::sub_bin_share`](crate::protocols::TaskChoices::sub_bin_share).
+    sub_bin_share: Option<f64>,
 }
 
 impl TaskSampler {
@@ -293,7 +303,8 @@ impl TaskSampler {
                 cdf.partition_point(|&c| c <= u).min(cdf.len() - 1)
             }
         };
-        self.engine.to_codes(self.tasks[i].clone(), rng)
+        self.engine
+            .to_codes(self.tasks[i].clone(), self.sub_bin_share, rng)
     }
 
     /// Number of distinct tasks.
@@ -650,6 +661,7 @@ impl Engine {
             engine: engine.into_owned(),
             tasks: choices.tasks,
             cdf,
+            sub_bin_share: choices.sub_bin_share,
         })
     }
 
@@ -675,13 +687,18 @@ impl Engine {
         self.options.sub_bins.unwrap_or(SUB_BINS).max(1)
     }
 
-    /// A protocol's task (working codes) as devices run it.
-    fn to_codes<R: Rng + ?Sized>(&self, task: TaskSpec, rng: &mut R) -> TaskSpec {
+    /// A protocol's task (working codes) as devices run it; a refinable 1-way goes to
+    /// sub-bins with probability `sub_bin_share` (`None`: the engine's share).
+    fn to_codes<R: Rng + ?Sized>(
+        &self,
+        task: TaskSpec,
+        sub_bin_share: Option<f64>,
+        rng: &mut R,
+    ) -> TaskSpec {
         // Some of a binned attribute's 1-ways are measured in sub-bins (the shape within its
         // working bins), the others in the working bins (the bins' totals, at less noise).
-        let share = self
-            .options
-            .sub_bin_share
+        let share = sub_bin_share
+            .or(self.options.sub_bin_share)
             .unwrap_or(SUB_BIN_ONE_WAY_SHARE)
             .clamp(0.0, 1.0);
         let sub_bins = (self.space.refinable(&task) && rng.random_bool(share))
@@ -953,6 +970,7 @@ mod tests {
                         bins: vec![],
                     }],
                     plan: None,
+                    first_round: 0,
                 }),
             ),
             (

@@ -280,14 +280,15 @@ mod tests {
         .unwrap()
     }
 
-    /// `bins: "auto"` end to end: devices encode to the grid, tasks carry working (and
-    /// sub-bin) bin maps, the model works in 4 working bins, and synthesis recovers a spike
-    /// inside a bin (40% of people at 10, not declared as a point) from the sub-bin 1-ways,
-    /// which uniform expansion smears over the bin. `auto` finds the spike in its round 0
-    /// and makes it a working bin of its own, measured by every later factor, so that even
-    /// uniform expansion draws it. Rows and marginals are in grid codes.
+    /// `bins: "auto"` end to end, every protocol: devices encode to the grid, tasks carry
+    /// working (and sub-bin) bin maps, the model works in 4 working bins, and synthesis
+    /// recovers a spike inside a bin (40% of people at 10, not declared as a point) from the
+    /// sub-bin 1-ways, which uniform expansion smears over the bin. `auto`, PrivIncr and
+    /// NoIncremental find the spike in their round 0 and make it a working bin of its own,
+    /// measured by every later factor, so that even uniform expansion draws it; SamPrivSyn
+    /// and independence keep the schema's bins. Rows and marginals are in grid codes.
     #[test]
-    fn auto_bins_recover_a_spike_within_a_bin() {
+    fn auto_bins_recover_a_spike_within_a_bin_in_every_protocol() {
         use crate::engine::Expansion;
         use ldpsyn::protocol::{CollectionConfig, PROTOCOL_VERSION};
         let schema: ldpsyn::schema::Schema = serde_json::from_value(serde_json::json!({
@@ -312,6 +313,9 @@ mod tests {
         for protocol in [
             Protocol::Independence {},
             Protocol::Auto(PrivIncrParams::default()),
+            Protocol::Privincr(PrivIncrParams::default()),
+            Protocol::Noincremental(PrivIncrParams::default()),
+            Protocol::Samprivsyn(Default::default()),
         ] {
             let config = CollectionConfig {
                 version: PROTOCOL_VERSION,
@@ -334,25 +338,43 @@ mod tests {
             };
             let real = 0.4 + 0.6 / 30.0;
             let recovered = share(Expansion::Recover);
-            assert!((recovered - real).abs() < 0.04, "recovered {recovered}");
+            assert!(
+                (recovered - real).abs() < 0.04,
+                "{}: recovered {recovered}",
+                config.protocol.name()
+            );
             let uniform = share(Expansion::Uniform);
-            if matches!(config.protocol, Protocol::Auto(_)) {
+            let name = config.protocol.name();
+            if matches!(
+                config.protocol,
+                Protocol::Auto(_) | Protocol::Privincr(_) | Protocol::Noincremental(_)
+            ) {
                 // Bins [0,8) [8,15) [15,22) [22,30) → code 9 alone.
                 let bins = &run.state.working_bins[&0];
-                assert_eq!(bins.cuts, vec![8, 9, 10, 15, 22]);
+                assert_eq!(bins.cuts, vec![8, 9, 10, 15, 22], "{name}");
                 assert_eq!(
                     run.model.describe().working_bins,
                     vec![vec![8, 9, 10, 15, 22], vec![]]
                 );
-                let phase2 = run.state.round;
-                assert!(run.tables.keys().any(|k| k.round == phase2
-                    && k.factor == [0, 1]
-                    && k.bins.first().is_some_and(|c| c.contains(&9))));
-                assert!((uniform - real).abs() < 0.04, "uniform {uniform}");
+                // Round 0 measured `h` alone; every later pair table has the spike's bin.
+                assert!(run.tables.keys().any(|k| k.round == 0 && k.factor == [0]));
+                let pairs: Vec<&TableKey> =
+                    run.tables.keys().filter(|k| k.factor == [0, 1]).collect();
+                assert!(!pairs.is_empty(), "{name}");
+                assert!(
+                    pairs
+                        .iter()
+                        .all(|k| k.round > 0 && k.bins.first().is_some_and(|c| c.contains(&9))),
+                    "{name}: {pairs:?}"
+                );
+                if !matches!(config.protocol, Protocol::Auto(_)) {
+                    assert_eq!(run.state.pair_rounds().unwrap().first_round, 1);
+                }
+                assert!((uniform - real).abs() < 0.04, "{name}: uniform {uniform}");
             } else {
-                assert!(run.state.working_bins.is_empty());
+                assert!(run.state.working_bins.is_empty(), "{name}");
                 assert_eq!(run.model.describe().working_bins[0], vec![8, 15, 22]);
-                assert!(uniform < 0.15, "uniform {uniform}");
+                assert!(uniform < 0.15, "{name}: uniform {uniform}");
             }
             let m = run.model.marginal(&[0]).unwrap();
             assert_eq!(m.dims, vec![30]);

@@ -17,7 +17,7 @@ use ldpsyn::protocol::PrivIncrParams;
 
 use super::{
     CollectionProtocol, TaskChoices, active_edges, common_choices, end_phase1_round, graph_state,
-    one_way_choices, one_way_state, pairs, plan_structure, round_quota,
+    one_way_choices, one_way_state, pairs, plan_structure, point_mass_bins, round_quota,
 };
 use crate::estimate::{
     MAX_CLIQUE_CELLS, PairGain, best_pair_gain, largest_clique_cells, one_way_estimates,
@@ -26,9 +26,7 @@ use crate::estimate::{
 use crate::graph::{Edge, edge};
 use crate::info::mutual_information;
 use crate::space::{equal_mass_cuts, equal_width_cuts};
-use crate::state::{
-    AdaptedBins, CollectionState, Engine, Phase, PlannedFactor, TaskSpec, Transition,
-};
+use crate::state::{CollectionState, Engine, Phase, PlannedFactor, TaskSpec, Transition};
 use crate::tables::Measurement;
 use crate::{EngineError, Measurements, Tables};
 
@@ -109,36 +107,6 @@ fn top_up(a: &[f64], m: &[f64], n2: f64) -> Vec<f64> {
         .zip(m)
         .map(|(a, m)| (hi * a - m).max(0.0))
         .collect()
-}
-
-/// Working bins after round 0, from its measurements `ms` (in the schema's working space):
-/// each attribute with working bins gets the point masses its sub-bin estimate shows as bins
-/// of their own ([`crate::space::Space::point_mass_cuts`]). An attribute without sub-bin
-/// 1-ways on the engine's grid, without a point mass found, or whose new bins would take the
-/// cuts of all attributes past what a task carries, is left as the schema has it. Round 0's
-/// working-bin 1-ways read as coarser tables in the new bins, its sub-bin ones as finer
-/// tables, so nothing measured is lost.
-fn point_mass_bins(engine: &Engine, ms: &Measurements) -> BTreeMap<usize, AdaptedBins> {
-    let mut space = engine.space().clone();
-    let mut adapted = BTreeMap::new();
-    for a in 0..engine.dims().len() {
-        let sub_bins = space.sub_bin_cuts(a, engine.sub_bins_per_bin());
-        let Some((cuts, x, se)) = ms.sub_bin_distribution(a) else {
-            continue;
-        };
-        if cuts != sub_bins {
-            continue;
-        }
-        let Some(cuts) = space.point_mass_cuts(a, &sub_bins, &x, &se) else {
-            continue;
-        };
-        // Checked as `Engine::at` will apply them, one attribute after another.
-        if let Ok(next) = space.with_adapted_cuts(a, cuts.clone(), sub_bins.clone()) {
-            space = next;
-            adapted.insert(a, AdaptedBins { cuts, sub_bins });
-        }
-    }
-    adapted
 }
 
 /// Reports of a 1-way over the working bins (with its best oracle) that estimate the bins'
@@ -465,6 +433,7 @@ impl CollectionProtocol for Auto {
                 })
                 .collect(),
             weights: None,
+            sub_bin_share: None,
         })
     }
 

@@ -15,7 +15,7 @@
 //! The two-phase machinery PrivIncr and `auto` share (the phase-1 state, the phase-2 plan
 //! and its tasks) lives here.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 
 use ldpsyn::mechanism::{Mechanism, MechanismError};
@@ -27,8 +27,8 @@ use crate::info::tau;
 use crate::model::{FittedJoint, Model};
 use crate::plan::{Structure, build_structure};
 use crate::state::{
-    CollectionState, Engine, PairRounds, Phase, Phase2Plan, PlannedFactor, ProtocolState, TaskSpec,
-    Transition,
+    AdaptedBins, CollectionState, Engine, PairRounds, Phase, Phase2Plan, PlannedFactor,
+    ProtocolState, TaskSpec, Transition,
 };
 use crate::{EngineError, Measurements, TableKey, Tables};
 
@@ -159,6 +159,9 @@ pub struct TaskChoices {
     pub tasks: Vec<TaskSpec>,
     /// Their weights; `None`: uniform.
     pub weights: Option<Vec<f64>>,
+    /// Share of the 1-ways of `bins: "auto"` attributes measured in sub-bins; `None`: the
+    /// engine's ([`crate::state::SUB_BIN_ONE_WAY_SHARE`]).
+    pub sub_bin_share: Option<f64>,
 }
 
 /// A state with no round structure: every task is one attribute.
@@ -184,6 +187,7 @@ pub(crate) fn one_way_choices(engine: &Engine, state: &CollectionState) -> TaskC
             })
             .collect(),
         weights: None,
+        sub_bin_share: None,
     }
 }
 
@@ -216,6 +220,7 @@ pub(crate) fn common_choices(
                     })
                     .collect(),
                 weights: Some(plan.factors.iter().map(|f| f.weight).collect()),
+                sub_bin_share: None,
             })
         })()),
         Phase::GraphConstruction | Phase::PairSampling => None,
@@ -260,9 +265,73 @@ pub(crate) fn graph_state(
         working_bins: Default::default(),
         protocol: ProtocolState::new(
             engine.protocol(),
-            PairRounds { edges, plan: None },
+            PairRounds {
+                edges,
+                plan: None,
+                first_round: 0,
+            },
             Vec::new(),
         ),
+    }
+}
+
+/// Working bins after a round 0 (`auto`'s, PrivIncr's numeric one), from its measurements `ms` (in the schema's working space):
+/// each attribute with working bins gets the point masses its sub-bin estimate shows as bins
+/// of their own ([`crate::space::Space::point_mass_cuts`]). An attribute without sub-bin
+/// 1-ways on the engine's grid, without a point mass found, or whose new bins would take the
+/// cuts of all attributes past what a task carries, is left as the schema has it. Round 0's
+/// working-bin 1-ways read as coarser tables in the new bins, its sub-bin ones as finer
+/// tables, so nothing measured is lost.
+pub(crate) fn point_mass_bins(engine: &Engine, ms: &Measurements) -> BTreeMap<usize, AdaptedBins> {
+    let mut space = engine.space().clone();
+    let mut adapted = BTreeMap::new();
+    for a in 0..engine.dims().len() {
+        let sub_bins = space.sub_bin_cuts(a, engine.sub_bins_per_bin());
+        let Some((cuts, x, se)) = ms.sub_bin_distribution(a) else {
+            continue;
+        };
+        if cuts != sub_bins {
+            continue;
+        }
+        let Some(cuts) = space.point_mass_cuts(a, &sub_bins, &x, &se) else {
+            continue;
+        };
+        // Checked as `Engine::at` will apply them, one attribute after another.
+        if let Ok(next) = space.with_adapted_cuts(a, cuts.clone(), sub_bins.clone()) {
+            space = next;
+            adapted.insert(a, AdaptedBins { cuts, sub_bins });
+        }
+    }
+    adapted
+}
+
+/// Share of the users PrivIncr's numeric round 0 (and SamPrivSyn throughout) spends on the
+/// `bins: "auto"` attributes alone: as many reports per such attribute as `auto`'s round 0
+/// gives every attribute
+/// ([`auto::AUTO_ROUND0_SHARE`]` / d`), so `r` such attributes of `d` take
+/// `AUTO_ROUND0_SHARE · r / d`; 0 without one, or with a single attribute.
+pub(crate) fn numeric_round0_share(engine: &Engine) -> f64 {
+    let d = engine.dims().len();
+    if d < 2 {
+        return 0.0;
+    }
+    let binned = (0..d)
+        .filter(|&a| !engine.space().cuts(a).is_empty())
+        .count();
+    auto::AUTO_ROUND0_SHARE * binned as f64 / d as f64
+}
+
+/// The 1-ways of the `bins: "auto"` attributes, uniformly (the numeric round 0's tasks;
+/// [`crate::state::Engine`] measures a share of them in sub-bins).
+pub(crate) fn binned_one_way_choices(engine: &Engine, state: &CollectionState) -> TaskChoices {
+    let mut choices = one_way_choices(engine, state);
+    choices
+        .tasks
+        .retain(|t| !engine.space().cuts(t.factor[0]).is_empty());
+    TaskChoices {
+        // Later rounds measure the bins' totals (in pairs); this round, the shape within.
+        sub_bin_share: Some(1.0),
+        ..choices
     }
 }
 

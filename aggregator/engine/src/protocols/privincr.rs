@@ -1,5 +1,12 @@
 //! PrivIncr (EDBT 2023) and NoIncremental (its T = 1 baseline).
 //!
+//! With `bins: "auto"` numeric attributes in the schema, a numeric round 0 comes first (not
+//! in the paper, whose attributes are categorical): a small share of the users
+//! ([`super::numeric_round0_share`]) report those attributes alone, some of them in sub-bins,
+//! so that point masses become working bins of their own and synthetic values are recovered
+//! within their bins (DESIGN.md "Numeric attributes"); phase 1 below then runs unchanged,
+//! in rounds `1..=T`, and the round-0 1-ways enter the final fit.
+//!
 //! Phase 1 = Algorithm 1 over `rounds` rounds of `⌊omega·N/rounds⌋` accepted reports: every
 //! task is a remaining edge drawn with probability `∝ |Ω_i|·|Ω_j|` (line 5) reported with
 //! VOUE (OUE over the pair's product domain); after each round every remaining edge whose MI
@@ -12,12 +19,15 @@ use ldpsyn::mechanism::{MechanismKind, norm_sub};
 use ldpsyn::protocol::PrivIncrParams;
 
 use super::{
-    CollectionProtocol, TaskChoices, active_edges, common_choices, conditional_scopes,
-    end_phase1_round, graph_state, one_way_choices, plan_structure,
+    CollectionProtocol, TaskChoices, active_edges, binned_one_way_choices, common_choices,
+    conditional_scopes, end_phase1_round, graph_state, numeric_round0_share, one_way_choices,
+    one_way_state, plan_structure, point_mass_bins, round_quota,
 };
 use crate::graph::{Edge, edge};
 use crate::info::{mutual_information, relaxed_threshold};
-use crate::state::{CollectionState, Engine, Phase, PlannedFactor, TaskSpec, Transition};
+use crate::state::{
+    CollectionState, Engine, MAX_PAIR_CELLS, Phase, PlannedFactor, TaskSpec, Transition,
+};
 use crate::{EngineError, Tables};
 
 /// PrivIncr's rules (NoIncremental: one phase-1 round).
@@ -36,8 +46,9 @@ impl PrivIncr {
     }
 }
 
-impl CollectionProtocol for PrivIncr {
-    fn initial_state(&self, engine: &Engine) -> CollectionState {
+impl PrivIncr {
+    /// Phase 1's first round: every pair active.
+    fn phase1_state(&self, engine: &Engine) -> CollectionState {
         graph_state(
             engine,
             &self.params,
@@ -45,6 +56,56 @@ impl CollectionProtocol for PrivIncr {
             self.params.omega,
             |_, _| Some(Vec::new()),
         )
+    }
+
+    /// Closes the numeric round 0: point masses become working bins (unless a pair would then
+    /// exceed [`MAX_PAIR_CELLS`], which phase 1 measures at full resolution), and phase 1
+    /// starts in the next round.
+    fn close_numeric_round0(
+        &self,
+        engine: &Engine,
+        state: &mut CollectionState,
+        tables: &Tables,
+    ) -> Result<Transition, EngineError> {
+        let t = state.round;
+        let ms = engine.measurements(tables, |k| k.round <= t)?;
+        state.working_bins = point_mass_bins(engine, &ms);
+        let mut dims = engine.at(state)?.dims().to_vec();
+        dims.sort_unstable_by(|a, b| b.cmp(a));
+        if dims.len() >= 2 && dims[0].saturating_mul(dims[1]) > MAX_PAIR_CELLS {
+            state.working_bins.clear();
+        }
+        let next = self.phase1_state(&*engine.at(state)?);
+        state.protocol = next.protocol;
+        if let Some(r) = state.pair_rounds_mut() {
+            r.first_round = t + 1;
+        }
+        state.round = t + 1;
+        state.round_quota = next.round_quota;
+        Ok(Transition::RoundClosed {
+            round: t,
+            pruned: Vec::new(),
+        })
+    }
+}
+
+/// Whether `state` is the numeric round 0: a phase-1 state without edges (phase 1 proper
+/// has all `d(d−1)/2 ≥ 1` of them).
+fn in_numeric_round0(engine: &Engine, state: &CollectionState) -> bool {
+    state.phase == Phase::GraphConstruction && state.edges().is_empty() && engine.dims().len() >= 2
+}
+
+impl CollectionProtocol for PrivIncr {
+    fn initial_state(&self, engine: &Engine) -> CollectionState {
+        let share = numeric_round0_share(engine);
+        if share > 0.0 {
+            return CollectionState {
+                phase: Phase::GraphConstruction,
+                round_quota: Some(round_quota(engine, share, 1)),
+                ..one_way_state(engine)
+            };
+        }
+        self.phase1_state(engine)
     }
 
     fn task_choices(
@@ -60,6 +121,9 @@ impl CollectionProtocol for PrivIncr {
                 "privincr has no {:?} phase",
                 state.phase
             )));
+        }
+        if in_numeric_round0(engine, state) {
+            return Ok(binned_one_way_choices(engine, state));
         }
         let active = active_edges(state);
         if active.is_empty() {
@@ -84,6 +148,7 @@ impl CollectionProtocol for PrivIncr {
                     bins: vec![],
                 })
                 .collect(),
+            sub_bin_share: None,
         })
     }
 
@@ -95,6 +160,9 @@ impl CollectionProtocol for PrivIncr {
     ) -> Result<Transition, EngineError> {
         if state.phase != Phase::GraphConstruction {
             return Ok(Transition::Nothing);
+        }
+        if in_numeric_round0(engine, state) {
+            return self.close_numeric_round0(engine, state, tables);
         }
         let t = state.round;
         let dims = engine.dims();
@@ -121,9 +189,10 @@ impl CollectionProtocol for PrivIncr {
             }
         }
         let sigma = self.params.sigma;
+        let first = state.pair_rounds().map_or(0, |r| r.first_round);
         Ok(end_phase1_round(
             state,
-            self.rounds,
+            first + self.rounds,
             pruned,
             |s| {
                 // VOUE, users ∝ the factor's domain size (as line 5 of Algorithm 1).

@@ -2,14 +2,20 @@
 //! `∝` its current weight, reported with two GRRs at ε/2; every `batch_size` accepted reports
 //! the weights become the MI of each pair's Kronecker-inverse + Norm-Sub estimate, plus a
 //! floor of [`SAMPRIVSYN_WEIGHT_FLOOR`] of the mean weight so no pair starves. Uniform at the
-//! start (line 4). All batches pool into round-0 tables (same mechanism and ε). The model
+//! start (line 4). With `bins: "auto"` numeric attributes (not in the paper), a fixed share
+//! of the users ([`super::numeric_round0_share`]) reports one of them alone in sub-bins
+//! instead, for the shape within its working bins (DESIGN.md "Numeric attributes"); the
+//! pair weights share the rest. All batches pool into round-0 tables (same mechanism and ε). The model
 //! graph may keep any pair; with `samprivsyn_lasso` set the synthetic rows come from the
 //! paper's own estimator and data generation ([`crate::samprivsyn`]).
 
 use ldpsyn::mechanism::{MechanismKind, norm_sub};
 use ldpsyn::protocol::SamPrivSynParams;
 
-use super::{CollectionProtocol, TaskChoices, common_choices, pairs};
+use super::{
+    CollectionProtocol, TaskChoices, binned_one_way_choices, common_choices, numeric_round0_share,
+    pairs,
+};
 use crate::graph::Edge;
 use crate::info::mutual_information;
 use crate::model::{FittedJoint, Model};
@@ -100,17 +106,33 @@ impl CollectionProtocol for SamPrivSyn {
                 state.phase
             )));
         }
+        let mut tasks: Vec<TaskSpec> = pairs(engine.dims().len())
+            .into_iter()
+            .map(|(a, b)| TaskSpec {
+                round: state.round,
+                factor: vec![a, b],
+                mechanism: MechanismKind::GrrPair,
+                bins: vec![],
+            })
+            .collect();
+        let mut weights = state.pair_weights().to_vec();
+        // Numeric attributes: a fixed share of the users report one alone, in sub-bins.
+        let ones = binned_one_way_choices(engine, state).tasks;
+        let share = numeric_round0_share(engine);
+        if !ones.is_empty() && share > 0.0 {
+            let total: f64 = weights.iter().map(|w| w.max(0.0)).sum();
+            if total > 0.0 {
+                for w in &mut weights {
+                    *w = w.max(0.0) / total * (1.0 - share);
+                }
+                weights.extend(std::iter::repeat_n(share / ones.len() as f64, ones.len()));
+                tasks.extend(ones);
+            }
+        }
         Ok(TaskChoices {
-            tasks: pairs(engine.dims().len())
-                .into_iter()
-                .map(|(a, b)| TaskSpec {
-                    round: state.round,
-                    factor: vec![a, b],
-                    mechanism: MechanismKind::GrrPair,
-                    bins: vec![],
-                })
-                .collect(),
-            weights: Some(state.pair_weights().to_vec()),
+            tasks,
+            weights: Some(weights),
+            sub_bin_share: Some(1.0),
         })
     }
 

@@ -332,32 +332,105 @@ async fn auto_bin_maps_over_http() {
     server.shutdown().await.unwrap();
 }
 
+/// The schema of [`spike_collection`]: numeric `h` (1–30, `bins: "auto"` in 4 working bins:
+/// 1–8, 9–15, 16–22, 23–30) and categorical `c`.
+fn spike_schema() -> Value {
+    json!({"attributes": [
+        {"name": "h", "type": "numeric", "min": 1, "max": 30, "bins": "auto", "integer": true,
+         "max_bins": 4},
+        {"name": "c", "type": "categorical", "labels": ["a", "b"]}]})
+}
+
+/// A collection of `protocol` over [`spike_schema`] for `n` people, on a new server;
+/// returns the server, its base URL and the collection id.
+async fn spike_collection(
+    dir: &tempfile::TempDir,
+    protocol: &str,
+    n: usize,
+) -> (ldpsyn_aggregator::service::Server, String, uuid::Uuid) {
+    let url = format!("sqlite://{}", dir.path().join("grid.db").display());
+    let server = start(&url, &[]).await;
+    let base = base(&server);
+    let id = create(
+        &base,
+        json!({"protocol": protocol, "epsilon": 4.0, "target_users": n, "schema": spike_schema()}),
+    )
+    .await;
+    (server, base, id)
+}
+
+/// `n` simulated people whose `h` is 10 for 40% of them and uniform otherwise, with
+/// `c = h < 15`, submit to collection `id` through the client; then it is finalized.
+async fn submit_spike_population(base: &str, id: uuid::Uuid, n: usize) {
+    use ldpsyn::client::SimulatedPerson;
+    use ldpsyn::schema::Schema;
+    use rand::{Rng, SeedableRng};
+
+    let schema: Schema = serde_json::from_value(spike_schema()).unwrap();
+    let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(4);
+    let mut people: Vec<SimulatedPerson<MemoryLedger>> = (0..n)
+        .map(|_| {
+            let h = if rng.random_bool(0.4) {
+                9
+            } else {
+                rng.random_range(0..30u32)
+            };
+            SimulatedPerson {
+                record: schema.encoded(vec![h, u32::from(h < 15)]).unwrap(),
+                ledger: MemoryLedger::default(),
+            }
+        })
+        .collect();
+    let options = ClientOptions::insecure_simulation(Epsilon::new(4.0).unwrap(), 2);
+    let mut client = Client::connect(base, id, options, MemoryLedger::default())
+        .await
+        .unwrap();
+    for chunk in people.chunks_mut(2000) {
+        for r in client.submit_batch(chunk).await.unwrap() {
+            assert_eq!(r.expect("accepted").status, ReportStatus::Accepted);
+        }
+    }
+    let (s, fin) = admin(base, "POST", &format!("/v1/collections/{id}/finalize")).await;
+    assert_eq!(s, 200, "{fin}");
+}
+
+/// Share of `h = 10` in 20,000 synthetic rows of collection `id` downloaded with `query`
+/// (e.g. `&numeric=uniform`); every value is a whole number in 1–30.
+async fn share_of_10(base: &str, id: uuid::Uuid, query: &str) -> f64 {
+    let resp = reqwest::Client::new()
+        .get(format!(
+            "{base}/v1/collections/{id}/synthetic?rows=20000&seed=3{query}"
+        ))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    let mut rdr = csv::Reader::from_reader(text.as_bytes());
+    let mut hits = 0;
+    for rec in rdr.records() {
+        let h: f64 = rec.unwrap()[0].parse().unwrap();
+        assert!(h.fract() == 0.0 && (1.0..=30.0).contains(&h), "{h}");
+        hits += u32::from(h == 10.0);
+    }
+    f64::from(hits) / 20_000.0
+}
+
+/// The spike's share in the population of [`spike_collection`].
+const SPIKE_SHARE: f64 = 0.4 + 0.6 / 30.0;
+
 /// `bins: "auto"` over HTTP: devices encode to the grid, 1-way tasks carry working or
 /// sub-bin maps, the model's marginals and the synthetic download are on the grid, and a
 /// spike inside a working bin comes back with `numeric=recover` (the default) but not with
 /// `numeric=uniform`; a bad `numeric` is a 400 problem.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn numeric_auto_bins_over_http() {
-    use ldpsyn::client::SimulatedPerson;
     use ldpsyn::protocol::Task;
-    use ldpsyn::schema::Schema;
-    use rand::{Rng, SeedableRng};
 
     let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("grid.db").display());
-    let schema_json = json!({"attributes": [
-        {"name": "h", "type": "numeric", "min": 1, "max": 30, "bins": "auto", "integer": true,
-         "max_bins": 4},
-        {"name": "c", "type": "categorical", "labels": ["a", "b"]}]});
-    let schema: Schema = serde_json::from_value(schema_json.clone()).unwrap();
     let n = 20_000;
-    let server = start(&url, &[]).await;
-    let base = base(&server);
-    let id = create(
-        &base,
-        json!({"protocol": "independence", "epsilon": 4.0, "target_users": n, "schema": schema_json}),
-    )
-    .await;
+    let (server, base, id) = spike_collection(&dir, "independence", n).await;
     let (_, tasks) = admin(
         &base,
         "GET",
@@ -377,32 +450,7 @@ async fn numeric_auto_bins_over_http() {
         [vec![], vec![vec![8, 15, 22]]].into_iter().collect(),
         "{h_maps:?}"
     );
-
-    let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(4);
-    let mut people: Vec<SimulatedPerson<MemoryLedger>> = (0..n)
-        .map(|_| {
-            let h = if rng.random_bool(0.4) {
-                9
-            } else {
-                rng.random_range(0..30u32)
-            };
-            SimulatedPerson {
-                record: schema.encoded(vec![h, u32::from(h < 15)]).unwrap(),
-                ledger: MemoryLedger::default(),
-            }
-        })
-        .collect();
-    let options = ClientOptions::insecure_simulation(Epsilon::new(4.0).unwrap(), 2);
-    let mut client = Client::connect(&base, id, options, MemoryLedger::default())
-        .await
-        .unwrap();
-    for chunk in people.chunks_mut(2000) {
-        for r in client.submit_batch(chunk).await.unwrap() {
-            assert_eq!(r.expect("accepted").status, ReportStatus::Accepted);
-        }
-    }
-    let (s, fin) = admin(&base, "POST", &format!("/v1/collections/{id}/finalize")).await;
-    assert_eq!(s, 200, "{fin}");
+    submit_spike_population(&base, id, n).await;
     let (s, m) = admin(
         &base,
         "GET",
@@ -415,36 +463,13 @@ async fn numeric_auto_bins_over_http() {
         1,
         "one cell per whole number: {m}"
     );
-
-    let http = reqwest::Client::new();
-    let share_of_10 = |numeric: &'static str| {
-        let (http, base) = (http.clone(), base.clone());
-        async move {
-            let resp = http
-                .get(format!(
-                    "{base}/v1/collections/{id}/synthetic?rows=20000&seed=3{numeric}"
-                ))
-                .bearer_auth(ADMIN)
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(resp.status(), 200);
-            let text = resp.text().await.unwrap();
-            let mut rdr = csv::Reader::from_reader(text.as_bytes());
-            let mut hits = 0;
-            for rec in rdr.records() {
-                let h: f64 = rec.unwrap()[0].parse().unwrap();
-                assert!(h.fract() == 0.0 && (1.0..=30.0).contains(&h), "{h}");
-                hits += u32::from(h == 10.0);
-            }
-            f64::from(hits) / 20_000.0
-        }
-    };
-    let real = 0.4 + 0.6 / 30.0;
-    let recovered = share_of_10("").await;
-    assert!((recovered - real).abs() < 0.05, "recover: {recovered}");
-    assert!(share_of_10("&numeric=uniform").await < 0.2);
-    let bad = http
+    let recovered = share_of_10(&base, id, "").await;
+    assert!(
+        (recovered - SPIKE_SHARE).abs() < 0.05,
+        "recover: {recovered}"
+    );
+    assert!(share_of_10(&base, id, "&numeric=uniform").await < 0.2);
+    let bad = reqwest::Client::new()
         .get(format!(
             "{base}/v1/collections/{id}/synthetic?rows=5&numeric=spline"
         ))
@@ -458,6 +483,52 @@ async fn numeric_auto_bins_over_http() {
         ldpsyn::protocol::PROBLEM_CONTENT_TYPE
     );
     server.shutdown().await.unwrap();
+}
+
+/// Point masses found over HTTP: `auto` and PrivIncr measure `h` alone in their round 0
+/// (PrivIncr in sub-bins only), the service closes it, the spike becomes a working bin of its
+/// own (`/model`'s `working_bins`), later tasks carry it in their bin maps (the tokens bind
+/// them), and the spike comes back even with `numeric=uniform`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn point_masses_found_over_http() {
+    for protocol in ["auto", "privincr"] {
+        let dir = tempfile::tempdir().unwrap();
+        let n = 30_000;
+        let (server, base, id) = spike_collection(&dir, protocol, n).await;
+        submit_spike_population(&base, id, n).await;
+        let (s, model) = admin(&base, "GET", &format!("/v1/collections/{id}/model")).await;
+        assert_eq!(s, 200, "{model}");
+        let model = &model["model"];
+        assert_eq!(
+            model["working_bins"],
+            json!([[8, 9, 10, 15, 22], []]),
+            "{protocol}: {model}"
+        );
+        // Every pair table after round 0 was measured with the spike's bin.
+        let rounds = model["rounds"].as_array().expect("rounds");
+        let pair_maps: Vec<&Value> = rounds
+            .iter()
+            .filter(|r| r["round"].as_u64() > Some(0))
+            .flat_map(|r| r["factors"].as_array().into_iter().flatten())
+            .filter(|t| t["factor"] == json!([0, 1]))
+            .map(|t| &t["bins"][0])
+            .collect();
+        assert!(!pair_maps.is_empty(), "{protocol}: {model}");
+        assert!(
+            pair_maps
+                .iter()
+                .all(|m| m.as_array().is_some_and(|c| c.contains(&json!(9)))),
+            "{protocol}: {pair_maps:?}"
+        );
+        for query in ["", "&numeric=uniform"] {
+            let share = share_of_10(&base, id, query).await;
+            assert!(
+                (share - SPIKE_SHARE).abs() < 0.05,
+                "{protocol}{query}: {share}"
+            );
+        }
+        server.shutdown().await.unwrap();
+    }
 }
 
 /// `ldpsyn_synthetic_bytes_total` of the server's `/metrics`.

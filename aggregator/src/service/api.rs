@@ -290,7 +290,8 @@ pub fn model_schema() -> ObjectBuilder {
                 .description(Some(
                     "Per attribute, the cuts of the working bins the model was fitted in over \
                      its schema codes (`[]`: every code a bin); for `bins: \"auto\"` \
-                     attributes, with the point masses `auto` found as bins of their own.",
+                     attributes, with the point masses `auto`'s or PrivIncr's round 0 found \
+                     as bins of their own.",
                 )),
         )
         .required("working_bins")

@@ -42,9 +42,10 @@ pub fn protocol(name: &str) -> Result<Protocol, Error> {
 
 /// Simulates one collection of `loaded` (read under `schema`) at `eps` with `seed` through
 /// the in-process simulator (bucketed OUE), synthesizes as many rows with `numeric=recover`
-/// decoding, and scores them: binned TVDs on the evaluation grid and [`NumericFidelity`] per
-/// numeric attribute ([`RANGE_QUERIES`] range queries). Errors: an invalid configuration,
-/// a failed simulation, an empty numeric column.
+/// decoding, and scores them: binned TVDs on the evaluation grid of `grid` (`None`:
+/// `schema`'s; a schema of the same attributes whose bins are unions of `schema`'s cells) and
+/// [`NumericFidelity`] per numeric attribute ([`RANGE_QUERIES`] range queries). Errors: an
+/// invalid configuration, a failed simulation, an empty numeric column.
 pub fn simulate_numeric(
     schema: &Schema,
     loaded: &LoadedCsv,
@@ -52,6 +53,7 @@ pub fn simulate_numeric(
     seed: u64,
     protocol: Protocol,
     options: EngineOptions,
+    grid: Option<&Schema>,
 ) -> Result<NumericRun, Error> {
     let pop = &loaded.population;
     let config = CollectionConfig {
@@ -72,7 +74,7 @@ pub fn simulate_numeric(
         .synthesize_with(pop.len() as u64, seed ^ 0x5eed, Expansion::Recover)
         .collect();
     let synthetic = Population::from_rows(schema.domain_sizes(), rows.iter().cloned())?;
-    let grid = evaluation_schema(schema);
+    let grid = evaluation_schema(grid.unwrap_or(schema));
     let real_binned = regrid(pop, schema, &grid)?;
     let synth_binned = regrid(&synthetic, schema, &grid)?;
     let tvd = |k: usize| -> Result<f64, Error> {

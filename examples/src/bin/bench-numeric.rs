@@ -10,7 +10,7 @@
 //! ```text
 //! bench-numeric --data examples/adult/adult.csv \
 //!     --schema examples/adult/schema-points.json --schema examples/adult/schema-auto.json \
-//!     [--epsilon E]… [--seeds S] [--protocol auto] [--out results.json]
+//!     [--epsilon E]… [--seeds S] [--protocol auto] [--out results.json] [--grid SCHEMA]
 //! ```
 //! `LDPSYN_SUB_BIN_SHARE` and `LDPSYN_SUB_BINS` override the engine's sub-bin 1-ways, for
 //! sweeps (unset in committed results).
@@ -45,6 +45,10 @@ struct Args {
     /// Write the results as JSON here.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Take the binned TVDs on this schema's evaluation grid instead of each schema's own
+    /// (to compare schemas whose working bins differ, e.g. other `max_bins`).
+    #[arg(long)]
+    grid: Option<PathBuf>,
 }
 
 fn options() -> EngineOptions {
@@ -63,6 +67,10 @@ fn main() -> Result<(), Error> {
     if args.epsilons.is_empty() {
         args.epsilons = vec![1.0, 4.0];
     }
+    let grid: Option<Schema> = match &args.grid {
+        Some(p) => Some(serde_json::from_str(&std::fs::read_to_string(p)?)?),
+        None => None,
+    };
     let mut results = Vec::new();
     for path in &args.schemas {
         let schema: Schema = serde_json::from_str(&std::fs::read_to_string(path)?)?;
@@ -71,7 +79,15 @@ fn main() -> Result<(), Error> {
             let runs: Vec<NumericRun> = (0..args.seeds)
                 .map(|s| {
                     let protocol = protocol(&args.protocol)?;
-                    simulate_numeric(&schema, &loaded, eps, 1000 * s + 7, protocol, options())
+                    simulate_numeric(
+                        &schema,
+                        &loaded,
+                        eps,
+                        1000 * s + 7,
+                        protocol,
+                        options(),
+                        grid.as_ref(),
+                    )
                 })
                 .collect::<Result<_, _>>()?;
             let tvd2: Vec<f64> = runs.iter().map(|r| r.tvd2).collect();

@@ -288,6 +288,7 @@ fn run_numeric_cell(
                 seed,
                 protocol(proto)?,
                 engine_options(),
+                None,
             )
         })
         .collect::<Result<_, _>>()?;

@@ -34,6 +34,26 @@ pub struct NumericRun {
     pub numeric: Vec<NumericFidelity>,
 }
 
+/// Engine options with sweep overrides from the environment (unset in committed results):
+/// `LDPSYN_AUTO_SHARE` (`auto`'s screening share), `LDPSYN_AUTO_ROUND0` (its round-0 share),
+/// `LDPSYN_AUTO_BIN_NOISE` (its noise budget per screened pair), `LDPSYN_GAIN_MARGIN`,
+/// `LDPSYN_MAX_CLIQUE_CELLS` (the clique cap), `LDPSYN_SUB_BIN_SHARE` and `LDPSYN_SUB_BINS`
+/// (the sub-bin 1-ways).
+pub fn engine_options() -> EngineOptions {
+    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<f64>().ok());
+    let count = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
+    EngineOptions {
+        auto_phase1_share: env("LDPSYN_AUTO_SHARE"),
+        auto_round0_share: env("LDPSYN_AUTO_ROUND0"),
+        auto_bin_noise_l1: env("LDPSYN_AUTO_BIN_NOISE"),
+        gain_margin: env("LDPSYN_GAIN_MARGIN"),
+        max_clique_cells: count("LDPSYN_MAX_CLIQUE_CELLS").map(|c| c as u64),
+        sub_bin_share: env("LDPSYN_SUB_BIN_SHARE"),
+        sub_bins: count("LDPSYN_SUB_BINS"),
+        ..EngineOptions::default()
+    }
+}
+
 /// The protocol `name` with its default parameters, read as the service reads a create
 /// request. Errors: an unknown name.
 pub fn protocol(name: &str) -> Result<Protocol, Error> {

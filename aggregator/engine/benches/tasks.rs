@@ -2,7 +2,9 @@
 //! `Engine::draw_task` (the state's choices rebuilt per draw, as before `TaskSampler`) vs one
 //! `Engine::sampler` per request and an O(log n) draw per task. 35 attributes of 5 values
 //! (595 pairs): SamPrivSyn (weighted pairs), PrivIncr phase 1 (weighted active pairs) and
-//! `auto` phase 1 (uniform screened pairs). `cargo bench -p ldpsyn-engine --bench tasks`.
+//! `auto` phase 1 (uniform screened pairs). And a request for one task (the default): the
+//! sampler built for it, or the one the service keeps per state
+//! (`CollectionHandle::sampler`). `cargo bench -p ldpsyn-engine --bench tasks`.
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -48,6 +50,22 @@ fn tasks(c: &mut Criterion) {
                 let sampler = engine.sampler(&state).unwrap();
                 for _ in 0..1000 {
                     black_box(sampler.draw(&mut rng));
+                }
+            })
+        });
+        g.bench_function(BenchmarkId::new("1 task, sampler built", name), |b| {
+            b.iter(|| {
+                for _ in 0..1000 {
+                    let sampler = engine.sampler(&state).unwrap();
+                    black_box(sampler.draw(&mut rng));
+                }
+            })
+        });
+        let kept = engine.sampler(&state).unwrap();
+        g.bench_function(BenchmarkId::new("1 task, sampler kept", name), |b| {
+            b.iter(|| {
+                for _ in 0..1000 {
+                    black_box(kept.draw(&mut rng));
                 }
             })
         });

@@ -22,7 +22,9 @@ use uuid::Uuid;
 use super::error::ApiError;
 use super::metrics::Metrics;
 use super::storage::{self, Db, MemoryView, NewReport, Writer};
-use crate::engine::{CollectionState, Engine, Model, Phase, TableKey, Tables, Transition};
+use crate::engine::{
+    CollectionState, Engine, EngineError, Model, Phase, TableKey, Tables, TaskSampler, Transition,
+};
 
 /// Most reports written in one transaction.
 const MAX_GROUP_REPORTS: usize = 16_384;
@@ -43,6 +45,9 @@ pub struct CollectionHandle {
     round_counts: DashMap<u32, u64>,
     accepted: AtomicU64,
     model: RwLock<Option<Arc<Model>>>,
+    /// The task distribution of the state it was built for (states are replaced, never
+    /// changed in place, so the `Arc` identifies one).
+    sampler: RwLock<Option<(Arc<CollectionState>, Arc<TaskSampler>)>>,
 }
 
 impl CollectionHandle {
@@ -73,7 +78,23 @@ impl CollectionHandle {
             round_counts: round_counts.into_iter().collect(),
             accepted: AtomicU64::new(accepted),
             model: RwLock::new(None),
+            sampler: RwLock::new(None),
         }
+    }
+
+    /// The current state and its task distribution ([`Engine::sampler`]), built once per
+    /// state rather than per task request. Errors: a state without tasks (finalized).
+    pub fn sampler(&self) -> Result<(Arc<CollectionState>, Arc<TaskSampler>), EngineError> {
+        let state = self.state();
+        if let Some((s, t)) = &*self.sampler.read().unwrap_or_else(|e| e.into_inner())
+            && Arc::ptr_eq(s, &state)
+        {
+            return Ok((state, t.clone()));
+        }
+        let sampler = Arc::new(self.engine.sampler(&state)?);
+        *self.sampler.write().unwrap_or_else(|e| e.into_inner()) =
+            Some((state.clone(), sampler.clone()));
+        Ok((state, sampler))
     }
 
     /// The current state (a snapshot).
@@ -625,4 +646,46 @@ async fn finalize(
     handle.set_state(state, None);
     handle.set_model(model.clone());
     Ok(model)
+}
+
+#[cfg(test)]
+mod tests {
+    use ldpsyn::Epsilon;
+    use ldpsyn::protocol::{PROTOCOL_VERSION, PrivIncrParams, Protocol};
+
+    use super::*;
+
+    /// The task sampler is built once per state: the same `Arc` while the state stands, a new
+    /// one, drawing the new state's tasks, once the state is replaced.
+    #[test]
+    fn sampler_is_kept_per_state() {
+        let schema: ldpsyn::schema::Schema = serde_json::from_value(serde_json::json!({
+            "attributes": [
+                {"name": "a", "type": "categorical", "labels": ["x", "y"]},
+                {"name": "b", "type": "categorical", "labels": ["x", "y", "z"]}]}))
+        .unwrap();
+        let config = CollectionConfig {
+            version: PROTOCOL_VERSION,
+            id: Uuid::nil(),
+            schema,
+            epsilon: Epsilon::new(2.0).unwrap(),
+            target_users: 1000,
+            protocol: Protocol::Privincr(PrivIncrParams::default()),
+        };
+        let engine = Engine::new(&config).unwrap();
+        let state = engine.initial_state();
+        let h = CollectionHandle::new(config, engine, state.clone(), 1, Tables::new(), vec![]);
+        let (s1, t1) = h.sampler().unwrap();
+        let (s2, t2) = h.sampler().unwrap();
+        assert!(Arc::ptr_eq(&s1, &s2) && Arc::ptr_eq(&t1, &t2));
+        let mut rng = <rand_chacha::ChaCha12Rng as rand::SeedableRng>::seed_from_u64(1);
+        assert_eq!(t1.draw(&mut rng).factor, vec![0, 1]);
+
+        let mut next = state;
+        next.round += 1;
+        h.set_state(next, None);
+        let (s3, t3) = h.sampler().unwrap();
+        assert!(!Arc::ptr_eq(&t1, &t3));
+        assert_eq!((s3.round, t3.draw(&mut rng).round), (1, 1));
+    }
 }

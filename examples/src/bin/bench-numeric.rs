@@ -12,16 +12,17 @@
 //!     --schema examples/adult/schema-points.json --schema examples/adult/schema-auto.json \
 //!     [--epsilon E]… [--seeds S] [--protocol auto] [--out results.json] [--grid SCHEMA]
 //! ```
-//! `LDPSYN_SUB_BIN_SHARE` and `LDPSYN_SUB_BINS` override the engine's sub-bin 1-ways, for
-//! sweeps (unset in committed results).
+//! The environment overrides engine options for sweeps ([`ldpsyn_examples::engine_options`];
+//! unset in committed results).
 
 use std::path::PathBuf;
 
 use clap::Parser;
 use ldpsyn::schema::Schema;
-use ldpsyn_aggregator::engine::EngineOptions;
 use ldpsyn_aggregator::sim::load_csv;
-use ldpsyn_examples::{Error, NumericRun, column_means, protocol, run_mean, simulate_numeric};
+use ldpsyn_examples::{
+    Error, NumericRun, column_means, engine_options, protocol, run_mean, simulate_numeric,
+};
 use serde_json::json;
 
 /// Numeric fidelity benchmark (module docs).
@@ -51,17 +52,6 @@ struct Args {
     grid: Option<PathBuf>,
 }
 
-fn options() -> EngineOptions {
-    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
-    EngineOptions {
-        sub_bin_share: env("LDPSYN_SUB_BIN_SHARE"),
-        sub_bins: std::env::var("LDPSYN_SUB_BINS")
-            .ok()
-            .and_then(|v| v.parse().ok()),
-        ..EngineOptions::default()
-    }
-}
-
 fn main() -> Result<(), Error> {
     let mut args = Args::parse();
     if args.epsilons.is_empty() {
@@ -85,7 +75,7 @@ fn main() -> Result<(), Error> {
                         eps,
                         1000 * s + 7,
                         protocol,
-                        options(),
+                        engine_options(),
                         grid.as_ref(),
                     )
                 })

@@ -27,12 +27,14 @@ use clap::Parser;
 use ldpsyn::Epsilon;
 use ldpsyn::protocol::{PrivIncrParams, Protocol, SamPrivSynParams};
 use ldpsyn::schema::Schema;
-use ldpsyn_aggregator::engine::{Engine, EngineOptions, Model};
+use ldpsyn_aggregator::engine::{Engine, Model};
 use ldpsyn_aggregator::eval::{
     MarginalCounts, chow_liu_model, exact_independence_model, ml_accuracy, noprivacy_model,
 };
 use ldpsyn_aggregator::sim::{BayesNet, LoadedCsv, Population, Simulation, load_csv};
-use ldpsyn_examples::{Error, NumericRun, column_means, run_mean, simulate_numeric};
+use ldpsyn_examples::{
+    Error, NumericRun, column_means, engine_options, run_mean, simulate_numeric,
+};
 use serde_json::{Value, json};
 
 const PROTOCOLS: [&str; 8] = [
@@ -201,24 +203,6 @@ fn run_once(
     let rows = model.synthesize(pop.len() as u64, seed ^ 0x5eed);
     let synthetic = Population::from_rows(pop.dims().to_vec(), rows)?;
     Ok((model, synthetic, start.elapsed().as_secs_f64()))
-}
-
-/// Engine options; `LDPSYN_AUTO_SHARE` overrides `auto`'s screening share,
-/// `LDPSYN_AUTO_ROUND0` its round-0 share,
-/// `LDPSYN_AUTO_BIN_NOISE` its noise budget per screened pair and `LDPSYN_MAX_CLIQUE_CELLS`
-/// the clique cap, for sweeps (unset in the committed results).
-fn engine_options() -> EngineOptions {
-    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
-    EngineOptions {
-        auto_phase1_share: env("LDPSYN_AUTO_SHARE"),
-        auto_round0_share: env("LDPSYN_AUTO_ROUND0"),
-        auto_bin_noise_l1: env("LDPSYN_AUTO_BIN_NOISE"),
-        gain_margin: env("LDPSYN_GAIN_MARGIN"),
-        max_clique_cells: std::env::var("LDPSYN_MAX_CLIQUE_CELLS")
-            .ok()
-            .and_then(|v| v.parse().ok()),
-        ..EngineOptions::default()
-    }
 }
 
 fn mean_std(v: &[f64]) -> (f64, f64) {

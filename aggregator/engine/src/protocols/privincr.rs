@@ -1,11 +1,12 @@
 //! PrivIncr (EDBT 2023) and NoIncremental (its T = 1 baseline).
 //!
 //! With `bins: "auto"` numeric attributes in the schema, a numeric round 0 comes first (not
-//! in the paper, whose attributes are categorical): a small share of the users
-//! ([`super::numeric_round0_share`]) report those attributes alone, some of them in sub-bins,
-//! so that point masses become working bins of their own and synthetic values are recovered
-//! within their bins (DESIGN.md "Numeric attributes"); phase 1 below then runs unchanged,
-//! in rounds `1..=T`, and the round-0 1-ways enter the final fit.
+//! in the paper, whose attributes are categorical): `AUTO_ROUND0_SHARE · r / d` of the users
+//! (`r` such attributes of `d`; `numeric_round0_share` in `protocols`) report one of them
+//! alone, in sub-bins of its working bins, so that point masses become working bins of their
+//! own and synthetic values are recovered within their bins (DESIGN.md "Numeric
+//! attributes"); phase 1 below then runs unchanged, in rounds `1..=T`, and the round-0 1-ways
+//! enter the final fit.
 //!
 //! Phase 1 = Algorithm 1 over `rounds` rounds of `⌊omega·N/rounds⌋` accepted reports: every
 //! task is a remaining edge drawn with probability `∝ |Ω_i|·|Ω_j|` (line 5) reported with

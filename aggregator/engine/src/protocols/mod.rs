@@ -275,9 +275,9 @@ pub(crate) fn graph_state(
     }
 }
 
-/// Working bins after a round 0 (`auto`'s, PrivIncr's numeric one), from its measurements `ms` (in the schema's working space):
-/// each attribute with working bins gets the point masses its sub-bin estimate shows as bins
-/// of their own ([`crate::space::Space::point_mass_cuts`]). An attribute without sub-bin
+/// Working bins after a round 0 (`auto`'s, or PrivIncr's numeric one), from its
+/// measurements `ms` (in the schema's working space): each attribute with working bins gets
+/// the point masses its sub-bin estimate shows as bins of their own ([`crate::space::Space::point_mass_cuts`]). An attribute without sub-bin
 /// 1-ways on the engine's grid, without a point mass found, or whose new bins would take the
 /// cuts of all attributes past what a task carries, is left as the schema has it. Round 0's
 /// working-bin 1-ways read as coarser tables in the new bins, its sub-bin ones as finer
@@ -307,9 +307,8 @@ pub(crate) fn point_mass_bins(engine: &Engine, ms: &Measurements) -> BTreeMap<us
 
 /// Share of the users PrivIncr's numeric round 0 (and SamPrivSyn throughout) spends on the
 /// `bins: "auto"` attributes alone: as many reports per such attribute as `auto`'s round 0
-/// gives every attribute
-/// ([`auto::AUTO_ROUND0_SHARE`]` / d`), so `r` such attributes of `d` take
-/// `AUTO_ROUND0_SHARE · r / d`; 0 without one, or with a single attribute.
+/// gives every attribute ([`auto::AUTO_ROUND0_SHARE`] / d), so `r` such attributes of `d`
+/// take `AUTO_ROUND0_SHARE · r / d`; 0 without one, or with a single attribute.
 pub(crate) fn numeric_round0_share(engine: &Engine) -> f64 {
     let d = engine.dims().len();
     if d < 2 {
@@ -321,8 +320,8 @@ pub(crate) fn numeric_round0_share(engine: &Engine) -> f64 {
     auto::AUTO_ROUND0_SHARE * binned as f64 / d as f64
 }
 
-/// The 1-ways of the `bins: "auto"` attributes, uniformly (the numeric round 0's tasks;
-/// [`crate::state::Engine`] measures a share of them in sub-bins).
+/// The 1-ways of the `bins: "auto"` attributes, uniformly, every one measured in sub-bins
+/// of its working bins (the numeric round 0's tasks, and SamPrivSyn's 1-way tasks).
 pub(crate) fn binned_one_way_choices(engine: &Engine, state: &CollectionState) -> TaskChoices {
     let mut choices = one_way_choices(engine, state);
     choices

@@ -45,9 +45,7 @@ impl PrivIncr {
         let rounds = if incremental { params.rounds } else { 1 };
         Self { params, rounds }
     }
-}
 
-impl PrivIncr {
     /// Phase 1's first round: every pair active.
     fn phase1_state(&self, engine: &Engine) -> CollectionState {
         graph_state(

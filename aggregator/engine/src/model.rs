@@ -248,7 +248,8 @@ pub struct ModelDescription {
     pub rounds: Vec<RoundSummary>,
     /// Per attribute, the cuts of the working bins the model was fitted in over its schema
     /// codes (`[]`: every code a bin): a `bins: "auto"` attribute's grid in its working bins,
-    /// with the point masses `auto`'s round 0 found as bins of their own ([`crate::space`]).
+    /// with the point masses `auto`'s (or PrivIncr's numeric) round 0 found as bins of their
+    /// own ([`crate::space`]).
     #[serde(default)]
     pub working_bins: Vec<Vec<u32>>,
 }

@@ -250,8 +250,8 @@ impl Space {
     /// [`POINT_MASS_Z`] standard errors above 0 (weekly hours at 40, a balance at 0), and its
     /// bin has at least [`MIN_POINT_BIN_CELLS`] cells. The working cuts stay, so every table
     /// measured before still reads in the new bins, and each point mass adds at most two
-    /// bins. `None` when none is found, or the attribute has
-    /// no working bins, or `x`/`se` do not match the cells. The cuts depend on the data only
+    /// bins. `None` when none is found, or the attribute has no working bins, or `x`/`se` do
+    /// not match the cells. The cuts depend on the data only
     /// through the LDP estimate (post-processing; DESIGN.md "Numeric attributes").
     pub fn point_mass_cuts(
         &self,

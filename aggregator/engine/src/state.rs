@@ -124,8 +124,9 @@ pub struct CollectionState {
     /// itself; the operator finalizes).
     pub round_quota: Option<u64>,
     /// Working bins placed by an earlier round's estimate, per attribute index (`auto`'s
-    /// round 0 makes the point masses it finds in `bins: "auto"` attributes bins of their
-    /// own, [`Space::point_mass_cuts`]); every other attribute keeps the schema's. Empty in
+    /// round 0, and PrivIncr's numeric one, make the point masses they find in `bins:
+    /// "auto"` attributes bins of their own, [`Space::point_mass_cuts`]); every other
+    /// attribute keeps the schema's. Empty in
     /// states stored before adaptive bins.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub working_bins: BTreeMap<usize, AdaptedBins>,
@@ -763,7 +764,7 @@ impl Engine {
         state: &mut CollectionState,
         tables: &Tables,
     ) -> Result<Transition, EngineError> {
-        let engine = self.at(state)?.into_owned();
+        let engine = self.at(state)?;
         engine.rules.close_round(&engine, state, tables)
     }
 

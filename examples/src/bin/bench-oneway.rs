@@ -276,25 +276,13 @@ fn main() -> Result<(), Error> {
                         .synthesize_with(n as u64, seed ^ 0x5eed, Expansion::Recover)
                         .map(|r| r[0])
                         .collect();
-                    let e = numeric_fidelity(
-                        &attr.name,
-                        &real,
-                        &decode(&synth, &mut rng),
-                        (min, max),
-                        RANGE_QUERIES,
-                        seed,
-                    )?;
+                    let score = |values: &[f64]| {
+                        numeric_fidelity(&attr.name, &real, values, (min, max), RANGE_QUERIES, seed)
+                    };
+                    let e = score(&decode(&synth, &mut rng))?;
                     // Square Wave + EMS on the same people.
                     let f = square_wave_ems(&codes, &positions, eps, &mut rng);
-                    let drawn = sample_codes(&f, n, &mut rng);
-                    let s = numeric_fidelity(
-                        &attr.name,
-                        &real,
-                        &decode(&drawn, &mut rng),
-                        (min, max),
-                        RANGE_QUERIES,
-                        seed,
-                    )?;
+                    let s = score(&decode(&sample_codes(&f, n, &mut rng), &mut rng))?;
                     for (slot, v) in figures.iter_mut().zip([
                         e.ks,
                         s.ks,

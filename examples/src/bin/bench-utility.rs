@@ -517,7 +517,7 @@ fn main() -> Result<(), Error> {
         loaded.rejected_rows
     );
     let base = loaded.population;
-    let results: Arc<Mutex<Vec<Value>>> = Arc::new(Mutex::new(Vec::new()));
+    let results: Mutex<Vec<Value>> = Mutex::new(Vec::new());
     let income = schema.index_of("income").ok_or("schema has no income")?;
 
     if !args.ml_only {
@@ -639,45 +639,20 @@ fn main() -> Result<(), Error> {
         let real = ml_accuracy(&train.population, &test.population, income, 1, 50_000)?;
         println!("ML: accuracy of training on the real rows: {real:.4}");
         let pop = Arc::new(train.population.resample(1_000_000, 1_000_000));
-        let mut ml = vec![
-            json!({"dataset": "adult-train-real", "users": train.population.len(), "protocol": "real-data", "epsilon": null, "seeds": 1, "ml_accuracy_mean": real}),
-        ];
+        if let Ok(mut r) = results.lock() {
+            r.push(json!({"dataset": "adult-train-real", "users": train.population.len(), "protocol": "real-data", "epsilon": null, "seeds": 1, "ml_accuracy_mean": real}));
+            write_results(&args.out, &r)?;
+        }
         let mut cells = Vec::new();
         for &eps in &args.epsilons {
             for p in &args.only {
                 cells.push((p.clone(), eps));
             }
         }
-        let queue = Arc::new(Mutex::new(cells.into_iter().rev().collect::<Vec<_>>()));
-        let ml_results = Arc::new(Mutex::new(Vec::new()));
-        std::thread::scope(|s| {
-            for _ in 0..args.threads.max(1) {
-                let (queue, ml_results, pop, test) = (
-                    queue.clone(),
-                    ml_results.clone(),
-                    pop.clone(),
-                    &test.population,
-                );
-                let seeds = args.ml_seeds;
-                s.spawn(move || {
-                    while let Some((p, eps)) = next_cell(&queue) {
-                        match run_ml_cell(&pop, test, &p, eps, seeds, income) {
-                            Ok(v) => {
-                                if let Ok(mut r) = ml_results.lock() {
-                                    r.push(v);
-                                }
-                            }
-                            Err(e) => eprintln!("ML {p} eps={eps}: {e}"),
-                        }
-                    }
-                });
-            }
+        run_cells(cells, &args, &results, |(p, eps)| {
+            run_ml_cell(&pop, &test.population, p, *eps, args.ml_seeds, income)
+                .map_err(|e| format!("ML {p} eps={eps}: {e}").into())
         });
-        ml.extend(ml_results.lock().map(|r| r.clone()).unwrap_or_default());
-        if let Ok(mut r) = results.lock() {
-            r.extend(ml);
-            write_results(&args.out, &r)?;
-        }
     }
     Ok(())
 }

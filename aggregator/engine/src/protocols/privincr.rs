@@ -69,12 +69,15 @@ impl PrivIncr {
         let t = state.round;
         let ms = engine.measurements(tables, |k| k.round <= t)?;
         state.working_bins = point_mass_bins(engine, &ms);
-        let mut dims = engine.at(state)?.dims().to_vec();
+        let adapted = engine.at(state)?;
+        let mut dims = adapted.dims().to_vec();
         dims.sort_unstable_by(|a, b| b.cmp(a));
-        if dims.len() >= 2 && dims[0].saturating_mul(dims[1]) > MAX_PAIR_CELLS {
+        let next = if dims.len() >= 2 && dims[0].saturating_mul(dims[1]) > MAX_PAIR_CELLS {
             state.working_bins.clear();
-        }
-        let next = self.phase1_state(&*engine.at(state)?);
+            self.phase1_state(engine)
+        } else {
+            self.phase1_state(&adapted)
+        };
         state.protocol = next.protocol;
         if let Some(r) = state.pair_rounds_mut() {
             r.first_round = t + 1;

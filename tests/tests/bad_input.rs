@@ -365,6 +365,15 @@ async fn bad_inputs_are_refused_and_change_nothing() {
                        {"name": "y", "type": "numeric", "min": 0, "max": 1, "bins": 2000}]}}),
             ProblemType::InvalidParameter,
         ),
+        // Working bins a pair's task cannot carry (300 > 257 per attribute).
+        (
+            json!({"protocol": "auto", "epsilon": 1.0, "target_users": 10,
+                   "schema": {"attributes": [
+                       {"name": "income", "type": "numeric", "min": 0, "max": 1000,
+                        "integer": true, "bins": "auto", "max_bins": 300},
+                       {"name": "c", "type": "categorical", "labels": ["a", "b"]}]}}),
+            ProblemType::InvalidParameter,
+        ),
         (
             json!({"protocol": "privincr", "epsilon": 1.0, "target_users": 10, "batch_size": 5}),
             ProblemType::InvalidParameter,

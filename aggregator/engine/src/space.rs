@@ -20,6 +20,11 @@ use crate::tables::TableKey;
 /// Most bin-map cuts one task may carry (the task token binds them).
 pub const MAX_TASK_CUTS: usize = 512;
 
+/// Most working cuts of one attribute: half of what a task carries, so that the task of any
+/// pair fits one token. A larger factor fits when its cells are within the clique caps (with
+/// the default caps the worst case is a pair of attributes at this limit).
+pub const MAX_ATTRIBUTE_CUTS: usize = MAX_TASK_CUTS / 2;
+
 /// Most cells of a sub-bin 1-way ([`Space::sub_bin_cuts`]), so that its bin map stays
 /// within [`MAX_TASK_CUTS`] with room for point masses.
 pub const MAX_SUB_BIN_CELLS: usize = 256;
@@ -145,20 +150,35 @@ impl Space {
     /// The space of a schema: a `bins: "auto"` attribute's grid cut into its working bins
     /// ([`ldpsyn::schema::Attribute::working_cuts`]: the equal-width bins of a fixed count,
     /// every point mass and "missing" a bin of its own); every other attribute as it is.
-    pub fn from_schema(schema: &Schema) -> Self {
+    /// Errors: an attribute with more working bins than a pair's task carries (as
+    /// [`Space::new`]).
+    pub fn from_schema(schema: &Schema) -> Result<Self, EngineError> {
         let cuts = schema
             .attributes()
             .iter()
             .map(|a| a.working_cuts().unwrap_or_default())
-            .collect();
-        let mut space =
-            Self::new(schema.domain_sizes(), cuts).expect("cuts built within each domain");
+            .collect::<Vec<_>>();
+        if let Some((a, c)) = schema
+            .attributes()
+            .iter()
+            .zip(&cuts)
+            .find(|(_, c): &(_, &Vec<u32>)| c.len() > MAX_ATTRIBUTE_CUTS)
+        {
+            return Err(EngineError::InvalidConfig(format!(
+                "`{}` has {} working bins, more than the {} a pair's task carries per \
+                 attribute: lower its max_bins or its points",
+                a.name,
+                c.len() + 1,
+                MAX_ATTRIBUTE_CUTS + 1
+            )));
+        }
+        let mut space = Self::new(schema.domain_sizes(), cuts)?;
         for (g, a) in space.grid.iter_mut().zip(schema.attributes()) {
             if let (Some(cells), Some(_)) = (a.grid_cells(), a.working_bins()) {
                 *g = cells as usize;
             }
         }
-        space
+        Ok(space)
     }
 
     /// A space from per-attribute cuts. Errors: a cut list that is not a bin map of its
@@ -175,13 +195,18 @@ impl Space {
             .map(|(c, &k)| bin_count(c, k))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| EngineError::InvalidConfig(e.to_string()))?;
-        // Any factor's task must fit one token; so does any sub-bin 1-way (at most
+        // Any pair's task must fit one token; so does any sub-bin 1-way (at most
         // max(MAX_SUB_BIN_CELLS, working bins) cells).
-        let working: usize = cuts.iter().map(Vec::len).sum();
-        if working > MAX_TASK_CUTS {
+        if let Some((a, c)) = cuts
+            .iter()
+            .enumerate()
+            .find(|(_, c)| c.len() > MAX_ATTRIBUTE_CUTS)
+        {
             return Err(EngineError::InvalidConfig(format!(
-                "the working bins of `bins: \"auto\"` attributes need {working} cuts, more than \
-                 the {MAX_TASK_CUTS} a task carries: lower max_bins or the point masses"
+                "the working bins of attribute #{a} need {} cuts, more than the \
+                 {MAX_ATTRIBUTE_CUTS} a pair's task carries per attribute: lower its max_bins or \
+                 its point masses",
+                c.len()
             )));
         }
         // A full cut list is the identity: keep the canonical empty form.
@@ -203,7 +228,7 @@ impl Space {
     /// 1-ways measured on the cells of `sub_cuts` (`[]`: every code), of which `cuts` must
     /// be a subset. Errors: not a bin map of the attribute, a cut that is not a cell
     /// boundary of `sub_cuts`, a bin past the grid (a point mass, "missing") merged, or more
-    /// cuts in all than a task carries ([`MAX_TASK_CUTS`]).
+    /// cuts than a pair's task carries per attribute ([`MAX_ATTRIBUTE_CUTS`]).
     pub fn with_adapted_cuts(
         &self,
         a: usize,
@@ -231,14 +256,13 @@ impl Space {
         if !(grid.max(1)..k as u32).all(|c| cuts.binary_search(&c).is_ok()) {
             return bad("a bin past the grid is not alone");
         }
+        if cuts.len() > MAX_ATTRIBUTE_CUTS {
+            return bad("more cuts than a pair's task carries");
+        }
         let mut space = self.clone();
         space.cuts[a] = cuts;
         space.dims[a] = bins;
         space.sub_cuts[a] = Some(sub_cuts);
-        let working: usize = space.cuts.iter().map(Vec::len).sum();
-        if working > MAX_TASK_CUTS {
-            return bad("more cuts than a task carries");
-        }
         Ok(space)
     }
 
@@ -653,7 +677,7 @@ mod tests {
                 .with_adapted_cuts(0, vec![4, 8], Vec::new())
                 .is_err()
         );
-        // Refused: more cuts in all than a task carries (300 + 249 > 512).
+        // Refused: more cuts than a pair's task carries per attribute (300 > 256).
         let full = Space::new(vec![1024, 1024], vec![equal_width_cuts(1024, 250); 2]).unwrap();
         assert!(
             full.with_adapted_cuts(0, (1..=300).collect(), Vec::new())
@@ -680,11 +704,35 @@ mod tests {
         .unwrap();
         // 99 whole numbers, the point 40, missing: 101 codes; 16 working bins + 2.
         assert_eq!(schema.domain_sizes(), vec![101, 2]);
-        let s = Space::from_schema(&schema);
+        let s = Space::from_schema(&schema).unwrap();
         assert_eq!(s.dims(), &[18, 2]);
         assert_eq!(s.code_range(0, 16), 99..100);
         assert_eq!(s.code_range(0, 17), 100..101);
         assert!(s.cuts(1).is_empty());
+    }
+
+    /// The task cut limit holds per attribute (any pair fits one token), not over the whole
+    /// schema: 40 `bins: "auto"` attributes of 16 working bins (600 cuts in all) make a
+    /// space; one attribute of 300 bins is refused with its name.
+    #[test]
+    fn working_cut_limit_is_per_attribute() {
+        let numeric = |name: String, max_bins: u32| {
+            serde_json::json!({"name": name, "type": "numeric", "min": 0, "max": 1000,
+                "bins": "auto", "integer": true, "max_bins": max_bins})
+        };
+        let wide: Schema = serde_json::from_value(serde_json::json!({
+            "attributes": (0..40).map(|i| numeric(format!("x{i}"), 16)).collect::<Vec<_>>()
+        }))
+        .unwrap();
+        let s = Space::from_schema(&wide).unwrap();
+        assert_eq!(s.dims(), &[16; 40][..]);
+        let fine: Schema = serde_json::from_value(serde_json::json!({
+            "attributes": [numeric("ok".into(), 16), numeric("income".into(), 300)]
+        }))
+        .unwrap();
+        let e = Space::from_schema(&fine).unwrap_err().to_string();
+        assert!(e.contains("`income` has 300 working bins"), "{e}");
+        assert!(Space::new(vec![1024], vec![(1..=257).collect()]).is_err());
     }
 
     #[test]
@@ -695,6 +743,6 @@ mod tests {
                 {"name": "c", "type": "categorical", "labels": ["a", "b"]}]}"#,
         )
         .unwrap();
-        assert!(Space::from_schema(&schema).is_identity());
+        assert!(Space::from_schema(&schema).unwrap().is_identity());
     }
 }

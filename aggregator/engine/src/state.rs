@@ -432,7 +432,7 @@ impl Engine {
             }
         }
         Self::assemble(
-            Space::from_schema(&config.schema),
+            Space::from_schema(&config.schema)?,
             config.epsilon,
             config.target_users,
             config.protocol.clone(),

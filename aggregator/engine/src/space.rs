@@ -29,6 +29,16 @@ pub const MAX_ATTRIBUTE_CUTS: usize = MAX_TASK_CUTS / 2;
 /// within [`MAX_TASK_CUTS`] with room for point masses.
 pub const MAX_SUB_BIN_CELLS: usize = 256;
 
+/// The first attribute whose working cuts a task must carry exceed [`MAX_ATTRIBUTE_CUTS`],
+/// with their count (a full cut list is the identity and carries none).
+fn oversized(cuts: &[Vec<u32>], code_dims: &[usize]) -> Option<(usize, usize)> {
+    cuts.iter()
+        .zip(code_dims)
+        .map(|(c, &k)| if c.len() + 1 == k { 0 } else { c.len() })
+        .enumerate()
+        .find(|&(_, n)| n > MAX_ATTRIBUTE_CUTS)
+}
+
 /// Interior cuts of `bins` equal-width contiguous bins over `k` codes (`[]` when
 /// `bins ≥ k`: full resolution); cut i at `round(i·k/bins)`. Data-independent, as VertiMRF
 /// §6.1's attribute binning.
@@ -158,17 +168,12 @@ impl Space {
             .iter()
             .map(|a| a.working_cuts().unwrap_or_default())
             .collect::<Vec<_>>();
-        if let Some((a, c)) = schema
-            .attributes()
-            .iter()
-            .zip(&cuts)
-            .find(|(_, c): &(_, &Vec<u32>)| c.len() > MAX_ATTRIBUTE_CUTS)
-        {
+        if let Some((a, count)) = oversized(&cuts, &schema.domain_sizes()) {
             return Err(EngineError::InvalidConfig(format!(
                 "`{}` has {} working bins, more than the {} a pair's task carries per \
                  attribute: lower its max_bins or its points",
-                a.name,
-                c.len() + 1,
+                schema.attributes()[a].name,
+                count + 1,
                 MAX_ATTRIBUTE_CUTS + 1
             )));
         }
@@ -182,7 +187,7 @@ impl Space {
     }
 
     /// A space from per-attribute cuts. Errors: a cut list that is not a bin map of its
-    /// attribute.
+    /// attribute, or one with more cuts than [`MAX_ATTRIBUTE_CUTS`] that is not the identity.
     pub fn new(code_dims: Vec<usize>, cuts: Vec<Vec<u32>>) -> Result<Self, EngineError> {
         if cuts.len() != code_dims.len() {
             return Err(EngineError::InvalidConfig(
@@ -197,16 +202,11 @@ impl Space {
             .map_err(|e| EngineError::InvalidConfig(e.to_string()))?;
         // Any pair's task must fit one token; so does any sub-bin 1-way (at most
         // max(MAX_SUB_BIN_CELLS, working bins) cells).
-        if let Some((a, c)) = cuts
-            .iter()
-            .enumerate()
-            .find(|(_, c)| c.len() > MAX_ATTRIBUTE_CUTS)
-        {
+        if let Some((a, count)) = oversized(&cuts, &code_dims) {
             return Err(EngineError::InvalidConfig(format!(
-                "the working bins of attribute #{a} need {} cuts, more than the \
+                "the working bins of attribute #{a} need {count} cuts, more than the \
                  {MAX_ATTRIBUTE_CUTS} a pair's task carries per attribute: lower its max_bins or \
-                 its point masses",
-                c.len()
+                 its point masses"
             )));
         }
         // A full cut list is the identity: keep the canonical empty form.
@@ -733,6 +733,12 @@ mod tests {
         let e = Space::from_schema(&fine).unwrap_err().to_string();
         assert!(e.contains("`income` has 300 working bins"), "{e}");
         assert!(Space::new(vec![1024], vec![(1..=257).collect()]).is_err());
+        // Every code its own bin is the identity: no cuts for a task to carry.
+        assert!(
+            Space::new(vec![1024], vec![(1..1024).collect()])
+                .unwrap()
+                .is_identity()
+        );
     }
 
     #[test]

@@ -103,14 +103,9 @@ impl CollectionHandle {
         self.state.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    fn set_state(&self, state: CollectionState, version: Option<i64>) {
+    fn set_state(&self, state: CollectionState, version: i64) {
         *self.state.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(state);
-        match version {
-            Some(v) => self.state_version.store(v, Relaxed),
-            None => {
-                self.state_version.fetch_add(1, Relaxed);
-            }
-        }
+        self.state_version.store(version, Relaxed);
     }
 
     /// The stored version of the state this process knows.
@@ -182,8 +177,10 @@ impl CollectionHandle {
             self.round_counts.insert(r, n);
         }
         self.accepted.store(total, Relaxed);
-        if version != self.state_version() {
-            self.set_state(state, Some(version));
+        // Versions only grow: a row read before this process stored a newer state (a
+        // finalize, a round close) must not take the handle back.
+        if version > self.state_version() {
+            self.set_state(state, version);
         }
     }
 }
@@ -414,9 +411,9 @@ async fn commit_group(db: &Db, writer: &mut Writer, metrics: &Metrics, group: Gr
             for (handle, rounds, delta) in &committed {
                 handle.apply_committed(rounds, delta);
             }
-            for (handle, state, closed) in after {
+            for (handle, state, version, closed) in after {
                 metrics.rounds_closed(closed);
-                handle.set_state(state, None);
+                handle.set_state(state, version);
             }
             let mut acc = 0;
             let mut dup = 0;
@@ -451,12 +448,13 @@ async fn commit_group(db: &Db, writer: &mut Writer, metrics: &Metrics, group: Gr
 type PerCollection = (Arc<CollectionHandle>, BTreeMap<u32, u64>, Tables);
 
 /// Per report of `to_insert`: inserted, else its outcome; per collection, what it committed;
-/// the collections whose state changed, with the new state and rounds closed.
+/// the collections whose state changed, with the new state, its stored version and the
+/// rounds closed.
 type Written = (
     Vec<bool>,
     Vec<Outcome>,
     Vec<PerCollection>,
-    Vec<(Arc<CollectionHandle>, CollectionState, u64)>,
+    Vec<(Arc<CollectionHandle>, CollectionState, i64, u64)>,
 );
 
 /// Writes `to_insert` (at `positions` of `group`) in one transaction, bumps the round counts
@@ -536,10 +534,10 @@ async fn write_group(
             .copied()
             .unwrap_or_else(|| handle.round_count(state.round));
         if handle.engine.should_close(&state, current) {
-            let (new_state, transitions) =
+            let (new_state, transitions, version) =
                 close_in_tx(db, &mut tx, handle, Some(delta), false).await?;
-            if new_state != *state {
-                after.push((handle.clone(), new_state, transitions.len() as u64));
+            if let Some(version) = version {
+                after.push((handle.clone(), new_state, version, transitions.len() as u64));
             }
         }
     }
@@ -550,15 +548,17 @@ async fn write_group(
 /// Closes rounds inside `tx`: takes the collection's lock (PostgreSQL), reads the state
 /// and tables ([`Db::close_inputs`] — PostgreSQL: from the database, so every process's
 /// reports count; SQLite: memory plus this group's `delta`), closes while the quota is
-/// reached (or once when `force`), and stores the new state if it changed. Returns the current state (PostgreSQL:
-/// possibly advanced by another process) and the transitions made here.
+/// reached (or once when `force`), and stores the new state if it changed. Returns the current
+/// state (PostgreSQL: possibly advanced by another process, which the refresh from the
+/// database brings to this process's handle), the transitions made here, and the stored
+/// version when they were stored.
 async fn close_in_tx(
     db: &Db,
     conn: &mut sqlx::AnyConnection,
     handle: &Arc<CollectionHandle>,
     delta: Option<&Tables>,
     force: bool,
-) -> Result<(CollectionState, Vec<Transition>), ApiError> {
+) -> Result<(CollectionState, Vec<Transition>, Option<i64>), ApiError> {
     db.lock_collection(conn, handle.id).await?;
     let (mut state, tables, counts) = db.close_inputs(conn, handle.as_ref(), delta).await?;
     let engine = handle.engine.clone();
@@ -583,10 +583,12 @@ async fn close_in_tx(
     for t in &transitions {
         tracing::info!(collection = %handle.id, transition = ?t, "round transition");
     }
-    if !transitions.is_empty() {
-        Db::update_state(conn, handle.id, &serde_json::to_string(&state)?).await?;
-    }
-    Ok((state, transitions))
+    let version = if transitions.is_empty() {
+        None
+    } else {
+        Some(Db::update_state(conn, handle.id, &serde_json::to_string(&state)?).await?)
+    };
+    Ok((state, transitions, version))
 }
 
 async fn admin_close(
@@ -602,11 +604,11 @@ async fn admin_close(
         ));
     }
     let mut tx = writer.begin().await?;
-    let (state, transitions) = close_in_tx(db, &mut tx, handle, None, true).await?;
+    let (state, transitions, version) = close_in_tx(db, &mut tx, handle, None, true).await?;
     storage::commit(tx).await?;
     metrics.rounds_closed(transitions.len() as u64);
-    if state != *handle.state() {
-        handle.set_state(state, None);
+    if let Some(version) = version {
+        handle.set_state(state, version);
     }
     Ok(transitions)
 }
@@ -638,12 +640,17 @@ async fn finalize(
     let (state, tables) = db.finalize_inputs(&mut tx, handle.as_ref()).await?;
     let model = build_model(handle.engine.clone(), state.clone(), tables).await?;
     let mut state = state;
-    if state.phase != Phase::Finalized {
+    // Finalized here, or by another process (PostgreSQL) whose version is read back.
+    let version = if state.phase != Phase::Finalized {
         handle.engine.mark_finalized(&mut state);
-        Db::update_state(&mut tx, handle.id, &serde_json::to_string(&state)?).await?;
-    }
+        Db::update_state(&mut tx, handle.id, &serde_json::to_string(&state)?).await?
+    } else {
+        Db::state_of(&mut tx, handle.id)
+            .await?
+            .map_or(handle.state_version(), |(_, v)| v)
+    };
     storage::commit(tx).await?;
-    handle.set_state(state, None);
+    handle.set_state(state, version);
     handle.set_model(model.clone());
     Ok(model)
 }
@@ -655,10 +662,8 @@ mod tests {
 
     use super::*;
 
-    /// The task sampler is built once per state: the same `Arc` while the state stands, a new
-    /// one, drawing the new state's tasks, once the state is replaced.
-    #[test]
-    fn sampler_is_kept_per_state() {
+    /// A privincr collection's handle over two attributes at version 1, and its initial state.
+    fn handle() -> (CollectionHandle, CollectionState) {
         let schema: ldpsyn::schema::Schema = serde_json::from_value(serde_json::json!({
             "attributes": [
                 {"name": "a", "type": "categorical", "labels": ["x", "y"]},
@@ -675,6 +680,14 @@ mod tests {
         let engine = Engine::new(&config).unwrap();
         let state = engine.initial_state();
         let h = CollectionHandle::new(config, engine, state.clone(), 1, Tables::new(), vec![]);
+        (h, state)
+    }
+
+    /// The task sampler is built once per state: the same `Arc` while the state stands, a new
+    /// one, drawing the new state's tasks, once the state is replaced.
+    #[test]
+    fn sampler_is_kept_per_state() {
+        let (h, state) = handle();
         let (s1, t1) = h.sampler().unwrap();
         let (s2, t2) = h.sampler().unwrap();
         assert!(Arc::ptr_eq(&s1, &s2) && Arc::ptr_eq(&t1, &t2));
@@ -683,9 +696,26 @@ mod tests {
 
         let mut next = state;
         next.round += 1;
-        h.set_state(next, None);
+        h.set_state(next, 2);
         let (s3, t3) = h.sampler().unwrap();
         assert!(!Arc::ptr_eq(&t1, &t3));
         assert_eq!((s3.round, t3.draw(&mut rng).round), (1, 1));
+    }
+
+    /// A refresh from a row read before this process stored version 2 (PostgreSQL's
+    /// refresher racing a finalize or a round close here) leaves the handle as it is; a newer
+    /// row replaces it.
+    #[test]
+    fn refresh_never_takes_the_state_back() {
+        let (h, state) = handle();
+        let mut next = state.clone();
+        next.round += 1;
+        h.set_state(next, 2);
+        h.refresh(state.clone(), 1, vec![]);
+        assert_eq!((h.state().round, h.state_version()), (1, 2));
+        let mut newer = state;
+        newer.round = 2;
+        h.refresh(newer, 3, vec![]);
+        assert_eq!((h.state().round, h.state_version()), (2, 3));
     }
 }

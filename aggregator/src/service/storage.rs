@@ -337,20 +337,21 @@ impl Db {
         })
     }
 
-    /// Stores a new state (version + 1).
+    /// Stores a new state (version + 1) and returns its version.
     pub async fn update_state(
         conn: &mut AnyConnection,
         id: Uuid,
         state: &str,
-    ) -> Result<(), StorageError> {
-        sqlx::query(
-            "UPDATE collections SET state = $1, state_version = state_version + 1 WHERE id = $2",
+    ) -> Result<i64, StorageError> {
+        let row = sqlx::query(
+            "UPDATE collections SET state = $1, state_version = state_version + 1 WHERE id = $2 \
+             RETURNING state_version",
         )
         .bind(state.to_owned())
         .bind(id.to_string())
-        .execute(&mut *conn)
+        .fetch_one(&mut *conn)
         .await?;
-        Ok(())
+        Ok(row.try_get(0)?)
     }
 
     /// Accepted reports per round of a collection.

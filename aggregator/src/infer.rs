@@ -1,18 +1,19 @@
 //! `ldpsyn-aggregator schema infer`: proposes a schema from a CSV file's header and a look at
-//! its values — categorical or numeric, labels, the integer flag, bounds, missing markers.
+//! its values — categorical or numeric, labels, the integer flag, bounds, missing markers,
+//! point masses, and an asinh scale for heavy-tailed numeric columns.
 //!
 //! A schema is public: its labels and bounds reach every device and every analyst, so they
 //! should come from domain knowledge (a code book, a form's allowed range), not from the
 //! private data. The proposal is a starting point to edit: bounds are widened outward to a
 //! round step so the file's exact extremes are not printed, and the command says so.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
 use ldpsyn::schema::{
     Attribute, AttributeKind, DEFAULT_MAX_BINS, InvalidPolicy, MissingPolicy, NumericBins,
-    OutOfRangePolicy, Schema, SchemaError,
+    NumericScale, OutOfRangePolicy, Schema, SchemaError,
 };
 
 /// Strings read as "missing" when they fill a whole cell (after trimming).
@@ -74,9 +75,49 @@ struct ColumnStats {
     max: f64,
     present: u64,
     markers: Vec<String>,
+    /// Numeric values per twentieth of a decade of |x| (`floor(20·log10 |x|)`), and zeros.
+    magnitudes: BTreeMap<i32, u64>,
+    zeros: u64,
 }
 
+/// Steps per decade of [`ColumnStats::magnitudes`].
+const MAGNITUDE_STEPS: f64 = 20.0;
+
 impl ColumnStats {
+    /// `{"asinh": unit}` for a numeric column over `[min, max]` in `bins` bins when half of
+    /// its rows lie within half a linear bin of 0 (median |x| below `(max − min)/(2·bins)`:
+    /// the bulk in a small part of the range, which equal widths would give one or two
+    /// bins), with `unit` the power of ten at or below the median nonzero |x| (cells about
+    /// linear up to there, logarithmic beyond); else linear.
+    fn scale(&self, min: f64, max: f64, bins: u32) -> NumericScale {
+        let nonzero: u64 = self.magnitudes.values().sum();
+        let median_step = |skip: u64, total: u64| -> Option<i32> {
+            let mut seen = skip;
+            for (&step, &n) in &self.magnitudes {
+                seen += n;
+                if 2 * seen >= total {
+                    return Some(step);
+                }
+            }
+            None
+        };
+        let magnitude = |step: i32| 10f64.powf(f64::from(step) / MAGNITUDE_STEPS);
+        let all = nonzero + self.zeros;
+        // |x| of the median row (zeros first).
+        let median = if 2 * self.zeros >= all {
+            0.0
+        } else {
+            median_step(self.zeros, all).map_or(0.0, magnitude)
+        };
+        if nonzero == 0 || median >= (max - min) / (2.0 * f64::from(bins)) {
+            return NumericScale::Linear;
+        }
+        let unit = median_step(0, nonzero).map_or(1.0, |step| {
+            10f64.powf((f64::from(step) / MAGNITUDE_STEPS).floor())
+        });
+        NumericScale::Asinh(unit)
+    }
+
     fn new() -> Self {
         Self {
             numeric: true,
@@ -101,6 +142,12 @@ impl ColumnStats {
                 self.min = self.min.min(x);
                 self.max = self.max.max(x);
                 self.integer &= x.fract() == 0.0;
+                if x == 0.0 {
+                    self.zeros += 1;
+                } else {
+                    let step = (MAGNITUDE_STEPS * x.abs().log10()).floor() as i32;
+                    *self.magnitudes.entry(step).or_insert(0) += 1;
+                }
             }
             _ => self.numeric = false,
         }
@@ -135,11 +182,14 @@ struct NumericPlan {
     candidates: Vec<(f64, u64)>,
     bin_rows: Vec<u64>,
     rows: u64,
+    /// What the bins are equal-width in ([`ColumnStats::scale`]).
+    scale: NumericScale,
 }
 
 impl NumericPlan {
     fn bin_of(&self, x: f64) -> usize {
-        let b = ((x - self.min) / (self.max - self.min) * f64::from(self.bins)).floor();
+        let t = |x: f64| self.scale.forward(x);
+        let b = ((t(x) - t(self.min)) / (t(self.max) - t(self.min)) * f64::from(self.bins)).floor();
         (b.max(0.0) as usize).min(self.bins as usize - 1)
     }
 
@@ -159,15 +209,17 @@ impl NumericPlan {
     /// rows, in a bin that has other values to hold (then the bin would smear them out):
     /// the largest [`MAX_POINTS`], in increasing order.
     fn points(&self) -> Vec<f64> {
-        let width = (self.max - self.min) / f64::from(self.bins);
+        let (t_min, t_max) = (self.scale.forward(self.min), self.scale.forward(self.max));
+        let width = (t_max - t_min) / f64::from(self.bins);
         let mut heavy: Vec<(f64, u64)> = self
             .candidates
             .iter()
             .copied()
             .filter(|&(x, c)| {
                 let b = self.bin_of(x);
-                let lo = self.min + width * b as f64;
-                let roomy = !self.integer || (lo + width).ceil() - lo.ceil() >= 2.0;
+                let lo = self.scale.inverse(t_min + width * b as f64);
+                let hi = self.scale.inverse(t_min + width * (b + 1) as f64);
+                let roomy = !self.integer || hi.ceil() - lo.ceil() >= 2.0;
                 roomy
                     && c as f64 * f64::from(self.bins) >= self.rows as f64
                     && 2 * c >= self.bin_rows[b]
@@ -253,6 +305,7 @@ pub fn infer_schema(path: &Path, cfg: &InferConfig) -> Result<(Schema, Vec<Strin
                 cfg.bins
             }
             .max(1);
+            let scale = s.scale(min, max, bins);
             let candidates = s
                 .counts
                 .keys()
@@ -270,6 +323,7 @@ pub fn infer_schema(path: &Path, cfg: &InferConfig) -> Result<(Schema, Vec<Strin
                     candidates,
                     bin_rows: vec![0; bins as usize],
                     rows: 0,
+                    scale,
                 },
             ));
             // A fine grid unless asked for fixed bins (or a range of one value).
@@ -290,6 +344,7 @@ pub fn infer_schema(path: &Path, cfg: &InferConfig) -> Result<(Schema, Vec<Strin
                 points: Vec::new(),
                 grid: None,
                 max_bins,
+                scale,
             }
         } else if !s.overflow && s.counts.len() <= cfg.max_categories {
             let mut labels: Vec<(String, u64)> = s.counts.into_iter().collect();
@@ -342,6 +397,14 @@ pub fn infer_schema(path: &Path, cfg: &InferConfig) -> Result<(Schema, Vec<Strin
                     attr.name
                 ));
             }
+            if let NumericScale::Asinh(unit) = plan.scale {
+                warnings.push(format!(
+                    "`{}`: most rows sit in a small part of the range: cells equal-width in \
+                     asinh(x / {unit}) (\"scale\": {{\"asinh\": {unit}}}); the unit is public \
+                     like the bounds",
+                    attr.name
+                ));
+            }
             if let AttributeKind::Numeric { points, .. } = &mut attr.kind {
                 *points = found;
             }
@@ -358,6 +421,41 @@ mod tests {
     use super::*;
     use crate::sim::load_csv;
     use ldpsyn::schema::Value;
+
+    /// A balance-like column (most rows within a few hundred of 0, a tail to 100,000, some
+    /// negatives) gets an asinh scale with the unit of its median magnitude, and a warning;
+    /// the evenly spread column beside it stays linear; the proposal reads its file.
+    #[test]
+    fn heavy_tailed_columns_get_an_asinh_scale() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bank.csv");
+        let mut text = String::from("balance,age\n");
+        for i in 0..1000i64 {
+            let balance = match i % 10 {
+                0 => -(i % 700),
+                9 => 1000 * (i % 101),
+                _ => 100 + (i * 37) % 800,
+            };
+            text.push_str(&format!("{balance},{}\n", 18 + i % 70));
+        }
+        std::fs::write(&path, text).unwrap();
+        let cfg = InferConfig::try_parse_from(["infer", "--data", "x"]).unwrap();
+        let (schema, warnings) = infer_schema(&path, &cfg).unwrap();
+        let scale = |a: usize| match schema.attributes()[a].kind {
+            AttributeKind::Numeric { scale, .. } => scale,
+            _ => panic!("numeric"),
+        };
+        assert_eq!(scale(0), NumericScale::Asinh(100.0));
+        assert_eq!(scale(1), NumericScale::Linear);
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.contains("`balance`") && w.contains("asinh")),
+            "{warnings:?}"
+        );
+        let loaded = load_csv(&path, &schema).unwrap();
+        assert_eq!(loaded.population.len(), 1000);
+    }
 
     /// Every kind of column: a wide integer column (numeric, integer, rounded bounds), a
     /// float column, a small numeric code (categorical, numeric order), text with "?"
@@ -402,6 +500,7 @@ mod tests {
                 points: vec![],
                 grid: None,
                 max_bins: None,
+                scale: NumericScale::Linear,
             }
         );
         // Half the rows work 40 h: a point mass; the odd hours, 5 rows each, are not.

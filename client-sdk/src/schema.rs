@@ -151,7 +151,49 @@ pub enum AttributeKind {
         /// it).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         max_bins: Option<u32>,
+        /// What the cells are equal-width in: the value (default), or `{"asinh": unit}` for
+        /// a heavy-tailed column ([`NumericScale`]).
+        #[serde(default, skip_serializing_if = "NumericScale::is_linear")]
+        scale: NumericScale,
     },
+}
+
+/// What a numeric attribute's cells (bins, or the fine grid) are equal-width in. Public
+/// like the bounds, so it must come from domain knowledge, never from the private data.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub enum NumericScale {
+    /// `"linear"`: equal-width in the value.
+    #[default]
+    Linear,
+    /// `{"asinh": unit}`: equal-width in `asinh(x / unit)`, about linear within ±`unit` of 0
+    /// and logarithmic beyond (negative values included), for columns whose bulk sits in a
+    /// small part of their range (balances, incomes, counts with a long tail), which equal
+    /// widths would put in one or two cells. `unit` is finite and > 0, in the value's units.
+    Asinh(f64),
+}
+
+impl NumericScale {
+    fn is_linear(&self) -> bool {
+        *self == Self::Linear
+    }
+
+    /// The coordinate the cells are equal-width in (`x` itself, or `asinh(x / unit)`).
+    pub fn forward(self, x: f64) -> f64 {
+        match self {
+            Self::Linear => x,
+            Self::Asinh(unit) => (x / unit).asinh(),
+        }
+    }
+
+    /// The value at coordinate `t` (inverse of [`NumericScale::forward`]).
+    pub fn inverse(self, t: f64) -> f64 {
+        match self {
+            Self::Linear => t,
+            Self::Asinh(unit) => unit * t.sinh(),
+        }
+    }
 }
 
 /// Default fine-grid size of a `bins: "auto"` numeric attribute (DESIGN.md "Numeric
@@ -468,6 +510,7 @@ impl Attribute {
             bins,
             integer,
             grid,
+            scale,
             ..
         } = &self.kind
         else {
@@ -478,6 +521,7 @@ impl Attribute {
             NumericBins::Auto(_) => grid.unwrap_or_else(|| {
                 let whole = max.floor() - min.ceil() + 1.0;
                 if *integer
+                    && scale.is_linear()
                     && min.fract() == 0.0
                     && max.fract() == 0.0
                     && whole <= f64::from(DEFAULT_GRID)
@@ -492,28 +536,34 @@ impl Attribute {
 
     /// The working bins of a `bins: "auto"` numeric attribute as cuts over its codes
     /// ([`crate::factor::bin_count`]): grid cells grouped into the [`Attribute::working_bins`]
-    /// equal-width bins of `[min, max]` that `bins: <that count>` would give (a cell joins the
-    /// bin of its midpoint, a whole-number cell the bin of its number), every point mass and
+    /// equal-width bins of `[min, max]` (in its [`NumericScale`]) that `bins: <that count>`
+    /// would give (a cell joins the bin of its midpoint, a whole-number cell the bin of its
+    /// number), every point mass and
     /// "missing" a bin of its own. `None` for every other attribute. Working bins are what
     /// the aggregator measures factors in (DESIGN.md "Numeric attributes").
     pub fn working_cuts(&self) -> Option<Vec<u32>> {
         let m = self.working_bins()?;
         let AttributeKind::Numeric {
-            min, max, integer, ..
+            min,
+            max,
+            integer,
+            scale,
+            ..
         } = &self.kind
         else {
             return None;
         };
         let cells = self.grid_cells()?;
-        let unit = *integer && f64::from(cells) == max - min + 1.0;
-        let width = (max - min) / f64::from(cells);
+        let unit = *integer && scale.is_linear() && f64::from(cells) == max - min + 1.0;
+        let (t_min, t_max) = (scale.forward(*min), scale.forward(*max));
+        let width = (t_max - t_min) / f64::from(cells);
         let bin = |c: u32| {
             let x = if unit {
                 min + f64::from(c)
             } else {
-                min + width * (f64::from(c) + 0.5)
+                scale.inverse(t_min + width * (f64::from(c) + 0.5))
             };
-            numeric_bin(x, *min, *max, m)
+            numeric_bin(x, *min, *max, m, *scale)
         };
         let mut cuts: Vec<u32> = (1..cells).filter(|&c| bin(c) != bin(c - 1)).collect();
         cuts.extend(cells..self.domain_size() as u32);
@@ -585,6 +635,7 @@ impl Attribute {
                 max,
                 out_of_range,
                 points,
+                scale,
                 ..
             } => {
                 let cells = self.grid_cells().expect("numeric");
@@ -623,7 +674,7 @@ impl Attribute {
                 };
                 Ok(match points.iter().position(|p| *p == x) {
                     Some(i) => cells + i as u32,
-                    None => numeric_bin(x, *min, *max, cells),
+                    None => numeric_bin(x, *min, *max, cells, *scale),
                 })
             }
         }
@@ -687,23 +738,30 @@ impl Attribute {
                 max,
                 integer,
                 points,
+                scale,
                 ..
             } => {
                 let cells = self.grid_cells().expect("numeric");
                 if code >= cells {
                     return DecodedValue::Number(points[(code - cells) as usize]);
                 }
-                let width = (max - min) / f64::from(cells);
-                let lo = min + width * f64::from(code);
-                let hi = if code + 1 == cells { *max } else { lo + width };
+                let t_min = scale.forward(*min);
+                let width = (scale.forward(*max) - t_min) / f64::from(cells);
+                let edge = |c: u32| scale.inverse(t_min + width * f64::from(c));
+                let lo = if code == 0 { *min } else { edge(code) };
+                let hi = if code + 1 == cells {
+                    *max
+                } else {
+                    edge(code + 1)
+                };
                 let x = if *integer {
                     // Whole numbers whose bin is `code`; a bin narrower than 1 may hold none.
                     let mut a = lo.ceil();
                     let mut b = hi.floor();
-                    while a <= b && numeric_bin(a, *min, *max, cells) < code {
+                    while a <= b && numeric_bin(a, *min, *max, cells, *scale) < code {
                         a += 1.0;
                     }
-                    while b >= a && numeric_bin(b, *min, *max, cells) > code {
+                    while b >= a && numeric_bin(b, *min, *max, cells, *scale) > code {
                         b -= 1.0;
                     }
                     if a > b {
@@ -764,8 +822,17 @@ impl Attribute {
                 points,
                 grid,
                 max_bins,
+                scale,
                 ..
             } => {
+                if let NumericScale::Asinh(unit) = scale
+                    && !(unit.is_finite() && *unit > 0.0)
+                {
+                    return Err(SchemaError::InvalidGrid {
+                        attribute,
+                        reason: "an asinh scale's unit must be finite and > 0".into(),
+                    });
+                }
                 for (i, p) in points.iter().enumerate() {
                     if !p.is_finite()
                         || p < min
@@ -824,8 +891,10 @@ impl Attribute {
     }
 }
 
-/// Equal-width bin of `x ∈ [min, max]`; `max` falls in the last bin.
-fn numeric_bin(x: f64, min: f64, max: f64, bins: u32) -> u32 {
+/// Bin of `x ∈ [min, max]` among `bins` equal-width in `scale`'s coordinate; `max` falls in
+/// the last bin.
+fn numeric_bin(x: f64, min: f64, max: f64, bins: u32, scale: NumericScale) -> u32 {
+    let (x, min, max) = (scale.forward(x), scale.forward(min), scale.forward(max));
     let b = ((x - min) / (max - min) * f64::from(bins)).floor();
     // `as` saturates; the clamp puts `max` (and rounding at the top) in the last bin.
     (b.max(0.0) as u32).min(bins - 1)
@@ -1327,6 +1396,7 @@ mod tests {
                 points: vec![],
                 grid: None,
                 max_bins: None,
+                scale: NumericScale::Linear,
             },
             missing: MissingPolicy::Reject,
             missing_markers: vec![],
@@ -1415,6 +1485,79 @@ mod tests {
         ));
         assert!(s.encode_json(&serde_json::json!([1])).is_err());
         assert!(s.encode_json(&serde_json::json!({"age": true})).is_err());
+    }
+
+    /// An asinh scale: cells are equal-width in `asinh(x / unit)`, so a balance-like range
+    /// (−50,000…150,000) puts hundreds of cells where the bulk is (−1,000…3,000; a linear
+    /// grid gives it 22 of 1,024); codes grow with the value; every cell's decoded values
+    /// encode back to it; working bins are runs of cells; a linear schema serializes as
+    /// before (no `scale` key, so its digest is unchanged); a unit ≤ 0 is refused.
+    #[test]
+    fn asinh_scale_spreads_a_heavy_tailed_range() {
+        let attr = |scale: serde_json::Value| -> Attribute {
+            let mut v = serde_json::json!({"name": "balance", "type": "numeric",
+                "min": -50000, "max": 150000, "bins": "auto", "integer": true});
+            if !scale.is_null() {
+                v["scale"] = scale;
+            }
+            let schema: Schema = serde_json::from_value(serde_json::json!({"attributes": [v,
+                {"name": "c", "type": "categorical", "labels": ["a", "b"]}]}))
+            .unwrap();
+            schema.attributes()[0].clone()
+        };
+        let linear = attr(serde_json::Value::Null);
+        let asinh = attr(serde_json::json!({"asinh": 100.0}));
+        assert!(
+            serde_json::to_value(&linear)
+                .unwrap()
+                .get("scale")
+                .is_none()
+        );
+        assert_eq!(
+            serde_json::to_value(&asinh).unwrap()["scale"],
+            serde_json::json!({"asinh": 100.0})
+        );
+        assert_eq!(asinh.grid_cells(), Some(DEFAULT_GRID));
+        let code = |a: &Attribute, x: f64| a.encode_value(&Value::Number(x)).unwrap();
+        let bulk = |a: &Attribute| code(a, 3000.0) - code(a, -1000.0) + 1;
+        assert_eq!(bulk(&linear), 22); // cells of 195.3
+        assert!(bulk(&asinh) > 400, "{}", bulk(&asinh));
+        // Codes grow with the value; the extremes take the end cells.
+        let xs: Vec<f64> = (-500..=1500).map(|i| f64::from(i) * 100.0).collect();
+        assert!(
+            xs.windows(2)
+                .all(|w| code(&asinh, w[0]) <= code(&asinh, w[1]))
+        );
+        assert_eq!(code(&asinh, -50000.0), 0);
+        assert_eq!(code(&asinh, 150000.0), DEFAULT_GRID - 1);
+        // Decoded values are whole numbers of the code's cell (or the cell's rounded middle
+        // when it holds no whole number).
+        let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(3);
+        let mut holding = 0;
+        for c in 0..DEFAULT_GRID {
+            for how in [NumericDecoding::Uniform, NumericDecoding::Midpoint] {
+                let DecodedValue::Number(x) = asinh.decode(c, how, &mut rng) else {
+                    panic!("a number")
+                };
+                assert_eq!(x.fract(), 0.0);
+                if code(&asinh, x) == c {
+                    holding += 1;
+                }
+            }
+        }
+        // Near 0 a cell is narrower than 1 (about 1.5 wide at the unit): a few hold none.
+        assert!(holding > 2 * DEFAULT_GRID - 100, "{holding}");
+        let cuts = asinh.working_cuts().unwrap();
+        assert_eq!(cuts.len() + 1, DEFAULT_MAX_BINS as usize);
+        assert!(cuts.windows(2).all(|w| w[0] < w[1]));
+        for bad in [0.0, -5.0] {
+            let v = serde_json::json!({"attributes": [
+                {"name": "b", "type": "numeric", "min": 0, "max": 10, "bins": 4,
+                 "scale": {"asinh": bad}},
+                {"name": "c", "type": "categorical", "labels": ["a", "b"]}]});
+            let e = serde_json::from_value::<Schema>(v).unwrap_err().to_string();
+            assert!(e.contains("asinh scale's unit"), "{e}");
+        }
     }
 
     #[test]
@@ -1653,7 +1796,7 @@ mod tests {
         fn schema_json_round_trip(bins in 1u32..40, min in -1e6f64..1e6, width in 1e-3f64..1e6, labels in proptest::collection::hash_set("[a-z]{1,6}", 2..10)) {
             let labels: Vec<String> = labels.into_iter().collect();
             let s = Schema::new(vec![
-                Attribute { name: "n".into(), kind: AttributeKind::Numeric { min, max: min + width, bins: NumericBins::Count(bins + 1), integer: false, out_of_range: OutOfRangePolicy::Clamp, points: vec![min], grid: None, max_bins: None }, missing: MissingPolicy::Reject, missing_markers: vec!["?".into()], on_invalid: InvalidPolicy::Reject },
+                Attribute { name: "n".into(), kind: AttributeKind::Numeric { min, max: min + width, bins: NumericBins::Count(bins + 1), integer: false, out_of_range: OutOfRangePolicy::Clamp, points: vec![min], grid: None, max_bins: None, scale: NumericScale::Linear }, missing: MissingPolicy::Reject, missing_markers: vec!["?".into()], on_invalid: InvalidPolicy::Reject },
                 Attribute { name: "c".into(), kind: AttributeKind::Categorical { labels }, missing: MissingPolicy::Category, missing_markers: vec![], on_invalid: InvalidPolicy::Randomize },
             ]).unwrap();
             let json = serde_json::to_string(&s).unwrap();

@@ -1487,6 +1487,11 @@ mod tests {
         assert!(s.encode_json(&serde_json::json!({"age": true})).is_err());
     }
 
+    const ASINH_PINNED_VALUES: [f64; 14] = [
+        -50000.0, -4518.0, -700.0, -100.0, -1.0, 0.0, 1.0, 99.0, 544.0, 1000.0, 5000.0, 25000.0,
+        102127.0, 150000.0,
+    ];
+
     /// An asinh scale: cells are equal-width in `asinh(x / unit)`, so a balance-like range
     /// (−50,000…150,000) puts hundreds of cells where the bulk is (−1,000…3,000; a linear
     /// grid gives it 22 of 1,024); codes grow with the value; every cell's decoded values
@@ -1547,6 +1552,18 @@ mod tests {
         }
         // Near 0 a cell is narrower than 1 (about 1.5 wide at the unit): a few hold none.
         assert!(holding > 2 * DEFAULT_GRID - 100, "{holding}");
+        // Pinned codes, the same list the WASM client's node test checks (wasm-client/tests/
+        // node.rs `asinh_codes_match_the_native_sdk`): the platforms' asinh agree here.
+        let pinned: Vec<u32> = ASINH_PINNED_VALUES
+            .iter()
+            .map(|&x| code(&asinh, x))
+            .collect();
+        assert_eq!(
+            pinned,
+            [
+                0, 165, 292, 413, 473, 474, 474, 534, 638, 680, 790, 900, 997, 1023
+            ]
+        );
         let cuts = asinh.working_cuts().unwrap();
         assert_eq!(cuts.len() + 1, DEFAULT_MAX_BINS as usize);
         assert!(cuts.windows(2).all(|w| w[0] < w[1]));

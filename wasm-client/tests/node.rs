@@ -173,6 +173,36 @@ fn grr_keep_rate_with_the_browser_csprng() {
     assert_ne!(a, b);
 }
 
+/// A balance column on an asinh scale encodes to the codes the native SDK pins
+/// (`asinh_scale_spreads_a_heavy_tailed_range` in `client-sdk/src/schema.rs`): wasm's `asinh`
+/// (from its own math library) puts these values in the same cells.
+#[wasm_bindgen_test]
+fn asinh_codes_match_the_native_sdk() {
+    let schema: ldpsyn::schema::Schema = serde_json::from_value(serde_json::json!({
+        "attributes": [
+            {"name": "balance", "type": "numeric", "min": -50000, "max": 150000,
+             "bins": "auto", "integer": true, "scale": {"asinh": 100.0}},
+            {"name": "c", "type": "categorical", "labels": ["a", "b"]}]}))
+    .unwrap();
+    let attr = &schema.attributes()[0];
+    let codes: Vec<u32> = [
+        -50000.0, -4518.0, -700.0, -100.0, -1.0, 0.0, 1.0, 99.0, 544.0, 1000.0, 5000.0, 25000.0,
+        102127.0, 150000.0,
+    ]
+    .iter()
+    .map(|&x| {
+        attr.encode_value(&ldpsyn::schema::Value::Number(x))
+            .unwrap()
+    })
+    .collect();
+    assert_eq!(
+        codes,
+        [
+            0, 165, 292, 413, 473, 474, 474, 534, 638, 680, 790, 900, 997, 1023
+        ]
+    );
+}
+
 #[wasm_bindgen_test]
 fn typescript_codes_are_the_shared_problem_types() {
     let ours = ldpsyn_wasm::typescript_problem_codes();

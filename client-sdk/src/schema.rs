@@ -114,7 +114,8 @@ pub enum AttributeKind {
         labels: Vec<String>,
     },
     /// Equal-width cells over `[min, max]` (a fixed count of bins, or a fine grid under
-    /// `bins: "auto"`), plus one code per point mass.
+    /// `bins: "auto"`; equal-width in the value, or in `asinh(x / unit)` under an asinh
+    /// [`NumericScale`]), plus one code per point mass.
     Numeric {
         /// Lower bound (inclusive), finite.
         min: f64,

@@ -188,9 +188,7 @@ struct NumericPlan {
 
 impl NumericPlan {
     fn bin_of(&self, x: f64) -> usize {
-        let t = |x: f64| self.scale.forward(x);
-        let b = ((t(x) - t(self.min)) / (t(self.max) - t(self.min)) * f64::from(self.bins)).floor();
-        (b.max(0.0) as usize).min(self.bins as usize - 1)
+        self.scale.bin(x, self.min, self.max, self.bins) as usize
     }
 
     fn count(&mut self, raw: &str) {

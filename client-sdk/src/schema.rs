@@ -188,6 +188,16 @@ impl NumericScale {
         }
     }
 
+    /// Bin of `x ∈ [min, max]` among `bins` (≥ 1) bins equal-width in this coordinate
+    /// ([`NumericScale::forward`]), `0..bins`; `max` falls in the last bin and values outside
+    /// `[min, max]` in the end bins. How devices encode a numeric value to its cell.
+    pub fn bin(self, x: f64, min: f64, max: f64, bins: u32) -> u32 {
+        let (x, min, max) = (self.forward(x), self.forward(min), self.forward(max));
+        let b = ((x - min) / (max - min) * f64::from(bins)).floor();
+        // `as` saturates; the clamp puts `max` (and rounding at the top) in the last bin.
+        (b.max(0.0) as u32).min(bins - 1)
+    }
+
     /// The value at coordinate `t` (inverse of [`NumericScale::forward`]).
     pub fn inverse(self, t: f64) -> f64 {
         match self {
@@ -564,7 +574,7 @@ impl Attribute {
             } else {
                 scale.inverse(t_min + width * (f64::from(c) + 0.5))
             };
-            numeric_bin(x, *min, *max, m, *scale)
+            scale.bin(x, *min, *max, m)
         };
         let mut cuts: Vec<u32> = (1..cells).filter(|&c| bin(c) != bin(c - 1)).collect();
         cuts.extend(cells..self.domain_size() as u32);
@@ -675,7 +685,7 @@ impl Attribute {
                 };
                 Ok(match points.iter().position(|p| *p == x) {
                     Some(i) => cells + i as u32,
-                    None => numeric_bin(x, *min, *max, cells, *scale),
+                    None => scale.bin(x, *min, *max, cells),
                 })
             }
         }
@@ -759,10 +769,10 @@ impl Attribute {
                     // Whole numbers whose bin is `code`; a bin narrower than 1 may hold none.
                     let mut a = lo.ceil();
                     let mut b = hi.floor();
-                    while a <= b && numeric_bin(a, *min, *max, cells, *scale) < code {
+                    while a <= b && scale.bin(a, *min, *max, cells) < code {
                         a += 1.0;
                     }
-                    while b >= a && numeric_bin(b, *min, *max, cells, *scale) > code {
+                    while b >= a && scale.bin(b, *min, *max, cells) > code {
                         b -= 1.0;
                     }
                     if a > b {
@@ -890,15 +900,6 @@ impl Attribute {
         }
         Ok(())
     }
-}
-
-/// Bin of `x ∈ [min, max]` among `bins` equal-width in `scale`'s coordinate; `max` falls in
-/// the last bin.
-fn numeric_bin(x: f64, min: f64, max: f64, bins: u32, scale: NumericScale) -> u32 {
-    let (x, min, max) = (scale.forward(x), scale.forward(min), scale.forward(max));
-    let b = ((x - min) / (max - min) * f64::from(bins)).floor();
-    // `as` saturates; the clamp puts `max` (and rounding at the top) in the last bin.
-    (b.max(0.0) as u32).min(bins - 1)
 }
 
 /// A decoded value of synthetic data.

@@ -82,19 +82,19 @@ impl CollectionHandle {
         }
     }
 
-    /// The current state and its task distribution ([`Engine::sampler`]), built once per
-    /// state rather than per task request. Errors: a state without tasks (finalized).
-    pub fn sampler(&self) -> Result<(Arc<CollectionState>, Arc<TaskSampler>), EngineError> {
-        let state = self.state();
+    /// The task distribution of `state` (a snapshot from [`CollectionHandle::state`]),
+    /// built once per state rather than per task request ([`Engine::sampler`]). Errors: a
+    /// state without tasks (finalized).
+    pub fn sampler(&self, state: &Arc<CollectionState>) -> Result<Arc<TaskSampler>, EngineError> {
         if let Some((s, t)) = &*self.sampler.read().unwrap_or_else(|e| e.into_inner())
-            && Arc::ptr_eq(s, &state)
+            && Arc::ptr_eq(s, state)
         {
-            return Ok((state, t.clone()));
+            return Ok(t.clone());
         }
-        let sampler = Arc::new(self.engine.sampler(&state)?);
+        let sampler = Arc::new(self.engine.sampler(state)?);
         *self.sampler.write().unwrap_or_else(|e| e.into_inner()) =
             Some((state.clone(), sampler.clone()));
-        Ok((state, sampler))
+        Ok(sampler)
     }
 
     /// The current state (a snapshot).
@@ -688,8 +688,9 @@ mod tests {
     #[test]
     fn sampler_is_kept_per_state() {
         let (h, state) = handle();
-        let (s1, t1) = h.sampler().unwrap();
-        let (s2, t2) = h.sampler().unwrap();
+        let current = h.state();
+        let (s1, t1) = (current.clone(), h.sampler(&current).unwrap());
+        let (s2, t2) = (h.state(), h.sampler(&h.state()).unwrap());
         assert!(Arc::ptr_eq(&s1, &s2) && Arc::ptr_eq(&t1, &t2));
         let mut rng = <rand_chacha::ChaCha12Rng as rand::SeedableRng>::seed_from_u64(1);
         assert_eq!(t1.draw(&mut rng).factor, vec![0, 1]);
@@ -697,7 +698,8 @@ mod tests {
         let mut next = state;
         next.round += 1;
         h.set_state(next, 2);
-        let (s3, t3) = h.sampler().unwrap();
+        let s3 = h.state();
+        let t3 = h.sampler(&s3).unwrap();
         assert!(!Arc::ptr_eq(&t1, &t3));
         assert_eq!((s3.round, t3.draw(&mut rng).round), (1, 1));
     }

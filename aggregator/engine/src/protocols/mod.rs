@@ -277,9 +277,11 @@ pub(crate) fn graph_state(
 
 /// Working bins after a round 0 (`auto`'s, or PrivIncr's numeric one), from its
 /// measurements `ms` (in the schema's working space): each attribute with working bins gets
-/// the point masses its sub-bin estimate shows as bins of their own ([`crate::space::Space::point_mass_cuts`]). An attribute without sub-bin
-/// 1-ways on the engine's grid, without a point mass found, or whose new bins would take the
-/// cuts of all attributes past what a task carries, is left as the schema has it. Round 0's
+/// the point masses its sub-bin estimate shows as bins of their own
+/// ([`crate::space::Space::point_mass_cuts`]). An attribute without sub-bin 1-ways on the
+/// engine's grid, without a point mass found, or whose new bins would need more cuts than a
+/// pair's task carries per attribute ([`crate::space::MAX_ATTRIBUTE_CUTS`]), is left as the
+/// schema has it. Round 0's
 /// working-bin 1-ways read as coarser tables in the new bins, its sub-bin ones as finer
 /// tables, so nothing measured is lost.
 pub(crate) fn point_mass_bins(engine: &Engine, ms: &Measurements) -> BTreeMap<usize, AdaptedBins> {

@@ -93,9 +93,9 @@ pub(crate) async fn get_task(
     let mut rng = rand::rng();
     let n = count.unwrap_or(1);
     let mut tasks = Vec::with_capacity(n);
-    // The state's choices once per state ([`CollectionHandle::sampler`]); each task an
-    // O(log n) draw.
-    let (_, sampler) = h.sampler()?;
+    // The choices of the state checked above, once per state ([`CollectionHandle::sampler`]);
+    // each task an O(log n) draw.
+    let sampler = h.sampler(&s)?;
     for _ in 0..n {
         let spec = sampler.draw(&mut rng);
         if spec.factor.len() > MAX_FACTOR_LEN

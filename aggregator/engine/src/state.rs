@@ -42,7 +42,7 @@ use super::protocols::samprivsyn::SamPrivSyn;
 use super::protocols::vertical::{Vertical, resolve};
 use super::protocols::{CollectionProtocol, check_privincr};
 use super::space::Space;
-use super::tables::{Measurements, TableKey, Tables};
+use super::tables::{Measurements, TableKey, Tables, summed_randomizer_variance};
 
 /// Share of a `bins: "auto"` attribute's 1-way tasks measured in sub-bins of its working
 /// bins rather than in the working bins ([`crate::space`]): the sub-bin 1-ways give the
@@ -807,6 +807,41 @@ impl Engine {
     ) -> f64 {
         (2.0 / std::f64::consts::PI).sqrt()
             * self.cell_std_errors(f, bins, at, n).iter().sum::<f64>()
+    }
+
+    /// Expected L1 error `√(2/π)·Σ_cells σ` of the marginal of `target` (attributes of
+    /// `factor`) when it is summed from one table of `factor` under the bin maps `bins`
+    /// (factor order) measured by `n` reports with the factor's best oracle, at a uniform
+    /// marginal of `target`: the one variance model (the randomizer's variance summed over
+    /// the factor's cells that merge into one target cell, plus sampling). Infinite for a
+    /// factor or target that does not fit the schema.
+    pub(crate) fn marginal_noise_l1(
+        &self,
+        factor: &[usize],
+        bins: &[Vec<u32>],
+        target: &[usize],
+        n: f64,
+    ) -> f64 {
+        let Some(dims) = self.factor_dims(factor, bins) else {
+            return f64::INFINITY;
+        };
+        let mut target_cells = 1usize;
+        for t in target {
+            match factor.iter().position(|a| a == t) {
+                Some(i) => target_cells *= dims[i],
+                None => return f64::INFINITY,
+            }
+        }
+        let Ok(m) = Mechanism::new(self.best_oracle(factor, bins), self.epsilon, &dims) else {
+            return f64::INFINITY;
+        };
+        let merged = dims.iter().product::<usize>() / target_cells;
+        let x = 1.0 / target_cells as f64;
+        // Exact variances are linear in 1/n: evaluate at one report and scale.
+        let sd = ((summed_randomizer_variance(&m, merged, x, 1, None) + x * (1.0 - x))
+            / n.max(1.0))
+        .sqrt();
+        (2.0 / std::f64::consts::PI).sqrt() * sd * target_cells as f64
     }
 
     /// Marks the state finalized (no more tasks).

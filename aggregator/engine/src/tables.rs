@@ -271,7 +271,7 @@ pub fn coarsen(values: &[f64], dims: &[usize], bins: &[Vec<u32>]) -> Vec<f64> {
 /// bits are independent, so the per-user variance is `p(1−p) + (c−1)q(1−q)` inside and
 /// `c q(1−q)` outside. Divided by `n (p − q)²` as for the unbiased estimator
 /// `(C/n − π0)/(p − q)` (DESIGN.md "Mechanisms").
-fn summed_randomizer_variance(
+pub(crate) fn summed_randomizer_variance(
     m: &Mechanism,
     c: usize,
     f: f64,

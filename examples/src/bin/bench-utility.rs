@@ -509,31 +509,37 @@ fn main() -> Result<(), Error> {
     );
     let base = loaded.population;
     let results: Mutex<Vec<Value>> = Mutex::new(Vec::new());
-    let income = schema.index_of("income").ok_or("schema has no income")?;
 
     if !args.ml_only {
-        // Datasets: the four of issue 3, or the requested sizes.
-        let mut specs: Vec<(String, usize)> = if args.suite {
-            vec![("adult-45k".into(), 0), ("adult-1.5m".into(), 1_500_000)]
+        // Datasets: the four of issue 3, or the requested sizes (0: the file's kept rows),
+        // named after the file (Adult's sizes keep their historical names).
+        let stem = args
+            .data
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or("data")
+            .to_string();
+        let name = |n: usize| -> String {
+            match (stem.as_str(), n) {
+                ("adult", 1_500_000) => "adult-1.5m".into(),
+                ("adult", 100_000) => "adult-100k".into(),
+                ("adult", 10_000) => "adult-10k".into(),
+                ("adult", 0) => "adult-45k".into(),
+                (_, 0) => format!("{stem}-{}", base.len()),
+                _ => format!("{stem}-{n}"),
+            }
+        };
+        let sizes: Vec<usize> = if args.suite {
+            vec![0, 1_500_000]
         } else if args.users.is_empty() {
-            vec![
-                ("adult-1.5m".into(), 1_500_000),
-                ("adult-100k".into(), 100_000),
-                ("adult-45k".into(), 0),
-                ("adult-10k".into(), 10_000),
-            ]
+            vec![1_500_000, 100_000, 0, 10_000]
         } else {
             args.users
                 .iter()
-                .map(|&n| match n {
-                    1_500_000 => ("adult-1.5m".to_string(), n),
-                    100_000 => ("adult-100k".to_string(), n),
-                    10_000 => ("adult-10k".to_string(), n),
-                    n if n == base.len() => ("adult-45k".to_string(), 0),
-                    n => (format!("adult-{n}"), n),
-                })
+                .map(|&n| if n == base.len() { 0 } else { n })
                 .collect()
         };
+        let mut specs: Vec<(String, usize)> = sizes.into_iter().map(|n| (name(n), n)).collect();
         if !args.datasets.is_empty() {
             specs.retain(|(name, _)| args.datasets.contains(name));
         }
@@ -617,6 +623,9 @@ fn main() -> Result<(), Error> {
     }
 
     if args.ml || args.ml_only {
+        let income = schema
+            .index_of("income")
+            .ok_or("ML efficacy predicts income: the schema has none (pass --no-ml)")?;
         let dir = args.data.parent().unwrap_or(Path::new("."));
         let train = load_csv(&dir.join("adult_train.csv"), &schema)?;
         let test = load_csv(&dir.join("adult_test.csv"), &schema)?;

@@ -2,7 +2,10 @@
 //! measures every attribute alone; a screening round ([`AUTO_PHASE1_SHARE`]) then measures,
 //! uniformly, every pair that could ever pay for its reports, with the lower-variance oracle,
 //! a pair too large for its reports over contiguous bins of equal estimated mass (round 0's
-//! 1-ways; VertiMRF §6.1's binning with the bins placed by an earlier LDP estimate); at its
+//! 1-ways; VertiMRF §6.1's binning with the bins placed by an earlier LDP estimate), and
+//! pairs at full resolution in blocks of several attributes when one report of a block
+//! estimates its pairs with less summed noise than reports of the pairs alone (large ε,
+//! small domains: `Auto::screening_tasks`); at its
 //! close the pairs are selected greedily by predicted 2-way error (`Auto::select`), and
 //! phase 2 measures the selected pairs and every attribute alone, allocated to minimize that
 //! prediction. Round 0's reports are not spent on structure only: they enter the final fit
@@ -13,7 +16,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use ldpsyn::factor::cuts_of;
 use ldpsyn::protocol::PrivIncrParams;
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha12Rng;
 
 use super::{
     CollectionProtocol, TaskChoices, active_edges, common_choices, end_phase1_round, graph_state,
@@ -23,7 +30,7 @@ use crate::estimate::{
     MAX_CLIQUE_CELLS, PairGain, best_pair_gain, largest_clique_cells, one_way_estimates,
     pair_gain_binned, projected_noise_l1,
 };
-use crate::graph::{Edge, edge};
+use crate::graph::{Edge, EdgeState, edge};
 use crate::info::mutual_information;
 use crate::space::{equal_mass_cuts, equal_width_cuts};
 use crate::state::{CollectionState, Engine, Phase, PlannedFactor, TaskSpec, Transition};
@@ -55,6 +62,75 @@ pub const AUTO_BIN_NOISE_L1: f64 = 0.25;
 /// (`benchmarks/sweeps/auto-round0-share.md`): 0.2 has the lowest mean ratio to no round 0
 /// (0.966) and the lowest worst cell (1.02).
 pub const AUTO_ROUND0_SHARE: f64 = 0.2;
+
+/// Largest factor (cells) `auto`'s screening design asks a device to report: bounds a
+/// report's size (an OUE report carries one bit per cell, 512 bytes here). A resource
+/// bound, not a utility constant: the design's noise objective stays far below it (16
+/// binary attributes at ε = 8 are best screened in factors of 256 cells).
+pub const MAX_SCREENING_FACTOR_CELLS: usize = 4096;
+
+/// Partitions of the attributes tried before a screening design of blocks stops looking for
+/// blocks that cover pairs not yet covered (the rest are measured as pairs).
+const MAX_PARTITIONS: usize = 256;
+
+/// A screening task: a factor (attributes in increasing order) and its bin maps (empty:
+/// none binned).
+type ScreeningTask = (Vec<usize>, Vec<Vec<u32>>);
+
+/// Blocks of `m` attributes of `attrs` covering every pair of `wanted` (pairs of `attrs`):
+/// seeded random partitions of `attrs` into blocks of `m` (the last one filled up from the
+/// start of the permutation), keeping each block that covers a pair no earlier block did,
+/// until every pair is covered, a block would exceed `max_cells`, or [`MAX_PARTITIONS`]
+/// partitions were tried. Returns the blocks and the pairs left uncovered. Deterministic.
+fn cover_by_blocks(
+    dims: &[usize],
+    attrs: &[usize],
+    wanted: &BTreeSet<Edge>,
+    m: usize,
+    max_cells: usize,
+) -> (Vec<Vec<usize>>, BTreeSet<Edge>) {
+    let mut uncovered = wanted.clone();
+    let mut blocks: Vec<Vec<usize>> = Vec::new();
+    let mut rng = ChaCha12Rng::seed_from_u64(m as u64);
+    let mut order = attrs.to_vec();
+    for _ in 0..MAX_PARTITIONS {
+        if uncovered.is_empty() {
+            break;
+        }
+        order.shuffle(&mut rng);
+        for start in (0..order.len()).step_by(m) {
+            let mut block: Vec<usize> = order[start..(start + m).min(order.len())].to_vec();
+            for &a in &order {
+                if block.len() >= m {
+                    break;
+                }
+                if !block.contains(&a) {
+                    block.push(a);
+                }
+            }
+            block.sort_unstable();
+            let cells = block
+                .iter()
+                .try_fold(1usize, |acc, &a| acc.checked_mul(dims[a]));
+            if cells.is_none_or(|c| c > max_cells) {
+                continue;
+            }
+            let new: Vec<Edge> = uncovered
+                .iter()
+                .filter(|(a, b)| block.contains(a) && block.contains(b))
+                .copied()
+                .collect();
+            if new.is_empty() {
+                continue;
+            }
+            for e in &new {
+                uncovered.remove(e);
+            }
+            blocks.push(block);
+        }
+    }
+    (blocks, uncovered)
+}
 
 /// Cuts of `bins` contiguous bins of attribute `a` (of `k` codes): equal mass under the
 /// 1-way estimates `one_way` when known, else equal width.
@@ -218,6 +294,93 @@ impl Auto {
         graph_state(engine, &self.params, 1, self.share(engine), |a, b| {
             screened.get(&(a, b)).cloned()
         })
+    }
+
+    /// The screening round's tasks for its active pairs `edges` (DESIGN.md "Adaptive
+    /// rounds"). One report of a pair is, at large ε, mostly sampling noise, while one report
+    /// of a factor of m attributes estimates all its C(m, 2) pairs at little more randomizer
+    /// noise each (a marginal sums the factor's cells; [`Engine::marginal_noise_l1`]). So the
+    /// pairs screened at full resolution may be measured in blocks: for each block size
+    /// m = 2, 3, … the blocks of [`cover_by_blocks`] cover them (m = 2: the pairs
+    /// themselves), the binned pairs stay pair tasks, users are spread evenly over the
+    /// tasks, and the design with the lowest summed expected L1 noise of the active pairs'
+    /// combined estimates (inverse-variance pooling over the tasks holding each pair) wins;
+    /// ties go to the smaller m. At small ε the randomizer's noise grows with the cells
+    /// merged, and the pairs win.
+    fn screening_tasks(&self, engine: &Engine, edges: &[EdgeState]) -> Vec<ScreeningTask> {
+        let dims = engine.dims();
+        let active: Vec<&EdgeState> = edges.iter().filter(|e| e.active).collect();
+        let pair_task = |e: &EdgeState| (vec![e.a, e.b], e.bins.clone());
+        let full: BTreeSet<Edge> = active
+            .iter()
+            .filter(|e| e.bins.is_empty())
+            .map(|e| (e.a, e.b))
+            .collect();
+        let attrs: Vec<usize> = full
+            .iter()
+            .flat_map(|&(a, b)| [a, b])
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let pairs_only: Vec<ScreeningTask> = active.iter().map(|e| pair_task(e)).collect();
+        // Σ over active pairs of 1/√(precision), precision = Σ_tasks (1/T)/K²: the summed
+        // L1 noise at one user in all (every design scales alike with the round's users).
+        let objective = |tasks: &[ScreeningTask]| -> f64 {
+            let share = 1.0 / tasks.len() as f64;
+            let mut precision: BTreeMap<Edge, f64> = BTreeMap::new();
+            for (f, bins) in tasks {
+                for e in &active {
+                    let (Some(i), Some(j)) = (
+                        f.iter().position(|&x| x == e.a),
+                        f.iter().position(|&x| x == e.b),
+                    ) else {
+                        continue;
+                    };
+                    let of = |k: usize| cuts_of(bins, k);
+                    let same_bins = if e.bins.is_empty() {
+                        of(i).is_empty() && of(j).is_empty()
+                    } else {
+                        of(i) == e.bins[0].as_slice() && of(j) == e.bins[1].as_slice()
+                    };
+                    if !same_bins {
+                        continue;
+                    }
+                    let k = engine.marginal_noise_l1(f, bins, &[e.a, e.b], 1.0);
+                    *precision.entry((e.a, e.b)).or_default() += share / (k * k);
+                }
+            }
+            active
+                .iter()
+                .map(|e| {
+                    precision
+                        .get(&(e.a, e.b))
+                        .map_or(f64::INFINITY, |p| 1.0 / p.sqrt())
+                })
+                .sum()
+        };
+        let mut best = (objective(&pairs_only), pairs_only);
+        for m in 3..=attrs.len() {
+            let (blocks, left) =
+                cover_by_blocks(dims, &attrs, &full, m, MAX_SCREENING_FACTOR_CELLS);
+            if blocks.is_empty() {
+                break;
+            }
+            let tasks: Vec<ScreeningTask> = blocks
+                .into_iter()
+                .map(|b| (b, Vec::new()))
+                .chain(
+                    active
+                        .iter()
+                        .filter(|e| !e.bins.is_empty() || left.contains(&(e.a, e.b)))
+                        .map(|e| pair_task(e)),
+                )
+                .collect();
+            let j = objective(&tasks);
+            if j < best.0 {
+                best = (j, tasks);
+            }
+        }
+        best.1
     }
 
     fn bin_noise_l1(&self, engine: &Engine) -> f64 {
@@ -418,18 +581,17 @@ impl CollectionProtocol for Auto {
         if active.is_empty() {
             return Ok(one_way_choices(engine, state));
         }
-        // Every screened pair alike: each needs its own dependence estimate.
+        // Every screened pair alike (each needs its own dependence estimate), in the
+        // design's factors.
         Ok(TaskChoices {
-            tasks: active
-                .iter()
-                .map(|e| {
-                    let factor = vec![e.a, e.b];
-                    TaskSpec {
-                        round: state.round,
-                        mechanism: engine.best_oracle(&factor, &e.bins),
-                        factor,
-                        bins: e.bins.clone(),
-                    }
+            tasks: self
+                .screening_tasks(engine, state.edges())
+                .into_iter()
+                .map(|(factor, bins)| TaskSpec {
+                    round: state.round,
+                    mechanism: engine.best_oracle(&factor, &bins),
+                    factor,
+                    bins,
                 })
                 .collect(),
             weights: None,
@@ -487,6 +649,8 @@ impl CollectionProtocol for Auto {
     /// A pair that phase 2 measured was selected for its screening dependence, so the
     /// screening tables overstate it given the selection: its dependence is judged on the
     /// phase-2 tables ([`pair_gain_binned`]); every other pair on all of its tables.
+    /// Screening blocks count as other tables: excluding them too cost the survey table of
+    /// `examples/survey` 12% 2-way TVD at ε = 2 (the blocks hold most of a pair's reports).
     fn pair_gain(
         &self,
         state: &CollectionState,
@@ -509,6 +673,81 @@ impl CollectionProtocol for Auto {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn auto_engine(dims: Vec<usize>, epsilon: f64, users: u64) -> Engine {
+        Engine::from_parts(
+            dims,
+            ldpsyn::Epsilon::new(epsilon).unwrap(),
+            users,
+            ldpsyn::protocol::Protocol::Auto(PrivIncrParams::default()),
+            crate::state::EngineOptions::default(),
+        )
+        .unwrap()
+    }
+
+    /// The screening state's tasks as (factor, bins), with the state's active pairs.
+    fn screening(engine: &Engine) -> (Vec<ScreeningTask>, Vec<EdgeState>) {
+        let auto = Auto::new(PrivIncrParams::default());
+        let state = auto.screening_state(engine, None);
+        let edges = state.edges().to_vec();
+        let tasks = auto
+            .task_choices(engine, &state)
+            .unwrap()
+            .tasks
+            .into_iter()
+            .map(|t| (t.factor, t.bins))
+            .collect();
+        (tasks, edges)
+    }
+
+    #[test]
+    fn blocks_cover_every_wanted_pair_within_the_cell_cap() {
+        let dims = vec![2usize; 12];
+        let attrs: Vec<usize> = (0..12).collect();
+        let wanted: BTreeSet<Edge> = pairs(12).into_iter().collect();
+        for m in [3, 5, 8] {
+            let (blocks, left) = cover_by_blocks(&dims, &attrs, &wanted, m, 1 << m);
+            assert!(left.is_empty(), "m = {m}: {left:?} uncovered");
+            for b in &blocks {
+                assert_eq!(b.len(), m, "{b:?}");
+                assert!(b.windows(2).all(|w| w[0] < w[1]), "{b:?} not sorted");
+            }
+            for (a, c) in &wanted {
+                assert!(blocks.iter().any(|b| b.contains(a) && b.contains(c)));
+            }
+            // Same input, same blocks (a state's tasks must not change between draws).
+            assert_eq!(cover_by_blocks(&dims, &attrs, &wanted, m, 1 << m).0, blocks);
+        }
+        // A cap below every block's cells leaves the pairs to be measured as pairs.
+        let (blocks, left) = cover_by_blocks(&dims, &attrs, &wanted, 4, 8);
+        assert!(blocks.is_empty() && left == wanted);
+    }
+
+    /// At ε = 8 a report of 16 binary attributes' pair is nearly all sampling noise: the
+    /// design measures blocks of several attributes, and still covers every screened pair.
+    /// At ε = 1 over attributes of 16 values, summing a block's cells costs more randomizer
+    /// noise than the extra pairs bring: the design is the pairs themselves.
+    #[test]
+    fn screening_groups_pairs_only_where_that_lowers_their_noise() {
+        let (tasks, edges) = screening(&auto_engine(vec![2; 16], 8.0, 20_000));
+        assert!(tasks.iter().all(|(f, _)| f.len() > 2), "{tasks:?}");
+        assert!(tasks.len() < 40, "{} tasks", tasks.len());
+        for e in edges.iter().filter(|e| e.active) {
+            assert!(
+                tasks
+                    .iter()
+                    .any(|(f, _)| f.contains(&e.a) && f.contains(&e.b))
+            );
+        }
+        let (tasks, edges) = screening(&auto_engine(vec![16; 6], 1.0, 2_000_000));
+        let active: Vec<ScreeningTask> = edges
+            .iter()
+            .filter(|e| e.active)
+            .map(|e| (vec![e.a, e.b], e.bins.clone()))
+            .collect();
+        assert!(!active.is_empty());
+        assert_eq!(tasks, active);
+    }
 
     #[test]
     fn top_up_allocates_totals_in_proportion() {

@@ -35,7 +35,8 @@ pub struct NumericRun {
 }
 
 /// Engine options with sweep overrides from the environment (unset in committed results):
-/// `LDPSYN_AUTO_SHARE` (`auto`'s screening share), `LDPSYN_AUTO_ROUND0` (its round-0 share),
+/// `LDPSYN_AUTO_SHARE` (`auto`'s screening share), `LDPSYN_AUTO_BLOCK_SHARE` (that share when
+/// the screening measures blocks), `LDPSYN_AUTO_ROUND0` (its round-0 share),
 /// `LDPSYN_AUTO_BIN_NOISE` (its noise budget per screened pair), `LDPSYN_GAIN_MARGIN`,
 /// `LDPSYN_MAX_CLIQUE_CELLS` (the clique cap), `LDPSYN_SUB_BIN_SHARE` and `LDPSYN_SUB_BINS`
 /// (the sub-bin 1-ways).
@@ -45,6 +46,7 @@ pub fn engine_options() -> EngineOptions {
     EngineOptions {
         auto_phase1_share: env("LDPSYN_AUTO_SHARE"),
         auto_round0_share: env("LDPSYN_AUTO_ROUND0"),
+        auto_block_share: env("LDPSYN_AUTO_BLOCK_SHARE"),
         auto_bin_noise_l1: env("LDPSYN_AUTO_BIN_NOISE"),
         gain_margin: env("LDPSYN_GAIN_MARGIN"),
         max_clique_cells: count("LDPSYN_MAX_CLIQUE_CELLS").map(|c| c as u64),

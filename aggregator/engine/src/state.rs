@@ -364,6 +364,11 @@ pub struct EngineOptions {
     /// screened under equal-width bins).
     #[serde(default)]
     pub auto_round0_share: Option<f64>,
+    /// `auto`: share of users in the screening round when its design measures blocks of
+    /// more than two attributes (default
+    /// [`AUTO_BLOCK_SCREENING_SHARE`](crate::protocols::auto::AUTO_BLOCK_SCREENING_SHARE)).
+    #[serde(default)]
+    pub auto_block_share: Option<f64>,
     /// `auto`: noise budget of a screened pair (default
     /// [`AUTO_BIN_NOISE_L1`](crate::protocols::auto::AUTO_BIN_NOISE_L1)).
     #[serde(default)]

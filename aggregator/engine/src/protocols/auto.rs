@@ -45,6 +45,18 @@ use crate::{EngineError, Measurements, Tables};
 /// 3 seeds: 0.3 best in 14 of 20 cells, 0.2 and 0.4 worse by 3.9% and 2.0% on average.
 pub const AUTO_PHASE1_SHARE: f64 = 0.3;
 
+/// Share of the users in `auto`'s screening round when its design measures blocks of more
+/// than two attributes (`Auto::screening_tasks`; large ε, small domains): a block's report
+/// is a measurement of many pairs at once and enters the final fit, so the round that
+/// measures every pair is worth more users than when it measures one pair per report.
+/// Chosen by a sweep of 0.3 (the pair share), 0.45, 0.6 and 0.75 over every cell where
+/// blocks are chosen: the survey table of `examples/survey` at 21,574 and 10,000 people
+/// (ε = 2, 4, 8) and adult, nist-taxi, temporal-match2, the built-in network and adult-1.5m
+/// at ε = 8, 3 seeds (`benchmarks/sweeps/auto-block-share.md`): 0.6 has the lowest mean
+/// ratio to 0.3 together with 0.75 (0.876 and 0.873) and the lower worst cell (1.05 vs
+/// 1.09, nist-taxi).
+pub const AUTO_BLOCK_SCREENING_SHARE: f64 = 0.6;
+
 /// Expected L1 noise (at a tree-sized phase-2 allocation) below which `auto` measures a pair
 /// at a resolution; a pair above it is measured over coarser bins
 /// (`Auto::screening_bins`). Chosen by a sweep of 2, 1, 0.5, 0.25, 0.125 and 0.0625 over
@@ -231,8 +243,34 @@ impl Auto {
 
     /// Users `auto` expects in phase 2: those not in round 0 or the screening round.
     fn phase2_users(&self, engine: &Engine) -> f64 {
-        (1.0 - self.share(engine) - self.round0_share(engine)).max(0.0)
-            * engine.target_users() as f64
+        self.phase2_users_after(engine, self.share(engine))
+    }
+
+    fn phase2_users_after(&self, engine: &Engine, screening_share: f64) -> f64 {
+        (1.0 - screening_share - self.round0_share(engine)).max(0.0) * engine.target_users() as f64
+    }
+
+    /// The screening round's share of the users for its active pairs `edges`:
+    /// [`AUTO_BLOCK_SCREENING_SHARE`] when its design measures blocks
+    /// ([`Auto::screening_tasks`]), else [`AUTO_PHASE1_SHARE`]. An explicit
+    /// `auto_phase1_share` option sets both.
+    fn screening_share(&self, engine: &Engine, edges: &[EdgeState]) -> f64 {
+        let options = engine.options();
+        if let Some(s) = options.auto_phase1_share {
+            return s;
+        }
+        if self
+            .screening_tasks(engine, edges)
+            .iter()
+            .any(|(f, _)| f.len() > 2)
+        {
+            options
+                .auto_block_share
+                .unwrap_or(AUTO_BLOCK_SCREENING_SHARE)
+                .clamp(0.0, 1.0 - self.round0_share(engine))
+        } else {
+            AUTO_PHASE1_SHARE
+        }
     }
 
     /// The bin maps `auto` screens pair `(a, b)` under, or `None` if it never measures it.
@@ -291,9 +329,12 @@ impl Auto {
             .into_iter()
             .filter_map(|(a, b)| Some(((a, b), self.screening_bins(engine, one_way, a, b)?)))
             .collect();
-        graph_state(engine, &self.params, 1, self.share(engine), |a, b| {
+        let mut state = graph_state(engine, &self.params, 1, self.share(engine), |a, b| {
             screened.get(&(a, b)).cloned()
-        })
+        });
+        let share = self.screening_share(engine, state.edges());
+        state.round_quota = Some(round_quota(engine, share, 1));
+        state
     }
 
     /// The screening round's tasks for its active pairs `edges` (DESIGN.md "Adaptive
@@ -418,7 +459,9 @@ impl Auto {
         let d = engine.dims().len();
         let round = state.round;
         let one = one_way_estimates(ms);
-        let n2 = self.phase2_users(engine).max(1.0);
+        let n2 = self
+            .phase2_users_after(engine, self.screening_share(engine, state.edges()))
+            .max(1.0);
         let allocation = |f: &[usize], at: &[f64], w: f64| {
             (w * engine.expected_noise_l1(f, &[], at, 1.0)).powf(2.0 / 3.0)
         };
@@ -730,8 +773,15 @@ mod tests {
     /// noise than the extra pairs bring: the design is the pairs themselves.
     #[test]
     fn screening_groups_pairs_only_where_that_lowers_their_noise() {
-        let (tasks, edges) = screening(&auto_engine(vec![2; 16], 8.0, 20_000));
+        let engine = auto_engine(vec![2; 16], 8.0, 20_000);
+        let (tasks, edges) = screening(&engine);
         assert!(tasks.iter().all(|(f, _)| f.len() > 2), "{tasks:?}");
+        // A design of blocks gets the block share of the users.
+        let state = Auto::new(PrivIncrParams::default()).screening_state(&engine, None);
+        assert_eq!(
+            state.round_quota,
+            Some(round_quota(&engine, AUTO_BLOCK_SCREENING_SHARE, 1))
+        );
         assert!(tasks.len() < 40, "{} tasks", tasks.len());
         for e in edges.iter().filter(|e| e.active) {
             assert!(
@@ -748,6 +798,12 @@ mod tests {
             .collect();
         assert!(!active.is_empty());
         assert_eq!(tasks, active);
+        let engine = auto_engine(vec![16; 6], 1.0, 2_000_000);
+        let state = Auto::new(PrivIncrParams::default()).screening_state(&engine, None);
+        assert_eq!(
+            state.round_quota,
+            Some(round_quota(&engine, AUTO_PHASE1_SHARE, 1))
+        );
     }
 
     #[test]

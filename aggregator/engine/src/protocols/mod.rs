@@ -559,8 +559,15 @@ mod tests {
         e.close_round(&mut state, &tables).unwrap();
         assert_eq!((state.phase, state.round), (Phase::GraphConstruction, 1));
         assert_eq!(active_edges(&state).len(), 3);
-        assert_eq!(state.round_quota, Some(15_000));
-        tables.extend(collect(&e, &state, &people(15_000, 5), 6));
+        // Three attributes of 3 values at ε = 4: one report of all three estimates each
+        // pair better than a report of the pair, so the round measures that block, with
+        // the block share of the users (0.6 · 50,000).
+        let choices = auto::Auto::new(PrivIncrParams::default())
+            .task_choices(&e, &state)
+            .unwrap();
+        assert!(choices.tasks.iter().all(|t| t.factor == [0, 1, 2]));
+        assert_eq!(state.round_quota, Some(30_000));
+        tables.extend(collect(&e, &state, &people(30_000, 5), 6));
         e.close_round(&mut state, &tables).unwrap();
         assert_eq!((state.phase, state.round), (Phase::CliqueMeasurement, 2));
         assert_eq!(planned(&state), (vec![vec![0, 1]], 3));

@@ -246,6 +246,7 @@ impl Auto {
         self.phase2_users_after(engine, self.share(engine))
     }
 
+    /// Users in phase 2 when the screening round takes `screening_share` of them.
     fn phase2_users_after(&self, engine: &Engine, screening_share: f64) -> f64 {
         (1.0 - screening_share - self.round0_share(engine)).max(0.0) * engine.target_users() as f64
     }

@@ -5,7 +5,8 @@
 //! 1-ways; VertiMRF §6.1's binning with the bins placed by an earlier LDP estimate), and
 //! pairs at full resolution in blocks of several attributes when one report of a block
 //! estimates its pairs with less summed noise than reports of the pairs alone (large ε,
-//! small domains: `Auto::screening_tasks`); at its
+//! small domains: `Auto::screening_tasks`; the round then takes
+//! [`AUTO_BLOCK_SCREENING_SHARE`] of the users); at its
 //! close the pairs are selected greedily by predicted 2-way error (`Auto::select`), and
 //! phase 2 measures the selected pairs and every attribute alone, allocated to minimize that
 //! prediction. Round 0's reports are not spent on structure only: they enter the final fit

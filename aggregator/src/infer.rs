@@ -420,13 +420,22 @@ mod tests {
     use crate::sim::load_csv;
     use ldpsyn::schema::Value;
 
+    /// `text` written to `name` in a fresh folder (kept alive by the returned guard), and
+    /// the schema `schema infer` proposes for it with default options.
+    fn infer_text(name: &str, text: &str) -> (tempfile::TempDir, PathBuf, Schema, Vec<String>) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let cfg = InferConfig::try_parse_from(["infer", "--data", "x"]).unwrap();
+        let (schema, warnings) = infer_schema(&path, &cfg).unwrap();
+        (dir, path, schema, warnings)
+    }
+
     /// A balance-like column (most rows within a few hundred of 0, a tail to 100,000, some
     /// negatives) gets an asinh scale with the unit of its median magnitude, and a warning;
     /// the evenly spread column beside it stays linear; the proposal reads its file.
     #[test]
     fn heavy_tailed_columns_get_an_asinh_scale() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("bank.csv");
         let mut text = String::from("balance,age\n");
         for i in 0..1000i64 {
             let balance = match i % 10 {
@@ -436,9 +445,7 @@ mod tests {
             };
             text.push_str(&format!("{balance},{}\n", 18 + i % 70));
         }
-        std::fs::write(&path, text).unwrap();
-        let cfg = InferConfig::try_parse_from(["infer", "--data", "x"]).unwrap();
-        let (schema, warnings) = infer_schema(&path, &cfg).unwrap();
+        let (_dir, path, schema, warnings) = infer_text("bank.csv", &text);
         let scale = |a: usize| match schema.attributes()[a].kind {
             AttributeKind::Numeric { scale, .. } => scale,
             _ => panic!("numeric"),
@@ -462,8 +469,6 @@ mod tests {
     /// proposal encodes every row of the file it came from.
     #[test]
     fn proposes_a_schema_that_reads_its_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("people.csv");
         let mut text = String::from("age, income,grade,city,id,hours\n");
         for i in 0..500u32 {
             let city = ["Oslo", "Lima", "?"][(i % 7 % 3) as usize];
@@ -475,9 +480,7 @@ mod tests {
                 1 + i % 12
             ));
         }
-        std::fs::write(&path, text).unwrap();
-        let cfg = InferConfig::try_parse_from(["infer", "--data", "x"]).unwrap();
-        let (schema, warnings) = infer_schema(&path, &cfg).unwrap();
+        let (_dir, path, schema, warnings) = infer_text("people.csv", &text);
         let names: Vec<&str> = schema
             .attributes()
             .iter()

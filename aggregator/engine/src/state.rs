@@ -773,6 +773,14 @@ impl Engine {
         engine.rules.close_round(&engine, state, tables)
     }
 
+    /// The mechanism a report of factor `f` under the bin maps `bins` uses (its best oracle),
+    /// with the factor's binned domain sizes; `None` for a factor or map that does not fit.
+    fn best_mechanism(&self, f: &[usize], bins: &[Vec<u32>]) -> Option<(Mechanism, Vec<usize>)> {
+        let dims = self.factor_dims(f, bins)?;
+        let m = Mechanism::new(self.best_oracle(f, bins), self.epsilon, &dims).ok()?;
+        Some((m, dims))
+    }
+
     /// Standard error of every cell of factor `f` measured by `n` reports with its best
     /// oracle, when its marginal is `at` (one variance model: randomizer + sampling).
     pub(crate) fn cell_std_errors(
@@ -783,10 +791,7 @@ impl Engine {
         n: f64,
     ) -> Vec<f64> {
         let n = n.max(1.0);
-        let m = self
-            .factor_dims(f, bins)
-            .and_then(|dims| Mechanism::new(self.best_oracle(f, bins), self.epsilon, &dims).ok());
-        let Some(m) = m else {
+        let Some((m, _)) = self.best_mechanism(f, bins) else {
             return vec![f64::INFINITY; at.len()];
         };
         // Exact randomizer variances are linear in 1/n: evaluate at one report and scale.
@@ -827,7 +832,7 @@ impl Engine {
         target: &[usize],
         n: f64,
     ) -> f64 {
-        let Some(dims) = self.factor_dims(factor, bins) else {
+        let Some((m, dims)) = self.best_mechanism(factor, bins) else {
             return f64::INFINITY;
         };
         let mut target_cells = 1usize;
@@ -837,9 +842,6 @@ impl Engine {
                 None => return f64::INFINITY,
             }
         }
-        let Ok(m) = Mechanism::new(self.best_oracle(factor, bins), self.epsilon, &dims) else {
-            return f64::INFINITY;
-        };
         let merged = dims.iter().product::<usize>() / target_cells;
         let x = 1.0 / target_cells as f64;
         // Exact variances are linear in 1/n: evaluate at one report and scale.

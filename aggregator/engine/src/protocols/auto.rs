@@ -694,9 +694,9 @@ impl CollectionProtocol for Auto {
     /// A pair that phase 2 measured was selected for its screening dependence, so the
     /// screening tables overstate it given the selection: its dependence is judged on the
     /// phase-2 tables ([`pair_gain_binned`]); every other pair on all of its tables.
-    /// Screening blocks count as other tables: excluding them too cost 20% and 11% 2-way TVD
-    /// at ε = 2 on the survey table of `examples/survey` (21,574 and 10,000 people, 3 seeds;
-    /// level at ε = 4): the blocks hold most of a pair's reports.
+    /// Screening blocks count as other tables: excluding them too cost 18% and 3% 2-way TVD
+    /// at ε = 2 and 2% and 6% at ε = 4 on the survey table of `examples/survey` (21,574 and
+    /// 10,000 people, 3 seeds): the blocks hold most of a pair's reports.
     fn pair_gain(
         &self,
         state: &CollectionState,

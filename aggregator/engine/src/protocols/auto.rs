@@ -78,8 +78,9 @@ pub const AUTO_ROUND0_SHARE: f64 = 0.2;
 
 /// Largest factor (cells) `auto`'s screening design asks a device to report: bounds a
 /// report's size (an OUE report carries one bit per cell, 512 bytes here). A resource
-/// bound, not a utility constant: the design's noise objective stays far below it (16
-/// binary attributes at ε = 8 are best screened in factors of 256 cells).
+/// bound, not a utility constant: the design's noise objective stays below it (16 binary
+/// attributes are screened in blocks of 3, 5 and 9 attributes, 8, 32 and 512 cells, at
+/// ε = 2, 4 and 8).
 pub const MAX_SCREENING_FACTOR_CELLS: usize = 4096;
 
 /// Partitions of the attributes tried before a screening design of blocks stops looking for

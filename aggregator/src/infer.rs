@@ -355,6 +355,14 @@ pub fn infer_schema(path: &Path, cfg: &InferConfig) -> Result<(Schema, Vec<Strin
             } else {
                 labels.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
             }
+            if labels.len() == 1 && missing == MissingPolicy::Reject {
+                // A domain of one code: nothing to estimate, and no schema may hold it.
+                warnings.push(format!(
+                    "`{name}`: the same value ({:?}) in every row, left out",
+                    labels[0].0
+                ));
+                continue;
+            }
             AttributeKind::Categorical {
                 labels: labels.into_iter().map(|(l, _)| l).collect(),
             }
@@ -460,6 +468,35 @@ mod tests {
         );
         let loaded = load_csv(&path, &schema).unwrap();
         assert_eq!(loaded.population.len(), 1000);
+    }
+
+    /// A column with one value in every row has a domain of one code, which no schema may
+    /// hold: it is left out with a warning and the rest is proposed. With missing values
+    /// beside its one value it has two codes and stays.
+    #[test]
+    fn constant_columns_are_left_out() {
+        let mut text = String::from("country,version,sex,note\n");
+        for i in 0..200u32 {
+            let note = if i % 5 == 0 { "" } else { "seen" };
+            text.push_str(&format!("NO,3,{},{note}\n", ["F", "M"][i as usize % 2]));
+        }
+        let (_dir, path, schema, warnings) = infer_text("constant.csv", &text);
+        let names: Vec<&str> = schema
+            .attributes()
+            .iter()
+            .map(|a| a.name.as_str())
+            .collect();
+        assert_eq!(names, ["sex", "note"]);
+        for (column, value) in [("country", "NO"), ("version", "3")] {
+            assert!(
+                warnings
+                    .iter()
+                    .any(|w| w.contains(&format!("`{column}`: the same value (\"{value}\")"))),
+                "{warnings:?}"
+            );
+        }
+        assert_eq!(schema.attributes()[1].domain_size(), 2);
+        assert_eq!(load_csv(&path, &schema).unwrap().population.len(), 200);
     }
 
     /// Every kind of column: a wide integer column (numeric, integer, rounded bounds), a

@@ -58,6 +58,20 @@ pub enum InferError {
     /// No column could become an attribute.
     #[error("no column of {0} can be an attribute (empty file, or only identifiers)")]
     NoAttribute(String),
+    /// The header is one column holding another separator: ldpsyn reads comma-separated
+    /// files only (devices, the simulator and party uploads alike).
+    #[error(
+        "{path} looks separated by {separator:?}, not commas: its header is one column \
+         ({header:?}); save it as comma-separated CSV"
+    )]
+    Separator {
+        /// The file.
+        path: String,
+        /// The separator its header holds.
+        separator: char,
+        /// The header as read.
+        header: String,
+    },
     /// The proposal is not a valid schema (a bug, or a header with duplicate names).
     #[error("the proposed schema is invalid: {0}")]
     Schema(#[from] SchemaError),
@@ -262,6 +276,15 @@ pub fn infer_schema(path: &Path, cfg: &InferConfig) -> Result<(Schema, Vec<Strin
         .iter()
         .map(|h| h.trim().to_owned())
         .collect();
+    if let [only] = header.as_slice()
+        && let Some(separator) = [';', '\t', '|'].into_iter().find(|&c| only.contains(c))
+    {
+        return Err(InferError::Separator {
+            path: path.display().to_string(),
+            separator,
+            header: only.clone(),
+        });
+    }
     let mut stats: Vec<ColumnStats> = header.iter().map(|_| ColumnStats::new()).collect();
     for record in reader.records().take(cfg.max_rows) {
         let record = record.map_err(csv_err)?;
@@ -468,6 +491,29 @@ mod tests {
         );
         let loaded = load_csv(&path, &schema).unwrap();
         assert_eq!(loaded.population.len(), 1000);
+    }
+
+    /// A semicolon- or tab-separated export reads as one column: refused with the
+    /// separator named, not proposed as one attribute of joined values.
+    #[test]
+    fn other_separators_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = InferConfig::try_parse_from(["infer", "--data", "x"]).unwrap();
+        for (sep, name) in [(';', "semi.csv"), ('\t', "tabs.tsv")] {
+            let path = dir.path().join(name);
+            let text: String = ["age", "city", "1", "Oslo", "2", "Lima"]
+                .chunks(2)
+                .map(|r| format!("{}{sep}{}\n", r[0], r[1]))
+                .collect();
+            std::fs::write(&path, text).unwrap();
+            match infer_schema(&path, &cfg) {
+                Err(e @ InferError::Separator { separator, .. }) => {
+                    assert_eq!(separator, sep);
+                    assert!(e.to_string().contains("comma-separated"), "{e}");
+                }
+                other => panic!("{name}: {other:?}"),
+            }
+        }
     }
 
     /// A column with one value in every row has a domain of one code, which no schema may

@@ -1,9 +1,5 @@
-//! The independence protocol: every task is one attribute, reported with its lower-variance
-//! oracle (`MechanismKind::choose`), drawn with probability `∝ K^{2/3}` (`K` its 1-way's
-//! expected L1 noise from one report: the allocation that minimizes the independence model's
-//! predicted mean 2-way error, [`super::allocated_one_way_choices`]; measured against
-//! uniform draws in `benchmarks/sweeps/one-way-allocation.md`); no rounds; the model keeps
-//! no pair.
+//! The independence protocol: every task is one attribute, drawn uniformly, reported with
+//! its lower-variance oracle (`MechanismKind::choose`); no rounds; the model keeps no pair.
 
 use super::{CollectionProtocol, TaskChoices, common_choices, one_way_state};
 use crate::graph::Edge;

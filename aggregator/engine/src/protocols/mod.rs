@@ -175,9 +175,7 @@ pub(crate) fn one_way_state(engine: &Engine) -> CollectionState {
     }
 }
 
-/// Every attribute alone, uniformly, each with its lower-variance oracle (a round that
-/// estimates every 1-way alike, e.g. `auto`'s round 0; for 1-ways as the final
-/// measurements, [`allocated_one_way_choices`]).
+/// Every attribute alone, uniformly, each with its lower-variance oracle.
 pub(crate) fn one_way_choices(engine: &Engine, state: &CollectionState) -> TaskChoices {
     TaskChoices {
         tasks: (0..engine.dims().len())
@@ -193,31 +191,6 @@ pub(crate) fn one_way_choices(engine: &Engine, state: &CollectionState) -> TaskC
     }
 }
 
-/// Every attribute alone, each drawn with probability `∝ K_a^{2/3}`, `K_a` the expected L1
-/// noise of its 1-way from one report at a uniform marginal ([`Engine::expected_noise_l1`]).
-/// A 1-way's noise enters the `d − 1` 2-way marginals of its attribute, so the independence
-/// model's predicted mean 2-way error is `∝ Σ_a K_a/√n_a`; under `Σ_a n_a = N` it is
-/// smallest at `n_a ∝ K_a^{2/3}` (the allocation `auto`'s phase 2 uses, here before any
-/// estimate: large domains get more reports than small ones).
-pub(crate) fn allocated_one_way_choices(engine: &Engine, state: &CollectionState) -> TaskChoices {
-    let choices = one_way_choices(engine, state);
-    let weights = choices
-        .tasks
-        .iter()
-        .map(|t| {
-            let k = engine.dims()[t.factor[0]];
-            let uniform = vec![1.0 / k as f64; k];
-            engine
-                .expected_noise_l1(&t.factor, &[], &uniform, 1.0)
-                .powf(2.0 / 3.0)
-        })
-        .collect();
-    TaskChoices {
-        weights: Some(weights),
-        ..choices
-    }
-}
-
 /// The tasks of the phases every protocol may be in besides its own: finalized (error),
 /// 1-ways, and a phase-2 plan's factors `∝` their weights. `None` for the phase-1 and
 /// pair-sampling phases, which the protocol draws itself.
@@ -227,13 +200,13 @@ pub(crate) fn common_choices(
 ) -> Option<Result<TaskChoices, EngineError>> {
     match state.phase {
         Phase::Finalized => Some(Err(EngineError::Finalized)),
-        Phase::OneWay => Some(Ok(allocated_one_way_choices(engine, state))),
+        Phase::OneWay => Some(Ok(one_way_choices(engine, state))),
         Phase::CliqueMeasurement => Some((|| {
             let plan = state
                 .plan()
                 .ok_or_else(|| EngineError::InvalidState("phase 2 without a plan".into()))?;
             if plan.factors.is_empty() {
-                return Ok(allocated_one_way_choices(engine, state));
+                return Ok(one_way_choices(engine, state));
             }
             Ok(TaskChoices {
                 tasks: plan
@@ -514,49 +487,6 @@ mod tests {
             m.accumulate(&report, stats).unwrap();
         }
         tables
-    }
-
-    /// The independence protocol draws each attribute `∝ K^{2/3}`: equal domains alike,
-    /// larger domains more often (a 64-valued attribute's OUE noise sums 64 cells), and the
-    /// engine's draws follow the weights (χ²-style bound per attribute at α ≈ 1e-6).
-    #[test]
-    fn one_ways_are_drawn_in_proportion_to_their_noise() {
-        let e = Engine::from_parts(
-            vec![2, 2, 8, 64],
-            Epsilon::new(2.0).unwrap(),
-            10_000,
-            Protocol::Independence {},
-            EngineOptions::default(),
-        )
-        .unwrap();
-        let state = e.initial_state();
-        assert_eq!(state.phase, Phase::OneWay);
-        let choices = allocated_one_way_choices(&e, &state);
-        let w = choices.weights.expect("weighted 1-ways");
-        assert_eq!(w[0], w[1]);
-        assert!(w[1] < w[2] && w[2] < w[3], "{w:?}");
-        for (t, wa) in choices.tasks.iter().zip(&w) {
-            let k = e.dims()[t.factor[0]];
-            let uniform = vec![1.0 / k as f64; k];
-            let noise = e.expected_noise_l1(&t.factor, &[], &uniform, 1.0);
-            assert!((wa - noise.powf(2.0 / 3.0)).abs() < 1e-12);
-        }
-        let total: f64 = w.iter().sum();
-        let mut rng = ChaCha12Rng::seed_from_u64(5);
-        let draws = 40_000;
-        let mut seen = [0usize; 4];
-        for _ in 0..draws {
-            seen[e.draw_task(&state, &mut rng).unwrap().factor[0]] += 1;
-        }
-        for (a, &c) in seen.iter().enumerate() {
-            let p = w[a] / total;
-            let sd = (draws as f64 * p * (1.0 - p)).sqrt();
-            assert!(
-                (c as f64 - draws as f64 * p).abs() < 5.0 * sd,
-                "attribute {a}: {c} draws, expected {:.0}",
-                draws as f64 * p
-            );
-        }
     }
 
     #[test]

@@ -439,9 +439,11 @@ impl Auto {
     /// Alg. 2's contribution per budget). Each screened pair's dependence `D̂` (its L1
     /// distance from independence, debiased for the screening noise: [`PairGain`]) is
     /// estimated from the screening tables. A factor f measured by n reports has expected L1 noise `K_f/√n`
-    /// (randomizer and sampling variances are both ∝ 1/n; `K_f` at the screening estimate,
-    /// for a pair scaled by the share of noise its simplex projection keeps at a tree-sized
-    /// allocation `N₂/d`, [`projected_noise_l1`]).
+    /// (randomizer and sampling variances are both ∝ 1/n; `K_f` at the estimate — round 0's
+    /// for a 1-way, the screening's for a pair — scaled by the share of noise its simplex
+    /// projection keeps at a tree-sized allocation `N₂/d`, [`projected_noise_l1`]: a skewed
+    /// 1-way, like a sparse pair, loses most of its noise to it, so it needs fewer reports
+    /// than its cell count suggests; `benchmarks/sweeps/one-way-allocation.md`).
     /// Phase 2 measures every attribute alone and the selected pairs S; its 2-way error is
     /// predicted as `Σ_{p∉S} D̂_p + Σ_f w_f K_f/√n_f`, with `w_f` the number of 2-way
     /// marginals a factor's error enters (1 for a pair, `d − 1` for a 1-way). Under
@@ -465,8 +467,23 @@ impl Auto {
         let n2 = self
             .phase2_users_after(engine, self.screening_share(engine, state.edges()))
             .max(1.0);
+        let n_ref = (n2 / d as f64).max(1.0);
+        // The share of a table's noise that its simplex projection keeps, at a tree-sized
+        // phase-2 allocation (sparse and skewed tables lose much of their noise to it).
+        let kept_share = |f: &[usize], bins: &[Vec<u32>], at: &[f64], seed: u64| {
+            let sigma = engine.cell_std_errors(f, bins, at, n_ref);
+            let raw = (2.0 / std::f64::consts::PI).sqrt() * sigma.iter().sum::<f64>();
+            let kept = projected_noise_l1(at, &sigma, seed);
+            if raw > 0.0 {
+                (kept / raw).min(1.0)
+            } else {
+                1.0
+            }
+        };
+        // A 1-way's seed apart from every pair's (pair indices are below 2^32).
         let allocation = |f: &[usize], at: &[f64], w: f64| {
-            (w * engine.expected_noise_l1(f, &[], at, 1.0)).powf(2.0 / 3.0)
+            let share = kept_share(f, &[], at, u64::MAX - f[0] as u64);
+            (w * share * engine.expected_noise_l1(f, &[], at, 1.0)).powf(2.0 / 3.0)
         };
         let mut factors: Vec<PlannedFactor> = (0..d)
             .map(|a| PlannedFactor {
@@ -505,15 +522,7 @@ impl Auto {
                 let f = [e.a, e.b];
                 let at = &g.projected;
                 let k = engine.expected_noise_l1(&f, &e.bins, at, 1.0);
-                let n_ref = (n2 / d as f64).max(1.0);
-                let sigma = engine.cell_std_errors(&f, &e.bins, at, n_ref);
-                let raw = (2.0 / std::f64::consts::PI).sqrt() * sigma.iter().sum::<f64>();
-                let kept = projected_noise_l1(at, &sigma, i as u64);
-                let shrink = if raw > 0.0 {
-                    (kept / raw).min(1.0)
-                } else {
-                    1.0
-                };
+                let shrink = kept_share(&f, &e.bins, at, i as u64);
                 candidates.push((i, dependence, (shrink * k).powf(2.0 / 3.0)));
             }
         }

@@ -430,8 +430,8 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
     {
         use std::io::Write as _;
         file.write_all(&chunk)?;
-        // Rows for the bar: a quoted label may hold a line break, so the count below is
-        // the CSV reader's, not this one.
+        // Line breaks only approximate rows for the bar (a quoted label may hold one); the
+        // row count checked below is the CSV reader's.
         bar.inc(chunk.iter().filter(|&&b| b == b'\n').count() as u64);
     }
     std::io::Write::flush(&mut file)?;

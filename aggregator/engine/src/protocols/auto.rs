@@ -438,12 +438,13 @@ impl Auto {
     /// `auto`'s selection after its screening round (DESIGN.md "Adaptive rounds"; PPSyn
     /// Alg. 2's contribution per budget). Each screened pair's dependence `D̂` (its L1
     /// distance from independence, debiased for the screening noise: [`PairGain`]) is
-    /// estimated from the screening tables. A factor f measured by n reports has expected L1 noise `K_f/√n`
-    /// (randomizer and sampling variances are both ∝ 1/n; `K_f` at the estimate — round 0's
-    /// for a 1-way, the screening's for a pair — scaled by the share of noise its simplex
-    /// projection keeps at a tree-sized allocation `N₂/d`, [`projected_noise_l1`]: a skewed
-    /// 1-way, like a sparse pair, loses most of its noise to it, so it needs fewer reports
-    /// than its cell count suggests; `benchmarks/sweeps/one-way-allocation.md`).
+    /// estimated from the screening tables. A factor f measured by n reports has expected L1
+    /// noise `K_f/√n` (randomizer and sampling variances are both ∝ 1/n; `K_f` at the
+    /// estimate — round 0's for a 1-way, the screening's for a pair — scaled by the share of
+    /// noise its simplex projection keeps at a tree-sized allocation `N₂/d`,
+    /// [`projected_noise_l1`]: a skewed 1-way, like a sparse pair, loses most of its noise
+    /// to it, so it needs fewer reports than its cell count suggests;
+    /// `benchmarks/sweeps/one-way-allocation.md`).
     /// Phase 2 measures every attribute alone and the selected pairs S; its 2-way error is
     /// predicted as `Σ_{p∉S} D̂_p + Σ_f w_f K_f/√n_f`, with `w_f` the number of 2-way
     /// marginals a factor's error enters (1 for a pair, `d − 1` for a 1-way). Under
@@ -472,7 +473,7 @@ impl Auto {
         // phase-2 allocation (sparse and skewed tables lose much of their noise to it).
         let kept_share = |f: &[usize], bins: &[Vec<u32>], at: &[f64], seed: u64| {
             let sigma = engine.cell_std_errors(f, bins, at, n_ref);
-            let raw = (2.0 / std::f64::consts::PI).sqrt() * sigma.iter().sum::<f64>();
+            let raw = engine.expected_noise_l1(f, bins, at, n_ref);
             let kept = projected_noise_l1(at, &sigma, seed);
             if raw > 0.0 {
                 (kept / raw).min(1.0)

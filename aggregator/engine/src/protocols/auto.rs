@@ -5,8 +5,8 @@
 //! 1-ways; VertiMRF §6.1's binning with the bins placed by an earlier LDP estimate), and
 //! pairs at full resolution in blocks of several attributes when one report of a block
 //! estimates its pairs with less summed noise than reports of the pairs alone (large ε,
-//! small domains: `Auto::screening_tasks`; the round then takes
-//! [`AUTO_BLOCK_SCREENING_SHARE`] of the users); at its
+//! small domains: `Auto::screening_tasks`; the round's share then moves towards
+//! [`AUTO_BLOCK_SCREENING_SHARE`] with the fraction of its pairs in blocks); at its
 //! close the pairs are selected greedily by predicted 2-way error (`Auto::select`), and
 //! phase 2 measures the selected pairs and every attribute alone, allocated to minimize that
 //! prediction. Round 0's reports are not spent on structure only: they enter the final fit
@@ -46,10 +46,12 @@ use crate::{EngineError, Measurements, Tables};
 /// 3 seeds: 0.3 best in 14 of 20 cells, 0.2 and 0.4 worse by 3.9% and 2.0% on average.
 pub const AUTO_PHASE1_SHARE: f64 = 0.3;
 
-/// Share of the users in `auto`'s screening round when its design measures blocks of more
-/// than two attributes (`Auto::screening_tasks`; large ε, small domains): a block's report
-/// is a measurement of many pairs at once and enters the final fit, so the round that
-/// measures every pair is worth more users than when it measures one pair per report.
+/// Share of the users in `auto`'s screening round when its design measures every pair in
+/// blocks of more than two attributes (`Auto::screening_tasks`; large ε, small domains; a
+/// design that measures a fraction φ of its pairs in blocks gets `(1 − φ)·0.3 + φ·0.6`):
+/// a block's report is a measurement of many pairs at once and enters the final fit, so
+/// the round that measures every pair is worth more users than when it measures one pair
+/// per report.
 /// Chosen by a sweep of 0.3 (the pair share), 0.45, 0.6 and 0.75 over every cell where
 /// blocks are chosen: the survey table of `examples/survey` at 21,574 and 10,000 people
 /// (ε = 2, 4, 8) and adult, nist-taxi, temporal-match2, the built-in network and adult-1.5m
@@ -253,27 +255,37 @@ impl Auto {
         (1.0 - screening_share - self.round0_share(engine)).max(0.0) * engine.target_users() as f64
     }
 
-    /// The screening round's share of the users for its active pairs `edges`:
-    /// [`AUTO_BLOCK_SCREENING_SHARE`] when its design measures blocks
-    /// ([`Auto::screening_tasks`]), else [`AUTO_PHASE1_SHARE`]. An explicit
-    /// `auto_phase1_share` option sets both.
+    /// The screening round's share of the users for its active pairs `edges`: with φ the
+    /// fraction of those pairs its design ([`Auto::screening_tasks`]) measures in blocks of
+    /// more than two attributes, `(1 − φ)·`[`AUTO_PHASE1_SHARE`]` +
+    /// φ·`[`AUTO_BLOCK_SCREENING_SHARE`] (a design of pairs only gets the pair share, one of
+    /// blocks only the block share). An explicit `auto_phase1_share` option sets both.
+    /// Weighing by φ rather than switching on any block matters for wide tables at a few
+    /// thousand people, whose design of ~580 pairs may hold a dozen blocks: the block share
+    /// starved their 1-ways (`benchmarks/sweeps/auto-block-share.md`, "Mixed designs").
     fn screening_share(&self, engine: &Engine, edges: &[EdgeState]) -> f64 {
         let options = engine.options();
         if let Some(s) = options.auto_phase1_share {
             return s;
         }
-        if self
-            .screening_tasks(engine, edges)
+        let tasks = self.screening_tasks(engine, edges);
+        let active: Vec<&EdgeState> = edges.iter().filter(|e| e.active).collect();
+        let in_blocks = active
             .iter()
-            .any(|(f, _)| f.len() > 2)
-        {
-            options
-                .auto_block_share
-                .unwrap_or(AUTO_BLOCK_SCREENING_SHARE)
-                .clamp(0.0, 1.0 - self.round0_share(engine))
-        } else {
-            AUTO_PHASE1_SHARE
-        }
+            .filter(|e| {
+                // Binned pairs are always pair tasks, even with both attributes in a block.
+                e.bins.is_empty()
+                    && tasks
+                        .iter()
+                        .any(|(f, _)| f.len() > 2 && f.contains(&e.a) && f.contains(&e.b))
+            })
+            .count();
+        let phi = in_blocks as f64 / active.len().max(1) as f64;
+        let block_share = options
+            .auto_block_share
+            .unwrap_or(AUTO_BLOCK_SCREENING_SHARE);
+        ((1.0 - phi) * AUTO_PHASE1_SHARE + phi * block_share)
+            .clamp(0.0, 1.0 - self.round0_share(engine))
     }
 
     /// The bin maps `auto` screens pair `(a, b)` under, or `None` if it never measures it.
@@ -817,6 +829,38 @@ mod tests {
             state.round_quota,
             Some(round_quota(&engine, AUTO_PHASE1_SHARE, 1))
         );
+    }
+
+    /// A design that measures some of its pairs in blocks and the rest as pairs gets a
+    /// share between the pair and the block share, weighted by the fraction of its pairs in
+    /// blocks: a few blocks among many pairs must not hand the round the block share.
+    #[test]
+    fn a_mixed_design_weighs_the_block_share_by_its_pairs_in_blocks() {
+        let mut dims = vec![2usize; 8];
+        dims.extend([20, 20, 20, 20]);
+        let engine = auto_engine(dims, 8.0, 200_000);
+        let (tasks, edges) = screening(&engine);
+        let active: Vec<&EdgeState> = edges.iter().filter(|e| e.active).collect();
+        let in_blocks = active
+            .iter()
+            .filter(|e| {
+                tasks
+                    .iter()
+                    .any(|(f, _)| f.len() > 2 && f.contains(&e.a) && f.contains(&e.b))
+            })
+            .count();
+        assert!(
+            in_blocks > 0 && in_blocks < active.len(),
+            "{in_blocks} of {} pairs in blocks: {tasks:?}",
+            active.len()
+        );
+        let phi = in_blocks as f64 / active.len() as f64;
+        let state = Auto::new(PrivIncrParams::default()).screening_state(&engine, None);
+        let share = (1.0 - phi) * AUTO_PHASE1_SHARE + phi * AUTO_BLOCK_SCREENING_SHARE;
+        assert_eq!(state.round_quota, Some(round_quota(&engine, share, 1)));
+        let quota = state.round_quota.unwrap();
+        assert!(quota > round_quota(&engine, AUTO_PHASE1_SHARE, 1));
+        assert!(quota < round_quota(&engine, AUTO_BLOCK_SCREENING_SHARE, 1));
     }
 
     #[test]

@@ -462,6 +462,15 @@ mod tests {
         (dir, path, schema, warnings)
     }
 
+    /// The schema's attribute names in order.
+    fn attribute_names(schema: &Schema) -> Vec<&str> {
+        schema
+            .attributes()
+            .iter()
+            .map(|a| a.name.as_str())
+            .collect()
+    }
+
     /// A balance-like column (most rows within a few hundred of 0, a tail to 100,000, some
     /// negatives) gets an asinh scale with the unit of its median magnitude, and a warning;
     /// the evenly spread column beside it stays linear; the proposal reads its file.
@@ -527,12 +536,7 @@ mod tests {
             text.push_str(&format!("NO,3,{},{note}\n", ["F", "M"][i as usize % 2]));
         }
         let (_dir, path, schema, warnings) = infer_text("constant.csv", &text);
-        let names: Vec<&str> = schema
-            .attributes()
-            .iter()
-            .map(|a| a.name.as_str())
-            .collect();
-        assert_eq!(names, ["sex", "note"]);
+        assert_eq!(attribute_names(&schema), ["sex", "note"]);
         for (column, value) in [("country", "NO"), ("version", "3")] {
             assert!(
                 warnings
@@ -564,12 +568,10 @@ mod tests {
             ));
         }
         let (_dir, path, schema, warnings) = infer_text("people.csv", &text);
-        let names: Vec<&str> = schema
-            .attributes()
-            .iter()
-            .map(|a| a.name.as_str())
-            .collect();
-        assert_eq!(names, ["age", "income", "grade", "city", "hours"]);
+        assert_eq!(
+            attribute_names(&schema),
+            ["age", "income", "grade", "city", "hours"]
+        );
         assert!(warnings.iter().any(|w| w.contains("`id`")), "{warnings:?}");
         assert!(warnings[0].contains("public"));
         let a = &schema.attributes();

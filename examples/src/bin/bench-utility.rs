@@ -9,7 +9,7 @@
 //! bench-utility --data examples/adult/adult.csv --schema examples/adult/schema.json \
 //!     --out benchmarks/results/utility-adult.json
 //!     [--only PROTOCOL]… [--epsilon E]… [--users N]… [--datasets a,b] [--seeds S]
-//!     [--threads T] [--no-ml] [--ml-only] [--ml-seeds S] [--no-numeric]
+//!     [--threads T] [--no-ml] [--ml-only] [--ml-seeds S] [--no-numeric] [--arrival file|shuffled]
 //! ```
 //! The numeric rows read Adult under `examples/adult/schema-auto.json` and temporal-match2
 //! under `examples/temporal-match2/schema-numeric.json` (numeric attributes with `bins:
@@ -115,6 +115,26 @@ struct Args {
     /// Skip the suite's numeric rows.
     #[arg(long = "no-numeric", action = clap::ArgAction::SetFalse)]
     numeric: bool,
+    /// Order in which the people of the suite's files arrive (the simulator assigns them to
+    /// rounds in that order): `file` (the CSV's row order; nist-taxi and temporal-match2
+    /// drift along it, `benchmarks/sweeps/arrival-order.md`) or `shuffled` (a seeded random
+    /// order). Applies to nist-taxi, temporal-match2 and the numeric rows; the coded Adult
+    /// rows are always shuffled or resampled.
+    #[arg(long, value_enum, default_value_t = Arrival::File)]
+    arrival: Arrival,
+}
+
+/// Seed of the random arrival order of a dataset read whole (Adult's coded rows always,
+/// the other files with `--arrival shuffled`).
+const SHUFFLE_SEED: u64 = 45;
+
+/// Arrival order of a suite dataset read from a file ([`Args::arrival`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Arrival {
+    /// The file's row order.
+    File,
+    /// A seeded random order.
+    Shuffled,
 }
 
 fn parse_args() -> Args {
@@ -546,7 +566,7 @@ fn main() -> Result<(), Error> {
         let mut datasets: Vec<Arc<Dataset>> = Vec::new();
         for (name, n) in specs {
             let pop = if n == 0 {
-                base.shuffled(45)
+                base.shuffled(SHUFFLE_SEED)
             } else {
                 base.resample(n, n as u64)
             };
@@ -563,7 +583,11 @@ fn main() -> Result<(), Error> {
                 )?)?;
                 let loaded = load_csv(&dir.join(format!("{name}.csv")), &schema)?;
                 println!("loaded {name}: {} rows", loaded.population.len());
-                datasets.push(Arc::new(Dataset::new(name.into(), loaded.population)));
+                let pop = match args.arrival {
+                    Arrival::File => loaded.population,
+                    Arrival::Shuffled => loaded.population.shuffled(SHUFFLE_SEED),
+                };
+                datasets.push(Arc::new(Dataset::new(name.into(), pop)));
             }
             if args.datasets.is_empty() || args.datasets.iter().any(|d| d == "bn") {
                 let pop = BayesNet::standard().sample(100_000, 11);
@@ -596,8 +620,12 @@ fn main() -> Result<(), Error> {
             }
             let schema: Schema = serde_json::from_str(&std::fs::read_to_string(schema_path)?)?;
             let csv = csv.map_or(args.data.clone(), |c| args.shared.join(c));
-            let loaded = load_csv(&csv, &schema)?;
+            let mut loaded = load_csv(&csv, &schema)?;
             println!("loaded {name}: {} rows", loaded.population.len());
+            if args.arrival == Arrival::Shuffled {
+                // The raw values are scored as a distribution; only the arrival order moves.
+                loaded.population = loaded.population.shuffled(SHUFFLE_SEED);
+            }
             datasets.push(Arc::new(NumericDataset {
                 name: name.into(),
                 schema,

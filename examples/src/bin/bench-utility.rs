@@ -115,26 +115,36 @@ struct Args {
     /// Skip the suite's numeric rows.
     #[arg(long = "no-numeric", action = clap::ArgAction::SetFalse)]
     numeric: bool,
-    /// Order in which the people of the suite's files arrive (the simulator assigns them to
+    /// Order in which the people of a file read whole arrive (the simulator assigns them to
     /// rounds in that order): `file` (the CSV's row order; nist-taxi and temporal-match2
     /// drift along it, `benchmarks/sweeps/arrival-order.md`) or `shuffled` (a seeded random
-    /// order). Applies to nist-taxi, temporal-match2 and the numeric rows; the coded Adult
-    /// rows are always shuffled or resampled.
-    #[arg(long, value_enum, default_value_t = Arrival::File)]
-    arrival: Arrival,
+    /// order). Unset: the suite's nist-taxi, temporal-match2 and numeric rows in file order,
+    /// `--data` at its full size (Adult in the suite) shuffled. Resampled sizes are drawn at
+    /// random either way.
+    #[arg(long, value_enum)]
+    arrival: Option<Arrival>,
 }
 
-/// Seed of the random arrival order of a dataset read whole (Adult's coded rows always,
-/// the other files with `--arrival shuffled`).
+/// Seed of the random arrival order of a file read whole ([`Args::arrival`]).
 const SHUFFLE_SEED: u64 = 45;
 
-/// Arrival order of a suite dataset read from a file ([`Args::arrival`]).
+/// Arrival order of a file read whole ([`Args::arrival`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Arrival {
     /// The file's row order.
     File,
     /// A seeded random order.
     Shuffled,
+}
+
+impl Arrival {
+    /// `population` in this order.
+    fn order(self, population: Population) -> Population {
+        match self {
+            Arrival::File => population,
+            Arrival::Shuffled => population.shuffled(SHUFFLE_SEED),
+        }
+    }
 }
 
 fn parse_args() -> Args {
@@ -566,7 +576,9 @@ fn main() -> Result<(), Error> {
         let mut datasets: Vec<Arc<Dataset>> = Vec::new();
         for (name, n) in specs {
             let pop = if n == 0 {
-                base.shuffled(SHUFFLE_SEED)
+                args.arrival
+                    .unwrap_or(Arrival::Shuffled)
+                    .order(base.clone())
             } else {
                 base.resample(n, n as u64)
             };
@@ -583,10 +595,10 @@ fn main() -> Result<(), Error> {
                 )?)?;
                 let loaded = load_csv(&dir.join(format!("{name}.csv")), &schema)?;
                 println!("loaded {name}: {} rows", loaded.population.len());
-                let pop = match args.arrival {
-                    Arrival::File => loaded.population,
-                    Arrival::Shuffled => loaded.population.shuffled(SHUFFLE_SEED),
-                };
+                let pop = args
+                    .arrival
+                    .unwrap_or(Arrival::File)
+                    .order(loaded.population);
                 datasets.push(Arc::new(Dataset::new(name.into(), pop)));
             }
             if args.datasets.is_empty() || args.datasets.iter().any(|d| d == "bn") {
@@ -622,10 +634,11 @@ fn main() -> Result<(), Error> {
             let csv = csv.map_or(args.data.clone(), |c| args.shared.join(c));
             let mut loaded = load_csv(&csv, &schema)?;
             println!("loaded {name}: {} rows", loaded.population.len());
-            if args.arrival == Arrival::Shuffled {
-                // The raw values are scored as a distribution; only the arrival order moves.
-                loaded.population = loaded.population.shuffled(SHUFFLE_SEED);
-            }
+            // The raw values are scored as a distribution; only the arrival order moves.
+            loaded.population = args
+                .arrival
+                .unwrap_or(Arrival::File)
+                .order(loaded.population);
             datasets.push(Arc::new(NumericDataset {
                 name: name.into(),
                 schema,

@@ -31,7 +31,7 @@ use rand_chacha::ChaCha12Rng;
 use super::EngineError;
 use super::graph::{Edge, JunctionTree, build_junction_tree, edge};
 use super::pgm::{FitOptions, GraphicalModel, Observation, fit};
-use super::tables::{Measurements, TableKey, coarsen};
+use super::tables::{Combined, Measurements, TableKey, coarsen};
 
 /// Default cap on the cells of one clique of the model graph: bounds the fit's memory and
 /// time (belief propagation is linear in the cells of all cliques); DESIGN.md suggests
@@ -196,6 +196,16 @@ pub(crate) fn outer(a: &[f64], b: &[f64]) -> Vec<f64> {
         .collect()
 }
 
+/// The independence model a pair's dependence is measured against ([`pair_gain_binned`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Null {
+    /// The product of the collection's 1-ways (`one_way`, every round pooled).
+    Collection,
+    /// The product of the 1-ways of the people the pair's tables come from
+    /// ([`same_people_one_way`]): `auto`'s, whose rounds see the people in arrival order.
+    SamePeople,
+}
+
 /// The best [`PairGain`] of `(a, b)` over every binning it was measured under
 /// ([`binnings`]), with that binning; `None` if no table contains both. The dependence is
 /// estimated from the tables `judge` accepts (all of them, or those measured after the pair
@@ -205,11 +215,17 @@ pub fn best_pair_gain(
     one_way: &[Vec<f64>],
     a: usize,
     b: usize,
+    null: Null,
     judge: impl Fn(&TableKey) -> bool + Copy,
 ) -> Option<(PairGain, Vec<Vec<u32>>)> {
     binnings(ms, &[a, b])
         .into_iter()
-        .filter_map(|bins| Some((pair_gain_binned(ms, one_way, a, b, &bins, judge)?, bins)))
+        .filter_map(|bins| {
+            Some((
+                pair_gain_binned(ms, one_way, a, b, &bins, null, judge)?,
+                bins,
+            ))
+        })
         .max_by(|x, y| x.0.gain().total_cmp(&y.0.gain()))
 }
 
@@ -222,20 +238,56 @@ pub fn best_pair_gain(
 /// dependence is judged on the later ones only, which that selection did not see (the first
 /// are biased upwards given the selection: the winner's curse). Falls back to all tables
 /// when `judge` accepts none. `None` if no table fits.
+///
+/// `null` picks the independence model the dependence is measured against: the product of
+/// the collection's 1-ways `one_way`, or of the 1-ways of the people of the rounds the
+/// judged tables come from ([`Null::SamePeople`]; `one_way` for an attribute those rounds
+/// hold no full-resolution table of). Rounds run in arrival order: when the people drift
+/// during a collection, a pair measured in a later round differs from the product of
+/// earlier people's 1-ways by their drift, not by a dependence the pair could add
+/// (`benchmarks/sweeps/arrival-order.md`).
 pub fn pair_gain_binned(
     ms: &Measurements,
     one_way: &[Vec<f64>],
     a: usize,
     b: usize,
     bins: &[Vec<u32>],
+    null: Null,
     judge: impl Fn(&TableKey) -> bool,
 ) -> Option<PairGain> {
     let dims = ms.domain_sizes();
-    let one = |x: usize, i: usize| coarsen(&one_way[x], &[dims[x]], &[cuts_of(bins, i).to_vec()]);
+    let fits = |k: &TableKey| {
+        [a, b]
+            .iter()
+            .enumerate()
+            .all(|(i, &x)| k.bins_of(x) == cuts_of(bins, i))
+    };
+    let mut rounds: BTreeSet<u32> = ms
+        .containing(&[a, b])
+        .filter(|m| fits(&m.key) && judge(&m.key))
+        .map(|m| m.key.round)
+        .collect();
+    let judged = !rounds.is_empty();
+    if !judged {
+        rounds = ms
+            .containing(&[a, b])
+            .filter(|m| fits(&m.key))
+            .map(|m| m.key.round)
+            .collect();
+    }
+    let one = |x: usize, i: usize| {
+        let same = (null == Null::SamePeople)
+            .then(|| same_people_one_way(ms, x, &rounds))
+            .flatten();
+        let p = same.as_deref().unwrap_or(&one_way[x]);
+        coarsen(p, &[dims[x]], &[cuts_of(bins, i).to_vec()])
+    };
     let null = outer(&one(a, 0), &one(b, 1));
-    let c = ms
-        .combined_binned(&[a, b], bins, judge, Some(&null))
-        .or_else(|| ms.combined_binned(&[a, b], bins, |_| true, Some(&null)))?;
+    let c = if judged {
+        ms.combined_binned(&[a, b], bins, judge, Some(&null))?
+    } else {
+        ms.combined_binned(&[a, b], bins, |_| true, Some(&null))?
+    };
     let projected = norm_sub(&c.frequencies);
     let observed_l1 = projected
         .iter()
@@ -260,6 +312,42 @@ pub fn pair_gain_binned(
         dependence_sd,
         projected,
     })
+}
+
+/// Attribute `x`'s 1-way among the people of `rounds`: its estimate from those rounds'
+/// tables combined with the other rounds' as far as the two agree. Per cell, `f_R` (those
+/// rounds, variance `v_R`) and `f_O` (the others, `v_O`) are pooled with weights `1/v_R`
+/// and `1/(v_O + δ²)`, `δ²` the rounds' drift per cell, estimated without bias as
+/// `max(0, Σ (f_R − f_O)² − Σ (v_R + v_O)) / k` over the `k` cells (a random-effects
+/// pooling, DerSimonian–Laird): the collection's 1-way when the rounds agree, the rounds'
+/// own when they drift apart. After Norm-Sub. `None` without a full-resolution table of `x`
+/// in `rounds`.
+fn same_people_one_way(ms: &Measurements, x: usize, rounds: &BTreeSet<u32>) -> Option<Vec<f64>> {
+    let own = ms.combined_where(&[x], |k| rounds.contains(&k.round))?;
+    let Some(other) = ms.combined_where(&[x], |k| !rounds.contains(&k.round)) else {
+        return Some(norm_sub(&own.frequencies));
+    };
+    let var = |c: &Combined| -> Vec<f64> { c.std_errors.iter().map(|s| s * s).collect() };
+    let (v_own, v_other) = (var(&own), var(&other));
+    let k = own.frequencies.len() as f64;
+    let spread: f64 = own
+        .frequencies
+        .iter()
+        .zip(&other.frequencies)
+        .zip(v_own.iter().zip(&v_other))
+        .map(|((f, g), (v, w))| (f - g).powi(2) - v - w)
+        .sum();
+    let drift = spread.max(0.0) / k;
+    let pooled: Vec<f64> = (0..own.frequencies.len())
+        .map(|i| {
+            let (w_own, w_other) = (
+                1.0 / v_own[i].max(1e-300),
+                1.0 / (v_other[i] + drift).max(1e-300),
+            );
+            (w_own * own.frequencies[i] + w_other * other.frequencies[i]) / (w_own + w_other)
+        })
+        .collect();
+    Some(norm_sub(&pooled))
 }
 
 /// The error a kept pair `(a, b)` brings: the L1 noise around its projected estimate
@@ -488,6 +576,9 @@ pub fn fit_model(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tables::Tables;
+    use ldpsyn::Epsilon;
+    use ldpsyn::mechanism::{Mechanism, MechanismKind, SufficientStatistics};
 
     #[test]
     fn parts_are_maximal_and_fit() {
@@ -500,6 +591,113 @@ mod tests {
             vec![vec![0, 1], vec![1, 2]]
         );
         assert_eq!(fitting_parts(&[3, 1], &tree), vec![vec![3], vec![1]]);
+    }
+
+    /// Reports of `n` people drawn from `p` (row-major over `dims`) through GRR at ε = 6.
+    fn grr_table(dims: &[usize], p: &[f64], n: usize, seed: u64) -> SufficientStatistics {
+        let mech = Mechanism::new(MechanismKind::Grr, Epsilon::new(6.0).unwrap(), dims).unwrap();
+        let mut rng = ChaCha12Rng::seed_from_u64(seed);
+        let mut stats = SufficientStatistics::new(&mech);
+        for _ in 0..n {
+            let mut u: f64 = rng.random();
+            let cell = p.iter().position(|&q| {
+                u -= q;
+                u < 0.0
+            });
+            let mut cell = cell.unwrap_or(p.len() - 1);
+            let mut codes = vec![0u32; dims.len()];
+            for (c, &k) in codes.iter_mut().zip(dims).rev() {
+                *c = (cell % k) as u32;
+                cell /= k;
+            }
+            let report = mech.randomize(&codes, &mut rng).unwrap();
+            mech.accumulate(&report, &mut stats).unwrap();
+        }
+        stats
+    }
+
+    /// People who drift between rounds: round 0 measures each attribute alone among people
+    /// whose `a` is mostly 0, round 1 the pair among people whose `a` is mostly 2, with `b`
+    /// independent of `a` in both. Against the collection's 1-ways the pair looks dependent
+    /// (its margin moved); against its own round's people's it does not.
+    #[test]
+    fn a_pair_is_judged_against_the_one_ways_of_its_own_rounds() {
+        let dims = [3usize, 3];
+        let early = [0.7, 0.2, 0.1];
+        let late = [0.1, 0.2, 0.7];
+        let b = [0.5, 0.3, 0.2];
+        let key = |round: u32, factor: Vec<usize>| TableKey {
+            round,
+            factor,
+            mechanism: MechanismKind::Grr,
+            bins: vec![],
+        };
+        let mut tables = Tables::new();
+        tables.insert(key(0, vec![0]), grr_table(&[3], &early, 20_000, 1));
+        tables.insert(key(0, vec![1]), grr_table(&[3], &b, 20_000, 2));
+        tables.insert(
+            key(1, vec![0, 1]),
+            grr_table(&dims, &outer(&late, &b), 20_000, 3),
+        );
+        let ms = Measurements::new(Epsilon::new(6.0).unwrap(), &dims, &tables).unwrap();
+        // The collection's 1-ways, as the callers pass them: `a` is half early, half late.
+        let one = one_way_estimates(&ms);
+        assert!((one[0][0] - 0.4).abs() < 0.05, "{:?}", one[0]);
+        let g = pair_gain_binned(&ms, &one, 0, 1, &[], Null::SamePeople, |_| true).unwrap();
+        assert!(
+            g.dependence < 2.0 * g.dependence_sd,
+            "an independent pair gains {} (sd {})",
+            g.dependence,
+            g.dependence_sd
+        );
+        // Against the collection's 1-ways the drift reads as a dependence of ~0.6.
+        let c = pair_gain_binned(&ms, &one, 0, 1, &[], Null::Collection, |_| true).unwrap();
+        assert!(c.dependence > 0.4, "{}", c.dependence);
+        // A pair measured in the same round as the 1-ways is still judged against them.
+        let mut same = Tables::new();
+        same.insert(key(0, vec![0]), grr_table(&[3], &early, 20_000, 4));
+        same.insert(key(0, vec![1]), grr_table(&[3], &b, 20_000, 5));
+        let joint = [0.5, 0.1, 0.1, 0.0, 0.1, 0.1, 0.0, 0.0, 0.1];
+        same.insert(key(0, vec![0, 1]), grr_table(&dims, &joint, 20_000, 6));
+        let ms = Measurements::new(Epsilon::new(6.0).unwrap(), &dims, &same).unwrap();
+        let one = one_way_estimates(&ms);
+        let g = pair_gain_binned(&ms, &one, 0, 1, &[], Null::SamePeople, |_| true).unwrap();
+        assert!(
+            g.dependence > 0.3,
+            "a dependent pair gains {}",
+            g.dependence
+        );
+    }
+
+    /// Rounds of the same people: the 1-way of one round's people is the collection's (the
+    /// other rounds pooled in fully), not that round's own noisier estimate.
+    #[test]
+    fn rounds_that_agree_pool_their_one_ways() {
+        let p = [0.5, 0.3, 0.2];
+        let key = |round: u32| TableKey {
+            round,
+            factor: vec![0],
+            mechanism: MechanismKind::Grr,
+            bins: vec![],
+        };
+        let mut tables = Tables::new();
+        tables.insert(key(0), grr_table(&[3], &p, 2_000, 7));
+        tables.insert(key(1), grr_table(&[3], &p, 50_000, 8));
+        let ms = Measurements::new(Epsilon::new(6.0).unwrap(), &[3], &tables).unwrap();
+        let l1 = |x: &[f64], y: &[f64]| x.iter().zip(y).map(|(a, b)| (a - b).abs()).sum::<f64>();
+        let pooled = norm_sub(&ms.combined(&[0]).unwrap().frequencies);
+        let own = norm_sub(
+            &ms.combined_where(&[0], |k| k.round == 0)
+                .unwrap()
+                .frequencies,
+        );
+        let round0: BTreeSet<u32> = [0].into_iter().collect();
+        let same = same_people_one_way(&ms, 0, &round0).unwrap();
+        assert!(
+            l1(&own, &pooled) > 1e-3,
+            "round 0 must differ from the pool: {own:?}"
+        );
+        assert!(l1(&same, &pooled) < 1e-3, "{same:?} vs {pooled:?}");
     }
 
     #[test]

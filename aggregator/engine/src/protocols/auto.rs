@@ -28,7 +28,7 @@ use super::{
     one_way_choices, one_way_state, pairs, plan_structure, point_mass_bins, round_quota,
 };
 use crate::estimate::{
-    MAX_CLIQUE_CELLS, PairGain, best_pair_gain, largest_clique_cells, one_way_estimates,
+    MAX_CLIQUE_CELLS, Null, PairGain, best_pair_gain, largest_clique_cells, one_way_estimates,
     pair_gain_binned, projected_noise_l1,
 };
 use crate::graph::{Edge, EdgeState, edge};
@@ -450,7 +450,9 @@ impl Auto {
     /// `auto`'s selection after its screening round (DESIGN.md "Adaptive rounds"; PPSyn
     /// Alg. 2's contribution per budget). Each screened pair's dependence `D̂` (its L1
     /// distance from independence, debiased for the screening noise: [`PairGain`]) is
-    /// estimated from the screening tables. A factor f measured by n reports has expected L1
+    /// estimated from the screening tables, against the 1-ways of the screening round's
+    /// people ([`Null::SamePeople`]: round 0 saw earlier people, and a drift between the
+    /// rounds is no dependence). A factor f measured by n reports has expected L1
     /// noise `K_f/√n` (randomizer and sampling variances are both ∝ 1/n; `K_f` at the
     /// estimate — round 0's for a 1-way, the screening's for a pair — scaled by the share of
     /// noise its simplex projection keeps at a tree-sized allocation `N₂/d`,
@@ -516,7 +518,8 @@ impl Auto {
             if !e.active {
                 continue;
             }
-            let Some(g) = pair_gain_binned(ms, &one, e.a, e.b, &e.bins, |_| true) else {
+            let Some(g) = pair_gain_binned(ms, &one, e.a, e.b, &e.bins, Null::SamePeople, |_| true)
+            else {
                 continue;
             };
             e.reports = ms
@@ -719,7 +722,8 @@ impl CollectionProtocol for Auto {
     /// phase-2 tables ([`pair_gain_binned`]); every other pair on all of its tables.
     /// Screening blocks count as other tables: excluding them too cost 18% and 3% 2-way TVD
     /// at ε = 2 and 2% and 6% at ε = 4 on the survey table of `examples/survey` (21,574 and
-    /// 10,000 people, 3 seeds): the blocks hold most of a pair's reports.
+    /// 10,000 people, 3 seeds): the blocks hold most of a pair's reports. As in `select`,
+    /// against the 1-ways of the same people ([`Null::SamePeople`]).
     fn pair_gain(
         &self,
         state: &CollectionState,
@@ -732,7 +736,7 @@ impl CollectionProtocol for Auto {
             .plan()
             .is_some_and(|p| p.factors.iter().any(|f| f.factor == [a, b]));
         let phase2 = state.round;
-        best_pair_gain(ms, one_way, a, b, |k| {
+        best_pair_gain(ms, one_way, a, b, Null::SamePeople, |k| {
             !selected || k.factor != [a, b] || k.round >= phase2
         })
         .map(|(g, _)| g)

@@ -322,7 +322,11 @@ pub fn pair_gain_binned(
 /// pooling, DerSimonian–Laird): the collection's 1-way when the rounds agree, the rounds'
 /// own when they drift apart. After Norm-Sub. `None` without a full-resolution table of `x`
 /// in `rounds`.
-fn same_people_one_way(ms: &Measurements, x: usize, rounds: &BTreeSet<u32>) -> Option<Vec<f64>> {
+pub fn same_people_one_way(
+    ms: &Measurements,
+    x: usize,
+    rounds: &BTreeSet<u32>,
+) -> Option<Vec<f64>> {
     let own = ms.combined_where(&[x], |k| rounds.contains(&k.round))?;
     let Some(other) = ms.combined_where(&[x], |k| !rounds.contains(&k.round)) else {
         return Some(norm_sub(&own.frequencies));

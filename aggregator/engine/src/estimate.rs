@@ -256,12 +256,7 @@ pub fn pair_gain_binned(
     judge: impl Fn(&TableKey) -> bool,
 ) -> Option<PairGain> {
     let dims = ms.domain_sizes();
-    let fits = |k: &TableKey| {
-        [a, b]
-            .iter()
-            .enumerate()
-            .all(|(i, &x)| k.bins_of(x) == cuts_of(bins, i))
-    };
+    let fits = |k: &TableKey| k.bins_are(&[a, b], bins);
     let mut rounds: BTreeSet<u32> = ms
         .containing(&[a, b])
         .filter(|m| fits(&m.key) && judge(&m.key))

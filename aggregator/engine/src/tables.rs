@@ -56,6 +56,15 @@ impl TableKey {
             .position(|&a| a == attr)
             .map_or(&[], |i| cuts_of(&self.bins, i))
     }
+
+    /// Whether the table holds `attrs` under exactly the bin maps `bins` (one per attribute
+    /// of `attrs`, `[]` for full resolution; an empty list: none binned).
+    pub fn bins_are(&self, attrs: &[usize], bins: &[Vec<u32>]) -> bool {
+        attrs
+            .iter()
+            .enumerate()
+            .all(|(i, &a)| self.bins_of(a) == cuts_of(bins, i))
+    }
 }
 
 fn kind_rank(k: MechanismKind) -> u8 {
@@ -661,11 +670,7 @@ impl Measurements {
         let uniform = vec![1.0 / cells as f64; cells];
         let mut parts: Vec<(f64, Vec<f64>, &Measurement)> = Vec::new();
         for m in self.containing(attrs) {
-            let fits = attrs
-                .iter()
-                .enumerate()
-                .all(|(i, &a)| m.key.bins_of(a) == cuts_of(bins, i));
-            if !keep(&m.key) || !fits {
+            if !keep(&m.key) || !m.key.bins_are(attrs, bins) {
                 continue;
             }
             // Without the finite-population correction, so that tables of one factor and

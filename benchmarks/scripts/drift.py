@@ -3,22 +3,28 @@ rows (in file order) and the whole file. The simulator assigns people to rounds 
 order, so a file that drifts hands each round of a multi-round protocol a different
 sub-population (benchmarks/sweeps/arrival-order.md).
 
-    python3 benchmarks/scripts/drift.py FILE.csv [FILE.csv ...]
+    python3 benchmarks/scripts/drift.py [--shuffled SEED] FILE.csv [FILE.csv ...]
+
+--shuffled SEED measures the rows in a seeded random order instead: what sampling alone
+shows, the baseline a drift is compared with.
 
 Columns with more than 1,000 distinct values (raw continuous numbers such as Adult's fnlwgt,
 whose every fifth differs from the file in most values) are left out."""
+import argparse
 import csv
-import sys
+import random
 from collections import Counter
 
 MAX_DISTINCT = 1000
 
 
-def main(paths):
+def main(paths, shuffled):
     for path in paths:
         with open(path, newline="") as f:
             rows = list(csv.reader(f))
         head, rows = rows[0], rows[1:]
+        if shuffled is not None:
+            random.Random(shuffled).shuffle(rows)
         n = len(rows)
         out = []
         for j, col in enumerate(head):
@@ -39,4 +45,8 @@ def main(paths):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    p = argparse.ArgumentParser()
+    p.add_argument("files", nargs="+")
+    p.add_argument("--shuffled", type=int, default=None, metavar="SEED")
+    a = p.parse_args()
+    main(a.files, a.shuffled)

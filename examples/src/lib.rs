@@ -39,7 +39,8 @@ pub struct NumericRun {
 /// the screening measures blocks), `LDPSYN_AUTO_ROUND0` (its round-0 share),
 /// `LDPSYN_AUTO_BIN_NOISE` (its noise budget per screened pair), `LDPSYN_GAIN_MARGIN`,
 /// `LDPSYN_MAX_CLIQUE_CELLS` (the clique cap), `LDPSYN_SUB_BIN_SHARE` and `LDPSYN_SUB_BINS`
-/// (the sub-bin 1-ways).
+/// (the sub-bin 1-ways), `LDPSYN_SMOOTHING_Z` (the numeric 1-way smoothing's release
+/// threshold; 0: no smoothing).
 pub fn engine_options() -> EngineOptions {
     let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<f64>().ok());
     let count = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
@@ -52,6 +53,7 @@ pub fn engine_options() -> EngineOptions {
         max_clique_cells: count("LDPSYN_MAX_CLIQUE_CELLS").map(|c| c as u64),
         sub_bin_share: env("LDPSYN_SUB_BIN_SHARE"),
         sub_bins: count("LDPSYN_SUB_BINS"),
+        smoothing_release_z: env("LDPSYN_SMOOTHING_Z"),
         ..EngineOptions::default()
     }
 }

@@ -21,6 +21,7 @@
 //! - [`plan`]: conditionals of the junction tree, Algorithm 2 of PrivIncr with mRMR.
 //! - [`model`]: the [`Model`]: marginals with standard errors, streaming synthesis.
 //! - [`space`]: schema codes ↔ working bins (fine-grid numeric attributes).
+//! - [`smooth`]: a numeric attribute's 1-way smoothed over its ordered bins (SURE-chosen).
 //! - [`samprivsyn`]: SamPrivSyn's own estimation and data generation (eq. 7, eq. 11, Alg. 2).
 //!
 //! Reductions iterate tables in key order (`BTreeMap`), so the same multiset of reports gives
@@ -73,6 +74,7 @@ pub mod pgm;
 pub mod plan;
 pub mod protocols;
 pub mod samprivsyn;
+pub mod smooth;
 pub mod space;
 pub mod state;
 pub mod tables;

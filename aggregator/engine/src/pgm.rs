@@ -458,6 +458,32 @@ impl GraphicalModel {
         &self.losses
     }
 
+    /// The model times `ratio(x_a)` (one non-negative factor per value of attribute `a`),
+    /// normalized: its 1-way of `a` becomes `p_a · ratio` (normalized) and every
+    /// conditional given `a` is kept (raking one margin). The factor enters the log-potential
+    /// of the smallest clique holding `a`; marginals are recomputed by belief propagation.
+    /// Unchanged if `a` is in no clique or `ratio` does not have `a`'s domain size.
+    pub fn with_one_way_ratio(mut self, a: usize, ratio: &[f64]) -> Self {
+        let Some(c) = (0..self.tree.cliques.len())
+            .filter(|&c| self.tree.cliques[c].contains(&a))
+            .min_by_key(|&c| (self.marginals[c].len(), c))
+        else {
+            return self;
+        };
+        if ratio.len() != self.dims[a] || ratio.iter().any(|r| !(*r >= 0.0 && r.is_finite())) {
+            return self;
+        }
+        let clique = &self.tree.cliques[c];
+        let cdims: Vec<usize> = clique.iter().map(|&x| self.dims[x]).collect();
+        let map = projection_map(clique, &cdims, &[a]);
+        for (t, &v) in self.potentials[c].iter_mut().zip(&map) {
+            // A zero factor: a cell the model gives (almost) nothing, as the fit's own zeros.
+            *t += ratio[v].max(f64::MIN_POSITIVE).ln();
+        }
+        self.marginals = Schedule::new(&self.dims, &self.tree).marginals(&self.potentials);
+        self
+    }
+
     /// The model's marginal of `attrs` (cells row-major in `attrs` order, sum 1) when all of
     /// `attrs` lie in one clique; `None` otherwise.
     pub fn marginal_in_clique(&self, attrs: &[usize]) -> Option<Vec<f64>> {
@@ -578,6 +604,59 @@ mod tests {
                 assert!((a - b).abs() < 1e-9);
             }
         }
+    }
+
+    /// Raking one attribute's 1-way ([`GraphicalModel::with_one_way_ratio`]) gives that
+    /// 1-way exactly and keeps every clique's conditional given the attribute, also in a
+    /// clique that does not hold it (attribute 1 is in {0,1} and {1,2,4}; 3 is far off).
+    #[test]
+    fn raking_one_way_sets_it_and_keeps_the_conditionals() {
+        let dims = [3usize, 4, 2, 5, 3];
+        let joint = decomposable(&dims, 5);
+        let tree = build_junction_tree(5, &edges());
+        let obs: Vec<Observation> = tree
+            .cliques
+            .iter()
+            .map(|c| Observation {
+                bins: vec![],
+                attrs: c.clone(),
+                values: marginal(&joint, &dims, c),
+                variances: vec![1e-4; c.iter().map(|&a| dims[a]).product()],
+            })
+            .collect();
+        let m = fit(&dims, &tree, &obs, None, &FitOptions::default()).unwrap();
+        let before = m.marginal_in_clique(&[1]).unwrap();
+        let target = [0.1, 0.2, 0.3, 0.4];
+        let ratio: Vec<f64> = target.iter().zip(&before).map(|(t, p)| t / p).collect();
+        let raked = m.clone().with_one_way_ratio(1, &ratio);
+        for (a, b) in raked.marginal_in_clique(&[1]).unwrap().iter().zip(&target) {
+            assert!((a - b).abs() < 1e-9, "{a} vs {b}");
+        }
+        // P(x_2, x_3 | x_1) is unchanged: the joint of (1, 2, 3) divided by the 1-way of 1.
+        let conditional = |g: &GraphicalModel| -> Vec<f64> {
+            let p1 = g.marginal_in_clique(&[1]).unwrap();
+            let p12 = g.marginal_in_clique(&[1, 2]).unwrap();
+            let p23 = g.marginal_in_clique(&[2, 3]).unwrap();
+            let p2: Vec<f64> = (0..dims[2])
+                .map(|j| (0..dims[1]).map(|i| p12[i * dims[2] + j]).sum())
+                .collect();
+            let mut out = Vec::new();
+            for i in 0..dims[1] {
+                for j in 0..dims[2] {
+                    for k in 0..dims[3] {
+                        // 1 ⟂ 3 | 2 in the chain: P(2,3 | 1) = P(2 | 1)·P(3 | 2).
+                        out.push(p12[i * dims[2] + j] / p1[i] * p23[j * dims[3] + k] / p2[j]);
+                    }
+                }
+            }
+            out
+        };
+        for (a, b) in conditional(&m).iter().zip(conditional(&raked)) {
+            assert!((a - b).abs() < 1e-9, "{a} vs {b}");
+        }
+        // A ratio of the wrong length changes nothing.
+        let same = m.clone().with_one_way_ratio(1, &[2.0; 3]);
+        assert_eq!(same.clique_marginals(), m.clique_marginals());
     }
 
     /// In simulation, adding an unbiased measurement never raises the expected error, over

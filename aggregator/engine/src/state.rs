@@ -383,6 +383,11 @@ pub struct EngineOptions {
     /// Sub-bins per working bin of those 1-ways (default [`SUB_BINS`]).
     #[serde(default)]
     pub sub_bins: Option<usize>,
+    /// Standard errors past which a bin leaves the smoothing of a `bins: "auto"`
+    /// attribute's 1-way (default [`SMOOTHING_RELEASE_Z`](crate::smooth::SMOOTHING_RELEASE_Z);
+    /// 0 releases every bin: no smoothing).
+    #[serde(default)]
+    pub smoothing_release_z: Option<f64>,
 }
 
 /// The engine of one collection: its config, resolved. Cheap to clone.
@@ -896,6 +901,11 @@ impl Engine {
         let edges = select_model_graph(self.dims(), &gains, cap, margin);
         let ms = ms.retained(|m| self.rules.fit_table(&m.key, &edges));
         let fitted = fit_model(&ms, &edges, &FitOptions::default())?;
+        let release_z = self
+            .options
+            .smoothing_release_z
+            .unwrap_or(crate::smooth::SMOOTHING_RELEASE_Z);
+        let fitted = crate::smooth::smooth_numeric_one_ways(&self.space, &ms, fitted, release_z);
         // Cliques are within the cap: one conditional per clique (no Algorithm 2 split).
         let structure = build_structure(self.dims(), &edges, &[], u64::MAX);
         let recovery = Recovery::new(&self.space, &ms);

@@ -458,16 +458,21 @@ impl GraphicalModel {
         &self.losses
     }
 
+    /// The clique with the fewest cells holding every attribute of `attrs` (lowest index
+    /// on ties); `None` if no clique holds them all.
+    fn smallest_clique(&self, attrs: &[usize]) -> Option<usize> {
+        (0..self.tree.cliques.len())
+            .filter(|&c| attrs.iter().all(|a| self.tree.cliques[c].contains(a)))
+            .min_by_key(|&c| (self.marginals[c].len(), c))
+    }
+
     /// The model times `ratio(x_a)` (one non-negative factor per value of attribute `a`),
     /// normalized: its 1-way of `a` becomes `p_a · ratio` (normalized) and every
     /// conditional given `a` is kept (raking one margin). The factor enters the log-potential
     /// of the smallest clique holding `a`; marginals are recomputed by belief propagation.
     /// Unchanged if `a` is in no clique or `ratio` does not have `a`'s domain size.
     pub fn with_one_way_ratio(mut self, a: usize, ratio: &[f64]) -> Self {
-        let Some(c) = (0..self.tree.cliques.len())
-            .filter(|&c| self.tree.cliques[c].contains(&a))
-            .min_by_key(|&c| (self.marginals[c].len(), c))
-        else {
+        let Some(c) = self.smallest_clique(&[a]) else {
             return self;
         };
         if ratio.len() != self.dims[a] || ratio.iter().any(|r| !(*r >= 0.0 && r.is_finite())) {
@@ -487,9 +492,7 @@ impl GraphicalModel {
     /// The model's marginal of `attrs` (cells row-major in `attrs` order, sum 1) when all of
     /// `attrs` lie in one clique; `None` otherwise.
     pub fn marginal_in_clique(&self, attrs: &[usize]) -> Option<Vec<f64>> {
-        let c = (0..self.tree.cliques.len())
-            .filter(|&c| attrs.iter().all(|a| self.tree.cliques[c].contains(a)))
-            .min_by_key(|&c| (self.marginals[c].len(), c))?;
+        let c = self.smallest_clique(attrs)?;
         let clique = &self.tree.cliques[c];
         let cdims: Vec<usize> = clique.iter().map(|&a| self.dims[a]).collect();
         let map = projection_map(clique, &cdims, attrs);
@@ -547,6 +550,23 @@ mod tests {
         out
     }
 
+    /// Every clique of `tree` observed without error from `joint` (variance 1e-4 per cell).
+    fn exact_clique_observations(
+        joint: &[f64],
+        dims: &[usize],
+        tree: &JunctionTree,
+    ) -> Vec<Observation> {
+        tree.cliques
+            .iter()
+            .map(|c| Observation {
+                bins: vec![],
+                attrs: c.clone(),
+                values: marginal(joint, dims, c),
+                variances: vec![1e-4; c.iter().map(|&a| dims[a]).product()],
+            })
+            .collect()
+    }
+
     fn edges() -> BTreeSet<(usize, usize)> {
         [(0, 1), (1, 2), (2, 3), (1, 4), (2, 4)]
             .into_iter()
@@ -558,16 +578,7 @@ mod tests {
         let dims = [3usize, 4, 2, 5, 3];
         let joint = decomposable(&dims, 3);
         let tree = build_junction_tree(5, &edges());
-        let obs: Vec<Observation> = tree
-            .cliques
-            .iter()
-            .map(|c| Observation {
-                bins: vec![],
-                attrs: c.clone(),
-                values: marginal(&joint, &dims, c),
-                variances: vec![1e-4; c.iter().map(|&a| dims[a]).product()],
-            })
-            .collect();
+        let obs = exact_clique_observations(&joint, &dims, &tree);
         let exact = FitOptions {
             max_iters: 20_000,
             tol: 0.0,
@@ -614,16 +625,7 @@ mod tests {
         let dims = [3usize, 4, 2, 5, 3];
         let joint = decomposable(&dims, 5);
         let tree = build_junction_tree(5, &edges());
-        let obs: Vec<Observation> = tree
-            .cliques
-            .iter()
-            .map(|c| Observation {
-                bins: vec![],
-                attrs: c.clone(),
-                values: marginal(&joint, &dims, c),
-                variances: vec![1e-4; c.iter().map(|&a| dims[a]).product()],
-            })
-            .collect();
+        let obs = exact_clique_observations(&joint, &dims, &tree);
         let m = fit(&dims, &tree, &obs, None, &FitOptions::default()).unwrap();
         let before = m.marginal_in_clique(&[1]).unwrap();
         let target = [0.1, 0.2, 0.3, 0.4];

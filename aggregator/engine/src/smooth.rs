@@ -51,10 +51,9 @@ pub const SMOOTHING_RELEASE_Z: f64 = 2.0;
 pub struct Smoother {
     /// The chosen penalty (0: no smoothing).
     pub lambda: f64,
-    /// SURE of the chosen smoother (expected squared error of the smoothed masses).
+    /// SURE of the chosen smoother (expected squared error of the smoothed masses; `Σσ²`
+    /// without smoothing).
     pub risk: f64,
-    /// SURE without smoothing (`Σσ²`).
-    pub raw_risk: f64,
     /// `S_λ`, row-major `n × n`.
     matrix: Array2<f64>,
 }
@@ -70,7 +69,6 @@ impl Smoother {
         let none = Self {
             lambda: 0.0,
             risk: raw_risk,
-            raw_risk,
             matrix: Array2::eye(n),
         };
         let finite = |v: &[f64]| v.iter().all(|x| x.is_finite());
@@ -108,7 +106,6 @@ impl Smoother {
                 best = Self {
                     lambda,
                     risk,
-                    raw_risk,
                     matrix,
                 };
             }

@@ -3,6 +3,8 @@
 //! both serve the same model, equal to the in-process reduction of every report. Runs when
 //! `LDPSYN_TEST_DATABASE_URL` is set, else prints that it was skipped.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::time::Duration;
 
 use ldpsyn::Epsilon;
@@ -18,8 +20,8 @@ async fn two_instances_share_one_postgres_database() {
     let Some(url) = postgres_url("two_instances_share_one_postgres_database") else {
         return;
     };
-    let a = start(&url, &["--refresh-interval-ms", "100"]).await;
-    let b = start(&url, &["--refresh-interval-ms", "100"]).await;
+    let a = start(&url, &["--refresh-interval-ms", "50"]).await;
+    let b = start(&url, &["--refresh-interval-ms", "50"]).await;
     let (base_a, base_b) = (base(&a), base(&b));
     let id = create(
         &base_a,
@@ -37,8 +39,38 @@ async fn two_instances_share_one_postgres_database() {
                 .unwrap(),
         );
     }
+    // While people upload, each instance's count only grows and never exceeds what was
+    // sent: an instance that read the database's counts between committing a group and
+    // applying it counted that group twice (seen once as 5,800 of 4,800).
+    let sent = Arc::new(AtomicU64::new(0));
+    let uploading = Arc::new(AtomicBool::new(true));
+    let poller = tokio::spawn({
+        let (sent, uploading) = (sent.clone(), uploading.clone());
+        let bases = [base_a.clone(), base_b.clone()];
+        async move {
+            let mut last = [0u64; 2];
+            let mut polls = 0;
+            while uploading.load(SeqCst) {
+                for (k, b) in bases.iter().enumerate() {
+                    let (_, s) = admin(b, "GET", &format!("/v1/collections/{id}")).await;
+                    let seen = s["status"]["reports_accepted"].as_u64().unwrap();
+                    let bound = sent.load(SeqCst);
+                    assert!(seen <= bound, "instance {k} counts {seen} of {bound} sent");
+                    assert!(
+                        seen >= last[k],
+                        "instance {k} went back: {} -> {seen}",
+                        last[k]
+                    );
+                    last[k] = seen;
+                    polls += 1;
+                }
+            }
+            polls
+        }
+    });
     // Alternate instances, two uploads running at once.
     for pair in people.chunks_mut(800) {
+        sent.fetch_add(pair.len() as u64, SeqCst);
         let (x, y) = pair.split_at_mut(400);
         let (ca, cb) = clients.split_at_mut(1);
         let (ra, rb) = tokio::join!(ca[0].submit_batch(x), cb[0].submit_batch(y));
@@ -46,6 +78,11 @@ async fn two_instances_share_one_postgres_database() {
             r.unwrap();
         }
     }
+    uploading.store(false, SeqCst);
+    assert!(
+        poller.await.unwrap() > 0,
+        "the counts were polled during the uploads"
+    );
     tokio::time::sleep(Duration::from_millis(400)).await;
     let (_, sa) = admin(&base_a, "GET", &format!("/v1/collections/{id}")).await;
     let (_, sb) = admin(&base_b, "GET", &format!("/v1/collections/{id}")).await;

@@ -171,7 +171,8 @@ impl CollectionHandle {
     }
 
     /// Replaces counts and state from the database (other processes' work, PostgreSQL).
-    pub fn refresh(&self, state: CollectionState, version: i64, counts: Vec<(u32, u64)>) {
+    /// Only the committer calls it ([`Command::Refresh`]).
+    pub(crate) fn refresh(&self, state: CollectionState, version: i64, counts: Vec<(u32, u64)>) {
         let total = counts.iter().map(|c| c.1).sum();
         for (r, n) in counts {
             self.round_counts.insert(r, n);
@@ -260,6 +261,16 @@ pub enum Command {
         /// Where to answer.
         reply: oneshot::Sender<Result<ldpsyn::vertical::PartyUploadResult, ApiError>>,
     },
+    /// Replace collections' counts with the database's, and their state where it is newer
+    /// (PostgreSQL: other processes' work). Through the committer because it is the one
+    /// writer of the counts: read anywhere else, the database may already hold a group this
+    /// process committed but has not yet applied, and applying it would count it twice.
+    Refresh {
+        /// Per collection: its handle, its stored state and that state's version.
+        items: Vec<(Arc<CollectionHandle>, CollectionState, i64)>,
+        /// Where to answer.
+        reply: oneshot::Sender<Result<(), ApiError>>,
+    },
     /// Build the model and mark the collection finalized.
     Finalize {
         /// The collection.
@@ -313,6 +324,9 @@ pub async fn run_committer(db: Db, metrics: Arc<Metrics>, mut rx: mpsc::Receiver
                 let r = admin_close(&db, &mut writer, &metrics, &handle).await;
                 let _ = reply.send(writer.settle(r));
             }
+            Command::Refresh { items, reply } => {
+                let _ = reply.send(refresh(&db, items).await);
+            }
             Command::Finalize { handle, reply } => {
                 let r = finalize(&db, &mut writer, &handle).await;
                 let _ = reply.send(writer.settle(r));
@@ -340,6 +354,19 @@ pub async fn run_committer(db: Db, metrics: Arc<Metrics>, mut rx: mpsc::Receiver
             }
         }
     }
+}
+
+/// [`Command::Refresh`]: no commit of this process is between its database commit and its
+/// [`CollectionHandle::apply_committed`] while the committer runs this.
+async fn refresh(
+    db: &Db,
+    items: Vec<(Arc<CollectionHandle>, CollectionState, i64)>,
+) -> Result<(), ApiError> {
+    for (handle, state, version) in items {
+        let counts = db.stored_round_counts(handle.id).await?;
+        handle.refresh(state, version, counts);
+    }
+    Ok(())
 }
 
 /// The answer to a report of a collection finalized before the report's commit.

@@ -326,6 +326,8 @@ impl AppState {
     /// PostgreSQL: picks up other processes' collections, transitions, counts and
     /// finalizations.
     pub async fn refresh_from_db(&self) -> Result<(), ApiError> {
+        let mut known = Vec::new();
+        let mut finalized = Vec::new();
         for row in self.inner.db.collections().await? {
             let Some(handle) = self.inner.collections.get(&row.id).map(|h| h.clone()) else {
                 let id = row.id;
@@ -338,14 +340,20 @@ impl AppState {
                 continue;
             };
             let state: CollectionState = serde_json::from_str(&row.state)?;
-            let counts = self.inner.db.stored_round_counts(row.id).await?;
-            let finalized = state.phase == Phase::Finalized;
-            handle.refresh(state.clone(), row.state_version, counts);
-            if finalized && handle.model().is_none() {
-                let tables = self.inner.db.estimation_tables(handle.as_ref()).await?;
-                let model = ingest::build_model(handle.engine.clone(), state, tables).await?;
-                handle.set_model(model);
+            if state.phase == Phase::Finalized && handle.model().is_none() {
+                finalized.push((handle.clone(), state.clone()));
             }
+            known.push((handle, state, row.state_version));
+        }
+        self.ask(|reply| Command::Refresh {
+            items: known,
+            reply,
+        })
+        .await?;
+        for (handle, state) in finalized {
+            let tables = self.inner.db.estimation_tables(handle.as_ref()).await?;
+            let model = ingest::build_model(handle.engine.clone(), state, tables).await?;
+            handle.set_model(model);
         }
         Ok(())
     }

@@ -97,10 +97,6 @@ impl SquareWave {
 /// until the estimate moves less than 1e-7 (L∞) or 2,000 iterations. Returns the frequency
 /// of every code.
 fn square_wave_ems<R: Rng>(codes: &[u32], positions: &[f64], eps: f64, rng: &mut R) -> Vec<f64> {
-    square_wave_em(codes, positions, eps, true, 2000, rng)
-}
-
-fn square_wave_em<R: Rng>(codes: &[u32], positions: &[f64], eps: f64, smoothing: bool, iters: usize, rng: &mut R) -> Vec<f64> {
     let sw = SquareWave::new(eps);
     let k = positions.len();
     let mut order: Vec<usize> = (0..k).collect();
@@ -125,7 +121,7 @@ fn square_wave_em<R: Rng>(codes: &[u32], positions: &[f64], eps: f64, smoothing:
         })
         .collect();
     let mut x = vec![1.0 / k as f64; k];
-    for _ in 0..iters {
+    for _ in 0..2000 {
         // E and M steps.
         let mut next = vec![0.0; k];
         for (j, row) in m.iter().enumerate() {
@@ -153,7 +149,7 @@ fn square_wave_em<R: Rng>(codes: &[u32], positions: &[f64], eps: f64, smoothing:
                 s += next[i + 1];
                 w += 1.0;
             }
-            smooth[i] = if smoothing { s / w } else { next[i] };
+            smooth[i] = s / w;
         }
         let total: f64 = smooth.iter().sum();
         let moved = smooth
@@ -287,41 +283,6 @@ fn main() -> Result<(), Error> {
                     // Square Wave + EMS on the same people.
                     let f = square_wave_ems(&codes, &positions, eps, &mut rng);
                     let s = score(&decode(&sample_codes(&f, n, &mut rng), &mut rng))?;
-                    // EXPERIMENT: Square Wave on a quantile scale: a quarter of the people
-                    // through the engine (as `auto`'s round 0), the rest through Square Wave
-                    // with each code at the middle of its interval under that estimate's CDF,
-                    // mixed with its linear place; EM for XX_ITERS iterations, smoothing iff
-                    // XX_SMOOTH is set.
-                    let pilot_n = n / 4;
-                    let config = CollectionConfig {
-                        target_users: pilot_n as u64,
-                        ..config
-                    };
-                    let engine = Engine::new(&config)?;
-                    let pop = Population::new(vec![k], codes[..pilot_n].to_vec())?;
-                    let pilot = Simulation::new(&engine, &pop)
-                        .seed(seed ^ 0x9)
-                        .bucketed(true)
-                        .run()?
-                        .model;
-                    let mut freq = vec![1e-12; k];
-                    for r in pilot.synthesize_with(400_000, seed ^ 0x7, Expansion::Recover) {
-                        freq[r[0] as usize] += 1.0;
-                    }
-                    let total: f64 = freq.iter().sum();
-                    let mut order: Vec<usize> = (0..k).collect();
-                    order.sort_by(|&a, &b| positions[a].total_cmp(&positions[b]));
-                    let mut quantile = vec![0.0; k];
-                    let mut acc = 0.0;
-                    for &c in &order {
-                        let w = freq[c] / total;
-                        quantile[c] = 0.75 * (acc + 0.5 * w) + 0.25 * positions[c];
-                        acc += w;
-                    }
-                    let iters: usize = std::env::var("XX_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000);
-                    let fq = square_wave_em(&codes[pilot_n..], &quantile, eps, std::env::var("XX_SMOOTH").is_ok(), iters, &mut rng);
-                    let q = score(&decode(&sample_codes(&fq, n, &mut rng), &mut rng))?;
-                    println!("{} eps {eps} n {n} seed {seed}: KS engine {:.3} sw {:.3} swq {:.3}", attr.name, e.ks, s.ks, q.ks);
                     for (slot, v) in figures.iter_mut().zip([
                         e.ks,
                         s.ks,

@@ -22,9 +22,9 @@
 //!
 //! [`smooth_numeric_one_ways`] applies it to a fitted model: each attribute's model 1-way
 //! over its ordered bins is smoothed with the `λ` chosen on the measurements' unbiased
-//! estimate, and the model is raked to it ([`GraphicalModel::with_one_way_ratio`]), which
-//! keeps every conditional given the attribute. Point-mass bins and "missing" (past the
-//! grid) are left as fitted.
+//! estimate, and the model is raked to all of them at once
+//! ([`GraphicalModel::with_one_way_targets`]), which keeps every interaction of the model.
+//! Point-mass bins and "missing" (past the grid) are left as fitted.
 
 use linfa_linalg::cholesky::InverseC;
 use ndarray::Array2;
@@ -187,14 +187,17 @@ fn smoother_matrix(var: &[f64], penalty: &Array2<f64>, lambda: f64) -> Option<Ar
 /// attribute's 1-way over its ordered bins smoothed (module docs): the smoother is chosen
 /// on the attribute's combined unbiased estimate from every table holding it, with its
 /// standard errors, applied to the model's 1-way (clipped at 0, its total over those bins
-/// kept), and the model raked to the result. Attributes without working bins, or whose
-/// smoother chooses no smoothing, are unchanged.
+/// kept); the model is then raked to every smoothed 1-way at once
+/// ([`GraphicalModel::with_one_way_targets`]: raking them one after the other moved the
+/// earlier ones again through the cliques they share). Attributes without working bins, or
+/// whose smoother chooses no smoothing, get no target.
 pub fn smooth_numeric_one_ways(
     space: &Space,
     ms: &Measurements,
-    mut model: GraphicalModel,
+    model: GraphicalModel,
     release_z: f64,
 ) -> GraphicalModel {
+    let mut targets: Vec<(usize, Vec<f64>)> = Vec::new();
     for a in 0..space.dims().len() {
         if space.cuts(a).is_empty() {
             continue;
@@ -241,15 +244,13 @@ pub fn smooth_numeric_one_ways(
         if smoothed_total.is_nan() || smoothed_total <= 0.0 {
             continue;
         }
-        let mut ratio = vec![1.0; fitted.len()];
-        for ((&b, s), q) in ordered.iter().zip(&smoothed).zip(&p) {
-            if *q > 0.0 {
-                ratio[b] = s * total / smoothed_total / q;
-            }
+        let mut target = fitted.clone();
+        for (&b, s) in ordered.iter().zip(&smoothed) {
+            target[b] = s * total / smoothed_total;
         }
-        model = model.with_one_way_ratio(a, &ratio);
+        targets.push((a, target));
     }
-    model
+    model.with_one_way_targets(&targets)
 }
 
 #[cfg(test)]

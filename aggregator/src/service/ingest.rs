@@ -362,9 +362,13 @@ async fn refresh(
     db: &Db,
     items: Vec<(Arc<CollectionHandle>, CollectionState, i64)>,
 ) -> Result<(), ApiError> {
+    let mut counts = db.all_round_counts().await?;
     for (handle, state, version) in items {
-        let counts = db.stored_round_counts(handle.id).await?;
-        handle.refresh(state, version, counts);
+        handle.refresh(
+            state,
+            version,
+            counts.remove(&handle.id).unwrap_or_default(),
+        );
     }
     Ok(())
 }

@@ -2,7 +2,7 @@
 //! driver, `$n` placeholders (understood by both), TEXT and BIGINT columns only, and the
 //! shared migrations in `migrations/`, run at startup.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -842,6 +842,24 @@ impl Db {
     pub async fn stored_round_counts(&self, id: Uuid) -> Result<Vec<(u32, u64)>, StorageError> {
         let mut conn = self.pool.acquire().await?;
         Self::round_counts(&mut conn, id).await
+    }
+
+    /// Accepted reports per round of every collection, in one query (the periodic refresh
+    /// of a shared database). Errors: the database's, a stored id that is not a UUID.
+    pub async fn all_round_counts(&self) -> Result<HashMap<Uuid, Vec<(u32, u64)>>, StorageError> {
+        let rows = sqlx::query("SELECT collection_id, round, accepted FROM round_counts")
+            .fetch_all(&self.pool)
+            .await?;
+        let mut out: HashMap<Uuid, Vec<(u32, u64)>> = HashMap::new();
+        for r in &rows {
+            let id: String = r.try_get(0)?;
+            let id = Uuid::parse_str(&id)
+                .map_err(|_| StorageError::Corrupt(format!("stored collection id `{id}`")))?;
+            let round: i64 = r.try_get(1)?;
+            let n: i64 = r.try_get(2)?;
+            out.entry(id).or_default().push((round as u32, n as u64));
+        }
+        Ok(out)
     }
 
     /// Closes the pool (waits for its connections to be returned).

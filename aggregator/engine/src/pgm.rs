@@ -522,13 +522,21 @@ impl GraphicalModel {
                 if now.len() != target.len() {
                     continue;
                 }
-                let mut ratio = vec![1.0; now.len()];
-                for ((r, t), q) in ratio.iter_mut().zip(target).zip(&now) {
-                    farthest = farthest.max((t - q).abs());
-                    if *q > 0.0 {
-                        *r = t / q;
-                    }
+                let off = target
+                    .iter()
+                    .zip(&now)
+                    .map(|(t, q)| (t - q).abs())
+                    .fold(0.0, f64::max);
+                farthest = farthest.max(off);
+                // A target already met is not raked again (each rake is a belief propagation).
+                if off <= RAKING_TOLERANCE {
+                    continue;
                 }
+                let ratio: Vec<f64> = target
+                    .iter()
+                    .zip(&now)
+                    .map(|(t, q)| if *q > 0.0 { t / q } else { 1.0 })
+                    .collect();
                 self = self.with_one_way_ratio(*a, &ratio);
             }
             if farthest <= RAKING_TOLERANCE {

@@ -27,8 +27,8 @@ use super::tables::{coarsen_map, projection_map};
 pub const RAKING_TOLERANCE: f64 = 1e-6;
 
 /// Most sweeps of [`GraphicalModel::with_one_way_targets`] (each rakes every target once):
-/// a bound on the work when a target cannot be met. Reachable targets on Adult and
-/// temporal-match2 (`auto`) are met in at most 5; 20 and 50 give the same 2-way TVD
+/// a bound on the work when a target cannot be met. `auto`'s targets on Adult are met in
+/// at most 5; 20 and 50 give the same 2-way TVD
 /// within 2% on those datasets' unreachable cases (`privincr` at ε = 1;
 /// `benchmarks/sweeps/numeric-smoothing.md`).
 pub const MAX_RAKING_SWEEPS: usize = 50;
@@ -624,6 +624,15 @@ mod tests {
             .collect()
     }
 
+    /// The model fitted (default options) to the exact clique marginals of the
+    /// decomposable distribution of `seed` over the tree of [`edges`].
+    fn fitted_to_exact_cliques(dims: &[usize], seed: u64) -> GraphicalModel {
+        let joint = decomposable(dims, seed);
+        let tree = build_junction_tree(dims.len(), &edges());
+        let obs = exact_clique_observations(&joint, dims, &tree);
+        fit(dims, &tree, &obs, None, &FitOptions::default()).unwrap()
+    }
+
     fn edges() -> BTreeSet<(usize, usize)> {
         [(0, 1), (1, 2), (2, 3), (1, 4), (2, 4)]
             .into_iter()
@@ -680,10 +689,7 @@ mod tests {
     #[test]
     fn raking_one_way_sets_it_and_keeps_the_conditionals() {
         let dims = [3usize, 4, 2, 5, 3];
-        let joint = decomposable(&dims, 5);
-        let tree = build_junction_tree(5, &edges());
-        let obs = exact_clique_observations(&joint, &dims, &tree);
-        let m = fit(&dims, &tree, &obs, None, &FitOptions::default()).unwrap();
+        let m = fitted_to_exact_cliques(&dims, 5);
         let before = m.marginal_in_clique(&[1]).unwrap();
         let target = [0.1, 0.2, 0.3, 0.4];
         let ratio: Vec<f64> = target.iter().zip(&before).map(|(t, p)| t / p).collect();
@@ -725,10 +731,7 @@ mod tests {
     #[test]
     fn raking_several_one_ways_meets_them_all() {
         let dims = [3usize, 4, 2, 5, 3];
-        let joint = decomposable(&dims, 8);
-        let tree = build_junction_tree(5, &edges());
-        let obs = exact_clique_observations(&joint, &dims, &tree);
-        let m = fit(&dims, &tree, &obs, None, &FitOptions::default()).unwrap();
+        let m = fitted_to_exact_cliques(&dims, 8);
         let targets = vec![
             (1, vec![0.1, 0.2, 0.3, 0.4]),
             (2, vec![0.8, 0.2]),

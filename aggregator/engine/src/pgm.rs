@@ -26,10 +26,10 @@ use super::tables::{coarsen_map, projection_map};
 /// sampling noise, is about 1e-4).
 pub const RAKING_TOLERANCE: f64 = 1e-6;
 
-/// Most sweeps of [`GraphicalModel::with_one_way_targets`] (each rakes every target once):
-/// a bound on the work when a target cannot be met. `auto`'s targets on Adult are met in
-/// at most 5; 20 and 50 give the same 2-way TVD
-/// within 2% on those datasets' unreachable cases (`privincr` at ε = 1;
+/// Most sweeps of [`GraphicalModel::with_one_way_targets`] (each rakes every target not yet
+/// met once): a bound on the work when a target cannot be met. `auto`'s targets on Adult
+/// are met in at most 5; 20 and 50 give the same 2-way TVD within 2% where targets cannot
+/// be met (`privincr` at ε = 1 on Adult and temporal-match2;
 /// `benchmarks/sweeps/numeric-smoothing.md`).
 pub const MAX_RAKING_SWEEPS: usize = 50;
 

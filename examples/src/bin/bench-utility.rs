@@ -309,6 +309,7 @@ fn run_numeric_cell(
         "epsilon": eps, "seeds": seeds,
         "grid_tvd1_mean": run_mean(&runs, |r| r.tvd1),
         "grid_tvd2_mean": run_mean(&runs, |r| r.tvd2),
+        "grid_tvd2_std": mean_std(&runs.iter().map(|r| r.tvd2).collect::<Vec<_>>()).1,
         "ks_max": worst.map_or(f64::NAN, |c| field(c, "ks")),
         "ks_max_attribute": worst.map(|c| c["attribute"].clone()),
         "ks_mean": over("ks"), "w1_mean": over("w1"),
@@ -319,10 +320,11 @@ fn run_numeric_cell(
         "numeric": columns,
     });
     eprintln!(
-        "{:>23} {:>13} eps={eps}: grid tvd2 {:.4} max KS {:.3} ({}) mean range err {:.4}",
+        "{:>23} {:>13} eps={eps}: grid tvd2 {:.4}±{:.4} max KS {:.3} ({}) mean range err {:.4}",
         ds.name,
         proto,
         row["grid_tvd2_mean"].as_f64().unwrap_or(f64::NAN),
+        row["grid_tvd2_std"].as_f64().unwrap_or(f64::NAN),
         row["ks_max"].as_f64().unwrap_or(f64::NAN),
         row["ks_max_attribute"].as_str().unwrap_or(""),
         row["range_query_error_mean"].as_f64().unwrap_or(f64::NAN),

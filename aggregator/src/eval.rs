@@ -223,23 +223,13 @@ pub fn numeric_fidelity(
     points.sort_by(f64::total_cmp);
     points.dedup();
     let (mut ks, mut area) = (0.0f64, 0.0);
-    let mut at = (0.0, 0.0, 0.0);
     for (i, &x) in points.iter().enumerate() {
         let gap = (cdf(&r, x) - cdf(&s, x)).abs();
-        if gap > ks { at = (x, cdf(&r, x), cdf(&s, x)); }
         ks = ks.max(gap);
         if let Some(&next) = points.get(i + 1) {
             area += gap * (next - x);
         }
     }
-    if std::env::var("XX_Q").is_ok() {
-        let qs: Vec<String> = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99].iter().map(|q| {
-            let x = r[((r.len() - 1) as f64 * q) as usize];
-            format!("{x:.0}:{:+.3}", cdf(&s, x) - cdf(&r, x))
-        }).collect();
-        eprintln!("XXQ {attribute} {}", qs.join(" "));
-    }
-    if std::env::var("XX_KS").is_ok() { eprintln!("XXKS {attribute} ks {ks:.3} at {:.0} real {:.3} syn {:.3}", at.0, at.1, at.2); }
     let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(seed);
     let share = |v: &[f64], lo: f64, hi: f64| {
         (v.partition_point(|y| *y <= hi) - v.partition_point(|y| *y < lo)) as f64 / v.len() as f64

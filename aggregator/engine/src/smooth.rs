@@ -233,39 +233,6 @@ pub fn smooth_numeric_one_ways(
             &widths,
             release_z,
         );
-        let xx = std::env::var("XX_Y").is_ok();
-        if xx {
-            let total: f64 = ordered.iter().map(|&b| fitted[b]).sum();
-            let y = pick(&combined.frequencies);
-            let mut s = vec![0.0; y.len()];
-            let sy = smoother.apply(&kept.iter().map(|&i| y[i]).collect::<Vec<_>>());
-            for (j, &i) in kept.iter().enumerate() { s[i] = sy[j]; }
-            for i in 0..y.len() { if !kept.contains(&i) { s[i] = fitted[ordered[i]]; } }
-            let (mut lo, mut hi) = (-1.0f64, 1.0f64);
-            for _ in 0..200 {
-                let c = 0.5 * (lo + hi);
-                let t: f64 = s.iter().map(|v| (v - c).max(0.0)).sum();
-                if t > total { lo = c } else { hi = c }
-            }
-            let mut target = fitted.clone();
-            if std::env::var("XX_ISO").is_ok() {
-                let scale = total / s.iter().sum::<f64>();
-                let mut c: Vec<f64> = s.iter().scan(0.0, |acc, v| { *acc += v * scale; Some(*acc) }).collect();
-                c.pop();
-                // PAVA
-                let mut blocks: Vec<(f64, usize)> = Vec::new();
-                for v in c { blocks.push((v, 1)); while blocks.len() > 1 && blocks[blocks.len()-2].0 > blocks[blocks.len()-1].0 { let (v2, n2) = blocks.pop().unwrap(); let l = blocks.last_mut().unwrap(); l.0 = (l.0 * l.1 as f64 + v2 * n2 as f64) / (l.1 + n2) as f64; l.1 += n2; } }
-                let mut cum: Vec<f64> = blocks.iter().flat_map(|&(v, n)| std::iter::repeat(v.clamp(0.0, total)).take(n)).collect();
-                cum.push(total);
-                let mut prev = 0.0;
-                for (&b, c) in ordered.iter().zip(&cum) { target[b] = (c - prev).max(0.0); prev = *c; }
-            } else {
-            for (&b, v) in ordered.iter().zip(&s) { target[b] = (v - hi).max(0.0); }
-            }
-            if std::env::var("XX_T").is_ok() { eprintln!("XXT a {a} y {:?}\nXXT a {a} fitted {:?}\nXXT a {a} target {:?} ranges {:?}", y.iter().map(|v| (v*1000.0).round()/1000.0).collect::<Vec<_>>(), fitted.iter().map(|v| (v*1000.0).round()/1000.0).collect::<Vec<_>>(), target.iter().map(|v| (v*1000.0).round()/1000.0).collect::<Vec<_>>(), ordered.iter().map(|&b| space.code_range(a,b)).collect::<Vec<_>>()); }
-            targets.push((a, target));
-            continue;
-        }
         if smoother.lambda == 0.0 {
             continue;
         }

@@ -905,7 +905,7 @@ impl Engine {
             .options
             .smoothing_release_z
             .unwrap_or(crate::smooth::SMOOTHING_RELEASE_Z);
-        let fitted = if std::env::var("XX_NOSMOOTH").is_ok() { fitted } else { crate::smooth::smooth_numeric_one_ways(&self.space, &ms, fitted, release_z) };
+        let fitted = crate::smooth::smooth_numeric_one_ways(&self.space, &ms, fitted, release_z);
         // Cliques are within the cap: one conditional per clique (no Algorithm 2 split).
         let structure = build_structure(self.dims(), &edges, &[], u64::MAX);
         let recovery = Recovery::new(&self.space, &ms);

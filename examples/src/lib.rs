@@ -40,8 +40,7 @@ pub struct NumericRun {
 /// `LDPSYN_AUTO_BIN_NOISE` (its noise budget per screened pair), `LDPSYN_GAIN_MARGIN`,
 /// `LDPSYN_MAX_CLIQUE_CELLS` (the clique cap), `LDPSYN_SUB_BIN_SHARE` and `LDPSYN_SUB_BINS`
 /// (the sub-bin 1-ways), `LDPSYN_SMOOTHING_Z` (the numeric 1-way smoothing's release
-/// threshold; 0: no smoothing), `LDPSYN_AUTO_COARSE_SHARE` and `LDPSYN_AUTO_COARSE_BINS`
-/// (`auto`'s coarse 1-ways of numeric attributes).
+/// threshold; 0: no smoothing).
 pub fn engine_options() -> EngineOptions {
     let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<f64>().ok());
     let count = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
@@ -55,8 +54,6 @@ pub fn engine_options() -> EngineOptions {
         sub_bin_share: env("LDPSYN_SUB_BIN_SHARE"),
         sub_bins: count("LDPSYN_SUB_BINS"),
         smoothing_release_z: env("LDPSYN_SMOOTHING_Z"),
-        auto_coarse_share: env("LDPSYN_AUTO_COARSE_SHARE"),
-        auto_coarse_bins: count("LDPSYN_AUTO_COARSE_BINS"),
         ..EngineOptions::default()
     }
 }

@@ -498,9 +498,6 @@ fn observations(
             let pdims: Vec<usize> = part.iter().map(|&a| dims[a]).collect();
             let at = coarsen(&model_marginal(&part), &pdims, &bins);
             let variances = m.fit_variances(&part, &at, ms.population());
-            if std::env::var("XX_OBS").is_ok() && part.len() == 1 && part[0] == 2 {
-                eprintln!("XXOBS a {:?} bins {:?} n {} values {:?} sd {:?}", part, bins, m.estimate.n, m.marginalized(&part).iter().map(|v| (v*1000.0).round()/1000.0).collect::<Vec<_>>(), variances.iter().map(|v| (v.sqrt()*1000.0).round()/1000.0).collect::<Vec<_>>());
-            }
             out.push(Observation {
                 values: m.marginalized(&part),
                 variances,

@@ -383,16 +383,6 @@ pub struct EngineOptions {
     /// Sub-bins per working bin of those 1-ways (default [`SUB_BINS`]).
     #[serde(default)]
     pub sub_bins: Option<usize>,
-    /// `auto`: share of a `bins: "auto"` attribute's phase-2 1-way reports measured over
-    /// coarse bins of equal estimated mass (default
-    /// [`AUTO_COARSE_ONE_WAY_SHARE`](crate::protocols::auto::AUTO_COARSE_ONE_WAY_SHARE); 0:
-    /// none).
-    #[serde(default)]
-    pub auto_coarse_share: Option<f64>,
-    /// `auto`: number of those coarse bins (default
-    /// [`AUTO_COARSE_ONE_WAY_BINS`](crate::protocols::auto::AUTO_COARSE_ONE_WAY_BINS)).
-    #[serde(default)]
-    pub auto_coarse_bins: Option<usize>,
     /// Standard errors past which a bin leaves the smoothing of a `bins: "auto"`
     /// attribute's 1-way (default [`SMOOTHING_RELEASE_Z`](crate::smooth::SMOOTHING_RELEASE_Z);
     /// 0 releases every bin: no smoothing).

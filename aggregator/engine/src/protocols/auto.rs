@@ -78,14 +78,6 @@ pub const AUTO_BIN_NOISE_L1: f64 = 0.25;
 /// (0.966) and the lowest worst cell (1.02).
 pub const AUTO_ROUND0_SHARE: f64 = 0.2;
 
-/// Share of a `bins: "auto"` attribute's phase-2 1-way reports that `auto` measures over
-/// [`AUTO_COARSE_ONE_WAY_BINS`] contiguous bins of equal mass under round 0's estimate
-/// (`Auto::with_coarse_one_ways`). (Provisional: sweep pending.)
-pub const AUTO_COARSE_ONE_WAY_SHARE: f64 = 0.2;
-
-/// Number of those coarse bins. (Provisional: sweep pending.)
-pub const AUTO_COARSE_ONE_WAY_BINS: usize = 4;
-
 /// Largest factor (cells) `auto`'s screening design asks a device to report: bounds a
 /// report's size (an OUE report carries one bit per cell, 512 bytes here). A resource
 /// bound, not a utility constant: the design's noise objective stays below it (16 binary
@@ -447,61 +439,6 @@ impl Auto {
         best.1
     }
 
-    /// Moves [`AUTO_COARSE_ONE_WAY_SHARE`] of the phase-2 reports of every `bins: "auto"`
-    /// attribute's 1-way (`factors`, weights in expected reports) to a 1-way of the same
-    /// attribute over [`AUTO_COARSE_ONE_WAY_BINS`] contiguous bins of equal mass under the
-    /// 1-way estimates `one_way`.
-    ///
-    /// Why: the Kolmogorov–Smirnov distance of a synthetic numeric column is its CDF error,
-    /// and summed over the working bins below a point the OUE noise of a 16-bin 1-way grows
-    /// with the bins summed; at ε = 1 a sparse tail of many near-empty bins adds up to ~0.1 of
-    /// mass, which the fit's non-negativity turns into a systematic excess in the tail. A
-    /// report over a few bins of equal mass (GRR: less noise per cell than OUE below
-    /// `3e^ε + 2` cells) measures exactly those sums; the graphical-model fit combines both
-    /// levels by their variances (the consistency step of a hierarchical histogram, Hay et
-    /// al., VLDB 2010; here two levels at data-dependent cuts, placed by post-processing of
-    /// round 0's LDP estimate).
-    fn with_coarse_one_ways(
-        &self,
-        engine: &Engine,
-        one_way: &[Vec<f64>],
-        factors: &mut Vec<PlannedFactor>,
-    ) {
-        let options = engine.options();
-        let share = options
-            .auto_coarse_share
-            .unwrap_or(AUTO_COARSE_ONE_WAY_SHARE)
-            .clamp(0.0, 1.0);
-        let bins = options
-            .auto_coarse_bins
-            .unwrap_or(AUTO_COARSE_ONE_WAY_BINS)
-            .max(2);
-        if share <= 0.0 {
-            return;
-        }
-        let mut coarse = Vec::new();
-        for f in factors.iter_mut() {
-            let [a] = f.factor[..] else { continue };
-            if !f.bins.is_empty() || engine.space().cuts(a).is_empty() {
-                continue;
-            }
-            let cuts = equal_mass_cuts(&one_way[a], bins);
-            if cuts.is_empty() {
-                continue;
-            }
-            let moved = f.weight * share;
-            f.weight -= moved;
-            let bins = vec![cuts];
-            coarse.push(PlannedFactor {
-                factor: vec![a],
-                mechanism: engine.best_oracle(&[a], &bins),
-                weight: moved,
-                bins,
-            });
-        }
-        factors.extend(coarse);
-    }
-
     fn bin_noise_l1(&self, engine: &Engine) -> f64 {
         engine
             .options()
@@ -664,7 +601,6 @@ impl Auto {
         for (f, w) in factors.iter_mut().zip(top_up(&a, &m, n2)) {
             f.weight = w;
         }
-        self.with_coarse_one_ways(engine, &one, &mut factors);
         let mut pruned = Vec::new();
         for (i, e) in edges.iter_mut().enumerate() {
             if e.active && !keep.contains(&i) {

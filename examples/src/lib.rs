@@ -40,7 +40,8 @@ pub struct NumericRun {
 /// `LDPSYN_AUTO_BIN_NOISE` (its noise budget per screened pair), `LDPSYN_GAIN_MARGIN`,
 /// `LDPSYN_MAX_CLIQUE_CELLS` (the clique cap), `LDPSYN_SUB_BIN_SHARE` and `LDPSYN_SUB_BINS`
 /// (the sub-bin 1-ways), `LDPSYN_SMOOTHING_Z` (the numeric 1-way smoothing's release
-/// threshold; 0: no smoothing).
+/// threshold; 0: no smoothing), `LDPSYN_UNRESOLVED_BIN_Z` (numeric working bins merged after
+/// round 0; 0: never).
 pub fn engine_options() -> EngineOptions {
     let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<f64>().ok());
     let count = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
@@ -54,6 +55,7 @@ pub fn engine_options() -> EngineOptions {
         sub_bin_share: env("LDPSYN_SUB_BIN_SHARE"),
         sub_bins: count("LDPSYN_SUB_BINS"),
         smoothing_release_z: env("LDPSYN_SMOOTHING_Z"),
+        unresolved_bin_z: env("LDPSYN_UNRESOLVED_BIN_Z"),
         ..EngineOptions::default()
     }
 }

@@ -30,7 +30,7 @@ use linfa_linalg::cholesky::InverseC;
 use ndarray::Array2;
 
 use crate::pgm::GraphicalModel;
-use crate::space::{MIN_POINT_BIN_CELLS, Space};
+use crate::space::Space;
 use crate::tables::Measurements;
 
 /// Steps per decade of the `λ` grid and its span in decades each side of the scale where
@@ -203,16 +203,13 @@ pub fn smooth_numeric_one_ways(
             continue;
         }
         let grid = space.grid_cells(a) as u32;
-        let width = |b: usize| space.code_range(a, b).len();
         let in_grid: Vec<usize> = (0..space.dims()[a])
             .filter(|&b| space.code_range(a, b).end <= grid)
             .collect();
-        // A one-code bin among bins of at least MIN_POINT_BIN_CELLS codes was cut out of
-        // its bin as a point mass ([`Space::point_mass_cuts`]): not part of the density.
-        let carved = in_grid.iter().any(|&b| width(b) >= MIN_POINT_BIN_CELLS);
+        // A point mass cut out of its bin is not part of the density.
         let ordered: Vec<usize> = in_grid
             .into_iter()
-            .filter(|&b| !(carved && width(b) == 1))
+            .filter(|&b| !space.is_point_mass(a, b))
             .collect();
         let (Some(combined), Some(fitted)) = (ms.combined(&[a]), model.marginal_in_clique(&[a]))
         else {

@@ -97,14 +97,14 @@ pub(crate) fn cell_range(cuts: &[u32], k: usize, i: usize) -> Range<u32> {
     lo..cuts.get(i).copied().unwrap_or(k as u32)
 }
 
-/// Standard deviations above 0 a fine cell's estimate must be for [`Space::point_mass_cuts`]
+/// Standard deviations above 0 a fine cell's estimate must be for [`Space::point_masses`]
 /// to give it a working bin of its own: one-sided, 4σ has a tail of 3.2·10⁻⁵, so over the
 /// at most [`MAX_SUB_BIN_CELLS`] cells of a grid a cell without mass is taken for a point
 /// mass with probability below 1% (a union bound), and a false one only costs its attribute
 /// one working bin.
 pub const POINT_MASS_Z: f64 = 4.0;
 
-/// Fewest measured cells a working bin must have for [`Space::point_mass_cuts`] to take a
+/// Fewest measured cells a working bin must have for [`Space::point_masses`] to take a
 /// point mass out of it. Splitting a bin of two cells is its full resolution, which the
 /// within-bin recovery already gives (one share to estimate), while the extra bin costs every
 /// pair that holds the attribute. Measured with `bench-numeric`
@@ -112,6 +112,16 @@ pub const POINT_MASS_Z: f64 = 4.0;
 /// columns (21–26 codes in 16 bins) had single codes split from two-code bins and a 2-way
 /// TVD 8% above no point masses at ε = 8; with it, at most equal at every ε.
 pub const MIN_POINT_BIN_CELLS: usize = 3;
+
+/// Standard errors of its estimated mass a run of numeric working bins must reach to stay
+/// apart ([`Space::merged_unresolved_cuts`]). Derived, not tuned: splitting a run of mass
+/// `m` in two adds one more bin's noise, standard error `σ`, to every sum of bins across the
+/// split (a CDF value, a range query, the bin totals of a 2-way), while kept together its
+/// within-bin recovery can misplace at most about `m/2` across it; apart pays when
+/// `m/2 > σ`, i.e. `m > 2σ`. A sweep of 0.5, 1, 2 and 4 over Adult, temporal-match2 and the
+/// generated bank table at ε = 1, 2, 4 and 8 (`benchmarks/sweeps/unresolved-bins.md`)
+/// confirmed 2.
+pub const UNRESOLVED_BIN_Z: f64 = 2.0;
 
 /// Schema codes ↔ working bins, per attribute.
 #[derive(Debug, Clone, PartialEq)]
@@ -128,6 +138,9 @@ pub struct Space {
     /// Per attribute, how many leading codes are ordered grid cells (the rest: point masses
     /// and "missing", each a bin of its own).
     grid: Vec<usize>,
+    /// Per attribute, the first codes of the working bins carved out as point masses
+    /// ([`Space::with_point_mass_codes`]; `None`: not recorded).
+    points: Vec<Option<Vec<u32>>>,
 }
 
 /// How a table over schema codes reads in the working space ([`Space::to_working`]).
@@ -151,6 +164,7 @@ impl Space {
         Self {
             cuts: vec![Vec::new(); code_dims.len()],
             sub_cuts: vec![None; code_dims.len()],
+            points: vec![None; code_dims.len()],
             dims: code_dims.clone(),
             grid: code_dims.clone(),
             code_dims,
@@ -218,6 +232,7 @@ impl Space {
         Ok(Self {
             grid: code_dims.clone(),
             sub_cuts: vec![None; code_dims.len()],
+            points: vec![None; code_dims.len()],
             code_dims,
             cuts,
             dims,
@@ -266,60 +281,141 @@ impl Space {
         Ok(space)
     }
 
-    /// Attribute `a`'s working cuts with every point mass found in an estimate of its
-    /// distribution over the cells of `sub_cuts` (`[]`: every code) made a bin of its own:
-    /// `x` unbiased cell estimates with standard errors `se`. A grid cell is a point mass
-    /// when its estimate is at least half an equal share of the grid's working bins
-    /// (`1/(2·bins)` of the grid's estimated mass: it would dominate any bin it falls in),
-    /// [`POINT_MASS_Z`] standard errors above 0 (weekly hours at 40, a balance at 0), and its
-    /// bin has at least [`MIN_POINT_BIN_CELLS`] cells. The working cuts stay, so every table
-    /// measured before still reads in the new bins, and each point mass adds at most two
-    /// bins. `None` when none is found, or the attribute has no working bins, or `x`/`se` do
-    /// not match the cells. The cuts depend on the data only
-    /// through the LDP estimate (post-processing; DESIGN.md "Numeric attributes").
-    pub fn point_mass_cuts(
+    /// The point masses of attribute `a` found in an estimate of its distribution over the
+    /// cells of `sub_cuts` (`[]`: every code): `x` unbiased cell estimates with standard
+    /// errors `se`. A grid cell is a point mass when its estimate is at least half an equal
+    /// share of the grid's working bins (`1/(2·bins)` of the grid's estimated mass: it would
+    /// dominate any bin it falls in), [`POINT_MASS_Z`] standard errors above 0 (weekly hours at
+    /// 40, a balance at 0), and its bin has at least [`MIN_POINT_BIN_CELLS`] cells. Returns
+    /// the codes of each (one cell: made a working bin of its own, its two sides become cuts
+    /// and the working cuts stay, so every table measured before still reads in the new
+    /// bins); none when the attribute has no working bins, or `x`/`se` do not match the
+    /// cells. They depend on the data only through the LDP estimate (post-processing;
+    /// DESIGN.md "Numeric attributes").
+    pub fn point_masses(
         &self,
         a: usize,
         sub_cuts: &[u32],
         x: &[f64],
         se: &[f64],
-    ) -> Option<Vec<u32>> {
+    ) -> Vec<Range<u32>> {
         let k = self.code_dims[a];
-        let cells = bin_count(sub_cuts, k).ok()?;
+        let Ok(cells) = bin_count(sub_cuts, k) else {
+            return Vec::new();
+        };
         if self.cuts[a].is_empty() || x.len() != cells || se.len() != cells {
-            return None;
+            return Vec::new();
         }
-        let start = |i: usize| cell_range(sub_cuts, k, i).start;
-        let end = |i: usize| cell_range(sub_cuts, k, i).end;
+        let range = |i: usize| cell_range(sub_cuts, k, i);
         let grid = self.grid[a] as u32;
-        let g = (0..cells).take_while(|&i| end(i) <= grid).count();
+        let g = (0..cells).take_while(|&i| range(i).end <= grid).count();
         let bins = (0..self.dims[a])
             .filter(|&b| self.code_range(a, b).end <= grid)
             .count();
         let mass: f64 = x[..g].iter().map(|v| v.max(0.0)).sum();
         if bins < 2 || mass <= 0.0 {
-            return None;
+            return Vec::new();
         }
-        let mut cuts = self.cuts[a].clone();
-        let before = cuts.len();
         // Measured cells per working bin.
-        let bin_of_cell = |i: usize| bin_of(start(i), &self.cuts[a]) as usize;
+        let bin_of_cell = |i: usize| bin_of(range(i).start, &self.cuts[a]) as usize;
         let mut cells_in_bin = vec![0usize; self.dims[a]];
         for i in 0..g {
             cells_in_bin[bin_of_cell(i)] += 1;
         }
-        for i in 0..g {
-            if x[i] >= 0.5 * mass / bins as f64
-                && x[i] >= POINT_MASS_Z * se[i]
-                && cells_in_bin[bin_of_cell(i)] >= MIN_POINT_BIN_CELLS
-            {
-                cuts.extend([start(i), end(i)]);
+        (0..g)
+            .filter(|&i| {
+                x[i] >= 0.5 * mass / bins as f64
+                    && x[i] >= POINT_MASS_Z * se[i]
+                    && cells_in_bin[bin_of_cell(i)] >= MIN_POINT_BIN_CELLS
+            })
+            .map(range)
+            .collect()
+    }
+
+    /// `cuts` of attribute `a` with both sides of every range of `points` added (sorted,
+    /// inside the codes).
+    pub fn with_point_cuts(&self, a: usize, cuts: &[u32], points: &[Range<u32>]) -> Vec<u32> {
+        let k = self.code_dims[a] as u32;
+        let mut out: Vec<u32> = cuts
+            .iter()
+            .copied()
+            .chain(points.iter().flat_map(|r| [r.start, r.end]))
+            .filter(|&c| c > 0 && c < k)
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// Marks the working bins of attribute `a` starting at `codes` as point masses found
+    /// by [`Space::point_masses`] ([`Space::is_point_mass`]).
+    pub fn with_point_mass_codes(mut self, a: usize, codes: Vec<u32>) -> Self {
+        self.points[a] = Some(codes);
+        self
+    }
+
+    /// Whether working bin `b` of attribute `a` is a point mass carved out of the grid's
+    /// ordered bins (not part of its density): one of the bins marked by
+    /// [`Space::with_point_mass_codes`], or, for bins adapted without that mark (states
+    /// stored before it), a one-code bin among in-grid bins of which one has at least
+    /// [`MIN_POINT_BIN_CELLS`] codes.
+    pub fn is_point_mass(&self, a: usize, b: usize) -> bool {
+        let r = self.code_range(a, b);
+        match &self.points[a] {
+            Some(codes) => codes.contains(&r.start),
+            None => {
+                let grid = self.grid[a] as u32;
+                r.len() == 1
+                    && (0..self.dims[a])
+                        .map(|c| self.code_range(a, c))
+                        .any(|c| c.end <= grid && c.len() >= MIN_POINT_BIN_CELLS)
             }
         }
-        cuts.retain(|&c| c > 0 && c < k as u32);
-        cuts.sort_unstable();
-        cuts.dedup();
-        (cuts.len() > before).then_some(cuts)
+    }
+
+    /// Attribute `a`'s working cuts with runs of unresolved in-grid bins merged: going up the
+    /// ordered bins, the next bin joins the current run while the run's estimated mass
+    /// (`masses`, negative estimates counted as 0) is below its `resolution` (the largest of
+    /// its bins'; both per current working bin), so every run but the grid's last holds at
+    /// least its resolution. Bins past the grid (point masses, "missing") stay alone. The
+    /// result is a subset of the current cuts, so every table measured in the current bins
+    /// still reads in the merged ones. `None` when nothing merges or the inputs do not match
+    /// the working bins.
+    ///
+    /// Why: at small ε a numeric column's sparse tail spans many equal-width bins, each
+    /// carrying a full cell of LDP noise: on Adult at ε = 1, fnlwgt's 11 bins above the 96th
+    /// percentile sum to a tail of standard error ~0.15 around a true 0.03, and the fit's
+    /// non-negativity turns that noise into excess mass (the synthetic column ~0.1 too heavy
+    /// there: most of its Kolmogorov–Smirnov distance). Merged, the tail is one cell of noise,
+    /// and the sub-bin recovery spreads it (VertiMRF §6.1's binning, the bins placed by an
+    /// earlier LDP estimate).
+    pub fn merged_unresolved_cuts(
+        &self,
+        a: usize,
+        masses: &[f64],
+        resolution: &[f64],
+    ) -> Option<Vec<u32>> {
+        let cuts = &self.cuts[a];
+        if cuts.is_empty() || masses.len() != self.dims[a] || resolution.len() != self.dims[a] {
+            return None;
+        }
+        let grid = self.grid[a] as u32;
+        let in_grid = (0..self.dims[a])
+            .take_while(|&b| self.code_range(a, b).end <= grid)
+            .count();
+        let mut kept = Vec::with_capacity(cuts.len());
+        let (mut mass, mut needed) = (0.0, 0.0);
+        for (b, &cut) in cuts.iter().enumerate() {
+            // `cut` is the lower edge of bin b + 1.
+            mass += masses[b].max(0.0);
+            needed = f64::max(needed, resolution[b]);
+            let inside = b + 1 < in_grid;
+            if !inside || mass >= needed {
+                kept.push(cut);
+                (mass, needed) = (0.0, 0.0);
+            }
+        }
+        (kept.len() < cuts.len()).then_some(kept)
     }
 
     /// How many leading codes of attribute `a` are ordered grid cells: the grid of a
@@ -627,6 +723,64 @@ mod tests {
         assert_eq!(s.to_working(&key(vec![0, 1], vec![vec![5], vec![]])), None);
     }
 
+    /// Going up the bins, a run grows until its mass reaches its resolution; the grid's last
+    /// run may stay below it; bins past the grid never merge; the merged cuts are a subset of
+    /// the old ones, so a table measured in the old bins reads as a finer 1-way.
+    #[test]
+    fn unresolved_bins_merge_into_runs_that_reach_their_resolution() {
+        // 20 codes: 9 in-grid bins of 2 codes, then codes 18 and 19 past the grid.
+        let mut s = Space::new(vec![20], vec![vec![2, 4, 6, 8, 10, 12, 14, 16, 18, 19]]).unwrap();
+        s.set_grid_cells(0, 18);
+        let masses = [
+            0.30, 0.25, 0.20, 0.10, 0.03, -0.02, 0.05, 0.01, 0.01, 0.04, 0.03,
+        ];
+        let resolution = [0.04; 11];
+        let cuts = s.merged_unresolved_cuts(0, &masses, &resolution).unwrap();
+        // Runs: bins 0–3 alone; 4 (0.03) + 5 (−0.02, as 0) + 6 → 0.08; 7 + 8 (0.02, the
+        // grid's last run); 18 and 19 past the grid alone.
+        assert_eq!(cuts, vec![2, 4, 6, 8, 14, 18, 19]);
+        let merged = s.with_adapted_cuts(0, cuts, Vec::new()).unwrap();
+        assert_eq!(merged.dims(), &[8]);
+        match merged.to_working(&key(vec![0], vec![])) {
+            Some(WorkingKey::Refined { blocks, .. }) => {
+                let want = [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 6, 7];
+                assert_eq!(blocks, want);
+            }
+            other => panic!("{other:?}"),
+        }
+        // Every bin resolved, or inputs that do not match the bins: nothing merges.
+        assert_eq!(s.merged_unresolved_cuts(0, &masses, &[0.0; 11]), None);
+        assert_eq!(
+            s.merged_unresolved_cuts(0, &masses[..10], &resolution[..10]),
+            None
+        );
+        // A larger resolution (the same masses at fewer reports) merges more.
+        let coarser = s.merged_unresolved_cuts(0, &masses, &[0.15; 11]).unwrap();
+        assert_eq!(coarser, vec![2, 4, 6, 14, 18, 19]);
+    }
+
+    /// A carved point mass is marked as such; without marks (states stored before them), a
+    /// one-code bin among wide in-grid bins is taken for one.
+    #[test]
+    fn point_mass_bins_are_known_by_their_marks() {
+        let s = Space::new(vec![12], vec![vec![4, 8]]).unwrap();
+        // Code 5 carved out of [4, 8): bins [0,4) [4,5) [5,6) [6,8) [8,12).
+        let carved = s
+            .with_adapted_cuts(0, vec![4, 5, 6, 8], Vec::new())
+            .unwrap();
+        // Unmarked: every one-code bin among wide ones, the leftover code 4 too.
+        assert!(carved.is_point_mass(0, 1) && carved.is_point_mass(0, 2));
+        assert!(!carved.is_point_mass(0, 0) && !carved.is_point_mass(0, 3));
+        let marked = carved.clone().with_point_mass_codes(0, vec![5]);
+        assert!(marked.is_point_mass(0, 2) && !marked.is_point_mass(0, 1));
+        // One-code bins of an ordinal column that are not point masses: marked with none.
+        let narrow = s
+            .with_adapted_cuts(0, vec![1, 2, 3, 4], Vec::new())
+            .unwrap()
+            .with_point_mass_codes(0, Vec::new());
+        assert!((0..narrow.dims()[0]).all(|b| !narrow.is_point_mass(0, b)));
+    }
+
     #[test]
     fn point_masses_become_bins_and_earlier_tables_still_read() {
         // 12 codes in working bins [0,4) [4,8) [8,12), estimated on every code.
@@ -635,16 +789,18 @@ mod tests {
         x[5] = 0.5;
         let se = vec![0.01; 12];
         // Code 5 holds half the mass, far above noise: a bin of its own.
-        let cuts = s.point_mass_cuts(0, &[], &x, &se).unwrap();
+        let points = s.point_masses(0, &[], &x, &se);
+        assert_eq!(points, vec![5..6]);
+        let cuts = s.with_point_cuts(0, s.cuts(0), &points);
         assert_eq!(cuts, vec![4, 5, 6, 8]);
         // As heavy but within 4σ of 0, or clear but light (below half a bin's share, 1/6):
         // nothing found.
-        assert_eq!(s.point_mass_cuts(0, &[], &x, &[0.2; 12]), None);
+        assert!(s.point_masses(0, &[], &x, &[0.2; 12]).is_empty());
         let mut light = vec![0.88 / 11.0; 12];
         light[5] = 0.12;
-        assert_eq!(s.point_mass_cuts(0, &[], &light, &se), None);
+        assert!(s.point_masses(0, &[], &light, &se).is_empty());
         // Wrong lengths.
-        assert_eq!(s.point_mass_cuts(0, &[], &x[..11], &se[..11]), None);
+        assert!(s.point_masses(0, &[], &x[..11], &se[..11]).is_empty());
 
         let adapted = s.with_adapted_cuts(0, cuts.clone(), Vec::new()).unwrap();
         assert_eq!(adapted.dims(), &[5]);
@@ -690,7 +846,7 @@ mod tests {
         // Codes past the grid are bins already: never searched for point masses.
         let mut x = vec![0.1 / 11.0; 12];
         x[11] = 0.9;
-        assert_eq!(with_point.point_mass_cuts(0, &[], &x, &se), None);
+        assert!(with_point.point_masses(0, &[], &x, &se).is_empty());
     }
 
     #[test]

@@ -125,7 +125,7 @@ pub struct CollectionState {
     pub round_quota: Option<u64>,
     /// Working bins placed by an earlier round's estimate, per attribute index (`auto`'s
     /// round 0, and PrivIncr's numeric one, make the point masses they find in `bins:
-    /// "auto"` attributes bins of their own, [`Space::point_mass_cuts`]); every other
+    /// "auto"` attributes bins of their own, [`Space::point_masses`]); every other
     /// attribute keeps the schema's. Empty in
     /// states stored before adaptive bins.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -139,12 +139,16 @@ pub struct CollectionState {
 /// ([`Space::with_adapted_cuts`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AdaptedBins {
-    /// Cuts of the working bins over schema codes: the schema's, plus both sides of every
-    /// point mass found.
+    /// Cuts of the working bins over schema codes: the schema's, less those between merged
+    /// unresolved bins, plus both sides of every point mass found.
     pub cuts: Vec<u32>,
     /// Cuts of the cells the estimate was measured on, which its sub-bin 1-ways keep
     /// (`[]`: every code).
     pub sub_bins: Vec<u32>,
+    /// First code of each point mass found (`None`: a state stored before it was recorded,
+    /// read by [`Space::is_point_mass`]'s rule for one-code bins).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub points: Option<Vec<u32>>,
 }
 
 /// What a protocol decided, tagged `"protocol"` with the protocol's name.
@@ -383,6 +387,10 @@ pub struct EngineOptions {
     /// Sub-bins per working bin of those 1-ways (default [`SUB_BINS`]).
     #[serde(default)]
     pub sub_bins: Option<usize>,
+    /// Standard errors a run of numeric working bins must reach to stay apart after a round
+    /// 0 (default [`UNRESOLVED_BIN_Z`](crate::space::UNRESOLVED_BIN_Z); 0: never merged).
+    #[serde(default)]
+    pub unresolved_bin_z: Option<f64>,
     /// Standard errors past which a bin leaves the smoothing of a `bins: "auto"`
     /// attribute's 1-way (default [`SMOOTHING_RELEASE_Z`](crate::smooth::SMOOTHING_RELEASE_Z);
     /// 0 releases every bin: no smoothing).
@@ -689,6 +697,9 @@ impl Engine {
                 engine
                     .space
                     .with_adapted_cuts(a, bins.cuts.clone(), bins.sub_bins.clone())?;
+            if let Some(points) = &bins.points {
+                engine.space = engine.space.with_point_mass_codes(a, points.clone());
+            }
         }
         Ok(Cow::Owned(engine))
     }
@@ -1064,6 +1075,7 @@ mod tests {
             AdaptedBins {
                 cuts: vec![8, 9, 10, 15],
                 sub_bins: vec![],
+                points: None,
             },
         );
         let text = serde_json::to_string(&adapted).unwrap();

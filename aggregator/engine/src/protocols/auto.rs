@@ -24,8 +24,9 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha12Rng;
 
 use super::{
-    CollectionProtocol, TaskChoices, active_edges, common_choices, end_phase1_round, graph_state,
-    one_way_choices, one_way_state, pairs, plan_structure, point_mass_bins, round_quota,
+    CollectionProtocol, TaskChoices, active_edges, adapted_working_bins, common_choices,
+    end_phase1_round, graph_state, one_way_choices, one_way_state, pairs, plan_structure,
+    round_quota,
 };
 use crate::estimate::{
     MAX_CLIQUE_CELLS, Null, PairGain, best_pair_gain, largest_clique_cells, one_way_estimates,
@@ -684,7 +685,7 @@ impl CollectionProtocol for Auto {
         if state.edges().is_empty() {
             // Round 0 closes: point masses become working bins, then pairs are screened
             // binned by the 1-ways' mass.
-            state.working_bins = point_mass_bins(engine, &ms);
+            state.working_bins = adapted_working_bins(engine, &ms);
             let engine = engine.at(state)?;
             // Read again only if the working bins moved.
             let ms = if state.working_bins.is_empty() {

@@ -26,6 +26,7 @@ use crate::graph::{Edge, EdgeState, edge};
 use crate::info::tau;
 use crate::model::{FittedJoint, Model};
 use crate::plan::{Structure, build_structure};
+use crate::space::UNRESOLVED_BIN_Z;
 use crate::state::{
     AdaptedBins, CollectionState, Engine, PairRounds, Phase, Phase2Plan, PlannedFactor,
     ProtocolState, TaskSpec, Transition,
@@ -280,17 +281,31 @@ pub(crate) fn graph_state(
 
 /// Working bins after a round 0 (`auto`'s, or PrivIncr's numeric one), from its
 /// measurements `ms` (in the schema's working space): each attribute with working bins gets
-/// the point masses its sub-bin estimate shows as bins of their own
-/// ([`crate::space::Space::point_mass_cuts`]). An attribute without sub-bin 1-ways on the
-/// engine's grid, without a point mass found, or whose new bins would need more cuts than a
-/// pair's task carries per attribute ([`crate::space::MAX_ATTRIBUTE_CUTS`]), is left as the
-/// schema has it. Round 0's
-/// working-bin 1-ways read as coarser tables in the new bins, its sub-bin ones as finer
-/// tables, so nothing measured is lost.
-pub(crate) fn point_mass_bins(engine: &Engine, ms: &Measurements) -> BTreeMap<usize, AdaptedBins> {
+/// its runs of unresolved bins merged ([`crate::space::Space::merged_unresolved_cuts`]: a
+/// run stays apart once its round-0 mass reaches [`UNRESOLVED_BIN_Z`] standard errors of a
+/// bin estimated by `N/d` reports) and the point masses its sub-bin estimate shows as bins
+/// of their own ([`crate::space::Space::point_masses`], judged on the schema's bins). An
+/// attribute without sub-bin 1-ways on the engine's grid, with nothing merged and no point
+/// mass found, or whose new bins would need more cuts than a pair's task carries per
+/// attribute ([`crate::space::MAX_ATTRIBUTE_CUTS`]), is left as the schema has it. Round
+/// 0's working-bin 1-ways read as finer or coarser tables in the new bins, its sub-bin ones
+/// as finer tables, so nothing measured is lost.
+pub(crate) fn adapted_working_bins(
+    engine: &Engine,
+    ms: &Measurements,
+) -> BTreeMap<usize, AdaptedBins> {
     let mut space = engine.space().clone();
     let mut adapted = BTreeMap::new();
-    for a in 0..engine.dims().len() {
+    let d = engine.dims().len();
+    // Reports of a 1-way when every user reports one attribute: the scale of the estimates
+    // the bins will get (both variance terms ∝ 1/n).
+    let n_ref = engine.target_users() as f64 / d.max(1) as f64;
+    let z = engine
+        .options()
+        .unresolved_bin_z
+        .unwrap_or(UNRESOLVED_BIN_Z)
+        .max(0.0);
+    for a in 0..d {
         let sub_bins = space.sub_bin_cuts(a, engine.sub_bins_per_bin());
         let Some((cuts, x, se)) = ms.sub_bin_distribution(a) else {
             continue;
@@ -298,13 +313,29 @@ pub(crate) fn point_mass_bins(engine: &Engine, ms: &Measurements) -> BTreeMap<us
         if cuts != sub_bins {
             continue;
         }
-        let Some(cuts) = space.point_mass_cuts(a, &sub_bins, &x, &se) else {
+        // Round 0's working-bin estimate, its standard errors scaled to `n_ref` reports.
+        let merged = ms.combined(&[a]).filter(|_| z > 0.0).and_then(|c| {
+            let scale = (c.reports as f64 / n_ref).sqrt();
+            let resolution: Vec<f64> = c.std_errors.iter().map(|s| z * s * scale).collect();
+            space.merged_unresolved_cuts(a, &c.frequencies, &resolution)
+        });
+        let points = space.point_masses(a, &sub_bins, &x, &se);
+        let cuts = space.with_point_cuts(a, merged.as_deref().unwrap_or(space.cuts(a)), &points);
+        if cuts == space.cuts(a) {
             continue;
-        };
+        }
+        let points: Vec<u32> = points.iter().map(|r| r.start).collect();
         // Checked as `Engine::at` will apply them, one attribute after another.
         if let Ok(next) = space.with_adapted_cuts(a, cuts.clone(), sub_bins.clone()) {
-            space = next;
-            adapted.insert(a, AdaptedBins { cuts, sub_bins });
+            space = next.with_point_mass_codes(a, points.clone());
+            adapted.insert(
+                a,
+                AdaptedBins {
+                    cuts,
+                    sub_bins,
+                    points: Some(points),
+                },
+            );
         }
     }
     adapted

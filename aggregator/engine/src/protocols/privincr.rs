@@ -20,9 +20,9 @@ use ldpsyn::mechanism::{MechanismKind, norm_sub};
 use ldpsyn::protocol::PrivIncrParams;
 
 use super::{
-    CollectionProtocol, TaskChoices, active_edges, binned_one_way_choices, common_choices,
-    conditional_scopes, end_phase1_round, graph_state, numeric_round0_share, one_way_choices,
-    one_way_state, plan_structure, point_mass_bins, round_quota,
+    CollectionProtocol, TaskChoices, active_edges, adapted_working_bins, binned_one_way_choices,
+    common_choices, conditional_scopes, end_phase1_round, graph_state, numeric_round0_share,
+    one_way_choices, one_way_state, plan_structure, round_quota,
 };
 use crate::graph::{Edge, edge};
 use crate::info::{mutual_information, relaxed_threshold};
@@ -68,7 +68,7 @@ impl PrivIncr {
     ) -> Result<Transition, EngineError> {
         let t = state.round;
         let ms = engine.measurements(tables, |k| k.round <= t)?;
-        state.working_bins = point_mass_bins(engine, &ms);
+        state.working_bins = adapted_working_bins(engine, &ms);
         let adapted = engine.at(state)?;
         let mut dims = adapted.dims().to_vec();
         dims.sort_unstable_by(|a, b| b.cmp(a));

@@ -486,11 +486,11 @@ fn write_results(out: &Path, new: &[Value]) -> Result<(), Error> {
     }
     let numeric: Vec<&Value> = rows.iter().filter(|r| r.get("ks_max").is_some()).collect();
     if !numeric.is_empty() {
-        md += "\n## Numeric columns\n\nRaw values of the numeric attributes (schemas with `bins: \"auto\"`, `numeric=recover` decoding) against the file's: Kolmogorov–Smirnov distance (worst column and mean over columns), W1/(max − min), mean error of 1,000 random 1-D range queries (fraction of rows), the largest gap in the share of a column's mode (e.g. capital-gain = 0); grid tvd2 = mean 2-way TVD on the evaluation grid (working bins), not comparable with the coded rows above. Per-column figures are in the JSON.\n\n| dataset | users | protocol | ε | seeds | max KS (column) | mean KS | mean W1 | range-query error | max mode-share gap | grid tvd2 | seconds |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+        md += "\n## Numeric columns\n\nRaw values of the numeric attributes (schemas with `bins: \"auto\"`, `numeric=recover` decoding) against the file's: Kolmogorov–Smirnov distance (worst column and mean over columns), W1/(max − min), mean error of 1,000 random 1-D range queries (fraction of rows), the largest gap in the share of a column's mode (e.g. capital-gain = 0); grid tvd2 = mean 2-way TVD on the evaluation grid (working bins) ± its standard deviation over seeds, not comparable with the coded rows above. Per-column figures are in the JSON.\n\n| dataset | users | protocol | ε | seeds | max KS (column) | mean KS | mean W1 | range-query error | max mode-share gap | grid tvd2 | seconds |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";
         for r in numeric {
             let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
             md += &format!(
-                "| {} | {} | {} | {} | {} | {:.3} ({}) | {:.3} | {:.4} | {:.4} | {:.3} | {:.4} | {:.1} |\n",
+                "| {} | {} | {} | {} | {} | {:.3} ({}) | {:.3} | {:.4} | {:.4} | {:.3} | {:.4} ± {:.4} | {:.1} |\n",
                 r["dataset"].as_str().unwrap_or(""),
                 r["users"],
                 r["protocol"].as_str().unwrap_or(""),
@@ -503,6 +503,7 @@ fn write_results(out: &Path, new: &[Value]) -> Result<(), Error> {
                 f("range_query_error_mean"),
                 f("mode_share_gap_max"),
                 f("grid_tvd2_mean"),
+                f("grid_tvd2_std"),
                 f("seconds_mean"),
             );
         }

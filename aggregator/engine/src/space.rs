@@ -383,8 +383,8 @@ impl Space {
     /// the working bins.
     ///
     /// Why: at small ε a numeric column's sparse tail spans many equal-width bins, each
-    /// carrying a full cell of LDP noise: on Adult at ε = 1, fnlwgt's 11 bins above the 96th
-    /// percentile sum to a tail of standard error ~0.15 around a true 0.03, and the fit's
+    /// carrying a full cell of LDP noise: on Adult at ε = 1, fnlwgt's 12 bins above 383k
+    /// (5% of the people) sum to a tail of standard error ~0.15, and the fit's
     /// non-negativity turns that noise into excess mass (the synthetic column ~0.1 too heavy
     /// there: most of its Kolmogorov–Smirnov distance). Merged, the tail is one cell of noise,
     /// and the sub-bin recovery spreads it (VertiMRF §6.1's binning, the bins placed by an

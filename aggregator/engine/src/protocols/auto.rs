@@ -560,12 +560,7 @@ impl Auto {
             .collect();
         let m_total: f64 = earlier.iter().sum();
         let mut a_total: f64 = factors.iter().map(|f| f.weight).sum();
-        // Experiment: XX_COST scales the noise part of the prediction (more pairs below 1).
-        let xx: f64 = std::env::var("XX_COST")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(1.0);
-        let noise = |a: f64| xx * a.powf(1.5) / (n2 + m_total).sqrt();
+        let noise = |a: f64| a.powf(1.5) / (n2 + m_total).sqrt();
         let mut graph = BTreeSet::new();
         let mut keep = BTreeSet::new();
         loop {

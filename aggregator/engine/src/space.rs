@@ -379,8 +379,9 @@ impl Space {
     /// its bins'; both per current working bin), so every run but the grid's last holds at
     /// least its resolution. Bins past the grid (point masses, "missing") stay alone. The
     /// result is a subset of the current cuts, so every table measured in the current bins
-    /// still reads in the merged ones. `None` when nothing merges or the inputs do not match
-    /// the working bins.
+    /// still reads in the merged ones. `None` when nothing merges, when the grid would be a
+    /// single run (a resolution above its whole mass: too few reports to place any bin), or
+    /// the inputs do not match the working bins.
     ///
     /// Why: at small ε a numeric column's sparse tail spans many equal-width bins, each
     /// carrying a full cell of LDP noise: on Adult at ε = 1, fnlwgt's 12 bins above 383k
@@ -415,7 +416,9 @@ impl Space {
                 (mass, needed) = (0.0, 0.0);
             }
         }
-        (kept.len() < cuts.len()).then_some(kept)
+        // At least two runs of the grid stay (an empty cut list would read as every code).
+        let runs = 1 + kept.iter().filter(|&&c| c < grid).count();
+        (kept.len() < cuts.len() && runs >= 2).then_some(kept)
     }
 
     /// How many leading codes of attribute `a` are ordered grid cells: the grid of a
@@ -757,6 +760,18 @@ mod tests {
         // A larger resolution (the same masses at fewer reports) merges more.
         let coarser = s.merged_unresolved_cuts(0, &masses, &[0.15; 11]).unwrap();
         assert_eq!(coarser, vec![2, 4, 6, 14, 18, 19]);
+        // One above the grid's whole mass would leave it a single run: nothing merges, with
+        // or without bins past the grid.
+        assert_eq!(s.merged_unresolved_cuts(0, &masses, &[1.5; 11]), None);
+        let plain = Space::new(vec![18], vec![vec![2, 4, 6, 8, 10, 12, 14, 16]]).unwrap();
+        assert_eq!(
+            plain.merged_unresolved_cuts(0, &masses[..9], &[1.5; 9]),
+            None
+        );
+        assert_eq!(
+            plain.merged_unresolved_cuts(0, &masses[..9], &[0.6; 9]),
+            Some(vec![6])
+        );
     }
 
     /// A carved point mass is marked as such; without marks (states stored before them), a

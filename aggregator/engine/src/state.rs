@@ -124,8 +124,9 @@ pub struct CollectionState {
     /// itself; the operator finalizes).
     pub round_quota: Option<u64>,
     /// Working bins placed by an earlier round's estimate, per attribute index (`auto`'s
-    /// round 0, and PrivIncr's numeric one, make the point masses they find in `bins:
-    /// "auto"` attributes bins of their own, [`Space::point_masses`]); every other
+    /// round 0, and PrivIncr's numeric one, merge the runs of a `bins: "auto"` attribute's
+    /// bins they cannot tell from empty, [`Space::merged_unresolved_cuts`], and make the
+    /// point masses they find bins of their own, [`Space::point_masses`]); every other
     /// attribute keeps the schema's. Empty in
     /// states stored before adaptive bins.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

@@ -280,6 +280,34 @@ mod tests {
         .unwrap()
     }
 
+    /// A schema of an integer `bins: "auto"` attribute `h` over `[min, max]` with at most
+    /// `max_bins` working bins, and a binary attribute `c`.
+    fn numeric_and_binary_schema(min: u32, max: u32, max_bins: u32) -> ldpsyn::schema::Schema {
+        serde_json::from_value(serde_json::json!({
+            "attributes": [
+                {"name": "h", "type": "numeric", "min": min, "max": max, "bins": "auto",
+                 "integer": true, "max_bins": max_bins},
+                {"name": "c", "type": "categorical", "labels": ["a", "b"]}]}))
+        .unwrap()
+    }
+
+    /// A collection of `schema` at `eps` for `n` people.
+    fn collection(
+        schema: &ldpsyn::schema::Schema,
+        eps: f64,
+        n: usize,
+        protocol: Protocol,
+    ) -> ldpsyn::protocol::CollectionConfig {
+        ldpsyn::protocol::CollectionConfig {
+            version: ldpsyn::protocol::PROTOCOL_VERSION,
+            id: uuid::Uuid::nil(),
+            schema: schema.clone(),
+            epsilon: Epsilon::new(eps).unwrap(),
+            target_users: n as u64,
+            protocol,
+        }
+    }
+
     /// `bins: "auto"` end to end, every protocol: devices encode to the grid, tasks carry
     /// working (and sub-bin) bin maps, the model works in 4 working bins, and synthesis
     /// recovers a spike inside a bin (40% of people at 10, not declared as a point) from the
@@ -290,13 +318,7 @@ mod tests {
     #[test]
     fn auto_bins_recover_a_spike_within_a_bin_in_every_protocol() {
         use crate::engine::Expansion;
-        use ldpsyn::protocol::{CollectionConfig, PROTOCOL_VERSION};
-        let schema: ldpsyn::schema::Schema = serde_json::from_value(serde_json::json!({
-            "attributes": [
-                {"name": "h", "type": "numeric", "min": 1, "max": 30, "bins": "auto",
-                 "integer": true, "max_bins": 4},
-                {"name": "c", "type": "categorical", "labels": ["a", "b"]}]}))
-        .unwrap();
+        let schema = numeric_and_binary_schema(1, 30, 4);
         let n = 60_000usize;
         let mut rng = ChaCha12Rng::seed_from_u64(3);
         let rows: Vec<Vec<u32>> = (0..n)
@@ -317,14 +339,7 @@ mod tests {
             Protocol::Noincremental(PrivIncrParams::default()),
             Protocol::Samprivsyn(Default::default()),
         ] {
-            let config = CollectionConfig {
-                version: PROTOCOL_VERSION,
-                id: uuid::Uuid::nil(),
-                schema: schema.clone(),
-                epsilon: Epsilon::new(4.0).unwrap(),
-                target_users: n as u64,
-                protocol,
-            };
+            let config = collection(&schema, 4.0, n, protocol);
             let e = Engine::new(&config).unwrap();
             assert_eq!(
                 (e.dims(), e.schema_dims()),
@@ -394,13 +409,7 @@ mod tests {
     /// `benchmarks/sweeps/unresolved-bins.md`).
     #[test]
     fn auto_merges_a_sparse_tail_only_where_noise_hides_it() {
-        use ldpsyn::protocol::{CollectionConfig, PROTOCOL_VERSION};
-        let schema: ldpsyn::schema::Schema = serde_json::from_value(serde_json::json!({
-            "attributes": [
-                {"name": "h", "type": "numeric", "min": 0, "max": 127, "bins": "auto",
-                 "integer": true, "max_bins": 16},
-                {"name": "c", "type": "categorical", "labels": ["a", "b"]}]}))
-        .unwrap();
+        let schema = numeric_and_binary_schema(0, 127, 16);
         let n = 60_000usize;
         let mut rng = ChaCha12Rng::seed_from_u64(5);
         let rows: Vec<Vec<u32>> = (0..n)
@@ -415,14 +424,8 @@ mod tests {
             .collect();
         let tail = rows.iter().filter(|r| r[0] >= 96).count() as f64 / n as f64;
         let pop = Population::from_rows(schema.domain_sizes(), rows).unwrap();
-        let config = |eps: f64| CollectionConfig {
-            version: PROTOCOL_VERSION,
-            id: uuid::Uuid::nil(),
-            schema: schema.clone(),
-            epsilon: Epsilon::new(eps).unwrap(),
-            target_users: n as u64,
-            protocol: Protocol::Auto(PrivIncrParams::default()),
-        };
+        let config =
+            |eps: f64| collection(&schema, eps, n, Protocol::Auto(PrivIncrParams::default()));
         // (working bins of `h` in the tail, error of the tail's mass) of one run.
         let run = |eps: f64, z: Option<f64>, seed: u64| {
             let options = EngineOptions {

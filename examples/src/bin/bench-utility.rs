@@ -298,6 +298,7 @@ fn run_numeric_cell(
         })
         .collect::<Result<_, _>>()?;
     let columns = column_means(&runs);
+    let (tvd2, tvd2_std) = mean_std(&runs.iter().map(|r| r.tvd2).collect::<Vec<_>>());
     let field = |c: &Value, k: &str| c[k].as_f64().unwrap_or(f64::NAN);
     let worst = columns
         .iter()
@@ -308,8 +309,7 @@ fn run_numeric_cell(
         "dataset": ds.name, "users": ds.loaded.population.len(), "protocol": proto,
         "epsilon": eps, "seeds": seeds,
         "grid_tvd1_mean": run_mean(&runs, |r| r.tvd1),
-        "grid_tvd2_mean": run_mean(&runs, |r| r.tvd2),
-        "grid_tvd2_std": mean_std(&runs.iter().map(|r| r.tvd2).collect::<Vec<_>>()).1,
+        "grid_tvd2_mean": tvd2, "grid_tvd2_std": tvd2_std,
         "ks_max": worst.map_or(f64::NAN, |c| field(c, "ks")),
         "ks_max_attribute": worst.map(|c| c["attribute"].clone()),
         "ks_mean": over("ks"), "w1_mean": over("w1"),

@@ -41,7 +41,7 @@ use super::protocols::privincr::PrivIncr;
 use super::protocols::samprivsyn::SamPrivSyn;
 use super::protocols::vertical::{Vertical, resolve};
 use super::protocols::{CollectionProtocol, check_privincr};
-use super::space::{Space, WorkingKey};
+use super::space::Space;
 use super::tables::{Measurements, TableKey, Tables, summed_randomizer_variance};
 
 /// Share of a `bins: "auto"` attribute's 1-way tasks measured in sub-bins of its working
@@ -710,64 +710,6 @@ impl Engine {
         self.options.sub_bins.unwrap_or(SUB_BINS).max(1)
     }
 
-    /// The engine's share of a refinable 1-way's reports measured in sub-bins.
-    fn sub_bin_share(&self, sub_bin_share: Option<f64>) -> f64 {
-        sub_bin_share
-            .or(self.options.sub_bin_share)
-            .unwrap_or(SUB_BIN_ONE_WAY_SHARE)
-            .clamp(0.0, 1.0)
-    }
-
-    /// What one planned report of attribute `a`'s 1-way (at full working resolution, the
-    /// engine's sub-bin share) is worth for the working bins' totals, in reports of a
-    /// working-bin 1-way, when its working-bin marginal is `at`: `1 − s + s·(K_w/K_s)²`,
-    /// with `s` the share measured in sub-bins ([`SUB_BIN_ONE_WAY_SHARE`]) and `K_w`, `K_s`
-    /// the summed standard errors of the bins' totals from a working-bin and a sub-bin
-    /// report (a total summed from sub-bins carries every sub-bin's randomizer noise; the
-    /// one variance model of [`crate::tables::Measurement::cell_variances`]). 1 for an
-    /// attribute without working bins; in (0, 1] otherwise.
-    pub(crate) fn one_way_report_worth(&self, a: usize, at: &[f64]) -> f64 {
-        let task = TaskSpec {
-            round: 0,
-            factor: vec![a],
-            mechanism: self.best_oracle(&[a], &[]),
-            bins: Vec::new(),
-        };
-        if !self.space.refinable(&task) || at.len() != self.dims()[a] {
-            return 1.0;
-        }
-        let share = self.sub_bin_share(None);
-        let sub = self
-            .space
-            .task_to_codes(task, Some(self.sub_bins_per_bin()), self.epsilon);
-        let Some(WorkingKey::Refined { blocks, .. }) = self.space.to_working(&self.table_key(&sub))
-        else {
-            return 1.0;
-        };
-        let Ok(mechanism) = Mechanism::new(sub.mechanism, self.epsilon, &[blocks.len()]) else {
-            return 1.0;
-        };
-        let mut sizes = vec![0usize; at.len()];
-        for &b in &blocks {
-            sizes[b] += 1;
-        }
-        let own: f64 = at
-            .iter()
-            .zip(&sizes)
-            .map(|(&x, &c)| {
-                let x = x.clamp(0.0, 1.0);
-                (summed_randomizer_variance(&mechanism, c, x, 1, None) + x * (1.0 - x)).sqrt()
-            })
-            .sum();
-        let working: f64 = self.cell_std_errors(&[a], &[], at, 1.0).iter().sum();
-        let ratio = if own > 0.0 && working.is_finite() {
-            (working / own).powi(2).min(1.0)
-        } else {
-            1.0
-        };
-        1.0 - share + share * ratio
-    }
-
     /// A protocol's task (working codes) as devices run it; a refinable 1-way goes to
     /// sub-bins with probability `sub_bin_share` (`None`: the engine's share).
     fn to_codes<R: Rng + ?Sized>(
@@ -778,7 +720,10 @@ impl Engine {
     ) -> TaskSpec {
         // Some of a binned attribute's 1-ways are measured in sub-bins (the shape within its
         // working bins), the others in the working bins (the bins' totals, at less noise).
-        let share = self.sub_bin_share(sub_bin_share);
+        let share = sub_bin_share
+            .or(self.options.sub_bin_share)
+            .unwrap_or(SUB_BIN_ONE_WAY_SHARE)
+            .clamp(0.0, 1.0);
         let sub_bins = (self.space.refinable(&task) && rng.random_bool(share))
             .then(|| self.sub_bins_per_bin());
         self.space.task_to_codes(task, sub_bins, self.epsilon)
@@ -1058,41 +1003,6 @@ mod tests {
             assert!(e.to_string().contains("attributes 1 and 2"), "{e}");
             assert!(make(vec![3, 1000, 1000], p).is_ok());
         }
-    }
-
-    /// A planned 1-way report of a binned attribute is worth less than one for its bins'
-    /// totals, by the share of them measured in sub-bins and what a sub-bin report loses;
-    /// one of an attribute without working bins is worth one.
-    #[test]
-    fn one_way_report_worth_discounts_sub_bin_reports() {
-        use ldpsyn::protocol::PrivIncrParams;
-        let space = Space::new(vec![64, 3], vec![(1..8).map(|i| 8 * i).collect(), vec![]]).unwrap();
-        let engine = |share: Option<f64>| {
-            let options = EngineOptions {
-                sub_bin_share: share,
-                ..EngineOptions::default()
-            };
-            let protocol = Protocol::Auto(PrivIncrParams::default());
-            Engine::from_space(
-                space.clone(),
-                Epsilon::new(1.0).unwrap(),
-                1000,
-                protocol,
-                options,
-            )
-            .unwrap()
-        };
-        let at = vec![1.0 / 8.0; 8];
-        let default = engine(None).one_way_report_worth(0, &at);
-        let all = engine(Some(1.0)).one_way_report_worth(0, &at);
-        // A bin's total summed from 8 sub-bins carries ~8 cells of randomizer noise.
-        assert!(all > 0.05 && all < 0.5, "{all}");
-        let s = SUB_BIN_ONE_WAY_SHARE;
-        assert!((default - (1.0 - s + s * all)).abs() < 1e-12, "{default}");
-        assert_eq!(engine(Some(0.0)).one_way_report_worth(0, &at), 1.0);
-        assert_eq!(engine(None).one_way_report_worth(1, &[0.5, 0.3, 0.2]), 1.0);
-        // A marginal of the wrong length is not a 1-way of the attribute.
-        assert_eq!(engine(None).one_way_report_worth(0, &[0.5, 0.5]), 1.0);
     }
 
     /// States stored before the tagged form carried every protocol's fields (and, before

@@ -173,21 +173,13 @@ fn pair_bins(
     }
 }
 
-/// Phase-2 reports per factor, `n_f = max(0, c·a_f − m_f)/v_f` with `c` such that
-/// `Σ n_f = n2`: the allocation `∝ a_f` of the totals `m_f + v_f·n_f` (which minimizes
-/// `Σ_f w_f K_f/√(m_f + v_f·n_f)` when no factor is over-measured already) for factors that
-/// already hold `m_f` reports and whose phase-2 reports are each worth `v_f > 0` reports
-/// (below 1 for a 1-way partly measured in sub-bins, [`Engine::one_way_report_worth`]).
-/// Water-filling by bisection on `c`; with no earlier reports and every `v_f = 1` it is
-/// `a_f·n2/Σa`, the allocation without offsets.
-fn top_up(a: &[f64], m: &[f64], worth: &[f64], n2: f64) -> Vec<f64> {
-    let given = |c: f64| -> f64 {
-        a.iter()
-            .zip(m)
-            .zip(worth)
-            .map(|((a, m), v)| (c * a - m).max(0.0) / v)
-            .sum()
-    };
+/// Phase-2 reports per factor, `n_f = max(0, c·a_f − m_f)` with `c` such that
+/// `Σ n_f = n2`: the allocation `∝ a_f` of the totals `m_f + n_f` (which minimizes
+/// `Σ_f w_f K_f/√(m_f + n_f)` when no factor is over-measured already) for factors that
+/// already hold `m_f` reports. Water-filling by bisection on `c`; with no earlier reports it
+/// is `a_f·n2/Σa`, the allocation without offsets.
+fn top_up(a: &[f64], m: &[f64], n2: f64) -> Vec<f64> {
+    let given = |c: f64| -> f64 { a.iter().zip(m).map(|(a, m)| (c * a - m).max(0.0)).sum() };
     let a_sum: f64 = a.iter().sum();
     if a_sum <= 0.0 || n2 <= 0.0 {
         return a.to_vec();
@@ -206,8 +198,7 @@ fn top_up(a: &[f64], m: &[f64], worth: &[f64], n2: f64) -> Vec<f64> {
     }
     a.iter()
         .zip(m)
-        .zip(worth)
-        .map(|((a, m), v)| (hi * a - m).max(0.0) / v)
+        .map(|(a, m)| (hi * a - m).max(0.0))
         .collect()
 }
 
@@ -478,10 +469,7 @@ impl Auto {
     /// nothing is selected and `auto` is the independence model. Reports a 1-way already
     /// holds from round 0 count towards its total: phase 2 tops the totals up to `∝ a_f`
     /// ([`top_up`]), and the prediction's noise part is `A^{3/2}/√(N₂ + M)` with M those
-    /// reports. Reports in sub-bins count at what they are worth for the bins' totals, in
-    /// round 0 as measured ([`equivalent_reports`]) and in phase 2 as planned
-    /// ([`Engine::one_way_report_worth`]): a binned attribute's 1-way gets the more phase-2
-    /// reports for the share of them its shape within the bins takes. Returns the pairs not selected (pruned) and the phase-2 factors with their
+    /// reports. Returns the pairs not selected (pruned) and the phase-2 factors with their
     /// task weights (expected phase-2 reports).
     fn select(
         &self,
@@ -611,14 +599,7 @@ impl Auto {
                 _ => 0.0,
             })
             .collect();
-        let worth: Vec<f64> = factors
-            .iter()
-            .map(|f| match f.factor.as_slice() {
-                [x] => engine.one_way_report_worth(*x, &one[*x]),
-                _ => 1.0,
-            })
-            .collect();
-        for (f, w) in factors.iter_mut().zip(top_up(&a, &m, &worth, n2)) {
+        for (f, w) in factors.iter_mut().zip(top_up(&a, &m, n2)) {
             f.weight = w;
         }
         let mut pruned = Vec::new();
@@ -890,33 +871,22 @@ mod tests {
     #[test]
     fn top_up_allocates_totals_in_proportion() {
         // Without earlier reports: n_f = a_f·n2/Σa.
-        let n = top_up(&[1.0, 3.0], &[0.0, 0.0], &[1.0, 1.0], 400.0);
+        let n = top_up(&[1.0, 3.0], &[0.0, 0.0], 400.0);
         assert!(
             (n[0] - 100.0).abs() < 1e-6 && (n[1] - 300.0).abs() < 1e-6,
             "{n:?}"
         );
         // Earlier reports count: totals m_f + n_f ∝ a_f (here 250 and 750), Σn_f = n2.
-        let n = top_up(&[1.0, 3.0], &[150.0, 0.0], &[1.0, 1.0], 850.0);
+        let n = top_up(&[1.0, 3.0], &[150.0, 0.0], 850.0);
         assert!(
             (n[0] - 100.0).abs() < 1e-6 && (n[1] - 750.0).abs() < 1e-6,
             "{n:?}"
         );
         // A factor already over its share gets nothing; the rest share n2 ∝ a_f.
-        let n = top_up(
-            &[1.0, 1.0, 2.0],
-            &[1000.0, 0.0, 0.0],
-            &[1.0, 1.0, 1.0],
-            300.0,
-        );
+        let n = top_up(&[1.0, 1.0, 2.0], &[1000.0, 0.0, 0.0], 300.0);
         assert_eq!(n[0], 0.0);
         assert!(
             (n[1] - 100.0).abs() < 1e-6 && (n[2] - 200.0).abs() < 1e-6,
-            "{n:?}"
-        );
-        // A report worth half needs twice the reports for the same total: 0.5·200 = 100.
-        let n = top_up(&[1.0, 1.0], &[0.0, 0.0], &[0.5, 1.0], 300.0);
-        assert!(
-            (n[0] - 200.0).abs() < 1e-6 && (n[1] - 100.0).abs() < 1e-6,
             "{n:?}"
         );
     }

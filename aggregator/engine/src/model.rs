@@ -283,8 +283,9 @@ pub struct Recovery {
     space: Space,
     /// Per attribute with working bins, the probability of each code within its bin (each
     /// bin sums to 1), from [`Measurements::sub_bin_distribution`] shrunk towards the
-    /// frequency polygon of the working bins ([`frequency_polygon`]), a point mass found in
-    /// it keeping its share ([`within_bin_shape_with_points`]); the polygon alone where no
+    /// frequency polygon of the working bins ([`frequency_polygon`]) after being made
+    /// consistent with the bin's mass ([`consistent_with`]), a point mass found in it
+    /// keeping its share ([`within_bin_shape_with_points`]); the polygon alone where no
     /// sub-bins were measured.
     within: Vec<Option<Vec<f64>>>,
 }
@@ -333,8 +334,11 @@ impl Recovery {
                             .filter(|i| cells.contains(i))
                             .map(|i| i - cells.start)
                             .collect();
+                        // The bin's mass pools every report of the attribute: the cells
+                        // are made to sum to it before they shape the bin.
+                        let x = consistent_with(&f[cells.clone()], &se[cells.clone()], mass);
                         let shape = within_bin_shape_with_points(
-                            &f[cells.clone()],
+                            &x,
                             &se[cells.clone()],
                             &prior_cells,
                             &local,
@@ -497,6 +501,25 @@ fn within_bin_shape_with_points(
         shape[i] = (1.0 - taken) * v;
     }
     shape
+}
+
+/// Unbiased cell estimates `x` of one working bin (standard errors `se`) made consistent
+/// with `total`, an estimate of their sum far more precise than `Σx` (the bin's mass, which
+/// pools the working-bin reports with the sub-bin ones): the least-squares correction
+/// `x_c + (total − Σx)·σ_c²/Σσ²` (Hay et al., PVLDB 2010, "Boosting the accuracy of
+/// differentially private histograms through consistency", §3, with the parent taken as
+/// exact). A bin of n sub-cells sums n cells of noise, so its raw `Σx` is off by √n of them
+/// and the shrinkage would read that as shape. `x` unchanged when `total` is not positive.
+fn consistent_with(x: &[f64], se: &[f64], total: f64) -> Vec<f64> {
+    let var: f64 = se.iter().map(|s| s * s).sum();
+    if total.is_nan() || total <= 0.0 || var.is_nan() || var <= 0.0 {
+        return x.to_vec();
+    }
+    let gap = total - x.iter().sum::<f64>();
+    x.iter()
+        .zip(se)
+        .map(|(v, s)| v + gap * s * s / var)
+        .collect()
 }
 
 /// The frequency polygon of attribute `a`'s working bins (VertiMRF §6.1's recovery when
@@ -1058,7 +1081,9 @@ fn infer(dims: &[usize], factors: &[EstimatedConditional], query: &[usize]) -> V
 
 #[cfg(test)]
 mod tests {
-    use super::{frequency_polygon, within_bin_shape, within_bin_shape_with_points};
+    use super::{
+        consistent_with, frequency_polygon, within_bin_shape, within_bin_shape_with_points,
+    };
     use crate::space::Space;
 
     /// The polygon spreads a bin's codes along the line between its neighbours' densities,
@@ -1106,6 +1131,31 @@ mod tests {
         // A bin with no estimated mass: the prior.
         let s = within_bin_shape(&[-0.01, -0.02], &[0.01; 2], &[0.5, 0.5]);
         assert_eq!(s, vec![0.5, 0.5]);
+    }
+
+    /// The cells move to the bin's mass in proportion to their variances, and sum to it.
+    #[test]
+    fn consistent_cells_sum_to_the_bins_mass() {
+        let x = consistent_with(&[0.878, 0.285], &[0.08, 0.08], 0.994);
+        assert!(
+            (x[0] - 0.7935).abs() < 1e-12 && (x[1] - 0.2005).abs() < 1e-12,
+            "{x:?}"
+        );
+        let x = consistent_with(&[0.3, 0.1, 0.2], &[0.1, 0.2, 0.0], 0.5);
+        // Gap −0.1 split 1:4:0 by variance.
+        let want = [0.28, 0.02, 0.2];
+        assert!(
+            x.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-12),
+            "{x:?}"
+        );
+        assert_eq!(
+            consistent_with(&[0.3, 0.1], &[0.1, 0.1], 0.0),
+            vec![0.3, 0.1]
+        );
+        assert_eq!(
+            consistent_with(&[0.3, 0.1], &[0.0, 0.0], 0.5),
+            vec![0.3, 0.1]
+        );
     }
 
     /// A point mass holding most of a bin keeps its estimated share; the shrinkage alone

@@ -304,9 +304,9 @@ impl Recovery {
                 }
                 let k = space.code_dims()[a];
                 // The polygon within each bin unless sub-bins were measured.
-                let bins = ms
-                    .combined_at(&[a], |_| true, None)
-                    .map(|c| c.frequencies)
+                let measured = ms.combined_at(&[a], |_| true, None).map(|c| c.frequencies);
+                let bins = measured
+                    .clone()
                     .unwrap_or_else(|| vec![1.0; space.dims()[a]]);
                 let prior = frequency_polygon(space, a, &bins);
                 let mut w = prior.clone();
@@ -320,8 +320,9 @@ impl Recovery {
                         .iter()
                         .map(|r| cell_of(r.start))
                         .collect();
-                    // `bins` holds one mass per working bin.
-                    for (bin, &mass) in bins.iter().enumerate() {
+                    for bin in 0..space.dims()[a] {
+                        // The bin's estimated mass (NaN: none, and nothing is adjusted to it).
+                        let mass = measured.as_ref().map_or(f64::NAN, |m| m[bin]);
                         let r = space.code_range(a, bin);
                         let cells = cell_of(r.start)..cell_of(r.end - 1) + 1;
                         // The polygon's share of each sub-bin cell of this bin.
@@ -509,7 +510,8 @@ fn within_bin_shape_with_points(
 /// `x_c + (total − Σx)·σ_c²/Σσ²` (Hay et al., PVLDB 2010, "Boosting the accuracy of
 /// differentially private histograms through consistency", §3, with the parent taken as
 /// exact). A bin of n sub-cells sums n cells of noise, so its raw `Σx` is off by √n of them
-/// and the shrinkage would read that as shape. `x` unchanged when `total` is not positive.
+/// and the shrinkage would read that as shape. `x` unchanged when `total` is not positive
+/// (or NaN: no estimate of the bin).
 fn consistent_with(x: &[f64], se: &[f64], total: f64) -> Vec<f64> {
     let var: f64 = se.iter().map(|s| s * s).sum();
     if total.is_nan() || total <= 0.0 || var.is_nan() || var <= 0.0 {

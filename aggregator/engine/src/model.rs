@@ -305,10 +305,8 @@ impl Recovery {
                 let k = space.code_dims()[a];
                 // The polygon within each bin unless sub-bins were measured.
                 let measured = ms.combined_at(&[a], |_| true, None).map(|c| c.frequencies);
-                let bins = measured
-                    .clone()
-                    .unwrap_or_else(|| vec![1.0; space.dims()[a]]);
-                let prior = frequency_polygon(space, a, &bins);
+                let ones = vec![1.0; space.dims()[a]];
+                let prior = frequency_polygon(space, a, measured.as_deref().unwrap_or(&ones));
                 let mut w = prior.clone();
                 if let Some((cuts, f, se)) = ms.sub_bin_distribution(a) {
                     let cell_of = |c: u32| ldpsyn::factor::bin_of(c, &cuts) as usize;

@@ -291,6 +291,28 @@ mod tests {
         .unwrap()
     }
 
+    /// `n` rows `[h, c]` (seeded): `h` is `spike` with probability `share`, else uniform over
+    /// `others`; `c` is `h < split`.
+    fn spiked_rows(
+        n: usize,
+        seed: u64,
+        (spike, share): (u32, f64),
+        others: std::ops::Range<u32>,
+        split: u32,
+    ) -> Vec<Vec<u32>> {
+        let mut rng = ChaCha12Rng::seed_from_u64(seed);
+        (0..n)
+            .map(|_| {
+                let h = if rng.random_bool(share) {
+                    spike
+                } else {
+                    rng.random_range(others.clone())
+                };
+                vec![h, u32::from(h < split)]
+            })
+            .collect()
+    }
+
     /// A collection of `schema` at `eps` for `n` people.
     fn collection(
         schema: &ldpsyn::schema::Schema,
@@ -320,17 +342,7 @@ mod tests {
         use crate::engine::Expansion;
         let schema = numeric_and_binary_schema(1, 30, 4);
         let n = 60_000usize;
-        let mut rng = ChaCha12Rng::seed_from_u64(3);
-        let rows: Vec<Vec<u32>> = (0..n)
-            .map(|_| {
-                let h = if rng.random_bool(0.4) {
-                    9
-                } else {
-                    rng.random_range(0..30u32)
-                };
-                vec![h, u32::from(h < 15)]
-            })
-            .collect();
+        let rows = spiked_rows(n, 3, (9, 0.4), 0..30, 15);
         let pop = Population::from_rows(schema.domain_sizes(), rows).unwrap();
         for protocol in [
             Protocol::Independence {},
@@ -412,17 +424,7 @@ mod tests {
         use crate::engine::Expansion;
         let schema = numeric_and_binary_schema(0, 96, 16);
         let n = 6_000usize;
-        let mut rng = ChaCha12Rng::seed_from_u64(7);
-        let rows: Vec<Vec<u32>> = (0..n)
-            .map(|_| {
-                let h = if rng.random_bool(0.45) {
-                    0
-                } else {
-                    rng.random_range(1..97u32)
-                };
-                vec![h, u32::from(h < 40)]
-            })
-            .collect();
+        let rows = spiked_rows(n, 7, (0, 0.45), 1..97, 40);
         let real = rows.iter().filter(|r| r[0] == 0).count() as f64 / n as f64;
         let pop = Population::from_rows(schema.domain_sizes(), rows).unwrap();
         let config = collection(&schema, 1.0, n, Protocol::Auto(PrivIncrParams::default()));

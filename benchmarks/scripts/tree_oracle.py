@@ -19,6 +19,7 @@ Needs numpy. Reads `examples/adult/adult.csv` with `examples/adult/schema.json` 
 of the suite's adult rows; Adult-1.5M resamples these 45,222 people).
 """
 import argparse
+import copy
 import csv
 import itertools
 import json
@@ -44,8 +45,11 @@ def load(data, schema_path):
 
 
 class Oracle:
-    def __init__(self, x, dims, epsilon, users, rng):
-        self.x, self.dims, self.eps, self.users, self.rng = x, dims, epsilon, users, rng
+    """The data's tables and tree, computed once; `at(epsilon, rng)` gives one LDP run's view."""
+
+    def __init__(self, x, dims, users):
+        self.x, self.dims, self.users = x, dims, users
+        self.eps, self.rng = None, None
         self.d = len(dims)
         n = len(x)
         self.one = [np.bincount(x[:, j], minlength=dims[j]) / n for j in range(self.d)]
@@ -55,6 +59,12 @@ class Oracle:
             np.add.at(t, (x[:, i], x[:, j]), 1)
             self.pair[(i, j)] = t / n
         self.tree = self.chow_liu()
+
+    def at(self, epsilon, rng):
+        """This oracle measuring at `epsilon` with noise from `rng` (shares the data's tables)."""
+        run = copy.copy(self)
+        run.eps, run.rng = epsilon, rng
+        return run
 
     def chow_liu(self):
         def mi(t):
@@ -152,9 +162,9 @@ def main():
     args = ap.parse_args()
     x, dims = load(args.data, args.schema)
     print(f"{len(x)} people, domains {dims}; N = {args.users:,} users")
+    data = Oracle(x, dims, args.users)
     for eps in args.epsilon or [1.0, 2.0, 4.0, 8.0]:
-        seeds = [np.random.default_rng(s) for s in range(args.seeds)]
-        o = [Oracle(x, dims, eps, args.users, r) for r in seeds]
+        o = [data.at(eps, np.random.default_rng(s)) for s in range(args.seeds)]
         exact = o[0].score(o[0].one, {})
         full = o[0].score(o[0].one, {e: o[0].pair[e] for e in o[0].tree})
         print(f"\neps = {eps}: exact independence {exact:.4f}, exact Chow-Liu tree {full:.4f}")

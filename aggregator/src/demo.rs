@@ -20,6 +20,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use uuid::Uuid;
 
+use crate::engine::DriftReport;
 use crate::eval::{MarginalCounts, NumericFidelity, evaluation_schema, numeric_fidelity, regrid};
 use crate::service::Server;
 use crate::service::config::ServeConfig;
@@ -65,6 +66,12 @@ pub struct DemoConfig {
     /// Hide progress bars.
     #[arg(long)]
     pub quiet: bool,
+    /// Order in which the people of `--data` arrive: `shuffled` (a random order seeded by
+    /// `--seed`; a file's row order is rarely an arrival order) or `file` (the rows' order: a
+    /// file sorted by date or group then simulates a collection whose population changes
+    /// while it runs).
+    #[arg(long, value_enum, default_value = "shuffled")]
+    pub arrival: Arrival,
     /// A vertical collection instead (VertiMRF): a JSON file with its `parties` (each with its
     /// attributes and their ε, e.g. `examples/adult/parties.json`). Each party randomizes
     /// its columns of every person and uploads them over HTTP under a pseudonymous record
@@ -117,6 +124,15 @@ async fn send_json(
         .map_err(|e| DemoError::Http(e.to_string()))
 }
 
+/// Order in which a file's people arrive ([`DemoConfig::arrival`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Arrival {
+    /// A seeded random order.
+    Shuffled,
+    /// The file's row order.
+    File,
+}
+
 /// The fidelity report (printed and written to `--report`).
 #[derive(Debug, Clone, Serialize)]
 pub struct DemoReport {
@@ -149,6 +165,10 @@ pub struct DemoReport {
     pub numeric: Vec<NumericFidelity>,
     /// The learned dependency graph, as pairs of attribute names.
     pub edges: Vec<[String; 2]>,
+    /// The model's warning when the people of different rounds differed beyond noise (the
+    /// population changed while collecting; [`crate::engine::DriftReport`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drift_warning: Option<String>,
     /// Synthetic rows downloaded.
     pub synthetic_rows: u64,
     /// Reports the aggregator accepted.
@@ -192,7 +212,10 @@ fn load_input(cfg: &DemoConfig) -> Result<Input, DemoError> {
             }
             let n = cfg.users.unwrap_or(loaded.population.len());
             let population = if n == loaded.population.len() {
-                loaded.population
+                match cfg.arrival {
+                    Arrival::Shuffled => loaded.population.shuffled(cfg.seed),
+                    Arrival::File => loaded.population,
+                }
             } else if n > loaded.population.len() {
                 loaded.population.resample(n, cfg.seed)
             } else {
@@ -407,6 +430,12 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
         .map(|a| a.name.clone())
         .collect();
     let edges = model_edges(&finalized, &names);
+    let drift_warning = serde_json::from_value::<DriftReport>(finalized["model"]["drift"].clone())
+        .ok()
+        .and_then(|d| d.warning(|a| names.get(a).cloned().unwrap_or_else(|| a.to_string())));
+    if let Some(w) = &drift_warning {
+        eprintln!("warning: {w}");
+    }
 
     let t = Instant::now();
     let rows = cfg.rows.unwrap_or(n as u64);
@@ -535,6 +564,7 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
         party_epsilon: created.get("party_epsilon").cloned(),
         numeric,
         edges,
+        drift_warning,
         synthetic_rows: rows,
         reports_accepted,
         seconds_total: started.elapsed().as_secs_f64(),

@@ -12,6 +12,8 @@
 //! - [`protocols`]: one module per protocol behind one trait (PrivIncr/NoIncremental pruning,
 //!   `auto`'s screening and selection, SamPrivSyn re-weighting, independence), dispatched
 //!   once by the engine.
+//! - [`drift`]: rounds as strata of the population: a heterogeneity test between rounds and
+//!   every table calibrated to the population's post-stratified 1-ways.
 //! - [`estimate`]: the model graph (pairs kept by expected gain within a clique cap) and the
 //!   observations every measurement gives the fit.
 //! - [`pgm`]: the graphical model fitted to every measurement (mirror descent + belief
@@ -66,6 +68,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod drift;
 pub mod estimate;
 pub mod graph;
 pub mod info;
@@ -79,6 +82,7 @@ pub mod space;
 pub mod state;
 pub mod tables;
 
+pub use drift::{AttributeDrift, DriftReport};
 pub use graph::{Edge, EdgeState, JunctionTree};
 pub use model::{
     EdgeGain, Expansion, FittedJoint, JointSource, MarginalEstimate, MeasuredFactor, Model,

@@ -18,6 +18,7 @@ use rand_chacha::ChaCha12Rng;
 use serde::{Deserialize, Serialize};
 
 use super::EngineError;
+use super::drift::DriftReport;
 use super::estimate::outer;
 use super::graph::EdgeState;
 use super::pgm::GraphicalModel;
@@ -252,6 +253,10 @@ pub struct ModelDescription {
     /// own ([`crate::space`]).
     #[serde(default)]
     pub working_bins: Vec<Vec<u32>>,
+    /// Whether the rounds measured different populations, per attribute
+    /// ([`crate::drift`]); `None` for a model of one round.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drift: Option<DriftReport>,
 }
 
 #[derive(Debug, Clone)]
@@ -573,6 +578,7 @@ pub struct Model {
     edges: Vec<EdgeState>,
     gains: Vec<EdgeGain>,
     rounds: Vec<RoundSummary>,
+    drift: Option<DriftReport>,
     kind: ModelKind,
     source: Arc<dyn JointSource>,
 }
@@ -598,6 +604,7 @@ impl Model {
             edges,
             gains: Vec::new(),
             rounds: Vec::new(),
+            drift: None,
             kind: ModelKind::Graphical {
                 structure,
                 factors: Arc::new(factors),
@@ -618,6 +625,7 @@ impl Model {
             edges: Vec::new(),
             gains: Vec::new(),
             rounds: Vec::new(),
+            drift: None,
             kind: ModelKind::SamPrivSyn(Arc::new(model)),
             source: Arc::new(source),
         }
@@ -634,6 +642,18 @@ impl Model {
     pub fn with_rounds(mut self, rounds: Vec<RoundSummary>) -> Self {
         self.rounds = rounds;
         self
+    }
+
+    /// The model with the heterogeneity of its rounds (for [`Model::describe`]; `None` for
+    /// one round).
+    pub fn with_drift(mut self, drift: Option<DriftReport>) -> Self {
+        self.drift = drift;
+        self
+    }
+
+    /// The heterogeneity of the rounds the model was fitted to ([`crate::drift`]).
+    pub fn drift(&self) -> Option<&DriftReport> {
+        self.drift.as_ref()
     }
 
     /// The model with the way back from its working bins to schema codes (see
@@ -694,6 +714,7 @@ impl Model {
                         .map_or_else(Vec::new, |r| r.space.cuts(a).to_vec())
                 })
                 .collect(),
+            drift: self.drift.clone(),
         }
     }
 

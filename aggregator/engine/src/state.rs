@@ -897,6 +897,14 @@ impl Engine {
         if ms.items().is_empty() {
             return Err(EngineError::NoData);
         }
+        // Rounds are strata of the population (people arrive in an order that may correlate
+        // with their data); tables that share records are one stratum.
+        let (ms, drift) = if self.rules.tables_share_records() {
+            (ms, None)
+        } else {
+            let (ms, report) = crate::drift::post_stratify(ms);
+            (ms, (report.round_weights.len() > 1).then_some(report))
+        };
         let one_way = one_way_estimates(&ms);
         // A pair measured under bin maps (or several) is judged on its best binning.
         let gains: Vec<(Edge, PairGain)> = self
@@ -939,7 +947,8 @@ impl Engine {
         Ok(model
             .with_gains(gains)
             .with_recovery(recovery)
-            .with_rounds(round_summaries(state, tables)))
+            .with_rounds(round_summaries(state, tables))
+            .with_drift(drift))
     }
 }
 

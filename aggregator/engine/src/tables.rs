@@ -528,6 +528,13 @@ impl Measurements {
         }
     }
 
+    /// The measurements with `f` applied to each (same keys, domain and population; `f`
+    /// changes estimates only).
+    pub(crate) fn map_items(mut self, f: impl Fn(&mut Measurement)) -> Self {
+        self.items.iter_mut().for_each(f);
+        self
+    }
+
     /// Only the measurements for which `keep` holds (same population).
     pub fn retained(self, keep: impl Fn(&Measurement) -> bool) -> Self {
         let items = self.items.into_iter().filter(|m| keep(m)).collect();

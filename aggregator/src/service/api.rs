@@ -295,6 +295,17 @@ pub fn model_schema() -> ObjectBuilder {
                 )),
         )
         .required("working_bins")
+        .property(
+            "drift",
+            object().description(Some(
+                "Present for a model of several rounds: each round's share of the reports \
+                 (`round_weights`), per attribute the heterogeneity of the rounds' 1-way \
+                 marginals (Cochran's `q`, `df`, `p_value`, between-round variance `tau2`, \
+                 `largest_shift`), and `population_changed`: the rounds measured different \
+                 populations beyond noise, and every round's tables were calibrated to the \
+                 whole population's 1-ways.",
+            )),
+        )
         .description(Some("The model built at finalization."))
 }
 

@@ -64,6 +64,11 @@ const NUMERIC_SUITE: [(&str, Option<&str>, &str); 2] = [
 
 const EPSILONS: [f64; 4] = [1.0, 2.0, 4.0, 8.0];
 
+/// The suite's tables read whole from `--shared` (`NAME/NAME.csv` under
+/// `NAME/NAME-schema.json`): nist-taxi and temporal-match2 drift along their rows, NLTCS is
+/// grouped (all-zero records first), bank is chronological (`pdays`/`poutcome` appear late).
+const SHARED_SUITE: [&str; 5] = ["nist-taxi", "temporal-match2", "nltcs", "br2000", "bank"];
+
 /// Adult utility benchmark: datasets × protocols × ε × seeds through the in-process
 /// simulator (module docs).
 #[derive(Debug, Parser)]
@@ -105,11 +110,11 @@ struct Args {
     /// Seeds per ML efficacy cell.
     #[arg(long, default_value_t = 1)]
     ml_seeds: u64,
-    /// The utility suite: adult-45k, nist-taxi, temporal-match2, bn (the built-in Bayesian
-    /// network, 100,000 people) and adult-1.5m, from `--shared`.
+    /// The utility suite: adult-45k, nist-taxi, temporal-match2, nltcs, br2000, bank, bn (the
+    /// built-in Bayesian network, 100,000 people) and adult-1.5m, from `--shared`.
     #[arg(long)]
     suite: bool,
-    /// Folder of the shared datasets (the suite's nist-taxi and temporal-match2).
+    /// Folder of the shared datasets (the suite's tables read whole, [`SHARED_SUITE`]).
     #[arg(long, default_value = "../shared/datasets")]
     shared: PathBuf,
     /// Skip the suite's numeric rows.
@@ -118,7 +123,7 @@ struct Args {
     /// Order in which the people of a file read whole arrive (the simulator assigns them to
     /// rounds in that order): `file` (the CSV's row order; nist-taxi and temporal-match2
     /// drift along it, `benchmarks/sweeps/arrival-order.md`) or `shuffled` (a seeded random
-    /// order). Unset: the suite's nist-taxi, temporal-match2 and numeric rows in file order,
+    /// order). Unset: the suite's shared tables and numeric rows in file order,
     /// `--data` at its full size (Adult in the suite) shuffled. Resampled sizes are drawn at
     /// random either way.
     #[arg(long, value_enum)]
@@ -588,7 +593,7 @@ fn main() -> Result<(), Error> {
             datasets.push(Arc::new(Dataset::new(name, pop)));
         }
         if args.suite {
-            for name in ["nist-taxi", "temporal-match2"] {
+            for name in SHARED_SUITE {
                 if !args.datasets.is_empty() && !args.datasets.iter().any(|d| d == name) {
                     continue;
                 }

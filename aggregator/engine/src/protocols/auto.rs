@@ -28,6 +28,7 @@ use super::{
     end_phase1_round, graph_state, one_way_choices, one_way_state, pairs, plan_structure,
     round_quota,
 };
+use crate::drift::one_way_drift;
 use crate::estimate::{
     MAX_CLIQUE_CELLS, Null, PairGain, best_pair_gain, largest_clique_cells, one_way_estimates,
     pair_gain_binned, projected_noise_l1,
@@ -549,9 +550,16 @@ impl Auto {
             .unwrap_or(MAX_CLIQUE_CELLS);
         // Round 0's 1-way reports count towards phase 2's: the noise of a 1-way measured by
         // m_f earlier and n_f later reports is K_f/√(m_f + n_f), with sub-bin reports
-        // counted at what they are worth for the bins' totals.
+        // counted at what they are worth for the bins' totals. Not when the population
+        // changed between round 0 and the screening round: then round 0's people describe
+        // only themselves, and the final fit post-stratifies by round (`crate::drift`), so
+        // phase 2's people need 1-ways of their own.
+        let drifted = one_way_drift(ms).0.population_changed;
         let earlier: Vec<f64> = (0..d)
             .map(|a| {
+                if drifted {
+                    return 0.0;
+                }
                 ms.containing(&[a])
                     .filter(|m| m.key.factor == [a] && m.key.bins_of(a).is_empty())
                     .map(|m| equivalent_reports(engine, ms, m, &one[a]))

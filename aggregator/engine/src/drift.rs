@@ -1,0 +1,542 @@
+//! Arrival drift: the rounds of a collection as strata of its population.
+//!
+//! Each person reports once per collection, in the round during which they arrive, so a
+//! round measures the people who arrived during it. When the order of arrival correlates
+//! with the data (a collection over days, time zones or campaigns; a file sorted by date or
+//! group), rounds measure different sub-populations: `auto`'s round 0 measures the first
+//! people's 1-ways, its screening and phase 2 the later people's pairs, and a fit that treats
+//! them as measurements of one distribution can agree with none of them.
+//!
+//! The population is the mixture `P = Σ_r w_r P_r` of the rounds' people, `w_r` the share of
+//! the reports in round `r` (one report per person and round). [`post_stratify`] estimates
+//! each measured marginal of `P` by post-stratification on the rounds:
+//! 1. per attribute `a` and round `r`, the round's 1-way `y_r(a)` from every table of the
+//!    round that holds `a` at working resolution (inverse-variance combined,
+//!    [`Measurements::combined_binned`]), with per-cell variances `v_r`;
+//! 2. the heterogeneity of the rounds' 1-ways: Cochran's `Q = Σ_r Σ_c (y_rc − ȳ_c)²/v_rc`
+//!    on `(R − 1)(C − 1)` degrees of freedom (ȳ the inverse-variance pooled 1-way), and the
+//!    DerSimonian–Laird between-round variance (DerSimonian & Laird, "Meta-analysis in
+//!    clinical trials", Controlled Clinical Trials 7(3), 1986, eq. 8, summed over the
+//!    cells); an attribute is corrected only when its test rejects at [`DRIFT_TEST_LEVEL`]
+//!    (Bonferroni over the attributes): a correction of noise would only add noise;
+//! 3. each round's 1-way shrunk towards the pooled one by its noise, `P̃_r` ([`shrunk`],
+//!    the empirical-Bayes estimate of the random-effects model);
+//! 4. per group of tables of one factor and bin maps that holds a drifting attribute: the
+//!    group's estimate of each round (shrunk likewise), and for a round that did not measure
+//!    the group, its pooled table with the margins moved by `P̃_r − P̃_measured` (iterative
+//!    proportional fitting, Deming & Stephan, Ann. Math. Statist. 11(4), 1940, which keeps
+//!    the table's odds ratios); the population's estimate is their `w_r`-weighted sum, and
+//!    each table moves by the population's estimate minus its own round's.
+//!
+//! Step 4 matters beyond the 1-ways: when the rounds differ, much of the population's
+//! dependence lies between them (people of one round all answer no, of another all yes), and
+//! a table of one round alone does not show it. The variances the fit gives each table are
+//! its own; the stratified estimate's variance is larger where a round is thinly measured.
+//! With `auto`, a drift found at the screening close also makes phase 2 measure every
+//! attribute alone again (`protocols::auto`), so that each round holds each 1-way.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ldpsyn::factor::cuts_of;
+use serde::{Deserialize, Serialize};
+
+use crate::tables::{Measurements, coarsen, projection_map};
+use ldpsyn::mechanism::norm_sub;
+
+/// Level of the between-round heterogeneity test, over all attributes (Bonferroni): below it
+/// [`DriftReport::population_changed`] says the rounds measured different populations.
+pub const DRIFT_TEST_LEVEL: f64 = 0.001;
+
+/// Most iterations of proportional fitting per table (each adjusts every margin once); it
+/// stops earlier when every margin is within [`IPF_TOLERANCE`] of its target.
+const IPF_ITERATIONS: usize = 100;
+
+/// Largest absolute error of a margin cell at which proportional fitting stops.
+const IPF_TOLERANCE: f64 = 1e-10;
+
+/// One attribute's disagreement between the rounds that measured it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttributeDrift {
+    /// Attribute index.
+    pub attribute: usize,
+    /// Rounds whose tables hold it at working resolution.
+    pub rounds: Vec<u32>,
+    /// Cochran's Q of the rounds' 1-ways (module docs, step 2).
+    pub q: f64,
+    /// Its degrees of freedom, `(rounds − 1)(cells − 1)`.
+    pub df: f64,
+    /// Upper-tail χ² probability of `q` (Wilson–Hilferty approximation).
+    pub p_value: f64,
+    /// Between-round variance per cell (frequency²), `0` when the rounds agree within noise.
+    pub tau2: f64,
+    /// Largest total variation distance between a round's shrunk 1-way and the
+    /// population's (the size of the correction, frequencies).
+    pub largest_shift: f64,
+}
+
+/// What [`post_stratify`] found and did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DriftReport {
+    /// Per round, its share of the reports (the stratum weights `w_r`).
+    pub round_weights: Vec<(u32, f64)>,
+    /// Per attribute measured in more than one round, most heterogeneous first.
+    pub attributes: Vec<AttributeDrift>,
+    /// Whether some attribute's rounds disagree beyond noise at [`DRIFT_TEST_LEVEL`] after
+    /// the Bonferroni correction over attributes: the population changed between rounds
+    /// (the tables were calibrated to the population's 1-ways).
+    pub population_changed: bool,
+}
+
+impl DriftReport {
+    /// A plain sentence for operators when the population changed, else `None`.
+    pub fn warning(&self, names: impl Fn(usize) -> String) -> Option<String> {
+        if !self.population_changed {
+            return None;
+        }
+        let worst: Vec<String> = self
+            .attributes
+            .iter()
+            .filter(|a| a.p_value * self.attributes.len() as f64 <= DRIFT_TEST_LEVEL)
+            .take(3)
+            .map(|a| {
+                format!(
+                    "{} (moved by up to {:.3})",
+                    names(a.attribute),
+                    a.largest_shift
+                )
+            })
+            .collect();
+        Some(format!(
+            "the population changed between rounds: people who arrived in different rounds \
+             differ beyond noise in {}; every round's measurements were calibrated to the \
+             whole population's 1-way marginals",
+            worst.join(", ")
+        ))
+    }
+}
+
+/// Upper-tail probability of χ²(`df`) at `q` (Wilson–Hilferty cube-root normal
+/// approximation; Johnson, Kotz & Balakrishnan, Continuous Univariate Distributions 1,
+/// 1994, eq. 18.24).
+fn chi2_upper(q: f64, df: f64) -> f64 {
+    if df <= 0.0 {
+        return 1.0;
+    }
+    let s = 2.0 / (9.0 * df);
+    let z = ((q / df).max(0.0).cbrt() - (1.0 - s)) / s.sqrt();
+    0.5 * erfc(z / std::f64::consts::SQRT_2)
+}
+
+/// Complementary error function (Numerical Recipes, 3rd ed., §6.2.2, Chebyshev fit;
+/// relative error below 1.2e-7).
+fn erfc(x: f64) -> f64 {
+    let z = x.abs();
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let r = t
+        * (-z * z - 1.265_512_23
+            + t * (1.000_023_68
+                + t * (0.374_091_96
+                    + t * (0.096_784_18
+                        + t * (-0.186_288_06
+                            + t * (0.278_868_07
+                                + t * (-1.135_203_98
+                                    + t * (1.488_515_87
+                                        + t * (-0.822_152_23 + t * 0.170_872_77)))))))))
+            .exp();
+    if x >= 0.0 { r } else { 2.0 - r }
+}
+
+/// Per round, one attribute's shrunk 1-way `P̃_r` (module docs, step 3).
+pub type RoundOneWays = BTreeMap<u32, Vec<f64>>;
+
+/// A table group (factor, bin maps) and the round of its tables.
+type GroupRound = (Vec<usize>, Vec<Vec<u32>>, u32);
+
+/// Per round: its estimate of one marginal and the per-cell variances.
+struct RoundEstimate {
+    round: u32,
+    estimate: Vec<f64>,
+    variances: Vec<f64>,
+}
+
+/// The rounds' estimates pooled cell by cell with inverse-variance weights: the pooled
+/// estimate, each round's share of the precision (mean over cells), Cochran's Q, its degrees
+/// of freedom and the DerSimonian–Laird τ² (module docs, step 2).
+struct Heterogeneity {
+    pooled: Vec<f64>,
+    shares: Vec<f64>,
+    q: f64,
+    df: f64,
+    tau2: f64,
+}
+
+fn heterogeneity(per_round: &[RoundEstimate]) -> Heterogeneity {
+    let cells = per_round[0].estimate.len();
+    let mut pooled = vec![0.0; cells];
+    let mut shares = vec![0.0; per_round.len()];
+    let (mut q, mut s) = (0.0, 0.0);
+    for (c, pooled_c) in pooled.iter_mut().enumerate() {
+        let w: Vec<f64> = per_round.iter().map(|p| 1.0 / p.variances[c]).collect();
+        let wsum: f64 = w.iter().sum();
+        let mean = per_round
+            .iter()
+            .zip(&w)
+            .map(|(p, w)| w * p.estimate[c])
+            .sum::<f64>()
+            / wsum;
+        *pooled_c = mean;
+        for (sh, w) in shares.iter_mut().zip(&w) {
+            *sh += w / wsum / cells as f64;
+        }
+        q += per_round
+            .iter()
+            .zip(&w)
+            .map(|(p, w)| w * (p.estimate[c] - mean).powi(2))
+            .sum::<f64>();
+        s += wsum - w.iter().map(|w| w * w).sum::<f64>() / wsum;
+    }
+    let df = ((per_round.len() - 1) * (cells.max(1) - 1)) as f64;
+    let tau2 = if s > 0.0 {
+        ((q - df) / s).max(0.0)
+    } else {
+        0.0
+    };
+    Heterogeneity {
+        pooled,
+        shares,
+        q,
+        df,
+        tau2,
+    }
+}
+
+/// Round `p`'s estimate shrunk towards the pooled one by its noise (module docs, step 3):
+/// `ȳ + τ_r²/(τ_r² + v_r)·(y_r − ȳ)` with the round's own between-round variance
+/// `τ_r² = max(0, mean_c((y_rc − ȳ_c)² − v_rc))` (a moment estimate): a round measured by
+/// few reports that differs from the others far beyond its noise keeps its estimate, where
+/// the pooled τ² of the test would shrink it towards the better-measured rounds.
+fn shrunk(h: &Heterogeneity, p: &RoundEstimate) -> Vec<f64> {
+    let cells = p.estimate.len().max(1) as f64;
+    let tau2 = (h
+        .pooled
+        .iter()
+        .zip(&p.estimate)
+        .zip(&p.variances)
+        .map(|((m, y), v)| (y - m).powi(2) - v)
+        .sum::<f64>()
+        / cells)
+        .max(0.0);
+    h.pooled
+        .iter()
+        .zip(&p.estimate)
+        .zip(&p.variances)
+        .map(|((m, y), v)| m + tau2 / (tau2 + v) * (y - m))
+        .collect()
+}
+
+/// The estimate of `f` (under `bins`) from round `r`'s tables of exactly that factor.
+fn round_estimate(
+    ms: &Measurements,
+    f: &[usize],
+    bins: &[Vec<u32>],
+    r: u32,
+) -> Option<RoundEstimate> {
+    let c = ms.combined_binned(
+        f,
+        bins,
+        |k| k.round == r && k.factor == f && k.bins == bins,
+        None,
+    )?;
+    Some(RoundEstimate {
+        round: r,
+        variances: c.std_errors.iter().map(|s| (s * s).max(1e-12)).collect(),
+        estimate: c.frequencies,
+    })
+}
+
+/// Per round, its share of the reports; per attribute, the rounds' shrunk 1-ways `P̃_r`
+/// (module docs, steps 1–3; `None` where the rounds agree or one round measured it) and the
+/// heterogeneity report. Deterministic.
+pub fn one_way_drift(ms: &Measurements) -> (DriftReport, Vec<Option<RoundOneWays>>) {
+    let mut reports: BTreeMap<u32, u64> = BTreeMap::new();
+    for m in ms.items() {
+        *reports.entry(m.key.round).or_default() += m.estimate.n;
+    }
+    let total: u64 = reports.values().sum();
+    let weights: Vec<(u32, f64)> = reports
+        .iter()
+        .map(|(&r, &n)| (r, n as f64 / total.max(1) as f64))
+        .collect();
+    let mut report = DriftReport {
+        round_weights: weights.clone(),
+        attributes: Vec::new(),
+        population_changed: false,
+    };
+    let d = ms.domain_sizes().len();
+    let mut one_ways: Vec<Option<RoundOneWays>> = vec![None; d];
+    if weights.len() < 2 {
+        return (report, one_ways);
+    }
+    // Step 1–3: per attribute, every round's shrunk 1-way P̃_r (`None`: no drift seen).
+    for (a, slot) in one_ways.iter_mut().enumerate() {
+        let per_round: Vec<RoundEstimate> = weights
+            .iter()
+            .filter_map(|&(r, _)| {
+                let c = ms.combined_binned(&[a], &[], |k| k.round == r, None)?;
+                Some(RoundEstimate {
+                    round: r,
+                    variances: c.std_errors.iter().map(|s| (s * s).max(1e-12)).collect(),
+                    estimate: c.frequencies,
+                })
+            })
+            .collect();
+        if per_round.len() < 2 {
+            continue;
+        }
+        let h = heterogeneity(&per_round);
+        let tilde: BTreeMap<u32, Vec<f64>> = weights
+            .iter()
+            .map(|&(r, _)| {
+                let est = per_round
+                    .iter()
+                    .find(|p| p.round == r)
+                    .map_or_else(|| h.pooled.clone(), |p| shrunk(&h, p));
+                (r, est)
+            })
+            .collect();
+        let mut population = vec![0.0; h.pooled.len()];
+        for &(r, w) in &weights {
+            for (p, x) in population.iter_mut().zip(&tilde[&r]) {
+                *p += w * x;
+            }
+        }
+        let largest_shift = tilde
+            .values()
+            .map(|t| {
+                0.5 * t
+                    .iter()
+                    .zip(&population)
+                    .map(|(x, p)| (x - p).abs())
+                    .sum::<f64>()
+            })
+            .fold(0.0, f64::max);
+        report.attributes.push(AttributeDrift {
+            attribute: a,
+            rounds: per_round.iter().map(|p| p.round).collect(),
+            q: h.q,
+            df: h.df,
+            p_value: chi2_upper(h.q, h.df),
+            tau2: h.tau2,
+            largest_shift,
+        });
+        *slot = Some(tilde);
+    }
+    report.attributes.sort_by(|x, y| {
+        x.p_value
+            .total_cmp(&y.p_value)
+            .then(x.attribute.cmp(&y.attribute))
+    });
+    let tests = report.attributes.len() as f64;
+    // Only the attributes whose rounds disagree beyond noise are corrected: a correction
+    // from noise alone would only add noise.
+    for a in &report.attributes {
+        if a.p_value * tests > DRIFT_TEST_LEVEL {
+            one_ways[a.attribute] = None;
+        }
+    }
+    report.population_changed = report
+        .attributes
+        .first()
+        .is_some_and(|a| a.p_value * tests <= DRIFT_TEST_LEVEL);
+    (report, one_ways)
+}
+
+/// Post-stratifies `ms` by round (module docs): the measurements with every table's
+/// estimate moved to the population's, and the report. Measurements of a single round come
+/// back unchanged. Deterministic.
+pub fn post_stratify(ms: Measurements) -> (Measurements, DriftReport) {
+    let (report, one_ways) = one_way_drift(&ms);
+    let weights = report.round_weights.clone();
+    if weights.len() < 2 || one_ways.iter().all(Option::is_none) {
+        return (ms, report);
+    }
+    // Step 4: per table group (factor and bins), the population's estimate.
+    type Group = (Vec<usize>, BTreeSet<u32>);
+    let mut groups: BTreeMap<(Vec<usize>, Vec<Vec<u32>>), Group> = BTreeMap::new();
+    for m in ms.items() {
+        groups
+            .entry((m.key.factor.clone(), m.key.bins.clone()))
+            .or_insert_with(|| (m.dims.clone(), BTreeSet::new()))
+            .1
+            .insert(m.key.round);
+    }
+    let mut moves: BTreeMap<GroupRound, Vec<f64>> = BTreeMap::new();
+    for ((f, bins), (dims, rounds)) in groups {
+        let group = (f.as_slice(), bins.as_slice(), dims.as_slice());
+        for (r, delta) in group_moves(&ms, group, &rounds, &weights, &one_ways) {
+            moves.insert((f.clone(), bins.clone(), r), delta);
+        }
+    }
+    let ms = ms.map_items(|m| {
+        let key = (m.key.factor.clone(), m.key.bins.clone(), m.key.round);
+        if let Some(delta) = moves.get(&key) {
+            for (e, x) in m.estimate.frequencies.iter_mut().zip(delta) {
+                *e += x;
+            }
+        }
+    });
+    (ms, report)
+}
+
+/// Per measured round, the move of table group `(f, bins)`'s tables of that round from the
+/// round's (shrunk) estimate to the population's (module docs, step 4); empty when the group
+/// does not move.
+fn group_moves(
+    ms: &Measurements,
+    (f, bins, dims): (&[usize], &[Vec<u32>], &[usize]),
+    rounds: &BTreeSet<u32>,
+    weights: &[(u32, f64)],
+    one_ways: &[Option<BTreeMap<u32, Vec<f64>>>],
+) -> Vec<(u32, Vec<f64>)> {
+    let drifting: Vec<usize> = (0..f.len()).filter(|&i| one_ways[f[i]].is_some()).collect();
+    let per_round: Vec<RoundEstimate> = rounds
+        .iter()
+        .filter_map(|&r| round_estimate(ms, f, bins, r))
+        .collect();
+    if per_round.is_empty() || drifting.is_empty() {
+        return Vec::new();
+    }
+    let h = heterogeneity(&per_round);
+    // The pooled estimate's 1-ways: the measured rounds' P̃ mixed by their precision shares.
+    let reference = |a: usize| -> Vec<f64> {
+        let tilde = one_ways[a].as_ref().expect("drifting attribute");
+        let k = tilde.values().next().map_or(0, Vec::len);
+        let mut out = vec![0.0; k];
+        for (p, share) in per_round.iter().zip(&h.shares) {
+            for (o, x) in out.iter_mut().zip(&tilde[&p.round]) {
+                *o += share * x;
+            }
+        }
+        out
+    };
+    let references: Vec<Option<Vec<f64>>> = (0..f.len())
+        .map(|i| drifting.contains(&i).then(|| reference(f[i])))
+        .collect();
+    let start = norm_sub(&h.pooled);
+    let mut population = vec![0.0; h.pooled.len()];
+    for &(r, w) in weights {
+        let est = match per_round.iter().find(|p| p.round == r) {
+            Some(p) => shrunk(&h, p),
+            None => {
+                // An unmeasured stratum: the pooled table with its margins moved to the
+                // stratum's 1-ways (odds ratios kept).
+                let shifts: Vec<Option<Vec<f64>>> = (0..f.len())
+                    .map(|i| {
+                        let reference = references[i].as_ref()?;
+                        let tilde = &one_ways[f[i]].as_ref()?[&r];
+                        let s: Vec<f64> = tilde.iter().zip(reference).map(|(t, x)| t - x).collect();
+                        let cuts = cuts_of(bins, i);
+                        Some(if cuts.is_empty() {
+                            s
+                        } else {
+                            coarsen(&s, &[s.len()], &[cuts.to_vec()])
+                        })
+                    })
+                    .collect();
+                let moved = ipf_moved(&start, dims, &shifts);
+                h.pooled
+                    .iter()
+                    .zip(&moved)
+                    .zip(&start)
+                    .map(|((y, m), s)| y + m - s)
+                    .collect()
+            }
+        };
+        for (p, x) in population.iter_mut().zip(&est) {
+            *p += w * x;
+        }
+    }
+    per_round
+        .iter()
+        .map(|p| {
+            let own = shrunk(&h, p);
+            let delta = population.iter().zip(&own).map(|(x, y)| x - y).collect();
+            (p.round, delta)
+        })
+        .collect()
+}
+/// `start` (a distribution over the product domain `dims`, row-major) fitted by iterative
+/// proportional fitting to its own margins moved by `shifts` (per factor position; `None`:
+/// that margin is free). Targets are clipped at zero and renormalized; a floor lets cells
+/// the projection zeroed take the mass the new margins need.
+fn ipf_moved(start: &[f64], dims: &[usize], shifts: &[Option<Vec<f64>>]) -> Vec<f64> {
+    let positions: Vec<usize> = (0..dims.len()).collect();
+    let maps: Vec<Vec<usize>> = positions
+        .iter()
+        .map(|&i| projection_map(&positions, dims, &[i]))
+        .collect();
+    let margin = |t: &[f64], i: usize| {
+        let mut out = vec![0.0; dims[i]];
+        for (x, &c) in t.iter().zip(&maps[i]) {
+            out[c] += x;
+        }
+        out
+    };
+    let targets: Vec<Option<Vec<f64>>> = shifts
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let s = s.as_ref().filter(|s| s.len() == dims[i])?;
+            let mut t: Vec<f64> = margin(start, i)
+                .iter()
+                .zip(s)
+                .map(|(x, d)| (x + d).max(0.0))
+                .collect();
+            let sum: f64 = t.iter().sum();
+            if sum <= 0.0 {
+                return None;
+            }
+            t.iter_mut().for_each(|x| *x /= sum);
+            Some(t)
+        })
+        .collect();
+    if targets.iter().all(Option::is_none) {
+        return start.to_vec();
+    }
+    let floor = 1e-6 / start.len() as f64;
+    let mut t: Vec<f64> = start.iter().map(|x| x + floor).collect();
+    for _ in 0..IPF_ITERATIONS {
+        let mut worst = 0.0f64;
+        for (i, target) in targets.iter().enumerate() {
+            let Some(target) = target else { continue };
+            let now = margin(&t, i);
+            for (n, g) in now.iter().zip(target) {
+                worst = worst.max((n - g).abs());
+            }
+            for (x, &c) in t.iter_mut().zip(&maps[i]) {
+                if now[c] > 0.0 {
+                    *x *= target[c] / now[c];
+                }
+            }
+        }
+        if worst <= IPF_TOLERANCE {
+            break;
+        }
+    }
+    let total: f64 = t.iter().sum();
+    t.iter().map(|x| x / total).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chi2_upper_matches_known_quantiles() {
+        // χ²(10) 0.95 quantile 18.307; χ²(1) 0.999 quantile 10.828; χ²(100) median ≈ 99.33.
+        assert!((chi2_upper(18.307, 10.0) - 0.05).abs() < 0.002);
+        assert!((chi2_upper(10.828, 1.0) - 0.001).abs() < 0.0005);
+        assert!((chi2_upper(99.334, 100.0) - 0.5).abs() < 0.002);
+        assert!((erfc(0.0) - 1.0).abs() < 1e-7 && (erfc(1.0) - 0.157_299_2).abs() < 1e-6);
+    }
+}

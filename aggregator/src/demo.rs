@@ -169,6 +169,14 @@ pub struct DemoReport {
     /// population changed while collecting; [`crate::engine::DriftReport`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drift_warning: Option<String>,
+    /// The fit against its own measurements: squared standardized residuals over their
+    /// degrees of freedom (about 1 within noise) and the tables beyond noise
+    /// ([`crate::engine::estimate::FitResiduals`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fit_residual_ratio: Option<f64>,
+    /// Tables the fit disagrees with beyond noise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fit_tables_beyond_noise: Option<u64>,
     /// Synthetic rows downloaded.
     pub synthetic_rows: u64,
     /// Reports the aggregator accepted.
@@ -565,6 +573,8 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
         numeric,
         edges,
         drift_warning,
+        fit_residual_ratio: finalized["model"]["residuals"]["mean_ratio"].as_f64(),
+        fit_tables_beyond_noise: finalized["model"]["residuals"]["beyond_noise"].as_u64(),
         synthetic_rows: rows,
         reports_accepted,
         seconds_total: started.elapsed().as_secs_f64(),

@@ -40,7 +40,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use ldpsyn::factor::cuts_of;
 use serde::{Deserialize, Serialize};
 
-use crate::tables::{Measurements, coarsen, projection_map};
+use crate::tables::{Measurements, coarsen, coarsen_map, projection_map};
 use ldpsyn::mechanism::norm_sub;
 
 /// Level of the between-round heterogeneity test, over all attributes (Bonferroni): below it
@@ -118,7 +118,7 @@ impl DriftReport {
 /// Upper-tail probability of χ²(`df`) at `q` (Wilson–Hilferty cube-root normal
 /// approximation; Johnson, Kotz & Balakrishnan, Continuous Univariate Distributions 1,
 /// 1994, eq. 18.24).
-fn chi2_upper(q: f64, df: f64) -> f64 {
+pub(crate) fn chi2_upper(q: f64, df: f64) -> f64 {
     if df <= 0.0 {
         return 1.0;
     }
@@ -210,15 +210,19 @@ fn heterogeneity(per_round: &[RoundEstimate]) -> Heterogeneity {
     }
 }
 
-/// Round `p`'s estimate shrunk towards the pooled one by its noise (module docs, step 3):
-/// `ȳ + τ_r²/(τ_r² + v_r)·(y_r − ȳ)` with the round's own between-round variance
-/// `τ_r² = max(0, mean_c((y_rc − ȳ_c)² − v_rc))` (a moment estimate): a round measured by
-/// few reports that differs from the others far beyond its noise keeps its estimate, where
-/// the pooled τ² of the test would shrink it towards the better-measured rounds.
+/// Round `p`'s estimate shrunk towards the pooled one by its noise (module docs, step 3).
 fn shrunk(h: &Heterogeneity, p: &RoundEstimate) -> Vec<f64> {
+    shrunk_towards(&h.pooled, p)
+}
+
+/// Round `p`'s estimate shrunk towards `prior` by its noise:
+/// `prior + τ_r²/(τ_r² + v_r)·(y_r − prior)` with the round's own deviation
+/// `τ_r² = max(0, mean_c((y_rc − prior_c)² − v_rc))` (a moment estimate; the empirical-Bayes
+/// estimate of the random-effects model): a round measured by few reports that differs from
+/// the prior far beyond its noise keeps its estimate, one within its noise takes the prior.
+fn shrunk_towards(prior: &[f64], p: &RoundEstimate) -> Vec<f64> {
     let cells = p.estimate.len().max(1) as f64;
-    let tau2 = (h
-        .pooled
+    let tau2 = (prior
         .iter()
         .zip(&p.estimate)
         .zip(&p.variances)
@@ -226,7 +230,7 @@ fn shrunk(h: &Heterogeneity, p: &RoundEstimate) -> Vec<f64> {
         .sum::<f64>()
         / cells)
         .max(0.0);
-    h.pooled
+    prior
         .iter()
         .zip(&p.estimate)
         .zip(&p.variances)
@@ -234,19 +238,15 @@ fn shrunk(h: &Heterogeneity, p: &RoundEstimate) -> Vec<f64> {
         .collect()
 }
 
-/// The estimate of `f` (under `bins`) from round `r`'s tables of exactly that factor.
+/// The estimate of `f` (under `bins`) from every table of round `r` that holds it under
+/// those bin maps (a pair from the round's blocks too).
 fn round_estimate(
     ms: &Measurements,
     f: &[usize],
     bins: &[Vec<u32>],
     r: u32,
 ) -> Option<RoundEstimate> {
-    let c = ms.combined_binned(
-        f,
-        bins,
-        |k| k.round == r && k.factor == f && k.bins == bins,
-        None,
-    )?;
+    let c = ms.combined_binned(f, bins, |k| k.round == r, None)?;
     Some(RoundEstimate {
         round: r,
         variances: c.std_errors.iter().map(|s| (s * s).max(1e-12)).collect(),
@@ -297,10 +297,10 @@ pub fn one_way_drift(ms: &Measurements) -> (DriftReport, Vec<Option<RoundOneWays
         let tilde: BTreeMap<u32, Vec<f64>> = weights
             .iter()
             .map(|&(r, _)| {
-                let est = per_round
-                    .iter()
-                    .find(|p| p.round == r)
-                    .map_or_else(|| h.pooled.clone(), |p| shrunk(&h, p));
+                let est = match per_round.iter().find(|p| p.round == r) {
+                    Some(p) => shrunk(&h, p),
+                    None => binned_one_way(ms, a, r, &h.pooled),
+                };
                 (r, est)
             })
             .collect();
@@ -351,6 +351,52 @@ pub fn one_way_drift(ms: &Measurements) -> (DriftReport, Vec<Option<RoundOneWays
     (report, one_ways)
 }
 
+/// Round `r`'s 1-way of attribute `a` when no table of the round holds it at working
+/// resolution: the pooled 1-way rescaled within the bins of the round's finest binned tables
+/// of `a` to the round's (shrunk) estimate of their masses; the pooled 1-way when the round
+/// holds no table of `a` at all.
+fn binned_one_way(ms: &Measurements, a: usize, r: u32, pooled: &[f64]) -> Vec<f64> {
+    let Some(cuts) = ms
+        .containing(&[a])
+        .filter(|m| m.key.round == r)
+        .map(|m| m.key.bins_of(a).to_vec())
+        .filter(|c| !c.is_empty())
+        .max_by_key(|c| (c.len(), std::cmp::Reverse(c.clone())))
+    else {
+        return pooled.to_vec();
+    };
+    let bins = [cuts.clone()];
+    let Some(c) = ms.combined_binned(&[a], &bins, |k| k.round == r, None) else {
+        return pooled.to_vec();
+    };
+    let coarse = coarsen(pooled, &[pooled.len()], &bins);
+    let round = RoundEstimate {
+        round: r,
+        variances: c.std_errors.iter().map(|s| (s * s).max(1e-12)).collect(),
+        estimate: c.frequencies,
+    };
+    let h = Heterogeneity {
+        pooled: coarse.clone(),
+        shares: Vec::new(),
+        q: 0.0,
+        df: 0.0,
+        tau2: 0.0,
+    };
+    let target: Vec<f64> = shrunk(&h, &round).iter().map(|x| x.max(0.0)).collect();
+    let (map, _) = coarsen_map(&[pooled.len()], &bins);
+    pooled
+        .iter()
+        .zip(&map)
+        .map(|(x, &b)| {
+            if coarse[b] > 0.0 {
+                x * target[b] / coarse[b]
+            } else {
+                *x
+            }
+        })
+        .collect()
+}
+
 /// Post-stratifies `ms` by round (module docs): the measurements with every table's
 /// estimate moved to the population's, and the report. Measurements of a single round come
 /// back unchanged. Deterministic.
@@ -399,9 +445,9 @@ fn group_moves(
     one_ways: &[Option<BTreeMap<u32, Vec<f64>>>],
 ) -> Vec<(u32, Vec<f64>)> {
     let drifting: Vec<usize> = (0..f.len()).filter(|&i| one_ways[f[i]].is_some()).collect();
-    let per_round: Vec<RoundEstimate> = rounds
+    let per_round: Vec<RoundEstimate> = weights
         .iter()
-        .filter_map(|&r| round_estimate(ms, f, bins, r))
+        .filter_map(|&(r, _)| round_estimate(ms, f, bins, r))
         .collect();
     if per_round.is_empty() || drifting.is_empty() {
         return Vec::new();
@@ -423,45 +469,52 @@ fn group_moves(
         .map(|i| drifting.contains(&i).then(|| reference(f[i])))
         .collect();
     let start = norm_sub(&h.pooled);
+    // Per round: the pooled table with its margins moved to the round's 1-ways (odds ratios
+    // kept), the prior of the round's own estimate.
+    let prior = |r: u32| -> Vec<f64> {
+        let shifts: Vec<Option<Vec<f64>>> = (0..f.len())
+            .map(|i| {
+                let reference = references[i].as_ref()?;
+                let tilde = &one_ways[f[i]].as_ref()?[&r];
+                let s: Vec<f64> = tilde.iter().zip(reference).map(|(t, x)| t - x).collect();
+                let cuts = cuts_of(bins, i);
+                Some(if cuts.is_empty() {
+                    s
+                } else {
+                    coarsen(&s, &[s.len()], &[cuts.to_vec()])
+                })
+            })
+            .collect();
+        let moved = ipf_moved(&start, dims, &shifts);
+        h.pooled
+            .iter()
+            .zip(&moved)
+            .zip(&start)
+            .map(|((y, m), s)| y + m - s)
+            .collect()
+    };
+    let own: BTreeMap<u32, Vec<f64>> = weights
+        .iter()
+        .map(|&(r, _)| {
+            let prior = prior(r);
+            let est = match per_round.iter().find(|p| p.round == r) {
+                Some(p) => shrunk_towards(&prior, p),
+                None => prior,
+            };
+            (r, est)
+        })
+        .collect();
     let mut population = vec![0.0; h.pooled.len()];
     for &(r, w) in weights {
-        let est = match per_round.iter().find(|p| p.round == r) {
-            Some(p) => shrunk(&h, p),
-            None => {
-                // An unmeasured stratum: the pooled table with its margins moved to the
-                // stratum's 1-ways (odds ratios kept).
-                let shifts: Vec<Option<Vec<f64>>> = (0..f.len())
-                    .map(|i| {
-                        let reference = references[i].as_ref()?;
-                        let tilde = &one_ways[f[i]].as_ref()?[&r];
-                        let s: Vec<f64> = tilde.iter().zip(reference).map(|(t, x)| t - x).collect();
-                        let cuts = cuts_of(bins, i);
-                        Some(if cuts.is_empty() {
-                            s
-                        } else {
-                            coarsen(&s, &[s.len()], &[cuts.to_vec()])
-                        })
-                    })
-                    .collect();
-                let moved = ipf_moved(&start, dims, &shifts);
-                h.pooled
-                    .iter()
-                    .zip(&moved)
-                    .zip(&start)
-                    .map(|((y, m), s)| y + m - s)
-                    .collect()
-            }
-        };
-        for (p, x) in population.iter_mut().zip(&est) {
+        for (p, x) in population.iter_mut().zip(&own[&r]) {
             *p += w * x;
         }
     }
-    per_round
+    rounds
         .iter()
-        .map(|p| {
-            let own = shrunk(&h, p);
-            let delta = population.iter().zip(&own).map(|(x, y)| x - y).collect();
-            (p.round, delta)
+        .map(|r| {
+            let delta = population.iter().zip(&own[r]).map(|(x, y)| x - y).collect();
+            (*r, delta)
         })
         .collect()
 }

@@ -27,6 +27,7 @@ use ldpsyn::factor::cuts_of;
 use ldpsyn::mechanism::norm_sub;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
+use serde::{Deserialize, Serialize};
 
 use super::EngineError;
 use super::graph::{Edge, JunctionTree, build_junction_tree, edge};
@@ -507,6 +508,106 @@ fn observations(
         }
     }
     out
+}
+
+/// How far one table lies from the fitted model: `q = Σ_c (y_c − μ_c)²/v_c` over its cells,
+/// `y` its estimate, `μ` the model's marginal (under the table's bins) and `v` the one
+/// variance model at `μ` ([`crate::tables::Measurement::cell_variances`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TableResidual {
+    /// The table's round.
+    pub round: u32,
+    /// Its factor (attributes in report order).
+    pub factor: Vec<usize>,
+    /// Its bin maps over the working bins (empty: none binned).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bins: Vec<Vec<u32>>,
+    /// Reports in the table.
+    pub reports: u64,
+    /// The standardized squared residual.
+    pub q: f64,
+    /// Its degrees of freedom, cells − 1.
+    pub df: f64,
+    /// Upper-tail χ² probability of `q` (Wilson–Hilferty).
+    pub p_value: f64,
+}
+
+/// The fit checked against its own measurements ([`fit_residuals`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FitResiduals {
+    /// Tables whose factor lies in one clique of the model (the others are not checked).
+    pub tables_checked: usize,
+    /// Of those, the tables beyond noise: `p_value` below [`crate::drift::DRIFT_TEST_LEVEL`]
+    /// after the Bonferroni correction over the tables checked.
+    pub beyond_noise: usize,
+    /// `Σ q / Σ df` over the tables checked: about 1 when the model agrees with its
+    /// measurements within noise.
+    pub mean_ratio: f64,
+    /// The tables that disagree most (at most [`WORST_RESIDUALS`]), worst first.
+    pub worst: Vec<TableResidual>,
+}
+
+/// Tables listed in [`FitResiduals::worst`].
+pub const WORST_RESIDUALS: usize = 10;
+
+/// The standardized residual of every measurement whose factor lies in one clique of
+/// `fitted` (issue of a fit that cannot agree with tables of different people). Deterministic.
+pub fn fit_residuals(ms: &Measurements, fitted: &GraphicalModel) -> FitResiduals {
+    let dims = ms.domain_sizes();
+    let mut all: Vec<TableResidual> = Vec::new();
+    for m in ms.items() {
+        let f = &m.key.factor;
+        let Some(marginal) = fitted.marginal_in_clique(f) else {
+            continue;
+        };
+        let fdims: Vec<usize> = f.iter().map(|&a| dims[a]).collect();
+        let bins: Vec<Vec<u32>> = if m.key.bins.is_empty() {
+            Vec::new()
+        } else {
+            f.iter().map(|&a| m.key.bins_of(a).to_vec()).collect()
+        };
+        let mu = coarsen(&marginal, &fdims, &bins);
+        if mu.len() != m.estimate.frequencies.len() {
+            continue;
+        }
+        let v = m.cell_variances(f, &mu, ms.population());
+        let q: f64 = m
+            .estimate
+            .frequencies
+            .iter()
+            .zip(&mu)
+            .zip(&v)
+            .map(|((y, x), v)| (y - x).powi(2) / v.max(1e-300))
+            .sum();
+        let df = (mu.len().max(2) - 1) as f64;
+        all.push(TableResidual {
+            round: m.key.round,
+            factor: f.clone(),
+            bins: m.key.bins.clone(),
+            reports: m.estimate.n,
+            q,
+            df,
+            p_value: crate::drift::chi2_upper(q, df),
+        });
+    }
+    let checked = all.len();
+    let (q, df) = all.iter().fold((0.0, 0.0), |(q, d), r| (q + r.q, d + r.df));
+    all.sort_by(|x, y| {
+        x.p_value
+            .total_cmp(&y.p_value)
+            .then(x.factor.cmp(&y.factor))
+    });
+    let beyond_noise = all
+        .iter()
+        .filter(|r| r.p_value * checked as f64 <= crate::drift::DRIFT_TEST_LEVEL)
+        .count();
+    all.truncate(WORST_RESIDUALS);
+    FitResiduals {
+        tables_checked: checked,
+        beyond_noise,
+        mean_ratio: if df > 0.0 { q / df } else { 0.0 },
+        worst: all,
+    }
 }
 
 /// Fits the graphical model over the junction tree of `edges` to every measurement (module

@@ -83,6 +83,7 @@ pub mod state;
 pub mod tables;
 
 pub use drift::{AttributeDrift, DriftReport};
+pub use estimate::{FitResiduals, TableResidual};
 pub use graph::{Edge, EdgeState, JunctionTree};
 pub use model::{
     EdgeGain, Expansion, FittedJoint, JointSource, MarginalEstimate, MeasuredFactor, Model,

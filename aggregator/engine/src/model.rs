@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use super::EngineError;
 use super::drift::DriftReport;
-use super::estimate::outer;
+use super::estimate::{FitResiduals, outer};
 use super::graph::EdgeState;
 use super::pgm::GraphicalModel;
 use super::plan::{Conditional, Structure};
@@ -257,6 +257,10 @@ pub struct ModelDescription {
     /// ([`crate::drift`]); `None` for a model of one round.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drift: Option<DriftReport>,
+    /// The fit checked against its measurements (graphical models;
+    /// [`crate::estimate::fit_residuals`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub residuals: Option<FitResiduals>,
 }
 
 #[derive(Debug, Clone)]
@@ -579,6 +583,7 @@ pub struct Model {
     gains: Vec<EdgeGain>,
     rounds: Vec<RoundSummary>,
     drift: Option<DriftReport>,
+    residuals: Option<FitResiduals>,
     kind: ModelKind,
     source: Arc<dyn JointSource>,
 }
@@ -605,6 +610,7 @@ impl Model {
             gains: Vec::new(),
             rounds: Vec::new(),
             drift: None,
+            residuals: None,
             kind: ModelKind::Graphical {
                 structure,
                 factors: Arc::new(factors),
@@ -626,6 +632,7 @@ impl Model {
             gains: Vec::new(),
             rounds: Vec::new(),
             drift: None,
+            residuals: None,
             kind: ModelKind::SamPrivSyn(Arc::new(model)),
             source: Arc::new(source),
         }
@@ -649,6 +656,17 @@ impl Model {
     pub fn with_drift(mut self, drift: Option<DriftReport>) -> Self {
         self.drift = drift;
         self
+    }
+
+    /// The model with its fit's residuals (for [`Model::describe`]).
+    pub fn with_residuals(mut self, residuals: Option<FitResiduals>) -> Self {
+        self.residuals = residuals;
+        self
+    }
+
+    /// The fit checked against its measurements ([`crate::estimate::fit_residuals`]).
+    pub fn residuals(&self) -> Option<&FitResiduals> {
+        self.residuals.as_ref()
     }
 
     /// The heterogeneity of the rounds the model was fitted to ([`crate::drift`]).
@@ -715,6 +733,7 @@ impl Model {
                 })
                 .collect(),
             drift: self.drift.clone(),
+            residuals: self.residuals.clone(),
         }
     }
 

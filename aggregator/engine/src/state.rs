@@ -921,6 +921,7 @@ impl Engine {
         let edges = select_model_graph(self.dims(), &gains, cap, margin);
         let ms = ms.retained(|m| self.rules.fit_table(&m.key, &edges));
         let fitted = fit_model(&ms, &edges, &FitOptions::default())?;
+        let residuals = crate::estimate::fit_residuals(&ms, &fitted);
         let release_z = self
             .options
             .smoothing_release_z
@@ -948,7 +949,8 @@ impl Engine {
             .with_gains(gains)
             .with_recovery(recovery)
             .with_rounds(round_summaries(state, tables))
-            .with_drift(drift))
+            .with_drift(drift)
+            .with_residuals(Some(residuals)))
     }
 }
 

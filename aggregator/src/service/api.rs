@@ -306,6 +306,16 @@ pub fn model_schema() -> ObjectBuilder {
                  whole population's 1-ways.",
             )),
         )
+        .property(
+            "residuals",
+            object().description(Some(
+                "The fit checked against its measurements: `tables_checked` (tables whose \
+                 factor lies in one clique), `beyond_noise` (standardized residual beyond \
+                 noise after a Bonferroni correction), `mean_ratio` (sum of squared \
+                 standardized residuals over their degrees of freedom; about 1 when the \
+                 model agrees with its measurements) and the `worst` tables.",
+            )),
+        )
         .description(Some("The model built at finalization."))
 }
 

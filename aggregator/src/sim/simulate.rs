@@ -723,6 +723,12 @@ mod tests {
                     "{order}: {drift:?}"
                 );
                 assert_eq!(drift.warning(|a| a.to_string()).is_some(), order == "file");
+                let residuals = model.residuals().expect("a graphical model");
+                assert!(residuals.tables_checked > 0, "{residuals:?}");
+                eprintln!(
+                    "{order}: residuals {:.2} beyond {}",
+                    residuals.mean_ratio, residuals.beyond_noise
+                );
                 t1 += tvd_k(&file, &model, seed, 1) / 2.0;
                 t2 += tvd_k(&file, &model, seed, 2) / 2.0;
             }

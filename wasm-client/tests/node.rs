@@ -47,12 +47,32 @@ export function installMock(planJson) {
   };
 }
 export function mockLog() { return JSON.stringify(log); }
+// Pretend to be a browser page (a `document` global) without localStorage, or undo it.
+export function setBrowserMarker(on) {
+  if (on) globalThis.document = {}; else delete globalThis.document;
+}
+// Replace `navigator` by one without `locks` (a page over plain http), or restore it.
+let savedNavigator = null;
+export function hideWebLocks(on) {
+  if (on) {
+    savedNavigator = Object.getOwnPropertyDescriptor(globalThis, "navigator") || null;
+    Object.defineProperty(globalThis, "navigator", { value: {}, configurable: true, writable: true });
+  } else if (savedNavigator) {
+    Object.defineProperty(globalThis, "navigator", savedNavigator);
+  } else {
+    delete globalThis.navigator;
+  }
+}
 "#)]
 extern "C" {
     #[wasm_bindgen(js_name = installMock)]
     fn install_mock(plan_json: &str);
     #[wasm_bindgen(js_name = mockLog)]
     fn mock_log() -> String;
+    #[wasm_bindgen(js_name = setBrowserMarker)]
+    fn set_browser_marker(on: bool);
+    #[wasm_bindgen(js_name = hideWebLocks)]
+    fn hide_web_locks(on: bool);
 }
 
 const BASE: &str = "http://collector.test";
@@ -441,6 +461,64 @@ async fn unknown_collection_and_bad_options() {
     .await
     .unwrap_err();
     assert_eq!(code(&err), "invalid-parameter");
+}
+
+/// In a browser whose localStorage is blocked, the default `storage: "auto"` refuses to
+/// connect (`ledger-unavailable`, before any request) instead of keeping the ledger in memory,
+/// where a reload would forget it; `"memory"` asked for explicitly is honoured.
+#[wasm_bindgen_test]
+async fn auto_storage_fails_closed_in_a_browser_without_local_storage() {
+    let plan = Plan::new(serde_json::json!([{"status": 200}]));
+    plan.install();
+    set_browser_marker(true);
+    let auto = JsFuture::from(LdpClient::connect(
+        BASE.into(),
+        plan.id.clone(),
+        js_sys::JSON::parse(r#"{"maxEpsilon": 4}"#).unwrap(),
+    ))
+    .await;
+    let local = JsFuture::from(LdpClient::connect(
+        BASE.into(),
+        plan.id.clone(),
+        js_sys::JSON::parse(r#"{"maxEpsilon": 4, "storage": "localStorage"}"#).unwrap(),
+    ))
+    .await;
+    let memory = connect(&plan, 4.0).await;
+    set_browser_marker(false);
+    assert_eq!(code(&auto.unwrap_err()), "ledger-unavailable");
+    assert_eq!(code(&local.unwrap_err()), "ledger-unavailable");
+    let client = memory.unwrap();
+    assert_eq!(client.storage(), "memory");
+    // Only the memory client fetched the config.
+    assert_eq!(requests("GET", &plan.id).len(), 1);
+    // Under node (no browser) `auto` is still a memory ledger.
+    let node = LdpClient::open(
+        BASE.into(),
+        plan.id.clone(),
+        js_sys::JSON::parse(r#"{"maxEpsilon": 4}"#).unwrap(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(node.storage(), "memory");
+}
+
+/// Without the Web Locks API, a ledger that needs the origin's lock (localStorage) refuses to
+/// run the submission (`ledger-unavailable`, the work never starts) instead of running it
+/// unlocked; a memory ledger, which no other page sees, runs.
+#[wasm_bindgen_test]
+async fn missing_web_locks_refuse_a_locked_submission() {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    hide_web_locks(true);
+    let ran = Rc::new(Cell::new(false));
+    let flag = Rc::clone(&ran);
+    let refused =
+        ldpsyn_wasm::ledger::with_origin_lock(true, move || async move { flag.set(true) }).await;
+    let unlocked = ldpsyn_wasm::ledger::with_origin_lock(false, || async { 7 }).await;
+    hide_web_locks(false);
+    assert_eq!(code(&refused.unwrap_err()), "ledger-unavailable");
+    assert!(!ran.get(), "the submission ran without the lock");
+    assert_eq!(unlocked.unwrap(), 7);
 }
 
 /// The request log with the randomized content blanked out: method, path (collection id

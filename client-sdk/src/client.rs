@@ -59,9 +59,10 @@ pub struct ClientOptions {
     /// task is fetched, and again, under the ledger's lock, before randomizing. Give every
     /// client of one ledger the same budget.
     pub device_budget: Option<DeviceBudget>,
-    /// Seed of the privacy RNG: only [`ClientOptions::insecure_simulation`] sets it. `None`
-    /// (always, from [`ClientOptions::new`]) seeds ChaCha12 (`StdRng`, a CSPRNG) from the
-    /// operating system.
+    /// Seed of the privacy RNG: only `ClientOptions::insecure_simulation` (cargo feature
+    /// `insecure-simulation`) sets it. `None` (always, from [`ClientOptions::new`]) seeds
+    /// ChaCha12 (`StdRng`, a CSPRNG) from the operating system.
+    #[cfg(feature = "insecure-simulation")]
     seed: Option<u64>,
 }
 
@@ -73,6 +74,15 @@ impl ClientOptions {
     /// let mut o = ldpsyn::client::ClientOptions::new(ldpsyn::Epsilon::new(1.0).unwrap());
     /// o.seed = Some(1);
     /// ```
+    ///
+    /// and the default build has no seeded constructor at all (it needs the cargo feature
+    /// `insecure-simulation`):
+    ///
+    #[cfg_attr(not(feature = "insecure-simulation"), doc = "```compile_fail")]
+    #[cfg_attr(feature = "insecure-simulation", doc = "```")]
+    /// let e = ldpsyn::Epsilon::new(1.0).unwrap();
+    /// let o = ldpsyn::client::ClientOptions::insecure_simulation(e, 1);
+    /// ```
     pub fn new(max_epsilon: Epsilon) -> Self {
         Self {
             max_epsilon,
@@ -81,13 +91,16 @@ impl ClientOptions {
             initial_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(5),
             device_budget: None,
+            #[cfg(feature = "insecure-simulation")]
             seed: None,
         }
     }
 
     /// **Not private**: the defaults with the privacy RNG (and the report ids drawn from it)
     /// seeded from `seed`, so anyone who knows the seed can undo the randomization. For
-    /// simulations and tests that must reproduce their reports; never for real people.
+    /// simulations and tests that must reproduce their reports; never for real people. Only
+    /// with the cargo feature `insecure-simulation` (off by default).
+    #[cfg(feature = "insecure-simulation")]
     pub fn insecure_simulation(max_epsilon: Epsilon, seed: u64) -> Self {
         Self {
             seed: Some(seed),
@@ -140,10 +153,13 @@ impl<L: BudgetLedger> Client<L> {
             .timeout(options.request_timeout)
             .build()
             .map_err(|e| ClientError::Protocol(format!("cannot build HTTP client: {e}")))?;
+        #[cfg(feature = "insecure-simulation")]
         let rng = match options.seed {
             Some(s) => StdRng::seed_from_u64(s),
             None => StdRng::from_os_rng(),
         };
+        #[cfg(not(feature = "insecure-simulation"))]
+        let rng = StdRng::from_os_rng();
         let base = base_url.trim_end_matches('/').to_owned();
         let url = format!("{base}/v1/collections/{collection_id}");
         let config: CollectionConfig = send_json(&http, &options, |h| h.get(&url)).await?;

@@ -224,7 +224,7 @@ async fn start_with(schema: Schema, epsilon: f64, behaviour: Behaviour) -> (Stri
 }
 
 fn options(max: f64) -> ClientOptions {
-    let mut o = ClientOptions::insecure_simulation(Epsilon::new(max).unwrap(), 42);
+    let mut o = ClientOptions::new(Epsilon::new(max).unwrap());
     o.initial_backoff = Duration::from_millis(5);
     o.max_backoff = Duration::from_millis(20);
     o.max_attempts = 3;

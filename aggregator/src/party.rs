@@ -80,9 +80,10 @@ pub struct UploadArgs {
     /// Journal of randomized records (default: `<data>.<party>.journal.jsonl`).
     #[arg(long)]
     pub journal: Option<PathBuf>,
-    /// Largest ε per person this party accepts to spend (Σ of its attributes' ε).
-    #[arg(long, default_value_t = ldpsyn::MAX_EPSILON)]
-    pub max_epsilon: f64,
+    /// Largest ε per person this party accepts to spend (Σ of its attributes' ε). Default:
+    /// the collection's declared ε, which also bounds any value given here.
+    #[arg(long)]
+    pub max_epsilon: Option<f64>,
     /// Records per request.
     #[arg(long, default_value_t = 5_000)]
     pub batch: usize,
@@ -187,7 +188,10 @@ fn read_key(path: &Path) -> Result<RecordIdKey, PartyError> {
 }
 
 async fn upload(args: &UploadArgs, token: &str) -> Result<(u64, u64), PartyError> {
-    let max = Epsilon::new(args.max_epsilon).map_err(|e| PartyError::Input(e.to_string()))?;
+    // Without `--max-epsilon` only the collection's declared ε bounds the party's Σε (the
+    // SDK checks it against the config on connect).
+    let max = Epsilon::new(args.max_epsilon.unwrap_or(ldpsyn::MAX_EPSILON))
+        .map_err(|e| PartyError::Input(e.to_string()))?;
     let client = PartyClient::connect(
         &args.server,
         args.collection,

@@ -54,10 +54,12 @@ pub struct ClientOptions {
     /// Largest retry delay.
     pub max_backoff: Duration,
     /// A device-wide ε cap over a rolling window, across every collection this ledger
-    /// records (default none): a collection whose ε would take the ε spent within the
-    /// window above it is refused with [`ClientError::DeviceBudgetExhausted`] before its
-    /// task is fetched, and again, under the ledger's lock, before randomizing. Give every
-    /// client of one ledger the same budget.
+    /// records (default [`DeviceBudget::DEFAULT`]: ε = 10 per 30 days): a collection whose ε
+    /// would take the ε spent within the window above it is refused with
+    /// [`ClientError::DeviceBudgetExhausted`] before its task is fetched, and again, under the
+    /// ledger's lock, before randomizing. Give every client of one ledger the same budget.
+    /// `None` removes the cap: only for a ledger that serves one collection (e.g. a simulated
+    /// person).
     pub device_budget: Option<DeviceBudget>,
     /// Seed of the privacy RNG: only `ClientOptions::insecure_simulation` (cargo feature
     /// `insecure-simulation`) sets it. `None` (always, from [`ClientOptions::new`]) seeds
@@ -67,7 +69,8 @@ pub struct ClientOptions {
 }
 
 impl ClientOptions {
-    /// Defaults: 10 s timeout, 5 attempts, backoff 100 ms doubling to 5 s, OS-seeded RNG.
+    /// Defaults: 10 s timeout, 5 attempts, backoff 100 ms doubling to 5 s, the device budget
+    /// [`DeviceBudget::DEFAULT`], OS-seeded RNG.
     /// The privacy RNG cannot be seeded on options made here:
     ///
     /// ```compile_fail
@@ -90,7 +93,7 @@ impl ClientOptions {
             max_attempts: 5,
             initial_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(5),
-            device_budget: None,
+            device_budget: Some(DeviceBudget::DEFAULT),
             #[cfg(feature = "insecure-simulation")]
             seed: None,
         }

@@ -110,9 +110,10 @@ export interface LdpClientOptions {
   maxBackoffMs?: number;
   /**
    * A cap on the ε this origin's ledger spends over every collection within a rolling window
-   * (default none): a collection whose ε would take the ε spent within the last `windowMs`
-   * above `maxEpsilon` is refused with `budget-exhausted`, before anything is fetched,
-   * randomized or sent. Give every client of the origin the same cap.
+   * (default `{ maxEpsilon: 10, windowMs: 30 days }`, the native SDK's
+   * `DeviceBudget::DEFAULT`): a collection whose ε would take the ε spent within the last
+   * `windowMs` above `maxEpsilon` is refused with `budget-exhausted`, before anything is
+   * fetched, randomized or sent. Give every client of the origin the same cap.
    */
   deviceBudget?: { maxEpsilon: number; windowMs: number };
 }
@@ -362,7 +363,8 @@ impl LdpClient {
     }
 
     /// ε this device may still spend on the collection: the collection's ε before the first
-    /// report if `options.deviceBudget` (if any) allows it now, else 0. Throws an `LdpError`
+    /// report if the device budget (`options.deviceBudget`, or the default cap) allows it
+    /// now, else 0. Throws an `LdpError`
     /// (`internal`) if the ledger cannot be read.
     #[wasm_bindgen(js_name = remainingBudget)]
     pub fn remaining_budget(&self) -> Result<f64, JsValue> {
@@ -403,7 +405,7 @@ impl LdpClient {
     /// `on_invalid: "randomize"` an invalid value is replaced by a uniform draw from the
     /// browser's CSPRNG instead), then follows the ledger: resend a pending report byte for
     /// byte, refuse once the budget is spent (`budget-exhausted`: this collection's, or the
-    /// origin's `options.deviceBudget`), else fetch a task, check it, decide again, randomize
+    /// origin's device budget, `options.deviceBudget` or the default), else fetch a task, check it, decide again, randomize
     /// and record the report in one ledger step, and post it. Resolves to a `Receipt`.
     #[wasm_bindgen(unchecked_return_type = "Promise<Receipt>")]
     pub fn submit(
@@ -443,7 +445,8 @@ impl LdpClient {
         let max_epsilon = Epsilon::new(opts.max_epsilon)
             .map_err(|e| invalid(format!("options.maxEpsilon: {e}")))?;
         let device_budget = match opts.device_budget {
-            None => None,
+            // On by default: a server cannot steer the page into collecting N·ε.
+            None => Some(DeviceBudget::DEFAULT),
             Some(b) if !(b.window_ms.is_finite() && b.window_ms >= 1.0) => {
                 return Err(invalid(format!(
                     "options.deviceBudget.windowMs: must be at least 1, got {}",

@@ -122,10 +122,13 @@ fn log() -> Vec<serde_json::Value> {
     serde_json::from_str(&mock_log()).unwrap()
 }
 
+/// Options of most tests: a memory ledger (shared by every test of this instance) and a device
+/// budget too large to trip over what earlier tests spent.
 fn options(max_epsilon: f64) -> JsValue {
     js_sys::JSON::parse(&format!(
         r#"{{"maxEpsilon": {max_epsilon}, "storage": "memory", "maxAttempts": 3,
-            "initialBackoffMs": 1, "maxBackoffMs": 5}}"#
+            "initialBackoffMs": 1, "maxBackoffMs": 5,
+            "deviceBudget": {{"maxEpsilon": 1e9, "windowMs": 86400000}}}}"#
     ))
     .unwrap()
 }
@@ -651,4 +654,47 @@ async fn device_budget_caps_epsilon_across_collections() {
         .expect("refused");
         assert_eq!(code(&err), "invalid-parameter", "{bad}");
     }
+}
+
+/// Without `deviceBudget` the default cap (ε = 10 per 30 days) applies across collections:
+/// collections at ε = 2 report until the next would pass the cap, which is refused with
+/// `budget-exhausted` before its task is fetched.
+#[wasm_bindgen_test]
+async fn default_device_budget_caps_epsilon_across_collections() {
+    use ldpsyn::ledger::DeviceBudget;
+    let default = DeviceBudget::DEFAULT;
+    let spent = || {
+        default.spent_in_window(
+            &DeviceLedger::new(Storage::Memory)
+                .unwrap()
+                .entries()
+                .unwrap(),
+            js_sys::Date::now() as u64,
+        )
+    };
+    let opts = || {
+        js_sys::JSON::parse(r#"{"maxEpsilon": 4, "storage": "memory", "maxAttempts": 1}"#).unwrap()
+    };
+    let mut accepted = 0;
+    let err = loop {
+        assert!(accepted < 20, "no cap: {accepted} collections reported");
+        let plan = Plan::new(serde_json::json!([{"status": 200}]));
+        plan.install();
+        let client = LdpClient::open(BASE.into(), plan.id.clone(), opts())
+            .await
+            .unwrap();
+        let before = spent();
+        match submit(&client, record()).await {
+            Ok(_) => {
+                assert!(before + 2.0 <= default.max_epsilon() * (1.0 + 1e-9));
+                accepted += 1;
+            }
+            Err(e) => {
+                assert!(before + 2.0 > default.max_epsilon(), "refused below the cap");
+                assert!(requests("GET", "/task").is_empty(), "nothing fetched");
+                break e;
+            }
+        }
+    };
+    assert_eq!(code(&err), "budget-exhausted");
 }

@@ -252,6 +252,11 @@ pub struct ModelDescription {
     /// own ([`crate::space`]).
     #[serde(default)]
     pub working_bins: Vec<Vec<u32>>,
+    /// Vertical collections: ε spent on one person over every party (Σ of the attributes'
+    /// ε; the parties' reports are joined by record id, so they compose). `None` otherwise,
+    /// and from [`Model::describe`], which does not know the collection's parties.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub composed_epsilon: Option<f64>,
 }
 
 #[derive(Debug, Clone)]
@@ -694,6 +699,7 @@ impl Model {
                         .map_or_else(Vec::new, |r| r.space.cuts(a).to_vec())
                 })
                 .collect(),
+            composed_epsilon: None,
         }
     }
 

@@ -83,14 +83,10 @@ pub struct ServeConfig {
     /// headers name the client; from any other peer those headers are ignored.
     #[arg(long, env = "LDPSYN_TRUSTED_PROXIES", value_delimiter = ',')]
     pub trusted_proxies: Vec<std::net::IpAddr>,
-    /// Browser origins allowed by CORS, comma-separated; `*` for any (no cookies are used:
-    /// admin calls carry a bearer token).
-    #[arg(
-        long,
-        env = "LDPSYN_CORS_ORIGINS",
-        default_value = "*",
-        value_delimiter = ','
-    )]
+    /// Browser origins allowed by CORS, comma-separated, e.g. the sites that embed the web
+    /// SDK; `*` for any (no cookies are used: admin calls carry a bearer token). Default none:
+    /// the dashboard is served from the same origin and needs no CORS.
+    #[arg(long, env = "LDPSYN_CORS_ORIGINS", value_delimiter = ',')]
     pub cors_origins: Vec<String>,
     /// Most rows of one synthetic download.
     #[arg(long, env = "LDPSYN_MAX_SYNTHETIC_ROWS", default_value_t = 10_000_000)]
@@ -126,5 +122,20 @@ mod tests {
             "{s}"
         );
         assert_eq!(c.admin_token.expose(), "very-secret-admin");
+    }
+
+    /// Issue 33 item 12: no cross-origin access unless asked for.
+    #[test]
+    fn cors_origins_default_to_none() {
+        let c = ServeConfig::parse_from(["serve", "--admin-token", "very-secret-admin"]);
+        assert!(c.cors_origins.is_empty(), "{:?}", c.cors_origins);
+        let c = ServeConfig::parse_from([
+            "serve",
+            "--admin-token",
+            "very-secret-admin",
+            "--cors-origins",
+            "https://a.example,https://b.example",
+        ]);
+        assert_eq!(c.cors_origins, ["https://a.example", "https://b.example"]);
     }
 }

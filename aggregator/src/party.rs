@@ -349,7 +349,8 @@ fn randomize_csv(args: &UploadArgs, client: &PartyClient) -> Result<Vec<PartyRec
     Ok(out)
 }
 
-/// Writes the journal next to its final place, fsyncs it and renames it into place.
+/// Writes the journal next to its final place, fsyncs it, renames it into place and fsyncs
+/// the directory.
 fn write_journal(
     path: &Path,
     collection: Uuid,
@@ -373,7 +374,18 @@ fn write_journal(
         source: e.into_error(),
     })?;
     f.sync_all().map_err(io(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io(path))
+    std::fs::rename(&tmp, path).map_err(io(path))?;
+    // The rename is durable once the directory is: a crash must not leave records uploaded
+    // whose journal entry vanished (a rerun would randomize them again, refused as
+    // conflicts). Not every platform can open a directory.
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if let Ok(d) = std::fs::File::open(dir) {
+        d.sync_all().map_err(io(dir))?;
+    }
+    Ok(())
 }
 
 /// The journal's records, checked against the collection and party it was written for.

@@ -407,7 +407,10 @@ mod tests {
                 &s,
             )
             .unwrap_err();
-            assert!(err.to_string().contains("below the minimum"), "{tiny}: {err}");
+            assert!(
+                err.to_string().contains("below the minimum"),
+                "{tiny}: {err}"
+            );
         }
         Vertical::new(
             &params(&[

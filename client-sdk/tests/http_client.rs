@@ -663,7 +663,10 @@ async fn device_budget_is_on_by_default() {
     );
     let mut accepted = 0;
     let (err, refused) = loop {
-        assert!(accepted < 10, "no default cap: {accepted} collections reported");
+        assert!(
+            accepted < 10,
+            "no default cap: {accepted} collections reported"
+        );
         let (url, fake) = start(4.0, Behaviour::default()).await;
         let mut client = Client::connect(
             &url,
@@ -681,7 +684,10 @@ async fn device_budget_is_on_by_default() {
             Err(e) => break (e, fake),
         }
     };
-    assert_eq!(accepted, (DEFAULT_DEVICE_MAX_EPSILON / 4.0).floor() as usize);
+    assert_eq!(
+        accepted,
+        (DEFAULT_DEVICE_MAX_EPSILON / 4.0).floor() as usize
+    );
     assert!(
         matches!(
             err,
@@ -691,7 +697,11 @@ async fn device_budget_is_on_by_default() {
         ),
         "{err:?}"
     );
-    assert_eq!(request_shapes(&refused).len(), 1, "only the config was fetched");
+    assert_eq!(
+        request_shapes(&refused).len(),
+        1,
+        "only the config was fetched"
+    );
 }
 
 /// Issue 13 item 12: a device-wide cap across collections. Two collections at ε = 2 and a

@@ -378,10 +378,13 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
             base.clone(),
         );
         let schema = input.schema.clone();
-        let options = ClientOptions::insecure_simulation(
+        let mut options = ClientOptions::insecure_simulation(
             epsilon,
             cfg.seed.wrapping_mul(1_000_003).wrapping_add(s as u64),
         );
+        // Every simulated person has a fresh ledger and joins this one collection: no
+        // device-wide cap (the default one would refuse a demo at ε above it).
+        options.device_budget = None;
         workers.push(tokio::spawn(async move {
             let mut client = Client::connect(&base, collection, options, MemoryLedger::default())
                 .await

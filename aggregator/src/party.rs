@@ -80,9 +80,10 @@ pub struct UploadArgs {
     /// Journal of randomized records (default: `<data>.<party>.journal.jsonl`).
     #[arg(long)]
     pub journal: Option<PathBuf>,
-    /// Largest ε per person this party accepts to spend (Σ of its attributes' ε).
-    #[arg(long, default_value_t = ldpsyn::MAX_EPSILON)]
-    pub max_epsilon: f64,
+    /// Largest ε per person this party accepts to spend (Σ of its attributes' ε). Default:
+    /// the collection's declared ε, which also bounds any value given here.
+    #[arg(long)]
+    pub max_epsilon: Option<f64>,
     /// Records per request.
     #[arg(long, default_value_t = 5_000)]
     pub batch: usize,
@@ -187,7 +188,10 @@ fn read_key(path: &Path) -> Result<RecordIdKey, PartyError> {
 }
 
 async fn upload(args: &UploadArgs, token: &str) -> Result<(u64, u64), PartyError> {
-    let max = Epsilon::new(args.max_epsilon).map_err(|e| PartyError::Input(e.to_string()))?;
+    // Without `--max-epsilon` only the collection's declared ε bounds the party's Σε (the
+    // SDK checks it against the config on connect).
+    let max = Epsilon::new(args.max_epsilon.unwrap_or(ldpsyn::MAX_EPSILON))
+        .map_err(|e| PartyError::Input(e.to_string()))?;
     let client = PartyClient::connect(
         &args.server,
         args.collection,
@@ -345,7 +349,8 @@ fn randomize_csv(args: &UploadArgs, client: &PartyClient) -> Result<Vec<PartyRec
     Ok(out)
 }
 
-/// Writes the journal next to its final place, fsyncs it and renames it into place.
+/// Writes the journal next to its final place, fsyncs it, renames it into place and fsyncs
+/// the directory.
 fn write_journal(
     path: &Path,
     collection: Uuid,
@@ -369,7 +374,18 @@ fn write_journal(
         source: e.into_error(),
     })?;
     f.sync_all().map_err(io(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io(path))
+    std::fs::rename(&tmp, path).map_err(io(path))?;
+    // The rename is durable once the directory is: a crash must not leave records uploaded
+    // whose journal entry vanished (a rerun would randomize them again, refused as
+    // conflicts). Not every platform can open a directory.
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if let Ok(d) = std::fs::File::open(dir) {
+        d.sync_all().map_err(io(dir))?;
+    }
+    Ok(())
 }
 
 /// The journal's records, checked against the collection and party it was written for.

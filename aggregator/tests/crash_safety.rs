@@ -769,3 +769,27 @@ async fn healthz_is_503_until_the_state_is_loaded() {
         "rebuilt from the reports: {s}"
     );
 }
+
+/// Issue 33 item 10: every PostgreSQL session pins `synchronous_commit = on`, even when the
+/// server, role or connection string says `off` (an acknowledged report must survive a crash).
+/// Runs only with `LDPSYN_TEST_DATABASE_URL`.
+#[tokio::test]
+async fn postgres_sessions_pin_synchronous_commit() {
+    use ldpsyn_aggregator::service::storage::Db;
+    use sqlx::Row;
+    let Some(url) = common::postgres_url("postgres_sessions_pin_synchronous_commit") else {
+        return;
+    };
+    // The connection string asks for `off`; the session must say `on`.
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let url = format!("{url}{sep}options=-c%20synchronous_commit%3Doff");
+    let db = Db::connect(&url, 2).await.unwrap();
+    for _ in 0..2 {
+        let row = sqlx::query("SHOW synchronous_commit")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        let value: String = row.try_get(0).unwrap();
+        assert_eq!(value, "on");
+    }
+}

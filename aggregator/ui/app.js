@@ -83,7 +83,7 @@ function renderList(list) {
     link.href = `#c=${c.id}`;
     link.textContent = c.id.slice(0, 8);
     link.title = c.id;
-    const cells = [link, c.protocol, String(c.epsilon), c.status.phase.replaceAll("_", " ")];
+    const cells = [link, c.protocol, epsilonText(c), c.status.phase.replaceAll("_", " ")];
     for (const v of cells) tr.insertCell().append(v);
     tr.appendChild(progressCell(c));
     tr.insertCell().textContent = fmtRate(rate(c.id));
@@ -246,10 +246,17 @@ function drawProvisional(c) {
   delete $("#detail").dataset.ready;
 }
 
+// ε per person: a vertical collection's parties' reports are joined by record id, so they
+// compose (the sum over parties); `epsilon` is only the largest party's share there.
+function epsilonText(c) {
+  if (c.composed_epsilon === undefined) return String(c.epsilon);
+  return `${c.composed_epsilon} (Σ over parties)`;
+}
+
 function renderDetail(c) {
   const detail = $("#detail");
   detail.hidden = false;
-  $("#detail-title").textContent = `${c.protocol} at ε = ${c.epsilon} · ${c.id}`;
+  $("#detail-title").textContent = `${c.protocol} at ε = ${epsilonText(c)} · ${c.id}`;
   const st = c.status;
   $("#progress-bar").style.width = `${pct(st.reports_accepted, c.target_users)}%`;
   $("#progress-text").textContent =

@@ -54,24 +54,37 @@ pub struct ClientOptions {
     /// Largest retry delay.
     pub max_backoff: Duration,
     /// A device-wide ε cap over a rolling window, across every collection this ledger
-    /// records (default none): a collection whose ε would take the ε spent within the
-    /// window above it is refused with [`ClientError::DeviceBudgetExhausted`] before its
-    /// task is fetched, and again, under the ledger's lock, before randomizing. Give every
-    /// client of one ledger the same budget.
+    /// records (default [`DeviceBudget::DEFAULT`]: ε = 10 per 30 days): a collection whose ε
+    /// would take the ε spent within the window above it is refused with
+    /// [`ClientError::DeviceBudgetExhausted`] before its task is fetched, and again, under the
+    /// ledger's lock, before randomizing. Give every client of one ledger the same budget.
+    /// `None` removes the cap: only for a ledger that serves one collection (e.g. a simulated
+    /// person).
     pub device_budget: Option<DeviceBudget>,
-    /// Seed of the privacy RNG: only [`ClientOptions::insecure_simulation`] sets it. `None`
-    /// (always, from [`ClientOptions::new`]) seeds ChaCha12 (`StdRng`, a CSPRNG) from the
-    /// operating system.
+    /// Seed of the privacy RNG: only `ClientOptions::insecure_simulation` (cargo feature
+    /// `insecure-simulation`) sets it. `None` (always, from [`ClientOptions::new`]) seeds
+    /// ChaCha12 (`StdRng`, a CSPRNG) from the operating system.
+    #[cfg(feature = "insecure-simulation")]
     seed: Option<u64>,
 }
 
 impl ClientOptions {
-    /// Defaults: 10 s timeout, 5 attempts, backoff 100 ms doubling to 5 s, OS-seeded RNG.
+    /// Defaults: 10 s timeout, 5 attempts, backoff 100 ms doubling to 5 s, the device budget
+    /// [`DeviceBudget::DEFAULT`], OS-seeded RNG.
     /// The privacy RNG cannot be seeded on options made here:
     ///
     /// ```compile_fail
     /// let mut o = ldpsyn::client::ClientOptions::new(ldpsyn::Epsilon::new(1.0).unwrap());
     /// o.seed = Some(1);
+    /// ```
+    ///
+    /// and the default build has no seeded constructor at all (it needs the cargo feature
+    /// `insecure-simulation`):
+    ///
+    #[cfg_attr(not(feature = "insecure-simulation"), doc = "```compile_fail")]
+    #[cfg_attr(feature = "insecure-simulation", doc = "```")]
+    /// let e = ldpsyn::Epsilon::new(1.0).unwrap();
+    /// let o = ldpsyn::client::ClientOptions::insecure_simulation(e, 1);
     /// ```
     pub fn new(max_epsilon: Epsilon) -> Self {
         Self {
@@ -80,14 +93,17 @@ impl ClientOptions {
             max_attempts: 5,
             initial_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(5),
-            device_budget: None,
+            device_budget: Some(DeviceBudget::DEFAULT),
+            #[cfg(feature = "insecure-simulation")]
             seed: None,
         }
     }
 
     /// **Not private**: the defaults with the privacy RNG (and the report ids drawn from it)
     /// seeded from `seed`, so anyone who knows the seed can undo the randomization. For
-    /// simulations and tests that must reproduce their reports; never for real people.
+    /// simulations and tests that must reproduce their reports; never for real people. Only
+    /// with the cargo feature `insecure-simulation` (off by default).
+    #[cfg(feature = "insecure-simulation")]
     pub fn insecure_simulation(max_epsilon: Epsilon, seed: u64) -> Self {
         Self {
             seed: Some(seed),
@@ -140,10 +156,13 @@ impl<L: BudgetLedger> Client<L> {
             .timeout(options.request_timeout)
             .build()
             .map_err(|e| ClientError::Protocol(format!("cannot build HTTP client: {e}")))?;
+        #[cfg(feature = "insecure-simulation")]
         let rng = match options.seed {
             Some(s) => StdRng::seed_from_u64(s),
             None => StdRng::from_os_rng(),
         };
+        #[cfg(not(feature = "insecure-simulation"))]
+        let rng = StdRng::from_os_rng();
         let base = base_url.trim_end_matches('/').to_owned();
         let url = format!("{base}/v1/collections/{collection_id}");
         let config: CollectionConfig = send_json(&http, &options, |h| h.get(&url)).await?;

@@ -9,9 +9,10 @@
 //!   spending again;
 //! - once the server acknowledged it, or refused it permanently (4xx), the budget stays
 //!   spent and further submissions fail with `BudgetExhausted`;
-//! - with a [`DeviceBudget`] (optional, per ledger: per app or browser origin), a collection
-//!   is not randomized for when the ε spent on all collections within the budget's rolling
-//!   window plus the collection's ε would exceed its cap ([`next_step_within`]).
+//! - with a [`DeviceBudget`] (per ledger: per app or browser origin; both SDKs apply
+//!   [`DeviceBudget::DEFAULT`] unless the app sets another), a collection is not randomized
+//!   for when the ε spent on all collections within the budget's rolling window plus the
+//!   collection's ε would exceed its cap ([`next_step_within`]).
 //!
 //! Deciding and recording are one step, [`BudgetLedger::transact`] (or [`update`]): the
 //! client decides *and randomizes* inside it, on entries read afresh while every other writer
@@ -80,6 +81,14 @@ pub struct LedgerEntry {
     pub spent_at_unix_ms: Option<u64>,
 }
 
+/// Cap of [`DeviceBudget::DEFAULT`]: ε = 10 within its window, e.g. two or three collections
+/// at ε = 2–4 a month. A collection asking more than this per report is refused under the
+/// default; an app that means to spend more sets its own budget.
+pub const DEFAULT_DEVICE_MAX_EPSILON: f64 = 10.0;
+
+/// Window of [`DeviceBudget::DEFAULT`]: 30 days.
+pub const DEFAULT_DEVICE_WINDOW: Duration = Duration::from_secs(30 * 86_400);
+
 /// Why a [`DeviceBudget`] cannot be built.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum DeviceBudgetError {
@@ -104,6 +113,14 @@ pub struct DeviceBudget {
 }
 
 impl DeviceBudget {
+    /// The cap both SDKs apply unless the app sets another: [`DEFAULT_DEVICE_MAX_EPSILON`]
+    /// within any [`DEFAULT_DEVICE_WINDOW`], so a server that steers an app into many
+    /// collections cannot collect their summed ε.
+    pub const DEFAULT: Self = Self {
+        max_epsilon: DEFAULT_DEVICE_MAX_EPSILON,
+        window: DEFAULT_DEVICE_WINDOW,
+    };
+
     /// A cap of `max_epsilon` (finite, > 0) per rolling `window` (> 0).
     /// Errors: [`DeviceBudgetError`].
     pub fn new(max_epsilon: f64, window: Duration) -> Result<Self, DeviceBudgetError> {

@@ -406,6 +406,9 @@ problem_types! {
     EpsilonTooLarge = "epsilon-too-large", 400, "Epsilon above the accepted maximum";
     /// The device budget for this collection is spent (client side).
     BudgetExhausted = "budget-exhausted", 403, "Privacy budget exhausted";
+    /// The device has no budget ledger that outlives the page (client side, WASM: a browser
+    /// with `localStorage` blocked, or without the Web Locks API); nothing was sent or spent.
+    LedgerUnavailable = "ledger-unavailable", 500, "Budget ledger unavailable";
     /// An internal error; details are logged, not returned.
     Internal = "internal", 500, "Internal error";
     /// The server is overloaded or shutting down; retry later.

@@ -347,6 +347,14 @@ pub enum SchemaError {
         /// The attribute.
         attribute: String,
     },
+    /// A numeric attribute whose finite bounds are so far apart that `max − min` (or the
+    /// difference of their `asinh` coordinates) overflows to infinity: no bin width could be
+    /// computed.
+    #[error("attribute `{attribute}`: max - min overflows (bounds too far apart)")]
+    RangeTooWide {
+        /// The attribute.
+        attribute: String,
+    },
     /// A point mass that is not finite, outside `[min, max]`, fractional for an `integer`
     /// attribute, or listed twice.
     #[error(
@@ -767,36 +775,31 @@ impl Attribute {
                 };
                 let x = if *integer {
                     // Whole numbers whose bin is `code`; a bin narrower than 1 may hold none.
-                    let mut a = lo.ceil();
-                    let mut b = hi.floor();
-                    while a <= b && scale.bin(a, *min, *max, cells) < code {
-                        a += 1.0;
-                    }
-                    while b >= a && scale.bin(b, *min, *max, cells) > code {
-                        b -= 1.0;
-                    }
-                    if a > b {
-                        ((lo + hi) / 2.0).round()
-                    } else {
-                        match numeric {
-                            NumericDecoding::Midpoint => ((a + b) / 2.0).round(),
+                    // Searched by bisection over the floats, not walked by `+ 1.0`, which
+                    // stops moving at 2^53 (and would loop forever there).
+                    let bin = |x: f64| scale.bin(x, *min, *max, cells);
+                    let ab = whole_numbers_of_bin(lo, hi, code, bin);
+                    match ab {
+                        None => midpoint(lo, hi).round(),
+                        Some((a, b)) => match numeric {
+                            NumericDecoding::Midpoint => midpoint(a, b).round(),
                             NumericDecoding::Uniform => {
                                 // A point's value belongs to the point's code, not the bin's:
                                 // redraw (a bin of only points falls back to a draw).
-                                let mut x = rng.random_range(a as i64..=b as i64) as f64;
+                                let mut x = uniform_whole(a, b, rng);
                                 for _ in 0..16 {
                                     if !points.contains(&x) {
                                         break;
                                     }
-                                    x = rng.random_range(a as i64..=b as i64) as f64;
+                                    x = uniform_whole(a, b, rng);
                                 }
                                 x
                             }
-                        }
+                        },
                     }
                 } else {
                     match numeric {
-                        NumericDecoding::Midpoint => (lo + hi) / 2.0,
+                        NumericDecoding::Midpoint => midpoint(lo, hi),
                         NumericDecoding::Uniform => lo + (hi - lo) * rng.random::<f64>(),
                     }
                 };
@@ -859,6 +862,12 @@ impl Attribute {
                 }
                 if !min.is_finite() || !max.is_finite() {
                     return Err(SchemaError::NonFiniteBound { attribute });
+                }
+                // Bin widths and edges come from these differences.
+                if (max - min).is_infinite()
+                    || !(scale.forward(*max) - scale.forward(*min)).is_finite()
+                {
+                    return Err(SchemaError::RangeTooWide { attribute });
                 }
                 if min >= max {
                     return Err(SchemaError::MinNotBelowMax {
@@ -1239,6 +1248,90 @@ impl RecordBuilder<'_> {
             .map(|(a, v)| policy(a, a.encode_value(v)))
             .collect::<Result<_, _>>()?;
         Ok(EncodedRecord(codes))
+    }
+}
+
+/// A key of a finite float that orders as the floats do (−0 and +0 share one), so that
+/// bisection over keys visits every float between two others.
+fn order_key(x: f64) -> i64 {
+    // Reinterpreting the bits: sign-magnitude to two's complement.
+    let bits = x.to_bits() as i64;
+    if bits < 0 { -(bits & i64::MAX) } else { bits }
+}
+
+/// The float of an [`order_key`].
+fn from_order_key(k: i64) -> f64 {
+    if k < 0 {
+        f64::from_bits(k.unsigned_abs() | (1 << 63))
+    } else {
+        f64::from_bits(k.unsigned_abs())
+    }
+}
+
+/// The largest float below the finite `x`.
+fn float_below(x: f64) -> f64 {
+    from_order_key(order_key(x) - 1)
+}
+
+/// The smallest float `x` in `[lo, hi]` (finite, `lo ≤ hi`) with `pred(x)`, for a `pred` that is
+/// false then true as `x` grows; `None` if `pred(hi)` is false. At most 64 calls of `pred`.
+fn first_float_where(lo: f64, hi: f64, pred: impl Fn(f64) -> bool) -> Option<f64> {
+    if !pred(hi) {
+        return None;
+    }
+    // i128: the distance between two keys may exceed i64.
+    let (mut l, mut h) = (i128::from(order_key(lo)), i128::from(order_key(hi)));
+    while l < h {
+        let m = l + (h - l) / 2;
+        // `m` lies between two i64 keys.
+        if pred(from_order_key(m as i64)) {
+            h = m;
+        } else {
+            l = m + 1;
+        }
+    }
+    Some(from_order_key(h as i64))
+}
+
+/// `(a + b) / 2`, also where `a + b` overflows (near the largest floats).
+fn midpoint(a: f64, b: f64) -> f64 {
+    let m = (a + b) / 2.0;
+    if m.is_finite() { m } else { a / 2.0 + b / 2.0 }
+}
+
+/// The smallest and largest whole numbers in `[lo, hi]` whose `bin` (non-decreasing in the
+/// value) is `code`, if there are any. At most 128 calls of `bin`.
+fn whole_numbers_of_bin(
+    lo: f64,
+    hi: f64,
+    code: u32,
+    bin: impl Fn(f64) -> u32,
+) -> Option<(f64, f64)> {
+    let (lo, hi) = (lo.ceil(), hi.floor());
+    if lo > hi {
+        return None;
+    }
+    // Past the first float in a bin ≥ code, the next whole number is too (bins only grow).
+    let a = first_float_where(lo, hi, |x| bin(x) >= code)?.ceil();
+    let b = match first_float_where(lo, hi, |x| bin(x) > code) {
+        None => hi,
+        Some(y) if y <= lo => return None,
+        Some(y) => float_below(y).floor(),
+    };
+    (a <= b).then_some((a, b))
+}
+
+/// A whole number drawn from `[a, b]` (whole, finite, `a ≤ b`): uniform over the integers
+/// where they are exact floats (|a|, |b| ≤ 2^53); beyond, where every float is whole, a
+/// uniform real in `[a, b]` rounded to the nearest float.
+fn uniform_whole<R: Rng + ?Sized>(a: f64, b: f64, rng: &mut R) -> f64 {
+    const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53
+    if a.abs() <= EXACT && b.abs() <= EXACT {
+        // Exact conversions: whole numbers within ±2^53.
+        rng.random_range(a as i64..=b as i64) as f64
+    } else {
+        // `b − a` is finite: a valid schema's `max − min` is.
+        (a + (b - a) * rng.random::<f64>()).round().clamp(a, b)
     }
 }
 
@@ -1796,6 +1889,94 @@ mod tests {
         assert!(e.contains("unknown variant `drop`"), "{e}");
     }
 
+    /// An integer numeric attribute over `[min, max]` in `bins` equal-width bins (`None`:
+    /// `"auto"`) on `scale`.
+    fn integer_attribute(min: f64, max: f64, bins: Option<u32>, scale: NumericScale) -> Attribute {
+        Attribute {
+            name: "n".into(),
+            kind: AttributeKind::Numeric {
+                min,
+                max,
+                bins: bins.map_or(NumericBins::AUTO, NumericBins::Count),
+                integer: true,
+                out_of_range: OutOfRangePolicy::Reject,
+                points: vec![],
+                grid: None,
+                max_bins: None,
+                scale,
+            },
+            missing: MissingPolicy::Reject,
+            missing_markers: vec![],
+            on_invalid: InvalidPolicy::Reject,
+        }
+    }
+
+    /// Decodes every code of `attr` both ways on another thread; panics if that takes longer
+    /// than 30 s (a decode that never returns fails the test instead of hanging it).
+    fn decode_every_code(attr: &Attribute, seed: u64) -> Vec<(u32, f64, f64)> {
+        let attr = attr.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+            let out: Vec<(u32, f64, f64)> = (0..attr.domain_size() as u32)
+                .map(|c| {
+                    let mut number = |how| match attr.decode(c, how, &mut rng) {
+                        DecodedValue::Number(x) => x,
+                        other => panic!("code {c}: {other:?}"),
+                    };
+                    (
+                        c,
+                        number(NumericDecoding::Midpoint),
+                        number(NumericDecoding::Uniform),
+                    )
+                })
+                .collect();
+            let _ = tx.send(out);
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(30))
+            .expect("decoding did not finish within 30 s")
+    }
+
+    #[test]
+    fn integer_decode_terminates_beyond_2_pow_53() {
+        let two53 = 9_007_199_254_740_992.0_f64;
+        for (min, max) in [
+            (two53, two53 * 4.0),
+            (-two53 * 4.0, -two53),
+            (-1e300, 1e300),
+            (0.0, f64::MAX / 4.0),
+            (-f64::MAX / 2.0, f64::MAX / 2.0),
+        ] {
+            for bins in [Some(3), Some(40), None] {
+                for scale in [NumericScale::Linear, NumericScale::Asinh(1.0)] {
+                    let attr = integer_attribute(min, max, bins, scale);
+                    attr.validate(0).unwrap();
+                    for (c, mid, uniform) in decode_every_code(&attr, 7) {
+                        for x in [mid, uniform] {
+                            assert!(x.is_finite() && x.fract() == 0.0, "{min} {max} {c}: {x}");
+                            assert!((min..=max).contains(&x), "{min} {max} code {c}: {x}");
+                            assert_eq!(scale.bin(x, min, max, attr.grid_cells().unwrap()), c);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bounds_whose_difference_overflows_are_refused() {
+        let wide = integer_attribute(-f64::MAX, f64::MAX, Some(4), NumericScale::Linear);
+        assert_eq!(
+            Schema::new(vec![wide]),
+            Err(SchemaError::RangeTooWide {
+                attribute: "n".into()
+            })
+        );
+        let json = serde_json::json!({"attributes": [{"name": "n", "type": "numeric",
+            "min": -1e308, "max": 1e308, "bins": 4}]});
+        assert!(serde_json::from_value::<Schema>(json).is_err());
+    }
+
     proptest! {
         #[test]
         fn encode_decode_round_trip(age in 0u32..16, w in 0u32..4, sex in 0u32..2, wc in 0u32..4, seed: u64) {
@@ -1808,6 +1989,35 @@ mod tests {
                     .zip(&decoded).map(|(a, v)| (a.name.clone(), v.to_json())).collect();
                 let back = s.encode_json(&serde_json::Value::Object(obj)).unwrap();
                 prop_assert_eq!(back.codes(), &codes[..]);
+            }
+        }
+
+        /// Integer decoding over any valid bounds, including beyond 2^53 and near the
+        /// largest floats: it returns a finite value, and for bins wide enough to hold whole
+        /// numbers a whole number of the decoded code's bin.
+        #[test]
+        fn integer_decode_at_extreme_bounds(
+            a in prop_oneof![-1e18f64..1e18, -1e300f64..1e300, proptest::num::f64::NORMAL],
+            b in prop_oneof![-1e18f64..1e18, -1e300f64..1e300, proptest::num::f64::NORMAL],
+            bins in proptest::option::of(1u32..64),
+            asinh in proptest::option::of(1e-3f64..1e12),
+            seed: u64,
+        ) {
+            let (min, max) = if a < b { (a, b) } else { (b, a) };
+            let scale = asinh.map_or(NumericScale::Linear, NumericScale::Asinh);
+            let attr = integer_attribute(min, max, bins, scale);
+            prop_assume!(attr.validate(0).is_ok());
+            let cells = attr.grid_cells().unwrap();
+            // Linear bins at least 2 wide hold whole numbers: the value must be one of them.
+            let wide = scale == NumericScale::Linear && (max - min) / f64::from(cells) >= 2.0;
+            for (c, mid, uniform) in decode_every_code(&attr, seed) {
+                for x in [mid, uniform] {
+                    prop_assert!(x.is_finite(), "code {}: {}", c, x);
+                    if wide {
+                        prop_assert!(x.fract() == 0.0 && (min..=max).contains(&x), "code {}: {}", c, x);
+                        prop_assert_eq!(scale.bin(x, min, max, cells), c);
+                    }
+                }
             }
         }
 

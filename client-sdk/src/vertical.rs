@@ -325,10 +325,12 @@ impl std::fmt::Debug for PartyClient {
 #[cfg(feature = "http")]
 impl PartyClient {
     /// Fetches the public config of `collection` from `base_url` and binds party `party`
-    /// with its upload `token`. `options.max_epsilon` bounds the party's ε per person.
+    /// with its upload `token`. The party's ε per person (Σ over its attributes) is bounded by
+    /// `options.max_epsilon` and by the collection's declared `epsilon` (a config asking a
+    /// party for more than the collection declares is not trusted).
     /// Errors: [`crate::client::ClientError::EpsilonTooLarge`] when the party's Σε is above
-    /// it; [`crate::client::ClientError::InvalidTask`] for a device collection or an unknown
-    /// party; HTTP failures as the device client.
+    /// either; [`crate::client::ClientError::InvalidTask`] for a device collection or an
+    /// unknown party; HTTP failures as the device client.
     pub async fn connect(
         base_url: &str,
         collection: uuid::Uuid,
@@ -348,10 +350,11 @@ impl PartyClient {
         let randomizer = PartyRandomizer::new(&config, party)
             .map_err(|e| ClientError::InvalidTask(e.to_string()))?;
         let epsilon = randomizer.party().epsilon();
-        if epsilon > options.max_epsilon.get() * (1.0 + 1e-12) {
+        let max = options.max_epsilon.get().min(config.epsilon.get());
+        if epsilon > max * (1.0 + 1e-12) {
             return Err(ClientError::EpsilonTooLarge {
                 requested: epsilon,
-                max: options.max_epsilon.get(),
+                max,
             });
         }
         Ok(Self {

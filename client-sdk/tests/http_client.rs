@@ -224,7 +224,7 @@ async fn start_with(schema: Schema, epsilon: f64, behaviour: Behaviour) -> (Stri
 }
 
 fn options(max: f64) -> ClientOptions {
-    let mut o = ClientOptions::insecure_simulation(Epsilon::new(max).unwrap(), 42);
+    let mut o = ClientOptions::new(Epsilon::new(max).unwrap());
     o.initial_backoff = Duration::from_millis(5);
     o.max_backoff = Duration::from_millis(20);
     o.max_attempts = 3;
@@ -648,6 +648,62 @@ async fn two_processes_on_one_ledger_file_randomize_once() {
     );
 }
 
+/// Issue 33 item 3: the device-wide cap is on by default. One app ledger and default options:
+/// collections at ε = 4 report until the next would take the ledger past
+/// [`ldpsyn::ledger::DEFAULT_DEVICE_MAX_EPSILON`] within the default window; that one is
+/// refused with `DeviceBudgetExhausted` before its task is fetched.
+#[tokio::test]
+async fn device_budget_is_on_by_default() {
+    use ldpsyn::ledger::{DEFAULT_DEVICE_MAX_EPSILON, DeviceBudget};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.json");
+    assert_eq!(
+        ClientOptions::new(Epsilon::new(4.0).unwrap()).device_budget,
+        Some(DeviceBudget::DEFAULT)
+    );
+    let mut accepted = 0;
+    let (err, refused) = loop {
+        assert!(
+            accepted < 10,
+            "no default cap: {accepted} collections reported"
+        );
+        let (url, fake) = start(4.0, Behaviour::default()).await;
+        let mut client = Client::connect(
+            &url,
+            fake.config.id,
+            options(4.0),
+            FileLedger::open(&path).unwrap(),
+        )
+        .await
+        .unwrap();
+        match client.submit(&record()).await {
+            Ok(r) => {
+                assert_eq!(r.status, ReportStatus::Accepted);
+                accepted += 1;
+            }
+            Err(e) => break (e, fake),
+        }
+    };
+    assert_eq!(
+        accepted,
+        (DEFAULT_DEVICE_MAX_EPSILON / 4.0).floor() as usize
+    );
+    assert!(
+        matches!(
+            err,
+            ClientError::DeviceBudgetExhausted { spent_in_window, requested, max_epsilon, .. }
+                if (spent_in_window, requested, max_epsilon)
+                    == (4.0 * accepted as f64, 4.0, DEFAULT_DEVICE_MAX_EPSILON)
+        ),
+        "{err:?}"
+    );
+    assert_eq!(
+        request_shapes(&refused).len(),
+        1,
+        "only the config was fetched"
+    );
+}
+
 /// Issue 13 item 12: a device-wide cap across collections. Two collections at ε = 2 and a
 /// cap of 3 per day on one app's ledger file: the first collection reports; the second is
 /// refused with the typed `budget-exhausted` error before any task is fetched (nothing
@@ -752,4 +808,46 @@ async fn device_budget_caps_epsilon_across_collections() {
         cc.submit(&record()).await,
         Err(ClientError::DeviceBudgetExhausted { .. })
     ));
+}
+
+/// Issue 33 item 3: a party accepts at most the collection's declared ε per person, whatever
+/// its own maximum. A config declaring ε = 2 that asks the party `bank` for Σε = 3 is refused
+/// on connect with `EpsilonTooLarge { max: 2 }`, even with the app's maximum at 20; the
+/// consistent party `telco` (ε = 2) connects.
+#[tokio::test]
+async fn party_above_the_declared_epsilon_is_refused() {
+    use ldpsyn::vertical::PartyClient;
+    let config: serde_json::Value = serde_json::json!({
+        "version": 1, "id": "c0ffee00-0000-4000-8000-000000000000",
+        "schema": {"attributes": [
+            {"name": "age", "type": "numeric", "min": 0, "max": 100, "bins": 4},
+            {"name": "sex", "type": "categorical", "labels": ["F", "M"]},
+            {"name": "plan", "type": "categorical", "labels": ["a", "b", "c"]}]},
+        "epsilon": 2.0, "target_users": 10, "protocol": "vertical",
+        "parties": [
+            {"name": "bank", "attributes": [{"name": "age", "epsilon": 1.0},
+                                            {"name": "sex", "epsilon": 2.0}]},
+            {"name": "telco", "attributes": [{"name": "plan", "epsilon": 2.0}]}]});
+    let app = Router::new().route(
+        "/v1/collections/{id}",
+        get(move || {
+            let config = config.clone();
+            async move { Json(config) }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let url = format!("http://{addr}");
+    let id: Uuid = "c0ffee00-0000-4000-8000-000000000000".parse().unwrap();
+    let err = PartyClient::connect(&url, id, "bank", "token", options(ldpsyn::MAX_EPSILON))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ClientError::EpsilonTooLarge { requested, max } if (requested, max) == (3.0, 2.0)),
+        "{err:?}"
+    );
+    PartyClient::connect(&url, id, "telco", "token", options(ldpsyn::MAX_EPSILON))
+        .await
+        .unwrap();
 }

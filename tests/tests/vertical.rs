@@ -76,9 +76,11 @@ async fn two_parties(database_url: &str) {
         .unwrap_or_else(|| panic!("create failed: {created}"))
         .parse()
         .unwrap();
-    // ε of the collection is the largest party total; each party's is public.
+    // ε of the collection is the largest party total; each party's is public, and so is
+    // what one person spends over both (issue 33 item 2): the parties' reports are joined.
     assert_eq!(created["epsilon"], json!(4.0));
     assert_eq!(created["party_epsilon"]["clinic"], json!(4.0));
+    assert_eq!(created["composed_epsilon"], json!(8.0));
     let tokens = created["party_tokens"].clone();
     let (status, listed) = admin(&base, "GET", &format!("/v1/collections/{id}/parties")).await;
     assert_eq!((status, &listed), (200, &tokens));
@@ -239,6 +241,7 @@ async fn two_parties(database_url: &str) {
     let (s, _) = admin(&base, "POST", &format!("/v1/collections/{id}/finalize")).await;
     assert_eq!(s, 200);
     let (_, model) = admin(&base, "GET", &format!("/v1/collections/{id}/model")).await;
+    assert_eq!(model["model"]["composed_epsilon"], json!(8.0));
     let kept: Vec<(u64, u64)> = model["model"]["model_graph"]
         .as_array()
         .unwrap()

@@ -1,5 +1,6 @@
 //! The device budget ledger of the browser: entries in `localStorage` (one key per
-//! collection), or, where there is none (node), in memory for the life of the WASM instance.
+//! collection), or in memory for the life of the WASM instance (node, or a page that asks for
+//! `storage: "memory"`; [`choose_storage`] decides, and fails closed in a browser).
 //!
 //! The rules are `ldpsyn::ledger`'s ([`ldpsyn::ledger::next_step_within`], the device-wide
 //! cap summing every entry of the origin); this module only stores entries. Only the
@@ -34,8 +35,126 @@ thread_local! {
 pub enum Storage {
     /// `window.localStorage`, persistent across page loads.
     LocalStorage,
-    /// Memory of this WASM instance (node, or when asked for).
+    /// Memory of this WASM instance (node, or when asked for). Forgotten on reload: see
+    /// [`StorageChoice::Memory`].
     Memory,
+}
+
+/// The app's `options.storage`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StorageChoice {
+    /// `"auto"` (the default): `localStorage`; in memory only outside a browser (node).
+    Auto,
+    /// `"localStorage"`: `localStorage` or nothing.
+    LocalStorage,
+    /// `"memory"`: memory of this WASM instance, also in a browser. The cost: the ledger is
+    /// forgotten on every reload, so a page that is reloaded and submits the same record again
+    /// randomizes it again for the same collection, and the server can average the noises of
+    /// those reports away (k reports at ε compose to k·ε). Only for apps that make sure a
+    /// person submits once per collection by other means.
+    Memory,
+}
+
+impl StorageChoice {
+    /// Parses `options.storage` (`None` is `"auto"`). Errors: an unknown name, as text.
+    pub fn parse(name: Option<&str>) -> Result<Self, String> {
+        match name {
+            None | Some("auto") => Ok(Self::Auto),
+            Some("localStorage") => Ok(Self::LocalStorage),
+            Some("memory") => Ok(Self::Memory),
+            Some(other) => Err(format!("unknown `{other}`")),
+        }
+    }
+}
+
+/// What the JS environment offers a ledger, probed when a client connects ([`Environment::probe`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Environment {
+    /// A browser page or worker (`window`, `document` or `WorkerGlobalScope` is defined), where
+    /// a reload starts a new WASM instance; false under node.
+    pub browser: bool,
+    /// `localStorage` exists and takes a write (it throws when blocked, e.g. by a privacy setting).
+    pub local_storage: bool,
+    /// `navigator.locks` (Web Locks API; only in secure contexts: https and localhost).
+    pub web_locks: bool,
+}
+
+impl Environment {
+    /// Probes the running environment (writes and removes one `localStorage` key).
+    pub fn probe() -> Self {
+        let global = js_sys::global();
+        let defined = |name: &str| {
+            Reflect::get(&global, &name.into()).is_ok_and(|v| !v.is_undefined() && !v.is_null())
+        };
+        Environment {
+            browser: defined("window") || defined("document") || defined("WorkerGlobalScope"),
+            local_storage: local_storage_available(),
+            web_locks: web_locks().is_some(),
+        }
+    }
+}
+
+/// Why no ledger can be opened; the client refuses to connect (`LdpError` code
+/// `ledger-unavailable`) rather than spend ε without a ledger that outlives the page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LedgerUnavailable {
+    /// A browser without a usable `localStorage` and the app did not ask for `"memory"`.
+    NoLocalStorageInBrowser,
+    /// `storage: "localStorage"` asked for, and there is none that takes a write.
+    NoLocalStorage,
+    /// A `localStorage` ledger needs the Web Locks API (`navigator.locks`) so that pages of the
+    /// origin take turns; without it (e.g. a page served over plain http) two tabs could both
+    /// randomize for a collection.
+    NoWebLocks,
+}
+
+impl std::fmt::Display for LedgerUnavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::NoLocalStorageInBrowser => {
+                "localStorage is blocked or missing in this browser; the budget ledger would not \
+                 survive a reload (pass storage: \"memory\" to accept that)"
+            }
+            Self::NoLocalStorage => "localStorage is not available here",
+            Self::NoWebLocks => {
+                "the Web Locks API (navigator.locks) is missing (it needs a secure context: \
+                 https or localhost); without it pages of this origin could both randomize"
+            }
+        })
+    }
+}
+
+impl std::error::Error for LedgerUnavailable {}
+
+/// Where the ledger of a client with `choice` lives in `env`, failing closed: in a browser
+/// `"auto"` is `localStorage` or an error, never memory; a `localStorage` ledger needs Web
+/// Locks. `"memory"` is honoured everywhere (its cost: [`StorageChoice::Memory`]); it needs no
+/// lock, as no other page sees this instance's memory.
+/// Errors: [`LedgerUnavailable`].
+pub fn choose_storage(
+    choice: StorageChoice,
+    env: Environment,
+) -> Result<Storage, LedgerUnavailable> {
+    let storage = match choice {
+        StorageChoice::Memory => return Ok(Storage::Memory),
+        StorageChoice::Auto if env.local_storage => Storage::LocalStorage,
+        StorageChoice::Auto if env.browser => {
+            return Err(LedgerUnavailable::NoLocalStorageInBrowser);
+        }
+        StorageChoice::Auto => return Ok(Storage::Memory),
+        StorageChoice::LocalStorage if env.local_storage => Storage::LocalStorage,
+        StorageChoice::LocalStorage => return Err(LedgerUnavailable::NoLocalStorage),
+    };
+    if lock_required(storage) && !env.web_locks {
+        return Err(LedgerUnavailable::NoWebLocks);
+    }
+    Ok(storage)
+}
+
+/// Whether submissions over a ledger in `storage` must hold the origin's Web Lock: yes for
+/// `localStorage`, which every page of the origin shares.
+pub fn lock_required(storage: Storage) -> bool {
+    storage == Storage::LocalStorage
 }
 
 impl Storage {
@@ -68,9 +187,25 @@ fn storage_error(e: JsValue) -> LedgerError {
     LedgerError::Storage(crate::describe_js_error(&e))
 }
 
-/// Whether this environment has a usable `localStorage`.
+/// Key written and removed by [`local_storage_available`].
+const PROBE_KEY: &str = "ldpsyn.ledger.v1.probe";
+
+/// Whether this environment has a `localStorage` that takes a write (some browsers expose one
+/// that throws on `setItem`, e.g. with a zero quota).
 pub fn local_storage_available() -> bool {
-    matches!(local_storage(), Ok(Some(_)))
+    let Ok(Some(local)) = local_storage() else {
+        return false;
+    };
+    local.set_item(PROBE_KEY, "1").is_ok() && local.remove_item(PROBE_KEY).is_ok()
+}
+
+/// `navigator.locks`, when the environment has the Web Locks API.
+fn web_locks() -> Option<JsValue> {
+    Reflect::get(&js_sys::global(), &"navigator".into())
+        .ok()
+        .filter(|n| n.is_object())
+        .and_then(|n| Reflect::get(&n, &"locks".into()).ok())
+        .filter(JsValue::is_object)
 }
 
 impl DeviceLedger {
@@ -183,19 +318,23 @@ impl DeviceLedger {
 /// page reads the ledger: Chromium propagates a `localStorage` write to other pages
 /// asynchronously, and a page that took the lock right after the write could still read
 /// the entry before it (seen as two reports from two tabs, one "ledger lost the pending
-/// report"); the upload's round trip leaves that write time to arrive. Where there is no Web
-/// Locks API (node, whose ledger is in memory of one instance; very old browsers) the future
-/// runs at once. Errors: the request's own JS error (e.g. a document that is not fully
-/// active).
+/// report"); the upload's round trip leaves that write time to arrive. Without the Web Locks
+/// API the future runs at once only when `required` is false (a memory ledger, which no other
+/// page sees: [`lock_required`]).
+/// Errors: `required` and no Web Locks API (an `LdpError` `ledger-unavailable`; `f` is not
+/// called), or the request's own JS error (e.g. a document that is not fully active).
 pub async fn with_origin_lock<T: 'static, F: Future<Output = T> + 'static>(
+    required: bool,
     f: impl FnOnce() -> F + 'static,
 ) -> Result<T, JsValue> {
-    let locks = Reflect::get(&js_sys::global(), &"navigator".into())
-        .ok()
-        .filter(|n| n.is_object())
-        .and_then(|n| Reflect::get(&n, &"locks".into()).ok())
-        .filter(JsValue::is_object);
-    let Some(locks) = locks else {
+    let Some(locks) = web_locks() else {
+        if required {
+            let detail = LedgerUnavailable::NoWebLocks.to_string();
+            return Err(crate::usage_error(
+                ldpsyn::protocol::ProblemType::LedgerUnavailable,
+                detail,
+            ));
+        }
         return Ok(f().await);
     };
     let request: Function = Reflect::get(&locks, &"request".into())?.dyn_into()?;
@@ -216,4 +355,77 @@ pub async fn with_origin_lock<T: 'static, F: Future<Output = T> + 'static>(
     drop(callback);
     let result = out.borrow_mut().take();
     result.ok_or_else(|| JsValue::from_str("the Web Lock callback did not run"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(browser: bool, local_storage: bool, web_locks: bool) -> Environment {
+        Environment {
+            browser,
+            local_storage,
+            web_locks,
+        }
+    }
+
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    fn auto_in_a_browser_without_local_storage_fails_closed() {
+        for locks in [false, true] {
+            assert_eq!(
+                choose_storage(StorageChoice::Auto, env(true, false, locks)),
+                Err(LedgerUnavailable::NoLocalStorageInBrowser)
+            );
+            // The app may accept the cost explicitly.
+            assert_eq!(
+                choose_storage(StorageChoice::Memory, env(true, false, locks)),
+                Ok(Storage::Memory)
+            );
+        }
+        // Node (no browser): memory, as before.
+        assert_eq!(
+            choose_storage(StorageChoice::Auto, env(false, false, false)),
+            Ok(Storage::Memory)
+        );
+    }
+
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    fn local_storage_without_web_locks_is_refused() {
+        for browser in [false, true] {
+            for choice in [StorageChoice::Auto, StorageChoice::LocalStorage] {
+                assert_eq!(
+                    choose_storage(choice, env(browser, true, false)),
+                    Err(LedgerUnavailable::NoWebLocks)
+                );
+                assert_eq!(
+                    choose_storage(choice, env(browser, true, true)),
+                    Ok(Storage::LocalStorage)
+                );
+            }
+            assert_eq!(
+                choose_storage(StorageChoice::LocalStorage, env(browser, false, true)),
+                Err(LedgerUnavailable::NoLocalStorage)
+            );
+        }
+        assert!(lock_required(Storage::LocalStorage));
+        assert!(!lock_required(Storage::Memory));
+    }
+
+    #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+    #[cfg_attr(not(target_arch = "wasm32"), test)]
+    fn storage_option_names() {
+        assert_eq!(StorageChoice::parse(None), Ok(StorageChoice::Auto));
+        assert_eq!(StorageChoice::parse(Some("auto")), Ok(StorageChoice::Auto));
+        assert_eq!(
+            StorageChoice::parse(Some("memory")),
+            Ok(StorageChoice::Memory)
+        );
+        assert_eq!(
+            StorageChoice::parse(Some("localStorage")),
+            Ok(StorageChoice::LocalStorage)
+        );
+        assert!(StorageChoice::parse(Some("sessionStorage")).is_err());
+    }
 }

@@ -43,7 +43,9 @@ use uuid::Uuid;
 use wasm_bindgen::prelude::*;
 
 use crate::http::{RetryPolicy, send_json};
-use crate::ledger::{DeviceLedger, Storage, with_origin_lock};
+use crate::ledger::{
+    DeviceLedger, Environment, StorageChoice, choose_storage, lock_required, with_origin_lock,
+};
 
 #[wasm_bindgen(inline_js = r#"
 export class LdpError extends Error {
@@ -72,7 +74,7 @@ export type ProblemCode =
   | "invalid-payload" | "invalid-token" | "token-expired" | "token-reused" | "unauthorized"
   | "unknown-collection" | "not-found" | "method-not-allowed" | "collection-finalized" | "model-not-ready"
   | "conflict" | "record-id-conflict" | "payload-too-large" | "rate-limited" | "epsilon-too-large"
-  | "budget-exhausted" | "internal" | "unavailable";
+  | "budget-exhausted" | "ledger-unavailable" | "internal" | "unavailable";
 
 /** What every promise of this package rejects with (`instanceof Error`). */
 export interface LdpError extends Error {
@@ -89,7 +91,14 @@ export interface LdpError extends Error {
 export interface LdpClientOptions {
   /** The largest ε per report the app accepts; configs and tasks asking more are refused. */
   maxEpsilon: number;
-  /** Where the budget ledger lives: `localStorage` when there is one (default `"auto"`), else memory. */
+  /**
+   * Where the budget ledger lives (default `"auto"`): `localStorage`; in memory only under
+   * node. In a browser whose `localStorage` is blocked, or without `navigator.locks` (pages
+   * not served over https or from localhost), `"auto"` and `"localStorage"` reject with
+   * `ledger-unavailable`. `"memory"` keeps the ledger in this page only: a reload forgets it
+   * and may randomize the same record again for the same collection, so the server could
+   * average the noise away. Ask for it only if the app ensures one submission per person.
+   */
   storage?: "auto" | "localStorage" | "memory";
   /** Timeout of one request, ms (default 10000). */
   requestTimeoutMs?: number;
@@ -101,9 +110,10 @@ export interface LdpClientOptions {
   maxBackoffMs?: number;
   /**
    * A cap on the ε this origin's ledger spends over every collection within a rolling window
-   * (default none): a collection whose ε would take the ε spent within the last `windowMs`
-   * above `maxEpsilon` is refused with `budget-exhausted`, before anything is fetched,
-   * randomized or sent. Give every client of the origin the same cap.
+   * (default `{ maxEpsilon: 10, windowMs: 30 days }`, the native SDK's
+   * `DeviceBudget::DEFAULT`): a collection whose ε would take the ε spent within the last
+   * `windowMs` above `maxEpsilon` is refused with `budget-exhausted`, before anything is
+   * fetched, randomized or sent. Give every client of the origin the same cap.
    */
   deviceBudget?: { maxEpsilon: number; windowMs: number };
 }
@@ -165,7 +175,8 @@ fn client_error(e: &ClientError) -> JsValue {
     }
 }
 
-fn usage_error(code: ProblemType, detail: impl Into<String>) -> JsValue {
+/// An `LdpError` raised on the device (no HTTP status).
+pub(crate) fn usage_error(code: ProblemType, detail: impl Into<String>) -> JsValue {
     let detail = detail.into();
     js_error(code, &detail, &detail, None)
 }
@@ -302,7 +313,8 @@ pub struct LdpClient {
 impl LdpClient {
     /// Fetches the public config of `collectionId` from `baseUrl` and checks it (protocol
     /// version, ε ≤ `options.maxEpsilon`). Rejects with an `LdpError`: `epsilon-too-large`,
-    /// `unknown-collection`, `unavailable`, `invalid-parameter` (bad options), …
+    /// `unknown-collection`, `unavailable`, `invalid-parameter` (bad options),
+    /// `ledger-unavailable` (no ledger that outlives the page: `options.storage`), …
     #[wasm_bindgen(
         unchecked_return_type = "Promise<LdpClient>",
         js_name = connect
@@ -351,7 +363,8 @@ impl LdpClient {
     }
 
     /// ε this device may still spend on the collection: the collection's ε before the first
-    /// report if `options.deviceBudget` (if any) allows it now, else 0. Throws an `LdpError`
+    /// report if the device budget (`options.deviceBudget`, or the default cap) allows it
+    /// now, else 0. Throws an `LdpError`
     /// (`internal`) if the ledger cannot be read.
     #[wasm_bindgen(js_name = remainingBudget)]
     pub fn remaining_budget(&self) -> Result<f64, JsValue> {
@@ -392,7 +405,7 @@ impl LdpClient {
     /// `on_invalid: "randomize"` an invalid value is replaced by a uniform draw from the
     /// browser's CSPRNG instead), then follows the ledger: resend a pending report byte for
     /// byte, refuse once the budget is spent (`budget-exhausted`: this collection's, or the
-    /// origin's `options.deviceBudget`), else fetch a task, check it, decide again, randomize
+    /// origin's device budget, `options.deviceBudget` or the default), else fetch a task, check it, decide again, randomize
     /// and record the report in one ledger step, and post it. Resolves to a `Receipt`.
     #[wasm_bindgen(unchecked_return_type = "Promise<Receipt>")]
     pub fn submit(
@@ -432,7 +445,8 @@ impl LdpClient {
         let max_epsilon = Epsilon::new(opts.max_epsilon)
             .map_err(|e| invalid(format!("options.maxEpsilon: {e}")))?;
         let device_budget = match opts.device_budget {
-            None => None,
+            // On by default: a server cannot steer the page into collecting N·ε.
+            None => Some(DeviceBudget::DEFAULT),
             Some(b) if !(b.window_ms.is_finite() && b.window_ms >= 1.0) => {
                 return Err(invalid(format!(
                     "options.deviceBudget.windowMs: must be at least 1, got {}",
@@ -445,12 +459,12 @@ impl LdpClient {
                     .map_err(|e| invalid(format!("options.deviceBudget: {e}")))?,
             ),
         };
-        let storage = match opts.storage.as_deref() {
-            None | Some("auto") if ledger::local_storage_available() => Storage::LocalStorage,
-            None | Some("auto") | Some("memory") => Storage::Memory,
-            Some("localStorage") => Storage::LocalStorage,
-            Some(other) => return Err(invalid(format!("options.storage: unknown `{other}`"))),
-        };
+        let choice = StorageChoice::parse(opts.storage.as_deref())
+            .map_err(|e| invalid(format!("options.storage: {e}")))?;
+        // Fails closed: no silent in-memory ledger in a browser, no localStorage ledger
+        // without the origin's lock.
+        let storage = choose_storage(choice, Environment::probe())
+            .map_err(|e| usage_error(ProblemType::LedgerUnavailable, e.to_string()))?;
         let ledger = DeviceLedger::new(storage).map_err(|e| client_error(&e.into()))?;
         let defaults = RetryPolicy::default();
         let policy = RetryPolicy {
@@ -511,7 +525,7 @@ async fn submit(inner: &Rc<RefCell<Inner>>, record: &JsValue) -> Result<Receipt,
             format!("record: {e}"),
         ))
     })?;
-    let (collection, base, policy, encoded) = {
+    let (collection, base, policy, encoded, storage) = {
         let mut i = inner.borrow_mut();
         let i = &mut *i;
         // Under `on_invalid: randomize` an invalid value is drawn from the privacy RNG here,
@@ -521,7 +535,13 @@ async fn submit(inner: &Rc<RefCell<Inner>>, record: &JsValue) -> Result<Receipt,
             .schema
             .encode_json_with(&record_json, &mut i.rng)
             .map_err(ClientError::from)?;
-        (i.config.id, i.base.clone(), i.policy, encoded)
+        (
+            i.config.id,
+            i.base.clone(),
+            i.policy,
+            encoded,
+            i.ledger.storage(),
+        )
     };
     let _busy = InFlight::take(collection).ok_or_else(|| {
         Failure::Js(usage_error(
@@ -532,7 +552,7 @@ async fn submit(inner: &Rc<RefCell<Inner>>, record: &JsValue) -> Result<Receipt,
     // The whole submission under the origin's lock: another page of this origin (sharing
     // localStorage) decides only once this one's report is recorded, sent and settled.
     let inner = Rc::clone(inner);
-    with_origin_lock(move || async move {
+    with_origin_lock(lock_required(storage), move || async move {
         submit_locked(&inner, collection, &base, policy, &encoded).await
     })
     .await

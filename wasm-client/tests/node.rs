@@ -47,12 +47,32 @@ export function installMock(planJson) {
   };
 }
 export function mockLog() { return JSON.stringify(log); }
+// Pretend to be a browser page (a `document` global) without localStorage, or undo it.
+export function setBrowserMarker(on) {
+  if (on) globalThis.document = {}; else delete globalThis.document;
+}
+// Replace `navigator` by one without `locks` (a page over plain http), or restore it.
+let savedNavigator = null;
+export function hideWebLocks(on) {
+  if (on) {
+    savedNavigator = Object.getOwnPropertyDescriptor(globalThis, "navigator") || null;
+    Object.defineProperty(globalThis, "navigator", { value: {}, configurable: true, writable: true });
+  } else if (savedNavigator) {
+    Object.defineProperty(globalThis, "navigator", savedNavigator);
+  } else {
+    delete globalThis.navigator;
+  }
+}
 "#)]
 extern "C" {
     #[wasm_bindgen(js_name = installMock)]
     fn install_mock(plan_json: &str);
     #[wasm_bindgen(js_name = mockLog)]
     fn mock_log() -> String;
+    #[wasm_bindgen(js_name = setBrowserMarker)]
+    fn set_browser_marker(on: bool);
+    #[wasm_bindgen(js_name = hideWebLocks)]
+    fn hide_web_locks(on: bool);
 }
 
 const BASE: &str = "http://collector.test";
@@ -102,10 +122,13 @@ fn log() -> Vec<serde_json::Value> {
     serde_json::from_str(&mock_log()).unwrap()
 }
 
+/// Options of most tests: a memory ledger (shared by every test of this instance) and a device
+/// budget too large to trip over what earlier tests spent.
 fn options(max_epsilon: f64) -> JsValue {
     js_sys::JSON::parse(&format!(
         r#"{{"maxEpsilon": {max_epsilon}, "storage": "memory", "maxAttempts": 3,
-            "initialBackoffMs": 1, "maxBackoffMs": 5}}"#
+            "initialBackoffMs": 1, "maxBackoffMs": 5,
+            "deviceBudget": {{"maxEpsilon": 1e9, "windowMs": 86400000}}}}"#
     ))
     .unwrap()
 }
@@ -443,6 +466,64 @@ async fn unknown_collection_and_bad_options() {
     assert_eq!(code(&err), "invalid-parameter");
 }
 
+/// In a browser whose localStorage is blocked, the default `storage: "auto"` refuses to
+/// connect (`ledger-unavailable`, before any request) instead of keeping the ledger in memory,
+/// where a reload would forget it; `"memory"` asked for explicitly is honoured.
+#[wasm_bindgen_test]
+async fn auto_storage_fails_closed_in_a_browser_without_local_storage() {
+    let plan = Plan::new(serde_json::json!([{"status": 200}]));
+    plan.install();
+    set_browser_marker(true);
+    let auto = JsFuture::from(LdpClient::connect(
+        BASE.into(),
+        plan.id.clone(),
+        js_sys::JSON::parse(r#"{"maxEpsilon": 4}"#).unwrap(),
+    ))
+    .await;
+    let local = JsFuture::from(LdpClient::connect(
+        BASE.into(),
+        plan.id.clone(),
+        js_sys::JSON::parse(r#"{"maxEpsilon": 4, "storage": "localStorage"}"#).unwrap(),
+    ))
+    .await;
+    let memory = connect(&plan, 4.0).await;
+    set_browser_marker(false);
+    assert_eq!(code(&auto.unwrap_err()), "ledger-unavailable");
+    assert_eq!(code(&local.unwrap_err()), "ledger-unavailable");
+    let client = memory.unwrap();
+    assert_eq!(client.storage(), "memory");
+    // Only the memory client fetched the config.
+    assert_eq!(requests("GET", &plan.id).len(), 1);
+    // Under node (no browser) `auto` is still a memory ledger.
+    let node = LdpClient::open(
+        BASE.into(),
+        plan.id.clone(),
+        js_sys::JSON::parse(r#"{"maxEpsilon": 4}"#).unwrap(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(node.storage(), "memory");
+}
+
+/// Without the Web Locks API, a ledger that needs the origin's lock (localStorage) refuses to
+/// run the submission (`ledger-unavailable`, the work never starts) instead of running it
+/// unlocked; a memory ledger, which no other page sees, runs.
+#[wasm_bindgen_test]
+async fn missing_web_locks_refuse_a_locked_submission() {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    hide_web_locks(true);
+    let ran = Rc::new(Cell::new(false));
+    let flag = Rc::clone(&ran);
+    let refused =
+        ldpsyn_wasm::ledger::with_origin_lock(true, move || async move { flag.set(true) }).await;
+    let unlocked = ldpsyn_wasm::ledger::with_origin_lock(false, || async { 7 }).await;
+    hide_web_locks(false);
+    assert_eq!(code(&refused.unwrap_err()), "ledger-unavailable");
+    assert!(!ran.get(), "the submission ran without the lock");
+    assert_eq!(unlocked.unwrap(), 7);
+}
+
 /// The request log with the randomized content blanked out: method, path (collection id
 /// replaced), and the body's JSON shape (every string by its length, every number by 0) and
 /// length.
@@ -573,4 +654,47 @@ async fn device_budget_caps_epsilon_across_collections() {
         .expect("refused");
         assert_eq!(code(&err), "invalid-parameter", "{bad}");
     }
+}
+
+/// Without `deviceBudget` the default cap (ε = 10 per 30 days) applies across collections:
+/// collections at ε = 2 report until the next would pass the cap, which is refused with
+/// `budget-exhausted` before its task is fetched.
+#[wasm_bindgen_test]
+async fn default_device_budget_caps_epsilon_across_collections() {
+    use ldpsyn::ledger::DeviceBudget;
+    let default = DeviceBudget::DEFAULT;
+    let spent = || {
+        default.spent_in_window(
+            &DeviceLedger::new(Storage::Memory)
+                .unwrap()
+                .entries()
+                .unwrap(),
+            js_sys::Date::now() as u64,
+        )
+    };
+    let opts = || {
+        js_sys::JSON::parse(r#"{"maxEpsilon": 4, "storage": "memory", "maxAttempts": 1}"#).unwrap()
+    };
+    let mut accepted = 0;
+    let err = loop {
+        assert!(accepted < 20, "no cap: {accepted} collections reported");
+        let plan = Plan::new(serde_json::json!([{"status": 200}]));
+        plan.install();
+        let client = LdpClient::open(BASE.into(), plan.id.clone(), opts())
+            .await
+            .unwrap();
+        let before = spent();
+        match submit(&client, record()).await {
+            Ok(_) => {
+                assert!(before + 2.0 <= default.max_epsilon() * (1.0 + 1e-9));
+                accepted += 1;
+            }
+            Err(e) => {
+                assert!(before + 2.0 > default.max_epsilon(), "refused below the cap");
+                assert!(requests("GET", "/task").is_empty(), "nothing fetched");
+                break e;
+            }
+        }
+    };
+    assert_eq!(code(&err), "budget-exhausted");
 }

@@ -83,7 +83,7 @@ pub struct DriftReport {
     pub attributes: Vec<AttributeDrift>,
     /// Whether some attribute's rounds disagree beyond noise at [`DRIFT_TEST_LEVEL`] after
     /// the Bonferroni correction over attributes: the population changed between rounds
-    /// (the tables were calibrated to the population's 1-ways).
+    /// (the tables were moved to the population's post-stratified estimates).
     pub population_changed: bool,
 }
 
@@ -108,8 +108,8 @@ impl DriftReport {
             .collect();
         Some(format!(
             "the population changed between rounds: people who arrived in different rounds \
-             differ beyond noise in {}; every round's measurements were calibrated to the \
-             whole population's 1-way marginals",
+             differ beyond noise in {}; the model treats the rounds as strata of the population \
+             (post-stratification)",
             worst.join(", ")
         ))
     }

@@ -261,6 +261,11 @@ pub struct ModelDescription {
     /// [`crate::estimate::fit_residuals`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub residuals: Option<FitResiduals>,
+    /// Vertical collections: ε spent on one person over every party (Σ of the attributes'
+    /// ε; the parties' reports are joined by record id, so they compose). `None` otherwise,
+    /// and from [`Model::describe`], which does not know the collection's parties.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub composed_epsilon: Option<f64>,
 }
 
 #[derive(Debug, Clone)]
@@ -734,6 +739,7 @@ impl Model {
                 .collect(),
             drift: self.drift.clone(),
             residuals: self.residuals.clone(),
+            composed_epsilon: None,
         }
     }
 

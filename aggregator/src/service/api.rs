@@ -57,6 +57,11 @@ pub struct CollectionView {
     /// Vertical collections: each party's ε per person (the sum over its attributes).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub party_epsilon: Option<BTreeMap<String, f64>>,
+    /// Vertical collections: ε spent on one person over every party, the sum of
+    /// `party_epsilon` (the aggregator joins the parties' reports by record id, so they
+    /// compose; `epsilon` is only the largest party's share).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub composed_epsilon: Option<f64>,
     /// Vertical collections, in the creation answer only: each party's upload token.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub party_tokens: Option<BTreeMap<String, String>>,
@@ -302,8 +307,8 @@ pub fn model_schema() -> ObjectBuilder {
                  (`round_weights`), per attribute the heterogeneity of the rounds' 1-way \
                  marginals (Cochran's `q`, `df`, `p_value`, between-round variance `tau2`, \
                  `largest_shift`), and `population_changed`: the rounds measured different \
-                 populations beyond noise, and every round's tables were calibrated to the \
-                 whole population's 1-ways.",
+                 populations beyond noise, and every table was moved to the population's \
+                 post-stratified estimate (rounds as strata).",
             )),
         )
         .property(
@@ -315,6 +320,15 @@ pub fn model_schema() -> ObjectBuilder {
                  standardized residuals over their degrees of freedom; about 1 when the \
                  model agrees with its measurements) and the `worst` tables.",
             )),
+        )
+        .property(
+            "composed_epsilon",
+            ObjectBuilder::new()
+                .schema_type(Type::Number)
+                .description(Some(
+                    "Vertical collections only: ε spent on one person over every party (the \
+                     sum of the attributes' ε; the parties' reports are joined by record id).",
+                )),
         )
         .description(Some("The model built at finalization."))
 }

@@ -30,19 +30,46 @@ impl std::str::FromStr for Secret {
     }
 }
 
+/// A database URL, which may hold a password: `Debug` prints only its scheme.
+#[derive(Clone, PartialEq, Eq)]
+pub struct DatabaseUrl(String);
+
+impl DatabaseUrl {
+    /// The URL itself (only to connect, never to log it).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for DatabaseUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let scheme = self.0.split_once(':').map_or("", |(s, _)| s);
+        write!(f, "{scheme}:<redacted>")
+    }
+}
+
+impl std::str::FromStr for DatabaseUrl {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(DatabaseUrl(s.to_owned()))
+    }
+}
+
 /// `serve` options.
 #[derive(Debug, Clone, clap::Parser)]
 pub struct ServeConfig {
     /// Address to listen on.
     #[arg(long, env = "LDPSYN_BIND", default_value = "127.0.0.1:8080")]
     pub bind: SocketAddr,
-    /// Database: `sqlite://path` (file created if missing) or `postgres://…`.
+    /// Database: `sqlite://path` (file created if missing) or `postgres://…`. May hold a
+    /// password: hidden from `--help` (the environment's value) and `Debug`.
     #[arg(
         long,
         env = "LDPSYN_DATABASE_URL",
+        hide_env_values = true,
         default_value = "sqlite://ldpsyn.db"
     )]
-    pub database_url: String,
+    pub database_url: DatabaseUrl,
     /// Bearer token of the admin routes (required).
     #[arg(long, env = "LDPSYN_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Secret,
@@ -83,14 +110,10 @@ pub struct ServeConfig {
     /// headers name the client; from any other peer those headers are ignored.
     #[arg(long, env = "LDPSYN_TRUSTED_PROXIES", value_delimiter = ',')]
     pub trusted_proxies: Vec<std::net::IpAddr>,
-    /// Browser origins allowed by CORS, comma-separated; `*` for any (no cookies are used:
-    /// admin calls carry a bearer token).
-    #[arg(
-        long,
-        env = "LDPSYN_CORS_ORIGINS",
-        default_value = "*",
-        value_delimiter = ','
-    )]
+    /// Browser origins allowed by CORS, comma-separated, e.g. the sites that embed the web
+    /// SDK; `*` for any (no cookies are used: admin calls carry a bearer token). Default none:
+    /// the dashboard is served from the same origin and needs no CORS.
+    #[arg(long, env = "LDPSYN_CORS_ORIGINS", value_delimiter = ',')]
     pub cors_origins: Vec<String>,
     /// Most rows of one synthetic download.
     #[arg(long, env = "LDPSYN_MAX_SYNTHETIC_ROWS", default_value_t = 10_000_000)]
@@ -126,5 +149,45 @@ mod tests {
             "{s}"
         );
         assert_eq!(c.admin_token.expose(), "very-secret-admin");
+    }
+
+    /// Issue 33 item 10: a database URL's password reaches neither `Debug` nor `--help`
+    /// (clap prints the environment's value there unless told not to).
+    #[test]
+    fn database_url_is_redacted() {
+        use clap::CommandFactory;
+        let url = "postgres://ldpsyn:hunter2-password@db.internal/ldpsyn";
+        let c = ServeConfig::parse_from([
+            "serve",
+            "--admin-token",
+            "very-secret-admin",
+            "--database-url",
+            url,
+        ]);
+        assert_eq!(c.database_url.expose(), url);
+        let s = format!("{c:?}");
+        assert!(!s.contains("hunter2") && !s.contains("db.internal"), "{s}");
+        assert!(s.contains("postgres:<redacted>"), "{s}");
+        let command = ServeConfig::command();
+        let arg = command
+            .get_arguments()
+            .find(|a| a.get_id() == "database_url")
+            .unwrap();
+        assert!(arg.is_hide_env_values_set());
+    }
+
+    /// Issue 33 item 12: no cross-origin access unless asked for.
+    #[test]
+    fn cors_origins_default_to_none() {
+        let c = ServeConfig::parse_from(["serve", "--admin-token", "very-secret-admin"]);
+        assert!(c.cors_origins.is_empty(), "{:?}", c.cors_origins);
+        let c = ServeConfig::parse_from([
+            "serve",
+            "--admin-token",
+            "very-secret-admin",
+            "--cors-origins",
+            "https://a.example,https://b.example",
+        ]);
+        assert_eq!(c.cors_origins, ["https://a.example", "https://b.example"]);
     }
 }

@@ -108,7 +108,7 @@ impl AppState {
     pub async fn open(
         config: ServeConfig,
     ) -> Result<(Self, tokio::task::JoinHandle<()>), ApiError> {
-        let db = Db::connect(&config.database_url, config.db_max_connections).await?;
+        let db = Db::connect(config.database_url.expose(), config.db_max_connections).await?;
         let key = match &config.token_key {
             Some(k) => k.expose().as_bytes().to_vec(),
             None => {

@@ -80,6 +80,7 @@ fn server_types(status: u16) -> Vec<ProblemType> {
                 ProblemType::InvalidRecord
                     | ProblemType::EpsilonTooLarge
                     | ProblemType::BudgetExhausted
+                    | ProblemType::LedgerUnavailable
             )
         })
         .collect()

@@ -133,10 +133,13 @@ impl RateLimiter {
 /// one of `trusted` proxies; then the nearest address, right to left through the proxies'
 /// `X-Forwarded-For` (or, without it, RFC 7239 `Forwarded: for=`), that is not itself a
 /// trusted proxy. Unparsable entries end the walk at the last trusted hop, so a client can
-/// never choose its own key by sending these headers to an untrusted hop.
+/// never choose its own key by sending these headers to an untrusted hop. Addresses are
+/// compared and returned in canonical form: an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`,
+/// what a dual-stack listener sees for an IPv4 peer) is the IPv4 address.
 pub fn client_ip(peer: SocketAddr, headers: &HeaderMap, trusted: &[IpAddr]) -> IpAddr {
-    let mut ip = peer.ip();
-    if !trusted.contains(&ip) {
+    let is_trusted = |ip: IpAddr| trusted.iter().any(|t| t.to_canonical() == ip);
+    let mut ip = peer.ip().to_canonical();
+    if !is_trusted(ip) {
         return ip;
     }
     let mut hops: Vec<IpAddr> = Vec::new();
@@ -175,8 +178,8 @@ pub fn client_ip(peer: SocketAddr, headers: &HeaderMap, trusted: &[IpAddr]) -> I
         return ip;
     }
     for hop in hops.into_iter().rev() {
-        ip = hop;
-        if !trusted.contains(&hop) {
+        ip = hop.to_canonical();
+        if !is_trusted(ip) {
             break;
         }
     }
@@ -267,5 +270,29 @@ mod tests {
         );
         assert_eq!(client_ip(peer, &h, &[proxy]), ip("2001:db8::7"));
         assert_eq!(client_ip(peer, &HeaderMap::new(), &[proxy]), proxy);
+    }
+
+    /// Issue 33 item 12: a dual-stack listener sees an IPv4 proxy as `::ffff:10.0.0.9`; it is
+    /// still the trusted `10.0.0.9` (and the reverse), and an IPv4-mapped client address is
+    /// keyed as its IPv4 address.
+    #[test]
+    fn ipv4_mapped_addresses_match_their_ipv4_form() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "x-forwarded-for",
+            "::ffff:203.0.113.7, ::ffff:10.0.0.9".parse().unwrap(),
+        );
+        let mapped_peer = SocketAddr::new(ip("::ffff:10.0.0.9"), 4000);
+        let v4_peer = SocketAddr::new(ip("10.0.0.9"), 4000);
+        assert_eq!(
+            client_ip(mapped_peer, &h, &[ip("10.0.0.9")]),
+            ip("203.0.113.7")
+        );
+        assert_eq!(
+            client_ip(v4_peer, &h, &[ip("::ffff:10.0.0.9")]),
+            ip("203.0.113.7")
+        );
+        // Untrusted: the peer itself, in IPv4 form.
+        assert_eq!(client_ip(mapped_peer, &h, &[]), ip("10.0.0.9"));
     }
 }

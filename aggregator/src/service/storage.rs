@@ -251,6 +251,11 @@ impl Db {
                         // 64 MiB page cache: the two report indexes are keyed by random ids,
                         // so their pages are touched all over; the default 2 MiB re-reads them.
                         conn.execute("PRAGMA cache_size = -65536").await?;
+                    } else {
+                        // A commit is on disk before the request is answered, whatever the
+                        // server's or role's default (`off` would lose acknowledged reports
+                        // in a crash).
+                        conn.execute("SET synchronous_commit = on").await?;
                     }
                     Ok(())
                 })

@@ -26,7 +26,7 @@ use super::error::ApiError;
 use super::ingest::CollectionHandle;
 use super::now_secs;
 use super::storage::{self, Db, Writer};
-use crate::engine::{Phase, Tables};
+use crate::engine::{Model, ModelDescription, Phase, Tables};
 
 /// The refusal of a party upload to a finalized collection.
 pub(crate) fn finalized() -> ApiError {
@@ -130,4 +130,18 @@ pub fn party_epsilons(h: &CollectionHandle) -> Option<BTreeMap<String, f64>> {
             })
             .collect(),
     )
+}
+
+/// Vertical collections: ε spent on one person over every party (the sum over parties; see
+/// [`crate::engine::protocols::vertical::Vertical::composed_epsilon`]); `None` otherwise.
+pub fn composed_epsilon(h: &CollectionHandle) -> Option<f64> {
+    Some(h.engine.vertical()?.composed_epsilon())
+}
+
+/// The description of `model`, a model of `h`, with the collection's composed ε.
+pub fn describe_model(h: &CollectionHandle, model: &Model) -> ModelDescription {
+    ModelDescription {
+        composed_epsilon: composed_epsilon(h),
+        ..model.describe()
+    }
 }

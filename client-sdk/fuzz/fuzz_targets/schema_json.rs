@@ -1,9 +1,11 @@
 //! Untrusted schema JSON (collection configs come from the server): parsing must never
-//! panic, and a schema that parses must encode records without panicking.
+//! panic, and a schema that parses must encode records and decode every code (both ways,
+//! what `/synthetic` and `/marginals` do) without panicking or hanging.
 #![no_main]
 
-use ldpsyn::schema::Schema;
+use ldpsyn::schema::{DecodedValue, NumericDecoding, Schema};
 use libfuzzer_sys::fuzz_target;
+use rand::SeedableRng;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(schema) = serde_json::from_slice::<Schema>(data) else {
@@ -11,7 +13,10 @@ fuzz_target!(|data: &[u8]| {
     };
     let sizes = schema.domain_sizes();
     assert_eq!(sizes.len(), schema.len());
-    assert!(sizes.iter().all(|&k| k >= 2), "a valid schema has domains of 2+ values");
+    assert!(
+        sizes.iter().all(|&k| k >= 2),
+        "a valid schema has domains of 2+ values"
+    );
     // A few records: empty, every attribute null, a number, a string, the first label.
     let mut records = vec![serde_json::json!({})];
     for value in [
@@ -33,6 +38,18 @@ fuzz_target!(|data: &[u8]| {
         if let Ok(encoded) = schema.encode_json(record) {
             for (&code, &k) in encoded.codes().iter().zip(&sizes) {
                 assert!((code as usize) < k, "code {code} outside a domain of {k}");
+            }
+        }
+    }
+    // Every code of every attribute decodes (the first 4096 of a large domain), to a finite
+    // number for a numeric attribute.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0);
+    for (a, &k) in schema.attributes().iter().zip(&sizes) {
+        for code in 0..k.min(4096) as u32 {
+            for how in [NumericDecoding::Midpoint, NumericDecoding::Uniform] {
+                if let DecodedValue::Number(x) = a.decode(code, how, &mut rng) {
+                    assert!(x.is_finite(), "`{}` code {code} decodes to {x}", a.name);
+                }
             }
         }
     }

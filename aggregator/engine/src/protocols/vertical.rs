@@ -65,8 +65,9 @@ pub struct Vertical {
 
 impl Vertical {
     /// Resolves `params` against `schema`. Errors ([`EngineError::InvalidConfig`]): no party,
-    /// a bad or repeated party name, a party without attributes, an unknown attribute, or an
-    /// attribute held by no party or by two.
+    /// a bad or repeated party name, a party without attributes, an unknown attribute, an
+    /// attribute ε below [`ldpsyn::MIN_COLLECTION_EPSILON`], or an attribute held by no party
+    /// or by two.
     pub fn new(params: &VerticalParams, schema: &Schema) -> Result<Self, EngineError> {
         let bad = |m: String| Err(EngineError::InvalidConfig(m));
         if params.parties.is_empty() {
@@ -107,6 +108,17 @@ impl Vertical {
                     return bad(format!(
                         "attribute `{}` is held by party `{}` and party `{}`",
                         pa.name, params.parties[q].name, party.name
+                    ));
+                }
+                // Below the collection minimum GRR's p and q round to one value (ε < 1e-16:
+                // p = q exactly) and the estimates to NaN.
+                if pa.epsilon.get() < ldpsyn::MIN_COLLECTION_EPSILON {
+                    return bad(format!(
+                        "party `{}`: attribute `{}` has epsilon {}, below the minimum {}",
+                        party.name,
+                        pa.name,
+                        pa.epsilon,
+                        ldpsyn::MIN_COLLECTION_EPSILON
                     ));
                 }
                 owner[a] = Some(p);
@@ -159,6 +171,14 @@ impl Vertical {
             .iter()
             .map(|p| p.attributes.iter().map(|&a| self.epsilons[a].get()).sum())
             .fold(0.0, f64::max)
+    }
+
+    /// ε the collection spends on one person over every party: the sum of every attribute's
+    /// ε. The aggregator joins the parties' reports by record id, so a person's reports to
+    /// all parties compose sequentially (ε adds up); the collection's `epsilon` is only the
+    /// largest party's share.
+    pub fn composed_epsilon(&self) -> f64 {
+        self.epsilons.iter().map(|e| e.get()).sum()
     }
 
     /// Whether `codes` fit party `party`'s attributes (one code per attribute, each below
@@ -376,6 +396,32 @@ mod tests {
         }
     }
 
+    /// Issue 33 item 2: an attribute ε below the collection minimum is refused (at 1e-17 GRR's
+    /// p and q are one float and every estimate NaN); the minimum itself is accepted.
+    #[test]
+    fn attribute_epsilon_below_the_collection_minimum_is_refused() {
+        let s = schema();
+        for tiny in [1e-17, 1e-9, ldpsyn::MIN_COLLECTION_EPSILON / 2.0] {
+            let err = Vertical::new(
+                &params(&[("bank", &[("a", 1.0), ("b", tiny)]), ("t", &[("c", 1.0)])]),
+                &s,
+            )
+            .unwrap_err();
+            assert!(
+                err.to_string().contains("below the minimum"),
+                "{tiny}: {err}"
+            );
+        }
+        Vertical::new(
+            &params(&[
+                ("bank", &[("a", 1.0), ("b", ldpsyn::MIN_COLLECTION_EPSILON)]),
+                ("t", &[("c", 1.0)]),
+            ]),
+            &s,
+        )
+        .unwrap();
+    }
+
     #[test]
     fn parties_must_partition_the_schema() {
         let s = schema();
@@ -389,6 +435,8 @@ mod tests {
         .unwrap();
         assert_eq!(ok.parties()[0].attributes, vec![2, 0]);
         assert_eq!(ok.max_party_epsilon(), 3.0);
+        // A person's reports to both parties are joined: ε composes over parties.
+        assert_eq!(ok.composed_epsilon(), 3.5);
         assert_eq!(ok.epsilon_of(1).get(), 0.5);
         for (p, why) in [
             (

@@ -44,6 +44,7 @@ fn view_of(h: &CollectionHandle) -> api::CollectionView {
         config: h.config.clone(),
         status: status_of(h),
         party_epsilon: super::super::vertical::party_epsilons(h),
+        composed_epsilon: super::super::vertical::composed_epsilon(h),
         party_tokens: None,
     }
 }
@@ -273,6 +274,6 @@ pub(crate) async fn finalize(
         .await?;
     Ok(Json(api::FinalizeAnswer {
         status: status_of(&h),
-        model: model.describe(),
+        model: super::super::vertical::describe_model(&h, &model),
     }))
 }

@@ -88,7 +88,7 @@ pub(crate) async fn get_model(
         .collect();
     Ok(Json(api::ModelAnswer {
         attributes,
-        model: m.describe(),
+        model: super::super::vertical::describe_model(&h, &m),
     }))
 }
 

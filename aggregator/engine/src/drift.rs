@@ -19,7 +19,7 @@
 //!    clinical trials", Controlled Clinical Trials 7(3), 1986, eq. 8, summed over the
 //!    cells); an attribute is corrected only when its test rejects at [`DRIFT_TEST_LEVEL`]
 //!    (Bonferroni over the attributes): a correction of noise would only add noise;
-//! 3. each round's 1-way shrunk towards the pooled one by its noise, `P̃_r` ([`shrunk`],
+//! 3. each round's 1-way shrunk towards the pooled one by its noise, `P̃_r` (`shrunk`,
 //!    the empirical-Bayes estimate of the random-effects model);
 //! 4. per group of tables of one factor and bin maps that holds a drifting attribute: the
 //!    group's estimate of each round (shrunk likewise), and for a round that did not measure

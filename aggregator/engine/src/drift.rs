@@ -17,8 +17,12 @@
 //!    on `(R − 1)(C − 1)` degrees of freedom (ȳ the inverse-variance pooled 1-way), and the
 //!    DerSimonian–Laird between-round variance (DerSimonian & Laird, "Meta-analysis in
 //!    clinical trials", Controlled Clinical Trials 7(3), 1986, eq. 8, summed over the
-//!    cells); an attribute is corrected only when its test rejects at [`DRIFT_TEST_LEVEL`]
-//!    (Bonferroni over the attributes): a correction of noise would only add noise;
+//!    cells). Nothing is corrected unless some attribute's test rejects at
+//!    [`DRIFT_TEST_LEVEL`] (Bonferroni over the attributes): a correction of noise would only
+//!    add noise. Once one does, every attribute is post-stratified, each round's shrinkage
+//!    deciding how much of its deviation is noise (on UCI bank in file order, correcting
+//!    only the attributes that pass the test left `auto` 0.059 / 0.053 at ε = 4 / 8,
+//!    correcting all gave 0.054 / 0.042; `independence` 0.055 / 0.047);
 //! 3. each round's 1-way shrunk towards the pooled one by its noise, `P̃_r` (`shrunk`,
 //!    the empirical-Bayes estimate of the random-effects model);
 //! 4. per group of tables of one factor and bin maps that holds a drifting attribute: the
@@ -337,17 +341,16 @@ pub fn one_way_drift(ms: &Measurements) -> (DriftReport, Vec<Option<RoundOneWays
             .then(x.attribute.cmp(&y.attribute))
     });
     let tests = report.attributes.len() as f64;
-    // Only the attributes whose rounds disagree beyond noise are corrected: a correction
-    // from noise alone would only add noise.
-    for a in &report.attributes {
-        if a.p_value * tests > DRIFT_TEST_LEVEL {
-            one_ways[a.attribute] = None;
-        }
-    }
     report.population_changed = report
         .attributes
         .first()
         .is_some_and(|a| a.p_value * tests <= DRIFT_TEST_LEVEL);
+    // Without evidence that the rounds differ nothing is corrected (a correction of noise
+    // would only add noise); with it, every attribute is post-stratified, each round's
+    // shrinkage deciding how much of its deviation is noise.
+    if !report.population_changed {
+        one_ways.iter_mut().for_each(|o| *o = None);
+    }
     (report, one_ways)
 }
 

@@ -285,14 +285,7 @@ pub fn one_way_drift(ms: &Measurements) -> (DriftReport, Vec<Option<RoundOneWays
     for (a, slot) in one_ways.iter_mut().enumerate() {
         let per_round: Vec<RoundEstimate> = weights
             .iter()
-            .filter_map(|&(r, _)| {
-                let c = ms.combined_binned(&[a], &[], |k| k.round == r, None)?;
-                Some(RoundEstimate {
-                    round: r,
-                    variances: c.std_errors.iter().map(|s| (s * s).max(1e-12)).collect(),
-                    estimate: c.frequencies,
-                })
-            })
+            .filter_map(|&(r, _)| round_estimate(ms, &[a], &[], r))
             .collect();
         if per_round.len() < 2 {
             continue;
@@ -368,16 +361,11 @@ fn binned_one_way(ms: &Measurements, a: usize, r: u32, pooled: &[f64]) -> Vec<f6
     else {
         return pooled.to_vec();
     };
-    let bins = [cuts.clone()];
-    let Some(c) = ms.combined_binned(&[a], &bins, |k| k.round == r, None) else {
+    let bins = [cuts];
+    let Some(round) = round_estimate(ms, &[a], &bins, r) else {
         return pooled.to_vec();
     };
     let coarse = coarsen(pooled, &[pooled.len()], &bins);
-    let round = RoundEstimate {
-        round: r,
-        variances: c.std_errors.iter().map(|s| (s * s).max(1e-12)).collect(),
-        estimate: c.frequencies,
-    };
     let h = Heterogeneity {
         pooled: coarse.clone(),
         shares: Vec::new(),

@@ -23,7 +23,7 @@
 //!    deciding how much of its deviation is noise (on UCI bank in file order, correcting
 //!    only the attributes that pass the test left `auto` 0.059 / 0.053 at ε = 4 / 8,
 //!    correcting all gave 0.054 / 0.042; `independence` 0.055 / 0.047);
-//! 3. each round's 1-way shrunk towards the pooled one by its noise, `P̃_r` (`shrunk`,
+//! 3. each round's 1-way shrunk towards the pooled one by its noise, `P̃_r` (`shrunk_towards`,
 //!    the empirical-Bayes estimate of the random-effects model);
 //! 4. per group of tables of one factor and bin maps that holds a drifting attribute: the
 //!    group's estimate of each round (shrunk likewise), and for a round that did not measure
@@ -214,11 +214,6 @@ fn heterogeneity(per_round: &[RoundEstimate]) -> Heterogeneity {
     }
 }
 
-/// Round `p`'s estimate shrunk towards the pooled one by its noise (module docs, step 3).
-fn shrunk(h: &Heterogeneity, p: &RoundEstimate) -> Vec<f64> {
-    shrunk_towards(&h.pooled, p)
-}
-
 /// Round `p`'s estimate shrunk towards `prior` by its noise:
 /// `prior + τ_r²/(τ_r² + v_r)·(y_r − prior)` with the round's own deviation
 /// `τ_r² = max(0, mean_c((y_rc − prior_c)² − v_rc))` (a moment estimate; the empirical-Bayes
@@ -295,7 +290,7 @@ pub fn one_way_drift(ms: &Measurements) -> (DriftReport, Vec<Option<RoundOneWays
             .iter()
             .map(|&(r, _)| {
                 let est = match per_round.iter().find(|p| p.round == r) {
-                    Some(p) => shrunk(&h, p),
+                    Some(p) => shrunk_towards(&h.pooled, p),
                     None => binned_one_way(ms, a, r, &h.pooled),
                 };
                 (r, est)
@@ -366,14 +361,10 @@ fn binned_one_way(ms: &Measurements, a: usize, r: u32, pooled: &[f64]) -> Vec<f6
         return pooled.to_vec();
     };
     let coarse = coarsen(pooled, &[pooled.len()], &bins);
-    let h = Heterogeneity {
-        pooled: coarse.clone(),
-        shares: Vec::new(),
-        q: 0.0,
-        df: 0.0,
-        tau2: 0.0,
-    };
-    let target: Vec<f64> = shrunk(&h, &round).iter().map(|x| x.max(0.0)).collect();
+    let target: Vec<f64> = shrunk_towards(&coarse, &round)
+        .iter()
+        .map(|x| x.max(0.0))
+        .collect();
     let (map, _) = coarsen_map(&[pooled.len()], &bins);
     pooled
         .iter()

@@ -551,7 +551,9 @@ pub struct FitResiduals {
 pub const WORST_RESIDUALS: usize = 10;
 
 /// The standardized residual of every measurement whose factor lies in one clique of
-/// `fitted` (issue of a fit that cannot agree with tables of different people). Deterministic.
+/// `fitted` ([`TableResidual`]); tables spanning several cliques are skipped. A fit that
+/// cannot agree with its tables (rounds of different people fitted as one) shows as tables
+/// beyond noise. Deterministic; no errors.
 pub fn fit_residuals(ms: &Measurements, fitted: &GraphicalModel) -> FitResiduals {
     let dims = ms.domain_sizes();
     let mut all: Vec<TableResidual> = Vec::new();

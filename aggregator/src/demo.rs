@@ -51,7 +51,8 @@ pub struct DemoConfig {
     /// Protocol: auto, privincr, noincremental, samprivsyn or independence.
     #[arg(long, default_value = "auto")]
     pub protocol: String,
-    /// Seed of the population, the simulated devices and the synthetic download.
+    /// Seed of the population, the simulated devices, the tasks and the synthetic download:
+    /// two runs with one seed write the same synthetic file and report figures.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Where to write the synthetic CSV.
@@ -280,6 +281,50 @@ pub fn peak_rss_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// People per task fetch and upload of one demo stream.
+const CHUNK: usize = 1000;
+
+/// Who takes a task next in the demo ([`run`], step 3).
+struct Schedule {
+    /// First person (arrival order) without a task.
+    next: usize,
+    /// People handed a task so far.
+    issued: u64,
+    /// Tasks of the open round still to hand out before its quota closes it (`None`: no
+    /// quota; the round closes when the operator says).
+    round_left: Option<u64>,
+}
+
+/// Reports the open round of `collection` still takes before its quota closes it (`None`
+/// without a quota, or when the quota is reached but the round stayed open).
+async fn round_left(
+    http: &reqwest::Client,
+    base: &str,
+    collection: Uuid,
+) -> Result<Option<u64>, DemoError> {
+    let view = send_json(
+        http.get(format!("{base}/v1/collections/{collection}")),
+        DemoError::Service,
+    )
+    .await?;
+    let status = &view["status"];
+    Ok(status["round_quota"].as_u64().and_then(|q| {
+        let left = q.saturating_sub(status["round_accepted"].as_u64().unwrap_or(0));
+        (left > 0).then_some(left)
+    }))
+}
+
+/// Seed of the randomness of the demo's chunk of people starting at `first` (SplitMix64
+/// finalizer of the pair: distinct chunks and distinct `--seed`s get unrelated streams).
+fn chunk_seed(seed: u64, first: usize) -> u64 {
+    let mix = |mut z: u64| {
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    mix(mix(seed).wrapping_add(first as u64))
+}
+
 /// Runs the demo. Errors: bad input (before the aggregator starts), aggregator or HTTP
 /// failures, unwritable outputs.
 pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
@@ -324,6 +369,11 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
         &u64::MAX.to_string(),
     ])
     .map_err(|e| DemoError::Service(e.to_string()))?;
+    // Tasks in the order the people ask for them, seeded: a run reproduces (step 3).
+    let serve = ServeConfig {
+        task_seed: Some(cfg.seed),
+        ..serve
+    };
     let server = Server::start(serve)
         .await
         .map_err(|e| DemoError::Service(e.to_string()))?;
@@ -355,7 +405,11 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
     phases.insert("start".to_owned(), t.elapsed().as_secs_f64());
 
     // 3. N people, each with their own client identity (report ids and randomness drawn per
-    // person from the stream's RNG) and their own ledger, over real HTTP.
+    // chunk of people from a seed of the chunk's) and their own ledger, over real HTTP. The
+    // people take their tasks in arrival order, chunk by chunk, in chunks that never cross
+    // the open round's quota, and the server draws tasks from a stream seeded by `--seed`:
+    // every person lands in the same round with the same task on every run, while the
+    // uploads stay concurrent.
     let t = Instant::now();
     let population = Arc::new(input.population);
     let bar = progress(n as u64, "upload", cfg.quiet);
@@ -369,52 +423,94 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
         let n = upload_parties(&base, collection, &created, &population, cfg.seed, &bar).await?;
         accepted.fetch_add(n, Ordering::Relaxed);
     }
+    let schedule = Arc::new(tokio::sync::Mutex::new(Schedule {
+        next: 0,
+        issued: 0,
+        round_left: round_left(&http, &base, collection).await?,
+    }));
+    let answered = Arc::new(AtomicU64::new(0));
+    let aborted = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut workers = Vec::new();
-    for s in 0..streams {
-        let (population, bar, accepted, base) = (
+    for _ in 0..streams {
+        let (population, bar, accepted, base, http) = (
             population.clone(),
             bar.clone(),
             accepted.clone(),
             base.clone(),
+            http.clone(),
         );
+        let (schedule, answered, aborted) = (schedule.clone(), answered.clone(), aborted.clone());
         let schema = input.schema.clone();
-        let mut options = ClientOptions::insecure_simulation(
-            epsilon,
-            cfg.seed.wrapping_mul(1_000_003).wrapping_add(s as u64),
-        );
+        let mut options = ClientOptions::insecure_simulation(epsilon, cfg.seed);
         // Every simulated person has a fresh ledger and joins this one collection: no
         // device-wide cap (the default one would refuse a demo at ε above it).
         options.device_budget = None;
+        let seed = cfg.seed;
         workers.push(tokio::spawn(async move {
-            let mut client = Client::connect(&base, collection, options, MemoryLedger::default())
-                .await
-                .map_err(|e| DemoError::Http(e.to_string()))?;
-            // People s, s + streams, … in chunks of 1,000 (one task fetch, one upload).
-            let mine: Vec<usize> = (s..population.len()).step_by(streams).collect();
-            for chunk in mine.chunks(1000) {
-                let mut people: Vec<SimulatedPerson<MemoryLedger>> = chunk
-                    .iter()
-                    .map(|&i| {
-                        Ok(SimulatedPerson {
-                            record: schema
-                                .encoded(population.row(i).to_vec())
-                                .map_err(|e| DemoError::Input(e.to_string()))?,
-                            ledger: MemoryLedger::default(),
+            let work = async {
+                let mut client =
+                    Client::connect(&base, collection, options, MemoryLedger::default())
+                        .await
+                        .map_err(|e| DemoError::Http(e.to_string()))?;
+                loop {
+                    let mut turn = schedule.lock().await;
+                    if turn.next >= population.len() {
+                        return Ok::<(), DemoError>(());
+                    }
+                    if turn.round_left == Some(0) {
+                        // The round closes in the commit of its last report: once every
+                        // handed-out report is answered, the next round is open.
+                        while answered.load(Ordering::Acquire) < turn.issued {
+                            if aborted.load(Ordering::Acquire) {
+                                return Err(DemoError::Http("another upload stream failed".into()));
+                            }
+                            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+                        }
+                        turn.round_left = round_left(&http, &base, collection).await?;
+                    }
+                    let size = CHUNK
+                        .min(population.len() - turn.next)
+                        .min(turn.round_left.map_or(usize::MAX, |l| l as usize));
+                    let first = turn.next;
+                    turn.next += size;
+                    turn.issued += size as u64;
+                    if let Some(left) = &mut turn.round_left {
+                        *left -= size as u64;
+                    }
+                    let mut people: Vec<SimulatedPerson<MemoryLedger>> = (first..first + size)
+                        .map(|i| {
+                            Ok(SimulatedPerson {
+                                record: schema
+                                    .encoded(population.row(i).to_vec())
+                                    .map_err(|e| DemoError::Input(e.to_string()))?,
+                                ledger: MemoryLedger::default(),
+                            })
                         })
-                    })
-                    .collect::<Result<_, DemoError>>()?;
-                let results = client
-                    .submit_batch(&mut people)
-                    .await
-                    .map_err(|e| DemoError::Http(e.to_string()))?;
-                let ok = results.iter().filter(|r| r.is_ok()).count() as u64;
-                if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
-                    tracing::warn!(error = %e, "a simulated report was not accepted");
+                        .collect::<Result<_, DemoError>>()?;
+                    client.reseed(chunk_seed(seed, first));
+                    let prepared = client
+                        .prepare_batch(&mut people)
+                        .await
+                        .map_err(|e| DemoError::Http(e.to_string()))?;
+                    drop(turn);
+                    let results = client
+                        .send_batch(&mut people, prepared)
+                        .await
+                        .map_err(|e| DemoError::Http(e.to_string()))?;
+                    let ok = results.iter().filter(|r| r.is_ok()).count() as u64;
+                    if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
+                        tracing::warn!(error = %e, "a simulated report was not accepted");
+                    }
+                    accepted.fetch_add(ok, Ordering::Relaxed);
+                    answered.fetch_add(size as u64, Ordering::Release);
+                    bar.inc(size as u64);
                 }
-                accepted.fetch_add(ok, Ordering::Relaxed);
-                bar.inc(chunk.len() as u64);
+            };
+            let result = work.await;
+            if result.is_err() {
+                aborted.store(true, Ordering::Release);
             }
-            Ok::<(), DemoError>(())
+            result
         }));
     }
     for w in workers {

@@ -121,6 +121,18 @@ pub struct SimulatedPerson<L> {
     pub ledger: L,
 }
 
+/// Simulated people's reports, randomized and recorded pending in their ledgers but not yet
+/// posted ([`Client::prepare_batch`]; post them with [`Client::send_batch`]).
+#[derive(Debug)]
+pub struct PreparedBatch {
+    /// People in the prepared slice.
+    people: usize,
+    /// Per person, an outcome known without posting (a refusal, an invalid record).
+    results: Vec<Option<Result<Receipt, ClientError>>>,
+    /// Per person to post: their index and report.
+    outgoing: Vec<(usize, Report)>,
+}
+
 /// A client bound to one collection of one aggregator, with the device's ledger `L`.
 pub struct Client<L> {
     http: reqwest::Client,
@@ -276,9 +288,8 @@ impl<L: BudgetLedger> Client<L> {
     }
 
     /// Submits for many distinct simulated people at once (for simulations and load tests):
-    /// tasks are fetched `count` at a time, each person randomizes their own task and records
-    /// it in their own ledger, and the reports are posted in uploads of up to
-    /// [`DEFAULT_MAX_REPORTS_PER_UPLOAD`]. Returns one result per person, in order.
+    /// [`Client::prepare_batch`] then [`Client::send_batch`]. Returns one result per person,
+    /// in order.
     ///
     /// Errors of the whole call (the server unreachable, a problem answer to a task fetch)
     /// are returned as `Err`; people whose reports were already randomized keep them pending.
@@ -286,6 +297,21 @@ impl<L: BudgetLedger> Client<L> {
         &mut self,
         people: &mut [SimulatedPerson<M>],
     ) -> Result<Vec<Result<Receipt, ClientError>>, ClientError> {
+        let prepared = self.prepare_batch(people).await?;
+        self.send_batch(people, prepared).await
+    }
+
+    /// The first half of [`Client::submit_batch`]: tasks are fetched up to
+    /// `MAX_TASKS_PER_REQUEST` at a time, and each person randomizes their own task and
+    /// records the report pending in their own ledger. Nothing is posted: a simulation that
+    /// must hand out tasks in a fixed order (a reproducible run) prepares batches one at a
+    /// time and sends them concurrently.
+    ///
+    /// Errors: as [`Client::submit_batch`]'s task fetch; a ledger that cannot record.
+    pub async fn prepare_batch<M: BudgetLedger>(
+        &mut self,
+        people: &mut [SimulatedPerson<M>],
+    ) -> Result<PreparedBatch, ClientError> {
         let collection = self.config.id;
         let mut results: Vec<Option<Result<Receipt, ClientError>>> =
             (0..people.len()).map(|_| None).collect();
@@ -328,6 +354,37 @@ impl<L: BudgetLedger> Client<L> {
                 }
             }
         }
+        Ok(PreparedBatch {
+            people: people.len(),
+            results,
+            outgoing,
+        })
+    }
+
+    /// The second half of [`Client::submit_batch`]: posts a [`PreparedBatch`] of `people`
+    /// (the same slice it was prepared for) in uploads of up to
+    /// [`DEFAULT_MAX_REPORTS_PER_UPLOAD`] and settles each person's ledger with the answer.
+    /// Returns one result per person, in order.
+    ///
+    /// Errors: [`ClientError::Protocol`] when `people` is not the prepared slice's length or
+    /// the server's answers do not match the reports; the server unreachable.
+    pub async fn send_batch<M: BudgetLedger>(
+        &mut self,
+        people: &mut [SimulatedPerson<M>],
+        batch: PreparedBatch,
+    ) -> Result<Vec<Result<Receipt, ClientError>>, ClientError> {
+        let collection = self.config.id;
+        let PreparedBatch {
+            people: len,
+            mut results,
+            outgoing,
+        } = batch;
+        if len != people.len() {
+            return Err(ClientError::Protocol(format!(
+                "a batch prepared for {len} people sent for {}",
+                people.len()
+            )));
+        }
         for chunk in outgoing.chunks(DEFAULT_MAX_REPORTS_PER_UPLOAD) {
             let reports: Vec<Report> = chunk.iter().map(|(_, r)| r.clone()).collect();
             let answers = self.post_reports(&reports).await?;
@@ -350,6 +407,15 @@ impl<L: BudgetLedger> Client<L> {
             .into_iter()
             .map(|r| r.unwrap_or_else(|| Err(ClientError::Protocol("no outcome".into()))))
             .collect())
+    }
+
+    /// **Not private**: restarts the privacy RNG (and the report ids drawn from it) from
+    /// `seed`, so that a simulation whose batches may be prepared by any of several clients
+    /// draws each batch's randomness from a seed of its own. Only with the cargo feature
+    /// `insecure-simulation`.
+    #[cfg(feature = "insecure-simulation")]
+    pub fn reseed(&mut self, seed: u64) {
+        self.rng = StdRng::seed_from_u64(seed);
     }
 
     async fn fetch_tasks(&mut self, count: usize) -> Result<Vec<Task>, ClientError> {

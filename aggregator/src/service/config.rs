@@ -127,6 +127,13 @@ pub struct ServeConfig {
     /// PostgreSQL: how often to pick up other processes' transitions, milliseconds.
     #[arg(long, env = "LDPSYN_REFRESH_INTERVAL_MS", default_value_t = 500)]
     pub refresh_interval_ms: u64,
+    /// Simulations only: draw tasks from one stream seeded by this (in the order the task
+    /// requests arrive) instead of the operating system's randomness, so that a simulation
+    /// that asks for tasks in a fixed order (`demo`) hands out the same tasks every run.
+    /// Which task a person gets does not depend on their data, so this costs no privacy, but
+    /// it is no option of the command line: only code that builds the config sets it.
+    #[arg(skip)]
+    pub task_seed: Option<u64>,
 }
 
 #[cfg(test)]

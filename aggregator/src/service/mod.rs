@@ -57,7 +57,7 @@ use self::metrics::Metrics;
 use self::ratelimit::RateLimiter;
 use self::storage::Db;
 use self::tokens::TokenKey;
-use crate::engine::{CollectionState, Engine, Phase};
+use crate::engine::{CollectionState, Engine, Phase, TaskSampler, TaskSpec};
 
 /// Shared state of the HTTP handlers. Cheap to clone.
 #[derive(Clone, Debug)]
@@ -98,6 +98,9 @@ struct Inner {
     metrics: Arc<Metrics>,
     upload_limiter: RateLimiter,
     task_limiter: RateLimiter,
+    /// The task stream of [`ServeConfig::task_seed`] (`None`: each draw from the OS-seeded
+    /// thread RNG).
+    task_rng: Option<std::sync::Mutex<rand_chacha::ChaCha12Rng>>,
 }
 
 impl AppState {
@@ -124,6 +127,9 @@ impl AppState {
         let committer = tokio::spawn(ingest::run_committer(db.clone(), metrics.clone(), rx));
         let upload_limiter = RateLimiter::new(config.rate_limit_per_ip);
         let task_limiter = RateLimiter::new(config.rate_limit_per_ip);
+        let task_rng = config
+            .task_seed
+            .map(|s| std::sync::Mutex::new(rand::SeedableRng::seed_from_u64(s)));
         let state = Self {
             inner: Arc::new(Inner {
                 db,
@@ -137,6 +143,7 @@ impl AppState {
                 metrics,
                 upload_limiter,
                 task_limiter,
+                task_rng,
             }),
         };
         state.load_all().await?;
@@ -189,6 +196,22 @@ impl AppState {
     /// The database.
     pub fn db(&self) -> &Db {
         &self.inner.db
+    }
+
+    /// Draws `n` task specs from `sampler`: from the seeded stream of
+    /// [`ServeConfig::task_seed`] when set, else from the OS-seeded thread RNG.
+    pub(crate) fn draw_tasks(&self, sampler: &TaskSampler, n: usize) -> Vec<TaskSpec> {
+        match &self.inner.task_rng {
+            Some(rng) => {
+                // A poisoned lock only means a panic elsewhere; the stream is still whole.
+                let mut rng = rng.lock().unwrap_or_else(|e| e.into_inner());
+                (0..n).map(|_| sampler.draw(&mut *rng)).collect()
+            }
+            None => {
+                let mut rng = rand::rng();
+                (0..n).map(|_| sampler.draw(&mut rng)).collect()
+            }
+        }
     }
 
     /// The serve config.

@@ -90,14 +90,12 @@ pub(crate) async fn get_task(
     }
     let now_ms = now_millis();
     let now = (now_ms / 1000) as i64;
-    let mut rng = rand::rng();
     let n = count.unwrap_or(1);
     let mut tasks = Vec::with_capacity(n);
     // The choices of the state checked above, once per state ([`CollectionHandle::sampler`]);
     // each task an O(log n) draw.
     let sampler = h.sampler(&s)?;
-    for _ in 0..n {
-        let spec = sampler.draw(&mut rng);
+    for spec in state.draw_tasks(&sampler, n) {
         if spec.factor.len() > MAX_FACTOR_LEN
             || spec.bins.iter().map(Vec::len).sum::<usize>() > MAX_TOKEN_CUTS
         {

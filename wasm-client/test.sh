@@ -13,8 +13,8 @@
 #      port; Debian's
 #      chromium headless driven by playwright-core (npm) fills and submits the form; the
 #      aggregator's API must show exactly one accepted report, and a second submit is refused.
-#      Skipped, with a message, only when the aggregator binary does not build
-#      (LDPSYN_REQUIRE_E2E=1 makes that a failure). LDPSYN_AGGREGATOR_BIN=<path> uses a prebuilt
+#      When the aggregator binary does not build this fails, unless
+#      LDPSYN_ALLOW_MISSING_SERVICES=1 (then skipped, with a message). LDPSYN_AGGREGATOR_BIN=<path> uses a prebuilt
 #      binary instead of building one.
 set -euo pipefail
 
@@ -73,8 +73,10 @@ elif ! (cd "$REPO" && CARGO_TARGET_DIR="$AGG_TARGET" cargo build --release -q -p
   AGG_BIN=
 fi
 if [ -z "$AGG_BIN" ] || [ ! -x "$AGG_BIN" ]; then
-  echo "test.sh: SKIPPED the end-to-end browser test: ldpsyn-aggregator does not build here." >&2
-  [ "${LDPSYN_REQUIRE_E2E:-0}" = 1 ] && exit 1
+  echo "test.sh: no end-to-end browser test: ldpsyn-aggregator does not build here." >&2
+  # The tests' one scheme (aggregator/tests/common/mod.rs, missing_service): fail unless
+  # skipping was asked for.
+  [ "${LDPSYN_ALLOW_MISSING_SERVICES:-0}" = 1 ] || exit 1
   step "unit tests passed; end-to-end test SKIPPED"
   exit 0
 fi

@@ -77,6 +77,59 @@ async fn wait_healthy(base: &str) {
     panic!("server did not become healthy");
 }
 
+/// How long a test waits for a state it expects (a commit, another process's refresh).
+const WAIT: Duration = Duration::from_secs(20);
+
+/// Polls `GET {base}/v1/collections/{id}` (admin) every 50 ms until `ok` holds for it, and
+/// returns it; panics naming `what` after [`WAIT`]. Tests wait for the state they assert
+/// rather than sleeping a fixed time.
+async fn status_until(
+    http: &reqwest::Client,
+    base: &str,
+    id: Uuid,
+    what: &str,
+    ok: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let r = http
+            .get(format!("{base}/v1/collections/{id}"))
+            .bearer_auth(ADMIN)
+            .send()
+            .await;
+        let seen = match r {
+            Ok(r) if r.status() == 200 => r.json::<Value>().await.unwrap(),
+            Ok(r) => json!(r.status().as_u16()),
+            Err(e) => json!(e.to_string()),
+        };
+        if ok(&seen) {
+            return seen;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{base}: not {what} after {WAIT:?}: {seen}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits (as [`status_until`]) until `base` serves collection `id`'s model.
+async fn model_served(http: &reqwest::Client, base: &str, id: Uuid) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let r = http
+            .get(format!("{base}/v1/collections/{id}/model"))
+            .bearer_auth(ADMIN)
+            .send()
+            .await;
+        if r.is_ok_and(|r| r.status() == 200) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{base}: no model after {WAIT:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn schema() -> Value {
     json!({"attributes": [
         {"name": "a", "type": "categorical", "labels": ["0", "1", "2"]},
@@ -203,7 +256,12 @@ async fn sigkill_during_uploads_loses_nothing_acknowledged() {
             i as u64,
         )));
     }
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Killed once some batches are committed (their answers sent), whatever the machine's
+    // speed.
+    status_until(&http, &base, id, "1000 reports committed", |s| {
+        s["status"]["reports_accepted"].as_u64() >= Some(1000)
+    })
+    .await;
     child.0.kill().expect("SIGKILL");
     let _ = child.0.wait();
     let mut people: Vec<SimulatedPerson<MemoryLedger>> = Vec::new();
@@ -352,11 +410,11 @@ async fn two_processes_share_one_postgres_database() {
     assert_eq!((round0.len(), all.len()), (2000, 4000));
 
     // Each process sees every report and the closed round (after its refresh interval).
-    tokio::time::sleep(Duration::from_millis(2500)).await;
     for b in &bases {
-        let s = admin(&http, "GET", format!("{b}/v1/collections/{id}")).await;
-        assert_eq!(s["status"]["reports_accepted"], 4000, "{b}: {s}");
-        assert_eq!(s["status"]["round"], 1, "{b}: {s}");
+        status_until(&http, b, id, "4000 reports in round 1", |s| {
+            s["status"]["reports_accepted"] == 4000 && s["status"]["round"] == 1
+        })
+        .await;
     }
 
     // Finalize through the first; the second serves the same model, and both equal one
@@ -375,7 +433,7 @@ async fn two_processes_share_one_postgres_database() {
     let clean = engine.finalize(&state, &reduce(&engine, &all)).unwrap();
     let clean = serde_json::to_value(clean.describe()).unwrap();
     assert_eq!(fin["model"], clean);
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    model_served(&http, &bases[1], id).await;
     let other = admin(
         &http,
         "GET",
@@ -488,7 +546,7 @@ async fn finalize_through_one_process_while_another_ingests() {
         }
     };
     let from_a = synthetic(base_a.clone()).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    model_served(&http, &base_b, id).await;
     assert_eq!(synthetic(base_b.clone()).await, from_a, "process B");
     drop(a);
     let port_c = free_port();
@@ -599,7 +657,10 @@ async fn sigkill_one_of_two_postgres_processes() {
             tokio::spawn(upload_all(base.clone(), id, c.to_vec(), 40 + i as u64))
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    status_until(&http, &base_a, id, "some reports committed", |s| {
+        s["status"]["reports_accepted"].as_u64() >= Some(200)
+    })
+    .await;
     a.0.kill().expect("SIGKILL");
     let _ = a.0.wait();
     let mut people: Vec<SimulatedPerson<MemoryLedger>> = Vec::new();
@@ -651,10 +712,11 @@ async fn sigkill_one_of_two_postgres_processes() {
 
     // Both processes converge on the same count and, after finalize, the same model: one
     // clean reduction of the 8000 reports (with the rounds each closed).
-    tokio::time::sleep(Duration::from_millis(1500)).await;
     for b in [&base_b, &base_c] {
-        let s = admin(&http, "GET", format!("{b}/v1/collections/{id}")).await;
-        assert_eq!(s["status"]["reports_accepted"], 8000, "{b}: {s}");
+        status_until(&http, b, id, "8000 reports", |s| {
+            s["status"]["reports_accepted"] == 8000
+        })
+        .await;
     }
     admin(
         &http,
@@ -662,7 +724,9 @@ async fn sigkill_one_of_two_postgres_processes() {
         format!("{base_c}/v1/collections/{id}/finalize"),
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for b in [&base_b, &base_c] {
+        model_served(&http, b, id).await;
+    }
     let engine = Engine::new(&config).unwrap();
     let tables = reduce(&engine, &acked);
     let mut state = engine.initial_state();

@@ -7,8 +7,8 @@
 //!
 //! The browser test needs `node`, `/usr/bin/chromium` and playwright-core under
 //! `$LDPSYN_NPM_DIR/node_modules` (default `~/.cache/ldpsyn/npm`, where `.ci/run` and
-//! `wasm-client/test.sh` install it); without them it says it was skipped, unless
-//! `LDPSYN_REQUIRE_DASHBOARD_E2E=1`. `LDPSYN_DASHBOARD_SCREENSHOT=docs/dashboard.png` (relative
+//! `wasm-client/test.sh` install it); without them it fails, unless
+//! `LDPSYN_ALLOW_MISSING_SERVICES=1` (`common::missing_service`). `LDPSYN_DASHBOARD_SCREENSHOT=docs/dashboard.png` (relative
 //! to the repository root) chooses where the screenshot goes (default: the test's temporary
 //! folder).
 
@@ -160,11 +160,10 @@ async fn dashboard_renders_a_finalized_collection_in_headless_chromium() {
     let npm = match browser_setup() {
         Ok(npm) => npm,
         Err(why) => {
-            assert!(
-                std::env::var("LDPSYN_REQUIRE_DASHBOARD_E2E").as_deref() != Ok("1"),
-                "LDPSYN_REQUIRE_DASHBOARD_E2E=1 but the browser test cannot run: {why}"
+            common::missing_service(
+                "dashboard_renders_a_finalized_collection_in_headless_chromium",
+                &why,
             );
-            eprintln!("skipped the dashboard browser test: {why}");
             return;
         }
     };

@@ -413,6 +413,9 @@ problem_types! {
     Internal = "internal", 500, "Internal error";
     /// The server is overloaded or shutting down; retry later.
     Unavailable = "unavailable", 503, "Service unavailable";
+    /// The collection is stored but this server could not load it (its stored config or
+    /// state is unreadable); the other collections are served. An operator must repair it.
+    CollectionUnavailable = "collection-unavailable", 503, "Collection unavailable";
 }
 
 /// Prefix of every problem type URI.

@@ -628,3 +628,38 @@ async fn unknown_query_parameters_are_400_problems() {
     assert_eq!(ok.status(), 200);
     server.shutdown().await.unwrap();
 }
+
+/// A schema of more than `MAX_ATTRIBUTES` (512) attributes is refused at creation with 400
+/// `invalid-schema` naming the limit and what to do; nothing is created. (The limit was
+/// 65,535 before: 513 attributes were accepted.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_many_attributes_are_refused_at_creation() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("wide.db").display());
+    let server = start(&url, &[]).await;
+    let base = base(&server);
+    let n = ldpsyn_aggregator::engine::MAX_ATTRIBUTES + 1;
+    let attributes: Vec<Value> = (0..n)
+        .map(|i| json!({"name": format!("a{i}"), "type": "categorical", "labels": ["x", "y"]}))
+        .collect();
+    let http = reqwest::Client::new();
+    let r = http
+        .post(format!("{base}/v1/collections"))
+        .bearer_auth(ADMIN)
+        .json(
+            &json!({"protocol": "independence", "epsilon": 2.0, "target_users": 100,
+            "schema": {"attributes": attributes}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let p = expect_problem(r, 400, ProblemType::InvalidSchema).await;
+    assert!(
+        p.detail.contains("513 attributes") && p.detail.contains("at most 512"),
+        "{}",
+        p.detail
+    );
+    let (status, list) = admin(&base, "GET", "/v1/collections").await;
+    assert_eq!(status, 200);
+    assert_eq!(list.as_array().map(Vec::len), Some(0), "{list}");
+}

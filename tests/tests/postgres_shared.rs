@@ -1,7 +1,7 @@
 //! Two aggregator instances (separate pools, committers and in-memory state) sharing one
 //! PostgreSQL database: people upload through either; rounds close once (advisory lock);
-//! both serve the same model, equal to the in-process reduction of every report. Runs when
-//! `LDPSYN_TEST_DATABASE_URL` is set, else prints that it was skipped.
+//! both serve the same model, equal to the in-process reduction of every report. Needs
+//! `LDPSYN_TEST_DATABASE_URL` (see `postgres_url` for when it is missing).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};

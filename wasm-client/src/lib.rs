@@ -74,7 +74,8 @@ export type ProblemCode =
   | "invalid-payload" | "invalid-token" | "token-expired" | "token-reused" | "unauthorized"
   | "unknown-collection" | "not-found" | "method-not-allowed" | "collection-finalized" | "model-not-ready"
   | "conflict" | "record-id-conflict" | "payload-too-large" | "rate-limited" | "epsilon-too-large"
-  | "budget-exhausted" | "ledger-unavailable" | "internal" | "unavailable";
+  | "budget-exhausted" | "ledger-unavailable" | "internal" | "unavailable"
+  | "collection-unavailable";
 
 /** What every promise of this package rejects with (`instanceof Error`). */
 export interface LdpError extends Error {

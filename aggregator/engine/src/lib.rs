@@ -86,14 +86,14 @@ pub use drift::{AttributeDrift, DriftReport};
 pub use estimate::{FitResiduals, TableResidual};
 pub use graph::{Edge, EdgeState, JunctionTree};
 pub use model::{
-    EdgeGain, Expansion, FittedJoint, JointSource, MarginalEstimate, MeasuredFactor, Model,
-    ModelDescription, Recovery, RoundSummary, Synthesizer,
+    EdgeGain, Expansion, FittedJoint, JointSource, MAX_ELIMINATION_CELLS, MarginalEstimate,
+    MeasuredFactor, Model, ModelDescription, Recovery, RoundSummary, Synthesizer,
 };
 pub use plan::{Conditional, Structure};
 pub use space::Space;
 pub use state::{
-    CollectionState, Engine, EngineOptions, PairRounds, PairSampling, Phase, Phase2Plan,
-    PlannedFactor, ProtocolState, TaskSampler, TaskSpec, Transition,
+    CollectionState, Engine, EngineOptions, MAX_ATTRIBUTES, PairRounds, PairSampling, Phase,
+    Phase2Plan, PlannedFactor, ProtocolState, TaskSampler, TaskSpec, Transition,
 };
 pub use tables::{Combined, Measurements, TableKey, Tables, TablesError};
 

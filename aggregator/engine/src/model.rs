@@ -746,7 +746,8 @@ impl Model {
     /// The marginal of `attrs` (distinct attribute indices, cells row-major in this order)
     /// under the model (exact variable elimination over the conditionals), with standard
     /// errors where some table contains all of `attrs` ([`JointSource::std_errors`]).
-    /// Errors: empty, repeated or unknown attributes; more than 2^22 cells.
+    /// Errors: empty, repeated or unknown attributes; more than 2^22 cells; an elimination
+    /// that would build a table of more than [`MAX_ELIMINATION_CELLS`] cells on the way.
     pub fn marginal(&self, attrs: &[usize]) -> Result<MarginalEstimate, EngineError> {
         let d = self.dims.len();
         if attrs.is_empty()
@@ -761,7 +762,9 @@ impl Model {
             return Err(EngineError::BadAttributes("marginal too large".into()));
         }
         let frequencies = match &self.kind {
-            ModelKind::Graphical { factors, .. } => infer(&self.dims, factors, attrs),
+            ModelKind::Graphical { factors, .. } => {
+                infer(&self.dims, factors, attrs, MAX_ELIMINATION_CELLS)?
+            }
             ModelKind::SamPrivSyn(_) => self.source.joint(attrs),
         };
         let std_errors = self.source.std_errors(attrs, &frequencies);
@@ -1059,8 +1062,35 @@ impl Factor {
     }
 }
 
+/// Most cells of a table built while eliminating variables for a marginal query (2^24 f64,
+/// 128 MiB). The answer's own size is bounded separately; this bounds the way to it, whose
+/// tables can be far larger than the answer when the query's attributes are linked through
+/// wide parts of the model.
+pub const MAX_ELIMINATION_CELLS: usize = 1 << 24;
+
 /// Exact marginal of `query` by variable elimination over the ancestors of `query`.
-fn infer(dims: &[usize], factors: &[EstimatedConditional], query: &[usize]) -> Vec<f64> {
+/// Errors: a table of more than `max_cells` cells would be built (nothing that large is
+/// allocated).
+fn infer(
+    dims: &[usize],
+    factors: &[EstimatedConditional],
+    query: &[usize],
+    max_cells: usize,
+) -> Result<Vec<f64>, EngineError> {
+    let too_large = |vars: &[usize]| {
+        let cells = vars
+            .iter()
+            .try_fold(1usize, |acc, &x| acc.checked_mul(dims[x]));
+        match cells {
+            Some(c) if c <= max_cells => Ok(()),
+            _ => Err(EngineError::BadAttributes(format!(
+                "answering this marginal under the model needs an intermediate table of {} \
+                 cells, above the bound of {max_cells}; ask for fewer attributes at a time, or \
+                 for attributes the model links more directly",
+                cells.map_or_else(|| "more than 2^64".to_owned(), |c| c.to_string())
+            ))),
+        }
+    };
     let mut needed: Vec<bool> = vec![false; dims.len()];
     query.iter().for_each(|&a| needed[a] = true);
     let mut used = Vec::new();
@@ -1099,6 +1129,11 @@ fn infer(dims: &[usize], factors: &[EstimatedConditional], query: &[usize]) -> V
         let (with, without): (Vec<Factor>, Vec<Factor>) =
             used.into_iter().partition(|f| f.vars.contains(&v));
         used = without;
+        // The product of `with` spans the union of their variables: checked before building.
+        let mut vars: Vec<usize> = with.iter().flat_map(|f| f.vars.iter().copied()).collect();
+        vars.sort_unstable();
+        vars.dedup();
+        too_large(&vars)?;
         if let Some(first) = with.first() {
             let prod = with[1..]
                 .iter()
@@ -1111,6 +1146,10 @@ fn infer(dims: &[usize], factors: &[EstimatedConditional], query: &[usize]) -> V
         dims: Vec::new(),
         values: vec![1.0],
     };
+    let mut vars: Vec<usize> = used.iter().flat_map(|f| f.vars.iter().copied()).collect();
+    vars.sort_unstable();
+    vars.dedup();
+    too_large(&vars)?;
     let joint = used.iter().fold(unit, |acc, f| acc.product(f, dims));
     // Reorder to the query order.
     let map = projection_map(&joint.vars, &joint.dims, query);
@@ -1122,14 +1161,68 @@ fn infer(dims: &[usize], factors: &[EstimatedConditional], query: &[usize]) -> V
     if s > 0.0 {
         out.iter_mut().for_each(|v| *v /= s);
     }
-    out
+    Ok(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::{
-        consistent_with, frequency_polygon, within_bin_shape, within_bin_shape_with_points,
+        EstimatedConditional, consistent_with, frequency_polygon, infer, within_bin_shape,
+        within_bin_shape_with_points,
     };
+    use crate::plan::Conditional;
+
+    /// A → H → B with H of 50 values: the marginal of (A, B) has 4 cells, but eliminating H
+    /// builds a table over (A, H, B) of 200. Under a bound of 100 the query is refused
+    /// before that table exists; under 200 it is answered, and correctly.
+    #[test]
+    fn elimination_refuses_an_intermediate_table_above_the_bound() {
+        let dims = [2, 50, 2];
+        let factor = |targets: Vec<usize>, parents: Vec<usize>, table: Vec<f64>| {
+            let conditional = Conditional { targets, parents };
+            let scope_dims = conditional.scope().iter().map(|&a| dims[a]).collect();
+            EstimatedConditional {
+                conditional,
+                scope_dims,
+                joint: Vec::new(),
+                conditional_table: table,
+            }
+        };
+        // Pr(A) = (0.3, 0.7); H is uniform over the codes of A's parity; B is H's parity, so
+        // B copies A.
+        let pa = factor(vec![0], vec![], vec![0.3, 0.7]);
+        let ph = factor(
+            vec![1],
+            vec![0],
+            (0..100)
+                .map(|i| {
+                    if (i % 50) % 2 == i / 50 {
+                        1.0 / 25.0
+                    } else {
+                        0.0
+                    }
+                })
+                .collect(),
+        );
+        let pb = factor(
+            vec![2],
+            vec![1],
+            (0..100)
+                .map(|i| if (i / 2) % 2 == i % 2 { 1.0 } else { 0.0 })
+                .collect(),
+        );
+        let factors = [pa, ph, pb];
+        let e = infer(&dims, &factors, &[0, 2], 100)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("200 cells") && e.contains("bound of 100"), "{e}");
+        let m = infer(&dims, &factors, &[0, 2], 200).unwrap();
+        let want = [0.3, 0.0, 0.0, 0.7];
+        assert!(
+            m.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-12),
+            "{m:?}"
+        );
+    }
     use crate::space::Space;
 
     /// The polygon spreads a bin's codes along the line between its neighbours' densities,

@@ -399,6 +399,12 @@ pub struct EngineOptions {
     pub smoothing_release_z: Option<f64>,
 }
 
+/// Most attributes a collection may have. Per-pair structures (candidate edges, mutual
+/// information, SamPrivSyn's pair weights) grow with the square of this: 512 attributes are
+/// 130,816 pairs, which keeps a round close's memory and time bounded whatever an admin
+/// submits. [`Engine::new`] refuses more (the server answers `invalid-schema` first).
+pub const MAX_ATTRIBUTES: usize = 512;
+
 /// The engine of one collection: its config, resolved. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Engine {
@@ -415,8 +421,8 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// The engine of a collection. Errors: a schema attribute of fewer than 2 values, or
-    /// invalid protocol parameters (omega ∉ (0,1), rounds = 0, alpha ∉ (0,1], phi ≤ 0,
+    /// The engine of a collection. Errors: more than [`MAX_ATTRIBUTES`] attributes, a schema
+    /// attribute of fewer than 2 values, or invalid protocol parameters (omega ∉ (0,1), rounds = 0, alpha ∉ (0,1], phi ≤ 0,
     /// batch size 0).
     pub fn new(config: &CollectionConfig) -> Result<Self, EngineError> {
         Self::with_options(config, EngineOptions::default())
@@ -500,6 +506,12 @@ impl Engine {
         vertical: Option<Arc<Vertical>>,
     ) -> Result<Self, EngineError> {
         let dims = space.dims().to_vec();
+        if dims.len() > MAX_ATTRIBUTES {
+            return Err(EngineError::InvalidConfig(format!(
+                "{} attributes; a collection takes at most {MAX_ATTRIBUTES}",
+                dims.len()
+            )));
+        }
         if space.code_dims().is_empty()
             || space.code_dims().iter().any(|&k| k < 2)
             || dims.iter().any(|&k| k < 2)
@@ -1014,6 +1026,25 @@ mod tests {
             assert!(e.to_string().contains("attributes 1 and 2"), "{e}");
             assert!(make(vec![3, 1000, 1000], p).is_ok());
         }
+    }
+
+    /// The number of attributes is bounded at creation: MAX_ATTRIBUTES passes, one more is
+    /// refused (per-pair structures grow with its square).
+    #[test]
+    fn attributes_are_bounded_at_creation() {
+        let eps = Epsilon::new(1.0).unwrap();
+        let make = |n: usize| {
+            Engine::from_parts(
+                vec![2; n],
+                eps,
+                100,
+                Protocol::Independence {},
+                EngineOptions::default(),
+            )
+        };
+        assert!(make(MAX_ATTRIBUTES).is_ok());
+        let e = make(MAX_ATTRIBUTES + 1).unwrap_err();
+        assert!(e.to_string().contains("at most 512"), "{e}");
     }
 
     /// States stored before the tagged form carried every protocol's fields (and, before

@@ -21,7 +21,7 @@ use uuid::Uuid;
 
 use super::error::ApiError;
 use super::metrics::Metrics;
-use super::storage::{self, Db, MemoryView, NewReport, Writer};
+use super::storage::{self, Db, MemoryView, NewReport, StorageError, Writer};
 use crate::engine::{
     CollectionState, Engine, EngineError, Model, Phase, TableKey, Tables, TaskSampler, Transition,
 };
@@ -565,10 +565,28 @@ async fn write_group(
             .copied()
             .unwrap_or_else(|| handle.round_count(state.round));
         if handle.engine.should_close(&state, current) {
-            let (new_state, transitions, version) =
-                close_in_tx(db, &mut tx, handle, Some(delta), false).await?;
-            if let Some(version) = version {
-                after.push((handle.clone(), new_state, version, transitions.len() as u64));
+            // Inside a savepoint: a close that fails (its fit, or the database) is rolled
+            // back alone, so this group's reports (this collection's and the others') still
+            // commit, and the next group that finds the quota reached tries again.
+            let mut sp = sqlx::Connection::begin(&mut *tx)
+                .await
+                .map_err(StorageError::from)?;
+            match close_in_tx(db, &mut sp, handle, Some(delta), false).await {
+                Ok((new_state, transitions, version)) => {
+                    storage::commit(sp).await?;
+                    if let Some(version) = version {
+                        after.push((handle.clone(), new_state, version, transitions.len() as u64));
+                    }
+                }
+                Err(e) => {
+                    sp.rollback().await.map_err(StorageError::from)?;
+                    tracing::error!(
+                        collection = %id,
+                        error = %e,
+                        "round close failed; the reports commit and the close is retried with \
+                         the collection's next reports"
+                    );
+                }
             }
         }
     }

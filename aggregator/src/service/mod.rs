@@ -92,6 +92,10 @@ struct Inner {
     collections: DashMap<Uuid, Arc<CollectionHandle>>,
     /// Ids the database did not know, and when it said so ([`NEGATIVE_TTL`]).
     unknown: DashMap<Uuid, std::time::Instant>,
+    /// Stored collections this process could not load, with why (logged): answered
+    /// `collection-unavailable` while the others are served; PostgreSQL retries them at
+    /// every refresh.
+    unavailable: DashMap<Uuid, String>,
     /// One loader per id new to this process; concurrent requests wait for it.
     loading: DashMap<Uuid, Arc<tokio::sync::Mutex<()>>>,
     committer: mpsc::Sender<Command>,
@@ -138,6 +142,7 @@ impl AppState {
                 token_key,
                 collections: DashMap::new(),
                 unknown: DashMap::new(),
+                unavailable: DashMap::new(),
                 loading: DashMap::new(),
                 committer: tx,
                 metrics,
@@ -155,10 +160,15 @@ impl AppState {
         let rows = self.inner.db.collections().await?;
         let n = rows.len();
         for row in rows {
-            self.load_row(row).await?;
+            // One unreadable row must not keep the others from being served.
+            let id = row.id;
+            if let Err(e) = self.load_row(row).await {
+                self.mark_unavailable(id, &e);
+            }
         }
         tracing::info!(
             collections = n,
+            unavailable = self.inner.unavailable.len(),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "state rebuilt from the database"
         );
@@ -190,7 +200,44 @@ impl AppState {
             handle.set_model(model);
         }
         self.inner.collections.insert(row.id, handle.clone());
+        self.inner.unavailable.remove(&row.id);
         Ok(handle)
+    }
+
+    /// Records that collection `id` could not be loaded; logs the cause when it is new.
+    fn mark_unavailable(&self, id: Uuid, e: &ApiError) {
+        let reason = e.to_string();
+        let new = self.inner.unavailable.get(&id).is_none_or(|r| *r != reason);
+        if new {
+            tracing::error!(
+                collection = %id,
+                error = %reason,
+                "cannot load this collection; it is answered collection-unavailable, the \
+                 others are served"
+            );
+        }
+        self.inner.unavailable.insert(id, reason);
+    }
+
+    /// The answer for a stored collection this process could not load.
+    fn unavailable_problem(id: Uuid) -> ApiError {
+        ApiError::problem(
+            ldpsyn::protocol::ProblemType::CollectionUnavailable,
+            format!(
+                "collection {id} is stored but this server could not load it (its stored \
+                 config or state is unreadable); the other collections are served. Ask the \
+                 operator to check the server log for this id and repair the row; a PostgreSQL \
+                 deployment picks the repair up on its next refresh, SQLite at restart"
+            ),
+        )
+    }
+
+    /// Ids of stored collections this process could not load (see
+    /// [`ProblemType::CollectionUnavailable`](ldpsyn::protocol::ProblemType)), sorted.
+    pub fn unavailable_collections(&self) -> Vec<Uuid> {
+        let mut v: Vec<Uuid> = self.inner.unavailable.iter().map(|e| *e.key()).collect();
+        v.sort();
+        v
     }
 
     /// The database.
@@ -255,6 +302,9 @@ impl AppState {
         if let Some(h) = self.inner.collections.get(&id) {
             return Ok(h.clone());
         }
+        if self.inner.unavailable.contains_key(&id) {
+            return Err(Self::unavailable_problem(id));
+        }
         let unknown = || {
             Err(ApiError::problem(
                 ldpsyn::protocol::ProblemType::UnknownCollection,
@@ -279,13 +329,21 @@ impl AppState {
             return unknown();
         }
         self.inner.metrics.collection_lookup();
-        let found = match self.inner.db.collection(id).await? {
-            Some(row) => Some(self.load_row(row).await?),
-            None => None,
+        let found = match self.inner.db.collection(id).await {
+            Ok(Some(row)) => Some(self.load_row(row).await),
+            Ok(None) => None,
+            Err(e) => {
+                self.inner.loading.remove(&id);
+                return Err(e.into());
+            }
         };
         self.inner.loading.remove(&id);
         match found {
-            Some(h) => Ok(h),
+            Some(Ok(h)) => Ok(h),
+            Some(Err(e)) => {
+                self.mark_unavailable(id, &e);
+                Err(Self::unavailable_problem(id))
+            }
             None => {
                 if self.inner.unknown.len() >= MAX_NEGATIVE_ENTRIES {
                     self.inner.unknown.retain(|_, t| t.elapsed() < NEGATIVE_TTL);
@@ -356,13 +414,27 @@ impl AppState {
                 let id = row.id;
                 let gate = self.load_gate(id);
                 let _turn = gate.lock().await;
-                if !self.inner.collections.contains_key(&id) {
-                    self.load_row(row).await?;
+                if !self.inner.collections.contains_key(&id)
+                    && let Err(e) = self.load_row(row).await
+                {
+                    // Skipped (and retried next time); the others still refresh.
+                    self.mark_unavailable(id, &e);
                 }
                 self.inner.loading.remove(&id);
                 continue;
             };
-            let state: CollectionState = serde_json::from_str(&row.state)?;
+            let state: CollectionState = match serde_json::from_str(&row.state) {
+                Ok(s) => s,
+                Err(e) => {
+                    // This process keeps serving the state it last read; the others refresh.
+                    tracing::warn!(
+                        collection = %row.id,
+                        error = %e,
+                        "stored state unreadable; keeping this process's last state"
+                    );
+                    continue;
+                }
+            };
             if state.phase == Phase::Finalized && handle.model().is_none() {
                 finalized.push((handle.clone(), state.clone()));
             }

@@ -64,7 +64,8 @@ problem_responses! {
     TooManyRequests = 429;
     /// 500: internal error (details only in the server log).
     InternalError = 500;
-    /// 503: overloaded, timed out, or still loading its state.
+    /// 503: overloaded, timed out, still loading its state, or the collection could not be
+    /// loaded (`collection-unavailable`).
     Unavailable = 503;
 }
 

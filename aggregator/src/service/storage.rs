@@ -307,14 +307,23 @@ impl Db {
         Ok(())
     }
 
-    /// Every collection, oldest first.
+    /// Every collection whose id parses, oldest first (a row whose id does not is logged and
+    /// skipped).
     pub async fn collections(&self) -> Result<Vec<CollectionRow>, StorageError> {
         let rows = sqlx::query(
             "SELECT id, config, state, state_version FROM collections ORDER BY created_at, id",
         )
         .fetch_all(&self.pool)
         .await?;
-        rows.iter().map(collection_row).collect()
+        // A row whose id does not parse cannot be asked for; it must not hide the others.
+        Ok(rows
+            .iter()
+            .filter_map(|r| {
+                collection_row(r)
+                    .inspect_err(|e| tracing::error!(error = %e, "skipping a collection row"))
+                    .ok()
+            })
+            .collect())
     }
 
     /// One collection's row, if stored.

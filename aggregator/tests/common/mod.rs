@@ -106,19 +106,34 @@ pub fn serve_on(admin: &str, database_url: &str, args: &[&str]) -> Serve {
     panic!("serve exited on five ports in a row");
 }
 
-/// The PostgreSQL URL for tests (`LDPSYN_TEST_DATABASE_URL`), or `None` (and a note on
-/// stderr) when not configured. Panics when it is not configured but
-/// `LDPSYN_REQUIRE_POSTGRES=1` (CI), so a missing database fails the test instead of
-/// skipping it.
+/// The variable that lets a test whose service is missing skip instead of fail.
+pub const ALLOW_MISSING: &str = "LDPSYN_ALLOW_MISSING_SERVICES";
+
+/// Called by an environment-gated test (PostgreSQL, Chromium, pandas) whose service is
+/// missing, with what is missing and how to provide it. The one scheme for such tests (the
+/// same helper is in `tests/src/lib.rs`): a missing service **fails** the test, unless
+/// `LDPSYN_ALLOW_MISSING_SERVICES=1`, which lets it return early after a `SKIPPED` line on
+/// stderr (a local run without the service, by choice). `.ci/run` provides every service and
+/// never sets the variable, so CI fails loudly when a service it promises is missing.
+pub fn missing_service(test: &str, why: &str) {
+    assert!(
+        std::env::var(ALLOW_MISSING).as_deref() == Ok("1"),
+        "{test}: {why}. Provide it, or set {ALLOW_MISSING}=1 to skip this test"
+    );
+    eprintln!("{test}: SKIPPED ({why}; {ALLOW_MISSING}=1)");
+}
+
+/// The PostgreSQL URL for tests (`LDPSYN_TEST_DATABASE_URL`), or `None` when it is not set
+/// and [`missing_service`] allows skipping (otherwise it panics).
 pub fn postgres_url(test: &str) -> Option<String> {
     match std::env::var("LDPSYN_TEST_DATABASE_URL") {
         Ok(u) if !u.is_empty() => Some(u),
         _ => {
-            assert!(
-                std::env::var("LDPSYN_REQUIRE_POSTGRES").as_deref() != Ok("1"),
-                "{test}: LDPSYN_REQUIRE_POSTGRES=1 but LDPSYN_TEST_DATABASE_URL is not set"
+            missing_service(
+                test,
+                "LDPSYN_TEST_DATABASE_URL is not set (a PostgreSQL database, e.g. \
+                 postgres://postgres@127.0.0.1:5432/ldpsyn_test)",
             );
-            eprintln!("{test}: skipped (set LDPSYN_TEST_DATABASE_URL)");
             None
         }
     }

@@ -104,10 +104,16 @@ pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine),
         .ok_or_else(|| bad(ProblemType::InvalidSchema, "`schema` is required".into()))?;
     let schema: Schema = serde_json::from_value(schema_v)
         .map_err(|e| bad(ProblemType::InvalidSchema, e.to_string()))?;
-    if schema.len() > u16::MAX as usize {
+    if schema.len() > crate::engine::MAX_ATTRIBUTES {
         return Err(bad(
             ProblemType::InvalidSchema,
-            "too many attributes".into(),
+            format!(
+                "the schema has {} attributes; a collection takes at most {} (its work grows \
+                 with the number of attribute pairs). Split the attributes over several \
+                 collections or leave out those the analysis does not need",
+                schema.len(),
+                crate::engine::MAX_ATTRIBUTES
+            ),
         ));
     }
     if protocol == "vertical" && !obj.contains_key("epsilon") {

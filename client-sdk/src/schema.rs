@@ -1747,11 +1747,11 @@ mod tests {
         assert_eq!(serde_json::to_string(&s).unwrap(), plain);
     }
 
-    /// Repeated points are found in n log n: 400,000 points (a create body of a few MB) are
-    /// checked in well under the 10 s bound in a debug build (the pairwise scan made it
-    /// 8·10^10 comparisons, minutes), and a repeat at the far end is still refused.
+    /// Repeated points are found in n log n: 400,000 points (a create body of a few MB;
+    /// the pairwise scan made it 8·10^10 comparisons, a run of minutes that CI's time limit
+    /// would stop) validate, and a repeat at the far end is still refused.
     #[test]
-    fn many_points_validate_quickly() {
+    fn many_points_validate() {
         let n = 400_000;
         let schema = |points: Vec<f64>| {
             serde_json::from_value::<Schema>(serde_json::json!({"attributes": [
@@ -1759,14 +1759,11 @@ mod tests {
                  "integer": true, "points": points}]}))
         };
         let points: Vec<f64> = (0..n).map(|i| i as f64).rev().collect();
-        let start = std::time::Instant::now();
         assert!(schema(points.clone()).is_ok());
         let mut repeated = points;
         repeated[n - 1] = repeated[0];
         let e = schema(repeated).unwrap_err().to_string();
         assert!(e.contains("`n`: point"), "{e}");
-        let took = start.elapsed();
-        assert!(took < std::time::Duration::from_secs(10), "{took:?}");
     }
 
     fn randomizing_schema() -> Schema {

@@ -6,11 +6,15 @@
 //! pairs at full resolution in blocks of several attributes when one report of a block
 //! estimates its pairs with less summed noise than reports of the pairs alone (large ε,
 //! small domains: `Auto::screening_tasks`; the round's share then moves towards
-//! [`AUTO_BLOCK_SCREENING_SHARE`] with the fraction of its pairs in blocks); at its
+//! [`AUTO_BLOCK_SCREENING_SHARE`] with the fraction of its pairs in blocks), with a slice of
+//! its people on 1-ways where its design is in pairs (`Auto::one_way_slice`); at its
 //! close the pairs are selected greedily by predicted 2-way error (`Auto::select`), and
 //! phase 2 measures the selected pairs and every attribute alone, allocated to minimize that
 //! prediction. Round 0's reports are not spent on structure only: they enter the final fit
-//! as 1-way measurements like phase 2's. With too few users nothing is screened and the
+//! as 1-way measurements like phase 2's. When the rounds' people differ beyond noise
+//! ([`crate::drift`]), phase 2 counts no earlier 1-way reports and also repeats the
+//! screening design (`repeat_screening`), so that every round measures what the model uses
+//! and the fit can treat rounds as strata. With too few users nothing is screened and the
 //! collection is the independence model from the start, or nothing is selected and phase 2
 //! measures 1-ways only. The model graph may keep any measured pair. A state stored by a
 //! release without round 0 (screening in round 0) closes straight into phase 2.
@@ -233,6 +237,40 @@ pub struct Auto {
     params: PrivIncrParams,
 }
 
+/// Under drift, phase 2 also repeats the screening design: `share` of phase 2's reports go
+/// to the screening round's `tasks`, spread evenly as in that round, and the plan's `factors`
+/// keep the rest in their proportions. The final fit treats rounds as strata
+/// ([`crate::drift`]), and a stratum that never measured a pair borrows its odds ratios
+/// from the others: on NLTCS in file order (rows sorted by their answers), phase 2's people
+/// are unlike the screening round's, and a pair selected against was measured by the
+/// screening round only (`benchmarks/sweeps/arrival-design.md`).
+fn repeat_screening(
+    engine: &Engine,
+    factors: &mut Vec<PlannedFactor>,
+    tasks: Vec<ScreeningTask>,
+    share: f64,
+) {
+    let total: f64 = factors.iter().map(|f| f.weight).sum();
+    for f in factors.iter_mut() {
+        f.weight *= 1.0 - share;
+    }
+    let each = share * total / tasks.len().max(1) as f64;
+    for (factor, bins) in tasks {
+        match factors
+            .iter_mut()
+            .find(|f| f.factor == factor && f.bins == bins)
+        {
+            Some(f) => f.weight += each,
+            None => factors.push(PlannedFactor {
+                mechanism: engine.best_oracle(&factor, &bins),
+                factor,
+                bins,
+                weight: each,
+            }),
+        }
+    }
+}
+
 impl Auto {
     /// The rules; of `params` only `phi` (recorded τ) and `sigma` (the displayed structure)
     /// are used.
@@ -270,6 +308,17 @@ impl Auto {
         if let Some(s) = options.auto_phase1_share {
             return s;
         }
+        let phi = self.block_fraction(engine, edges);
+        let block_share = options
+            .auto_block_share
+            .unwrap_or(AUTO_BLOCK_SCREENING_SHARE);
+        ((1.0 - phi) * AUTO_PHASE1_SHARE + phi * block_share)
+            .clamp(0.0, 1.0 - self.round0_share(engine))
+    }
+
+    /// φ: the fraction of the active pairs of `edges` that the screening design
+    /// ([`Auto::screening_tasks`]) measures in blocks of more than two attributes.
+    fn block_fraction(&self, engine: &Engine, edges: &[EdgeState]) -> f64 {
         let tasks = self.screening_tasks(engine, edges);
         let active: Vec<&EdgeState> = edges.iter().filter(|e| e.active).collect();
         let in_blocks = active
@@ -282,12 +331,20 @@ impl Auto {
                         .any(|(f, _)| f.len() > 2 && f.contains(&e.a) && f.contains(&e.b))
             })
             .count();
-        let phi = in_blocks as f64 / active.len().max(1) as f64;
-        let block_share = options
-            .auto_block_share
-            .unwrap_or(AUTO_BLOCK_SCREENING_SHARE);
-        ((1.0 - phi) * AUTO_PHASE1_SHARE + phi * block_share)
-            .clamp(0.0, 1.0 - self.round0_share(engine))
+        in_blocks as f64 / active.len().max(1) as f64
+    }
+
+    /// The share of the screening round's people who report an attribute alone (taken from
+    /// its pairs): round 0's share of the collection, times the fraction `1 − φ` of the
+    /// design in pairs ([`Auto::block_fraction`]). Every round then holds the 1-ways of its
+    /// own people, so that rounds can be strata of the population ([`crate::drift`]): a pair
+    /// report estimates its two 1-ways far more noisily than a report of one attribute, while
+    /// a block of m attributes holds m of them in one report, and its round needs no slice.
+    /// With i.i.d. arrivals the slice's reports count towards phase 2's 1-ways like round
+    /// 0's (`top_up`). Compared over every suite table in both arrival orders with taking the
+    /// slice from phase 2 instead (`benchmarks/sweeps/arrival-design.md`).
+    fn one_way_slice(&self, engine: &Engine, edges: &[EdgeState]) -> f64 {
+        self.round0_share(engine) * (1.0 - self.block_fraction(engine, edges))
     }
 
     /// The bin maps `auto` screens pair `(a, b)` under, or `None` if it never measures it.
@@ -477,6 +534,7 @@ impl Auto {
         engine: &Engine,
         state: &mut CollectionState,
         ms: &Measurements,
+        drifted: bool,
     ) -> (Vec<Edge>, Vec<PlannedFactor>) {
         let d = engine.dims().len();
         let round = state.round;
@@ -548,13 +606,12 @@ impl Auto {
             .options()
             .max_clique_cells
             .unwrap_or(MAX_CLIQUE_CELLS);
-        // Round 0's 1-way reports count towards phase 2's: the noise of a 1-way measured by
-        // m_f earlier and n_f later reports is K_f/√(m_f + n_f), with sub-bin reports
-        // counted at what they are worth for the bins' totals. Not when the population
-        // changed between round 0 and the screening round: then round 0's people describe
-        // only themselves, and the final fit post-stratifies by round (`crate::drift`), so
+        // Earlier rounds' 1-way reports count towards phase 2's: the noise of a 1-way
+        // measured by m_f earlier and n_f later reports is K_f/√(m_f + n_f), with sub-bin
+        // reports counted at what they are worth for the bins' totals. Not when the
+        // population changed between the rounds: then earlier people describe only
+        // themselves, and the final fit post-stratifies by round (`crate::drift`), so
         // phase 2's people need 1-ways of their own.
-        let drifted = one_way_drift(ms).0.population_changed;
         let earlier: Vec<f64> = (0..d)
             .map(|a| {
                 if drifted {
@@ -662,19 +719,27 @@ impl CollectionProtocol for Auto {
             return Ok(one_way_choices(engine, state));
         }
         // Every screened pair alike (each needs its own dependence estimate), in the
-        // design's factors.
+        // design's factors, and the round's slice of 1-ways, every attribute alike.
+        let mut tasks: Vec<TaskSpec> = self
+            .screening_tasks(engine, state.edges())
+            .into_iter()
+            .map(|(factor, bins)| TaskSpec {
+                round: state.round,
+                mechanism: engine.best_oracle(&factor, &bins),
+                factor,
+                bins,
+            })
+            .collect();
+        let slice = self.one_way_slice(engine, state.edges());
+        let mut weights = vec![(1.0 - slice) / tasks.len() as f64; tasks.len()];
+        if slice > 0.0 {
+            let d = engine.dims().len();
+            tasks.extend(one_way_choices(engine, state).tasks);
+            weights.extend(std::iter::repeat_n(slice / d as f64, d));
+        }
         Ok(TaskChoices {
-            tasks: self
-                .screening_tasks(engine, state.edges())
-                .into_iter()
-                .map(|(factor, bins)| TaskSpec {
-                    round: state.round,
-                    mechanism: engine.best_oracle(&factor, &bins),
-                    factor,
-                    bins,
-                })
-                .collect(),
-            weights: None,
+            tasks,
+            weights: Some(weights),
             sub_bin_share: None,
         })
     }
@@ -711,7 +776,13 @@ impl CollectionProtocol for Auto {
                 pruned: Vec::new(),
             });
         }
-        let (pruned, factors) = self.select(engine, state, &ms);
+        let drifted = one_way_drift(&ms).0.population_changed;
+        let screening = self.screening_tasks(engine, state.edges());
+        let share = self.screening_share(engine, state.edges());
+        let (pruned, mut factors) = self.select(engine, state, &ms, drifted);
+        if drifted {
+            repeat_screening(engine, &mut factors, screening, share);
+        }
         let sigma = self.params.sigma;
         Ok(end_phase1_round(
             state,
@@ -741,9 +812,13 @@ impl CollectionProtocol for Auto {
         a: usize,
         b: usize,
     ) -> Option<PairGain> {
-        let selected = state
-            .plan()
-            .is_some_and(|p| p.factors.iter().any(|f| f.factor == [a, b]));
+        // Selected: still active when the plan was made (under drift phase 2 also repeats
+        // the screening design, unselected pairs included).
+        let selected = state.plan().is_some()
+            && state
+                .edges()
+                .iter()
+                .any(|e| e.active && (e.a, e.b) == (a, b));
         let phase2 = state.round;
         best_pair_gain(ms, one_way, a, b, Null::SamePeople, |k| {
             !selected || k.factor != [a, b] || k.round >= phase2
@@ -835,9 +910,23 @@ mod tests {
             .map(|e| (vec![e.a, e.b], e.bins.clone()))
             .collect();
         assert!(!active.is_empty());
-        assert_eq!(tasks, active);
+        // The pairs, then the round's slice of 1-ways (a design in pairs gets one).
+        let one_ways: Vec<ScreeningTask> = (0..6).map(|a| (vec![a], Vec::new())).collect();
+        assert_eq!(tasks, [active.clone(), one_ways].concat());
         let engine = auto_engine(vec![16; 6], 1.0, 2_000_000);
         let state = Auto::new(PrivIncrParams::default()).screening_state(&engine, None);
+        let weights = Auto::new(PrivIncrParams::default())
+            .task_choices(&engine, &state)
+            .unwrap()
+            .weights
+            .expect("screening weights");
+        let total: f64 = weights.iter().sum();
+        let slice: f64 = weights[active.len()..].iter().sum();
+        assert!(
+            (slice / total - AUTO_ROUND0_SHARE).abs() < 1e-12,
+            "{slice} of {total}"
+        );
+        assert!(weights[..active.len()].windows(2).all(|w| w[0] == w[1]));
         assert_eq!(
             state.round_quota,
             Some(round_quota(&engine, AUTO_PHASE1_SHARE, 1))
@@ -874,6 +963,35 @@ mod tests {
         let quota = state.round_quota.unwrap();
         assert!(quota > round_quota(&engine, AUTO_PHASE1_SHARE, 1));
         assert!(quota < round_quota(&engine, AUTO_BLOCK_SCREENING_SHARE, 1));
+    }
+
+    /// Under drift phase 2 repeats the screening design: `share` of its reports go to the
+    /// screening tasks, evenly, a task the plan already holds gets its weight added, and the
+    /// total stays.
+    #[test]
+    fn repeating_the_screening_design_keeps_the_total() {
+        let engine = auto_engine(vec![2; 4], 2.0, 10_000);
+        let planned = |factor: Vec<usize>, weight: f64| PlannedFactor {
+            mechanism: engine.best_oracle(&factor, &[]),
+            factor,
+            bins: Vec::new(),
+            weight,
+        };
+        let mut factors = vec![planned(vec![0], 300.0), planned(vec![0, 1], 700.0)];
+        let tasks = vec![(vec![0, 1], Vec::new()), (vec![2, 3], Vec::new())];
+        repeat_screening(&engine, &mut factors, tasks, 0.4);
+        let weights: Vec<(Vec<usize>, f64)> = factors
+            .iter()
+            .map(|f| (f.factor.clone(), f.weight))
+            .collect();
+        assert_eq!(
+            weights,
+            vec![
+                (vec![0], 180.0),
+                (vec![0, 1], 420.0 + 200.0),
+                (vec![2, 3], 200.0)
+            ]
+        );
     }
 
     #[test]

@@ -6,18 +6,20 @@
 // sessionStorage and in no URL, survives a reload of the tab, and that the console saw no
 // error. Writes a screenshot.
 //
-// A second collection, still collecting, shows its open round and a provisional graph, and
-// offers no download yet.
+// The model check says the finalized collection's rounds agree and its fit agrees with its
+// tables; a collection whose people arrived sorted by region shows the drift warning. A
+// collection still collecting shows its open round and a provisional graph, and offers no
+// download yet.
 //
 // usage: node dashboard.mjs <dashboard URL> <finalized collection id> <collecting collection id>
-//        <admin token> <screenshot.png> <profile dir>
+//        <drifted collection id> <admin token> <screenshot.png> <profile dir>
 import { createRequire } from "node:module";
 import { readFileSync } from "node:fs";
 
 const require = createRequire(process.env.LDPSYN_NPM_DIR + "/");
 const { chromium } = require("playwright-core");
 
-const [url, collection, live, token, screenshot, profile] = process.argv.slice(2);
+const [url, collection, live, drifted, token, screenshot, profile] = process.argv.slice(2);
 const log = (...a) => console.log("[dashboard]", ...a);
 const fail = (msg) => { console.log("[dashboard] FAIL:", msg); process.exitCode = 1; throw new Error(msg); };
 
@@ -70,6 +72,12 @@ try {
   log("progress:", progress);
   if (!/12,000 of 12,000 reports \(100\.0%\)/.test(progress)) fail(`progress: ${progress}`);
 
+  // The model check: rounds and fit within noise.
+  const check = (await page.textContent("#model-check")).replace(/\s+/g, " ").trim();
+  log("model check:", check);
+  if (await page.$("#model-check .warning")) fail(`a warning on an i.i.d. collection: ${check}`);
+  if (!/agree within noise/.test(check) || !/measured tables within noise/.test(check)) fail(`model check: ${check}`);
+
   // Clicking an edge adds its heat map.
   await page.click("#graph svg.graph line.edge");
   await page.waitForFunction((n) => document.querySelectorAll("#heatmaps svg.heatmap").length > n, heatmaps);
@@ -82,6 +90,15 @@ try {
   log(`download ${download.suggestedFilename()}: ${csv.length} lines, header ${csv[0]}`);
   if (csv[0] !== "region,language,age,income,smoker") fail(`CSV header: ${csv[0]}`);
   if (csv.length !== 51) fail(`expected 50 rows, got ${csv.length - 1}`);
+
+  // People who arrived sorted by region: the drift warning names the region.
+  await page.click(`#collections tr[data-collection="${drifted}"] a`);
+  await page.waitForFunction((id) => document.querySelector("#detail-title")?.textContent.includes(id), drifted);
+  await page.waitForSelector("#detail[data-ready=true]", { timeout: 30000 });
+  await page.waitForSelector("#model-check .warning", { timeout: 10000 });
+  const warning = (await page.textContent("#model-check .warning")).trim();
+  log("drifted:", warning);
+  if (!/population changed between rounds/.test(warning) || !/region/.test(warning)) fail(`drift warning: ${warning}`);
 
   // The collection still collecting: its open round, no model views, no download.
   await page.click(`#collections tr[data-collection="${live}"] a`);

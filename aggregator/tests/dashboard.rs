@@ -1,9 +1,10 @@
 //! The dashboard (`GET /ui/`) against a real `ldpsyn-aggregator serve` process: its files load
 //! without the admin token while the data calls need it; and, in headless Chromium driven by
 //! playwright-core (`dashboard.mjs`), a collection fed through the SDK and finalized is drawn
-//! (graph with edges, heat maps, 1-way bars with error bars), a CSV download works, a collection
-//! still collecting shows its open round, the token never appears in a URL, and the console
-//! stays free of errors.
+//! (graph with edges, heat maps, 1-way bars with error bars, the model check), a CSV download
+//! works, a collection whose people arrived sorted by region shows the drift warning, a
+//! collection still collecting shows its open round, the token never appears in a URL, and
+//! the console stays free of errors.
 //!
 //! The browser test needs `node`, `/usr/bin/chromium` and playwright-core under
 //! `$LDPSYN_NPM_DIR/node_modules` (default `~/.cache/ldpsyn/npm`, where `.ci/run` and
@@ -26,6 +27,67 @@ use serde_json::{Value, json};
 const ADMIN: &str = "dashboard-admin-token-0123456789";
 
 mod common;
+
+/// Creates a collection of [`schema_json`]; returns its id.
+async fn create(
+    http: &reqwest::Client,
+    base: &str,
+    protocol: &str,
+    epsilon: f64,
+    target_users: usize,
+) -> uuid::Uuid {
+    let created: Value = http
+        .post(format!("{base}/v1/collections"))
+        .bearer_auth(ADMIN)
+        .json(
+            &json!({"schema": schema_json(), "protocol": protocol, "epsilon": epsilon,
+                      "target_users": target_users}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    created["id"].as_str().expect("an id").parse().unwrap()
+}
+
+/// Simulated people with `rows`, in that order, report to `id` through the SDK (seeded).
+async fn feed(base: &str, id: uuid::Uuid, rows: Vec<Vec<u32>>, epsilon: f64, seed: u64) {
+    let schema: Schema = serde_json::from_value(schema_json()).unwrap();
+    let options = ClientOptions::insecure_simulation(Epsilon::new(epsilon).unwrap(), seed);
+    let mut client = Client::connect(base, id, options, MemoryLedger::default())
+        .await
+        .unwrap();
+    for chunk in rows.chunks(1000) {
+        let mut people: Vec<SimulatedPerson<MemoryLedger>> = chunk
+            .iter()
+            .map(|codes| SimulatedPerson {
+                record: schema.encoded(codes.clone()).unwrap(),
+                ledger: MemoryLedger::default(),
+            })
+            .collect();
+        for r in client.submit_batch(&mut people).await.unwrap() {
+            r.expect("accepted");
+        }
+    }
+}
+
+/// Finalizes `id`; its model must hold an edge.
+async fn finalize(http: &reqwest::Client, base: &str, id: uuid::Uuid) {
+    let fin = http
+        .post(format!("{base}/v1/collections/{id}/finalize"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert!(fin.status().is_success(), "{}", fin.text().await.unwrap());
+    let fin: Value = fin.json().await.unwrap();
+    let edges = fin["model"]["structure"]["edges"]
+        .as_array()
+        .map_or(0, Vec::len);
+    assert!(edges >= 1, "the model learned no edge: {fin}");
+}
 
 async fn serve() -> common::Serve {
     common::serve(ADMIN, &[])
@@ -171,82 +233,21 @@ async fn dashboard_renders_a_finalized_collection_in_headless_chromium() {
     let base = server.base.clone();
     let http = reqwest::Client::new();
 
-    // A collection fed through the SDK by simulated people, then finalized.
+    // A collection fed through the SDK by simulated people, then finalized; another whose
+    // people arrive sorted by region (each round measures other regions), finalized.
     let n = 12_000;
-    let created: Value = http
-        .post(format!("{base}/v1/collections"))
-        .bearer_auth(ADMIN)
-        .json(
-            &json!({"schema": schema_json(), "protocol": "auto", "epsilon": 4,
-                      "target_users": n, "rounds": 2}),
-        )
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let id: uuid::Uuid = created["id"].as_str().expect("an id").parse().unwrap();
-    let schema: Schema = serde_json::from_value(schema_json()).unwrap();
-    let options = ClientOptions::insecure_simulation(Epsilon::new(4.0).unwrap(), 7);
-    let mut client = Client::connect(&base, id, options, MemoryLedger::default())
-        .await
-        .unwrap();
-    let rows = population(n, 3);
-    for chunk in rows.chunks(1000) {
-        let mut people: Vec<SimulatedPerson<MemoryLedger>> = chunk
-            .iter()
-            .map(|codes| SimulatedPerson {
-                record: schema.encoded(codes.clone()).unwrap(),
-                ledger: MemoryLedger::default(),
-            })
-            .collect();
-        for r in client.submit_batch(&mut people).await.unwrap() {
-            r.expect("accepted");
-        }
-    }
-    let fin = http
-        .post(format!("{base}/v1/collections/{id}/finalize"))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap();
-    assert!(fin.status().is_success(), "{}", fin.text().await.unwrap());
-    let fin: Value = fin.json().await.unwrap();
-    let edges = fin["model"]["structure"]["edges"]
-        .as_array()
-        .map_or(0, Vec::len);
-    assert!(edges >= 1, "the model learned no edge: {fin}");
+    let id = create(&http, &base, "auto", 4.0, n).await;
+    feed(&base, id, population(n, 3), 4.0, 7).await;
+    finalize(&http, &base, id).await;
+    let drifted = create(&http, &base, "auto", 4.0, n).await;
+    let mut sorted = population(n, 5);
+    sorted.sort_by_key(|codes| codes[0]);
+    feed(&base, drifted, sorted, 4.0, 9).await;
+    finalize(&http, &base, drifted).await;
 
-    // A second collection still collecting (privincr, round 0 closed by its quota).
-    let live: Value = http
-        .post(format!("{base}/v1/collections"))
-        .bearer_auth(ADMIN)
-        .json(
-            &json!({"schema": schema_json(), "protocol": "privincr", "epsilon": 2,
-                      "target_users": 10_000}),
-        )
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let live: uuid::Uuid = live["id"].as_str().expect("an id").parse().unwrap();
-    let options = ClientOptions::insecure_simulation(Epsilon::new(2.0).unwrap(), 8);
-    let mut client = Client::connect(&base, live, options, MemoryLedger::default())
-        .await
-        .unwrap();
-    let mut people: Vec<SimulatedPerson<MemoryLedger>> = population(1000, 4)
-        .into_iter()
-        .map(|codes| SimulatedPerson {
-            record: schema.encoded(codes).unwrap(),
-            ledger: MemoryLedger::default(),
-        })
-        .collect();
-    for r in client.submit_batch(&mut people).await.unwrap() {
-        r.expect("accepted");
-    }
+    // A third collection still collecting (privincr, round 0 closed by its quota).
+    let live = create(&http, &base, "privincr", 2.0, 10_000).await;
+    feed(&base, live, population(1000, 4), 2.0, 8).await;
 
     let dir = tempfile::tempdir().unwrap();
     let screenshot = match std::env::var_os("LDPSYN_DASHBOARD_SCREENSHOT") {
@@ -260,6 +261,7 @@ async fn dashboard_renders_a_finalized_collection_in_headless_chromium() {
         .arg(format!("{base}/ui/"))
         .arg(id.to_string())
         .arg(live.to_string())
+        .arg(drifted.to_string())
         .arg(ADMIN)
         .arg(&screenshot)
         .arg(dir.path().join("profile"))

@@ -225,9 +225,51 @@ async function drawModel(c) {
   }
   if (!sorted.length && attrs.length > 1) await showHeatmap(c.id, attrs[0], attrs[1]);
   await showOneways(c.id, attrs);
+  $("#model-check").replaceChildren(...modelCheck(desc.model, attrs));
   for (const b of document.querySelectorAll("#download-form button")) b.disabled = false;
   $("#download-note").textContent = "Rows are drawn from the fitted model; the same seed gives the same file.";
   $("#detail").dataset.ready = "true";
+}
+
+const para = (text, className = "") => Object.assign(document.createElement("p"), { className, textContent: text });
+
+// The model's own check (`drift` and `residuals` of GET …/model): whether the people of
+// different rounds differed beyond noise, and whether the fit agrees with its tables.
+function modelCheck(model, attrs) {
+  const out = [];
+  const d = model.drift, r = model.residuals;
+  if (d && d.population_changed) {
+    const beyond = d.attributes.filter((a) => a.p_value * d.attributes.length <= d.level);
+    const moved = beyond.slice(0, 3)
+      .map((a) => `${attrs[a.attribute]} (moved by up to ${a.largest_shift.toFixed(3)})`);
+    out.push(para(
+      `The population changed between rounds: people who arrived in different rounds differ ` +
+      `beyond noise, most in ${moved.join(", ")}. The model treats the rounds as strata of the ` +
+      `population (post-stratification).`, "warning"));
+  } else if (d) {
+    out.push(para(`The ${d.round_weights.length} rounds' people agree within noise.`));
+  } else {
+    out.push(para("One round: no rounds to compare."));
+  }
+  if (r) {
+    const ratio = `Σq/Σdf = ${r.mean_ratio.toFixed(2)}, about 1 within noise`;
+    out.push(r.beyond_noise
+      ? para(`${r.beyond_noise} of ${r.tables_checked} measured tables disagree with the fitted model beyond noise (${ratio}).`, "warning")
+      : para(`The fitted model agrees with its ${r.tables_checked} measured tables within noise (${ratio}).`));
+    if (r.worst.length) {
+      out.push(para("Largest standardized residuals (q/df, about 1 within noise):", "note"));
+      const list = document.createElement("ul");
+      list.className = "note";
+      for (const t of r.worst.slice(0, 3)) {
+        const li = document.createElement("li");
+        li.textContent = `${t.factor.map((a) => attrs[a]).join(" × ")}, round ${t.round}: ` +
+          `q/df = ${(t.q / Math.max(t.df, 1)).toFixed(2)} on ${num(t.reports)} reports`;
+        list.append(li);
+      }
+      out.push(list);
+    }
+  }
+  return out;
 }
 
 function drawProvisional(c) {
@@ -241,6 +283,7 @@ function drawProvisional(c) {
     : "The graph is learned when the collection is finalized.";
   $("#heatmaps").replaceChildren("Marginals are estimated once the collection is finalized.");
   $("#oneways").replaceChildren("Available once the collection is finalized.");
+  $("#model-check").replaceChildren("Checked once the collection is finalized.");
   for (const b of document.querySelectorAll("#download-form button")) b.disabled = true;
   $("#download-note").textContent = "Synthetic data is available once the collection is finalized.";
   delete $("#detail").dataset.ready;

@@ -36,8 +36,10 @@
 //! dependence lies between them (people of one round all answer no, of another all yes), and
 //! a table of one round alone does not show it. The variances the fit gives each table are
 //! its own; the stratified estimate's variance is larger where a round is thinly measured.
-//! With `auto`, a drift found at the screening close also makes phase 2 measure every
-//! attribute alone again (`protocols::auto`), so that each round holds each 1-way.
+//! `auto` designs its rounds for this (`protocols::auto`): its screening round gives a slice
+//! of its people to 1-ways, and a drift found at the screening close makes phase 2 measure
+//! every attribute alone again and repeat the screening design, so that each round holds
+//! each 1-way and, from the screening round on, each screened pair.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -89,6 +91,14 @@ pub struct DriftReport {
     /// the Bonferroni correction over attributes: the population changed between rounds
     /// (the tables were moved to the population's post-stratified estimates).
     pub population_changed: bool,
+    /// The test's level over all attributes ([`DRIFT_TEST_LEVEL`]): an attribute differs
+    /// beyond noise when its `p_value` times the number of `attributes` is at most this.
+    #[serde(default = "drift_test_level")]
+    pub level: f64,
+}
+
+fn drift_test_level() -> f64 {
+    DRIFT_TEST_LEVEL
 }
 
 impl DriftReport {
@@ -100,7 +110,7 @@ impl DriftReport {
         let worst: Vec<String> = self
             .attributes
             .iter()
-            .filter(|a| a.p_value * self.attributes.len() as f64 <= DRIFT_TEST_LEVEL)
+            .filter(|a| a.p_value * self.attributes.len() as f64 <= self.level)
             .take(3)
             .map(|a| {
                 format!(
@@ -270,6 +280,7 @@ pub fn one_way_drift(ms: &Measurements) -> (DriftReport, Vec<Option<RoundOneWays
         round_weights: weights.clone(),
         attributes: Vec::new(),
         population_changed: false,
+        level: DRIFT_TEST_LEVEL,
     };
     let d = ms.domain_sizes().len();
     let mut one_ways: Vec<Option<RoundOneWays>> = vec![None; d];
@@ -332,7 +343,7 @@ pub fn one_way_drift(ms: &Measurements) -> (DriftReport, Vec<Option<RoundOneWays
     report.population_changed = report
         .attributes
         .first()
-        .is_some_and(|a| a.p_value * tests <= DRIFT_TEST_LEVEL);
+        .is_some_and(|a| a.p_value * tests <= report.level);
     // Without evidence that the rounds differ nothing is corrected (a correction of noise
     // would only add noise); with it, every attribute is post-stratified, each round's
     // shrinkage deciding how much of its deviation is noise.

@@ -308,7 +308,8 @@ pub fn model_schema() -> ObjectBuilder {
                  marginals (Cochran's `q`, `df`, `p_value`, between-round variance `tau2`, \
                  `largest_shift`), and `population_changed`: the rounds measured different \
                  populations beyond noise, and every table was moved to the population's \
-                 post-stratified estimate (rounds as strata).",
+                 post-stratified estimate (rounds as strata). An attribute differs beyond \
+                 noise when its `p_value` times the number of attributes is at most `level`.",
             )),
         )
         .property(

@@ -14,7 +14,8 @@
 //!    round that holds `a` at working resolution (inverse-variance combined,
 //!    [`Measurements::combined_binned`]), with per-cell variances `v_r`;
 //! 2. the heterogeneity of the rounds' 1-ways: Cochran's `Q = Σ_r Σ_c (y_rc − ȳ_c)²/v_rc`
-//!    on `(R − 1)(C − 1)` degrees of freedom (ȳ the inverse-variance pooled 1-way), and the
+//!    over the cells but the heaviest (a round's cells sum to one) on `(R − 1)(C − 1)`
+//!    degrees of freedom (ȳ the inverse-variance pooled 1-way), and the
 //!    DerSimonian–Laird between-round variance (DerSimonian & Laird, "Meta-analysis in
 //!    clinical trials", Controlled Clinical Trials 7(3), 1986, eq. 8, summed over the
 //!    cells). Nothing is corrected unless some attribute's test rejects at
@@ -188,24 +189,38 @@ fn heterogeneity(per_round: &[RoundEstimate]) -> Heterogeneity {
     let cells = per_round[0].estimate.len();
     let mut pooled = vec![0.0; cells];
     let mut shares = vec![0.0; per_round.len()];
-    let (mut q, mut s) = (0.0, 0.0);
-    for (c, pooled_c) in pooled.iter_mut().enumerate() {
-        let w: Vec<f64> = per_round.iter().map(|p| 1.0 / p.variances[c]).collect();
+    let weights: Vec<Vec<f64>> = (0..cells)
+        .map(|c| per_round.iter().map(|p| 1.0 / p.variances[c]).collect())
+        .collect();
+    for (c, (pooled_c, w)) in pooled.iter_mut().zip(&weights).enumerate() {
         let wsum: f64 = w.iter().sum();
-        let mean = per_round
+        *pooled_c = per_round
             .iter()
-            .zip(&w)
+            .zip(w)
             .map(|(p, w)| w * p.estimate[c])
             .sum::<f64>()
             / wsum;
-        *pooled_c = mean;
-        for (sh, w) in shares.iter_mut().zip(&w) {
+        for (sh, w) in shares.iter_mut().zip(w) {
             *sh += w / wsum / cells as f64;
         }
+    }
+    // A round's cells sum to one, so its deviations from the pooled estimate do too: over all
+    // C cells with their own variances the sum counts one deviation twice on a yes/no
+    // attribute (Q doubles). Over the C − 1 cells without the heaviest, whose variances are
+    // nearly uncorrelated, Q follows χ² on (R − 1)(C − 1) degrees of freedom.
+    let heaviest = (0..cells)
+        .max_by(|&a, &b| pooled[a].total_cmp(&pooled[b]).then(b.cmp(&a)))
+        .unwrap_or(0);
+    let (mut q, mut s) = (0.0, 0.0);
+    for (c, w) in weights.iter().enumerate() {
+        if c == heaviest && cells > 1 {
+            continue;
+        }
+        let wsum: f64 = w.iter().sum();
         q += per_round
             .iter()
-            .zip(&w)
-            .map(|(p, w)| w * (p.estimate[c] - mean).powi(2))
+            .zip(w)
+            .map(|(p, w)| w * (p.estimate[c] - pooled[c]).powi(2))
             .sum::<f64>();
         s += wsum - w.iter().map(|w| w * w).sum::<f64>() / wsum;
     }
@@ -576,6 +591,62 @@ fn ipf_moved(start: &[f64], dims: &[usize], shifts: &[Option<Vec<f64>>]) -> Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Rounds that are random parts of one population: Q averages its degrees of freedom
+    /// (a yes/no attribute and one of five categories, three rounds of unequal size, the
+    /// multinomial sampling variance each round's estimate has), and the test at its level
+    /// rejects about as often as it should. Summing all C cells' squared deviations, which sum
+    /// to zero, gave a mean of 2 on the yes/no attribute.
+    #[test]
+    fn heterogeneity_is_calibrated_on_rounds_of_one_population() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(5);
+        for truth in [vec![0.3, 0.7], vec![0.05, 0.1, 0.2, 0.25, 0.4]] {
+            let sizes = [400u64, 1200, 800];
+            let (mut q_over_df, mut rejected) = (0.0, 0usize);
+            let replicates = 2000;
+            for _ in 0..replicates {
+                let per_round: Vec<RoundEstimate> = sizes
+                    .iter()
+                    .enumerate()
+                    .map(|(r, &n)| {
+                        let mut counts = vec![0u64; truth.len()];
+                        for _ in 0..n {
+                            let mut u: f64 = rng.random();
+                            let c = truth
+                                .iter()
+                                .position(|&p| {
+                                    u -= p;
+                                    u < 0.0
+                                })
+                                .unwrap_or(truth.len() - 1);
+                            counts[c] += 1;
+                        }
+                        let estimate: Vec<f64> =
+                            counts.iter().map(|&c| c as f64 / n as f64).collect();
+                        let variances = estimate
+                            .iter()
+                            .map(|&f| (f * (1.0 - f) / n as f64).max(1e-12))
+                            .collect();
+                        RoundEstimate {
+                            round: r as u32,
+                            estimate,
+                            variances,
+                        }
+                    })
+                    .collect();
+                let h = heterogeneity(&per_round);
+                q_over_df += h.q / h.df / replicates as f64;
+                rejected += usize::from(chi2_upper(h.q, h.df) <= 0.01);
+            }
+            assert!(
+                (0.9..1.1).contains(&q_over_df),
+                "{truth:?}: mean Q/df {q_over_df}"
+            );
+            let rate = rejected as f64 / replicates as f64;
+            assert!(rate < 0.02, "{truth:?}: rejected {rate} at level 0.01");
+        }
+    }
 
     #[test]
     fn chi2_upper_matches_known_quantiles() {

@@ -739,7 +739,7 @@ impl CollectionProtocol for Auto {
         }
         Ok(TaskChoices {
             tasks,
-            weights: Some(weights),
+            weights: (slice > 0.0).then_some(weights),
             sub_bin_share: None,
         })
     }

@@ -450,8 +450,15 @@ mod tests {
             assert!(share > real / 3.0, "seed {seed}: {share} vs {real}");
             total += (share - real).abs();
         }
-        assert!(seeds >= 15, "round 0 left the spike in a bin on {seeds} of 20 seeds");
-        assert!(total / seeds as f64 <= 0.09, "mean error {}", total / seeds as f64);
+        assert!(
+            seeds >= 15,
+            "round 0 left the spike in a bin on {seeds} of 20 seeds"
+        );
+        assert!(
+            total / seeds as f64 <= 0.09,
+            "mean error {}",
+            total / seeds as f64
+        );
     }
 
     /// A sparse tail (3% of people over the upper 32 of 128 values, 4 of 16 working bins) is

@@ -68,6 +68,8 @@ try {
   if (barCharts !== 5) fail(`expected 5 1-way charts, got ${barCharts}`);
   if (whiskers < 1) fail("no error bars");
   if (!steps.length || !steps[steps.length - 1].includes("done")) fail("the timeline does not show the collection finalized");
+  // auto ran round 0, its screening round and phase 2: no round that never ran is drawn.
+  if (steps.length !== 4) fail(`expected 4 timeline steps (2 rounds, cliques, finalized), got ${steps.length}`);
   const progress = await page.textContent("#progress-text");
   log("progress:", progress);
   if (!/12,000 of 12,000 reports \(100\.0%\)/.test(progress)) fail(`progress: ${progress}`);

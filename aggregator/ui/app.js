@@ -99,8 +99,11 @@ function steps(c, model) {
   const st = c.status;
   const done = st.phase === "finalized";
   const out = [];
-  if (["privincr", "noincremental", "auto"].includes(c.protocol)) {
-    let rounds = c.protocol === "noincremental" ? 1 : (c.rounds ?? 6);
+  if (["privincr", "noincremental", "auto"].includes(c.protocol) && st.phase !== "one_way") {
+    // auto: round 0 (1-ways) and its screening round; PrivIncr: its configured rounds.
+    let rounds = c.protocol === "noincremental" ? 1 : c.protocol === "auto" ? 2 : (c.rounds ?? 6);
+    // Finalized: the rounds that ran (the model's last round summary is phase 2's).
+    if (c.protocol === "auto" && model?.rounds?.length) rounds = model.rounds.length - 1;
     if (st.phase === "graph_construction") rounds = Math.max(rounds, st.round + 1);
     const pruned = new Map();
     for (const e of model?.edges ?? []) {
@@ -109,7 +112,7 @@ function steps(c, model) {
     for (let r = 0; r < rounds; r++) {
       const current = st.phase === "graph_construction" && st.round === r;
       const past = done || st.phase === "clique_measurement" || (st.phase === "graph_construction" && st.round > r);
-      const label = c.protocol === "auto" && r === 0 ? "round 0 · 1-ways" : `round ${r}`;
+      const label = c.protocol !== "auto" ? `round ${r}` : r === 0 ? "round 0 · 1-ways" : `round ${r} · screening`;
       let detail = past ? (pruned.has(r) ? `closed · ${pruned.get(r)} pruned` : "closed") : "";
       let share;
       if (current) {

@@ -295,20 +295,19 @@ impl Auto {
         (1.0 - screening_share - self.round0_share(engine)).max(0.0) * engine.target_users() as f64
     }
 
-    /// The screening round's share of the users for its active pairs `edges`: with φ the
-    /// fraction of those pairs its design ([`Auto::screening_tasks`]) measures in blocks of
-    /// more than two attributes, `(1 − φ)·`[`AUTO_PHASE1_SHARE`]` +
+    /// The screening round's share of the users: with φ the fraction of its active pairs
+    /// its design ([`Auto::screening_tasks`]) measures in blocks of more than two attributes
+    /// ([`Auto::block_fraction`]), `(1 − φ)·`[`AUTO_PHASE1_SHARE`]` +
     /// φ·`[`AUTO_BLOCK_SCREENING_SHARE`] (a design of pairs only gets the pair share, one of
     /// blocks only the block share). An explicit `auto_phase1_share` option sets both.
     /// Weighing by φ rather than switching on any block matters for wide tables at a few
     /// thousand people, whose design of ~580 pairs may hold a dozen blocks: the block share
     /// starved their 1-ways (`benchmarks/sweeps/auto-block-share.md`, "Mixed designs").
-    fn screening_share(&self, engine: &Engine, edges: &[EdgeState]) -> f64 {
+    fn screening_share(&self, engine: &Engine, phi: f64) -> f64 {
         let options = engine.options();
         if let Some(s) = options.auto_phase1_share {
             return s;
         }
-        let phi = self.block_fraction(engine, edges);
         let block_share = options
             .auto_block_share
             .unwrap_or(AUTO_BLOCK_SCREENING_SHARE);
@@ -316,10 +315,9 @@ impl Auto {
             .clamp(0.0, 1.0 - self.round0_share(engine))
     }
 
-    /// φ: the fraction of the active pairs of `edges` that the screening design
+    /// φ: the fraction of the active pairs of `edges` that the screening design `tasks`
     /// ([`Auto::screening_tasks`]) measures in blocks of more than two attributes.
-    fn block_fraction(&self, engine: &Engine, edges: &[EdgeState]) -> f64 {
-        let tasks = self.screening_tasks(engine, edges);
+    fn block_fraction(tasks: &[ScreeningTask], edges: &[EdgeState]) -> f64 {
         let active: Vec<&EdgeState> = edges.iter().filter(|e| e.active).collect();
         let in_blocks = active
             .iter()
@@ -336,15 +334,15 @@ impl Auto {
 
     /// The share of the screening round's people who report an attribute alone (taken from
     /// its pairs): round 0's share of the collection, times the fraction `1 − φ` of the
-    /// design in pairs ([`Auto::block_fraction`]). Every round then holds the 1-ways of its
+    /// design in pairs (φ, [`Auto::block_fraction`]). Every round then holds the 1-ways of its
     /// own people, so that rounds can be strata of the population ([`crate::drift`]): a pair
     /// report estimates its two 1-ways far more noisily than a report of one attribute, while
     /// a block of m attributes holds m of them in one report, and its round needs no slice.
     /// With i.i.d. arrivals the slice's reports count towards phase 2's 1-ways like round
     /// 0's (`top_up`). Compared over every suite table in both arrival orders with taking the
     /// slice from phase 2 instead (`benchmarks/sweeps/arrival-design.md`).
-    fn one_way_slice(&self, engine: &Engine, edges: &[EdgeState]) -> f64 {
-        self.round0_share(engine) * (1.0 - self.block_fraction(engine, edges))
+    fn one_way_slice(&self, engine: &Engine, phi: f64) -> f64 {
+        self.round0_share(engine) * (1.0 - phi)
     }
 
     /// The bin maps `auto` screens pair `(a, b)` under, or `None` if it never measures it.
@@ -406,7 +404,8 @@ impl Auto {
         let mut state = graph_state(engine, &self.params, 1, self.share(engine), |a, b| {
             screened.get(&(a, b)).cloned()
         });
-        let share = self.screening_share(engine, state.edges());
+        let tasks = self.screening_tasks(engine, state.edges());
+        let share = self.screening_share(engine, Self::block_fraction(&tasks, state.edges()));
         state.round_quota = Some(round_quota(engine, share, 1));
         state
     }
@@ -525,9 +524,10 @@ impl Auto {
     /// `A^{3/2}/√N₂` with `A = Σ_f a_f`. Pairs are added greedily, each time the one that
     /// lowers the prediction most, within the clique cap, until none does. With too few users
     /// nothing is selected and `auto` is the independence model. Reports a 1-way already
-    /// holds from round 0 count towards its total: phase 2 tops the totals up to `∝ a_f`
-    /// ([`top_up`]), and the prediction's noise part is `A^{3/2}/√(N₂ + M)` with M those
-    /// reports. Returns the pairs not selected (pruned) and the phase-2 factors with their
+    /// holds from earlier rounds count towards its total (none when `drifted`: the rounds'
+    /// people differed): phase 2 tops the totals up to `∝ a_f` ([`top_up`]), and the
+    /// prediction's noise part is `A^{3/2}/√(N₂ + M)` with M those reports; `N₂` is what
+    /// round 0 and the screening round (`screening_share` of the users) leave. Returns the pairs not selected (pruned) and the phase-2 factors with their
     /// task weights (expected phase-2 reports).
     fn select(
         &self,
@@ -535,13 +535,12 @@ impl Auto {
         state: &mut CollectionState,
         ms: &Measurements,
         drifted: bool,
+        screening_share: f64,
     ) -> (Vec<Edge>, Vec<PlannedFactor>) {
         let d = engine.dims().len();
         let round = state.round;
         let one = one_way_estimates(ms);
-        let n2 = self
-            .phase2_users_after(engine, self.screening_share(engine, state.edges()))
-            .max(1.0);
+        let n2 = self.phase2_users_after(engine, screening_share).max(1.0);
         let n_ref = (n2 / d as f64).max(1.0);
         // The share of a table's noise that its simplex projection keeps, at a tree-sized
         // phase-2 allocation (sparse and skewed tables lose much of their noise to it).
@@ -720,8 +719,9 @@ impl CollectionProtocol for Auto {
         }
         // Every screened pair alike (each needs its own dependence estimate), in the
         // design's factors, and the round's slice of 1-ways, every attribute alike.
-        let mut tasks: Vec<TaskSpec> = self
-            .screening_tasks(engine, state.edges())
+        let screening = self.screening_tasks(engine, state.edges());
+        let slice = self.one_way_slice(engine, Self::block_fraction(&screening, state.edges()));
+        let mut tasks: Vec<TaskSpec> = screening
             .into_iter()
             .map(|(factor, bins)| TaskSpec {
                 round: state.round,
@@ -730,7 +730,6 @@ impl CollectionProtocol for Auto {
                 bins,
             })
             .collect();
-        let slice = self.one_way_slice(engine, state.edges());
         let mut weights = vec![(1.0 - slice) / tasks.len() as f64; tasks.len()];
         if slice > 0.0 {
             let d = engine.dims().len();
@@ -778,8 +777,8 @@ impl CollectionProtocol for Auto {
         }
         let drifted = one_way_drift(&ms).0.population_changed;
         let screening = self.screening_tasks(engine, state.edges());
-        let share = self.screening_share(engine, state.edges());
-        let (pruned, mut factors) = self.select(engine, state, &ms, drifted);
+        let share = self.screening_share(engine, Self::block_fraction(&screening, state.edges()));
+        let (pruned, mut factors) = self.select(engine, state, &ms, drifted, share);
         if drifted {
             repeat_screening(engine, &mut factors, screening, share);
         }

@@ -1077,7 +1077,14 @@ fn infer(
     query: &[usize],
     max_cells: usize,
 ) -> Result<Vec<f64>, EngineError> {
-    let too_large = |vars: &[usize]| {
+    // The variables a product of factors spans.
+    let union = |fs: &mut dyn Iterator<Item = &Factor>| {
+        let mut vars: Vec<usize> = fs.flat_map(|f| f.vars.iter().copied()).collect();
+        vars.sort_unstable();
+        vars.dedup();
+        vars
+    };
+    let too_large = |vars: Vec<usize>| {
         let cells = vars
             .iter()
             .try_fold(1usize, |acc, &x| acc.checked_mul(dims[x]));
@@ -1114,13 +1121,7 @@ fn infer(
             .iter()
             .enumerate()
             .map(|(i, &v)| {
-                let mut vars: Vec<usize> = used
-                    .iter()
-                    .filter(|f| f.vars.contains(&v))
-                    .flat_map(|f| f.vars.iter().copied())
-                    .collect();
-                vars.sort_unstable();
-                vars.dedup();
+                let vars = union(&mut used.iter().filter(|f| f.vars.contains(&v)));
                 (i, vars.iter().map(|&x| dims[x] as f64).product::<f64>())
             })
             .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)))
@@ -1130,10 +1131,7 @@ fn infer(
             used.into_iter().partition(|f| f.vars.contains(&v));
         used = without;
         // The product of `with` spans the union of their variables: checked before building.
-        let mut vars: Vec<usize> = with.iter().flat_map(|f| f.vars.iter().copied()).collect();
-        vars.sort_unstable();
-        vars.dedup();
-        too_large(&vars)?;
+        too_large(union(&mut with.iter()))?;
         if let Some(first) = with.first() {
             let prod = with[1..]
                 .iter()
@@ -1146,10 +1144,7 @@ fn infer(
         dims: Vec::new(),
         values: vec![1.0],
     };
-    let mut vars: Vec<usize> = used.iter().flat_map(|f| f.vars.iter().copied()).collect();
-    vars.sort_unstable();
-    vars.dedup();
-    too_large(&vars)?;
+    too_large(union(&mut used.iter()))?;
     let joint = used.iter().fold(unit, |acc, f| acc.product(f, dims));
     // Reorder to the query order.
     let map = projection_map(&joint.vars, &joint.dims, query);

@@ -232,14 +232,6 @@ impl AppState {
         )
     }
 
-    /// Ids of stored collections this process could not load (see
-    /// [`ProblemType::CollectionUnavailable`](ldpsyn::protocol::ProblemType)), sorted.
-    pub fn unavailable_collections(&self) -> Vec<Uuid> {
-        let mut v: Vec<Uuid> = self.inner.unavailable.iter().map(|e| *e.key()).collect();
-        v.sort();
-        v
-    }
-
     /// The database.
     pub fn db(&self) -> &Db {
         &self.inner.db

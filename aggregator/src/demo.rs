@@ -70,9 +70,14 @@ pub struct DemoConfig {
     /// Order in which the people of `--data` arrive: `shuffled` (a random order seeded by
     /// `--seed`; a file's row order is rarely an arrival order) or `file` (the rows' order: a
     /// file sorted by date or group then simulates a collection whose population changes
-    /// while it runs).
+    /// while it runs) or `drift` (a seeded order that drifts smoothly along `--drift-column`:
+    /// early people mostly hold its low codes, late ones its high codes,
+    /// [`crate::sim::Population::drifted`]).
     #[arg(long, value_enum, default_value = "shuffled")]
     pub arrival: Arrival,
+    /// The attribute that `--arrival drift` drifts along (default: the schema's first).
+    #[arg(long)]
+    pub drift_column: Option<String>,
     /// A vertical collection instead (VertiMRF): a JSON file with its `parties` (each with its
     /// attributes and their ε, e.g. `examples/adult/parties.json`). Each party randomizes
     /// its columns of every person and uploads them over HTTP under a pseudonymous record
@@ -132,6 +137,21 @@ pub enum Arrival {
     Shuffled,
     /// The file's row order.
     File,
+    /// A seeded order drifting along one attribute ([`DemoConfig::drift_column`]).
+    Drift,
+}
+
+/// Index of the attribute `--arrival drift` drifts along: `name`, or the first attribute.
+/// Errors: `name` is not an attribute of `schema`.
+pub fn drift_column(schema: &Schema, name: Option<&str>) -> Result<usize, String> {
+    let Some(name) = name else { return Ok(0) };
+    schema
+        .attributes()
+        .iter()
+        .position(|a| a.name == name)
+        .ok_or_else(|| {
+            format!("--drift-column {name:?} is not an attribute of the schema; use one of its attribute names")
+        })
 }
 
 /// The fidelity report (printed and written to `--report`).
@@ -224,6 +244,11 @@ fn load_input(cfg: &DemoConfig) -> Result<Input, DemoError> {
                 match cfg.arrival {
                     Arrival::Shuffled => loaded.population.shuffled(cfg.seed),
                     Arrival::File => loaded.population,
+                    Arrival::Drift => {
+                        let column = drift_column(&schema, cfg.drift_column.as_deref())
+                            .map_err(DemoError::Input)?;
+                        loaded.population.drifted(column, cfg.seed)
+                    }
                 }
             } else if n > loaded.population.len() {
                 loaded.population.resample(n, cfg.seed)

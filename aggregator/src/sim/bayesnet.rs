@@ -51,6 +51,17 @@ pub struct Node {
 #[derive(Debug, Clone, PartialEq)]
 pub struct BayesNet {
     nodes: Vec<Node>,
+    /// A node that [`BayesNet::observed`] leaves out (the latent class of a dense network).
+    hidden: Option<usize>,
+}
+
+/// The shape of a [`BayesNet::random`] network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dependence {
+    /// A random forest: most attributes copy one earlier attribute.
+    Sparse,
+    /// A hidden class that every attribute copies: every pair depends.
+    Dense,
 }
 
 fn base(k: usize, rotate: usize) -> Vec<f64> {
@@ -122,7 +133,75 @@ impl BayesNet {
                 cat("vehicle", &["none", "car", "bike"], Some(3), 0.8, 1),
                 num("commute", 0.0, 120.0, 6, Some(10), 0.8, 0),
             ],
+            hidden: None,
         }
+    }
+
+    /// A seeded random network for property tests (8–40 attributes and more): `d` attributes
+    /// of 2–6 values with skewed base distributions (weights `u³`, `u` uniform on
+    /// (0.05, 1]), in one of two shapes.
+    /// - [`Dependence::Sparse`]: each attribute copies a random earlier one with probability
+    ///   0.8 (a random forest), at a strength uniform on [0.2, 0.8].
+    /// - [`Dependence::Dense`]: a hidden attribute of 4 values (node 0, left out by
+    ///   [`BayesNet::observed`]) is the parent of every other at a strength uniform on
+    ///   [0.25, 0.65]: every pair of the `d` observed attributes depends, as in a latent-class
+    ///   population (NLTCS's disability level is one).
+    ///
+    /// Errors: none; `d = 0` gives an empty network (dense: the hidden node only).
+    pub fn random(d: usize, dependence: Dependence, seed: u64) -> Self {
+        let mut rng = ChaCha12Rng::seed_from_u64(seed);
+        let skewed = |k: usize, rng: &mut ChaCha12Rng| -> Vec<f64> {
+            let w: Vec<f64> = (0..k)
+                .map(|_| rng.random_range(0.05f64..=1.0).powi(3))
+                .collect();
+            let s: f64 = w.iter().sum();
+            w.into_iter().map(|x| x / s).collect()
+        };
+        let node =
+            |i: usize, k: usize, parent: Option<usize>, strength: f64, base: Vec<f64>| Node {
+                name: format!("x{i}"),
+                k,
+                parent,
+                strength,
+                base,
+                numeric: None,
+                labels: (0..k).map(|v| format!("v{v}")).collect(),
+            };
+        let mut nodes = Vec::with_capacity(d + 1);
+        match dependence {
+            Dependence::Sparse => {
+                for i in 0..d {
+                    let k = rng.random_range(2..=6);
+                    let parent = (i > 0 && rng.random_bool(0.8)).then(|| rng.random_range(0..i));
+                    let strength = rng.random_range(0.2..=0.8);
+                    let base = skewed(k, &mut rng);
+                    nodes.push(node(i, k, parent, strength, base));
+                }
+            }
+            Dependence::Dense => {
+                nodes.push(node(0, 4, None, 0.0, vec![0.25; 4]));
+                for i in 1..=d {
+                    let k = rng.random_range(2..=6);
+                    let strength = rng.random_range(0.25..=0.65);
+                    let base = skewed(k, &mut rng);
+                    nodes.push(node(i, k, Some(0), strength, base));
+                }
+            }
+        }
+        Self {
+            nodes,
+            hidden: matches!(dependence, Dependence::Dense).then_some(0),
+        }
+    }
+
+    /// The observed attributes of a sampled population: all but the hidden node of a
+    /// [`Dependence::Dense`] network (which [`BayesNet::sample`] keeps, so that an arrival
+    /// order can follow it: [`Population::drifted`]).
+    pub fn observed(&self, population: &Population) -> Population {
+        let keep: Vec<usize> = (0..self.nodes.len())
+            .filter(|&i| Some(i) != self.hidden)
+            .collect();
+        population.columns(&keep)
     }
 
     /// The nodes, in topological (= attribute) order.
@@ -248,5 +327,41 @@ mod tests {
             }
         }
         assert_eq!(net.sample(10, 9), net.sample(10, 9));
+    }
+
+    /// A dense network's observed attributes all depend on one another through the hidden
+    /// class, a sparse one's only along its forest; both are seeded.
+    #[test]
+    fn random_networks_have_the_shape_asked_for() {
+        let dense = BayesNet::random(10, Dependence::Dense, 3);
+        let full = dense.sample(20_000, 4);
+        let pop = dense.observed(&full);
+        assert_eq!(pop.d(), 10);
+        assert_eq!(pop.dims(), &dense.dims()[1..]);
+        for a in 0..10 {
+            for b in a + 1..10 {
+                assert!(cramers_v(&pop, a, b) > 0.05, "({a}, {b})");
+            }
+        }
+        let sparse = BayesNet::random(12, Dependence::Sparse, 3);
+        let pop = sparse.sample(20_000, 4);
+        assert_eq!(sparse.observed(&pop), pop);
+        let planted = sparse.planted_edges();
+        assert!(!planted.is_empty() && planted.len() < 12, "{planted:?}");
+        // Attributes in different trees of the forest are independent.
+        let tree = |mut a: usize| {
+            while let Some(p) = sparse.nodes()[a].parent {
+                a = p;
+            }
+            a
+        };
+        for a in 0..12 {
+            for b in a + 1..12 {
+                if tree(a) != tree(b) {
+                    assert!(cramers_v(&pop, a, b) < 0.05, "({a}, {b})");
+                }
+            }
+        }
+        assert_eq!(BayesNet::random(12, Dependence::Sparse, 3), sparse);
     }
 }

@@ -3,6 +3,8 @@
 //! in-process simulator ([`Simulation`]) that runs a collection end to end without HTTP.
 
 pub mod bayesnet;
+#[cfg(test)]
+mod properties;
 mod simulate;
 
 use std::path::Path;
@@ -11,7 +13,7 @@ use ldpsyn::schema::{AttributeKind, Schema};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
 
-pub use bayesnet::{BayesNet, Node, cramers_v};
+pub use bayesnet::{BayesNet, Dependence, Node, cramers_v};
 pub use simulate::{RecordedReport, SimRun, Simulation};
 
 /// Errors of the simulation module.
@@ -127,7 +129,56 @@ impl Population {
             codes,
         }
     }
+    /// The records with only attributes `keep` (in that order). Panics if an index is out of
+    /// range.
+    pub fn columns(&self, keep: &[usize]) -> Population {
+        let mut codes = Vec::with_capacity(self.len() * keep.len());
+        for row in self.rows() {
+            codes.extend(keep.iter().map(|&a| row[a]));
+        }
+        Population {
+            dims: keep.iter().map(|&a| self.dims[a]).collect(),
+            codes,
+        }
+    }
+
+    /// The records in a seeded order that drifts smoothly along attribute `column`: person
+    /// `i` arrives at the rank of `(c_i + u_i)/k + z_i`, with `c_i` their code of the
+    /// column (of `k` codes), `u_i` uniform on [0, 1) and `z_i ~ N(0, DRIFT_NOISE²)`. Early
+    /// arrivals mostly hold the low codes, late ones the high codes, with overlap between
+    /// neighbours: a collection over days whose people change gradually (a campaign, time
+    /// zones), between `shuffled` (no drift) and a file sorted by the column.
+    /// Panics if `column ≥ d`.
+    pub fn drifted(&self, column: usize, seed: u64) -> Population {
+        let k = self.dims[column] as f64;
+        let mut rng = ChaCha12Rng::seed_from_u64(seed);
+        let normal = rand_distr::Normal::new(0.0, DRIFT_NOISE).expect("a finite deviation");
+        let mut keyed: Vec<(f64, usize)> = (0..self.len())
+            .map(|i| {
+                let c = f64::from(self.row(i)[column]);
+                let u: f64 = rng.random();
+                (
+                    (c + u) / k + rand_distr::Distribution::sample(&normal, &mut rng),
+                    i,
+                )
+            })
+            .collect();
+        keyed.sort_by(|x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
+        let mut codes = Vec::with_capacity(self.codes.len());
+        for (_, i) in keyed {
+            codes.extend_from_slice(self.row(i));
+        }
+        Population {
+            dims: self.dims.clone(),
+            codes,
+        }
+    }
 }
+
+/// Standard deviation of the noise on a person's arrival key in [`Population::drifted`], in
+/// units of the column's range: people of neighbouring codes overlap in time, codes far
+/// apart do not.
+pub const DRIFT_NOISE: f64 = 0.15;
 
 /// A CSV file loaded through a schema.
 #[derive(Debug, Clone)]
@@ -200,4 +251,32 @@ pub fn load_csv(path: &Path, schema: &Schema) -> Result<LoadedCsv, SimError> {
             .map(|(attribute, _, _, _, values)| NumericColumn { attribute, values })
             .collect(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A drifted order is a permutation of the records whose early arrivals hold the
+    /// column's low codes and late ones its high codes, neighbours overlapping.
+    #[test]
+    fn a_drifted_order_follows_its_column() {
+        let pop = BayesNet::random(6, Dependence::Sparse, 1).sample(10_000, 2);
+        let drifted = pop.drifted(2, 7);
+        let sorted = |p: &Population| {
+            let mut rows: Vec<Vec<u32>> = p.rows().map(<[u32]>::to_vec).collect();
+            rows.sort();
+            rows
+        };
+        assert_eq!(sorted(&drifted), sorted(&pop));
+        let mean = |rows: std::ops::Range<usize>| {
+            let n = rows.len() as f64;
+            rows.map(|i| f64::from(drifted.row(i)[2])).sum::<f64>() / n
+        };
+        let (first, last) = (mean(0..2_500), mean(7_500..10_000));
+        assert!(first + 1.0 < last, "{first} vs {last}");
+        // Not a sort: the first quarter still holds codes above the column's lowest.
+        assert!((0..2_500).any(|i| drifted.row(i)[2] > 0));
+        assert_eq!(pop.drifted(2, 7), drifted);
+    }
 }

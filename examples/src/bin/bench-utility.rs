@@ -27,6 +27,7 @@ use clap::Parser;
 use ldpsyn::Epsilon;
 use ldpsyn::protocol::{PrivIncrParams, Protocol, SamPrivSynParams};
 use ldpsyn::schema::Schema;
+use ldpsyn_aggregator::demo;
 use ldpsyn_aggregator::engine::{Engine, Model};
 use ldpsyn_aggregator::eval::{
     MarginalCounts, chow_liu_model, exact_independence_model, ml_accuracy, noprivacy_model,
@@ -122,12 +123,17 @@ struct Args {
     numeric: bool,
     /// Order in which the people of a file read whole arrive (the simulator assigns them to
     /// rounds in that order): `file` (the CSV's row order; nist-taxi and temporal-match2
-    /// drift along it, `benchmarks/sweeps/arrival-order.md`) or `shuffled` (a seeded random
-    /// order). Unset: the suite's shared tables and numeric rows in file order,
+    /// drift along it, `benchmarks/sweeps/arrival-order.md`), `shuffled` (a seeded random
+    /// order) or `drift` (a seeded order drifting smoothly along `--drift-column`,
+    /// `Population::drifted`). Unset: the suite's shared tables and numeric rows in file order,
     /// `--data` at its full size (Adult in the suite) shuffled. Resampled sizes are drawn at
     /// random either way.
     #[arg(long, value_enum)]
     arrival: Option<Arrival>,
+    /// The attribute `--arrival drift` drifts along, in every table that has it (default:
+    /// each table's first attribute).
+    #[arg(long)]
+    drift_column: Option<String>,
 }
 
 /// Seed of the random arrival order of a file read whole ([`Args::arrival`]).
@@ -140,15 +146,26 @@ enum Arrival {
     File,
     /// A seeded random order.
     Shuffled,
+    /// A seeded order drifting along one attribute ([`Args::drift_column`]).
+    Drift,
 }
 
 impl Arrival {
-    /// `population` in this order.
-    fn order(self, population: Population) -> Population {
-        match self {
+    /// `population` (of `schema`) in this order; `drift_column` names the attribute a drift
+    /// follows (default: the first). Errors: it is not an attribute of `schema`.
+    fn order(
+        self,
+        population: Population,
+        schema: &Schema,
+        drift_column: Option<&str>,
+    ) -> Result<Population, Error> {
+        Ok(match self {
             Arrival::File => population,
             Arrival::Shuffled => population.shuffled(SHUFFLE_SEED),
-        }
+            Arrival::Drift => {
+                population.drifted(demo::drift_column(schema, drift_column)?, SHUFFLE_SEED)
+            }
+        })
     }
 }
 
@@ -593,9 +610,11 @@ fn main() -> Result<(), Error> {
         let mut datasets: Vec<Arc<Dataset>> = Vec::new();
         for (name, n) in specs {
             let pop = if n == 0 {
-                args.arrival
-                    .unwrap_or(Arrival::Shuffled)
-                    .order(base.clone())
+                args.arrival.unwrap_or(Arrival::Shuffled).order(
+                    base.clone(),
+                    &schema,
+                    args.drift_column.as_deref(),
+                )?
             } else {
                 base.resample(n, n as u64)
             };
@@ -612,10 +631,11 @@ fn main() -> Result<(), Error> {
                 )?)?;
                 let loaded = load_csv(&dir.join(format!("{name}.csv")), &schema)?;
                 println!("loaded {name}: {} rows", loaded.population.len());
-                let pop = args
-                    .arrival
-                    .unwrap_or(Arrival::File)
-                    .order(loaded.population);
+                let pop = args.arrival.unwrap_or(Arrival::File).order(
+                    loaded.population,
+                    &schema,
+                    args.drift_column.as_deref(),
+                )?;
                 datasets.push(Arc::new(Dataset::new(name.into(), pop)));
             }
             if args.datasets.is_empty() || args.datasets.iter().any(|d| d == "bn") {
@@ -652,10 +672,11 @@ fn main() -> Result<(), Error> {
             let mut loaded = load_csv(&csv, &schema)?;
             println!("loaded {name}: {} rows", loaded.population.len());
             // The raw values are scored as a distribution; only the arrival order moves.
-            loaded.population = args
-                .arrival
-                .unwrap_or(Arrival::File)
-                .order(loaded.population);
+            loaded.population = args.arrival.unwrap_or(Arrival::File).order(
+                loaded.population,
+                &schema,
+                args.drift_column.as_deref(),
+            )?;
             datasets.push(Arc::new(NumericDataset {
                 name: name.into(),
                 schema,

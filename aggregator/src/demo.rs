@@ -61,7 +61,8 @@ pub struct DemoConfig {
     /// Where to write the JSON fidelity report (it is printed either way).
     #[arg(long)]
     pub report: Option<PathBuf>,
-    /// Concurrent simulated upload streams (each posts batches of 1,000 people).
+    /// Concurrent simulated upload streams (each prepares batches of 1,000 people and posts
+    /// them in uploads within the server's published limits).
     #[arg(long, default_value_t = 4)]
     pub streams: usize,
     /// Hide progress bars.

@@ -25,9 +25,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use ldpsyn::Epsilon;
 use ldpsyn::client::{ClientError, ClientOptions};
 use ldpsyn::schema::Value;
-use ldpsyn::vertical::{
-    MAX_RECORDS_PER_UPLOAD, PartyClient, PartyRecord, RecordIdKey, VerticalError,
-};
+use ldpsyn::vertical::{PartyClient, PartyRecord, RecordIdKey, VerticalError};
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -84,7 +82,9 @@ pub struct UploadArgs {
     /// the collection's declared ε, which also bounds any value given here.
     #[arg(long)]
     pub max_epsilon: Option<f64>,
-    /// Records per request.
+    /// Records per step of the upload (and of its progress bar); each step goes out in as
+    /// many requests as the server's published limits need (at most 10,000 records and its
+    /// body limit per request).
     #[arg(long, default_value_t = 5_000)]
     pub batch: usize,
     /// Hide the progress bar.
@@ -215,7 +215,7 @@ async fn upload(args: &UploadArgs, token: &str) -> Result<(u64, u64), PartyError
         write_journal(&journal, args.collection, &args.party, &records)?;
         records
     };
-    let batch = args.batch.clamp(1, MAX_RECORDS_PER_UPLOAD);
+    let batch = args.batch.max(1);
     let bar = if args.quiet {
         ProgressBar::hidden()
     } else {

@@ -30,8 +30,8 @@ use crate::ledger::{
     BudgetLedger, DeviceBudget, NextStep, next_step_within, remaining_budget_within,
 };
 use crate::protocol::{
-    CollectionConfig, DEFAULT_MAX_REPORTS_PER_UPLOAD, MAX_TASKS_PER_REQUEST, Problem, ProblemType,
-    Report, ReportAnswer, Task,
+    CollectionConfig, MAX_TASKS_PER_REQUEST, Problem, ProblemType, Report, ReportAnswer, Task,
+    UploadLimits,
 };
 use crate::schema::{EncodedRecord, Schema};
 pub use crate::submission::{ClientError, Receipt, randomize_task};
@@ -39,6 +39,7 @@ use crate::submission::{
     SpendLimits, apply_answer, check_config, decision, pending_of, randomize_and_record,
     settle_upload,
 };
+use crate::upload::{Piece, published_limits, split_reports};
 
 /// Client settings. [`ClientOptions::new`] gives the defaults.
 #[derive(Debug, Clone)]
@@ -138,6 +139,7 @@ pub struct Client<L> {
     http: reqwest::Client,
     base: String,
     config: CollectionConfig,
+    upload_limits: UploadLimits,
     options: ClientOptions,
     ledger: L,
     rng: StdRng,
@@ -154,7 +156,8 @@ impl<L> std::fmt::Debug for Client<L> {
 
 impl<L: BudgetLedger> Client<L> {
     /// Fetches the public config of `collection_id` from `base_url` and checks it: protocol
-    /// version, and ε ≤ `options.max_epsilon`.
+    /// version, and ε ≤ `options.max_epsilon`. The server's [`UploadLimits`] published with
+    /// it size every upload of this client.
     ///
     /// Errors: [`ClientError::EpsilonTooLarge`], [`ClientError::Problem`] (e.g. unknown
     /// collection), [`ClientError::Unavailable`], [`ClientError::Protocol`].
@@ -177,12 +180,13 @@ impl<L: BudgetLedger> Client<L> {
         let rng = StdRng::from_os_rng();
         let base = base_url.trim_end_matches('/').to_owned();
         let url = format!("{base}/v1/collections/{collection_id}");
-        let config: CollectionConfig = send_json(&http, &options, |h| h.get(&url)).await?;
+        let (config, upload_limits) = fetch_config(&http, &options, &url).await?;
         check_config(&config, collection_id, options.max_epsilon)?;
         Ok(Self {
             http,
             base,
             config,
+            upload_limits,
             options,
             ledger,
             rng,
@@ -192,6 +196,12 @@ impl<L: BudgetLedger> Client<L> {
     /// The collection's public config.
     pub fn config(&self) -> &CollectionConfig {
         &self.config
+    }
+
+    /// The server's upload limits, as published with the config (its defaults when the
+    /// server published none).
+    pub fn upload_limits(&self) -> &UploadLimits {
+        &self.upload_limits
     }
 
     /// The collection's schema.
@@ -241,7 +251,9 @@ impl<L: BudgetLedger> Client<L> {
     /// a uniform draw from the privacy RNG instead, see [`Schema::encode_json_with`]), then
     /// follows the ledger: resend a pending report, refuse when the budget is spent (this
     /// collection's, or the device's [`ClientOptions::device_budget`]), else fetch a task,
-    /// check it, decide again and randomize and record under the ledger's lock, post.
+    /// check it, decide again and randomize and record under the ledger's lock, post. A
+    /// report too large for the server's body limit is not posted
+    /// ([`ClientError::ReportTooLarge`]; it stays pending).
     pub async fn submit(&mut self, record: &serde_json::Value) -> Result<Receipt, ClientError> {
         let encoded = self.config.schema.encode_json_with(record, &mut self.rng)?;
         self.submit_encoded(&encoded).await
@@ -275,8 +287,13 @@ impl<L: BudgetLedger> Client<L> {
                 )?
             }
         };
+        let body = match self.split(std::slice::from_ref(&report))?.pop() {
+            Some(Piece::Body { body, .. }) => body,
+            Some(Piece::TooLarge { bytes, .. }) => return Err(self.too_large(bytes)),
+            None => return Err(ClientError::Protocol("no body for the report".into())),
+        };
         let answer = self
-            .post_reports(std::slice::from_ref(&report))
+            .post_reports(body)
             .await
             .and_then(|mut a| match a.len() {
                 1 => Ok(a.remove(0)),
@@ -362,9 +379,12 @@ impl<L: BudgetLedger> Client<L> {
     }
 
     /// The second half of [`Client::submit_batch`]: posts a [`PreparedBatch`] of `people`
-    /// (the same slice it was prepared for) in uploads of up to
-    /// [`DEFAULT_MAX_REPORTS_PER_UPLOAD`] and settles each person's ledger with the answer.
-    /// Returns one result per person, in order.
+    /// (the same slice it was prepared for) in uploads within the server's
+    /// [`UploadLimits`] (at most its reports per upload and its body budget,
+    /// [`crate::upload::split_reports`]) and settles each person's ledger with the answer to
+    /// the upload that carried their report, upload after upload. Returns one result per
+    /// person, in order; a person whose report cannot fit any upload gets
+    /// [`ClientError::ReportTooLarge`] and keeps it pending.
     ///
     /// Errors: [`ClientError::Protocol`] when `people` is not the prepared slice's length or
     /// the server's answers do not match the reports; the server unreachable.
@@ -385,9 +405,17 @@ impl<L: BudgetLedger> Client<L> {
                 people.len()
             )));
         }
-        for chunk in outgoing.chunks(DEFAULT_MAX_REPORTS_PER_UPLOAD) {
-            let reports: Vec<Report> = chunk.iter().map(|(_, r)| r.clone()).collect();
-            let answers = self.post_reports(&reports).await?;
+        let reports: Vec<&Report> = outgoing.iter().map(|(_, r)| r).collect();
+        for piece in self.split(&reports)? {
+            let (items, body) = match piece {
+                Piece::Body { items, body } => (items, body),
+                Piece::TooLarge { index, bytes } => {
+                    results[outgoing[index].0] = Some(Err(self.too_large(bytes)));
+                    continue;
+                }
+            };
+            let chunk = &outgoing[items];
+            let answers = self.post_reports(body).await?;
             if answers.len() != chunk.len() {
                 return Err(ClientError::Protocol(
                     "one answer per report expected".into(),
@@ -432,10 +460,23 @@ impl<L: BudgetLedger> Client<L> {
         }
     }
 
-    async fn post_reports(&mut self, reports: &[Report]) -> Result<Vec<ReportAnswer>, ClientError> {
+    /// `reports` cut into upload bodies within the server's limits.
+    fn split<T: serde::Serialize>(&self, reports: &[T]) -> Result<Vec<Piece>, ClientError> {
+        split_reports(reports, &self.upload_limits)
+            .map_err(|e| ClientError::Protocol(format!("cannot serialize a report: {e}")))
+    }
+
+    fn too_large(&self, bytes: usize) -> ClientError {
+        ClientError::ReportTooLarge {
+            bytes: bytes as u64,
+            max_body_bytes: self.upload_limits.max_body_bytes,
+        }
+    }
+
+    /// Posts one upload body (a JSON array of reports, serialized once: every retry sends
+    /// identical bytes).
+    async fn post_reports(&mut self, body: Vec<u8>) -> Result<Vec<ReportAnswer>, ClientError> {
         let url = format!("{}/v1/collections/{}/reports", self.base, self.config.id);
-        // Serialized once: every retry sends identical bytes.
-        let body = serde_json::to_vec(reports).map_err(|e| ClientError::Protocol(e.to_string()))?;
         send_json(&self.http, &self.options, |h| {
             h.post(&url)
                 .header(reqwest::header::CONTENT_TYPE, "application/json")
@@ -451,6 +492,22 @@ fn now_unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Fetches a collection's public view at `url` (`…/v1/collections/{id}`): its config and the
+/// server's upload limits ([`published_limits`]). Errors: as [`send_json`];
+/// [`ClientError::Protocol`] for a view that is not a config.
+pub(crate) async fn fetch_config(
+    http: &reqwest::Client,
+    options: &ClientOptions,
+    url: &str,
+) -> Result<(CollectionConfig, UploadLimits), ClientError> {
+    let view: serde_json::Value = send_json(http, options, |h| h.get(url)).await?;
+    let limits = published_limits(&view)
+        .map_err(|e| ClientError::Protocol(format!("bad upload limits: {e}")))?;
+    let config = serde_json::from_value(view)
+        .map_err(|e| ClientError::Protocol(format!("bad collection config: {e}")))?;
+    Ok((config, limits))
 }
 
 /// Sends a request with retries on connection errors, timeouts, 5xx and 429 (honouring

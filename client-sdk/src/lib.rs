@@ -34,6 +34,7 @@ mod openapi;
 pub mod protocol;
 pub mod schema;
 pub mod submission;
+pub mod upload;
 pub mod vertical;
 
 #[cfg(feature = "http")]

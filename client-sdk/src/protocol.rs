@@ -45,6 +45,60 @@ pub const MAX_TASKS_PER_REQUEST: usize = 1000;
 /// Default most reports in one upload (`POST …/reports`); servers may configure another.
 pub const DEFAULT_MAX_REPORTS_PER_UPLOAD: usize = 1000;
 
+/// Default largest request body a server takes, bytes (4 MiB); servers may configure another
+/// and publish it as [`UploadLimits::max_body_bytes`].
+pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+
+/// The server's limits on one upload, published in a collection's public view
+/// (`GET /v1/collections/{id}`, key `upload_limits`) so that clients size their uploads to
+/// fit. They are the server's, not the collection's: every collection of a server shares
+/// them. A view without them (an older server) means [`UploadLimits::default`].
+///
+/// ```
+/// use ldpsyn::protocol::UploadLimits;
+/// let l: UploadLimits = serde_json::from_str(
+///     r#"{"max_body_bytes": 4194304, "max_reports_per_upload": 1000}"#).unwrap();
+/// assert_eq!(l, UploadLimits::default());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct UploadLimits {
+    /// Largest request body the server reads, bytes: a larger one is answered
+    /// `413 payload-too-large` (refused before it is read when its `Content-Length` says so).
+    pub max_body_bytes: u64,
+    /// Most reports in one `POST …/reports` (413 above). Party uploads have their own count
+    /// limit, [`crate::vertical::MAX_RECORDS_PER_UPLOAD`]; `max_body_bytes` applies to both.
+    pub max_reports_per_upload: u64,
+}
+
+impl Default for UploadLimits {
+    /// [`DEFAULT_MAX_BODY_BYTES`] and [`DEFAULT_MAX_REPORTS_PER_UPLOAD`], a server's defaults.
+    fn default() -> Self {
+        Self {
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES as u64,
+            max_reports_per_upload: DEFAULT_MAX_REPORTS_PER_UPLOAD as u64,
+        }
+    }
+}
+
+impl UploadLimits {
+    /// The most bytes a client puts in one body: `max_body_bytes` less a margin of 1/64
+    /// (64 KiB at the default 4 MiB). Clients measure their bodies exactly; the margin keeps
+    /// them clear of the limit when something between client and server (a proxy, a server
+    /// restarted with a slightly lower limit) takes a little less than advertised.
+    pub fn body_budget(&self) -> usize {
+        let max = usize::try_from(self.max_body_bytes).unwrap_or(usize::MAX);
+        max - max / 64
+    }
+
+    /// The most reports a client puts in one upload: `max_reports_per_upload`, at least 1.
+    pub fn reports_per_upload(&self) -> usize {
+        usize::try_from(self.max_reports_per_upload)
+            .unwrap_or(usize::MAX)
+            .max(1)
+    }
+}
+
 /// An OUE bitset: `⌈k/8⌉` bytes, bit i in byte i/8, least significant bit first.
 /// Serialized as base64url without padding.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

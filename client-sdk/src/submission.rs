@@ -74,6 +74,21 @@ pub enum ClientError {
         /// The last failure.
         last_error: String,
     },
+    /// A report (or a party's record) is larger, alone in an upload, than the server's
+    /// published body limit allows ([`crate::protocol::UploadLimits`], less the clients'
+    /// margin): it is not sent, since no upload could carry it. A randomized report stays
+    /// pending in the ledger (its budget is spent); it goes out once the server takes larger
+    /// bodies. Problem type `payload-too-large`.
+    #[error(
+        "a report of {bytes} bytes cannot be sent: the server takes bodies of at most \
+         {max_body_bytes} bytes (clients keep a 1/64 margin)"
+    )]
+    ReportTooLarge {
+        /// The smallest upload body holding the report, bytes.
+        bytes: u64,
+        /// The server's published body limit, bytes.
+        max_body_bytes: u64,
+    },
     /// The server's answer could not be understood.
     #[error("unexpected answer from the aggregator: {0}")]
     Protocol(String),
@@ -93,6 +108,7 @@ impl ClientError {
                 ProblemType::BudgetExhausted
             }
             ClientError::Problem(p) => p.problem_type,
+            ClientError::ReportTooLarge { .. } => ProblemType::PayloadTooLarge,
             ClientError::Unavailable { .. } => ProblemType::Unavailable,
             ClientError::Ledger(_) => ProblemType::Internal,
         }

@@ -311,6 +311,7 @@ pub struct PartyClient {
     url: String,
     token: String,
     randomizer: PartyRandomizer,
+    upload_limits: crate::protocol::UploadLimits,
 }
 
 #[cfg(feature = "http")]
@@ -345,8 +346,7 @@ impl PartyClient {
             .map_err(|e| ClientError::Protocol(format!("cannot build HTTP client: {e}")))?;
         let base = base_url.trim_end_matches('/');
         let url = format!("{base}/v1/collections/{collection}");
-        let config: CollectionConfig =
-            crate::client::send_json(&http, &options, |h| h.get(&url)).await?;
+        let (config, upload_limits) = crate::client::fetch_config(&http, &options, &url).await?;
         let randomizer = PartyRandomizer::new(&config, party)
             .map_err(|e| ClientError::InvalidTask(e.to_string()))?;
         let epsilon = randomizer.party().epsilon();
@@ -363,6 +363,7 @@ impl PartyClient {
             url: format!("{url}/parties/{party}/records"),
             token: token.to_owned(),
             randomizer,
+            upload_limits,
         })
     }
 
@@ -371,24 +372,64 @@ impl PartyClient {
         &self.randomizer
     }
 
-    /// Uploads up to [`MAX_RECORDS_PER_UPLOAD`] records. Errors:
+    /// The server's upload limits, as published with the collection's config.
+    pub fn upload_limits(&self) -> &crate::protocol::UploadLimits {
+        &self.upload_limits
+    }
+
+    /// Uploads `records` (any number, distinct ids) in as many requests as the server's
+    /// limits need: at most [`MAX_RECORDS_PER_UPLOAD`] records and the published body budget
+    /// ([`crate::protocol::UploadLimits::body_budget`]) per request, in order. Returns the
+    /// sums of the requests' answers.
+    ///
+    /// Errors: [`crate::client::ClientError::ReportTooLarge`] when a record cannot fit any
+    /// request (checked before anything is sent);
     /// [`crate::client::ClientError::Problem`] for a refusal (e.g. `record-id-conflict`,
-    /// `collection-finalized`, `unauthorized`); `Unavailable` after every retry.
+    /// `collection-finalized`, `unauthorized`); `Unavailable` after every retry. After an
+    /// error the requests before it are stored: resending all `records` is safe (the server
+    /// counts identical records as `duplicate`).
     pub async fn upload(
         &self,
         records: &[PartyRecord],
     ) -> Result<PartyUploadResult, crate::client::ClientError> {
-        let body = serde_json::to_vec(&PartyUpload {
-            records: records.to_vec(),
-        })
-        .map_err(|e| crate::client::ClientError::Protocol(e.to_string()))?;
-        crate::client::send_json(&self.http, &self.options, |h| {
-            h.post(&self.url)
-                .bearer_auth(&self.token)
-                .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .body(body.clone())
-        })
-        .await
+        use crate::client::ClientError;
+        use crate::upload::{Envelope, Piece, split_json};
+        let pieces = split_json(
+            records,
+            Envelope::PARTY_RECORDS,
+            MAX_RECORDS_PER_UPLOAD,
+            self.upload_limits.body_budget(),
+        )
+        .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let mut bodies = Vec::with_capacity(pieces.len());
+        for piece in pieces {
+            match piece {
+                Piece::Body { body, .. } => bodies.push(body),
+                Piece::TooLarge { bytes, .. } => {
+                    return Err(ClientError::ReportTooLarge {
+                        bytes: bytes as u64,
+                        max_body_bytes: self.upload_limits.max_body_bytes,
+                    });
+                }
+            }
+        }
+        let mut total = PartyUploadResult {
+            accepted: 0,
+            duplicate: 0,
+        };
+        for body in bodies {
+            // Serialized once: every retry sends identical bytes.
+            let r: PartyUploadResult = crate::client::send_json(&self.http, &self.options, |h| {
+                h.post(&self.url)
+                    .bearer_auth(&self.token)
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(body.clone())
+            })
+            .await?;
+            total.accepted += r.accepted;
+            total.duplicate += r.duplicate;
+        }
+        Ok(total)
     }
 }
 

@@ -54,6 +54,10 @@ pub struct CollectionView {
     pub config: CollectionConfig,
     /// Where the collection is.
     pub status: CollectionStatus,
+    /// This server's limits on one upload (`serve --max-body-bytes`,
+    /// `--max-reports-per-upload`; the same for every collection): clients cut their
+    /// uploads to fit them.
+    pub upload_limits: ldpsyn::protocol::UploadLimits,
     /// Vertical collections: each party's ε per person (the sum over its attributes).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub party_epsilon: Option<BTreeMap<String, f64>>,

@@ -84,7 +84,7 @@ pub struct ServeConfig {
     #[arg(long, env = "LDPSYN_MAX_REPORTS_PER_UPLOAD", default_value_t = ldpsyn::protocol::DEFAULT_MAX_REPORTS_PER_UPLOAD)]
     pub max_reports_per_upload: usize,
     /// Largest request body, bytes (413 above).
-    #[arg(long, env = "LDPSYN_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024)]
+    #[arg(long, env = "LDPSYN_MAX_BODY_BYTES", default_value_t = ldpsyn::protocol::DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
     /// Request timeout until the response starts, milliseconds.
     #[arg(long, env = "LDPSYN_REQUEST_TIMEOUT_MS", default_value_t = 30_000)]

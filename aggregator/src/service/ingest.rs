@@ -6,7 +6,10 @@
 //! bumps the per-round counts, closes rounds whose quota is reached **in the same
 //! transaction**, commits, and only then updates the in-memory sufficient statistics and
 //! answers the requests. Admin transitions (close round, finalize) go through the same
-//! task, so the in-memory state has a single writer.
+//! task, so the in-memory state has a single writer. Finalize's model fit does not: the
+//! committer commits the finalized state (after which the collection's reports are refused
+//! `collection-finalized`) and hands the fit to a task of its own, so uploads to every
+//! collection go on while it runs ([`CollectionHandle::ensure_model`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
@@ -45,6 +48,9 @@ pub struct CollectionHandle {
     round_counts: DashMap<u32, u64>,
     accepted: AtomicU64,
     model: RwLock<Option<Arc<Model>>>,
+    /// Held by the one fit of the model at a time (a finalize, a second finalize asked while
+    /// the first fits, a PostgreSQL refresh that finds the collection finalized elsewhere).
+    fit: Arc<tokio::sync::Mutex<()>>,
     /// The task distribution of the state it was built for (states are replaced, never
     /// changed in place, so the `Arc` identifies one).
     sampler: RwLock<Option<(Arc<CollectionState>, Arc<TaskSampler>)>>,
@@ -78,6 +84,7 @@ impl CollectionHandle {
             round_counts: round_counts.into_iter().collect(),
             accepted: AtomicU64::new(accepted),
             model: RwLock::new(None),
+            fit: Arc::default(),
             sampler: RwLock::new(None),
         }
     }
@@ -150,6 +157,34 @@ impl CollectionHandle {
     /// Sets the model.
     pub fn set_model(&self, model: Arc<Model>) {
         *self.model.write().unwrap_or_else(|e| e.into_inner()) = Some(model);
+    }
+
+    /// The model of the finalized `state` and its `tables`, fitted on the blocking pool unless
+    /// it is already set, and then set. One fit at a time per collection: a caller that
+    /// finds a fit running waits for it and returns its model. The fit is deterministic given
+    /// `(state, tables)`, which are frozen once the finalized state is committed, so every
+    /// caller gets the same model (and a restart fits it again from the stored reports).
+    /// Errors: the engine's ([`Engine::finalize`]).
+    pub async fn ensure_model(
+        &self,
+        state: CollectionState,
+        tables: Tables,
+    ) -> Result<Arc<Model>, ApiError> {
+        let _fit = self.fit.clone().lock_owned().await;
+        if let Some(m) = self.model() {
+            return Ok(m);
+        }
+        let model = build_model(self.engine.clone(), state, tables).await?;
+        self.set_model(model.clone());
+        Ok(model)
+    }
+
+    /// Holds off this collection's model fits ([`CollectionHandle::ensure_model`]) while the
+    /// returned guard lives: a test's stand-in for a fit that takes as long as the test
+    /// needs. Feature `test-util`.
+    #[cfg(feature = "test-util")]
+    pub async fn hold_fits(&self) -> tokio::sync::OwnedMutexGuard<()> {
+        self.fit.clone().lock_owned().await
     }
 
     /// The (cached) mechanism of a table. Errors: a factor outside the schema.
@@ -329,7 +364,31 @@ pub async fn run_committer(db: Db, metrics: Arc<Metrics>, mut rx: mpsc::Receiver
             }
             Command::Finalize { handle, reply } => {
                 let r = finalize(&db, &mut writer, &handle).await;
-                let _ = reply.send(writer.settle(r));
+                match writer.settle(r) {
+                    Ok(Finalized::Ready(model)) => {
+                        let _ = reply.send(Ok(model));
+                    }
+                    // Fitted outside the committer: it goes on committing uploads (this
+                    // collection's are refused from the commit above) while the model is fit.
+                    Ok(Finalized::Fit(inputs)) => {
+                        tokio::spawn(async move {
+                            let (state, tables) = *inputs;
+                            let r = handle.ensure_model(state, tables).await;
+                            if let Err(e) = &r {
+                                tracing::error!(
+                                    collection = %handle.id,
+                                    error = %e,
+                                    "model fit failed; the collection stays finalized without a \
+                                     model (finalize again retries the fit)"
+                                );
+                            }
+                            let _ = reply.send(r);
+                        });
+                    }
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
+                }
             }
             Command::PartyRecords {
                 handle,
@@ -673,24 +732,41 @@ pub async fn build_model(
     ))
 }
 
+/// What the committer's part of a finalize leaves to do.
+enum Finalized {
+    /// The model is built already.
+    Ready(Arc<Model>),
+    /// The finalized state is committed; fit the model of this state and these tables.
+    Fit(Box<(CollectionState, Tables)>),
+}
+
+/// The committer's part of a finalize: the state transition, without the fit. In one
+/// transaction behind the ingest barrier, reads the state and tables, marks the state
+/// finalized and stores it; once committed, the collection's reports are refused
+/// `collection-finalized` and its tables are frozen: every report acknowledged before is in
+/// the tables returned, none after. Errors: `conflict` (nothing collected yet; the
+/// collection stays open), the database's.
 async fn finalize(
     db: &Db,
     writer: &mut Writer,
     handle: &Arc<CollectionHandle>,
-) -> Result<Arc<Model>, ApiError> {
+) -> Result<Finalized, ApiError> {
     if let Some(m) = handle.model() {
-        return Ok(m);
+        return Ok(Finalized::Ready(m));
     }
     let mut tx = writer.begin().await?;
     // Waits for every ingest transaction in flight on any process; later ones see the
     // finalized state (Db::finalized_for_ingest).
     db.lock_ingest_exclusive(&mut tx, handle.id).await?;
     db.lock_collection(&mut tx, handle.id).await?;
-    let (state, tables) = db.finalize_inputs(&mut tx, handle.as_ref()).await?;
-    let model = build_model(handle.engine.clone(), state.clone(), tables).await?;
-    let mut state = state;
+    let (mut state, tables) = db.finalize_inputs(&mut tx, handle.as_ref()).await?;
     // Finalized here, or by another process (PostgreSQL) whose version is read back.
     let version = if state.phase != Phase::Finalized {
+        // The one refusal a fit can foresee is checked before the transition (as
+        // Engine::finalize checks it), so that it leaves the collection open.
+        if tables.values().all(|t| t.n == 0) {
+            return Err(EngineError::NoData.into());
+        }
         handle.engine.mark_finalized(&mut state);
         Db::update_state(&mut tx, handle.id, &serde_json::to_string(&state)?).await?
     } else {
@@ -699,9 +775,8 @@ async fn finalize(
             .map_or(handle.state_version(), |(_, v)| v)
     };
     storage::commit(tx).await?;
-    handle.set_state(state, version);
-    handle.set_model(model.clone());
-    Ok(model)
+    handle.set_state(state.clone(), version);
+    Ok(Finalized::Fit(Box::new((state, tables))))
 }
 
 #[cfg(test)]

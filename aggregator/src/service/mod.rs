@@ -188,16 +188,16 @@ impl AppState {
         let finalized = state.phase == Phase::Finalized;
         let handle = Arc::new(CollectionHandle::new(
             config,
-            engine.clone(),
+            engine,
             state.clone(),
             row.state_version,
             tables.clone(),
             counts,
         ));
         if finalized {
-            // Deterministic given (state, tables): the same model as before the restart.
-            let model = ingest::build_model(engine, state, tables).await?;
-            handle.set_model(model);
+            // Deterministic given (state, tables): the same model as before the restart, also
+            // when the process stopped during the fit after committing the finalized state.
+            handle.ensure_model(state, tables).await?;
         }
         self.inner.collections.insert(row.id, handle.clone());
         self.inner.unavailable.remove(&row.id);
@@ -439,8 +439,7 @@ impl AppState {
         .await?;
         for (handle, state) in finalized {
             let tables = self.inner.db.estimation_tables(handle.as_ref()).await?;
-            let model = ingest::build_model(handle.engine.clone(), state, tables).await?;
-            handle.set_model(model);
+            handle.ensure_model(state, tables).await?;
         }
         Ok(())
     }

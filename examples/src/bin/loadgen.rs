@@ -5,7 +5,8 @@
 //!
 //! Workers fetch tasks 1000 at a time (timed and counted separately), randomize a random
 //! record for each with the task's mechanism, and upload: one report per request (`single`)
-//! or `--batch-size` reports per request (`batch`). Every upload is answered only after a
+//! or up to `--batch-size` reports per request (`batch`), fewer when the server's published
+//! body limit needs it (large OUE reports). Every upload is answered only after a
 //! durable commit. Prints requests/s, reports/s, p50/p99 upload latency and the server's RSS
 //! (from `/proc/<pid>/status`).
 
@@ -15,8 +16,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::{Parser, ValueEnum};
-use ldpsyn::protocol::{CollectionConfig, Report, ReportAnswer, ReportStatus, Task};
+use ldpsyn::protocol::{CollectionConfig, Report, ReportAnswer, ReportStatus, Task, UploadLimits};
 use ldpsyn::submission::randomize_task;
+use ldpsyn::upload::{Piece, published_limits, split_reports};
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 use uuid::Uuid;
@@ -44,7 +46,7 @@ struct Args {
     /// Concurrent workers (default: 64 single, 4 batch).
     #[arg(long)]
     concurrency: Option<usize>,
-    /// Reports per upload in batch mode.
+    /// Most reports per upload in batch mode (the server's limits may cut an upload smaller).
     #[arg(long, default_value_t = 1000)]
     batch_size: usize,
     /// Collection to upload to; else one is created with the admin token.
@@ -64,6 +66,8 @@ struct Totals {
     reports: AtomicU64,
     refused: AtomicU64,
     errors: AtomicU64,
+    /// Reports too large for any upload under the server's body limit (never sent).
+    too_large: AtomicU64,
     task_requests: AtomicU64,
     task_micros: AtomicU64,
 }
@@ -137,6 +141,7 @@ async fn worker(
     base: String,
     id: Uuid,
     config: Arc<CollectionConfig>,
+    limits: UploadLimits,
     mode: Mode,
     batch: usize,
     deadline: Instant,
@@ -153,16 +158,26 @@ async fn worker(
             continue;
         };
         let reports = make_reports(&config, &tasks, &mut rng);
-        let size = if mode == Mode::Single {
-            1
-        } else {
-            batch.max(1)
+        let size = if mode == Mode::Single { 1 } else { batch };
+        let limits = UploadLimits {
+            max_reports_per_upload: limits.max_reports_per_upload.min(size as u64),
+            ..limits
         };
-        for chunk in reports.chunks(size) {
+        let Ok(pieces) = split_reports(&reports, &limits) else {
+            totals.errors.fetch_add(1, Relaxed);
+            continue;
+        };
+        for piece in pieces {
             if Instant::now() >= deadline {
                 break 'outer;
             }
-            let body = serde_json::to_vec(chunk).unwrap_or_default();
+            let body = match piece {
+                Piece::Body { body, .. } => body,
+                Piece::TooLarge { .. } => {
+                    totals.too_large.fetch_add(1, Relaxed);
+                    continue;
+                }
+            };
             let t = Instant::now();
             let r = http
                 .post(&url)
@@ -236,14 +251,16 @@ async fn main() -> anyhow::Result<()> {
             v["id"].as_str().context("id")?.parse()?
         }
     };
-    let config: Arc<CollectionConfig> = Arc::new(
-        http.get(format!("{base}/v1/collections/{id}"))
-            .send()
-            .await?
-            .error_for_status()?
-            .json()
-            .await?,
-    );
+    let view: serde_json::Value = http
+        .get(format!("{base}/v1/collections/{id}"))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    let limits = published_limits(&view).context("the server's upload_limits")?;
+    let config: Arc<CollectionConfig> =
+        Arc::new(serde_json::from_value(view).context("the collection's config")?);
     let concurrency = args
         .concurrency
         .unwrap_or(if args.mode == Mode::Single { 64 } else { 4 });
@@ -262,6 +279,7 @@ async fn main() -> anyhow::Result<()> {
             base.clone(),
             id,
             config.clone(),
+            limits,
             args.mode,
             args.batch_size,
             deadline,
@@ -290,13 +308,14 @@ async fn main() -> anyhow::Result<()> {
         args.mode
     );
     println!(
-        "uploads: {:.0} requests/s, {:.0} accepted reports/s, p50 {:.2} ms, p99 {:.2} ms, {} refused, {} errors",
+        "uploads: {:.0} requests/s, {:.0} accepted reports/s, p50 {:.2} ms, p99 {:.2} ms, {} refused, {} errors, {} too large to send",
         req as f64 / elapsed,
         rep as f64 / elapsed,
         pct(0.5),
         pct(0.99),
         totals.refused.load(Relaxed),
-        totals.errors.load(Relaxed)
+        totals.errors.load(Relaxed),
+        totals.too_large.load(Relaxed)
     );
     println!(
         "task fetches (1000 tasks each, counted separately): {tr} requests, mean {:.2} ms",

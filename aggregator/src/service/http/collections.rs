@@ -38,11 +38,17 @@ pub(super) fn status_of(h: &CollectionHandle) -> api::CollectionStatus {
     }
 }
 
-/// The public view of a collection: its config and status (vertical: the parties' ε).
-fn view_of(h: &CollectionHandle) -> api::CollectionView {
+/// The public view of a collection: its config and status (vertical: the parties' ε), and
+/// the server's upload limits.
+fn view_of(state: &AppState, h: &CollectionHandle) -> api::CollectionView {
+    let c = state.config();
     api::CollectionView {
         config: h.config.clone(),
         status: status_of(h),
+        upload_limits: ldpsyn::protocol::UploadLimits {
+            max_body_bytes: c.max_body_bytes as u64,
+            max_reports_per_upload: c.max_reports_per_upload as u64,
+        },
         party_epsilon: super::super::vertical::party_epsilons(h),
         composed_epsilon: super::super::vertical::composed_epsilon(h),
         party_tokens: None,
@@ -199,7 +205,7 @@ pub(crate) async fn create_collection(
     ));
     state.insert_collection(handle.clone());
     tracing::info!(collection = %id, protocol = handle.config.protocol.name(), "collection created");
-    let mut body = view_of(&handle);
+    let mut body = view_of(&state, &handle);
     if handle.engine.vertical().is_some() {
         // Shown to the admin once here, and again at GET …/parties.
         body.party_tokens = Some(super::parties::party_tokens(&state, &handle)?);
@@ -217,7 +223,13 @@ pub(crate) async fn list_collections(
     State(state): State<AppState>,
     _admin: Admin,
 ) -> Json<Vec<api::CollectionView>> {
-    Json(state.collections().iter().map(|h| view_of(h)).collect())
+    Json(
+        state
+            .collections()
+            .iter()
+            .map(|h| view_of(&state, h))
+            .collect(),
+    )
 }
 
 #[utoipa::path(get, path = "/v1/collections/{id}", tag = "devices",
@@ -231,7 +243,7 @@ pub(crate) async fn get_collection(
     Path(id): Path<String>,
 ) -> Result<Json<api::CollectionView>, ApiError> {
     let h = handle_of(&state, &id).await?;
-    Ok(Json(view_of(&h)))
+    Ok(Json(view_of(&state, &h)))
 }
 
 #[utoipa::path(post, path = "/v1/collections/{id}/close-round", tag = "collections",

@@ -1,0 +1,156 @@
+//! Finalize fits the model outside the committer (issue 33 item 6): while one collection's
+//! model is being fit, uploads to other collections are committed and answered; the
+//! finalizing collection's reports are refused `collection-finalized` (never acknowledged and
+//! left out of the model); and the committed finalized state is all a process needs to fit
+//! the same model again (a process started on the database mid-fit, as after a kill -9).
+//!
+//! The fit is held with `CollectionHandle::hold_fits` (feature `test-util`) for as long as the
+//! test needs, so the test asserts on states and order, never on time.
+
+use ldpsyn::Epsilon;
+use ldpsyn::client::{Client, ClientError, ClientOptions};
+use ldpsyn::ledger::MemoryLedger;
+use ldpsyn::protocol::{CollectionConfig, ProblemType, ReportStatus};
+use ldpsyn_aggregator::engine::Engine;
+use ldpsyn_tests::*;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+/// The collection's view until `done` holds of it, polled (a state to wait for, bounded by a
+/// number of polls so that a broken server fails the test instead of hanging it).
+async fn view_until(base: &str, id: Uuid, done: impl Fn(&Value) -> bool) -> Value {
+    for _ in 0..3000 {
+        let (_, v) = admin(base, "GET", &format!("/v1/collections/{id}")).await;
+        if done(&v) {
+            return v;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("collection {id} never reached the awaited state");
+}
+
+async fn client(base: &str, id: Uuid, seed: u64) -> Client<MemoryLedger> {
+    let options = ClientOptions::insecure_simulation(Epsilon::new(4.0).unwrap(), seed);
+    Client::connect(base, id, options, MemoryLedger::default())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_are_committed_while_a_finalize_fits() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("f.db").display());
+    let server = start(&db, &[]).await;
+    let base = base(&server);
+    let body = json!({"protocol": "independence", "epsilon": 4.0, "target_users": 100_000});
+    let (a, b) = (create(&base, body.clone()).await, create(&base, body).await);
+    let schema = schema();
+
+    // A collects 400 reports; 50 more are randomized (pending in their ledgers) but not sent.
+    let mut ca = client(&base, a, 1).await;
+    let mut acked = people(&schema, 400, 2);
+    for r in ca.submit_batch(&mut acked).await.unwrap() {
+        assert_eq!(r.unwrap().status, ReportStatus::Accepted);
+    }
+    let mut late = people(&schema, 50, 3);
+    let late_batch = ca.prepare_batch(&mut late).await.unwrap();
+
+    // Finalize A with its fit held: the finalized state commits, the fit waits.
+    let handle = server.state().collection(a).await.unwrap();
+    let fit = handle.hold_fits().await;
+    let finalize = tokio::spawn({
+        let base = base.clone();
+        async move { admin(&base, "POST", &format!("/v1/collections/{a}/finalize")).await }
+    });
+    let v = view_until(&base, a, |v| v["status"]["phase"] == "finalized").await;
+    assert_eq!(v["status"]["model_ready"], false, "the fit is held");
+
+    // Meanwhile the committer is free: B's uploads are committed and answered.
+    let mut cb = client(&base, b, 4).await;
+    let mut others = people(&schema, 300, 5);
+    for r in cb.submit_batch(&mut others).await.unwrap() {
+        assert_eq!(r.unwrap().status, ReportStatus::Accepted);
+    }
+    let (_, vb) = admin(&base, "GET", &format!("/v1/collections/{b}")).await;
+    assert_eq!(vb["status"]["reports_accepted"], 300);
+
+    // A's late reports are refused, not acknowledged; its model is not ready yet.
+    match ca.send_batch(&mut late, late_batch).await {
+        Err(ClientError::Problem(p)) => {
+            assert_eq!(p.problem_type, ProblemType::CollectionFinalized)
+        }
+        other => panic!("reports after the finalized state must be refused: {other:?}"),
+    }
+    let (s, m) = admin(&base, "GET", &format!("/v1/collections/{a}/model")).await;
+    assert_eq!(
+        (s, m["type"].as_str()),
+        (409, Some("urn:ldpsyn:problem:model-not-ready"))
+    );
+    assert!(
+        !finalize.is_finished(),
+        "finalize answers only with the model"
+    );
+
+    // A process started on the database now (as after a kill -9 during the fit) fits the
+    // model of exactly the acknowledged reports from the committed state.
+    let config: CollectionConfig = serde_json::from_value({
+        let (_, mut v) = admin(&base, "GET", &format!("/v1/collections/{a}")).await;
+        v.as_object_mut().unwrap().remove("status");
+        v
+    })
+    .unwrap();
+    let engine = Engine::new(&config).unwrap();
+    let tables = reduce(&engine, &acknowledged(&acked, a));
+    assert_eq!(acknowledged(&late, a).len(), 0);
+    let expected = engine.finalize(&handle.state(), &tables).unwrap();
+    let expected = serde_json::to_value(expected.describe()).unwrap();
+    let second = start(&db, &[]).await;
+    let (s, m2) = admin(
+        &ldpsyn_tests::base(&second),
+        "GET",
+        &format!("/v1/collections/{a}/model"),
+    )
+    .await;
+    assert_eq!(s, 200, "{m2}");
+    assert_eq!(
+        m2["model"], expected,
+        "the restarted fit is the model of the acknowledged reports"
+    );
+
+    // Released, the fit completes and finalize answers with the same model.
+    drop(fit);
+    let (s, fin) = finalize.await.unwrap();
+    assert_eq!(s, 200, "{fin}");
+    assert_eq!(fin["model"], expected);
+    assert_eq!(fin["status"]["reports_accepted"], 400);
+    let (s, _) = admin(&base, "GET", &format!("/v1/collections/{a}/model")).await;
+    assert_eq!(s, 200);
+    // A second finalize answers the model already built.
+    let (s, again) = admin(&base, "POST", &format!("/v1/collections/{a}/finalize")).await;
+    assert_eq!((s, &again["model"]), (200, &expected));
+}
+
+/// Finalize with nothing collected is refused before the transition (`conflict`), and the
+/// collection stays open: as before the fit moved out of the committer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finalize_without_reports_leaves_the_collection_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(
+        &format!("sqlite://{}", dir.path().join("e.db").display()),
+        &[],
+    )
+    .await;
+    let base = base(&server);
+    let id = create(
+        &base,
+        json!({"protocol": "independence", "epsilon": 4.0, "target_users": 100}),
+    )
+    .await;
+    let (s, v) = admin(&base, "POST", &format!("/v1/collections/{id}/finalize")).await;
+    assert_eq!(
+        (s, v["type"].as_str()),
+        (409, Some("urn:ldpsyn:problem:conflict"))
+    );
+    let (_, v) = admin(&base, "GET", &format!("/v1/collections/{id}")).await;
+    assert_ne!(v["status"]["phase"], "finalized", "{v}");
+}

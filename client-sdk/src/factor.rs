@@ -162,7 +162,7 @@ impl Factor {
 /// Most bins one attribute's bin map may have (the token carries each cut in 16 bits).
 pub const MAX_BINS: usize = 1 << 15;
 
-/// Number of bins of a bin map over an attribute of `domain` codes (DESIGN.md "Tasks with
+/// Number of bins of a bin map over an attribute of `domain` codes (docs/design.md "Tasks with
 /// bin maps"). A bin map is given by its interior cut points `cuts`, strictly increasing in
 /// `1..domain`: bin 0 holds codes `0..cuts[0]`, bin i codes `cuts[i−1]..cuts[i]`, the last bin
 /// codes `cuts[m−1]..domain`. No cuts is the identity map (every code its own bin), so a map

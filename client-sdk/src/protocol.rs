@@ -2,7 +2,7 @@
 //! one list of problem types (RFC 9457) used by the server, the SDK's typed errors and the
 //! WASM client's `code`.
 //!
-//! Report payloads (DESIGN.md "Wire formats"):
+//! Report payloads (docs/design.md "Wire formats"):
 //!
 //! ```
 //! use ldpsyn::protocol::{Payload, OueBits};
@@ -122,7 +122,7 @@ impl<'de> Deserialize<'de> for OueBits {
     }
 }
 
-/// A randomized report payload. Exactly one key, as in DESIGN.md.
+/// A randomized report payload. Exactly one key, as in docs/design.md "Wire formats".
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -165,7 +165,7 @@ fn default_batch_size() -> u64 {
     2000
 }
 
-/// PrivIncr parameters (EDBT 2023), names as in DESIGN.md.
+/// PrivIncr parameters (EDBT 2023), names as in docs/design.md "Wire formats".
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PrivIncrParams {
@@ -338,7 +338,7 @@ pub struct Task {
     /// Bin maps, one per factor attribute in factor order, as interior cut points
     /// ([`crate::factor::bin_count`]; `[]` for an attribute reported at full resolution); absent
     /// when no attribute is binned. The device maps its codes to bins, then randomizes over the
-    /// product of the bin counts (DESIGN.md "Tasks with bin maps").
+    /// product of the bin counts (docs/design.md "Tasks with bin maps").
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bins: Vec<Vec<u32>>,
     /// ε of the report.

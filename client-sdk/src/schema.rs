@@ -125,7 +125,7 @@ pub enum AttributeKind {
         /// are a fine grid ([`Attribute::grid_cells`]) that devices encode to, and the
         /// aggregator measures factors over at most `max_bins` working bins of it while
         /// 1-ways see the grid, so synthetic values follow the fine distribution within a
-        /// bin (DESIGN.md "Numeric attributes").
+        /// bin (docs/design.md "Numeric attributes").
         bins: NumericBins,
         /// Decoded values are whole numbers.
         #[serde(default)]
@@ -207,7 +207,7 @@ impl NumericScale {
     }
 }
 
-/// Default fine-grid size of a `bins: "auto"` numeric attribute (DESIGN.md "Numeric
+/// Default fine-grid size of a `bins: "auto"` numeric attribute (docs/design.md "Numeric
 /// attributes": e.g. 1024 equal-width cells).
 pub const DEFAULT_GRID: u32 = 1024;
 
@@ -559,7 +559,7 @@ impl Attribute {
     /// would give (a cell joins the bin of its midpoint, a whole-number cell the bin of its
     /// number), every point mass and
     /// "missing" a bin of its own. `None` for every other attribute. Working bins are what
-    /// the aggregator measures factors in (DESIGN.md "Numeric attributes").
+    /// the aggregator measures factors in (docs/design.md "Numeric attributes").
     pub fn working_cuts(&self) -> Option<Vec<u32>> {
         let m = self.working_bins()?;
         let AttributeKind::Numeric {

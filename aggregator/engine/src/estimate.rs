@@ -35,8 +35,8 @@ use super::pgm::{FitOptions, GraphicalModel, Observation, fit};
 use super::tables::{Combined, Measurements, TableKey, coarsen};
 
 /// Default cap on the cells of one clique of the model graph: bounds the fit's memory and
-/// time (belief propagation is linear in the cells of all cliques); DESIGN.md suggests
-/// 10⁵–10⁶. Not a utility constant: larger cliques are completed by maximum entropy from the
+/// time (belief propagation is linear in the cells of all cliques); the junction trees of
+/// the field use 10⁵–10⁶. Not a utility constant: larger cliques are completed by maximum entropy from the
 /// pairs they contain.
 pub const MAX_CLIQUE_CELLS: u64 = 100_000;
 

@@ -1,4 +1,4 @@
-//! The working domain (DESIGN.md "Numeric attributes"). A `bins: "auto"` numeric attribute
+//! The working domain (docs/design.md "Numeric attributes"). A `bins: "auto"` numeric attribute
 //! is encoded by devices on a fine grid (its schema codes); protocols, measurements of
 //! several attributes and the graphical model work over its *working bins*, contiguous bins
 //! of those codes given by cuts ([`ldpsyn::factor::bin_count`]); its 1-ways are measured on
@@ -56,7 +56,7 @@ pub fn equal_width_cuts(k: usize, bins: usize) -> Vec<u32> {
 /// cut is placed where the cumulative mass is closest to an equal share of the mass still
 /// to be split, so a code heavier than a share becomes a bin of its own and the rest is
 /// shared among the others (`[]` when `bins ≥ p.len()`: full resolution). The maps depend on
-/// the data only through `p`, an earlier LDP estimate (DESIGN.md "Tasks with bin maps").
+/// the data only through `p`, an earlier LDP estimate (docs/design.md "Tasks with bin maps").
 pub fn equal_mass_cuts(p: &[f64], bins: usize) -> Vec<u32> {
     let k = p.len();
     if bins >= k {
@@ -291,7 +291,7 @@ impl Space {
     /// and the working cuts stay, so every table measured before still reads in the new
     /// bins); none when the attribute has no working bins, or `x`/`se` do not match the
     /// cells. They depend on the data only through the LDP estimate (post-processing;
-    /// DESIGN.md "Numeric attributes").
+    /// docs/design.md "Numeric attributes").
     pub fn point_masses(
         &self,
         a: usize,

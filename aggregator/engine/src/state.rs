@@ -262,7 +262,7 @@ pub struct TaskSpec {
     /// Mechanism.
     pub mechanism: MechanismKind,
     /// Bin maps of the factor's attributes (factor order, `[]` for full resolution), or
-    /// empty when none is binned (DESIGN.md "Tasks with bin maps").
+    /// empty when none is binned (docs/design.md "Tasks with bin maps").
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bins: Vec<Vec<u32>>,
 }

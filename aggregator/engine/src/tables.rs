@@ -5,11 +5,11 @@
 //! merge the sums. [`Measurements`] turns the tables into estimates: every table whose factor
 //! contains a set of attributes `A*` yields an unbiased estimate of the marginal of `A*`
 //! (summing the cells that agree on `A*`), and those estimates are combined with
-//! inverse-variance weights in frequency space (eqs. 6–13 of PrivIncr, EDBT 2023, with the
-//! correction of DESIGN.md: eq. 6 weighs *counts*, in frequency space table j's weight is
+//! inverse-variance weights in frequency space (eqs. 6–13 of PrivIncr, EDBT 2023, with one
+//! correction: eq. 6 weighs *counts*, in frequency space table j's weight is
 //! the inverse of its frequency variance).
 //!
-//! **One variance model** (DESIGN.md "Estimation v2"): every cell of every table, whole or
+//! **One variance model** (docs/design.md "Estimation"): every cell of every table, whole or
 //! summed down to fewer attributes, has the variance [`Measurement::cell_variances`]: the
 //! randomizer's (over the devices' coins) plus sampling against the population
 //! (`f(1−f)/n · (N−n)/(N−1)`: which users were asked for this table), evaluated at a model's
@@ -279,7 +279,7 @@ pub fn coarsen(values: &[f64], dims: &[usize], bins: &[Vec<u32>]) -> Vec<f64> {
 /// with `π0` (GRR: `p + (c−1)q` and `cq`; a pair-GRR kept half: its own GRR at ε/2); OUE
 /// bits are independent, so the per-user variance is `p(1−p) + (c−1)q(1−q)` inside and
 /// `c q(1−q)` outside. Divided by `n (p − q)²` as for the unbiased estimator
-/// `(C/n − π0)/(p − q)` (DESIGN.md "Mechanisms").
+/// `(C/n − π0)/(p − q)` (docs/design.md "Mechanisms").
 pub(crate) fn summed_randomizer_variance(
     m: &Mechanism,
     c: usize,
@@ -350,7 +350,7 @@ impl Measurement {
             .product()
     }
 
-    /// The one variance model of DESIGN.md "Estimation v2": the variance of every cell of
+    /// The one variance model of docs/design.md "Estimation": the variance of every cell of
     /// [`Measurement::marginalized`]`(target)` when the population's marginal of `target` is
     /// `f` (row-major in `target` order, non-negative, sum 1): the randomizer's variance for
     /// the table's `n` users plus the sampling variance of those `n` users against a

@@ -1,14 +1,14 @@
 //! Task tokens: what the server asks one person to report, signed with HMAC-SHA256.
 //!
 //! A token binds collection, round, factor, mechanism, ε, expiry and a random nonce
-//! (DESIGN.md "Wire formats"). Layout before base64url (no padding):
+//! (docs/design.md "Wire formats"). Layout before base64url (no padding):
 //!
 //! ```text
 //! version u8 = 1 | collection 16 B | round u32 BE | mechanism u8 | epsilon f64 BE
 //! | expires_at i64 BE | nonce 16 B | factor length u8 | factor u16 BE × length | HMAC 32 B
 //! ```
 //!
-//! A task with bin maps (DESIGN.md "Tasks with bin maps") takes version 2, which adds after
+//! A task with bin maps (docs/design.md "Tasks with bin maps") takes version 2, which adds after
 //! the factor, per factor attribute, `cut count u16 BE | cuts u16 BE × count` (count 0: full
 //! resolution), at most [`MAX_TOKEN_CUTS`] cuts in all: the token binds the maps themselves,
 //! so the server reads the table a report belongs to from the token alone.

@@ -15,7 +15,7 @@ use crate::Epsilon;
 const GEOMETRIC_BELOW_Q: f64 = 1.0 / 16.0;
 
 /// OUE over `k ≥ 2` values. The report is a bitset of `⌈k/8⌉` bytes, bit i in byte i/8,
-/// least significant bit first, unused bits 0 (the wire format of DESIGN.md).
+/// least significant bit first, unused bits 0 (docs/design.md "Wire formats").
 ///
 /// Guarantee: ε-LDP for one report (replacement neighbours): two inputs differ in the
 /// probability of two bits only, and the worst ratio is

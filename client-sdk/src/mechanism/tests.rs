@@ -538,10 +538,10 @@ fn privacy_audit_has_power() {
 }
 
 // ---------------------------------------------------------------------------------------
-// χ² goodness of fit of the randomizers (theory from the formulas of DESIGN.md).
+// χ² goodness of fit of the randomizers (theory from the formulas of docs/design.md "Mechanisms").
 // ---------------------------------------------------------------------------------------
 
-/// GRR output distribution for input `v` from the formula of DESIGN.md with domain `k_formula`
+/// GRR output distribution for input `v` from the formula of docs/design.md with domain `k_formula`
 /// in p (a wrong `k_formula` models an off-by-one bug), q spread evenly over the others.
 fn grr_theory(epsilon: f64, k: usize, k_formula: usize, v: usize) -> Vec<f64> {
     let e = epsilon.exp();

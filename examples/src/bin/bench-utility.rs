@@ -2,7 +2,7 @@
 //! simulator, writes a JSON array and a Markdown table.
 //!
 //! ```text
-//! # the utility suite (DESIGN.md "Utility suite"): adult-45k, nist-taxi, temporal-match2,
+//! # the utility suite (docs/design.md "Utility suite"): adult-45k, nist-taxi, temporal-match2,
 //! # bn and adult-1.5m at their real sizes, every protocol and the non-private references
 //! bench-utility --suite --no-ml --out benchmarks/results/utility.json
 //! # Adult resampled (the original benchmark)

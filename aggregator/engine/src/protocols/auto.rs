@@ -1,4 +1,4 @@
-//! `auto` (DESIGN.md "Adaptive rounds"): round 0 ([`AUTO_ROUND0_SHARE`] of the users)
+//! `auto` (docs/design.md "Adaptive rounds"): round 0 ([`AUTO_ROUND0_SHARE`] of the users)
 //! measures every attribute alone; a screening round ([`AUTO_PHASE1_SHARE`]) then measures,
 //! uniformly, every pair that could ever pay for its reports, with the lower-variance oracle,
 //! a pair too large for its reports over contiguous bins of equal estimated mass (round 0's
@@ -410,7 +410,7 @@ impl Auto {
         state
     }
 
-    /// The screening round's tasks for its active pairs `edges` (DESIGN.md "Adaptive
+    /// The screening round's tasks for its active pairs `edges` (docs/design.md "Adaptive
     /// rounds"). One report of a pair is, at large ε, mostly sampling noise, while one report
     /// of a factor of m attributes estimates all its C(m, 2) pairs at little more randomizer
     /// noise each (a marginal sums the factor's cells; [`Engine::marginal_noise_l1`]). So the
@@ -505,7 +505,7 @@ impl Auto {
             .min(2.0)
     }
 
-    /// `auto`'s selection after its screening round (DESIGN.md "Adaptive rounds"; PPSyn
+    /// `auto`'s selection after its screening round (docs/design.md "Adaptive rounds"; PPSyn
     /// Alg. 2's contribution per budget). Each screened pair's dependence `D̂` (its L1
     /// distance from independence, debiased for the screening noise: [`PairGain`]) is
     /// estimated from the screening tables, against the 1-ways of the screening round's

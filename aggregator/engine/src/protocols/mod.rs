@@ -6,7 +6,7 @@
 //!
 //! - [`privincr`]: PrivIncr and NoIncremental (EDBT 2023, Algorithms 1–2).
 //! - [`auto`]: 1-ways, a screening round of pairs binned by their estimated mass, then
-//!   selection by predicted error (DESIGN.md "Adaptive rounds").
+//!   selection by predicted error (docs/design.md "Adaptive rounds").
 //! - [`samprivsyn`]: SamPrivSyn's MI-weighted pair sampling (Sci China Inf Sci 2023,
 //!   Algorithm 1).
 //! - [`independence`]: every attribute alone.

@@ -4,7 +4,7 @@
 //! in the paper, whose attributes are categorical): `AUTO_ROUND0_SHARE · r / d` of the users
 //! (`r` such attributes of `d`; `numeric_round0_share` in `protocols`) report one of them
 //! alone, in sub-bins of its working bins, so that point masses become working bins of their
-//! own and synthetic values are recovered within their bins (DESIGN.md "Numeric
+//! own and synthetic values are recovered within their bins (docs/design.md "Numeric
 //! attributes"); phase 1 below then runs unchanged, in rounds `1..=T`, and the round-0 1-ways
 //! enter the final fit.
 //!

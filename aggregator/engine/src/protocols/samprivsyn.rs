@@ -4,7 +4,7 @@
 //! floor of [`SAMPRIVSYN_WEIGHT_FLOOR`] of the mean weight so no pair starves. Uniform at the
 //! start (line 4). With `bins: "auto"` numeric attributes (not in the paper), a fixed share
 //! of the users (`numeric_round0_share` in `protocols`) reports one of them alone in
-//! sub-bins instead, for the shape within its working bins (DESIGN.md "Numeric
+//! sub-bins instead, for the shape within its working bins (docs/design.md "Numeric
 //! attributes"); the pair weights share the rest. All batches pool into round-0 tables (same
 //! mechanism and ε). The model graph may keep any pair; with `samprivsyn_lasso` set the
 //! synthetic rows come from the paper's own estimator and data generation

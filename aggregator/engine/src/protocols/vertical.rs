@@ -1,4 +1,5 @@
-//! Vertical collections (VertiMRF, `../shared/papers/vertimrf.txt`): parties hold different
+//! Vertical collections (VertiMRF: "Differentially Private Vertical Federated Data Synthesis";
+//! docs/design.md "Vertical collections"): parties hold different
 //! attributes of the same people and upload, per pseudonymous record id, one GRR report per
 //! attribute at its own ε (§4.2, FO-based LocEnc, eq. 6).
 //!

@@ -320,10 +320,11 @@ pub fn model_schema() -> ObjectBuilder {
             "residuals",
             object().description(Some(
                 "The fit checked against its measurements: `tables_checked` (tables whose \
-                 factor lies in one clique), `beyond_noise` (standardized residual beyond \
-                 noise after a Bonferroni correction), `mean_ratio` (sum of squared \
-                 standardized residuals over their degrees of freedom; about 1 when the \
-                 model agrees with its measurements) and the `worst` tables.",
+                 factor lies in one clique; cells expected to hold fewer than 5 reports are \
+                 pooled into one), `beyond_noise` (standardized residual beyond noise after a \
+                 Bonferroni correction), `mean_ratio` (sum of squared standardized residuals \
+                 over their degrees of freedom; about 1 when the model agrees with its \
+                 measurements) and the `worst` tables.",
             )),
         )
         .property(

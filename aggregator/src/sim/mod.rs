@@ -261,8 +261,10 @@ mod tests {
     /// column's low codes and late ones its high codes, neighbours overlapping.
     #[test]
     fn a_drifted_order_follows_its_column() {
-        let pop = BayesNet::random(6, Dependence::Sparse, 1).sample(10_000, 2);
-        let drifted = pop.drifted(2, 7);
+        // Column 0 uniform over 4 codes, column 1 a copy of its parity.
+        let rows = (0..10_000u32).map(|i| vec![i % 4, i % 2]);
+        let pop = Population::from_rows(vec![4, 2], rows).unwrap();
+        let drifted = pop.drifted(0, 7);
         let sorted = |p: &Population| {
             let mut rows: Vec<Vec<u32>> = p.rows().map(<[u32]>::to_vec).collect();
             rows.sort();
@@ -271,12 +273,14 @@ mod tests {
         assert_eq!(sorted(&drifted), sorted(&pop));
         let mean = |rows: std::ops::Range<usize>| {
             let n = rows.len() as f64;
-            rows.map(|i| f64::from(drifted.row(i)[2])).sum::<f64>() / n
+            rows.map(|i| f64::from(drifted.row(i)[0])).sum::<f64>() / n
         };
+        // Uniform codes 0–3 have mean 1.5; the first quarter sits low, the last high.
         let (first, last) = (mean(0..2_500), mean(7_500..10_000));
-        assert!(first + 1.0 < last, "{first} vs {last}");
-        // Not a sort: the first quarter still holds codes above the column's lowest.
-        assert!((0..2_500).any(|i| drifted.row(i)[2] > 0));
-        assert_eq!(pop.drifted(2, 7), drifted);
+        assert!(first < 0.8 && last > 2.2, "{first} vs {last}");
+        // Not a sort: neighbouring codes overlap in time.
+        assert!((0..2_500).any(|i| drifted.row(i)[0] == 1));
+        assert!((7_500..10_000).any(|i| drifted.row(i)[0] == 2));
+        assert_eq!(pop.drifted(0, 7), drifted);
     }
 }

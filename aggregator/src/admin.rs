@@ -1,5 +1,6 @@
 //! `ldpsyn-aggregator collections …`: the operator's command line over the HTTP API of a
-//! running aggregator (`create`, `list`, `status`, `close-round`, `finalize`, `download`).
+//! running aggregator (`create`, `list`, `status`, `close-round`, `finalize`, `download`,
+//! `delete`).
 //! The admin token comes from `LDPSYN_ADMIN_TOKEN` (never a flag: it would show in the
 //! process list). Output is a human-readable summary, or the server's JSON with `--json`; a
 //! refusal prints the server's problem document (type, title, detail) and fails.
@@ -59,13 +60,23 @@ pub enum AdminCommand {
         /// Collection id.
         id: String,
     },
-    /// Close the current round (or batch) now.
+    /// Close the current round (or batch) now. Rounds close by themselves at their quota;
+    /// a round with no reports is refused unless `--force`.
     CloseRound {
         /// Collection id.
         id: String,
+        /// Close the round even when it has no reports (its pairs are then judged on no
+        /// data).
+        #[arg(long)]
+        force: bool,
     },
     /// Finalize: build the model; no more reports.
     Finalize {
+        /// Collection id.
+        id: String,
+    },
+    /// Delete a collection with its reports, tables, state and model. Cannot be undone.
+    Delete {
         /// Collection id.
         id: String,
     },
@@ -190,26 +201,37 @@ pub async fn run(
             call(reqwest::Method::GET, &format!("/v1/collections/{id}")),
             Box::new(summary),
         ),
-        AdminCommand::CloseRound { id } | AdminCommand::Finalize { id } => {
-            let (verb, what) = match cfg.command {
-                AdminCommand::Finalize { .. } => ("finalize", "finalized"),
-                _ => ("close-round", "round closed"),
-            };
+        AdminCommand::CloseRound { id, force } => {
+            let mut request = call(
+                reqwest::Method::POST,
+                &format!("/v1/collections/{id}/close-round"),
+            );
+            if *force {
+                request = request.query(&[("force", "true")]);
+            }
+            let id = id.clone();
+            (request, Box::new(move |v| closed_summary(&id, v)))
+        }
+        AdminCommand::Finalize { id } => {
             let id = id.clone();
             (
                 call(
                     reqwest::Method::POST,
-                    &format!("/v1/collections/{id}/{verb}"),
+                    &format!("/v1/collections/{id}/finalize"),
                 ),
-                Box::new(move |v| {
-                    let mut s = format!("{id}: {what}\n");
-                    if let Some(t) = v.get("transition") {
-                        s += &format!("  {t}\n");
-                    }
-                    s
-                }),
+                Box::new(move |_| format!("{id}: finalized\n")),
             )
         }
+        AdminCommand::Delete { id } => (
+            call(reqwest::Method::DELETE, &format!("/v1/collections/{id}")),
+            Box::new(|v| {
+                format!(
+                    "{}: deleted with its {} reports\n",
+                    v["id"].as_str().unwrap_or(""),
+                    v["reports_deleted"]
+                )
+            }),
+        ),
         AdminCommand::Download(args) => return download(args, cfg.json, &call, out).await,
     };
     let v = json_of(request.send().await?).await?;
@@ -319,6 +341,50 @@ async fn refusal(resp: reqwest::Response) -> AdminError {
         title: text("title").unwrap_or_default(),
         detail: text("detail"),
     }
+}
+
+/// What a close-round answer says was done: one line per transition ("round 0 closed, 3
+/// pairs pruned", …), or "nothing changed" with why.
+fn closed_summary(id: &str, v: &Value) -> String {
+    let pairs = |t: &Value| t["pruned"].as_array().map_or(0, Vec::len);
+    let plural = |n: usize, one: &str| {
+        if n == 1 {
+            format!("1 {one}")
+        } else {
+            format!("{n} {one}s")
+        }
+    };
+    let lines: Vec<String> = v["transitions"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|t| match t["transition"].as_str()? {
+            "round_closed" => Some(format!(
+                "round {} closed, {} pruned",
+                t["round"],
+                plural(pairs(t), "pair")
+            )),
+            "entered_clique_measurement" => Some(format!(
+                "entered phase 2 (clique measurement) with {}, {} pruned",
+                plural(t["factors"].as_u64().unwrap_or(0) as usize, "factor"),
+                plural(pairs(t), "pair")
+            )),
+            "reweighted" => Some(format!(
+                "batch closed, pairs re-weighted; batch {} open",
+                t["batch"]
+            )),
+            _ => None,
+        })
+        .collect();
+    if lines.is_empty() {
+        let phase = v["status"]["phase"].as_str().unwrap_or("");
+        return format!(
+            "{id}: nothing changed: phase {phase} has no round to close (rounds belong to \
+             phase 1 of privincr/auto and to samprivsyn's batches)\n"
+        );
+    }
+    lines.iter().map(|l| format!("{id}: {l}\n")).collect()
 }
 
 /// `accepted/target (percent)` of a collection document.

@@ -450,6 +450,10 @@ problem_types! {
     ModelNotReady = "model-not-ready", 409, "Model not ready";
     /// The request conflicts with the collection's state.
     Conflict = "conflict", 409, "Conflict";
+    /// An operator asked to close the open round (or batch) before any report arrived in it;
+    /// closing it would decide from no data. Rounds close by themselves at their quota;
+    /// `?force=true` closes it anyway.
+    RoundEmpty = "round-empty", 409, "Round has no reports";
     /// A vertical collection's party already uploaded this record id with other codes.
     RecordIdConflict = "record-id-conflict", 409, "Record id already holds other codes";
     /// The body is too large, or the batch has too many reports.

@@ -81,6 +81,15 @@ pub struct CloseRoundAnswer {
     pub status: CollectionStatus,
 }
 
+/// `DELETE /v1/collections/{id}`: what was deleted.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct DeleteAnswer {
+    /// The collection deleted.
+    pub id: uuid::Uuid,
+    /// Reports (vertical collections: party records) deleted with it.
+    pub reports_deleted: u64,
+}
+
 /// `POST /v1/collections/{id}/finalize`.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct FinalizeAnswer {

@@ -360,3 +360,86 @@ async fn delete_leaves_nothing_postgres() {
     };
     delete_leaves_nothing(&url).await;
 }
+
+/// A delete while a device uploads to the same collection: every report the device was told
+/// `accepted` was committed before the delete and deleted with it (the count the delete
+/// answers equals the acknowledgements), and no row of the collection remains; nothing is
+/// acknowledged into the deleted collection.
+async fn delete_during_uploads(url: &str) {
+    let server = common::serve_on(ADMIN, url, &[]);
+    let base = server.base.clone();
+    let http = reqwest::Client::new();
+    let (id, schema) = create(&http, &base, "samprivsyn").await;
+    let uploader = {
+        let base = base.clone();
+        tokio::spawn(async move {
+            let options = ClientOptions::insecure_simulation(Epsilon::new(2.0).unwrap(), 9);
+            let mut client = Client::connect(&base, id, options, MemoryLedger::default())
+                .await
+                .unwrap();
+            let mut acked = 0u64;
+            for batch in 0..5000u32 {
+                let mut people: Vec<_> = (0..20u32)
+                    .map(|i| SimulatedPerson {
+                        record: schema.encoded(vec![i % 3, batch % 2, i % 2]).unwrap(),
+                        ledger: MemoryLedger::default(),
+                    })
+                    .collect();
+                let Ok(answers) = client.submit_batch(&mut people).await else {
+                    break;
+                };
+                let ok = answers.iter().filter(|r| r.is_ok()).count() as u64;
+                acked += ok;
+                if ok == 0 {
+                    break;
+                }
+            }
+            acked
+        })
+    };
+    // Deleted once some reports are in, while the device goes on.
+    loop {
+        let (_, _, c) = admin(
+            &http,
+            reqwest::Method::GET,
+            format!("{base}/v1/collections/{id}"),
+        )
+        .await;
+        if c["status"]["reports_accepted"].as_u64().unwrap() >= 100 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let (status, _, answer) = admin(
+        &http,
+        reqwest::Method::DELETE,
+        format!("{base}/v1/collections/{id}"),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let acked = uploader.await.unwrap();
+    assert!(
+        acked < 5000 * 20,
+        "the device was still uploading at the delete"
+    );
+    assert_eq!(answer["reports_deleted"], acked, "{answer}");
+    for (table, count) in rows_of(url, id).await {
+        assert_eq!(count, 0, "{table} still holds rows of {id}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_during_uploads_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("race.db").display());
+    delete_during_uploads(&url).await;
+}
+
+/// As [`delete_during_uploads_sqlite`] on PostgreSQL (`LDPSYN_TEST_DATABASE_URL`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_during_uploads_postgres() {
+    let Some(url) = common::postgres_url("delete_during_uploads_postgres") else {
+        return;
+    };
+    delete_during_uploads(&url).await;
+}

@@ -52,6 +52,12 @@ pub enum AdminCommand {
         /// A protocol parameter as KEY=VALUE (JSON value; repeat), e.g. `rounds=3`.
         #[arg(long = "param", value_parser = parse_param)]
         params: Vec<(String, Value)>,
+        /// A name for people, shown by `list` and `status` (at most 100 characters).
+        #[arg(long)]
+        name: Option<String>,
+        /// What the collection is for, shown by `status` (at most 2,000 characters).
+        #[arg(long)]
+        description: Option<String>,
     },
     /// List every collection with its progress.
     List,
@@ -172,6 +178,8 @@ pub async fn run(
             target_users,
             protocol,
             params,
+            name,
+            description,
         } => {
             let schema: Value = serde_json::from_str(&std::fs::read_to_string(schema)?)?;
             let mut body = Map::new();
@@ -181,6 +189,12 @@ pub async fn run(
             }
             body.insert("target_users".into(), json!(target_users));
             body.insert("protocol".into(), json!(protocol));
+            if let Some(name) = name {
+                body.insert("name".into(), json!(name));
+            }
+            if let Some(description) = description {
+                body.insert("description".into(), json!(description));
+            }
             body.extend(params.iter().cloned());
             (
                 call(reqwest::Method::POST, "/v1/collections").json(&body),
@@ -398,14 +412,18 @@ fn progress(c: &Value) -> String {
 }
 
 fn one_line(c: &Value) -> String {
-    format!(
+    let line = format!(
         "{}  {:<13} ε={:<5} {:<20} {}",
         c["id"].as_str().unwrap_or(""),
         c["protocol"].as_str().unwrap_or(""),
         c["epsilon"],
         c["status"]["phase"].as_str().unwrap_or(""),
         progress(c)
-    )
+    );
+    match c["name"].as_str() {
+        Some(name) => format!("{line}  {name}"),
+        None => line,
+    }
 }
 
 fn summary(c: &Value) -> String {
@@ -418,8 +436,22 @@ fn summary(c: &Value) -> String {
         (Some(q), Some(a)) => format!("round {} ({a}/{q} reports)", s["round"]),
         _ => format!("round {}", s["round"]),
     };
+    let mut about = String::new();
+    if let Some(name) = c["name"].as_str() {
+        about += &format!("name        {name}\n");
+    }
+    if let Some(description) = c["description"].as_str() {
+        // Continuation lines aligned under the first.
+        about += &format!(
+            "about       {}\n",
+            description
+                .lines()
+                .collect::<Vec<_>>()
+                .join("\n            ")
+        );
+    }
     format!(
-        "collection  {}\nprotocol    {} at ε = {}\nattributes  {} ({})\nphase       {}, {round}\nreports     {}\nmodel       {}\n",
+        "collection  {}\n{about}protocol    {} at ε = {}\nattributes  {} ({})\nphase       {}, {round}\nreports     {}\nmodel       {}\n",
         c["id"].as_str().unwrap_or(""),
         c["protocol"].as_str().unwrap_or(""),
         c["epsilon"],

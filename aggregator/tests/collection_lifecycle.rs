@@ -443,3 +443,116 @@ async fn delete_during_uploads_postgres() {
     };
     delete_during_uploads(&url).await;
 }
+
+/// A collection created with a name and a description (CLI) shows them in its public view,
+/// in `list` and in `status`; one without shows neither. A name that is too long, blank,
+/// not a string or on two lines is refused 400 `invalid-parameter` with a detail saying what
+/// is allowed, and creates nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn name_and_description_are_shown() {
+    let server = common::serve(ADMIN, &[]);
+    let base = server.base.clone();
+    let http = reqwest::Client::new();
+    let dir = tempfile::tempdir().unwrap();
+    let schema_path = dir.path().join("schema.json");
+    std::fs::write(&schema_path, schema().to_string()).unwrap();
+    let schema_arg = schema_path.display().to_string();
+    let create_named = [
+        "create",
+        "--schema",
+        &schema_arg,
+        "--epsilon",
+        "2",
+        "--target-users",
+        "500",
+        "--name",
+        "  Census, spring 2026 ",
+        "--description",
+        "Adult census columns.\nSecond line.",
+    ];
+    let id: Uuid = stdout_ok(&cli(&base, &create_named))
+        .trim()
+        .parse()
+        .unwrap();
+    let (plain, _) = create(&http, &base, "privincr").await;
+
+    let (status, _, view) = admin(
+        &http,
+        reqwest::Method::GET,
+        format!("{base}/v1/collections/{id}"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(view["name"], "Census, spring 2026", "stored trimmed");
+    assert_eq!(view["description"], "Adult census columns.\nSecond line.");
+    let (_, _, view) = admin(
+        &http,
+        reqwest::Method::GET,
+        format!("{base}/v1/collections/{plain}"),
+    )
+    .await;
+    assert!(
+        view.get("name").is_none() && view.get("description").is_none(),
+        "{view}"
+    );
+
+    let listed = stdout_ok(&cli(&base, &["list"]));
+    let line = listed
+        .lines()
+        .find(|l| l.starts_with(&id.to_string()))
+        .unwrap();
+    assert!(line.ends_with("  Census, spring 2026"), "{listed}");
+    let said = stdout_ok(&cli(&base, &["status", &id.to_string()]));
+    assert!(
+        said.contains("\nname        Census, spring 2026\n"),
+        "{said}"
+    );
+    assert!(
+        said.contains("\nabout       Adult census columns.\n            Second line.\n"),
+        "{said}"
+    );
+    let said = stdout_ok(&cli(&base, &["status", &plain.to_string()]));
+    assert!(
+        !said.contains("name  ") && !said.contains("about  "),
+        "{said}"
+    );
+
+    let long = "x".repeat(101);
+    for (name, why) in [
+        (json!(long), "101 characters"),
+        (json!("   "), "0 characters"),
+        (json!(7), "got 7"),
+        (json!("two\nlines"), "control characters"),
+    ] {
+        let r = http
+            .post(format!("{base}/v1/collections"))
+            .bearer_auth(ADMIN)
+            .json(
+                &json!({"schema": schema(), "protocol": "privincr", "epsilon": 2.0,
+                "target_users": 500, "name": name}),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400);
+        let problem: Value = r.json().await.unwrap();
+        assert_eq!(problem["type"], "urn:ldpsyn:problem:invalid-parameter");
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(
+            detail.contains("`name` must be a string of 1 to 100 characters on one line")
+                && detail.contains(why),
+            "{detail}"
+        );
+    }
+    let (_, _, all) = admin(
+        &http,
+        reqwest::Method::GET,
+        format!("{base}/v1/collections"),
+    )
+    .await;
+    assert_eq!(
+        all.as_array().unwrap().len(),
+        2,
+        "a refusal creates nothing"
+    );
+}

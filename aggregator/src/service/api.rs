@@ -135,6 +135,11 @@ pub type PartyTokens = BTreeMap<String, String>;
 /// chosen protocol's parameters are accepted; an unknown key is a 400.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct CreateCollection {
+    /// Optional: a name for people (lists, the dashboard), 1 to 100 characters on one line.
+    #[schema(example = "Adult census, spring 2026")]
+    pub name: Option<String>,
+    /// Optional: what the collection is for, 1 to 2,000 characters.
+    pub description: Option<String>,
     /// The schema every record follows.
     pub schema: ldpsyn::schema::Schema,
     /// ε of every report, 0.01..=20 (vertical collections: optional, default the largest

@@ -7,10 +7,10 @@
 //! transaction**, commits, and only then updates the in-memory sufficient statistics and
 //! answers the requests. Admin transitions (close round, finalize, delete) go through the
 //! same task, so the in-memory state has a single writer, and an upload queued behind a
-//! delete is refused rather than stored into a deleted collection. Finalize's model fit does not: the
-//! committer commits the finalized state (after which the collection's reports are refused
-//! `collection-finalized`) and hands the fit to a task of its own, so uploads to every
-//! collection go on while it runs ([`CollectionHandle::ensure_model`]).
+//! delete is refused rather than stored into a deleted collection. Finalize's model fit does
+//! not: the committer commits the finalized state (after which the collection's reports are
+//! refused `collection-finalized`) and hands the fit to a task of its own, so uploads to
+//! every collection go on while it runs ([`CollectionHandle::ensure_model`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
@@ -517,6 +517,14 @@ async fn refresh(
     Ok(())
 }
 
+/// The answer to a report of a collection deleted before the report's commit.
+fn deleted_before_commit(id: Uuid) -> Outcome {
+    Outcome::Rejected(Problem::new(
+        ProblemType::UnknownCollection,
+        format!("collection {id} was deleted before this report was committed"),
+    ))
+}
+
 /// The answer to a report of a collection finalized before the report's commit.
 fn finalized_before_commit() -> Outcome {
     Outcome::Rejected(Problem::new(
@@ -547,13 +555,7 @@ async fn commit_group(db: &Db, writer: &mut Writer, metrics: &Metrics, group: Gr
         for (i, p) in items.iter().enumerate() {
             let r = &p.report;
             if p.handle.is_deleted() {
-                outcomes[j][i] = Some(Outcome::Rejected(Problem::new(
-                    ProblemType::UnknownCollection,
-                    format!(
-                        "collection {} was deleted before this report was committed",
-                        r.collection
-                    ),
-                )));
+                outcomes[j][i] = Some(deleted_before_commit(r.collection));
             } else if p.handle.state().phase == Phase::Finalized {
                 outcomes[j][i] = Some(finalized_before_commit());
             } else if let Some(&(fj, fi)) = tokens.get(&(r.collection, r.nonce.as_str())) {
@@ -675,13 +677,7 @@ async fn write_group(
         if gates[&r.collection] == IngestGate::Finalized {
             classified[k] = finalized_before_commit();
         } else if gates[&r.collection] == IngestGate::Gone {
-            classified[k] = Outcome::Rejected(Problem::new(
-                ProblemType::UnknownCollection,
-                format!(
-                    "collection {} was deleted before this report was committed",
-                    r.collection
-                ),
-            ));
+            classified[k] = deleted_before_commit(r.collection);
         } else if !inserted[k] {
             let stored = Db::report_of_token(&mut tx, r.collection, &r.nonce).await?;
             classified[k] = if stored == Some(r.report_id) {
@@ -958,6 +954,8 @@ mod tests {
                 {"name": "b", "type": "categorical", "labels": ["x", "y", "z"]}]}))
         .unwrap();
         let config = CollectionConfig {
+            name: None,
+            description: None,
             version: PROTOCOL_VERSION,
             id: Uuid::nil(),
             schema,

@@ -381,9 +381,14 @@ impl AppState {
             .ask(|reply| Command::Delete { id, handle, reply })
             .await;
         // Also when another process deleted it first (unknown-collection): forget it here.
-        if r.is_ok()
-            || matches!(&r, Err(ApiError::Problem { kind, .. }) if *kind == ldpsyn::protocol::ProblemType::UnknownCollection)
-        {
+        let gone = matches!(
+            &r,
+            Err(ApiError::Problem {
+                kind: ldpsyn::protocol::ProblemType::UnknownCollection,
+                ..
+            })
+        );
+        if r.is_ok() || gone {
             self.forget(id);
         }
         r

@@ -57,7 +57,50 @@ fn view_of(state: &AppState, h: &CollectionHandle) -> api::CollectionView {
     }
 }
 
-const COMMON_KEYS: &[&str] = &["schema", "epsilon", "target_users", "protocol"];
+const COMMON_KEYS: &[&str] = &[
+    "schema",
+    "epsilon",
+    "target_users",
+    "protocol",
+    "name",
+    "description",
+];
+
+/// Checks the optional text field `key` of a create request: a string of at most `max`
+/// characters, not blank, without control characters (a description may break lines).
+/// Stored trimmed. Errors: a 400 `invalid-parameter` problem saying what is allowed.
+fn check_text(
+    obj: &mut serde_json::Map<String, Value>,
+    key: &str,
+    max: usize,
+) -> Result<(), ApiError> {
+    let Some(v) = obj.get(key) else {
+        return Ok(());
+    };
+    let multiline = key == "description";
+    let allowed = format!(
+        "`{key}` must be a string of 1 to {max} characters{}",
+        if multiline { "" } else { " on one line" }
+    );
+    let bad = |why: String| ApiError::problem(ProblemType::InvalidParameter, why);
+    let Some(text) = v.as_str() else {
+        return Err(bad(format!("{allowed} (got {v})")));
+    };
+    let text = text.trim();
+    let chars = text.chars().count();
+    if chars == 0 || chars > max {
+        return Err(bad(format!("{allowed} (got {chars} characters)")));
+    }
+    if text
+        .chars()
+        .any(|c| c.is_control() && !(multiline && matches!(c, '\n' | '\t')))
+    {
+        return Err(bad(format!("{allowed}, without control characters")));
+    }
+    let text = text.to_owned();
+    obj.insert(key.to_owned(), Value::String(text));
+    Ok(())
+}
 const PRIVINCR_KEYS: &[&str] = &["omega", "rounds", "phi", "alpha", "sigma"];
 const SAMPRIVSYN_KEYS: &[&str] = &["batch_size"];
 const VERTICAL_KEYS: &[&str] = &["parties"];
@@ -106,6 +149,16 @@ pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine),
             ));
         }
     }
+    check_text(
+        &mut obj,
+        "name",
+        ldpsyn::protocol::MAX_COLLECTION_NAME_CHARS,
+    )?;
+    check_text(
+        &mut obj,
+        "description",
+        ldpsyn::protocol::MAX_COLLECTION_DESCRIPTION_CHARS,
+    )?;
     let schema_v = obj
         .get("schema")
         .cloned()

@@ -5,7 +5,9 @@ Creates, over the public API with the admin token:
   - an `independence` collection fed with randomized reports from its own tasks, then
     finalized (model, marginals and synthetic downloads see a model),
   - a `vertical` collection with two parties, fed with records and finalized, and an open one
-    (party routes see real party names).
+    (party routes see real party names),
+  - a throwaway `independence` collection, the only one `DELETE /v1/collections/{id}` is sent
+    (the seeded ones stay for the other operations).
 Then writes schemathesis.toml: the admin token on every request, and dictionaries so that most
 generated `id`, `party` and `attrs` values are these collections' (the rest stay random).
 
@@ -88,6 +90,9 @@ for p, tok in vertical["party_tokens"].items():
     assert r["accepted"] == len(ids), r
 call("POST", f"/v1/collections/{vertical['id']}/finalize")
 
+doomed = call("POST", "/v1/collections",
+              {"schema": schema, "protocol": "independence", "epsilon": 2, "target_users": 10})
+
 collections = [open_device["id"], fed["id"], vertical["id"], open_vertical["id"]]
 toml = f"""# Written by .ci/schemathesis_setup.py for one run against a live serve.
 headers = {{ Authorization = "Bearer {token}" }}
@@ -116,6 +121,12 @@ values = ["app.js", "api.js", "charts.js", "style.css", "index.html"]
 include-path = "/v1/collections/{{id}}/parties/{{party}}/records"
 headers = {{ Authorization = "Bearer {open_vertical['party_tokens']['bank']}" }}
 parameters = {{ "path.id" = "{open_vertical['id']}", "path.party" = "bank" }}
+
+# Deletes go to the throwaway collection only (deleted by the first, 404 after).
+[[operations]]
+include-path = "/v1/collections/{{id}}"
+include-method = "DELETE"
+parameters = {{ "path.id" = "{doomed['id']}" }}
 """
 open(out, "w").write(toml)
 print(f"seeded {len(collections)} collections ({accepted} device reports, {len(ids)} vertical "

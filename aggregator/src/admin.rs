@@ -1,5 +1,6 @@
 //! `ldpsyn-aggregator collections …`: the operator's command line over the HTTP API of a
-//! running aggregator (`create`, `list`, `status`, `close-round`, `finalize`, `download`).
+//! running aggregator (`create`, `list`, `status`, `close-round`, `finalize`, `download`,
+//! `delete`).
 //! The admin token comes from `LDPSYN_ADMIN_TOKEN` (never a flag: it would show in the
 //! process list). Output is a human-readable summary, or the server's JSON with `--json`; a
 //! refusal prints the server's problem document (type, title, detail) and fails.
@@ -51,6 +52,12 @@ pub enum AdminCommand {
         /// A protocol parameter as KEY=VALUE (JSON value; repeat), e.g. `rounds=3`.
         #[arg(long = "param", value_parser = parse_param)]
         params: Vec<(String, Value)>,
+        /// A name for people, shown by `list` and `status` (at most 100 characters).
+        #[arg(long)]
+        name: Option<String>,
+        /// What the collection is for, shown by `status` (at most 2,000 characters).
+        #[arg(long)]
+        description: Option<String>,
     },
     /// List every collection with its progress.
     List,
@@ -59,13 +66,23 @@ pub enum AdminCommand {
         /// Collection id.
         id: String,
     },
-    /// Close the current round (or batch) now.
+    /// Close the current round (or batch) now. Rounds close by themselves at their quota;
+    /// a round with no reports is refused unless `--force`.
     CloseRound {
         /// Collection id.
         id: String,
+        /// Close the round even when it has no reports (its pairs are then judged on no
+        /// data).
+        #[arg(long)]
+        force: bool,
     },
     /// Finalize: build the model; no more reports.
     Finalize {
+        /// Collection id.
+        id: String,
+    },
+    /// Delete a collection with its reports, tables, state and model. Cannot be undone.
+    Delete {
         /// Collection id.
         id: String,
     },
@@ -161,6 +178,8 @@ pub async fn run(
             target_users,
             protocol,
             params,
+            name,
+            description,
         } => {
             let schema: Value = serde_json::from_str(&std::fs::read_to_string(schema)?)?;
             let mut body = Map::new();
@@ -170,6 +189,12 @@ pub async fn run(
             }
             body.insert("target_users".into(), json!(target_users));
             body.insert("protocol".into(), json!(protocol));
+            if let Some(name) = name {
+                body.insert("name".into(), json!(name));
+            }
+            if let Some(description) = description {
+                body.insert("description".into(), json!(description));
+            }
             body.extend(params.iter().cloned());
             (
                 call(reqwest::Method::POST, "/v1/collections").json(&body),
@@ -190,26 +215,37 @@ pub async fn run(
             call(reqwest::Method::GET, &format!("/v1/collections/{id}")),
             Box::new(summary),
         ),
-        AdminCommand::CloseRound { id } | AdminCommand::Finalize { id } => {
-            let (verb, what) = match cfg.command {
-                AdminCommand::Finalize { .. } => ("finalize", "finalized"),
-                _ => ("close-round", "round closed"),
-            };
+        AdminCommand::CloseRound { id, force } => {
+            let mut request = call(
+                reqwest::Method::POST,
+                &format!("/v1/collections/{id}/close-round"),
+            );
+            if *force {
+                request = request.query(&[("force", "true")]);
+            }
+            let id = id.clone();
+            (request, Box::new(move |v| closed_summary(&id, v)))
+        }
+        AdminCommand::Finalize { id } => {
             let id = id.clone();
             (
                 call(
                     reqwest::Method::POST,
-                    &format!("/v1/collections/{id}/{verb}"),
+                    &format!("/v1/collections/{id}/finalize"),
                 ),
-                Box::new(move |v| {
-                    let mut s = format!("{id}: {what}\n");
-                    if let Some(t) = v.get("transition") {
-                        s += &format!("  {t}\n");
-                    }
-                    s
-                }),
+                Box::new(move |_| format!("{id}: finalized\n")),
             )
         }
+        AdminCommand::Delete { id } => (
+            call(reqwest::Method::DELETE, &format!("/v1/collections/{id}")),
+            Box::new(|v| {
+                format!(
+                    "{}: deleted with its {} reports\n",
+                    v["id"].as_str().unwrap_or(""),
+                    v["reports_deleted"]
+                )
+            }),
+        ),
         AdminCommand::Download(args) => return download(args, cfg.json, &call, out).await,
     };
     let v = json_of(request.send().await?).await?;
@@ -321,6 +357,50 @@ async fn refusal(resp: reqwest::Response) -> AdminError {
     }
 }
 
+/// What a close-round answer says was done: one line per transition ("round 0 closed, 3
+/// pairs pruned", …), or "nothing changed" with why.
+fn closed_summary(id: &str, v: &Value) -> String {
+    let pairs = |t: &Value| t["pruned"].as_array().map_or(0, Vec::len);
+    let plural = |n: usize, one: &str| {
+        if n == 1 {
+            format!("1 {one}")
+        } else {
+            format!("{n} {one}s")
+        }
+    };
+    let lines: Vec<String> = v["transitions"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|t| match t["transition"].as_str()? {
+            "round_closed" => Some(format!(
+                "round {} closed, {} pruned",
+                t["round"],
+                plural(pairs(t), "pair")
+            )),
+            "entered_clique_measurement" => Some(format!(
+                "entered phase 2 (clique measurement) with {}, {} pruned",
+                plural(t["factors"].as_u64().unwrap_or(0) as usize, "factor"),
+                plural(pairs(t), "pair")
+            )),
+            "reweighted" => Some(format!(
+                "batch closed, pairs re-weighted; batch {} open",
+                t["batch"]
+            )),
+            _ => None,
+        })
+        .collect();
+    if lines.is_empty() {
+        let phase = v["status"]["phase"].as_str().unwrap_or("");
+        return format!(
+            "{id}: nothing changed: phase {phase} has no round to close (rounds belong to \
+             phase 1 of privincr/auto and to samprivsyn's batches)\n"
+        );
+    }
+    lines.iter().map(|l| format!("{id}: {l}\n")).collect()
+}
+
 /// `accepted/target (percent)` of a collection document.
 fn progress(c: &Value) -> String {
     let accepted = c["status"]["reports_accepted"].as_u64().unwrap_or(0);
@@ -332,14 +412,18 @@ fn progress(c: &Value) -> String {
 }
 
 fn one_line(c: &Value) -> String {
-    format!(
+    let line = format!(
         "{}  {:<13} ε={:<5} {:<20} {}",
         c["id"].as_str().unwrap_or(""),
         c["protocol"].as_str().unwrap_or(""),
         c["epsilon"],
         c["status"]["phase"].as_str().unwrap_or(""),
         progress(c)
-    )
+    );
+    match c["name"].as_str() {
+        Some(name) => format!("{line}  {name}"),
+        None => line,
+    }
 }
 
 fn summary(c: &Value) -> String {
@@ -352,8 +436,22 @@ fn summary(c: &Value) -> String {
         (Some(q), Some(a)) => format!("round {} ({a}/{q} reports)", s["round"]),
         _ => format!("round {}", s["round"]),
     };
+    let mut about = String::new();
+    if let Some(name) = c["name"].as_str() {
+        about += &format!("name        {name}\n");
+    }
+    if let Some(description) = c["description"].as_str() {
+        // Continuation lines aligned under the first.
+        about += &format!(
+            "about       {}\n",
+            description
+                .lines()
+                .collect::<Vec<_>>()
+                .join("\n            ")
+        );
+    }
     format!(
-        "collection  {}\nprotocol    {} at ε = {}\nattributes  {} ({})\nphase       {}, {round}\nreports     {}\nmodel       {}\n",
+        "collection  {}\n{about}protocol    {} at ε = {}\nattributes  {} ({})\nphase       {}, {round}\nreports     {}\nmodel       {}\n",
         c["id"].as_str().unwrap_or(""),
         c["protocol"].as_str().unwrap_or(""),
         c["epsilon"],

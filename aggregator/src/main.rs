@@ -26,7 +26,7 @@ enum Command {
     #[command(subcommand)]
     Schema(SchemaCommand),
     /// Operate a running aggregator over HTTP: create, list, status, close-round, finalize,
-    /// download (admin token from `LDPSYN_ADMIN_TOKEN`).
+    /// download, delete (admin token from `LDPSYN_ADMIN_TOKEN`).
     Collections(AdminConfig),
     /// A data party of a vertical collection: `keygen` (record-id key), `upload` (randomize
     /// and upload its records; token from `LDPSYN_PARTY_TOKEN`).

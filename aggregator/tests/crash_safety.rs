@@ -767,6 +767,8 @@ async fn healthz_is_503_until_the_state_is_loaded() {
         let row = CollectionRow {
             id,
             config: serde_json::to_string(&CollectionConfig {
+                name: None,
+                description: None,
                 id,
                 ..config.clone()
             })

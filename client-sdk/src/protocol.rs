@@ -310,6 +310,14 @@ pub struct CollectionConfig {
     pub version: u32,
     /// Collection id.
     pub id: Uuid,
+    /// A name for people (operators' lists, the dashboard), at most
+    /// [`MAX_COLLECTION_NAME_CHARS`] characters; not part of the protocol.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// What the collection is for, for people, at most
+    /// [`MAX_COLLECTION_DESCRIPTION_CHARS`] characters; not part of the protocol.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
     /// The schema every record follows.
     pub schema: Schema,
     /// ε of every report.
@@ -320,6 +328,12 @@ pub struct CollectionConfig {
     #[serde(flatten)]
     pub protocol: Protocol,
 }
+
+/// Most characters of a collection's [`CollectionConfig::name`].
+pub const MAX_COLLECTION_NAME_CHARS: usize = 100;
+
+/// Most characters of a collection's [`CollectionConfig::description`].
+pub const MAX_COLLECTION_DESCRIPTION_CHARS: usize = 2000;
 
 /// What the server asks one person to report. `GET /v1/collections/{id}/task` answers one
 /// `Task` object; `GET …/task?count=n` (n ≤ [`MAX_TASKS_PER_REQUEST`]) a JSON array of n
@@ -450,6 +464,10 @@ problem_types! {
     ModelNotReady = "model-not-ready", 409, "Model not ready";
     /// The request conflicts with the collection's state.
     Conflict = "conflict", 409, "Conflict";
+    /// An operator asked to close the open round (or batch) before any report arrived in it;
+    /// closing it would decide from no data. Rounds close by themselves at their quota;
+    /// `?force=true` closes it anyway.
+    RoundEmpty = "round-empty", 409, "Round has no reports";
     /// A vertical collection's party already uploaded this record id with other codes.
     RecordIdConflict = "record-id-conflict", 409, "Record id already holds other codes";
     /// The body is too large, or the batch has too many reports.

@@ -378,6 +378,8 @@ mod tests {
             {"name": "smoker", "type": "categorical", "labels": ["no", "yes"]}]}))
         .unwrap();
         CollectionConfig {
+            name: None,
+            description: None,
             version: 1,
             id: Uuid::nil(),
             schema,

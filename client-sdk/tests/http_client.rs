@@ -201,6 +201,8 @@ async fn start(epsilon: f64, behaviour: Behaviour) -> (String, Arc<Fake>) {
 async fn start_with(schema: Schema, epsilon: f64, behaviour: Behaviour) -> (String, Arc<Fake>) {
     let fake = Arc::new(Fake {
         config: CollectionConfig {
+            name: None,
+            description: None,
             version: 1,
             id: Uuid::new_v4(),
             schema,

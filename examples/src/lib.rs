@@ -83,6 +83,8 @@ pub fn simulate_numeric(
 ) -> Result<NumericRun, Error> {
     let pop = &loaded.population;
     let config = CollectionConfig {
+        name: None,
+        description: None,
         version: PROTOCOL_VERSION,
         id: uuid::Uuid::nil(),
         schema: schema.clone(),

@@ -73,7 +73,7 @@ export type ProblemCode =
   | "malformed-request" | "invalid-parameter" | "invalid-schema" | "invalid-record"
   | "invalid-payload" | "invalid-token" | "token-expired" | "token-reused" | "unauthorized"
   | "unknown-collection" | "not-found" | "method-not-allowed" | "collection-finalized" | "model-not-ready"
-  | "conflict" | "record-id-conflict" | "payload-too-large" | "rate-limited" | "epsilon-too-large"
+  | "conflict" | "round-empty" | "record-id-conflict" | "payload-too-large" | "rate-limited" | "epsilon-too-large"
   | "budget-exhausted" | "ledger-unavailable" | "internal" | "unavailable"
   | "collection-unavailable";
 

@@ -81,6 +81,15 @@ pub struct CloseRoundAnswer {
     pub status: CollectionStatus,
 }
 
+/// `DELETE /v1/collections/{id}`: what was deleted.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct DeleteAnswer {
+    /// The collection deleted.
+    pub id: uuid::Uuid,
+    /// Reports (vertical collections: party records) deleted with it.
+    pub reports_deleted: u64,
+}
+
 /// `POST /v1/collections/{id}/finalize`.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct FinalizeAnswer {
@@ -126,6 +135,11 @@ pub type PartyTokens = BTreeMap<String, String>;
 /// chosen protocol's parameters are accepted; an unknown key is a 400.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct CreateCollection {
+    /// Optional: a name for people (lists, the dashboard), 1 to 100 characters on one line.
+    #[schema(example = "Adult census, spring 2026")]
+    pub name: Option<String>,
+    /// Optional: what the collection is for, 1 to 2,000 characters.
+    pub description: Option<String>,
     /// The schema every record follows.
     pub schema: ldpsyn::schema::Schema,
     /// ε of every report, 0.01..=20 (vertical collections: optional, default the largest

@@ -1,6 +1,7 @@
 //! The service's error type and its one mapping to `application/problem+json` (RFC 9457):
 //! [`ApiError::to_problem`], which also holds the one mapping of engine errors
-//! ([`EngineError`]) to problem types. Storage errors ([`StorageError`]) are always 500.
+//! ([`EngineError`]) to problem types. Storage errors ([`StorageError`]) are 500, but for a
+//! collection deleted meanwhile (404 `unknown-collection`).
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -60,6 +61,11 @@ impl ApiError {
                 format!("upload rate limit reached; retry after {retry_after_secs} s"),
             ),
             ApiError::Engine(e) => engine_problem(e).unwrap_or_else(internal),
+            // Deleted by another process (PostgreSQL) while this request used it.
+            ApiError::Storage(StorageError::MissingCollection(id)) => Problem::new(
+                ProblemType::UnknownCollection,
+                format!("no collection {id} (it was deleted)"),
+            ),
             ApiError::Storage(_) | ApiError::Json(_) | ApiError::Internal(_) => internal(),
         }
     }

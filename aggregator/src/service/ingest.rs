@@ -5,14 +5,15 @@
 //! caught by the database's unique keys, so nothing is counted twice even across processes),
 //! bumps the per-round counts, closes rounds whose quota is reached **in the same
 //! transaction**, commits, and only then updates the in-memory sufficient statistics and
-//! answers the requests. Admin transitions (close round, finalize) go through the same
-//! task, so the in-memory state has a single writer. Finalize's model fit does not: the
-//! committer commits the finalized state (after which the collection's reports are refused
-//! `collection-finalized`) and hands the fit to a task of its own, so uploads to every
-//! collection go on while it runs ([`CollectionHandle::ensure_model`]).
+//! answers the requests. Admin transitions (close round, finalize, delete) go through the
+//! same task, so the in-memory state has a single writer, and an upload queued behind a
+//! delete is refused rather than stored into a deleted collection. Finalize's model fit does
+//! not: the committer commits the finalized state (after which the collection's reports are
+//! refused `collection-finalized`) and hands the fit to a task of its own, so uploads to
+//! every collection go on while it runs ([`CollectionHandle::ensure_model`]).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
@@ -24,7 +25,7 @@ use uuid::Uuid;
 
 use super::error::ApiError;
 use super::metrics::Metrics;
-use super::storage::{self, Db, MemoryView, NewReport, StorageError, Writer};
+use super::storage::{self, Db, IngestGate, MemoryView, NewReport, StorageError, Writer};
 use crate::engine::{
     CollectionState, Engine, EngineError, Model, Phase, TableKey, Tables, TaskSampler, Transition,
 };
@@ -54,6 +55,9 @@ pub struct CollectionHandle {
     /// The task distribution of the state it was built for (states are replaced, never
     /// changed in place, so the `Arc` identifies one).
     sampler: RwLock<Option<(Arc<CollectionState>, Arc<TaskSampler>)>>,
+    /// Set once the collection's rows are deleted: the committer refuses what is still queued
+    /// for it (`unknown-collection`).
+    deleted: AtomicBool,
 }
 
 impl CollectionHandle {
@@ -86,7 +90,19 @@ impl CollectionHandle {
             model: RwLock::new(None),
             fit: Arc::default(),
             sampler: RwLock::new(None),
+            deleted: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the collection has been deleted (its handle may still be held by a request
+    /// that looked it up before).
+    pub fn is_deleted(&self) -> bool {
+        self.deleted.load(Relaxed)
+    }
+
+    /// Marks the collection deleted (after its rows are gone).
+    pub(crate) fn mark_deleted(&self) {
+        self.deleted.store(true, Relaxed);
     }
 
     /// The task distribution of `state` (a snapshot from [`CollectionHandle::state`]),
@@ -282,8 +298,21 @@ pub enum Command {
     CloseRound {
         /// The collection.
         handle: Arc<CollectionHandle>,
+        /// Close it even when it has no reports (else `round-empty`).
+        force: bool,
         /// Where to answer.
         reply: oneshot::Sender<Result<Vec<Transition>, ApiError>>,
+    },
+    /// Delete a collection's rows (reports, tables, counts, state) in one transaction, then
+    /// mark its handle deleted; answers the number of reports (or vertical records) deleted,
+    /// or `unknown-collection` when no row was stored.
+    Delete {
+        /// The collection id.
+        id: Uuid,
+        /// Its handle, when this process holds one (not for a collection it cannot load).
+        handle: Option<Arc<CollectionHandle>>,
+        /// Where to answer.
+        reply: oneshot::Sender<Result<u64, ApiError>>,
     },
     /// Commit one party upload of a vertical collection.
     PartyRecords {
@@ -355,9 +384,17 @@ pub async fn run_committer(db: Db, metrics: Arc<Metrics>, mut rx: mpsc::Receiver
                 }
                 commit_group(&db, &mut writer, &metrics, group).await;
             }
-            Command::CloseRound { handle, reply } => {
-                let r = admin_close(&db, &mut writer, &metrics, &handle).await;
-                let _ = reply.send(writer.settle(r));
+            Command::CloseRound {
+                handle,
+                force,
+                reply,
+            } => {
+                let r = admin_close(&db, &mut writer, &metrics, &handle, force).await;
+                let _ = reply.send(keep_on_refusal(&mut writer, r));
+            }
+            Command::Delete { id, handle, reply } => {
+                let r = delete(&db, &mut writer, id, handle.as_deref()).await;
+                let _ = reply.send(keep_on_refusal(&mut writer, r));
             }
             Command::Refresh { items, reply } => {
                 let _ = reply.send(refresh(&db, items).await);
@@ -396,22 +433,70 @@ pub async fn run_committer(db: Db, metrics: Arc<Metrics>, mut rx: mpsc::Receiver
                 records,
                 reply,
             } => {
-                let r = super::vertical::commit_party_records(
-                    &db,
-                    &mut writer,
-                    &handle,
-                    party,
-                    &records,
-                )
-                .await;
-                // A refused upload (conflict, finalized) is no reason to drop the connection.
-                let r = match r {
-                    Err(e @ ApiError::Problem { .. }) => Err(e),
-                    other => writer.settle(other),
+                let r = if handle.is_deleted() {
+                    Err(deleted_problem(handle.id))
+                } else {
+                    super::vertical::commit_party_records(
+                        &db,
+                        &mut writer,
+                        &handle,
+                        party,
+                        &records,
+                    )
+                    .await
                 };
-                let _ = reply.send(r);
+                let _ = reply.send(keep_on_refusal(&mut writer, r));
             }
         }
+    }
+}
+
+/// [`Writer::settle`], except that a refusal (a problem for the client: conflict, finalized,
+/// round empty) is no reason to drop the connection.
+fn keep_on_refusal<T>(writer: &mut Writer, r: Result<T, ApiError>) -> Result<T, ApiError> {
+    match r {
+        Err(e @ ApiError::Problem { .. }) => Err(e),
+        other => writer.settle(other),
+    }
+}
+
+/// The answer to a request for a collection that was deleted meanwhile.
+fn deleted_problem(id: Uuid) -> ApiError {
+    ApiError::problem(
+        ProblemType::UnknownCollection,
+        format!("no collection {id} (it was deleted)"),
+    )
+}
+
+/// [`Command::Delete`]: behind the ingest barrier and the collection lock (PostgreSQL: every
+/// other process's ingest transaction in flight finishes first, and later ones find no row,
+/// [`Db::ingest_gate`]), deletes every row of collection `id` and commits; then marks its
+/// handle deleted, so reports queued behind this command are refused. Returns the reports
+/// (or vertical records) deleted. Errors: `unknown-collection` when no row was stored, the
+/// database's.
+async fn delete(
+    db: &Db,
+    writer: &mut Writer,
+    id: Uuid,
+    handle: Option<&CollectionHandle>,
+) -> Result<u64, ApiError> {
+    if handle.is_some_and(CollectionHandle::is_deleted) {
+        return Err(deleted_problem(id));
+    }
+    let mut tx = writer.begin().await?;
+    db.lock_ingest_exclusive(&mut tx, id).await?;
+    db.lock_collection(&mut tx, id).await?;
+    let deleted = db.delete_collection(&mut tx, id).await?;
+    storage::commit(tx).await?;
+    if let Some(h) = handle {
+        h.mark_deleted();
+    }
+    match deleted {
+        Some(reports) => {
+            tracing::info!(collection = %id, reports, "collection deleted");
+            Ok(reports)
+        }
+        None => Err(deleted_problem(id)),
     }
 }
 
@@ -430,6 +515,14 @@ async fn refresh(
         );
     }
     Ok(())
+}
+
+/// The answer to a report of a collection deleted before the report's commit.
+fn deleted_before_commit(id: Uuid) -> Outcome {
+    Outcome::Rejected(Problem::new(
+        ProblemType::UnknownCollection,
+        format!("collection {id} was deleted before this report was committed"),
+    ))
 }
 
 /// The answer to a report of a collection finalized before the report's commit.
@@ -461,7 +554,9 @@ async fn commit_group(db: &Db, writer: &mut Writer, metrics: &Metrics, group: Gr
     for (j, (items, _)) in group.iter().enumerate() {
         for (i, p) in items.iter().enumerate() {
             let r = &p.report;
-            if p.handle.state().phase == Phase::Finalized {
+            if p.handle.is_deleted() {
+                outcomes[j][i] = Some(deleted_before_commit(r.collection));
+            } else if p.handle.state().phase == Phase::Finalized {
                 outcomes[j][i] = Some(finalized_before_commit());
             } else if let Some(&(fj, fi)) = tokens.get(&(r.collection, r.nonce.as_str())) {
                 if group[fj].0[fi].report.report_id == r.report_id {
@@ -557,16 +652,17 @@ async fn write_group(
     positions: &[(usize, usize)],
 ) -> Result<Written, ApiError> {
     let mut tx = writer.begin().await?;
-    // Another process may have finalized since this one last refreshed: ask the database,
-    // behind finalize's barrier, before inserting anything.
-    let mut finalized = BTreeMap::new();
+    // Another process may have finalized or deleted the collection since this one last
+    // refreshed: ask the database, behind finalize's and delete's barrier, before inserting
+    // anything.
+    let mut gates = BTreeMap::new();
     for r in to_insert {
-        if let std::collections::btree_map::Entry::Vacant(e) = finalized.entry(r.collection) {
-            e.insert(db.finalized_for_ingest(&mut tx, r.collection).await?);
+        if let std::collections::btree_map::Entry::Vacant(e) = gates.entry(r.collection) {
+            e.insert(db.ingest_gate(&mut tx, r.collection).await?);
         }
     }
     let open: Vec<usize> = (0..to_insert.len())
-        .filter(|&k| !finalized[&to_insert[k].collection])
+        .filter(|&k| gates[&to_insert[k].collection] == IngestGate::Open)
         .collect();
     let open_reports: Vec<&NewReport> = open.iter().map(|&k| to_insert[k]).collect();
     let mut inserted = vec![false; to_insert.len()];
@@ -578,8 +674,10 @@ async fn write_group(
     }
     let mut classified = vec![Outcome::Accepted; to_insert.len()];
     for (k, r) in to_insert.iter().enumerate() {
-        if finalized[&r.collection] {
+        if gates[&r.collection] == IngestGate::Finalized {
             classified[k] = finalized_before_commit();
+        } else if gates[&r.collection] == IngestGate::Gone {
+            classified[k] = deleted_before_commit(r.collection);
         } else if !inserted[k] {
             let stored = Db::report_of_token(&mut tx, r.collection, &r.nonce).await?;
             classified[k] = if stored == Some(r.report_id) {
@@ -630,7 +728,7 @@ async fn write_group(
             let mut sp = sqlx::Connection::begin(&mut *tx)
                 .await
                 .map_err(StorageError::from)?;
-            match close_in_tx(db, &mut sp, handle, Some(delta), false).await {
+            match close_in_tx(db, &mut sp, handle, Some(delta), CloseMode::Quota).await {
                 Ok((new_state, transitions, version)) => {
                     storage::commit(sp).await?;
                     if let Some(version) = version {
@@ -653,22 +751,74 @@ async fn write_group(
     Ok((inserted, classified, per.into_values().collect(), after))
 }
 
+/// Why [`close_in_tx`] closes rounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CloseMode {
+    /// A group commit reached the open round's quota: close while quotas are reached.
+    Quota,
+    /// The operator's close: once now, then while quotas are reached. Refused
+    /// (`round-empty`) when the open round has no reports, unless `force`.
+    Admin {
+        /// Close an empty round too.
+        force: bool,
+    },
+}
+
+/// The refusal of an operator's close of round `round` of `state`, which has no reports.
+fn round_empty(id: Uuid, state: &CollectionState) -> ApiError {
+    let (what, effect) = if state.phase == Phase::PairSampling {
+        (
+            "batch",
+            "would re-weight the attribute pairs from no new data",
+        )
+    } else {
+        (
+            "round",
+            "would judge its attribute pairs on no data and prune them",
+        )
+    };
+    let quota = state
+        .round_quota
+        .map(|q| format!(" (this one at {q} reports)"))
+        .unwrap_or_default();
+    ApiError::problem(
+        ProblemType::RoundEmpty,
+        format!(
+            "{what} {} of collection {id} has no reports yet; closing it now {effect}. Nothing \
+             was changed. A {what} closes by itself when it reaches its quota{quota}, so there \
+             is usually no need to close one by hand. To close it anyway, repeat the request \
+             with `?force=true` (CLI: `collections close-round --force`)",
+            state.round
+        ),
+    )
+}
+
 /// Closes rounds inside `tx`: takes the collection's lock (PostgreSQL), reads the state
 /// and tables ([`Db::close_inputs`] — PostgreSQL: from the database, so every process's
 /// reports count; SQLite: memory plus this group's `delta`), closes while the quota is
-/// reached (or once when `force`), and stores the new state if it changed. Returns the current
-/// state (PostgreSQL: possibly advanced by another process, which the refresh from the
-/// database brings to this process's handle), the transitions made here, and the stored
-/// version when they were stored.
+/// reached (or once first for [`CloseMode::Admin`]), and stores the new state if it changed.
+/// Returns the current state (PostgreSQL: possibly advanced by another process, which the
+/// refresh from the database brings to this process's handle), the transitions made here,
+/// and the stored version when they were stored. Errors: `round-empty` (see
+/// [`CloseMode::Admin`]; nothing is written), the engine's, the database's.
 async fn close_in_tx(
     db: &Db,
     conn: &mut sqlx::AnyConnection,
     handle: &Arc<CollectionHandle>,
     delta: Option<&Tables>,
-    force: bool,
+    mode: CloseMode,
 ) -> Result<(CollectionState, Vec<Transition>, Option<i64>), ApiError> {
     db.lock_collection(conn, handle.id).await?;
     let (mut state, tables, counts) = db.close_inputs(conn, handle.as_ref(), delta).await?;
+    let force = mode != CloseMode::Quota;
+    // Only phases with rounds are refused: elsewhere the close changes nothing anyway.
+    let has_rounds = matches!(state.phase, Phase::GraphConstruction | Phase::PairSampling);
+    if mode == (CloseMode::Admin { force: false })
+        && has_rounds
+        && counts.get(&state.round).copied().unwrap_or(0) == 0
+    {
+        return Err(round_empty(handle.id, &state));
+    }
     let engine = handle.engine.clone();
     let (state, transitions) = blocking(move || {
         let mut transitions = Vec::new();
@@ -699,12 +849,18 @@ async fn close_in_tx(
     Ok((state, transitions, version))
 }
 
+/// [`Command::CloseRound`]. Errors: `collection-finalized`, `unknown-collection` (deleted),
+/// `round-empty` (unless `force`), the engine's, the database's.
 async fn admin_close(
     db: &Db,
     writer: &mut Writer,
     metrics: &Metrics,
     handle: &Arc<CollectionHandle>,
+    force: bool,
 ) -> Result<Vec<Transition>, ApiError> {
+    if handle.is_deleted() {
+        return Err(deleted_problem(handle.id));
+    }
     if handle.state().phase == Phase::Finalized {
         return Err(ApiError::problem(
             ProblemType::CollectionFinalized,
@@ -712,7 +868,8 @@ async fn admin_close(
         ));
     }
     let mut tx = writer.begin().await?;
-    let (state, transitions, version) = close_in_tx(db, &mut tx, handle, None, true).await?;
+    let (state, transitions, version) =
+        close_in_tx(db, &mut tx, handle, None, CloseMode::Admin { force }).await?;
     storage::commit(tx).await?;
     metrics.rounds_closed(transitions.len() as u64);
     if let Some(version) = version {
@@ -751,12 +908,15 @@ async fn finalize(
     writer: &mut Writer,
     handle: &Arc<CollectionHandle>,
 ) -> Result<Finalized, ApiError> {
+    if handle.is_deleted() {
+        return Err(deleted_problem(handle.id));
+    }
     if let Some(m) = handle.model() {
         return Ok(Finalized::Ready(m));
     }
     let mut tx = writer.begin().await?;
     // Waits for every ingest transaction in flight on any process; later ones see the
-    // finalized state (Db::finalized_for_ingest).
+    // finalized state (Db::ingest_gate).
     db.lock_ingest_exclusive(&mut tx, handle.id).await?;
     db.lock_collection(&mut tx, handle.id).await?;
     let (mut state, tables) = db.finalize_inputs(&mut tx, handle.as_ref()).await?;
@@ -794,6 +954,8 @@ mod tests {
                 {"name": "b", "type": "categorical", "labels": ["x", "y", "z"]}]}))
         .unwrap();
         let config = CollectionConfig {
+            name: None,
+            description: None,
             version: PROTOCOL_VERSION,
             id: Uuid::nil(),
             schema,

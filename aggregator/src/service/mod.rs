@@ -366,6 +366,43 @@ impl AppState {
         self.inner.collections.insert(handle.id, handle);
     }
 
+    /// Deletes collection `id` through the committer ([`Command::Delete`]: every row of it in
+    /// one transaction, after which reports still queued for it are refused), then forgets
+    /// it here, so later requests answer `unknown-collection`. A stored collection this
+    /// process could not load can be deleted too. Returns the reports (or vertical records)
+    /// deleted. Errors: `unknown-collection`, the database's.
+    pub async fn delete_collection(&self, id: Uuid) -> Result<u64, ApiError> {
+        let handle = match self.collection(id).await {
+            Ok(h) => Some(h),
+            Err(_) if self.inner.unavailable.contains_key(&id) => None,
+            Err(e) => return Err(e),
+        };
+        let r = self
+            .ask(|reply| Command::Delete { id, handle, reply })
+            .await;
+        // Also when another process deleted it first (unknown-collection): forget it here.
+        let gone = matches!(
+            &r,
+            Err(ApiError::Problem {
+                kind: ldpsyn::protocol::ProblemType::UnknownCollection,
+                ..
+            })
+        );
+        if r.is_ok() || gone {
+            self.forget(id);
+        }
+        r
+    }
+
+    /// Drops collection `id` from memory (its rows are gone).
+    fn forget(&self, id: Uuid) {
+        if let Some((_, h)) = self.inner.collections.remove(&id) {
+            h.mark_deleted();
+        }
+        self.inner.unavailable.remove(&id);
+        self.inner.loading.remove(&id);
+    }
+
     /// Hands a command to the committer and waits for its answer. Errors: the committer
     /// stopped or dropped the command (500), or the command's own error.
     pub async fn ask<T>(
@@ -396,12 +433,21 @@ impl AppState {
         self.inner.loading.entry(id).or_default().clone()
     }
 
-    /// PostgreSQL: picks up other processes' collections, transitions, counts and
-    /// finalizations.
+    /// PostgreSQL: picks up other processes' collections, transitions, counts,
+    /// finalizations and deletions.
     pub async fn refresh_from_db(&self) -> Result<(), ApiError> {
         let mut known = Vec::new();
         let mut finalized = Vec::new();
-        for row in self.inner.db.collections().await? {
+        let rows = self.inner.db.collections().await?;
+        let stored: std::collections::HashSet<Uuid> = rows.iter().map(|r| r.id).collect();
+        for id in self.collections().iter().map(|h| h.id) {
+            // Asked again: a collection created here after `rows` were read is not gone.
+            if !stored.contains(&id) && self.inner.db.collection(id).await?.is_none() {
+                tracing::info!(collection = %id, "collection deleted by another process");
+                self.forget(id);
+            }
+        }
+        for row in rows {
             let Some(handle) = self.inner.collections.get(&row.id).map(|h| h.clone()) else {
                 let id = row.id;
                 let gate = self.load_gate(id);

@@ -213,6 +213,7 @@ impl Modify for CommonResponses {
         super::http::collections::create_collection,
         super::http::collections::list_collections,
         super::http::collections::get_collection,
+        super::http::collections::delete_collection,
         super::http::reports::get_task,
         super::http::reports::post_reports,
         super::http::collections::close_round,
@@ -349,7 +350,7 @@ mod tests {
         let doc = document();
         let schemes = &doc.components.as_ref().unwrap().security_schemes;
         for (path, item) in &doc.paths.paths {
-            for op in [&item.get, &item.post].into_iter().flatten() {
+            for op in [&item.get, &item.post, &item.delete].into_iter().flatten() {
                 assert!(op.operation_id.is_some(), "{path}: no operation id");
                 let codes: Vec<&String> = op.responses.responses.keys().collect();
                 assert!(

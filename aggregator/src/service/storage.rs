@@ -38,7 +38,8 @@ pub enum StorageError {
     /// A stored value is not what the schema allows (a mechanism name, a factor, an id).
     #[error("corrupt stored data: {0}")]
     Corrupt(String),
-    /// A collection's row disappeared while it was being read (rows are never deleted).
+    /// A collection's row disappeared while it was being read (deleted meanwhile, possibly
+    /// by another process).
     #[error("collection {0} is not stored")]
     MissingCollection(Uuid),
     /// The database URL names neither `sqlite:` nor `postgres:`.
@@ -84,6 +85,29 @@ pub trait MemoryView {
     /// Accepted reports per round as this process counts them.
     fn memory_round_counts(&self) -> BTreeMap<u32, u64>;
 }
+
+/// What the ingest barrier found for a collection ([`Db::ingest_gate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IngestGate {
+    /// Stored and open: its reports may be inserted.
+    Open,
+    /// Finalized: its reports are refused `collection-finalized`.
+    Finalized,
+    /// No longer stored (deleted): its reports are refused `unknown-collection`.
+    Gone,
+}
+
+/// The tables that hold rows of a collection, keyed by `collection_id` (`collections` itself,
+/// keyed by `id`, is deleted last). A table added by a migration that stores per-collection
+/// rows belongs here, or [`Db::delete_collection`] leaves them behind (test
+/// `delete_leaves_nothing` in `aggregator/tests/collection_lifecycle.rs`).
+const COLLECTION_TABLES: &[&str] = &[
+    "reports",
+    "vertical_records",
+    "table_counts",
+    "table_counts_ready",
+    "round_counts",
+];
 
 /// A transaction on either backend.
 pub type Tx<'c> = sqlx::Transaction<'c, Any>;
@@ -803,28 +827,29 @@ impl Db {
         Ok(())
     }
 
-    /// The ingest side of finalization's barrier (PostgreSQL; a no-op on SQLite, whose one
-    /// process serializes ingest and finalize in its committer): a shared transaction-level
-    /// advisory lock on the collection's ingest key, then whether the database says the
-    /// collection is finalized. [`Db::lock_ingest_exclusive`] (taken by finalize before
-    /// anything else) waits for every transaction holding it, and a transaction arriving
-    /// after finalize's commit reads the finalized state: no report commits after finalize
-    /// read its tables.
-    pub async fn finalized_for_ingest(
+    /// The ingest side of the barrier of finalize and delete (PostgreSQL; always
+    /// [`IngestGate::Open`] on SQLite, whose one process serializes ingest, finalize and
+    /// delete in its committer): a shared transaction-level advisory lock on the
+    /// collection's ingest key, then whether the database says the collection is finalized,
+    /// or no longer stores it. [`Db::lock_ingest_exclusive`] (taken by finalize and delete
+    /// before anything else) waits for every transaction holding it, and a transaction
+    /// arriving after their commit reads the finalized state or finds no row: no report
+    /// commits after finalize read its tables, or after delete removed them.
+    pub async fn ingest_gate(
         &self,
         conn: &mut AnyConnection,
         id: Uuid,
-    ) -> Result<bool, StorageError> {
+    ) -> Result<IngestGate, StorageError> {
         if self.backend != Backend::Postgres {
-            return Ok(false);
+            return Ok(IngestGate::Open);
         }
         sqlx::query("SELECT pg_advisory_xact_lock_shared($1)")
             .bind(ingest_key(id))
             .execute(&mut *conn)
             .await?;
-        let (json, _) = Self::state_of(conn, id)
-            .await?
-            .ok_or(StorageError::MissingCollection(id))?;
+        let Some((json, _)) = Self::state_of(conn, id).await? else {
+            return Ok(IngestGate::Gone);
+        };
         // Only the phase: this runs in every group commit, and a state can hold thousands of
         // edges.
         #[derive(serde::Deserialize)]
@@ -832,11 +857,46 @@ impl Db {
             phase: crate::engine::Phase,
         }
         let state: PhaseOnly = serde_json::from_str(&json)?;
-        Ok(state.phase == crate::engine::Phase::Finalized)
+        Ok(if state.phase == crate::engine::Phase::Finalized {
+            IngestGate::Finalized
+        } else {
+            IngestGate::Open
+        })
     }
 
-    /// Finalize's side of the barrier of [`Db::finalized_for_ingest`]: the exclusive lock on
-    /// the ingest key (PostgreSQL), taken before the collection lock so that no transaction
+    /// Deletes every row of collection `id` (its reports, vertical records, table counts,
+    /// round counts and finally its row with config and state) in the caller's transaction,
+    /// which has taken [`Db::lock_ingest_exclusive`] and [`Db::lock_collection`]. Returns the
+    /// number of reports and vertical records deleted, or `None` when no collection `id` was
+    /// stored (nothing is deleted then). Errors: the database's.
+    pub async fn delete_collection(
+        &self,
+        conn: &mut AnyConnection,
+        id: Uuid,
+    ) -> Result<Option<u64>, StorageError> {
+        if Self::state_of(conn, id).await?.is_none() {
+            return Ok(None);
+        }
+        let mut reports = 0;
+        for table in COLLECTION_TABLES {
+            // The table names are the constants above, never input.
+            let done = sqlx::query(&format!("DELETE FROM {table} WHERE collection_id = $1"))
+                .bind(id.to_string())
+                .execute(&mut *conn)
+                .await?;
+            if matches!(*table, "reports" | "vertical_records") {
+                reports += done.rows_affected();
+            }
+        }
+        sqlx::query("DELETE FROM collections WHERE id = $1")
+            .bind(id.to_string())
+            .execute(&mut *conn)
+            .await?;
+        Ok(Some(reports))
+    }
+
+    /// Finalize's and delete's side of the barrier of [`Db::ingest_gate`]: the exclusive lock
+    /// on the ingest key (PostgreSQL), taken before the collection lock so that no transaction
     /// waits for both in opposite orders.
     pub async fn lock_ingest_exclusive(
         &self,

@@ -25,7 +25,7 @@ use ldpsyn::vertical::{PartyRecord, PartyUploadResult};
 use super::error::ApiError;
 use super::ingest::CollectionHandle;
 use super::now_secs;
-use super::storage::{self, Db, Writer};
+use super::storage::{self, Db, IngestGate, Writer};
 use crate::engine::{Model, ModelDescription, Phase, Tables};
 
 /// The refusal of a party upload to a finalized collection.
@@ -52,10 +52,18 @@ pub(crate) async fn commit_party_records(
         .ok_or_else(|| ApiError::Internal("party upload to a device collection".into()))?;
     let name = v.parties()[party].name.clone();
     let mut tx = writer.begin().await?;
-    if handle.state().phase == Phase::Finalized
-        || db.finalized_for_ingest(&mut tx, handle.id).await?
-    {
-        return Err(finalized());
+    match db.ingest_gate(&mut tx, handle.id).await? {
+        IngestGate::Gone => {
+            return Err(ApiError::problem(
+                ProblemType::UnknownCollection,
+                format!("collection {} was deleted", handle.id),
+            ));
+        }
+        IngestGate::Finalized => return Err(finalized()),
+        IngestGate::Open if handle.state().phase == Phase::Finalized => {
+            return Err(finalized());
+        }
+        IngestGate::Open => {}
     }
     db.lock_collection(&mut tx, handle.id).await?;
     let ids: Vec<&str> = records.iter().map(|r| r.id.as_str()).collect();

@@ -321,6 +321,8 @@ mod tests {
         protocol: Protocol,
     ) -> ldpsyn::protocol::CollectionConfig {
         ldpsyn::protocol::CollectionConfig {
+            name: None,
+            description: None,
             version: ldpsyn::protocol::PROTOCOL_VERSION,
             id: uuid::Uuid::nil(),
             schema: schema.clone(),
@@ -861,6 +863,8 @@ mod tests {
             party("right", &names[half..]),
         ];
         let vertical = Engine::new(&CollectionConfig {
+            name: None,
+            description: None,
             version: PROTOCOL_VERSION,
             id: uuid::Uuid::nil(),
             schema,

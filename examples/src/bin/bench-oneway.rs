@@ -258,6 +258,8 @@ fn main() -> Result<(), Error> {
                     };
                     // The engine: independence on the one attribute.
                     let config = CollectionConfig {
+                        name: None,
+                        description: None,
                         version: PROTOCOL_VERSION,
                         id: uuid::Uuid::nil(),
                         schema: one.clone(),

@@ -108,6 +108,8 @@ fn config(
     protocol: Protocol,
 ) -> Result<CollectionConfig, Error> {
     Ok(CollectionConfig {
+        name: None,
+        description: None,
         version: PROTOCOL_VERSION,
         id: uuid::Uuid::nil(),
         schema: schema.clone(),

@@ -1,4 +1,4 @@
-//! Collections: create (strictly parsed), list, get, close a round, finalize.
+//! Collections: create (strictly parsed), list, get, close a round, finalize, delete.
 
 use std::sync::Arc;
 
@@ -9,14 +9,16 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use ldpsyn::protocol::{CollectionConfig, PROTOCOL_VERSION, ProblemType, Protocol};
 use ldpsyn::schema::Schema;
+use serde::Deserialize;
 use serde_json::{Value, json};
+use utoipa::IntoParams;
 use uuid::Uuid;
 
 use super::super::error::ApiError;
 use super::super::ingest::{CollectionHandle, Command};
 use super::super::storage::CollectionRow;
 use super::super::{AppState, api, now_secs};
-use super::extract::{Admin, handle_of, read_body};
+use super::extract::{Admin, Query, handle_of, parse_id, read_body};
 use crate::engine::Engine;
 
 /// Public status of a collection.
@@ -55,7 +57,50 @@ fn view_of(state: &AppState, h: &CollectionHandle) -> api::CollectionView {
     }
 }
 
-const COMMON_KEYS: &[&str] = &["schema", "epsilon", "target_users", "protocol"];
+const COMMON_KEYS: &[&str] = &[
+    "schema",
+    "epsilon",
+    "target_users",
+    "protocol",
+    "name",
+    "description",
+];
+
+/// Checks the optional text field `key` of a create request: a string of at most `max`
+/// characters, not blank, without control characters (a description may break lines).
+/// Stored trimmed. Errors: a 400 `invalid-parameter` problem saying what is allowed.
+fn check_text(
+    obj: &mut serde_json::Map<String, Value>,
+    key: &str,
+    max: usize,
+) -> Result<(), ApiError> {
+    let Some(v) = obj.get(key) else {
+        return Ok(());
+    };
+    let multiline = key == "description";
+    let allowed = format!(
+        "`{key}` must be a string of 1 to {max} characters{}",
+        if multiline { "" } else { " on one line" }
+    );
+    let bad = |why: String| ApiError::problem(ProblemType::InvalidParameter, why);
+    let Some(text) = v.as_str() else {
+        return Err(bad(format!("{allowed} (got {v})")));
+    };
+    let text = text.trim();
+    let chars = text.chars().count();
+    if chars == 0 || chars > max {
+        return Err(bad(format!("{allowed} (got {chars} characters)")));
+    }
+    if text
+        .chars()
+        .any(|c| c.is_control() && !(multiline && matches!(c, '\n' | '\t')))
+    {
+        return Err(bad(format!("{allowed}, without control characters")));
+    }
+    let text = text.to_owned();
+    obj.insert(key.to_owned(), Value::String(text));
+    Ok(())
+}
 const PRIVINCR_KEYS: &[&str] = &["omega", "rounds", "phi", "alpha", "sigma"];
 const SAMPRIVSYN_KEYS: &[&str] = &["batch_size"];
 const VERTICAL_KEYS: &[&str] = &["parties"];
@@ -104,6 +149,16 @@ pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine),
             ));
         }
     }
+    check_text(
+        &mut obj,
+        "name",
+        ldpsyn::protocol::MAX_COLLECTION_NAME_CHARS,
+    )?;
+    check_text(
+        &mut obj,
+        "description",
+        ldpsyn::protocol::MAX_COLLECTION_DESCRIPTION_CHARS,
+    )?;
     let schema_v = obj
         .get("schema")
         .cloned()
@@ -246,11 +301,30 @@ pub(crate) async fn get_collection(
     Ok(Json(view_of(&state, &h)))
 }
 
+/// The query of `POST /v1/collections/{id}/close-round`; any other parameter is a 400.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct CloseRoundQuery {
+    /// Close the open round even when it has no reports (default `false`: refused with
+    /// `409 round-empty`, as closing it would decide from no data).
+    #[serde(default)]
+    pub force: bool,
+}
+
 #[utoipa::path(post, path = "/v1/collections/{id}/close-round", tag = "collections",
+    summary = "Close the open round (or batch) now",
+    description = "Closes the open round of a PrivIncr/auto phase 1 (pruning pairs, or \
+        entering phase 2 after the last round) or the open SamPrivSyn batch (re-weighting), \
+        then any round whose quota is already reached. Rounds close by themselves at their \
+        quota; this is for closing one early. A round with no reports is refused \
+        (`409 round-empty`, nothing changes) unless `force=true`. In a phase without rounds \
+        nothing changes: `transitions` is empty.",
     security(("admin" = [])),
-    params(("id" = uuid::Uuid, Path, description = "The collection id.")),
+    params(("id" = uuid::Uuid, Path, description = "The collection id."), CloseRoundQuery),
     responses(
-        (status = 200, description = "What closing did and the status afterwards.", body = api::CloseRoundAnswer),
+        (status = 200, description = "What closing did (`transitions`, empty when nothing changed) and the status afterwards.", body = api::CloseRoundAnswer),
+        (status = 400, response = super::super::openapi::BadRequest),
         (status = 401, response = super::super::openapi::Unauthorized),
         (status = 404, response = super::super::openapi::NotFound),
         (status = 409, response = super::super::openapi::Conflict),
@@ -259,11 +333,17 @@ pub(crate) async fn close_round(
     State(state): State<AppState>,
     _admin: Admin,
     Path(id): Path<String>,
+    query: Result<Query<CloseRoundQuery>, ApiError>,
 ) -> Result<Json<api::CloseRoundAnswer>, ApiError> {
     let h = handle_of(&state, &id).await?;
+    let Query(CloseRoundQuery { force }) = query?;
     let handle = h.clone();
     let transitions = state
-        .ask(|reply| Command::CloseRound { handle, reply })
+        .ask(|reply| Command::CloseRound {
+            handle,
+            force,
+            reply,
+        })
         .await?;
     Ok(Json(api::CloseRoundAnswer {
         transitions,
@@ -293,5 +373,31 @@ pub(crate) async fn finalize(
     Ok(Json(api::FinalizeAnswer {
         status: status_of(&h),
         model: super::super::vertical::describe_model(&h, &model),
+    }))
+}
+
+#[utoipa::path(delete, path = "/v1/collections/{id}", tag = "collections",
+    summary = "Delete a collection",
+    description = "Deletes the collection with everything stored of it (config, state, \
+        reports or party records, tables, round counts; its model with it), in one \
+        transaction, whatever its phase. Reports still on their way are refused \
+        `unknown-collection`, as is every later request for it. Cannot be undone.",
+    security(("admin" = [])),
+    params(("id" = uuid::Uuid, Path, description = "The collection id.")),
+    responses(
+        (status = 200, description = "Deleted: the id and how many reports went with it.", body = api::DeleteAnswer),
+        (status = 401, response = super::super::openapi::Unauthorized),
+        (status = 404, response = super::super::openapi::NotFound),
+    ))]
+pub(crate) async fn delete_collection(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(id): Path<String>,
+) -> Result<Json<api::DeleteAnswer>, ApiError> {
+    let id = parse_id(&id)?;
+    let reports_deleted = state.delete_collection(id).await?;
+    Ok(Json(api::DeleteAnswer {
+        id,
+        reports_deleted,
     }))
 }

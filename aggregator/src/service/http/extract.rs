@@ -50,7 +50,7 @@ pub(crate) fn check_admin(headers: &HeaderMap, state: &AppState) -> Result<Admin
 }
 
 /// A collection id from the path. Errors: `unknown-collection` for a non-UUID.
-fn parse_id(id: &str) -> Result<Uuid, ApiError> {
+pub(crate) fn parse_id(id: &str) -> Result<Uuid, ApiError> {
     id.parse().map_err(|_| {
         ApiError::problem(
             ProblemType::UnknownCollection,

@@ -5,6 +5,7 @@
 //! |---|---|
 //! | POST/GET `/v1/collections` | admin |
 //! | GET `/v1/collections/{id}` | anyone |
+//! | DELETE `/v1/collections/{id}` | admin |
 //! | GET `/v1/collections/{id}/task[?count=n]` | anyone |
 //! | POST `/v1/collections/{id}/reports` | anyone (per-IP rate limit) |
 //! | POST `/v1/collections/{id}/close-round`, `/finalize` | admin |
@@ -26,7 +27,7 @@
 //!
 //! - [`extract`]: extractors and body reading (admin token, query strings as problem
 //!   documents, collection ids, byte-limited bodies).
-//! - [`collections`]: create, list, get, close a round, finalize.
+//! - [`collections`]: create, list, get, close a round, finalize, delete.
 //! - [`reports`]: device tasks and report uploads.
 //! - [`results`]: model, marginals, synthetic downloads.
 //! - [`parties`]: party tokens and party uploads of vertical collections.
@@ -47,7 +48,7 @@ use axum::handler::Handler;
 use axum::http::{HeaderMap, HeaderValue, Method, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{MethodRouter, get, post};
+use axum::routing::{MethodRouter, delete, get, post};
 use axum::{BoxError, Json, Router};
 use ldpsyn::protocol::{Problem, ProblemType};
 use tower::ServiceBuilder;
@@ -94,6 +95,15 @@ impl Route {
         }
     }
 
+    fn delete<H: Handler<T, AppState>, T: 'static>(path: &'static str, h: H) -> Self {
+        Self {
+            method: Method::DELETE,
+            path,
+            handler: delete(h),
+            rate_limit: None,
+        }
+    }
+
     fn limited(mut self, route: LimitedRoute) -> Self {
         self.rate_limit = Some(route);
         self
@@ -111,6 +121,7 @@ pub fn routes() -> Vec<Route> {
         Route::post("/v1/collections", collections::create_collection),
         Route::get("/v1/collections", collections::list_collections),
         Route::get("/v1/collections/{id}", collections::get_collection),
+        Route::delete("/v1/collections/{id}", collections::delete_collection),
         Route::get("/v1/collections/{id}/task", reports::get_task).limited(LimitedRoute::Task),
         Route::post("/v1/collections/{id}/reports", reports::post_reports)
             .limited(LimitedRoute::Reports),
@@ -147,7 +158,7 @@ pub fn router(state: AppState) -> Router {
         };
         CorsLayer::new()
             .allow_origin(allow)
-            .allow_methods([Method::GET, Method::POST])
+            .allow_methods([Method::GET, Method::POST, Method::DELETE])
             .allow_headers([header::CONTENT_TYPE, header::AUTHORIZATION])
     };
     let mut app = Router::new();

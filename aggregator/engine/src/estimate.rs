@@ -36,9 +36,23 @@ use super::tables::{Combined, Measurements, TableKey, coarsen};
 
 /// Default cap on the cells of one clique of the model graph: bounds the fit's memory and
 /// time (belief propagation is linear in the cells of all cliques); the junction trees of
-/// the field use 10⁵–10⁶. Not a utility constant: larger cliques are completed by maximum entropy from the
-/// pairs they contain.
+/// the field use 10⁵–10⁶. Not a utility constant: larger cliques are completed by maximum
+/// entropy from the pairs they contain. A collection of fewer people caps its cliques at
+/// their number ([`clique_cap`]).
 pub const MAX_CLIQUE_CELLS: u64 = 100_000;
+
+/// Cap on the cells of one clique of the model graph of a collection of `people`: `option`
+/// if set, else the smaller of [`MAX_CLIQUE_CELLS`] and `people`. A clique with more cells
+/// than people has more free cells than the data has records, and the fit fills them from
+/// noisy pairs alone: on NLTCS (21,574 people, 16 binary attributes) at ε = 8 every pair is
+/// kept and the junction tree is one clique of 65,536 cells, 2-way TVD 0.0218 against 0.0181
+/// at ε = 4; capped at the people, 0.0174 (the same rule as PrivBayes's θ-usefulness, Zhang et
+/// al., "PrivBayes: Private Data Release via Bayesian Networks", TODS 42(4), 2017, §4.3: a
+/// factor's cells bounded by the records that estimate it). No other suite table changes
+/// (`benchmarks/sweeps/clique-cap.md`).
+pub fn clique_cap(option: Option<u64>, people: u64) -> u64 {
+    option.unwrap_or(MAX_CLIQUE_CELLS.min(people.max(1)))
+}
 
 /// `E[√max(z² − 1, 0)]` for a standard normal z: the mean of one cell's debiased
 /// magnitude when the cell is pure noise (numerical integral).

@@ -28,9 +28,7 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 use super::EngineError;
-use super::estimate::{
-    MAX_CLIQUE_CELLS, PairGain, fit_model, one_way_estimates, select_model_graph,
-};
+use super::estimate::{PairGain, clique_cap, fit_model, one_way_estimates, select_model_graph};
 use super::graph::{Edge, EdgeState};
 use super::model::{EdgeGain, FittedJoint, MeasuredFactor, Model, Recovery, RoundSummary};
 use super::pgm::FitOptions;
@@ -359,7 +357,7 @@ pub struct EngineOptions {
     /// instead of from the graphical model fitted to every measurement.
     pub samprivsyn_lasso: Option<f64>,
     /// Cap on the cells of one clique of the final model graph (default
-    /// [`MAX_CLIQUE_CELLS`]).
+    /// [`clique_cap`]: the smaller of [`MAX_CLIQUE_CELLS`](super::estimate::MAX_CLIQUE_CELLS) and the people).
     pub max_clique_cells: Option<u64>,
     /// `auto`: share of users in phase 1 (default
     /// [`AUTO_PHASE1_SHARE`](crate::protocols::auto::AUTO_PHASE1_SHARE)).
@@ -909,6 +907,13 @@ impl Engine {
         if ms.items().is_empty() {
             return Err(EngineError::NoData);
         }
+        // One report per person and collection, or per party when tables share records.
+        let reports = ms.items().iter().map(|m| m.estimate.n);
+        let people = if self.rules.tables_share_records() {
+            reports.max().unwrap_or(0)
+        } else {
+            reports.sum()
+        };
         // Rounds are strata of the population (people arrive in an order that may correlate
         // with their data); tables that share records are one stratum.
         let (ms, drift) = if self.rules.tables_share_records() {
@@ -925,7 +930,7 @@ impl Engine {
             .into_iter()
             .filter_map(|(a, b)| Some(((a, b), self.rules.pair_gain(state, &ms, &one_way, a, b)?)))
             .collect();
-        let cap = self.options.max_clique_cells.unwrap_or(MAX_CLIQUE_CELLS);
+        let cap = clique_cap(self.options.max_clique_cells, people);
         let margin = self
             .options
             .gain_margin

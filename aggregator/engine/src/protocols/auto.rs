@@ -34,7 +34,7 @@ use super::{
 };
 use crate::drift::one_way_drift;
 use crate::estimate::{
-    MAX_CLIQUE_CELLS, Null, PairGain, best_pair_gain, largest_clique_cells, one_way_estimates,
+    Null, PairGain, best_pair_gain, clique_cap, largest_clique_cells, one_way_estimates,
     pair_gain_binned, projected_noise_l1,
 };
 use crate::graph::{Edge, EdgeState, edge};
@@ -601,10 +601,7 @@ impl Auto {
                 candidates.push((i, dependence, (shrink * k).powf(2.0 / 3.0)));
             }
         }
-        let cap = engine
-            .options()
-            .max_clique_cells
-            .unwrap_or(MAX_CLIQUE_CELLS);
+        let cap = clique_cap(engine.options().max_clique_cells, engine.target_users());
         // Earlier rounds' 1-way reports count towards phase 2's: the noise of a 1-way
         // measured by m_f earlier and n_f later reports is K_f/√(m_f + n_f), with sub-bin
         // reports counted at what they are worth for the bins' totals. Not when the

@@ -35,29 +35,12 @@ pub struct NumericRun {
 }
 
 /// Engine options with sweep overrides from the environment (unset in committed results):
-/// `LDPSYN_AUTO_SHARE` (`auto`'s screening share), `LDPSYN_AUTO_BLOCK_SHARE` (that share when
-/// the screening measures blocks), `LDPSYN_AUTO_ROUND0` (its round-0 share),
-/// `LDPSYN_AUTO_BIN_NOISE` (its noise budget per screened pair), `LDPSYN_GAIN_MARGIN`,
-/// `LDPSYN_MAX_CLIQUE_CELLS` (the clique cap), `LDPSYN_SUB_BIN_SHARE` and `LDPSYN_SUB_BINS`
-/// (the sub-bin 1-ways), `LDPSYN_SMOOTHING_Z` (the numeric 1-way smoothing's release
-/// threshold; 0: no smoothing), `LDPSYN_UNRESOLVED_BIN_Z` (numeric working bins merged after
-/// round 0; 0: never).
+/// every knob of the engine's tuning registry ([`ldpsyn_aggregator::engine::tuning::KNOBS`]) whose
+/// environment variable is set, e.g. `LDPSYN_AUTO_SHARE` for `auto`'s screening share.
+/// Panics on a variable that is not a number, naming it (a sweep must not silently run the
+/// defaults).
 pub fn engine_options() -> EngineOptions {
-    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<f64>().ok());
-    let count = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
-    EngineOptions {
-        auto_phase1_share: env("LDPSYN_AUTO_SHARE"),
-        auto_round0_share: env("LDPSYN_AUTO_ROUND0"),
-        auto_block_share: env("LDPSYN_AUTO_BLOCK_SHARE"),
-        auto_bin_noise_l1: env("LDPSYN_AUTO_BIN_NOISE"),
-        gain_margin: env("LDPSYN_GAIN_MARGIN"),
-        max_clique_cells: count("LDPSYN_MAX_CLIQUE_CELLS").map(|c| c as u64),
-        sub_bin_share: env("LDPSYN_SUB_BIN_SHARE"),
-        sub_bins: count("LDPSYN_SUB_BINS"),
-        smoothing_release_z: env("LDPSYN_SMOOTHING_Z"),
-        unresolved_bin_z: env("LDPSYN_UNRESOLVED_BIN_Z"),
-        ..EngineOptions::default()
-    }
+    EngineOptions::from_overrides(|k| std::env::var(k).ok()).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The protocol `name` with its default parameters, read as the service reads a create

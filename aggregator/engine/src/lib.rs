@@ -81,6 +81,7 @@ pub mod smooth;
 pub mod space;
 pub mod state;
 pub mod tables;
+pub mod tuning;
 
 pub use drift::{AttributeDrift, DriftReport};
 pub use estimate::{FitResiduals, TableResidual};

@@ -149,6 +149,16 @@ pub struct CreateCollection {
     /// Number of users N the collection aims at, ≥ 1.
     #[schema(minimum = 1)]
     pub target_users: u64,
+    /// Optional, default `true` (device collections; a vertical one takes only `false`):
+    /// finalize by itself once `target_users` reports are accepted.
+    pub auto_finalize_at_target: Option<bool>,
+    /// Optional, default `refuse` (device collections; a vertical one takes only `accept`):
+    /// what happens to reports past `target_users`.
+    pub past_target: Option<ldpsyn::protocol::PastTarget>,
+    /// Optional, 0..=36500: days the raw reports are kept after finalize (tables and model
+    /// are kept); absent: until the collection is deleted.
+    #[schema(minimum = 0, maximum = 36500)]
+    pub retain_reports_days: Option<u32>,
     /// The protocol (`protocol` key) and its parameters.
     #[serde(flatten)]
     pub protocol: ldpsyn::protocol::Protocol,
@@ -376,6 +386,9 @@ pub enum SyntheticFormat {
     Csv,
     /// One JSON object per line.
     Ndjson,
+    /// Apache Parquet: integer numeric attributes as Int64, other numeric ones as Float64,
+    /// categorical ones as dictionary-encoded strings; "missing" is null.
+    Parquet,
 }
 
 /// The `numeric` mode of a synthetic download (query parameter).

@@ -378,6 +378,24 @@ pub enum TaskAnswer {
     Many(Vec<ldpsyn::protocol::Task>),
 }
 
+/// A file as bytes (the body of a Parquet download), in the OpenAPI document: a string of
+/// format `binary`.
+#[derive(Debug, Clone, Copy)]
+pub struct BinaryFile;
+
+impl utoipa::PartialSchema for BinaryFile {
+    fn schema() -> utoipa::openapi::RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .format(Some(utoipa::openapi::schema::SchemaFormat::KnownFormat(
+                utoipa::openapi::schema::KnownFormat::Binary,
+            )))
+            .into()
+    }
+}
+
+impl ToSchema for BinaryFile {}
+
 /// The `format` of a synthetic download (query parameter).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]

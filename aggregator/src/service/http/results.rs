@@ -162,7 +162,7 @@ pub(crate) async fn get_marginals(
     responses(
         (status = 200, description = "The synthetic rows, streamed.",
             content((String = "text/csv; charset=utf-8"), (String = "application/x-ndjson"),
-                (Vec<u8> = "application/vnd.apache.parquet"))),
+                (api::BinaryFile = "application/vnd.apache.parquet"))),
         (status = 400, response = super::super::openapi::BadRequest),
         (status = 401, response = super::super::openapi::Unauthorized),
         (status = 404, response = super::super::openapi::NotFound),

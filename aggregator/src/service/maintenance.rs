@@ -1,4 +1,4 @@
-//! Periodic upkeep of `serve` (a tokio interval task, [`spawn`]; the first pass runs at
+//! Periodic upkeep (a tokio interval task that `serve` starts; the first pass runs at
 //! startup): the report retention sweep ([`sweep_retention`]) and the finalize of collections
 //! whose target was reached but which are not finalized yet ([`finalize_due`]: a process that
 //! stopped between the commit that reached the target and its finalize, or a finalize that

@@ -158,7 +158,7 @@ impl<F: FnMut(Bytes) -> bool> std::io::Write for ChunkSink<F> {
 }
 
 /// Writes `rows` synthetic rows of `model` as one Parquet file (Snappy-compressed, row
-/// groups of [`PARQUET_ROW_GROUP_ROWS`] rows, column types by [`arrow_type`], names from the
+/// groups of 65,536 rows, column types by [`arrow_type`], names from the
 /// schema) to `sink` in chunks; the values are those of the CSV download of the same `seed`
 /// and `numeric` (the same draws, in the same order). Stops early when `sink` returns false.
 /// Errors: the writer's (none is expected: every column matches its declared type).

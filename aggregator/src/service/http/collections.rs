@@ -117,7 +117,7 @@ fn check_lifecycle(
     }
     if let Some(v) = obj.get("retain_reports_days") {
         let max = ldpsyn::protocol::MAX_RETAIN_REPORTS_DAYS;
-        if !v.as_u64().is_some_and(|d| d <= u64::from(max)) {
+        if v.as_u64().is_none_or(|d| d > u64::from(max)) {
             return Err(bad(format!(
                 "`retain_reports_days` must be a whole number of days from 0 to {max}, \
                  the days raw reports are kept after finalize (leave it out to keep them); \

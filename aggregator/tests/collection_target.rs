@@ -464,3 +464,51 @@ async fn retention_deletes_raw_reports_postgres() {
     };
     retention_deletes_raw_reports(&url).await;
 }
+
+/// A collection at its target that is not finalized (as after a process stopped between the
+/// commit that reached the target and its finalize: here a collection kept open at its
+/// target whose stored config is then switched to auto-finalize) is finalized by the upkeep
+/// pass at the next start, without anyone asking.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collection_at_its_target_is_finalized_at_startup() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("due.db").display());
+    let server = common::serve_on(ADMIN, &url, &[]);
+    let http = reqwest::Client::new();
+    let id = id_of(
+        &create(
+            &http,
+            &server.base,
+            json!({"auto_finalize_at_target": false}),
+        )
+        .await,
+    );
+    let out = report(&server.base, id, TARGET, 7).await;
+    assert_eq!(count(&out, None), TARGET, "{out:?}");
+    let (_, c) = get(&http, format!("{}/v1/collections/{id}", server.base)).await;
+    assert_ne!(c["status"]["phase"], "finalized", "{c}");
+    server.kill();
+
+    sqlx::any::install_default_drivers();
+    let mut conn = sqlx::AnyConnection::connect(&url).await.unwrap();
+    let row = sqlx::query("SELECT config FROM collections WHERE id = $1")
+        .bind(id.to_string())
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    let mut config: Value = serde_json::from_str(&row.try_get::<String, _>(0).unwrap()).unwrap();
+    config["auto_finalize_at_target"] = json!(true);
+    sqlx::query("UPDATE collections SET config = $1 WHERE id = $2")
+        .bind(config.to_string())
+        .bind(id.to_string())
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    conn.close().await.unwrap();
+
+    let server = common::serve_on(ADMIN, &url, &[]);
+    model_ready(&http, &server.base, id).await;
+    let (_, c) = get(&http, format!("{}/v1/collections/{id}", server.base)).await;
+    assert_eq!(c["status"]["phase"], "finalized", "{c}");
+    assert_eq!(c["status"]["reports_accepted"], TARGET, "{c}");
+}

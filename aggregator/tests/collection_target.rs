@@ -512,3 +512,70 @@ async fn collection_at_its_target_is_finalized_at_startup() {
     assert_eq!(c["status"]["phase"], "finalized", "{c}");
     assert_eq!(c["status"]["reports_accepted"], TARGET, "{c}");
 }
+
+/// Two processes on one PostgreSQL database take uploads for the same collection at once,
+/// 40 people each, with the target at 50: exactly 50 reports are acknowledged and stored
+/// (the count is read under the collection's lock in the commit), the other 30 are refused
+/// `collection-target-reached`, and the collection is finalized.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn target_is_exact_across_two_postgres_processes() {
+    let Some(url) = common::postgres_url("target_is_exact_across_two_postgres_processes") else {
+        return;
+    };
+    let a = common::serve_on(ADMIN, &url, &[]);
+    let b = common::serve_on(ADMIN, &url, &[]);
+    let http = reqwest::Client::new();
+    let id = id_of(&create(&http, &a.base, json!({})).await);
+    let schema: Schema = serde_json::from_value(schema()).unwrap();
+    // Tasks first (both processes hand them out while the collection is open), then both
+    // uploads at once.
+    let mut prepared = Vec::new();
+    for (base, seed) in [(a.base.clone(), 10), (b.base.clone(), 11)] {
+        let options = ClientOptions::insecure_simulation(Epsilon::new(2.0).unwrap(), seed);
+        let mut client = Client::connect(&base, id, options, MemoryLedger::default())
+            .await
+            .unwrap();
+        let mut people: Vec<_> = (0..40u32)
+            .map(|i| SimulatedPerson {
+                record: schema.encoded(vec![i % 3, i % 2]).unwrap(),
+                ledger: MemoryLedger::default(),
+            })
+            .collect();
+        let batch = client.prepare_batch(&mut people).await.unwrap();
+        prepared.push((client, people, batch));
+    }
+    let sends = prepared.into_iter().map(|(mut client, mut people, batch)| {
+        tokio::spawn(async move { client.send_batch(&mut people, batch).await.unwrap() })
+    });
+    let mut outcomes = Vec::new();
+    for s in sends.collect::<Vec<_>>() {
+        for r in s.await.unwrap() {
+            outcomes.push(match r {
+                Ok(_) => None,
+                Err(ClientError::Problem(p)) => Some(p.problem_type),
+                Err(e) => panic!("unexpected client error: {e}"),
+            });
+        }
+    }
+    assert_eq!(count(&outcomes, None), TARGET, "{outcomes:?}");
+    assert_eq!(
+        count(&outcomes, Some(ProblemType::CollectionTargetReached)),
+        80 - TARGET,
+        "{outcomes:?}"
+    );
+    assert_eq!(stored_reports(&url, id).await, TARGET as i64);
+    model_ready(&http, &a.base, id).await;
+    // Each process sees the other's reports and finalize from its next refresh (every
+    // 500 ms).
+    let start = Instant::now();
+    for base in [&a.base, &b.base] {
+        loop {
+            let (_, c) = get(&http, format!("{base}/v1/collections/{id}")).await;
+            if c["status"]["phase"] == "finalized" && c["status"]["reports_accepted"] == TARGET {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "{c}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}

@@ -5,9 +5,12 @@
 //! caught by the database's unique keys, so nothing is counted twice even across processes),
 //! bumps the per-round counts, closes rounds whose quota is reached **in the same
 //! transaction**, commits, and only then updates the in-memory sufficient statistics and
-//! answers the requests. Admin transitions (close round, finalize, delete) go through the
-//! same task, so the in-memory state has a single writer, and an upload queued behind a
-//! delete is refused rather than stored into a deleted collection. Finalize's model fit does
+//! answers the requests. A collection that stops at its target
+//! ([`CollectionHandle::stops_at_target`]) takes reports only up to `target_users`, counted
+//! in the same transaction, and the commit that reaches the target finalizes it (under
+//! `auto_finalize_at_target`) before answering. Admin transitions (close round, finalize,
+//! delete) go through the same task, so the in-memory state has a single writer, and an
+//! upload queued behind a delete is refused rather than stored into a deleted collection. Finalize's model fit does
 //! not: the committer commits the finalized state (after which the collection's reports are
 //! refused `collection-finalized`) and hands the fit to a task of its own, so uploads to
 //! every collection go on while it runs ([`CollectionHandle::ensure_model`]).
@@ -117,7 +120,7 @@ impl CollectionHandle {
     /// or not it is finalized since), else `collection-finalized`.
     pub fn closed_problem(&self) -> Problem {
         if self.target_reached() {
-            target_reached_problem(self)
+            target_reached_problem(self, false)
         } else {
             Problem::new(
                 ProblemType::CollectionFinalized,
@@ -577,7 +580,7 @@ fn deleted_before_commit(id: Uuid) -> Outcome {
 /// collection that refuses reports past its target, once the target is reached).
 fn finalized_before_commit(handle: &CollectionHandle) -> Outcome {
     Outcome::Rejected(if handle.target_reached() {
-        target_reached_problem(handle)
+        target_reached_problem(handle, false)
     } else {
         Problem::new(
             ProblemType::CollectionFinalized,
@@ -586,20 +589,25 @@ fn finalized_before_commit(handle: &CollectionHandle) -> Outcome {
     })
 }
 
-/// `collection-target-reached`: the collection has its `target_users` reports and refuses
-/// more (`past_target: refuse`).
-pub fn target_reached_problem(handle: &CollectionHandle) -> Problem {
+/// `collection-target-reached` for a report (`task` false) or a task request (`task` true):
+/// the collection has its `target_users` reports and refuses more (`past_target: refuse`).
+pub fn target_reached_problem(handle: &CollectionHandle, task: bool) -> Problem {
     let c = &handle.config;
     let name = c
         .name
         .as_ref()
         .map(|n| format!(" ({n})"))
         .unwrap_or_default();
+    let what = if task {
+        "no task is handed out"
+    } else {
+        "this report was not stored"
+    };
     Problem::new(
         ProblemType::CollectionTargetReached,
         format!(
-            "collection {}{name} already has the {} reports it asked for and takes no more, \
-             so this one was not stored; nothing more is needed from this device",
+            "collection {}{name} already has the {} reports it asked for and takes no more: \
+             {what}, and nothing more is needed from this device",
             handle.id, c.target_users
         ),
     )
@@ -611,7 +619,7 @@ pub fn target_reached_problem(handle: &CollectionHandle) -> Problem {
 /// (`auto_finalize_at_target`) in the same committer step, so `collection-finalized`.
 fn past_target(handle: &CollectionHandle) -> Outcome {
     Outcome::Rejected(if handle.config.past_target == PastTarget::Refuse {
-        target_reached_problem(handle)
+        target_reached_problem(handle, false)
     } else {
         Problem::new(
             ProblemType::CollectionFinalized,
@@ -826,9 +834,28 @@ async fn write_group(
         }
     }
     let mut classified = vec![Outcome::Accepted; to_insert.len()];
+    // Per finalized collection that refuses reports past its target: whether the database's
+    // count reached it (this process's count may lag another process's finalize).
+    let mut at_target: BTreeMap<Uuid, bool> = BTreeMap::new();
     for (k, r) in to_insert.iter().enumerate() {
         if gates[&r.collection] == IngestGate::Finalized {
-            classified[k] = finalized_before_commit(handle_of(k));
+            let h = handle_of(k);
+            let refuses = h.stops_at_target() && h.config.past_target == PastTarget::Refuse;
+            let reached = match at_target.get(&r.collection) {
+                Some(&b) => b,
+                None if refuses => {
+                    let b =
+                        Db::accepted_total(&mut tx, r.collection).await? >= h.config.target_users;
+                    at_target.insert(r.collection, b);
+                    b
+                }
+                None => false,
+            };
+            classified[k] = if reached {
+                Outcome::Rejected(target_reached_problem(h, false))
+            } else {
+                finalized_before_commit(h)
+            };
         } else if gates[&r.collection] == IngestGate::Gone {
             classified[k] = deleted_before_commit(r.collection);
         } else if !inserted[k] {

@@ -85,7 +85,7 @@ pub(crate) async fn get_task(
     if h.target_reached() {
         // No task for a report that would be refused: the device spends nothing.
         return Err(ApiError::from_problem(
-            crate::service::ingest::target_reached_problem(&h),
+            crate::service::ingest::target_reached_problem(&h, true),
         ));
     }
     if s.phase == Phase::Finalized {

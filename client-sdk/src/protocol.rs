@@ -302,6 +302,10 @@ impl Protocol {
 ///   "epsilon": 4.0, "target_users": 100000, "protocol": "privincr", "rounds": 6
 /// }"#).unwrap();
 /// assert!(matches!(c.protocol, Protocol::Privincr(ref p) if p.rounds == 6 && p.omega == 0.5));
+/// // Stored before the lifecycle options: no finalize at the target, reports past it taken.
+/// assert!(!c.auto_finalize_at_target);
+/// assert_eq!(c.past_target, ldpsyn::protocol::PastTarget::Accept);
+/// assert_eq!(c.retain_reports_days, None);
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -58,6 +58,17 @@ pub enum AdminCommand {
         /// What the collection is for, shown by `status` (at most 2,000 characters).
         #[arg(long)]
         description: Option<String>,
+        /// Do not finalize by itself once `--target-users` reports are accepted (the default
+        /// for a device collection is to finalize there).
+        #[arg(long)]
+        no_auto_finalize: bool,
+        /// Reports past the target: `refuse` (the default for a device collection) or
+        /// `accept` (taken while the collection is open).
+        #[arg(long)]
+        past_target: Option<String>,
+        /// Delete the raw reports this many days after finalize (tables and model are kept).
+        #[arg(long)]
+        retain_reports_days: Option<u32>,
     },
     /// List every collection with its progress.
     List,
@@ -104,7 +115,7 @@ pub struct DownloadArgs {
     /// Seed: the same seed and model give the same bytes.
     #[arg(long)]
     pub seed: Option<u64>,
-    /// csv or ndjson.
+    /// csv, ndjson or parquet (typed columns, for pandas/pyarrow and other analysis tools).
     #[arg(long, default_value = "csv")]
     pub format: String,
     /// Numeric values: recover, uniform or midpoint.
@@ -180,6 +191,9 @@ pub async fn run(
             params,
             name,
             description,
+            no_auto_finalize,
+            past_target,
+            retain_reports_days,
         } => {
             let schema: Value = serde_json::from_str(&std::fs::read_to_string(schema)?)?;
             let mut body = Map::new();
@@ -194,6 +208,15 @@ pub async fn run(
             }
             if let Some(description) = description {
                 body.insert("description".into(), json!(description));
+            }
+            if *no_auto_finalize {
+                body.insert("auto_finalize_at_target".into(), json!(false));
+            }
+            if let Some(p) = past_target {
+                body.insert("past_target".into(), json!(p));
+            }
+            if let Some(d) = retain_reports_days {
+                body.insert("retain_reports_days".into(), json!(d));
             }
             body.extend(params.iter().cloned());
             (
@@ -299,8 +322,18 @@ async fn download(
     if !resp.status().is_success() {
         return Err(refusal(resp).await);
     }
+    // A Parquet file has no lines to count: its progress is in bytes, and it holds the rows
+    // asked for (the server writes them all or stops the stream, which fails below).
+    let parquet = format == "parquet";
     let bar = if *quiet {
         ProgressBar::hidden()
+    } else if parquet {
+        let bar = ProgressBar::new_spinner();
+        bar.set_style(
+            ProgressStyle::with_template("download {spinner} {binary_bytes} {elapsed}")
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        );
+        bar
     } else {
         let bar = ProgressBar::new(rows);
         bar.set_style(
@@ -314,15 +347,24 @@ async fn download(
     let header = u64::from(format == "csv");
     let mut file = std::io::BufWriter::new(std::fs::File::create(path)?);
     let mut lines = 0u64;
+    let mut bytes = 0u64;
     while let Some(chunk) = resp.chunk().await? {
         file.write_all(&chunk)?;
-        let n = chunk.iter().filter(|&&b| b == b'\n').count() as u64;
-        lines += n;
-        bar.set_position(lines.saturating_sub(header));
+        bytes += chunk.len() as u64;
+        if parquet {
+            bar.set_position(bytes);
+        } else {
+            lines += chunk.iter().filter(|&&b| b == b'\n').count() as u64;
+            bar.set_position(lines.saturating_sub(header));
+        }
     }
     file.flush()?;
     bar.finish_and_clear();
-    let rows_written = lines.saturating_sub(header);
+    let rows_written = if parquet {
+        rows
+    } else {
+        lines.saturating_sub(header)
+    };
     if json_out {
         let v = json!({"id": id, "rows": rows_written, "out": path.display().to_string()});
         writeln!(out, "{v}")?;
@@ -449,6 +491,18 @@ fn summary(c: &Value) -> String {
                 .collect::<Vec<_>>()
                 .join("\n            ")
         );
+    }
+    let mut at_target = Vec::new();
+    if c["auto_finalize_at_target"].as_bool() == Some(true) {
+        at_target.push("finalize".to_owned());
+    }
+    at_target.push(match c["past_target"].as_str() {
+        Some("refuse") => "refuse further reports".to_owned(),
+        _ => "accept further reports while open".to_owned(),
+    });
+    about += &format!("at target   {}\n", at_target.join(", "));
+    if let Some(days) = c["retain_reports_days"].as_u64() {
+        about += &format!("retention   raw reports deleted {days} days after finalize\n");
     }
     format!(
         "collection  {}\n{about}protocol    {} at ε = {}\nattributes  {} ({})\nphase       {}, {round}\nreports     {}\nmodel       {}\n",

@@ -412,9 +412,10 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
             "schema": input.schema, "protocol": "vertical", "parties": parties,
             "target_users": n,
         }),
+        // Finalized by hand below, so that the report times the finalize as its own phase.
         None => serde_json::json!({
             "schema": input.schema, "protocol": cfg.protocol, "epsilon": cfg.epsilon,
-            "target_users": n,
+            "target_users": n, "auto_finalize_at_target": false,
         }),
     };
     let created = send_json(

@@ -68,6 +68,8 @@ async fn collections_cli_drives_a_collection() {
         "300",
         "--protocol",
         "independence",
+        // Kept open at its target, so that the CLI closes a round and finalizes below.
+        "--no-auto-finalize",
     ];
     let id: Uuid = ok(&cli(&base, &create, true)).trim().parse().unwrap();
 
@@ -75,6 +77,10 @@ async fn collections_cli_drives_a_collection() {
     assert!(status.contains("independence at ε = 2"), "{status}");
     assert!(status.contains("0/300 (0.0%)"), "{status}");
     assert!(status.contains("model       not built"), "{status}");
+    assert!(
+        status.contains("at target   refuse further reports\n"),
+        "{status}"
+    );
     let listed = ok(&cli(&base, &["list"], true));
     assert!(
         listed.contains(&id.to_string()) && listed.contains("0/300"),

@@ -767,6 +767,9 @@ async fn healthz_is_503_until_the_state_is_loaded() {
         let row = CollectionRow {
             id,
             config: serde_json::to_string(&CollectionConfig {
+                auto_finalize_at_target: false,
+                past_target: ldpsyn::protocol::PastTarget::Accept,
+                retain_reports_days: None,
                 name: None,
                 description: None,
                 id,

@@ -49,10 +49,15 @@ try {
   await page.click("#token-form button[type=submit]");
   const row = `#collections tr[data-collection="${collection}"]`;
   await page.waitForSelector(row, { timeout: 15000 });
-  log("collections list:", (await page.textContent(row)).replace(/\s+/g, " ").trim());
+  const rowText = (await page.textContent(row)).replace(/\s+/g, " ").trim();
+  log("collections list:", rowText);
+  // The collection's name beside its id (dashboard.rs names it "<protocol> survey").
+  if (!rowText.includes(`${collection.slice(0, 8)} auto survey`)) fail(`no name beside the id: ${rowText}`);
   await page.click(`${row} a`);
 
   await page.waitForSelector("#detail[data-ready=true]", { timeout: 30000 });
+  const title = await page.textContent("#detail-title");
+  if (!title.startsWith("auto survey · ") || !title.includes(collection)) fail(`detail title: ${title}`);
   const edges = await page.$$eval("#graph svg.graph line.edge", (l) => l.length);
   const nodes = await page.$$eval("#graph svg.graph g.node", (l) => l.length);
   const heatmaps = await page.$$eval("#heatmaps svg.heatmap", (l) => l.length);

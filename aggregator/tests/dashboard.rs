@@ -28,7 +28,8 @@ const ADMIN: &str = "dashboard-admin-token-0123456789";
 
 mod common;
 
-/// Creates a collection of [`schema_json`]; returns its id.
+/// Creates a collection of [`schema_json`] named "`protocol` survey" (the page shows the
+/// name beside the id: `dashboard.mjs` checks it); returns its id.
 async fn create(
     http: &reqwest::Client,
     base: &str,
@@ -41,7 +42,7 @@ async fn create(
         .bearer_auth(ADMIN)
         .json(
             &json!({"schema": schema_json(), "protocol": protocol, "epsilon": epsilon,
-                      "target_users": target_users}),
+                      "target_users": target_users, "name": format!("{protocol} survey")}),
         )
         .send()
         .await

@@ -83,7 +83,16 @@ function renderList(list) {
     link.href = `#c=${c.id}`;
     link.textContent = c.id.slice(0, 8);
     link.title = c.id;
-    const cells = [link, c.protocol, epsilonText(c), c.status.phase.replaceAll("_", " ")];
+    const idCell = document.createElement("span");
+    idCell.append(link);
+    if (c.name) {
+      // textContent: the name is the operator's text, never markup.
+      const name = document.createElement("span");
+      name.className = "collection-name";
+      name.textContent = c.name;
+      idCell.append(" ", name);
+    }
+    const cells = [idCell, c.protocol, epsilonText(c), c.status.phase.replaceAll("_", " ")];
     for (const v of cells) tr.insertCell().append(v);
     tr.appendChild(progressCell(c));
     tr.insertCell().textContent = fmtRate(rate(c.id));
@@ -302,7 +311,8 @@ function epsilonText(c) {
 function renderDetail(c) {
   const detail = $("#detail");
   detail.hidden = false;
-  $("#detail-title").textContent = `${c.protocol} at ε = ${epsilonText(c)} · ${c.id}`;
+  $("#detail-title").textContent =
+    `${c.name ? `${c.name} · ` : ""}${c.protocol} at ε = ${epsilonText(c)} · ${c.id}`;
   const st = c.status;
   $("#progress-bar").style.width = `${pct(st.reports_accepted, c.target_users)}%`;
   $("#progress-text").textContent =
@@ -375,7 +385,7 @@ async function download(format) {
     const url = URL.createObjectURL(blob);
     const a = document.createElement("a");
     a.href = url;
-    a.download = `synthetic-${id.slice(0, 8)}-seed${seed}.${format === "csv" ? "csv" : "ndjson"}`;
+    a.download = `synthetic-${id.slice(0, 8)}-seed${seed}.${format}`;
     document.body.appendChild(a);
     a.click();
     a.remove();
@@ -413,6 +423,7 @@ $("#pair-form").addEventListener("submit", (e) => {
 });
 $("#dl-csv").addEventListener("click", () => download("csv"));
 $("#dl-ndjson").addEventListener("click", () => download("ndjson"));
+$("#dl-parquet").addEventListener("click", () => download("parquet"));
 window.addEventListener("hashchange", selectFromHash);
 
 selectFromHash();

@@ -302,6 +302,10 @@ impl Protocol {
 ///   "epsilon": 4.0, "target_users": 100000, "protocol": "privincr", "rounds": 6
 /// }"#).unwrap();
 /// assert!(matches!(c.protocol, Protocol::Privincr(ref p) if p.rounds == 6 && p.omega == 0.5));
+/// // Stored before the lifecycle options: no finalize at the target, reports past it taken.
+/// assert!(!c.auto_finalize_at_target);
+/// assert_eq!(c.past_target, ldpsyn::protocol::PastTarget::Accept);
+/// assert_eq!(c.retain_reports_days, None);
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -327,7 +331,50 @@ pub struct CollectionConfig {
     /// Protocol and parameters.
     #[serde(flatten)]
     pub protocol: Protocol,
+    /// Finalize the collection by itself once `target_users` reports are accepted (the
+    /// finalize of `POST …/finalize`, run by the commit that reaches the target). A create
+    /// request without it gets `true` (device collections; vertical ones are finalized by
+    /// hand); a config stored before this option reads `false`, so those collections behave
+    /// as before.
+    #[serde(default)]
+    pub auto_finalize_at_target: bool,
+    /// What happens to reports that arrive once `target_users` are accepted. A create request
+    /// without it gets [`PastTarget::Refuse`] (device collections); a config stored before
+    /// this option reads [`PastTarget::Accept`], as such collections took them.
+    #[serde(default = "PastTarget::before_the_option")]
+    pub past_target: PastTarget,
+    /// Days the raw reports (and a vertical collection's party records) are kept after the
+    /// collection is finalized; then the server deletes them, keeping the tables (sufficient
+    /// statistics), the model and the counts. Absent: kept until the collection is deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retain_reports_days: Option<u32>,
 }
+
+/// What a collection does with reports that arrive once its `target_users` are accepted
+/// ([`CollectionConfig::past_target`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub enum PastTarget {
+    /// Refuse them (`409 collection-target-reached`); the collection counts exactly
+    /// `target_users` reports, whether or not it is finalized yet.
+    Refuse,
+    /// Take them while the collection is open. With
+    /// [`CollectionConfig::auto_finalize_at_target`] the collection is finalized at the
+    /// target anyway, so later reports are refused `collection-finalized`; without it they
+    /// are accepted until an operator finalizes.
+    Accept,
+}
+
+impl PastTarget {
+    /// The value of a config stored before the option existed: [`PastTarget::Accept`].
+    pub fn before_the_option() -> Self {
+        PastTarget::Accept
+    }
+}
+
+/// Most days of [`CollectionConfig::retain_reports_days`] (100 years).
+pub const MAX_RETAIN_REPORTS_DAYS: u32 = 36_500;
 
 /// Most characters of a collection's [`CollectionConfig::name`].
 pub const MAX_COLLECTION_NAME_CHARS: usize = 100;
@@ -460,6 +507,9 @@ problem_types! {
     MethodNotAllowed = "method-not-allowed", 405, "Method not allowed";
     /// The collection is finalized and takes no more tasks or reports.
     CollectionFinalized = "collection-finalized", 409, "Collection finalized";
+    /// The collection has the `target_users` reports it asked for and refuses more (created
+    /// with `past_target: refuse`, the default); it hands out no more tasks either.
+    CollectionTargetReached = "collection-target-reached", 409, "Collection target reached";
     /// The model is not built yet (finalize first).
     ModelNotReady = "model-not-ready", 409, "Model not ready";
     /// The request conflicts with the collection's state.

@@ -378,6 +378,9 @@ mod tests {
             {"name": "smoker", "type": "categorical", "labels": ["no", "yes"]}]}))
         .unwrap();
         CollectionConfig {
+            auto_finalize_at_target: false,
+            past_target: crate::protocol::PastTarget::Accept,
+            retain_reports_days: None,
             name: None,
             description: None,
             version: 1,

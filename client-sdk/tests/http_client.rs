@@ -201,6 +201,9 @@ async fn start(epsilon: f64, behaviour: Behaviour) -> (String, Arc<Fake>) {
 async fn start_with(schema: Schema, epsilon: f64, behaviour: Behaviour) -> (String, Arc<Fake>) {
     let fake = Arc::new(Fake {
         config: CollectionConfig {
+            auto_finalize_at_target: false,
+            past_target: ldpsyn::protocol::PastTarget::Accept,
+            retain_reports_days: None,
             name: None,
             description: None,
             version: 1,

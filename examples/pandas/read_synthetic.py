@@ -3,8 +3,10 @@
 usage: LDPSYN_ADMIN_TOKEN=… python3 read_synthetic.py BASE_URL COLLECTION_ID ROWS ATTR[,ATTR]
 
 The README's analyst recipe, run by the CLI integration test (aggregator/tests/admin_cli.rs)
-against a live `serve` when LDPSYN_PYTHON points at a Python with pandas (`.ci/run` makes one).
+against a live `serve` when LDPSYN_PYTHON points at a Python with pandas and pyarrow (`.ci/run`
+makes one).
 """
+import io
 import json
 import os
 import sys
@@ -20,6 +22,9 @@ url = f"{base}/v1/collections/{collection}"
 csv = pd.read_csv(f"{url}/synthetic?rows={rows}&seed=7", storage_options=auth)
 nd = pd.read_json(f"{url}/synthetic?rows={rows}&seed=7&format=ndjson", lines=True,
                   storage_options=auth)
+# Parquet: typed columns (integers Int64, reals float64, categoricals as pandas categories).
+req = urllib.request.Request(f"{url}/synthetic?rows={rows}&seed=7&format=parquet", headers=auth)
+pq = pd.read_parquet(io.BytesIO(urllib.request.urlopen(req).read()))
 
 # A marginal with standard errors, indexed by the attributes' labels.
 req = urllib.request.Request(f"{url}/marginals?attrs={attrs}", headers=auth)
@@ -32,6 +37,12 @@ marginal = pd.DataFrame(
 assert len(csv) == rows and len(nd) == rows, (len(csv), len(nd))
 assert list(csv.columns) == list(nd.columns)
 assert (csv.astype(str).values == nd.astype(str).values).all(), "CSV and NDJSON rows differ"
+assert len(pq) == rows and list(pq.columns) == list(csv.columns)
+for c in pq.columns:
+    if isinstance(pq[c].dtype, pd.CategoricalDtype):
+        assert (pq[c].astype(str).values == csv[c].astype(str).values).all(), c
+    else:
+        assert (abs(pq[c].astype(float) - csv[c].astype(float)) < 1e-9).all(), c
 assert abs(marginal["frequency"].sum() - 1) < 1e-9
 print(f"{len(csv)} rows × {len(csv.columns)} columns; marginal of {attrs}:")
 print(marginal.round(4).to_string())

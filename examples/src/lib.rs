@@ -66,6 +66,9 @@ pub fn simulate_numeric(
 ) -> Result<NumericRun, Error> {
     let pop = &loaded.population;
     let config = CollectionConfig {
+        auto_finalize_at_target: false,
+        past_target: ldpsyn::protocol::PastTarget::Accept,
+        retain_reports_days: None,
         name: None,
         description: None,
         version: PROTOCOL_VERSION,

@@ -17,10 +17,12 @@ async fn flow(db_url: &str) {
     let base = base(&server);
     // 4800 people: 3 rounds of ⌊0.5·4800/3⌋ = 800 reports, then phase 2. With φ = 0.3
     // PrivIncr's relaxed threshold ℓ = τ − ΔI(η) stays negative until ~10⁶ reports per edge;
-    // φ = 2 makes ℓ positive at this size so that pruning happens in a test.
+    // φ = 2 makes ℓ positive at this size so that pruning happens in a test. Kept open at its
+    // target so that its phase after the last round can be checked before the finalize.
     let id = create(
         &base,
-        json!({"protocol": "privincr", "epsilon": 4.0, "target_users": 4800, "rounds": 3, "phi": 2.0}),
+        json!({"protocol": "privincr", "epsilon": 4.0, "target_users": 4800, "rounds": 3, "phi": 2.0,
+            "auto_finalize_at_target": false}),
     )
     .await;
     let schema = schema();
@@ -237,7 +239,9 @@ async fn auto_bin_maps_over_http() {
     let base = base(&server);
     let id = create(
         &base,
-        json!({"protocol": "auto", "epsilon": 2.0, "target_users": n, "schema": schema_json}),
+        // Kept open at its target: the restart below rebuilds the tables of an open collection.
+        json!({"protocol": "auto", "epsilon": 2.0, "target_users": n, "schema": schema_json,
+            "auto_finalize_at_target": false}),
     )
     .await;
     let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(3);

@@ -72,7 +72,8 @@ const TS_TYPES: &str = r#"
 export type ProblemCode =
   | "malformed-request" | "invalid-parameter" | "invalid-schema" | "invalid-record"
   | "invalid-payload" | "invalid-token" | "token-expired" | "token-reused" | "unauthorized"
-  | "unknown-collection" | "not-found" | "method-not-allowed" | "collection-finalized" | "model-not-ready"
+  | "unknown-collection" | "not-found" | "method-not-allowed" | "collection-finalized"
+  | "collection-target-reached" | "model-not-ready"
   | "conflict" | "round-empty" | "record-id-conflict" | "payload-too-large" | "rate-limited" | "epsilon-too-large"
   | "budget-exhausted" | "ledger-unavailable" | "internal" | "unavailable"
   | "collection-unavailable";

@@ -149,6 +149,16 @@ pub struct CreateCollection {
     /// Number of users N the collection aims at, ≥ 1.
     #[schema(minimum = 1)]
     pub target_users: u64,
+    /// Optional, default `true` (device collections; a vertical one takes only `false`):
+    /// finalize by itself once `target_users` reports are accepted.
+    pub auto_finalize_at_target: Option<bool>,
+    /// Optional, default `refuse` (device collections; a vertical one takes only `accept`):
+    /// what happens to reports past `target_users`.
+    pub past_target: Option<ldpsyn::protocol::PastTarget>,
+    /// Optional, 0..=36500: days the raw reports are kept after finalize (tables and model
+    /// are kept); absent: until the collection is deleted.
+    #[schema(minimum = 0, maximum = 36500)]
+    pub retain_reports_days: Option<u32>,
     /// The protocol (`protocol` key) and its parameters.
     #[serde(flatten)]
     pub protocol: ldpsyn::protocol::Protocol,
@@ -368,6 +378,24 @@ pub enum TaskAnswer {
     Many(Vec<ldpsyn::protocol::Task>),
 }
 
+/// A file as bytes (the body of a Parquet download), in the OpenAPI document: a string of
+/// format `binary`.
+#[derive(Debug, Clone, Copy)]
+pub struct BinaryFile;
+
+impl utoipa::PartialSchema for BinaryFile {
+    fn schema() -> utoipa::openapi::RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .format(Some(utoipa::openapi::schema::SchemaFormat::KnownFormat(
+                utoipa::openapi::schema::KnownFormat::Binary,
+            )))
+            .into()
+    }
+}
+
+impl ToSchema for BinaryFile {}
+
 /// The `format` of a synthetic download (query parameter).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
@@ -376,6 +404,9 @@ pub enum SyntheticFormat {
     Csv,
     /// One JSON object per line.
     Ndjson,
+    /// Apache Parquet: integer numeric attributes as Int64, other numeric ones as Float64,
+    /// categorical ones as dictionary-encoded strings; "missing" is null.
+    Parquet,
 }
 
 /// The `numeric` mode of a synthetic download (query parameter).

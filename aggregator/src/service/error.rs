@@ -52,6 +52,14 @@ impl ApiError {
         }
     }
 
+    /// A client error carrying `problem`'s type and detail.
+    pub fn from_problem(problem: Problem) -> Self {
+        ApiError::Problem {
+            kind: problem.problem_type,
+            detail: problem.detail,
+        }
+    }
+
     /// The problem document sent to the client.
     pub fn to_problem(&self) -> Problem {
         match self {

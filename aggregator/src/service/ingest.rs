@@ -5,9 +5,12 @@
 //! caught by the database's unique keys, so nothing is counted twice even across processes),
 //! bumps the per-round counts, closes rounds whose quota is reached **in the same
 //! transaction**, commits, and only then updates the in-memory sufficient statistics and
-//! answers the requests. Admin transitions (close round, finalize, delete) go through the
-//! same task, so the in-memory state has a single writer, and an upload queued behind a
-//! delete is refused rather than stored into a deleted collection. Finalize's model fit does
+//! answers the requests. A collection that stops at its target
+//! ([`CollectionHandle::stops_at_target`]) takes reports only up to `target_users`, counted
+//! in the same transaction, and the commit that reaches the target finalizes it (under
+//! `auto_finalize_at_target`) before answering. Admin transitions (close round, finalize,
+//! delete) go through the same task, so the in-memory state has a single writer, and an
+//! upload queued behind a delete is refused rather than stored into a deleted collection. Finalize's model fit does
 //! not: the committer commits the finalized state (after which the collection's reports are
 //! refused `collection-finalized`) and hands the fit to a task of its own, so uploads to
 //! every collection go on while it runs ([`CollectionHandle::ensure_model`]).
@@ -19,7 +22,7 @@ use std::time::Instant;
 
 use dashmap::DashMap;
 use ldpsyn::mechanism::{Mechanism, SufficientStatistics};
-use ldpsyn::protocol::{CollectionConfig, Problem, ProblemType};
+use ldpsyn::protocol::{CollectionConfig, PastTarget, Problem, ProblemType};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
@@ -91,6 +94,38 @@ impl CollectionHandle {
             fit: Arc::default(),
             sampler: RwLock::new(None),
             deleted: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether this collection stops at `target_users`: it refuses reports past the target
+    /// (`past_target: refuse`) or finalizes there (`auto_finalize_at_target`). Device
+    /// collections only: a vertical one is finalized by hand.
+    pub fn stops_at_target(&self) -> bool {
+        self.engine.vertical().is_none()
+            && (self.config.past_target == PastTarget::Refuse
+                || self.config.auto_finalize_at_target)
+    }
+
+    /// Whether the collection refuses reports because its target is reached (in this
+    /// process's count; the commit checks the database's): `past_target: refuse` and
+    /// `target_users` reports accepted.
+    pub fn target_reached(&self) -> bool {
+        self.stops_at_target()
+            && self.config.past_target == PastTarget::Refuse
+            && self.accepted() >= self.config.target_users
+    }
+
+    /// The refusal of a report (or task) for this collection once it takes no more:
+    /// `collection-target-reached` when it refuses reports past its reached target (whether
+    /// or not it is finalized since), else `collection-finalized`.
+    pub fn closed_problem(&self) -> Problem {
+        if self.target_reached() {
+            target_reached_problem(self, false)
+        } else {
+            Problem::new(
+                ProblemType::CollectionFinalized,
+                "the collection is finalized and takes no more reports",
+            )
         }
     }
 
@@ -400,32 +435,7 @@ pub async fn run_committer(db: Db, metrics: Arc<Metrics>, mut rx: mpsc::Receiver
                 let _ = reply.send(refresh(&db, items).await);
             }
             Command::Finalize { handle, reply } => {
-                let r = finalize(&db, &mut writer, &handle).await;
-                match writer.settle(r) {
-                    Ok(Finalized::Ready(model)) => {
-                        let _ = reply.send(Ok(model));
-                    }
-                    // Fitted outside the committer: it goes on committing uploads (this
-                    // collection's are refused from the commit above) while the model is fit.
-                    Ok(Finalized::Fit(inputs)) => {
-                        tokio::spawn(async move {
-                            let (state, tables) = *inputs;
-                            let r = handle.ensure_model(state, tables).await;
-                            if let Err(e) = &r {
-                                tracing::error!(
-                                    collection = %handle.id,
-                                    error = %e,
-                                    "model fit failed; the collection stays finalized without a \
-                                     model (finalize again retries the fit)"
-                                );
-                            }
-                            let _ = reply.send(r);
-                        });
-                    }
-                    Err(e) => {
-                        let _ = reply.send(Err(e));
-                    }
-                }
+                start_finalize(&db, &mut writer, handle, reply).await;
             }
             Command::PartyRecords {
                 handle,
@@ -446,6 +456,47 @@ pub async fn run_committer(db: Db, metrics: Arc<Metrics>, mut rx: mpsc::Receiver
                     .await
                 };
                 let _ = reply.send(keep_on_refusal(&mut writer, r));
+            }
+        }
+    }
+}
+
+/// Finalizes `handle` (the committer's part, [`finalize`]) and fits its model on a task of
+/// its own, answering `reply` once it is built (or the refusal or failure). The committer
+/// goes on committing uploads (this collection's are refused from the finalize's commit on)
+/// while the model is fit. Used by `POST …/finalize` and by the commit that reaches an
+/// `auto_finalize_at_target` collection's target.
+async fn start_finalize(
+    db: &Db,
+    writer: &mut Writer,
+    handle: Arc<CollectionHandle>,
+    reply: oneshot::Sender<Result<Arc<Model>, ApiError>>,
+) {
+    let r = finalize(db, writer, &handle).await;
+    match writer.settle(r) {
+        Ok(Finalized::Ready(model)) => {
+            let _ = reply.send(Ok(model));
+        }
+        Ok(Finalized::Fit(inputs)) => {
+            tokio::spawn(async move {
+                let (state, tables) = *inputs;
+                let r = handle.ensure_model(state, tables).await;
+                if let Err(e) = &r {
+                    tracing::error!(
+                        collection = %handle.id,
+                        error = %e,
+                        "model fit failed; the collection stays finalized without a \
+                         model (finalize again retries the fit)"
+                    );
+                }
+                let _ = reply.send(r);
+            });
+        }
+        Err(e) => {
+            // Nobody waits for an automatic finalize: its failure is only logged (the next
+            // report, or the next maintenance pass, tries again).
+            if let Err(Err(e)) = reply.send(Err(e)) {
+                tracing::error!(collection = %handle.id, error = %e, "finalize at target failed");
             }
         }
     }
@@ -525,12 +576,60 @@ fn deleted_before_commit(id: Uuid) -> Outcome {
     ))
 }
 
-/// The answer to a report of a collection finalized before the report's commit.
-fn finalized_before_commit() -> Outcome {
-    Outcome::Rejected(Problem::new(
-        ProblemType::CollectionFinalized,
-        "the collection was finalized before this report was committed",
-    ))
+/// The answer to a report of a collection finalized before the report's commit (or, for a
+/// collection that refuses reports past its target, once the target is reached).
+fn finalized_before_commit(handle: &CollectionHandle) -> Outcome {
+    Outcome::Rejected(if handle.target_reached() {
+        target_reached_problem(handle, false)
+    } else {
+        Problem::new(
+            ProblemType::CollectionFinalized,
+            "the collection was finalized before this report was committed",
+        )
+    })
+}
+
+/// `collection-target-reached` for a report (`task` false) or a task request (`task` true):
+/// the collection has its `target_users` reports and refuses more (`past_target: refuse`).
+pub fn target_reached_problem(handle: &CollectionHandle, task: bool) -> Problem {
+    let c = &handle.config;
+    let name = c
+        .name
+        .as_ref()
+        .map(|n| format!(" ({n})"))
+        .unwrap_or_default();
+    let what = if task {
+        "no task is handed out"
+    } else {
+        "this report was not stored"
+    };
+    Problem::new(
+        ProblemType::CollectionTargetReached,
+        format!(
+            "collection {}{name} already has the {} reports it asked for and takes no more: \
+             {what}, and nothing more is needed from this device",
+            handle.id, c.target_users
+        ),
+    )
+}
+
+/// The answer to a report past the target of a collection that stops there
+/// ([`CollectionHandle::stops_at_target`]): `collection-target-reached` under
+/// `past_target: refuse`; under `accept` the collection finalizes at the target
+/// (`auto_finalize_at_target`) in the same committer step, so `collection-finalized`.
+fn past_target(handle: &CollectionHandle) -> Outcome {
+    Outcome::Rejected(if handle.config.past_target == PastTarget::Refuse {
+        target_reached_problem(handle, false)
+    } else {
+        Problem::new(
+            ProblemType::CollectionFinalized,
+            format!(
+                "collection {} reached its target of {} reports with this commit and is \
+                 finalized at it; this report was not stored",
+                handle.id, handle.config.target_users
+            ),
+        )
+    })
 }
 
 type Group = Vec<(
@@ -556,8 +655,8 @@ async fn commit_group(db: &Db, writer: &mut Writer, metrics: &Metrics, group: Gr
             let r = &p.report;
             if p.handle.is_deleted() {
                 outcomes[j][i] = Some(deleted_before_commit(r.collection));
-            } else if p.handle.state().phase == Phase::Finalized {
-                outcomes[j][i] = Some(finalized_before_commit());
+            } else if p.handle.state().phase == Phase::Finalized || p.handle.target_reached() {
+                outcomes[j][i] = Some(finalized_before_commit(&p.handle));
             } else if let Some(&(fj, fi)) = tokens.get(&(r.collection, r.nonce.as_str())) {
                 if group[fj].0[fi].report.report_id == r.report_id {
                     follows.push(((j, i), (fj, fi)));
@@ -577,7 +676,7 @@ async fn commit_group(db: &Db, writer: &mut Writer, metrics: &Metrics, group: Gr
     let result = write_group(db, writer, &group, &to_insert, &positions).await;
     let result = writer.settle(result);
     match result {
-        Ok((inserted, classified, committed, after)) => {
+        Ok((inserted, classified, committed, after, reached)) => {
             for (k, &(j, i)) in positions.iter().enumerate() {
                 outcomes[j][i] = Some(if inserted[k] {
                     Outcome::Accepted
@@ -599,6 +698,17 @@ async fn commit_group(db: &Db, writer: &mut Writer, metrics: &Metrics, group: Gr
             for (handle, state, version, closed) in after {
                 metrics.rounds_closed(closed);
                 handle.set_state(state, version);
+            }
+            // Before the answers: a device told `accepted` for the report that made the
+            // target finds the collection finalized.
+            for handle in reached {
+                if handle.state().phase == Phase::Finalized {
+                    continue;
+                }
+                tracing::info!(collection = %handle.id, target = handle.config.target_users,
+                    "target reached: finalizing");
+                let (reply, _) = oneshot::channel();
+                start_finalize(db, writer, handle, reply).await;
             }
             let mut acc = 0;
             let mut dup = 0;
@@ -634,12 +744,14 @@ type PerCollection = (Arc<CollectionHandle>, BTreeMap<u32, u64>, Tables);
 
 /// Per report of `to_insert`: inserted, else its outcome; per collection, what it committed;
 /// the collections whose state changed, with the new state, its stored version and the
-/// rounds closed.
+/// rounds closed; the collections to finalize because their target is reached
+/// (`auto_finalize_at_target`).
 type Written = (
     Vec<bool>,
     Vec<Outcome>,
     Vec<PerCollection>,
     Vec<(Arc<CollectionHandle>, CollectionState, i64, u64)>,
+    Vec<Arc<CollectionHandle>>,
 );
 
 /// Writes `to_insert` (at `positions` of `group`) in one transaction, bumps the round counts
@@ -661,9 +773,29 @@ async fn write_group(
             e.insert(db.ingest_gate(&mut tx, r.collection).await?);
         }
     }
-    let open: Vec<usize> = (0..to_insert.len())
-        .filter(|&k| gates[&to_insert[k].collection] == IngestGate::Open)
-        .collect();
+    let handle_of = |k: usize| &group[positions[k].0].0[positions[k].1].handle;
+    // Collections that stop at their target (`stops_at_target`), by id, with their open
+    // reports in upload order.
+    let mut capped: BTreeMap<Uuid, Vec<usize>> = BTreeMap::new();
+    let mut open: Vec<usize> = Vec::new();
+    for k in 0..to_insert.len() {
+        if gates[&to_insert[k].collection] != IngestGate::Open {
+            continue;
+        }
+        if handle_of(k).stops_at_target() {
+            capped.entry(to_insert[k].collection).or_default().push(k);
+        } else {
+            open.push(k);
+        }
+    }
+    if !capped.is_empty() {
+        // PostgreSQL: the count read below must not move until this commits, so every
+        // collection of the group is locked now, in id order (the round closes below take
+        // the same locks, none new, so two processes cannot wait for each other).
+        for id in gates.keys() {
+            db.lock_collection(&mut tx, *id).await?;
+        }
+    }
     let open_reports: Vec<&NewReport> = open.iter().map(|&k| to_insert[k]).collect();
     let mut inserted = vec![false; to_insert.len()];
     for (&k, ok) in open
@@ -672,21 +804,69 @@ async fn write_group(
     {
         inserted[k] = ok;
     }
+    // A capped collection takes reports up to its target, in upload order; a duplicate
+    // takes no place, so the next ones are tried until the target or the group runs out.
+    let mut excess = vec![false; to_insert.len()];
+    let mut reached = Vec::new();
+    for (id, ks) in &capped {
+        let handle = handle_of(ks[0]);
+        let target = handle.config.target_users;
+        let mut total = Db::accepted_total(&mut tx, *id).await?;
+        let mut next = 0;
+        while next < ks.len() && total < target {
+            let room = usize::try_from(target - total).unwrap_or(usize::MAX);
+            let batch = &ks[next..ks.len().min(next.saturating_add(room))];
+            let reports: Vec<&NewReport> = batch.iter().map(|&k| to_insert[k]).collect();
+            for (&k, ok) in batch
+                .iter()
+                .zip(db.insert_reports(&mut tx, &reports).await?)
+            {
+                inserted[k] = ok;
+                total += u64::from(ok);
+            }
+            next += batch.len();
+        }
+        for &k in &ks[next..] {
+            excess[k] = true;
+        }
+        if total >= target && handle.config.auto_finalize_at_target {
+            reached.push(handle.clone());
+        }
+    }
     let mut classified = vec![Outcome::Accepted; to_insert.len()];
+    // Per finalized collection that refuses reports past its target: whether the database's
+    // count reached it (this process's count may lag another process's finalize).
+    let mut at_target: BTreeMap<Uuid, bool> = BTreeMap::new();
     for (k, r) in to_insert.iter().enumerate() {
         if gates[&r.collection] == IngestGate::Finalized {
-            classified[k] = finalized_before_commit();
+            let h = handle_of(k);
+            let refuses = h.stops_at_target() && h.config.past_target == PastTarget::Refuse;
+            let reached = match at_target.get(&r.collection) {
+                Some(&b) => b,
+                None if refuses => {
+                    let b =
+                        Db::accepted_total(&mut tx, r.collection).await? >= h.config.target_users;
+                    at_target.insert(r.collection, b);
+                    b
+                }
+                None => false,
+            };
+            classified[k] = if reached {
+                Outcome::Rejected(target_reached_problem(h, false))
+            } else {
+                finalized_before_commit(h)
+            };
         } else if gates[&r.collection] == IngestGate::Gone {
             classified[k] = deleted_before_commit(r.collection);
         } else if !inserted[k] {
             let stored = Db::report_of_token(&mut tx, r.collection, &r.nonce).await?;
-            classified[k] = if stored == Some(r.report_id) {
-                Outcome::Duplicate
-            } else {
-                Outcome::Rejected(Problem::new(
+            classified[k] = match stored {
+                Some(id) if id == r.report_id => Outcome::Duplicate,
+                None if excess[k] => past_target(handle_of(k)),
+                _ => Outcome::Rejected(Problem::new(
                     ProblemType::TokenReused,
                     "this task token already answered another report",
-                ))
+                )),
             };
         }
     }
@@ -748,7 +928,13 @@ async fn write_group(
         }
     }
     storage::commit(tx).await?;
-    Ok((inserted, classified, per.into_values().collect(), after))
+    Ok((
+        inserted,
+        classified,
+        per.into_values().collect(),
+        after,
+        reached,
+    ))
 }
 
 /// Why [`close_in_tx`] closes rounds.
@@ -928,6 +1114,7 @@ async fn finalize(
             return Err(EngineError::NoData.into());
         }
         handle.engine.mark_finalized(&mut state);
+        Db::set_finalized_at(&mut tx, handle.id, super::now_secs()).await?;
         Db::update_state(&mut tx, handle.id, &serde_json::to_string(&state)?).await?
     } else {
         Db::state_of(&mut tx, handle.id)
@@ -954,6 +1141,9 @@ mod tests {
                 {"name": "b", "type": "categorical", "labels": ["x", "y", "z"]}]}))
         .unwrap();
         let config = CollectionConfig {
+            auto_finalize_at_target: false,
+            past_target: ldpsyn::protocol::PastTarget::Accept,
+            retain_reports_days: None,
             name: None,
             description: None,
             version: PROTOCOL_VERSION,

@@ -8,6 +8,7 @@
 //! - [`http`]: routes, handlers (one file per resource), extractors, layers ([`router`]).
 //! - [`listener`]: the accept loop (header-read and idle timeouts, graceful shutdown).
 //! - [`ui`]: the dashboard at `/ui/` (embedded static files).
+//! - [`maintenance`]: the periodic retention sweep and finalize at target.
 //! - [`metrics`], [`ratelimit`], [`synthetic`].
 //!
 //! ```no_run
@@ -28,6 +29,7 @@ pub mod error;
 pub mod http;
 pub mod ingest;
 pub mod listener;
+pub mod maintenance;
 pub mod metrics;
 pub mod openapi;
 pub mod ratelimit;
@@ -569,6 +571,10 @@ impl Server {
         };
         let _ = ready.set(router(state.clone()));
         let refresher = spawn_refresher(state.clone());
+        let upkeep = maintenance::spawn(
+            state.clone(),
+            Duration::from_secs(state.config().maintenance_interval_secs.max(1)),
+        );
         let st = state.clone();
         let task = tokio::spawn(async move {
             signal.await;
@@ -579,6 +585,7 @@ impl Server {
             if let Some(r) = refresher {
                 r.abort();
             }
+            upkeep.abort();
             // In-flight requests have been answered: their commits are done. Stop the
             // committer and close the pool.
             let db = st.db().clone();

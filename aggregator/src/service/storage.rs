@@ -410,6 +410,92 @@ impl Db {
             .collect()
     }
 
+    /// Records when collection `id` was finalized (`now`, Unix seconds), in the finalize's
+    /// transaction; the retention sweep counts from it.
+    pub async fn set_finalized_at(
+        conn: &mut AnyConnection,
+        id: Uuid,
+        now: i64,
+    ) -> Result<(), StorageError> {
+        sqlx::query("UPDATE collections SET finalized_at = $1 WHERE id = $2")
+            .bind(now)
+            .bind(id.to_string())
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Finalized collections whose raw reports are still stored: id, config JSON and
+    /// finalize time (Unix seconds), for the retention sweep.
+    pub async fn finalized_with_reports(&self) -> Result<Vec<(Uuid, String, i64)>, StorageError> {
+        let rows = sqlx::query(
+            "SELECT id, config, finalized_at FROM collections \
+             WHERE finalized_at IS NOT NULL AND reports_deleted_at IS NULL",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let id: String = r.try_get(0)?;
+            let Ok(id) = id.parse() else {
+                continue;
+            };
+            out.push((id, r.try_get(1)?, r.try_get(2)?));
+        }
+        Ok(out)
+    }
+
+    /// Deletes collection `id`'s raw reports and vertical records, keeping its tables, round
+    /// counts, state and config, if it was finalized at or before `cutoff` (Unix seconds),
+    /// its reports are not deleted yet and its table counts are complete (they, not the
+    /// reports, rebuild the model at startup); marks it with `now`. One transaction; a
+    /// second process doing the same finds it marked. Returns the rows deleted, or `None`
+    /// when it did nothing. Errors: the database's.
+    pub async fn delete_raw_reports(
+        &self,
+        id: Uuid,
+        cutoff: i64,
+        now: i64,
+    ) -> Result<Option<u64>, StorageError> {
+        let mut tx = self.pool.begin().await?;
+        let marked = sqlx::query(
+            "UPDATE collections SET reports_deleted_at = $1 WHERE id = $2 \
+             AND finalized_at IS NOT NULL AND finalized_at <= $3 AND reports_deleted_at IS NULL \
+             AND EXISTS (SELECT 1 FROM table_counts_ready WHERE collection_id = $2)",
+        )
+        .bind(now)
+        .bind(id.to_string())
+        .bind(cutoff)
+        .execute(&mut *tx)
+        .await?;
+        if marked.rows_affected() == 0 {
+            return Ok(None);
+        }
+        let mut deleted = 0;
+        for table in ["reports", "vertical_records"] {
+            // The table names are the constants above, never input.
+            let done = sqlx::query(&format!("DELETE FROM {table} WHERE collection_id = $1"))
+                .bind(id.to_string())
+                .execute(&mut *tx)
+                .await?;
+            deleted += done.rows_affected();
+        }
+        tx.commit().await?;
+        Ok(Some(deleted))
+    }
+
+    /// Accepted reports of a collection, all rounds (the sum of its round counts).
+    pub async fn accepted_total(conn: &mut AnyConnection, id: Uuid) -> Result<u64, StorageError> {
+        let row = sqlx::query(
+            "SELECT CAST(COALESCE(SUM(accepted), 0) AS BIGINT) FROM round_counts WHERE collection_id = $1",
+        )
+        .bind(id.to_string())
+        .fetch_one(&mut *conn)
+        .await?;
+        let n: i64 = row.try_get(0)?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
     /// Adds `n` accepted reports to a round's count; returns the new count.
     pub async fn bump_round_count(
         conn: &mut AnyConnection,

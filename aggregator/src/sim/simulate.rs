@@ -321,6 +321,9 @@ mod tests {
         protocol: Protocol,
     ) -> ldpsyn::protocol::CollectionConfig {
         ldpsyn::protocol::CollectionConfig {
+            auto_finalize_at_target: false,
+            past_target: ldpsyn::protocol::PastTarget::Accept,
+            retain_reports_days: None,
             name: None,
             description: None,
             version: ldpsyn::protocol::PROTOCOL_VERSION,
@@ -863,6 +866,9 @@ mod tests {
             party("right", &names[half..]),
         ];
         let vertical = Engine::new(&CollectionConfig {
+            auto_finalize_at_target: false,
+            past_target: ldpsyn::protocol::PastTarget::Accept,
+            retain_reports_days: None,
             name: None,
             description: None,
             version: PROTOCOL_VERSION,

@@ -258,6 +258,9 @@ fn main() -> Result<(), Error> {
                     };
                     // The engine: independence on the one attribute.
                     let config = CollectionConfig {
+                        auto_finalize_at_target: false,
+                        past_target: ldpsyn::protocol::PastTarget::Accept,
+                        retain_reports_days: None,
                         name: None,
                         description: None,
                         version: PROTOCOL_VERSION,

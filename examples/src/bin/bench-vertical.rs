@@ -108,6 +108,9 @@ fn config(
     protocol: Protocol,
 ) -> Result<CollectionConfig, Error> {
     Ok(CollectionConfig {
+        auto_finalize_at_target: false,
+        past_target: ldpsyn::protocol::PastTarget::Accept,
+        retain_reports_days: None,
         name: None,
         description: None,
         version: PROTOCOL_VERSION,

@@ -64,7 +64,78 @@ const COMMON_KEYS: &[&str] = &[
     "protocol",
     "name",
     "description",
+    "auto_finalize_at_target",
+    "past_target",
+    "retain_reports_days",
 ];
+
+/// Checks the collection's lifecycle options of a create request and fills in the defaults
+/// of a new collection: `auto_finalize_at_target` true and `past_target` `refuse` for device
+/// collections (a stored config without them reads false and `accept`: see
+/// [`CollectionConfig`]). A vertical collection's parties upload whole files, and one party
+/// reaching the count says nothing about the others, so it takes neither: it is finalized by
+/// hand. Errors: a 400 `invalid-parameter` problem saying what is allowed.
+fn check_lifecycle(
+    obj: &mut serde_json::Map<String, Value>,
+    vertical: bool,
+) -> Result<(), ApiError> {
+    let bad = |why: String| ApiError::problem(ProblemType::InvalidParameter, why);
+    if let Some(v) = obj.get("auto_finalize_at_target") {
+        match v.as_bool() {
+            None => {
+                return Err(bad(format!(
+                    "`auto_finalize_at_target` must be true or false (got {v})"
+                )));
+            }
+            Some(true) if vertical => {
+                return Err(bad(
+                    "`auto_finalize_at_target` is for device collections: a \
+                     vertical collection's parties upload whole files, so it is finalized \
+                     by hand (POST …/finalize)"
+                        .into(),
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    if let Some(v) = obj.get("past_target") {
+        match v.as_str() {
+            Some("accept") => {}
+            Some("refuse") if !vertical => {}
+            Some("refuse") => {
+                return Err(bad("`past_target: refuse` is for device collections: a \
+                     vertical collection counts records per party, not people"
+                    .into()));
+            }
+            _ => {
+                return Err(bad(format!(
+                    "`past_target` must be \"refuse\" (reports past `target_users` are \
+                     refused) or \"accept\" (taken while the collection is open); got {v}"
+                )));
+            }
+        }
+    }
+    if let Some(v) = obj.get("retain_reports_days") {
+        let max = ldpsyn::protocol::MAX_RETAIN_REPORTS_DAYS;
+        if v.as_u64().is_none_or(|d| d > u64::from(max)) {
+            return Err(bad(format!(
+                "`retain_reports_days` must be a whole number of days from 0 to {max}, \
+                 the days raw reports are kept after finalize (leave it out to keep them); \
+                 got {v}"
+            )));
+        }
+    }
+    let (auto, past) = if vertical {
+        (false, "accept")
+    } else {
+        (true, "refuse")
+    };
+    obj.entry("auto_finalize_at_target")
+        .or_insert(Value::Bool(auto));
+    obj.entry("past_target")
+        .or_insert(Value::String(past.into()));
+    Ok(())
+}
 
 /// Checks the optional text field `key` of a create request: a string of at most `max`
 /// characters, not blank, without control characters (a description may break lines).
@@ -159,6 +230,7 @@ pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine),
         "description",
         ldpsyn::protocol::MAX_COLLECTION_DESCRIPTION_CHARS,
     )?;
+    check_lifecycle(&mut obj, protocol == "vertical")?;
     let schema_v = obj
         .get("schema")
         .cloned()

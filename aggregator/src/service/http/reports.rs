@@ -82,6 +82,12 @@ pub(crate) async fn get_task(
         }
     };
     let s = h.state();
+    if h.target_reached() {
+        // No task for a report that would be refused: the device spends nothing.
+        return Err(ApiError::from_problem(
+            crate::service::ingest::target_reached_problem(&h, true),
+        ));
+    }
     if s.phase == Phase::Finalized {
         return Err(ApiError::problem(
             ProblemType::CollectionFinalized,
@@ -155,11 +161,8 @@ pub(crate) async fn post_reports(
     let h = handle_of(&state, &id).await?;
     let body = read_body(body, state.config().max_body_bytes).await?;
     let reports = parse_upload(&body, state.config().max_reports_per_upload)?;
-    if h.state().phase == Phase::Finalized {
-        return Err(ApiError::problem(
-            ProblemType::CollectionFinalized,
-            "the collection is finalized and takes no more reports",
-        ));
+    if h.state().phase == Phase::Finalized || h.target_reached() {
+        return Err(ApiError::from_problem(h.closed_problem()));
     }
     let now = now_secs();
     let mut answers: Vec<ReportAnswer> = Vec::with_capacity(reports.len());

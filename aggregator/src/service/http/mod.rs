@@ -276,3 +276,43 @@ pub(crate) async fn metrics(State(state): State<AppState>, headers: HeaderMap) -
     )
         .into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 33 item 9: a route without a rate limit is either an admin route (the token is
+    /// checked before any database query) or reads no database. A new route must be listed
+    /// here or limited.
+    #[test]
+    fn every_unlimited_route_is_admin_or_reads_no_database() {
+        let admin = [
+            "POST /v1/collections",
+            "GET /v1/collections",
+            "DELETE /v1/collections/{id}",
+            "POST /v1/collections/{id}/close-round",
+            "POST /v1/collections/{id}/finalize",
+            "GET /v1/collections/{id}/model",
+            "GET /v1/collections/{id}/marginals",
+            "GET /v1/collections/{id}/synthetic",
+            "GET /v1/collections/{id}/parties",
+        ];
+        // Memory and embedded files only.
+        let no_database = [
+            "GET /metrics",
+            "GET /v1/openapi.json",
+            "GET /ui",
+            "GET /ui/",
+            "GET /ui/{file}",
+        ];
+        for r in routes() {
+            let name = format!("{} {}", r.method, r.path);
+            let listed = admin.contains(&name.as_str()) || no_database.contains(&name.as_str());
+            assert!(
+                r.rate_limit.is_some() != listed,
+                "{name}: limited {:?}, listed as unlimited {listed}",
+                r.rate_limit
+            );
+        }
+    }
+}

@@ -311,6 +311,20 @@ fn command_line() -> String {
     )
 }
 
+/// The 1, 5 and 15-minute load averages of `/proc/loadavg`.
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+fn mode_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Single => "single",
+        Mode::Batch => "batch",
+    }
+}
+
 fn git(args: &[&str]) -> Option<String> {
     let out = Command::new("git").args(args).output().ok()?;
     out.status
@@ -471,6 +485,7 @@ async fn main() -> anyhow::Result<()> {
         },
     );
 
+    let load_before = loadavg();
     let mut runs = Vec::new();
     for round in 1..=args.rounds {
         for mode in [Mode::Single, Mode::Batch] {
@@ -538,6 +553,7 @@ async fn main() -> anyhow::Result<()> {
         }
     }
 
+    let load_after = loadavg();
     let mut summary = Vec::new();
     for t in targets.iter().filter(|t| t.server == "serve") {
         for mode in [Mode::Single, Mode::Batch] {
@@ -557,6 +573,8 @@ async fn main() -> anyhow::Result<()> {
         "dirty": dirty,
         "unix_time": date,
         "machine": machine,
+        "loadavg_before": load_before,
+        "loadavg_after": load_after,
         "seconds_per_run": args.seconds,
         "rounds": args.rounds,
         "single_concurrency": args.single_concurrency,
@@ -570,7 +588,7 @@ async fn main() -> anyhow::Result<()> {
     writeln!(md, "# Ingest: `serve` against a bare echo\n")?;
     writeln!(
         md,
-        "Written by `bench-ingest` (`examples/src/bin/bench-ingest.rs`) at commit `{commit}`{} on {machine}; load generator and servers share it:\n\n```sh\n{command}\n```\n",
+        "Written by `bench-ingest` (`examples/src/bin/bench-ingest.rs`) at commit `{commit}`{} on {machine}; load generator and servers share it, with whatever else ran there (1/5/15-minute load average `{load_before}` before the runs, `{load_after}` after):\n\n```sh\n{command}\n```\n",
         if dirty {
             " (with uncommitted changes)"
         } else {
@@ -579,14 +597,19 @@ async fn main() -> anyhow::Result<()> {
     )?;
     writeln!(
         md,
-        "Each round runs every mode against each server in turn for {} s ({} rounds): \
+        "Each round runs every mode against each server in turn for {} s ({} round{}): \
          single = one report per request, {} workers; batch = up to {} reports per request, {} \
          workers. The echo parses the same uploads and answers `accepted` without validating or \
          storing anything. Reports/s are accepted reports per second of wall time (task fetches \
          included); CPU per report is the server process's utime + stime over the run divided \
          by the reports it accepted (PostgreSQL's own processes not counted). Ranges are over \
          rounds; the ratio compares each round's `serve` with the echo of the same round.\n",
-        args.seconds, args.rounds, args.single_concurrency, args.batch_size, args.batch_concurrency
+        args.seconds,
+        args.rounds,
+        if args.rounds == 1 { "" } else { "s" },
+        args.single_concurrency,
+        args.batch_size,
+        args.batch_concurrency
     )?;
     writeln!(
         md,
@@ -595,13 +618,13 @@ async fn main() -> anyhow::Result<()> {
     for s in &summary {
         writeln!(
             md,
-            "| {} | {:?} | {} | {} | {} | {} µs | {} µs |",
+            "| {} | {} | {} | {} | {} | {} µs | {} µs |",
             if s.database == "sqlite" {
                 "SQLite"
             } else {
                 "PostgreSQL"
             },
-            s.mode,
+            mode_name(s.mode),
             s.serve_reports_per_s.show(0),
             s.echo_reports_per_s.show(0),
             s.ratio.show(2),
@@ -616,9 +639,9 @@ async fn main() -> anyhow::Result<()> {
     for r in &runs {
         writeln!(
             md,
-            "| {} | {:?} | {}{} | {} | {} | {:.1} / {:.1} | {:.2} | {:.1} | {} |",
+            "| {} | {} | {}{} | {} | {} | {:.1} / {:.1} | {:.2} | {:.1} | {} |",
             r.round,
-            r.mode,
+            mode_name(r.mode),
             r.server,
             if r.server == "serve" {
                 format!(" ({})", r.database)

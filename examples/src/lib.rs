@@ -1,6 +1,8 @@
 //! Pieces the benchmark binaries share: a simulated collection of a CSV with raw numeric
 //! columns, scored on raw values (`bench-numeric`, and `bench-utility --suite`'s numeric
-//! rows).
+//! rows), and the upload load of `loadgen` and `bench-ingest` ([`load`]).
+
+pub mod load;
 
 use ldpsyn::Epsilon;
 use ldpsyn::protocol::{CollectionConfig, PROTOCOL_VERSION, Protocol};

@@ -101,9 +101,10 @@ pub struct ServeConfig {
     /// Requests served at once; more are shed with 503.
     #[arg(long, env = "LDPSYN_MAX_IN_FLIGHT_REQUESTS", default_value_t = 4096)]
     pub max_in_flight_requests: usize,
-    /// Uploads per second per client, and task requests per second per client (two
-    /// buckets, burst twice the rate each); a client is an IPv4 address or an IPv6 /64. 0
-    /// disables both limits.
+    /// Requests per second per client on each route that may cost a database query without
+    /// an admin token, in four buckets (burst twice the rate each): report uploads, task
+    /// requests, lookups (`GET /v1/collections/{id}`, `/healthz`) and party uploads; a
+    /// client is an IPv4 address or an IPv6 /64. 0 disables every limit.
     #[arg(long, env = "LDPSYN_RATE_LIMIT_PER_IP", default_value_t = 10)]
     pub rate_limit_per_ip: u32,
     /// Reverse proxies (IP addresses, comma-separated) whose `X-Forwarded-For` / `Forwarded`

@@ -36,6 +36,15 @@ use crate::engine::{
 /// Most reports written in one transaction.
 const MAX_GROUP_REPORTS: usize = 16_384;
 
+/// A state and the task distribution built from it when it became current (`None`: a state
+/// without tasks, e.g. finalized). States are replaced, never changed in place, so the `Arc`
+/// identifies one.
+#[derive(Debug)]
+struct Current {
+    state: Arc<CollectionState>,
+    sampler: Option<Arc<TaskSampler>>,
+}
+
 /// One collection, in memory. The state and the tables are derived from the database.
 #[derive(Debug)]
 pub struct CollectionHandle {
@@ -45,7 +54,8 @@ pub struct CollectionHandle {
     pub config: CollectionConfig,
     /// Its engine.
     pub engine: Engine,
-    state: RwLock<Arc<CollectionState>>,
+    /// The current state with its task distribution, replaced together.
+    state: RwLock<Current>,
     state_version: AtomicI64,
     tables: DashMap<TableKey, SufficientStatistics>,
     mechanisms: DashMap<TableKey, Arc<Mechanism>>,
@@ -55,9 +65,8 @@ pub struct CollectionHandle {
     /// Held by the one fit of the model at a time (a finalize, a second finalize asked while
     /// the first fits, a PostgreSQL refresh that finds the collection finalized elsewhere).
     fit: Arc<tokio::sync::Mutex<()>>,
-    /// The task distribution of the state it was built for (states are replaced, never
-    /// changed in place, so the `Arc` identifies one).
-    sampler: RwLock<Option<(Arc<CollectionState>, Arc<TaskSampler>)>>,
+    /// Task samplers built so far ([`CollectionHandle::sampler_builds`]).
+    sampler_builds: AtomicU64,
     /// Set once the collection's rows are deleted: the committer refuses what is still queued
     /// for it (`unknown-collection`).
     deleted: AtomicBool,
@@ -80,11 +89,13 @@ impl CollectionHandle {
         } else {
             tables.values().map(|s| s.n).sum()
         };
+        let sampler_builds = AtomicU64::new(0);
+        let current = build_current(&engine, state, &sampler_builds);
         Self {
             id: config.id,
             config,
             engine,
-            state: RwLock::new(Arc::new(state)),
+            state: RwLock::new(current),
             state_version: AtomicI64::new(state_version),
             tables: tables.into_iter().collect(),
             mechanisms: DashMap::new(),
@@ -92,7 +103,7 @@ impl CollectionHandle {
             accepted: AtomicU64::new(accepted),
             model: RwLock::new(None),
             fit: Arc::default(),
-            sampler: RwLock::new(None),
+            sampler_builds,
             deleted: AtomicBool::new(false),
         }
     }
@@ -140,29 +151,45 @@ impl CollectionHandle {
         self.deleted.store(true, Relaxed);
     }
 
-    /// The task distribution of `state` (a snapshot from [`CollectionHandle::state`]),
-    /// built once per state rather than per task request ([`Engine::sampler`]). Errors: a
-    /// state without tasks (finalized).
+    /// The task distribution of `state` (a snapshot from [`CollectionHandle::state`]). It
+    /// was built once when `state` became current, so a task request only clones an `Arc`;
+    /// a request that raced a state change (its snapshot is no longer current) builds one
+    /// for its own snapshot ([`Engine::sampler`]). Errors: a state without tasks (finalized).
     pub fn sampler(&self, state: &Arc<CollectionState>) -> Result<Arc<TaskSampler>, EngineError> {
-        if let Some((s, t)) = &*self.sampler.read().unwrap_or_else(|e| e.into_inner())
-            && Arc::ptr_eq(s, state)
         {
-            return Ok(t.clone());
+            let current = self.state.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(t) = &current.sampler
+                && Arc::ptr_eq(&current.state, state)
+            {
+                return Ok(t.clone());
+            }
         }
-        let sampler = Arc::new(self.engine.sampler(state)?);
-        *self.sampler.write().unwrap_or_else(|e| e.into_inner()) =
-            Some((state.clone(), sampler.clone()));
-        Ok(sampler)
+        self.sampler_builds.fetch_add(1, Relaxed);
+        Ok(Arc::new(self.engine.sampler(state)?))
+    }
+
+    /// How many task samplers this handle has built: one per state it held (none for a
+    /// state without tasks), plus one per task request that raced a state change. Task
+    /// requests alone never add to it.
+    pub fn sampler_builds(&self) -> u64 {
+        self.sampler_builds.load(Relaxed)
     }
 
     /// The current state (a snapshot).
     pub fn state(&self) -> Arc<CollectionState> {
         // A poisoned lock only means a panic elsewhere; the Arc inside is still whole.
-        self.state.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.state
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .state
+            .clone()
     }
 
+    /// Makes `state` current with its task distribution, built here (before the lock is
+    /// taken: task requests keep drawing from the old one meanwhile), once per state change.
     fn set_state(&self, state: CollectionState, version: i64) {
-        *self.state.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(state);
+        let current = build_current(&self.engine, state, &self.sampler_builds);
+        *self.state.write().unwrap_or_else(|e| e.into_inner()) = current;
         self.state_version.store(version, Relaxed);
     }
 
@@ -269,6 +296,23 @@ impl CollectionHandle {
         if version > self.state_version() {
             self.set_state(state, version);
         }
+    }
+}
+
+/// `state` with its task distribution (none for a state without tasks); counts the build.
+fn build_current(engine: &Engine, state: CollectionState, builds: &AtomicU64) -> Current {
+    // Vertical collections hand out no tasks (parties upload records).
+    let sampler = match state.phase {
+        Phase::Finalized => None,
+        _ if engine.vertical().is_some() => None,
+        _ => {
+            builds.fetch_add(1, Relaxed);
+            engine.sampler(&state).ok().map(Arc::new)
+        }
+    };
+    Current {
+        state: Arc::new(state),
+        sampler,
     }
 }
 
@@ -1159,11 +1203,13 @@ mod tests {
         (h, state)
     }
 
-    /// The task sampler is built once per state: the same `Arc` while the state stands, a new
-    /// one, drawing the new state's tasks, once the state is replaced.
+    /// The task sampler is built once per state, when the state becomes current: the same
+    /// `Arc` while the state stands, a new one, drawing the new state's tasks, once the state
+    /// is replaced; a snapshot that is no longer current gets its own.
     #[test]
     fn sampler_is_kept_per_state() {
         let (h, state) = handle();
+        assert_eq!(h.sampler_builds(), 1, "built with the handle");
         let current = h.state();
         let (s1, t1) = (current.clone(), h.sampler(&current).unwrap());
         let (s2, t2) = (h.state(), h.sampler(&h.state()).unwrap());
@@ -1174,10 +1220,18 @@ mod tests {
         let mut next = state;
         next.round += 1;
         h.set_state(next, 2);
+        assert_eq!(h.sampler_builds(), 2, "built with the new state");
         let s3 = h.state();
         let t3 = h.sampler(&s3).unwrap();
         assert!(!Arc::ptr_eq(&t1, &t3));
         assert_eq!((s3.round, t3.draw(&mut rng).round), (1, 1));
+        for _ in 0..100 {
+            h.sampler(&h.state()).unwrap();
+        }
+        assert_eq!(h.sampler_builds(), 2, "task requests build none");
+        // A request holding the old snapshot still draws the old state's tasks.
+        assert_eq!(h.sampler(&s1).unwrap().draw(&mut rng).round, 0);
+        assert_eq!(h.sampler_builds(), 3);
     }
 
     /// A refresh from a row read before this process stored version 2 (PostgreSQL's

@@ -67,23 +67,35 @@ pub struct AppState {
     inner: Arc<Inner>,
 }
 
-/// The public routes a client is rate-limited on.
+/// The routes without an admin token that may cost a database query, each rate-limited per
+/// client in a bucket of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LimitedRoute {
     /// `POST …/reports`.
     Reports,
     /// `GET …/task`.
     Task,
+    /// `GET /v1/collections/{id}` and `GET /healthz` (PostgreSQL: an id new to this process
+    /// is looked up in the database; `/healthz` pings it).
+    Lookup,
+    /// `POST …/parties/{party}/records` (the collection is looked up before the party's
+    /// token is checked).
+    PartyRecords,
 }
 
 /// How long an id the database did not know is answered `unknown-collection` without asking
-/// again (PostgreSQL: a collection created through another process is visible here after at
-/// most this long).
+/// again (PostgreSQL; SQLite never asks: its one process holds every collection). A
+/// collection created with that id meanwhile is found sooner: registering it here (created
+/// by this process, or loaded by the refresher from another's row, every
+/// `--refresh-interval-ms`) drops the entry, and held collections are looked up first.
 pub const NEGATIVE_TTL: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Most remembered unknown ids (expired ones are dropped first, then all): bounded memory
-/// against requests for random ids.
-const MAX_NEGATIVE_ENTRIES: usize = 100_000;
+/// Most remembered unknown ids: bounded memory against requests for random ids. When full,
+/// expired entries are swept (at most once per [`NEGATIVE_TTL`], so a flood of new ids costs
+/// no sweep per request); while still full, new ids are not remembered, so a flood cannot
+/// evict the ids clients keep asking for (a deleted collection's). Random ids never repeat,
+/// so remembering them would buy nothing: the per-IP rate limit bounds their lookups.
+pub const MAX_NEGATIVE_ENTRIES: usize = 100_000;
 
 #[derive(Debug)]
 struct Inner {
@@ -94,6 +106,8 @@ struct Inner {
     collections: DashMap<Uuid, Arc<CollectionHandle>>,
     /// Ids the database did not know, and when it said so ([`NEGATIVE_TTL`]).
     unknown: DashMap<Uuid, std::time::Instant>,
+    /// When `unknown` was last swept of expired entries ([`MAX_NEGATIVE_ENTRIES`]).
+    unknown_swept: std::sync::Mutex<std::time::Instant>,
     /// Stored collections this process could not load, with why (logged): answered
     /// `collection-unavailable` while the others are served; PostgreSQL retries them at
     /// every refresh.
@@ -104,6 +118,8 @@ struct Inner {
     metrics: Arc<Metrics>,
     upload_limiter: RateLimiter,
     task_limiter: RateLimiter,
+    lookup_limiter: RateLimiter,
+    party_limiter: RateLimiter,
     /// The task stream of [`ServeConfig::task_seed`] (`None`: each draw from the OS-seeded
     /// thread RNG).
     task_rng: Option<std::sync::Mutex<rand_chacha::ChaCha12Rng>>,
@@ -133,6 +149,8 @@ impl AppState {
         let committer = tokio::spawn(ingest::run_committer(db.clone(), metrics.clone(), rx));
         let upload_limiter = RateLimiter::new(config.rate_limit_per_ip);
         let task_limiter = RateLimiter::new(config.rate_limit_per_ip);
+        let lookup_limiter = RateLimiter::new(config.rate_limit_per_ip);
+        let party_limiter = RateLimiter::new(config.rate_limit_per_ip);
         let task_rng = config
             .task_seed
             .map(|s| std::sync::Mutex::new(rand::SeedableRng::seed_from_u64(s)));
@@ -144,12 +162,15 @@ impl AppState {
                 token_key,
                 collections: DashMap::new(),
                 unknown: DashMap::new(),
+                unknown_swept: std::sync::Mutex::new(std::time::Instant::now()),
                 unavailable: DashMap::new(),
                 loading: DashMap::new(),
                 committer: tx,
                 metrics,
                 upload_limiter,
                 task_limiter,
+                lookup_limiter,
+                party_limiter,
                 task_rng,
             }),
         };
@@ -202,6 +223,7 @@ impl AppState {
             handle.ensure_model(state, tables).await?;
         }
         self.inner.collections.insert(row.id, handle.clone());
+        self.inner.unknown.remove(&row.id);
         self.inner.unavailable.remove(&row.id);
         Ok(handle)
     }
@@ -270,11 +292,13 @@ impl AppState {
         &self.inner.token_key
     }
 
-    /// The per-client limiter of `route` (uploads and task requests each have their own).
+    /// The per-client limiter of `route` (each [`LimitedRoute`] has its own).
     pub fn limiter(&self, route: LimitedRoute) -> &RateLimiter {
         match route {
             LimitedRoute::Reports => &self.inner.upload_limiter,
             LimitedRoute::Task => &self.inner.task_limiter,
+            LimitedRoute::Lookup => &self.inner.lookup_limiter,
+            LimitedRoute::PartyRecords => &self.inner.party_limiter,
         }
     }
 
@@ -315,40 +339,62 @@ impl AppState {
         // Single flight: the first request loads (its table counts, or a rebuild from its
         // reports for a collection older than them); the others wait and find the handle.
         let gate = self.load_gate(id);
-        let _turn = gate.lock().await;
-        if let Some(h) = self.inner.collections.get(&id) {
-            return Ok(h.clone());
-        }
-        if self.recently_unknown(id) {
-            return unknown();
-        }
-        self.inner.metrics.collection_lookup();
-        let found = match self.inner.db.collection(id).await {
-            Ok(Some(row)) => Some(self.load_row(row).await),
-            Ok(None) => None,
-            Err(e) => {
-                self.inner.loading.remove(&id);
-                return Err(e.into());
+        let found = {
+            let _turn = gate.lock().await;
+            if let Some(h) = self.inner.collections.get(&id) {
+                Ok(Some(Ok(h.clone())))
+            } else if self.recently_unknown(id) {
+                Ok(None)
+            } else {
+                self.inner.metrics.collection_lookup();
+                match self.inner.db.collection(id).await {
+                    Ok(Some(row)) => Ok(Some(self.load_row(row).await)),
+                    Ok(None) => {
+                        self.remember_unknown(id);
+                        Ok(None)
+                    }
+                    Err(e) => Err(e),
+                }
             }
         };
-        self.inner.loading.remove(&id);
-        match found {
+        // On every path, so that ids asked for once leave no gate behind.
+        self.inner
+            .loading
+            .remove_if(&id, |_, g| Arc::ptr_eq(g, &gate));
+        match found? {
             Some(Ok(h)) => Ok(h),
             Some(Err(e)) => {
                 self.mark_unavailable(id, &e);
                 Err(Self::unavailable_problem(id))
             }
-            None => {
-                if self.inner.unknown.len() >= MAX_NEGATIVE_ENTRIES {
-                    self.inner.unknown.retain(|_, t| t.elapsed() < NEGATIVE_TTL);
-                    if self.inner.unknown.len() >= MAX_NEGATIVE_ENTRIES {
-                        self.inner.unknown.clear();
-                    }
-                }
-                self.inner.unknown.insert(id, std::time::Instant::now());
-                unknown()
+            None => unknown(),
+        }
+    }
+
+    /// Remembers that the database does not know `id` ([`NEGATIVE_TTL`], bounded by
+    /// [`MAX_NEGATIVE_ENTRIES`]).
+    fn remember_unknown(&self, id: Uuid) {
+        let unknown = &self.inner.unknown;
+        if unknown.len() >= MAX_NEGATIVE_ENTRIES {
+            // try_lock: a request that finds another sweeping does not wait for it.
+            if let Ok(mut swept) = self.inner.unknown_swept.try_lock()
+                && swept.elapsed() >= NEGATIVE_TTL
+            {
+                *swept = std::time::Instant::now();
+                unknown.retain(|_, t| t.elapsed() < NEGATIVE_TTL);
+            }
+            if unknown.len() >= MAX_NEGATIVE_ENTRIES {
+                return;
             }
         }
+        unknown.insert(id, std::time::Instant::now());
+    }
+
+    /// Whether `id` is remembered as unknown to the database ([`NEGATIVE_TTL`]). Feature
+    /// `test-util`.
+    #[cfg(feature = "test-util")]
+    pub fn is_remembered_unknown(&self, id: Uuid) -> bool {
+        self.recently_unknown(id)
     }
 
     /// Every collection in memory, sorted by id.
@@ -363,9 +409,11 @@ impl AppState {
         v
     }
 
-    /// Registers a newly created collection.
+    /// Registers a newly created collection (and forgets that its id was unknown).
     pub fn insert_collection(&self, handle: Arc<CollectionHandle>) {
-        self.inner.collections.insert(handle.id, handle);
+        let id = handle.id;
+        self.inner.collections.insert(id, handle);
+        self.inner.unknown.remove(&id);
     }
 
     /// Deletes collection `id` through the committer ([`Command::Delete`]: every row of it in

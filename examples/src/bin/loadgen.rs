@@ -11,25 +11,15 @@
 //! (from `/proc/<pid>/status`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
-use clap::{Parser, ValueEnum};
-use ldpsyn::protocol::{CollectionConfig, Report, ReportAnswer, ReportStatus, Task, UploadLimits};
-use ldpsyn::submission::randomize_task;
-use ldpsyn::upload::{Piece, published_limits, split_reports};
-use rand::{Rng, SeedableRng};
+use clap::Parser;
+use ldpsyn::protocol::CollectionConfig;
+use ldpsyn::upload::published_limits;
+use ldpsyn_examples::load::{self, Load, Mode, cpu_seconds, rss};
 use serde_json::json;
 use uuid::Uuid;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Mode {
-    /// One report per request.
-    Single,
-    /// `--batch-size` reports per request.
-    Batch,
-}
 
 /// Upload load generator (127.0.0.1 only).
 #[derive(Debug, Parser)]
@@ -60,155 +50,6 @@ struct Args {
     server_pid: Option<u32>,
 }
 
-#[derive(Default)]
-struct Totals {
-    requests: AtomicU64,
-    reports: AtomicU64,
-    refused: AtomicU64,
-    errors: AtomicU64,
-    /// Reports too large for any upload under the server's body limit (never sent).
-    too_large: AtomicU64,
-    task_requests: AtomicU64,
-    task_micros: AtomicU64,
-}
-
-fn rss(pid: u32) -> String {
-    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
-        return "unavailable".into();
-    };
-    let get = |k: &str| {
-        s.lines()
-            .find(|l| l.starts_with(k))
-            .map(|l| l[k.len()..].trim().to_owned())
-            .unwrap_or_default()
-    };
-    format!("VmRSS {} (peak VmHWM {})", get("VmRSS:"), get("VmHWM:"))
-}
-
-/// CPU seconds (user + system, all threads, exited ones included) of a process so far, from
-/// `/proc/<pid>/stat`. Linux reports them in USER_HZ = 100 ticks per second on every
-/// architecture's user ABI.
-fn cpu_seconds(pid: &str) -> Option<f64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the parenthesised command name (which may contain spaces).
-    let rest = &s[s.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of stat(5), i.e. 11 and 12 after `state`.
-    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-    Some(ticks as f64 / 100.0)
-}
-
-async fn fetch_tasks(
-    http: &reqwest::Client,
-    base: &str,
-    id: Uuid,
-    totals: &Totals,
-) -> anyhow::Result<Vec<Task>> {
-    let t = Instant::now();
-    let tasks: Vec<Task> = http
-        .get(format!("{base}/v1/collections/{id}/task?count=1000"))
-        .send()
-        .await?
-        .error_for_status()?
-        .json()
-        .await?;
-    totals.task_requests.fetch_add(1, Relaxed);
-    totals
-        .task_micros
-        .fetch_add(t.elapsed().as_micros() as u64, Relaxed);
-    Ok(tasks)
-}
-
-/// One report per task for a random record, randomized as the SDK does it.
-fn make_reports(config: &CollectionConfig, tasks: &[Task], rng: &mut impl Rng) -> Vec<Report> {
-    let dims = config.schema.domain_sizes();
-    tasks
-        .iter()
-        .filter_map(|t| {
-            let codes = dims
-                .iter()
-                .map(|&k| rng.random_range(0..k as u32))
-                .collect();
-            let record = config.schema.encoded(codes).ok()?;
-            randomize_task(config, config.epsilon, t, &record, rng).ok()
-        })
-        .collect()
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn worker(
-    http: reqwest::Client,
-    base: String,
-    id: Uuid,
-    config: Arc<CollectionConfig>,
-    limits: UploadLimits,
-    mode: Mode,
-    batch: usize,
-    deadline: Instant,
-    totals: Arc<Totals>,
-    seed: u64,
-) -> Vec<u32> {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut latencies = Vec::new();
-    let url = format!("{base}/v1/collections/{id}/reports");
-    'outer: while Instant::now() < deadline {
-        let Ok(tasks) = fetch_tasks(&http, &base, id, &totals).await else {
-            totals.errors.fetch_add(1, Relaxed);
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        };
-        let reports = make_reports(&config, &tasks, &mut rng);
-        let size = if mode == Mode::Single { 1 } else { batch };
-        let limits = UploadLimits {
-            max_reports_per_upload: limits.max_reports_per_upload.min(size as u64),
-            ..limits
-        };
-        let Ok(pieces) = split_reports(&reports, &limits) else {
-            totals.errors.fetch_add(1, Relaxed);
-            continue;
-        };
-        for piece in pieces {
-            if Instant::now() >= deadline {
-                break 'outer;
-            }
-            let body = match piece {
-                Piece::Body { body, .. } => body,
-                Piece::TooLarge { .. } => {
-                    totals.too_large.fetch_add(1, Relaxed);
-                    continue;
-                }
-            };
-            let t = Instant::now();
-            let r = http
-                .post(&url)
-                .header("content-type", "application/json")
-                .body(body)
-                .send()
-                .await;
-            let answers: Option<Vec<ReportAnswer>> = match r {
-                Ok(r) if r.status().is_success() => r.json().await.ok(),
-                _ => None,
-            };
-            latencies.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
-            totals.requests.fetch_add(1, Relaxed);
-            match answers {
-                Some(a) => {
-                    let ok = a
-                        .iter()
-                        .filter(|x| x.status == ReportStatus::Accepted)
-                        .count() as u64;
-                    totals.reports.fetch_add(ok, Relaxed);
-                    totals.refused.fetch_add(a.len() as u64 - ok, Relaxed);
-                }
-                None => {
-                    totals.errors.fetch_add(1, Relaxed);
-                }
-            }
-        }
-    }
-    latencies
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -221,10 +62,7 @@ async fn main() -> anyhow::Result<()> {
         bail!("--seconds must be in 1..=600");
     }
     let base = args.url.trim_end_matches('/').to_owned();
-    let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(1024)
-        .timeout(Duration::from_secs(60))
-        .build()?;
+    let http = load::client()?;
     let id = match args.collection {
         Some(id) => id,
         None => {
@@ -269,40 +107,24 @@ async fn main() -> anyhow::Result<()> {
     }
     let server_cpu0 = args.server_pid.and_then(|p| cpu_seconds(&p.to_string()));
     let own_cpu0 = cpu_seconds("self");
-    let totals = Arc::new(Totals::default());
-    let start = Instant::now();
-    let deadline = start + Duration::from_secs(args.seconds);
-    let mut handles = Vec::new();
-    for w in 0..concurrency {
-        handles.push(tokio::spawn(worker(
-            http.clone(),
-            base.clone(),
-            id,
-            config.clone(),
+    let outcome = load::run(
+        &http,
+        Load {
+            base: base.clone(),
+            collection: id,
+            config,
             limits,
-            args.mode,
-            args.batch_size,
-            deadline,
-            totals.clone(),
-            w as u64,
-        )));
-    }
-    let mut lat: Vec<u32> = Vec::new();
-    for h in handles {
-        lat.extend(h.await?);
-    }
-    let elapsed = start.elapsed().as_secs_f64();
-    lat.sort_unstable();
-    let pct = |p: f64| {
-        if lat.is_empty() {
-            0.0
-        } else {
-            lat[((lat.len() - 1) as f64 * p) as usize] as f64 / 1000.0
-        }
-    };
-    let req = totals.requests.load(Relaxed);
-    let rep = totals.reports.load(Relaxed);
-    let tr = totals.task_requests.load(Relaxed);
+            mode: args.mode,
+            batch_size: args.batch_size,
+            concurrency,
+            duration: Duration::from_secs(args.seconds),
+        },
+        0,
+    )
+    .await;
+    let elapsed = outcome.elapsed;
+    let pct = |p: f64| outcome.latency_ms(p);
+    let (req, rep, tr) = (outcome.requests, outcome.accepted, outcome.task_requests);
     println!(
         "mode {:?}, {concurrency} workers, {elapsed:.1} s (wall time includes task fetching)",
         args.mode
@@ -313,16 +135,16 @@ async fn main() -> anyhow::Result<()> {
         rep as f64 / elapsed,
         pct(0.5),
         pct(0.99),
-        totals.refused.load(Relaxed),
-        totals.errors.load(Relaxed),
-        totals.too_large.load(Relaxed)
+        outcome.refused,
+        outcome.errors,
+        outcome.too_large
     );
     println!(
         "task fetches (1000 tasks each, counted separately): {tr} requests, mean {:.2} ms",
         if tr == 0 {
             0.0
         } else {
-            totals.task_micros.load(Relaxed) as f64 / tr as f64 / 1000.0
+            outcome.task_micros as f64 / tr as f64 / 1000.0
         }
     );
     // Server and generator share this machine's cores, so the CPU each used says what the

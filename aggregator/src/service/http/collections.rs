@@ -364,6 +364,7 @@ pub(crate) async fn list_collections(
     responses(
         (status = 200, description = "The public config with its status.", body = api::CollectionView),
         (status = 404, response = super::super::openapi::NotFound),
+        (status = 429, response = super::super::openapi::TooManyRequests),
     ))]
 pub(crate) async fn get_collection(
     State(state): State<AppState>,

@@ -4,14 +4,15 @@
 //! | method, path | who |
 //! |---|---|
 //! | POST/GET `/v1/collections` | admin |
-//! | GET `/v1/collections/{id}` | anyone |
+//! | GET `/v1/collections/{id}` | anyone (per-IP rate limit) |
 //! | DELETE `/v1/collections/{id}` | admin |
-//! | GET `/v1/collections/{id}/task[?count=n]` | anyone |
+//! | GET `/v1/collections/{id}/task[?count=n]` | anyone (per-IP rate limit) |
 //! | POST `/v1/collections/{id}/reports` | anyone (per-IP rate limit) |
 //! | POST `/v1/collections/{id}/close-round`, `/finalize` | admin |
 //! | GET `/v1/collections/{id}/model`, `/marginals?attrs=a,b`, `/synthetic?rows=N&seed=S&format=csv\|ndjson&numeric=recover\|uniform\|midpoint` | admin |
-//! | GET `/v1/collections/{id}/parties`; POST `…/parties/{party}/records` | admin; the party's token |
-//! | GET `/healthz`, `/metrics` | anyone (per-collection series: admin) |
+//! | GET `/v1/collections/{id}/parties`; POST `…/parties/{party}/records` | admin; the party's token (per-IP rate limit) |
+//! | GET `/healthz` | anyone (per-IP rate limit) |
+//! | GET `/metrics` | anyone (per-collection series: admin) |
 //! | GET `/v1/openapi.json` | anyone (the OpenAPI 3.1 document, [`super::openapi`]) |
 //! | GET `/ui/` and its files | anyone (the dashboard; its data calls are admin) |
 //!
@@ -22,8 +23,11 @@
 //! `TraceLayer` (logs every request and its status) → `CorsLayer` → `HandleErrorLayer`
 //! (turns the errors of the next layers into problem documents) → `LoadShedLayer` (503 at
 //! once when the concurrency limit is reached) → `ConcurrencyLimitLayer` → `TimeoutLayer`
-//! (503 when no response has started in time) → the route. Upload routes additionally pass
-//! the per-IP rate limit, and read their body with a byte limit (413).
+//! (503 when no response has started in time) → the route. Every route that may cost a
+//! database query before an admin token is checked ([`super::LimitedRoute`]: device tasks and
+//! uploads, collection lookups, `/healthz`, party uploads) additionally passes a per-IP rate
+//! limit (429 with `Retry-After`) before its handler runs; upload routes read their body with
+//! a byte limit (413).
 //!
 //! - [`extract`]: extractors and body reading (admin token, query strings as problem
 //!   documents, collection ids, byte-limited bodies).
@@ -115,12 +119,13 @@ impl Route {
 pub fn routes() -> Vec<Route> {
     use super::{openapi, ui};
     vec![
-        Route::get("/healthz", healthz),
+        Route::get("/healthz", healthz).limited(LimitedRoute::Lookup),
         Route::get("/metrics", metrics),
         Route::get("/v1/openapi.json", openapi::get_openapi),
         Route::post("/v1/collections", collections::create_collection),
         Route::get("/v1/collections", collections::list_collections),
-        Route::get("/v1/collections/{id}", collections::get_collection),
+        Route::get("/v1/collections/{id}", collections::get_collection)
+            .limited(LimitedRoute::Lookup),
         Route::delete("/v1/collections/{id}", collections::delete_collection),
         Route::get("/v1/collections/{id}/task", reports::get_task).limited(LimitedRoute::Task),
         Route::post("/v1/collections/{id}/reports", reports::post_reports)
@@ -134,7 +139,8 @@ pub fn routes() -> Vec<Route> {
         Route::post(
             "/v1/collections/{id}/parties/{party}/records",
             parties::post_party_records,
-        ),
+        )
+        .limited(LimitedRoute::PartyRecords),
         // The dashboard's static files (no auth; its data calls are the admin routes above).
         Route::get("/ui", ui::ui_redirect),
         Route::get("/ui/", ui::ui_index),
@@ -225,7 +231,10 @@ async fn rate_limit(
 }
 
 #[utoipa::path(get, path = "/healthz", tag = "service",
-    responses((status = 200, description = "The service and its database answer.", body = api::Health)))]
+    responses(
+        (status = 200, description = "The service and its database answer.", body = api::Health),
+        (status = 429, response = super::openapi::TooManyRequests),
+    ))]
 pub(crate) async fn healthz(State(state): State<AppState>) -> Result<Json<api::Health>, ApiError> {
     state.db().ping().await?;
     Ok(Json(api::Health {
@@ -266,4 +275,44 @@ pub(crate) async fn metrics(State(state): State<AppState>, headers: HeaderMap) -
         body,
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 33 item 9: a route without a rate limit is either an admin route (the token is
+    /// checked before any database query) or reads no database. A new route must be listed
+    /// here or limited.
+    #[test]
+    fn every_unlimited_route_is_admin_or_reads_no_database() {
+        let admin = [
+            "POST /v1/collections",
+            "GET /v1/collections",
+            "DELETE /v1/collections/{id}",
+            "POST /v1/collections/{id}/close-round",
+            "POST /v1/collections/{id}/finalize",
+            "GET /v1/collections/{id}/model",
+            "GET /v1/collections/{id}/marginals",
+            "GET /v1/collections/{id}/synthetic",
+            "GET /v1/collections/{id}/parties",
+        ];
+        // Memory and embedded files only.
+        let no_database = [
+            "GET /metrics",
+            "GET /v1/openapi.json",
+            "GET /ui",
+            "GET /ui/",
+            "GET /ui/{file}",
+        ];
+        for r in routes() {
+            let name = format!("{} {}", r.method, r.path);
+            let listed = admin.contains(&name.as_str()) || no_database.contains(&name.as_str());
+            assert!(
+                r.rate_limit.is_some() != listed,
+                "{name}: limited {:?}, listed as unlimited {listed}",
+                r.rate_limit
+            );
+        }
+    }
 }

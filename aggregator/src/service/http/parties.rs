@@ -68,6 +68,7 @@ fn not_vertical() -> ApiError {
         (status = 404, response = super::super::openapi::NotFound),
         (status = 409, response = super::super::openapi::Conflict),
         (status = 413, response = super::super::openapi::PayloadTooLarge),
+        (status = 429, response = super::super::openapi::TooManyRequests),
     ))]
 pub async fn post_party_records(
     State(state): State<AppState>,

@@ -28,6 +28,7 @@
 
 pub mod admin;
 pub mod demo;
+pub mod devices;
 pub use ldpsyn_engine as engine;
 pub mod eval;
 pub mod infer;

@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 use ldpsyn_aggregator::admin::{self, AdminConfig};
 use ldpsyn_aggregator::demo::{self, DemoConfig};
+use ldpsyn_aggregator::devices::{self, DevicesConfig};
 use ldpsyn_aggregator::infer::{InferConfig, infer_schema};
 use ldpsyn_aggregator::party::{self, PartyConfig};
 use ldpsyn_aggregator::service::{self, config::ServeConfig};
@@ -22,6 +23,10 @@ enum Command {
     /// The main job end to end: simulated people → SDK → HTTP aggregator (in-process, SQLite)
     /// → finalize → synthetic CSV and a JSON fidelity report.
     Demo(DemoConfig),
+    /// Send each row of a CSV file to a running aggregator's collection as one device would
+    /// (the SDK client with its own ledger per row); prints accepted / duplicate / refused /
+    /// invalid counts and fails when nothing was accepted.
+    Devices(DevicesConfig),
     /// Schema tools.
     #[command(subcommand)]
     Schema(SchemaCommand),
@@ -73,6 +78,16 @@ fn main() -> std::process::ExitCode {
                     let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
                     println!("{json}");
                     Ok(())
+                }),
+            Command::Devices(config) => devices::run(&config, &mut std::io::stdout())
+                .await
+                .map_err(|e| format!("devices: {e}"))
+                .and_then(|tally| match tally.accepted {
+                    0 => Err(format!(
+                        "devices: no row was accepted by collection {} at {}",
+                        config.collection, config.server
+                    )),
+                    _ => Ok(()),
                 }),
             Command::Collections(config) => {
                 let token = std::env::var("LDPSYN_ADMIN_TOKEN").ok();

@@ -99,7 +99,12 @@ impl Tally {
             Ok(r) if r.status == ReportStatus::Duplicate => self.duplicate += 1,
             Ok(_) => self.accepted += 1,
             Err(ClientError::Record(_)) => self.invalid += 1,
-            Err(e) => *self.refused.entry(e.problem_type().to_string()).or_default() += 1,
+            Err(e) => {
+                *self
+                    .refused
+                    .entry(e.problem_type().to_string())
+                    .or_default() += 1
+            }
         }
     }
 
@@ -174,9 +179,7 @@ pub fn read_csv_records(
         .map(str::to_owned)
         .collect();
     let encoder = schema.csv_encoder(&header).map_err(|e| {
-        DevicesError::Input(format!(
-            "{name} does not fit the collection's schema: {e}"
-        ))
+        DevicesError::Input(format!("{name} does not fit the collection's schema: {e}"))
     })?;
     let mut out = CsvRecords::default();
     for (i, row) in reader.records().enumerate() {
@@ -214,12 +217,17 @@ pub fn read_csv_records(
 /// The message for a request to `url` that failed with `e`, pointing at `serve` when nothing
 /// answered at `server`.
 fn unreachable(url: &str, server: &str, e: &reqwest::Error) -> String {
+    // reqwest's own message repeats the URL; the innermost cause says what went wrong.
+    let mut cause: &dyn std::error::Error = e;
+    while let Some(inner) = cause.source() {
+        cause = inner;
+    }
     if e.is_connect() {
-        format!("cannot connect to {url}: is `serve` running at {server}? ({e})")
+        format!("cannot connect to {url} ({cause}): is `serve` running at {server}?")
     } else if e.is_timeout() {
-        format!("{url} did not answer in time: is `serve` running at {server}? ({e})")
+        format!("{url} did not answer in time ({cause}): is `serve` running at {server}?")
     } else {
-        format!("request to {url} failed: {e}")
+        format!("request to {url} failed: {cause}")
     }
 }
 
@@ -369,7 +377,9 @@ pub async fn run(cfg: &DevicesConfig, out: &mut impl Write) -> Result<Tally, Dev
         invalid: csv.invalid as u64,
         ..Tally::default()
     };
-    let dir = tempfile::Builder::new().prefix("ldpsyn-devices").tempdir()?;
+    let dir = tempfile::Builder::new()
+        .prefix("ldpsyn-devices")
+        .tempdir()?;
     let bar = if cfg.quiet {
         ProgressBar::hidden()
     } else {
@@ -397,8 +407,12 @@ pub async fn run(cfg: &DevicesConfig, out: &mut impl Write) -> Result<Tally, Dev
             shared.clone(),
             bar.clone(),
         );
-        let (base, dir, seed, collection) =
-            (base.clone(), dir.path().to_owned(), cfg.seed, cfg.collection);
+        let (base, dir, seed, collection) = (
+            base.clone(),
+            dir.path().to_owned(),
+            cfg.seed,
+            cfg.collection,
+        );
         workers.push(tokio::spawn(async move {
             while !stop.load(Ordering::Acquire) {
                 let k = next.fetch_add(1, Ordering::Relaxed);

@@ -45,7 +45,8 @@ pub fn free_port() -> u16 {
         .expect("a free port")
 }
 
-/// Starts `serve` with the admin token `admin` (no per-IP rate limit) and `args`, and waits
+/// Starts `serve` with the admin token `admin` (no per-IP rate limit unless `args` sets
+/// `--rate-limit-per-ip`) and `args`, and waits
 /// until `/healthz` answers 200 (503 while the state loads). Blocking (plain TCP), so it
 /// works from sync and async tests alike.
 pub fn serve(admin: &str, args: &[&str]) -> Serve {
@@ -62,8 +63,12 @@ pub fn serve_on(admin: &str, database_url: &str, args: &[&str]) -> Serve {
     // it too): a process that exits before it is healthy is started again on a new port.
     for _ in 0..5 {
         let addr = format!("127.0.0.1:{}", free_port());
-        let child = Command::new(BIN)
-            .args(["serve", "--bind", &addr, "--rate-limit-per-ip", "0"])
+        let mut command = Command::new(BIN);
+        command.args(["serve", "--bind", &addr]);
+        if !args.contains(&"--rate-limit-per-ip") {
+            command.args(["--rate-limit-per-ip", "0"]);
+        }
+        let child = command
             .args(["--database-url", database_url])
             .args(args)
             .env("LDPSYN_ADMIN_TOKEN", admin)

@@ -2,11 +2,14 @@
 //! 1000 at a time, randomize a random record for each with the task's mechanism (as the SDK
 //! does) and upload the reports, one per request or in batches, until a deadline.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ldpsyn::protocol::{CollectionConfig, Report, ReportAnswer, ReportStatus, Task, UploadLimits};
+use ldpsyn::protocol::{
+    CollectionConfig, Problem, Report, ReportAnswer, ReportStatus, Task, UploadLimits,
+};
 use ldpsyn::submission::randomize_task;
 use ldpsyn::upload::{Piece, split_reports};
 use rand::{Rng, SeedableRng};
@@ -56,6 +59,10 @@ pub struct Outcome {
     pub refused: u64,
     /// Failed requests (transport errors, non-2xx, unreadable answers, failed task fetches).
     pub errors: u64,
+    /// Why: the failed requests and the refused reports by cause, e.g. `upload: HTTP 429
+    /// rate-limited`, `task: HTTP 409 collection-target-reached`, `upload: connection`,
+    /// `report: rejected token-reused`, `report: duplicate`.
+    pub failures: BTreeMap<String, u64>,
     /// Reports too large for any upload under the server's body limit (never sent).
     pub too_large: u64,
     /// Task requests (1000 tasks each).
@@ -87,6 +94,37 @@ struct Totals {
     too_large: AtomicU64,
     task_requests: AtomicU64,
     task_micros: AtomicU64,
+    failures: Mutex<BTreeMap<String, u64>>,
+}
+
+impl Totals {
+    /// Counts one failure or refusal under `cause`.
+    fn fail(&self, cause: String) {
+        // A poisoned lock (a worker panicked) loses the breakdown, never the counts.
+        if let Ok(mut f) = self.failures.lock() {
+            *f.entry(cause).or_default() += 1;
+        }
+    }
+}
+
+/// Why a request to `route` failed: its transport error, or its HTTP status with the problem
+/// type of its body (when it is a problem document).
+async fn cause(route: &str, r: Result<reqwest::Response, reqwest::Error>) -> String {
+    match r {
+        Err(e) if e.is_connect() => format!("{route}: connection"),
+        Err(e) if e.is_timeout() => format!("{route}: timeout"),
+        Err(_) => format!("{route}: transport"),
+        Ok(resp) => {
+            let status = resp.status().as_u16();
+            let problem = resp
+                .bytes()
+                .await
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Problem>(&b).ok())
+                .map_or_else(String::new, |p| format!(" {}", p.problem_type));
+            format!("{route}: HTTP {status}{problem}")
+        }
+    }
 }
 
 /// An HTTP client for many concurrent workers on one host.
@@ -129,15 +167,20 @@ async fn fetch_tasks(
     base: &str,
     id: Uuid,
     totals: &Totals,
-) -> reqwest::Result<Vec<Task>> {
+) -> Result<Vec<Task>, String> {
     let t = Instant::now();
-    let tasks: Vec<Task> = http
+    let r = http
         .get(format!("{base}/v1/collections/{id}/task?count=1000"))
         .send()
-        .await?
-        .error_for_status()?
+        .await;
+    let resp = match r {
+        Ok(resp) if resp.status().is_success() => resp,
+        other => return Err(cause("task", other).await),
+    };
+    let tasks: Vec<Task> = resp
         .json()
-        .await?;
+        .await
+        .map_err(|_| "task: unreadable answer".to_owned())?;
     totals.task_requests.fetch_add(1, Relaxed);
     totals
         .task_micros
@@ -173,10 +216,14 @@ async fn worker(
     let (base, id) = (&load.base, load.collection);
     let url = format!("{base}/v1/collections/{id}/reports");
     'outer: while Instant::now() < deadline {
-        let Ok(tasks) = fetch_tasks(&http, base, id, &totals).await else {
-            totals.errors.fetch_add(1, Relaxed);
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
+        let tasks = match fetch_tasks(&http, base, id, &totals).await {
+            Ok(tasks) => tasks,
+            Err(why) => {
+                totals.errors.fetch_add(1, Relaxed);
+                totals.fail(why);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
         };
         let reports = make_reports(&load.config, &tasks, &mut rng);
         let size = if load.mode == Mode::Single {
@@ -190,6 +237,7 @@ async fn worker(
         };
         let Ok(pieces) = split_reports(&reports, &limits) else {
             totals.errors.fetch_add(1, Relaxed);
+            totals.fail("a report does not serialize".into());
             continue;
         };
         for piece in pieces {
@@ -210,23 +258,35 @@ async fn worker(
                 .body(body)
                 .send()
                 .await;
-            let answers: Option<Vec<ReportAnswer>> = match r {
-                Ok(r) if r.status().is_success() => r.json().await.ok(),
-                _ => None,
+            let answers: Result<Vec<ReportAnswer>, String> = match r {
+                Ok(r) if r.status().is_success() => r
+                    .json()
+                    .await
+                    .map_err(|_| "upload: unreadable answer".to_owned()),
+                other => Err(cause("upload", other).await),
             };
             latencies.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
             totals.requests.fetch_add(1, Relaxed);
             match answers {
-                Some(a) => {
+                Ok(a) => {
                     let ok = a
                         .iter()
                         .filter(|x| x.status == ReportStatus::Accepted)
                         .count() as u64;
                     totals.reports.fetch_add(ok, Relaxed);
                     totals.refused.fetch_add(a.len() as u64 - ok, Relaxed);
+                    for x in a.iter().filter(|x| x.status != ReportStatus::Accepted) {
+                        totals.fail(match (&x.status, &x.problem) {
+                            (ReportStatus::Rejected, Some(p)) => {
+                                format!("report: rejected {}", p.problem_type)
+                            }
+                            (status, _) => format!("report: {status:?}").to_lowercase(),
+                        });
+                    }
                 }
-                None => {
+                Err(why) => {
                     totals.errors.fetch_add(1, Relaxed);
+                    totals.fail(why);
                 }
             }
         }
@@ -267,6 +327,11 @@ pub async fn run(http: &reqwest::Client, load: Load, seed: u64) -> Outcome {
         refused: totals.refused.load(Relaxed),
         errors: totals.errors.load(Relaxed),
         too_large: totals.too_large.load(Relaxed),
+        failures: totals
+            .failures
+            .lock()
+            .map(|f| f.clone())
+            .unwrap_or_default(),
         task_requests: totals.task_requests.load(Relaxed),
         task_micros: totals.task_micros.load(Relaxed),
         latencies,

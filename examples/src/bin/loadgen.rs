@@ -7,8 +7,11 @@
 //! record for each with the task's mechanism, and upload: one report per request (`single`)
 //! or up to `--batch-size` reports per request (`batch`), fewer when the server's published
 //! body limit needs it (large OUE reports). Every upload is answered only after a
-//! durable commit. Prints requests/s, reports/s, p50/p99 upload latency and the server's RSS
-//! (from `/proc/<pid>/status`).
+//! durable commit. Prints requests/s, reports/s, p50/p99 upload latency, failed requests and
+//! refused reports by cause (transport error, or HTTP status and problem type, e.g.
+//! `upload: HTTP 429 rate-limited`) and the server's RSS (from `/proc/<pid>/status`).
+//! `--collection ID` loads an existing collection (e.g. one made with `collections create`);
+//! without it one is created with the admin token.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -139,6 +142,12 @@ async fn main() -> anyhow::Result<()> {
         outcome.errors,
         outcome.too_large
     );
+    if !outcome.failures.is_empty() {
+        println!("failures and refusals by cause:");
+        for (why, n) in &outcome.failures {
+            println!("  {why}: {n}");
+        }
+    }
     println!(
         "task fetches (1000 tasks each, counted separately): {tr} requests, mean {:.2} ms",
         if tr == 0 {

@@ -20,6 +20,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use uuid::Uuid;
 
+use crate::devices::Tally;
 use crate::engine::DriftReport;
 use crate::eval::{MarginalCounts, NumericFidelity, evaluation_schema, numeric_fidelity, regrid};
 use crate::service::Server;
@@ -441,6 +442,8 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
     let population = Arc::new(input.population);
     let bar = progress(n as u64, "upload", cfg.quiet);
     let accepted = Arc::new(AtomicU64::new(0));
+    // Every person's outcome, counted as `devices` counts its rows.
+    let tally = Arc::new(std::sync::Mutex::new(Tally::default()));
     let streams = if parties.is_some() {
         0
     } else {
@@ -467,6 +470,7 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
             http.clone(),
         );
         let (schedule, answered, aborted) = (schedule.clone(), answered.clone(), aborted.clone());
+        let tally = tally.clone();
         let schema = input.schema.clone();
         let mut options = ClientOptions::insecure_simulation(epsilon, cfg.seed);
         // Every simulated person has a fresh ledger and joins this one collection: no
@@ -525,8 +529,9 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
                         .await
                         .map_err(|e| DemoError::Http(e.to_string()))?;
                     let ok = results.iter().filter(|r| r.is_ok()).count() as u64;
-                    if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
-                        tracing::warn!(error = %e, "a simulated report was not accepted");
+                    // A poisoned lock means another stream panicked; the run fails anyway.
+                    if let Ok(mut t) = tally.lock() {
+                        results.iter().for_each(|r| t.record(r));
                     }
                     accepted.fetch_add(ok, Ordering::Relaxed);
                     answered.fetch_add(size as u64, Ordering::Release);
@@ -545,6 +550,12 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
     }
     bar.finish();
     phases.insert("upload".to_owned(), t.elapsed().as_secs_f64());
+    if let Ok(mut t) = tally.lock()
+        && t.refused_total() + t.invalid > 0
+    {
+        t.rows = n as u64;
+        eprintln!("warning: simulated reports not accepted:\n{}", t.summary());
+    }
 
     // 4. Finalize, download the synthetic table over HTTP.
     let t = Instant::now();

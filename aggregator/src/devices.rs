@@ -150,7 +150,7 @@ pub struct CsvRecords {
     pub rows: usize,
     /// Rows that do not fit the schema.
     pub invalid: usize,
-    /// The first [`SHOWN_INVALID`] reasons, each naming its line.
+    /// The first five reasons, each naming its line.
     pub reasons: Vec<String>,
 }
 
@@ -466,4 +466,79 @@ pub async fn run(cfg: &DevicesConfig, out: &mut impl Write) -> Result<Tally, Dev
         )));
     }
     Ok(tally)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ldpsyn::protocol::ProblemType;
+
+    /// A row refused by a `reject` attribute is invalid with its line; a bad value of a
+    /// `randomize` attribute is replaced (a uniform draw) and the row is sent; `--limit`
+    /// stops the read.
+    #[test]
+    fn csv_rows_are_encoded_or_counted_invalid() {
+        let schema: Schema = serde_json::from_value(serde_json::json!({"attributes": [
+            {"name": "sex", "type": "categorical", "labels": ["F", "M"],
+             "on_invalid": "randomize"},
+            {"name": "age", "type": "numeric", "min": 0, "max": 100, "bins": 4}]}))
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rows.csv");
+        std::fs::write(&path, "age,sex\n30,F\n40,X\nold,M\n50,M\n").unwrap();
+        let mut rng = StdRng::seed_from_u64(1);
+        let read = read_csv_records(&path, &schema, None, &mut rng).unwrap();
+        assert_eq!((read.rows, read.invalid, read.records.len()), (4, 1, 3));
+        assert_eq!(
+            read.records.iter().map(|r| r.0).collect::<Vec<_>>(),
+            [0, 1, 3]
+        );
+        assert!(
+            read.reasons[0].starts_with("line 4:") && read.reasons[0].contains("age"),
+            "{:?}",
+            read.reasons
+        );
+        let first_two = read_csv_records(&path, &schema, Some(2), &mut rng).unwrap();
+        assert_eq!((first_two.rows, first_two.invalid), (2, 0));
+        std::fs::write(&path, "sex\nF\n").unwrap();
+        let e = read_csv_records(&path, &schema, None, &mut rng).unwrap_err();
+        assert!(e.to_string().contains("age"), "{e}");
+    }
+
+    /// Outcomes are counted by receipt status and by problem type.
+    #[test]
+    fn the_tally_counts_by_problem_type() {
+        let receipt = |status| Receipt {
+            collection_id: Uuid::nil(),
+            report_id: Uuid::nil(),
+            status,
+            epsilon_spent: 1.0,
+        };
+        let mut t = Tally {
+            rows: 5,
+            ..Tally::default()
+        };
+        t.record(&Ok(receipt(ReportStatus::Accepted)));
+        t.record(&Ok(receipt(ReportStatus::Duplicate)));
+        for _ in 0..2 {
+            t.record(&Err(ClientError::Problem(Problem::new(
+                ProblemType::CollectionTargetReached,
+                "full",
+            ))));
+        }
+        t.record(&Err(ClientError::Unavailable {
+            attempts: 8,
+            last_error: "HTTP 429 Too Many Requests: slow down".into(),
+        }));
+        assert_eq!((t.accepted, t.duplicate, t.refused_total()), (1, 1, 3));
+        assert_eq!(
+            t.summary(),
+            "rows: 5\naccepted: 1\nduplicate: 1\n\
+             refused: 3 (collection-target-reached: 2, unavailable: 1)\ninvalid: 0\n"
+        );
+        assert!(rate_limited(&ClientError::Unavailable {
+            attempts: 8,
+            last_error: "HTTP 429 Too Many Requests: slow down".into(),
+        }));
+    }
 }

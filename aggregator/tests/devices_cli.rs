@@ -55,9 +55,17 @@ fn create(base: &str, target: u64) -> String {
     stdout_of(&out).trim().to_owned()
 }
 
-/// The collection's `status` as the server reports it.
+/// The collection's `status` as the server reports it (the lookup is rate-limited like a
+/// device's, and `collections` does not wait out a 429: asked again a second later).
 fn status(base: &str, id: &str) -> Value {
-    let out = run(base, &["collections", "--json", "status", id]);
+    let mut out = run(base, &["collections", "--json", "status", id]);
+    for _ in 0..10 {
+        if out.status.success() || !String::from_utf8_lossy(&out.stderr).contains("429") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        out = run(base, &["collections", "--json", "status", id]);
+    }
     serde_json::from_str::<Value>(&stdout_of(&out)).unwrap()["status"].clone()
 }
 

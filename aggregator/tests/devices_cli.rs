@@ -189,3 +189,37 @@ fn a_wrong_url_asks_whether_serve_is_running() {
         "{stderr}"
     );
 }
+
+/// The server goes away during a run: the devices that find nobody answering (after the
+/// SDK's retries) stop the run, the rows never tried are counted `not sent`, and the exit is
+/// non-zero with the question whether `serve` runs at the URL.
+#[test]
+fn a_server_that_goes_away_stops_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    // Slow enough (2 requests per second per route) that the run is still going at the kill.
+    let server = common::serve(ADMIN, &["--rate-limit-per-ip", "2"]);
+    let base = server.base.clone();
+    let id = create(&base, 1_000);
+    let data = dir.path().join("rows.csv");
+    std::fs::write(&data, adult_head(100)).unwrap();
+    let child = Command::new(BIN)
+        .args(["devices", "--collection", &id, "--quiet", "--data"])
+        .arg(&data)
+        .env("LDPSYN_SERVER", &base)
+        .env("LDPSYN_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    server.kill();
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("is `serve` running at {base}?")),
+        "{stderr}"
+    );
+    let c = counts(&String::from_utf8_lossy(&out.stdout));
+    assert!(c.contains_key("not sent"), "{c:?}");
+}

@@ -45,7 +45,7 @@ pub struct DevicesConfig {
     /// Read only the first N data rows.
     #[arg(long)]
     pub limit: Option<usize>,
-    /// Devices reporting at once.
+    /// Devices reporting at once (1 to 256).
     #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
     /// **Simulations only**: seed every device's privacy RNG (device i from a seed of

@@ -1,6 +1,6 @@
 //! Pieces the benchmark binaries share: a simulated collection of a CSV with raw numeric
 //! columns, scored on raw values (`bench-numeric`, and `bench-utility --suite`'s numeric
-//! rows).
+//! rows), and the rendering of `docs/results.md`'s tables ([`report`]).
 
 use ldpsyn::Epsilon;
 use ldpsyn::protocol::{CollectionConfig, PROTOCOL_VERSION, Protocol};
@@ -12,6 +12,8 @@ use ldpsyn_aggregator::eval::{
 use ldpsyn_aggregator::sim::{LoadedCsv, Population, Simulation};
 use rand::SeedableRng;
 use serde_json::{Value, json};
+
+pub mod report;
 
 /// Boxed error of the benchmark binaries.
 pub type Error = Box<dyn std::error::Error + Send + Sync>;

@@ -426,6 +426,7 @@ fn utility_numeric(results: &Results) -> Result<String, Error> {
     let sets = [
         ("adult-45k-numeric", "adult-45k"),
         ("temporal-match2-numeric", "temporal-match2"),
+        ("bank-numeric", "bank (`schema infer`)"),
     ];
     let mut s = eps_header(&["dataset", "protocol"]);
     for (ds, label) in sets {

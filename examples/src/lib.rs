@@ -1,6 +1,7 @@
 //! Pieces the benchmark binaries share: a simulated collection of a CSV with raw numeric
 //! columns, scored on raw values (`bench-numeric`, and `bench-utility --suite`'s numeric
-//! rows), and the upload load of `loadgen` and `bench-ingest` ([`load`]).
+//! rows), the upload load of `loadgen` and `bench-ingest` ([`load`]), and the rendering of
+//! `docs/results.md`'s tables ([`report`]).
 
 pub mod load;
 
@@ -14,6 +15,8 @@ use ldpsyn_aggregator::eval::{
 use ldpsyn_aggregator::sim::{LoadedCsv, Population, Simulation};
 use rand::SeedableRng;
 use serde_json::{Value, json};
+
+pub mod report;
 
 /// Boxed error of the benchmark binaries.
 pub type Error = Box<dyn std::error::Error + Send + Sync>;

@@ -53,13 +53,20 @@ const PROTOCOLS: [&str; 8] = [
 const REFERENCES: [&str; 3] = ["noprivjtree", "exact-independence", "chow-liu"];
 
 /// Numeric suite datasets: name, CSV (relative to `--shared`, or `None` for `--data`) and
-/// schema with raw numeric attributes.
-const NUMERIC_SUITE: [(&str, Option<&str>, &str); 2] = [
+/// schema with raw numeric attributes. `bank-numeric` is UCI bank under the schema `schema
+/// infer` proposes (`examples/bank/schema-inferred.json`), beside the suite's `bank` under the
+/// naive one (16 equal-width bins per numeric column).
+const NUMERIC_SUITE: [(&str, Option<&str>, &str); 3] = [
     ("adult-45k-numeric", None, "examples/adult/schema-auto.json"),
     (
         "temporal-match2-numeric",
         Some("temporal-match2/temporal-match2.csv"),
         "examples/temporal-match2/schema-numeric.json",
+    ),
+    (
+        "bank-numeric",
+        Some("bank/bank.csv"),
+        "examples/bank/schema-inferred.json",
     ),
 ];
 

@@ -18,7 +18,9 @@ use super::super::error::ApiError;
 use super::super::ingest::{CollectionHandle, Command};
 use super::super::storage::CollectionRow;
 use super::super::{AppState, api, now_secs};
-use super::extract::{Admin, Query, handle_of, parse_id, read_body};
+use super::extract::{
+    Admin, ParamKind, Query, QueryParam, QueryParams, handle_of, parse_id, read_body,
+};
 use crate::engine::Engine;
 
 /// Public status of a collection.
@@ -382,7 +384,17 @@ pub struct CloseRoundQuery {
     /// Close the open round even when it has no reports (default `false`: refused with
     /// `409 round-empty`, as closing it would decide from no data).
     #[serde(default)]
+    #[param(default = false)]
     pub force: bool,
+}
+
+impl QueryParams for CloseRoundQuery {
+    const PARAMS: &'static [QueryParam] = &[QueryParam {
+        name: "force",
+        required: false,
+        kind: ParamKind::Bool,
+        allowed: "`true` or `false`; default `false`",
+    }];
 }
 
 #[utoipa::path(post, path = "/v1/collections/{id}/close-round", tag = "collections",

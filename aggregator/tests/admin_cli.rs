@@ -250,12 +250,18 @@ fn serve_prints_the_dashboard_url() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("serve starts");
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    // Read on a thread, so a `serve` that prints nothing fails the test instead of hanging it.
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx.recv_timeout(std::time::Duration::from_secs(30));
     child.kill().unwrap();
     child.wait().unwrap();
+    let line = line.expect("serve printed a line within 30 s");
     assert!(line.starts_with("dashboard: http://127.0.0.1:"), "{line}");
     let port = line["dashboard: http://127.0.0.1:".len()..]
         .split('/')

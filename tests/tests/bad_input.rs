@@ -784,5 +784,36 @@ async fn query_errors_say_what_was_wrong_and_what_is_allowed() {
             assert!(!d.contains(jargon), "{q}: {d}");
         }
     }
+    // Bodies: where the value is wrong and what was expected, not Rust type names.
+    let post = |path: String, body: &'static str| {
+        http.post(format!("{base}{path}"))
+            .bearer_auth(ADMIN)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    let r = post(
+        "/v1/collections".into(),
+        r#"{"schema": {"attributes": [{"name": "a", "type": "categorical", "labels": ["x", "y"]}]},
+            "protocol": "independence", "epsilon": 1, "target_users": -1}"#,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        expect_problem(r, 400, ProblemType::InvalidParameter)
+            .await
+            .detail,
+        "`target_users`: got integer `-1`, expected a whole number ≥ 0"
+    );
+    let r = post(format!("/v1/collections/{id}/reports"), r#"[{"id": "x"}]"#)
+        .await
+        .unwrap();
+    assert_eq!(
+        expect_problem(r, 400, ProblemType::MalformedRequest)
+            .await
+            .detail,
+        "the body must be a JSON array of reports {id, token, payload}: `[0].id`: not a UUID \
+         (expected 36 characters like 3af4f667-eca5-4b74-95bb-0b1b8dabef8b)"
+    );
     server.shutdown().await.unwrap();
 }

@@ -183,12 +183,8 @@ const VERTICAL_KEYS: &[&str] = &["parties"];
 /// (`invalid-parameter`, `invalid-schema`, malformed JSON).
 pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine), ApiError> {
     let bad = |kind, d: String| ApiError::problem(kind, d);
-    let v: Value = serde_json::from_slice(body).map_err(|e| {
-        bad(
-            ProblemType::MalformedRequest,
-            format!("body is not JSON: {e}"),
-        )
-    })?;
+    let v: Value = super::extract::from_json_slice(body, "")
+        .map_err(|e| bad(ProblemType::MalformedRequest, e))?;
     let Value::Object(mut obj) = v else {
         return Err(bad(
             ProblemType::MalformedRequest,
@@ -237,8 +233,8 @@ pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine),
         .get("schema")
         .cloned()
         .ok_or_else(|| bad(ProblemType::InvalidSchema, "`schema` is required".into()))?;
-    let schema: Schema = serde_json::from_value(schema_v)
-        .map_err(|e| bad(ProblemType::InvalidSchema, e.to_string()))?;
+    let schema: Schema = super::extract::from_json_value(schema_v, "schema")
+        .map_err(|e| bad(ProblemType::InvalidSchema, e))?;
     if schema.len() > crate::engine::MAX_ATTRIBUTES {
         return Err(bad(
             ProblemType::InvalidSchema,
@@ -253,10 +249,11 @@ pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine),
     }
     if protocol == "vertical" && !obj.contains_key("epsilon") {
         // A vertical collection's ε is its largest party total: filled in when omitted.
-        let parties: ldpsyn::protocol::VerticalParams = serde_json::from_value(
+        let parties: ldpsyn::protocol::VerticalParams = super::extract::from_json_value(
             json!({"parties": obj.get("parties").cloned().unwrap_or(Value::Null)}),
+            "",
         )
-        .map_err(|e| bad(ProblemType::InvalidParameter, e.to_string()))?;
+        .map_err(|e| bad(ProblemType::InvalidParameter, e))?;
         let total = parties
             .parties
             .iter()
@@ -266,8 +263,8 @@ pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine),
     }
     obj.insert("version".into(), json!(PROTOCOL_VERSION));
     obj.insert("id".into(), json!(id));
-    let config: CollectionConfig = serde_json::from_value(Value::Object(obj))
-        .map_err(|e| bad(ProblemType::InvalidParameter, e.to_string()))?;
+    let config: CollectionConfig = super::extract::from_json_value(Value::Object(obj), "")
+        .map_err(|e| bad(ProblemType::InvalidParameter, e))?;
     if config.epsilon.get() < ldpsyn::MIN_COLLECTION_EPSILON {
         return Err(bad(
             ProblemType::InvalidParameter,

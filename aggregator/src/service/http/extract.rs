@@ -99,6 +99,70 @@ pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiErro
     })
 }
 
+/// Deserializes `T` from a JSON request body. Errors in words, for a 400 detail: where
+/// (`root` and the path inside, e.g. `[0].id`), what was found and what was expected
+/// ([`json_error_in_words`]).
+pub fn from_json_slice<T: DeserializeOwned>(body: &[u8], root: &str) -> Result<T, String> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let value = serde_path_to_error::deserialize(&mut de)
+        .map_err(|e| json_error_in_words(root, &e.path().to_string(), e.inner()))?;
+    de.end().map_err(|e| json_error_in_words(root, ".", &e))?;
+    Ok(value)
+}
+
+/// [`from_json_slice`] for a value already parsed.
+pub fn from_json_value<T: DeserializeOwned>(
+    value: serde_json::Value,
+    root: &str,
+) -> Result<T, String> {
+    serde_path_to_error::deserialize(value)
+        .map_err(|e| json_error_in_words(root, &e.path().to_string(), e.inner()))
+}
+
+/// A serde_json error as a person reads it: "the body is not JSON (line 1, column 2: …)" for
+/// a syntax error; else "`where`: got …, expected a whole number ≥ 0" with Rust type names
+/// replaced by words.
+pub fn json_error_in_words(root: &str, path: &str, e: &serde_json::Error) -> String {
+    let full = e.to_string();
+    // serde_json appends " at line L column C"; said once, in words, below.
+    let message = full
+        .rfind(" at line ")
+        .map_or(full.as_str(), |i| &full[..i]);
+    if e.is_syntax() || e.is_eof() {
+        return format!(
+            "the body is not valid JSON (line {}, column {}: {message})",
+            e.line(),
+            e.column()
+        );
+    }
+    let mut words = message
+        .replace("invalid type: ", "got ")
+        .replace("invalid value: ", "got ");
+    for (rust, plain) in [
+        ("expected u64", "expected a whole number ≥ 0"),
+        ("expected u32", "expected a whole number ≥ 0"),
+        ("expected u16", "expected a whole number ≥ 0"),
+        ("expected usize", "expected a whole number ≥ 0"),
+        ("expected i64", "expected a whole number"),
+        ("expected f64", "expected a number"),
+        ("expected a borrowed string", "expected a string"),
+    ] {
+        words = words.replace(rust, plain);
+    }
+    if words.starts_with("UUID parsing failed") {
+        words = "not a UUID (expected 36 characters like 3af4f667-eca5-4b74-95bb-0b1b8dabef8b)"
+            .to_owned();
+    }
+    let at = match (root, path) {
+        ("", ".") => return words,
+        (root, ".") => root.to_owned(),
+        ("", path) => path.to_owned(),
+        (root, path) if path.starts_with('[') => format!("{root}{path}"),
+        (root, path) => format!("{root}.{path}"),
+    };
+    format!("`{at}`: {words}")
+}
+
 /// What one query parameter takes, for the details of 400 answers.
 #[derive(Debug, Clone, Copy)]
 pub struct QueryParam {
@@ -271,5 +335,34 @@ mod tests {
                 .starts_with("unknown query parameter `Format`; this route takes `rows`")
         );
         assert!(problem(&[("rows", "11")]).unwrap().starts_with("`rows=11`"));
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[allow(dead_code)] // Only deserialized.
+    struct Item {
+        id: uuid::Uuid,
+        n: u64,
+    }
+
+    #[test]
+    fn json_errors_say_where_and_what_was_expected() {
+        let err = |body: &str| from_json_slice::<Vec<Item>>(body.as_bytes(), "").unwrap_err();
+        assert_eq!(
+            err(r#"[{"id": "3af4f667-eca5-4b74-95bb-0b1b8dabef8b", "n": -1}]"#),
+            "`[0].n`: got integer `-1`, expected a whole number ≥ 0"
+        );
+        assert_eq!(
+            err(r#"[{"id": "x", "n": 1}]"#),
+            "`[0].id`: not a UUID (expected 36 characters like \
+             3af4f667-eca5-4b74-95bb-0b1b8dabef8b)"
+        );
+        assert_eq!(
+            err("nope"),
+            "the body is not valid JSON (line 1, column 2: expected ident)"
+        );
+        assert_eq!(
+            err("[] x"),
+            "the body is not valid JSON (line 1, column 4: trailing characters)"
+        );
     }
 }

@@ -134,7 +134,7 @@ pub(crate) async fn get_task(
 /// Parses an upload body: a JSON array of 1..=`max` reports. Errors: 400 (not JSON of that
 /// shape, empty), 413 (too many).
 pub fn parse_upload(body: &[u8], max: usize) -> Result<Vec<Report>, ApiError> {
-    let reports: Vec<Report> = serde_json::from_slice(body).map_err(|e| {
+    let reports: Vec<Report> = super::extract::from_json_slice(body, "").map_err(|e| {
         ApiError::problem(
             ProblemType::MalformedRequest,
             format!("the body must be a JSON array of reports {{id, token, payload}}: {e}"),

@@ -273,7 +273,7 @@ pub fn document() -> &'static OpenApiDoc {
 /// The served document: [`document`] with every operation's summary, description and
 /// examples ([`operations::operations`]), and every description and summary in plain text
 /// (rustdoc links of the Rust docs it was generated from unwrapped, [`unlink`]).
-pub fn document_value() -> &'static serde_json::Value {
+fn document_value() -> &'static serde_json::Value {
     static VALUE: OnceLock<serde_json::Value> = OnceLock::new();
     VALUE.get_or_init(|| {
         // Serializing a document of strings, numbers and maps cannot fail.

@@ -152,15 +152,62 @@ pub enum AdminError {
         /// Problem detail.
         detail: Option<String>,
     },
-    /// The server could not be reached or answered something unreadable.
-    #[error("HTTP: {0}")]
+    /// The server could not be reached or answered something unreadable; the message names
+    /// the URL, and asks whether `serve` runs there when nothing answered.
+    #[error("{}", http_message(.0))]
     Http(#[from] reqwest::Error),
     /// A local file could not be read or written.
-    #[error("{0}")]
+    #[error("{}: {source}", path.display())]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The schema file is not valid JSON.
+    #[error("{} is not valid JSON: {source}", path.display())]
+    SchemaJson {
+        /// The file.
+        path: PathBuf,
+        /// Where and why.
+        source: serde_json::Error,
+    },
+    /// The output (stdout) could not be written.
+    #[error("cannot write the output: {0}")]
     Io(#[from] std::io::Error),
-    /// A local file is not valid JSON.
-    #[error("{0}")]
+    /// An answer could not be printed as JSON.
+    #[error("cannot print the answer as JSON: {0}")]
     Json(#[from] serde_json::Error),
+}
+
+/// A reqwest error in words: the URL, the innermost cause (reqwest's own message says
+/// only "error sending request"), and for a connection that failed whether `serve` runs.
+fn http_message(e: &reqwest::Error) -> String {
+    let mut cause: &dyn std::error::Error = e;
+    while let Some(inner) = cause.source() {
+        cause = inner;
+    }
+    let url = e.url().map_or_else(String::new, ToString::to_string);
+    if e.is_connect() {
+        let server = e
+            .url()
+            .map_or_else(String::new, |u| u.origin().ascii_serialization());
+        format!("cannot connect to {url} ({cause}): is `serve` running at {server}?")
+    } else if e.is_timeout() {
+        format!("{url}: no answer in time ({cause})")
+    } else if url.is_empty() {
+        format!("HTTP: {cause}")
+    } else {
+        format!("{url}: {cause}")
+    }
+}
+
+/// Maps an I/O error on `path` to [`AdminError::File`].
+fn file_error(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> AdminError + '_ {
+    move |source| AdminError::File {
+        path: path.to_owned(),
+        source,
+    }
 }
 
 /// Turns a command's JSON answer into its human-readable summary.
@@ -195,7 +242,12 @@ pub async fn run(
             past_target,
             retain_reports_days,
         } => {
-            let schema: Value = serde_json::from_str(&std::fs::read_to_string(schema)?)?;
+            let text = std::fs::read_to_string(schema).map_err(file_error(schema))?;
+            let schema: Value =
+                serde_json::from_str(&text).map_err(|source| AdminError::SchemaJson {
+                    path: schema.clone(),
+                    source,
+                })?;
             let mut body = Map::new();
             body.insert("schema".into(), schema);
             if let Some(epsilon) = epsilon {
@@ -345,11 +397,11 @@ async fn download(
         bar
     };
     let header = u64::from(format == "csv");
-    let mut file = std::io::BufWriter::new(std::fs::File::create(path)?);
+    let mut file = std::io::BufWriter::new(std::fs::File::create(path).map_err(file_error(path))?);
     let mut lines = 0u64;
     let mut bytes = 0u64;
     while let Some(chunk) = resp.chunk().await? {
-        file.write_all(&chunk)?;
+        file.write_all(&chunk).map_err(file_error(path))?;
         bytes += chunk.len() as u64;
         if parquet {
             bar.set_position(bytes);
@@ -358,7 +410,7 @@ async fn download(
             bar.set_position(lines.saturating_sub(header));
         }
     }
-    file.flush()?;
+    file.flush().map_err(file_error(path))?;
     bar.finish_and_clear();
     let rows_written = if parquet {
         rows

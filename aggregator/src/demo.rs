@@ -66,7 +66,8 @@ pub struct DemoConfig {
     /// them in uploads within the server's published limits).
     #[arg(long, default_value_t = 4)]
     pub streams: usize,
-    /// Hide progress bars.
+    /// Hide progress bars, the loading line and informational logs (warnings, errors and
+    /// the report still print; `LDPSYN_LOG` overrides the log level).
     #[arg(long)]
     pub quiet: bool,
     /// Order in which the people of `--data` arrive: `shuffled` (a random order seeded by
@@ -231,13 +232,15 @@ fn load_input(cfg: &DemoConfig) -> Result<Input, DemoError> {
             })?;
             let loaded = load_csv(data, &schema)
                 .map_err(|e| DemoError::Input(format!("cannot load {}: {e}", data.display())))?;
-            eprintln!(
-                "loaded {}: kept {} of {} rows ({} rejected by the schema)",
-                data.display(),
-                loaded.population.len(),
-                loaded.total_rows,
-                loaded.rejected_rows
-            );
+            if !cfg.quiet {
+                eprintln!(
+                    "loaded {}: kept {} of {} rows ({} rejected by the schema)",
+                    data.display(),
+                    loaded.population.len(),
+                    loaded.total_rows,
+                    loaded.rejected_rows
+                );
+            }
             if loaded.population.is_empty() {
                 return Err(DemoError::Input("the schema rejected every row".into()));
             }
@@ -596,7 +599,10 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
     )
     .await?;
     let bar = progress(rows, "download", cfg.quiet);
-    let mut file = std::io::BufWriter::new(std::fs::File::create(&cfg.out)?);
+    let mut file = std::io::BufWriter::new(
+        std::fs::File::create(&cfg.out)
+            .map_err(|e| DemoError::Input(format!("cannot write {}: {e}", cfg.out.display())))?,
+    );
     while let Some(chunk) = resp
         .chunk()
         .await
@@ -793,7 +799,8 @@ async fn upload_parties(
 fn write_json(path: &Path, report: &DemoReport) -> Result<(), DemoError> {
     let text = serde_json::to_string_pretty(report)
         .map_err(|e| DemoError::Io(std::io::Error::other(e)))?;
-    std::fs::write(path, text + "\n")?;
+    std::fs::write(path, text + "\n")
+        .map_err(|e| DemoError::Input(format!("cannot write {}: {e}", path.display())))?;
     Ok(())
 }
 

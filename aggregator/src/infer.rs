@@ -7,7 +7,7 @@
 //! private data. The proposal is a starting point to edit: bounds are widened outward to a
 //! round step so the file's exact extremes are not printed, and the command says so.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
@@ -83,6 +83,9 @@ struct ColumnStats {
     /// Distinct non-missing values with their counts (stops growing past the cap).
     counts: HashMap<String, u64>,
     overflow: bool,
+    /// Distinct non-missing values, up to [`MAX_COUNTED_DISTINCT`] (for the warning of a
+    /// text column left out: the `--max-categories` that keeps it).
+    distinct: HashSet<String>,
     numeric: bool,
     integer: bool,
     min: f64,
@@ -93,6 +96,10 @@ struct ColumnStats {
     magnitudes: BTreeMap<i32, u64>,
     zeros: u64,
 }
+
+/// Distinct values counted exactly per column; a text column with more is reported as
+/// "more than" this many.
+const MAX_COUNTED_DISTINCT: usize = 1000;
 
 /// Steps per decade of [`ColumnStats::magnitudes`].
 const MAGNITUDE_STEPS: f64 = 20.0;
@@ -164,6 +171,12 @@ impl ColumnStats {
                 }
             }
             _ => self.numeric = false,
+        }
+        if self.distinct.len() < MAX_COUNTED_DISTINCT || self.distinct.contains(v) {
+            self.distinct.insert(v.to_owned());
+        } else {
+            // One past the cap marks "more than MAX_COUNTED_DISTINCT".
+            self.distinct.insert(String::from("\u{0}more"));
         }
         if let Some(c) = self.counts.get_mut(v) {
             *c += 1;
@@ -390,11 +403,21 @@ pub fn infer_schema(path: &Path, cfg: &InferConfig) -> Result<(Schema, Vec<Strin
                 labels: labels.into_iter().map(|(l, _)| l).collect(),
             }
         } else {
-            warnings.push(format!(
-                "`{name}`: more than {} distinct text values (an identifier or free text?), \
-                 left out; raise --max-categories to keep it",
-                cfg.max_categories
-            ));
+            // Never silently: the warning names the column and the flag value that keeps it.
+            let n = s.distinct.len();
+            warnings.push(if n <= MAX_COUNTED_DISTINCT {
+                format!(
+                    "`{name}`: {n} distinct text values, more than --max-categories {}: left \
+                     out; rerun with `--max-categories {n}` to keep it as a categorical \
+                     attribute",
+                    cfg.max_categories
+                )
+            } else {
+                format!(
+                    "`{name}`: more than {MAX_COUNTED_DISTINCT} distinct text values (an \
+                     identifier or free text?): left out; a larger --max-categories keeps it"
+                )
+            });
             continue;
         };
         attributes.push(Attribute {
@@ -664,6 +687,49 @@ mod tests {
             kinds(&["--bins", "8", "--fixed-bins"]),
             [(NumericBins::Count(8), None), (NumericBins::Count(5), None)]
         );
+    }
+
+    /// Issue 36 item 5: on Adult, `native-country` (41 countries, over the default 32) is
+    /// never dropped silently: the warning names it and the flag value that keeps it, and
+    /// that value keeps it as a categorical attribute of 41 labels (the committed
+    /// `examples/adult/schema-inferred.json`).
+    #[test]
+    fn adult_native_country_is_named_and_kept_by_the_flag_it_names() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/adult/adult.csv");
+        let infer = |args: &[&str]| {
+            let cfg =
+                InferConfig::try_parse_from(["infer", "--data", "x"].iter().chain(args)).unwrap();
+            infer_schema(&path, &cfg).unwrap()
+        };
+        let (schema, warnings) = infer(&[]);
+        assert!(schema.index_of("native-country").is_none());
+        assert!(
+            warnings.iter().any(|w| w.starts_with(
+                "`native-country`: 41 distinct text values, more than --max-categories 32: \
+                 left out; rerun with `--max-categories 41`"
+            )),
+            "{warnings:?}"
+        );
+        let (schema, warnings) = infer(&["--max-categories", "41"]);
+        let i = schema.index_of("native-country").expect("kept");
+        match &schema.attributes()[i].kind {
+            AttributeKind::Categorical { labels } => assert_eq!(labels.len(), 41),
+            k => panic!("native-country: {k:?}"),
+        }
+        assert!(
+            !warnings.iter().any(|w| w.contains("left out")),
+            "{warnings:?}"
+        );
+        // The committed proposal is this command's output.
+        let committed: Schema = serde_json::from_str(
+            &std::fs::read_to_string(
+                Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../examples/adult/schema-inferred.json"),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(committed, schema);
     }
 
     #[test]

@@ -46,16 +46,21 @@ enum SchemaCommand {
 }
 
 fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    // `demo --quiet` logs warnings and errors only (`LDPSYN_LOG` still overrides).
+    let level = match &cli.command {
+        Command::Demo(config) if config.quiet => "warn",
+        _ => "info",
+    };
     // Logs on stderr (colored only on a terminal): `demo` prints its JSON report on stdout.
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("LDPSYN_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level)),
         )
         .init();
-    let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -116,8 +121,8 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!(error = %e);
-            eprintln!("{e}");
+            // Once, in words (a tracing line as well printed every error twice).
+            eprintln!("error: {e}");
             std::process::ExitCode::FAILURE
         }
     }

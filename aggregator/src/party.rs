@@ -112,6 +112,14 @@ pub enum PartyError {
     /// The server or the SDK refused.
     #[error(transparent)]
     Client(#[from] ClientError),
+    /// The server did not answer at all (every retry failed).
+    #[error("{source}: is `serve` running at {server}?")]
+    Unreachable {
+        /// The `--server` URL.
+        server: String,
+        /// The SDK's error, with the last failure.
+        source: ClientError,
+    },
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> PartyError + '_ {
@@ -143,7 +151,21 @@ pub async fn run(
         }
         PartyCommand::Upload(args) => {
             let token = token.ok_or(PartyError::NoToken)?;
-            let (accepted, duplicate) = upload(args, token).await?;
+            let (accepted, duplicate) = upload(args, token).await.map_err(|e| match e {
+                // Not an HTTP answer (the SDK writes those "HTTP <status>: …"): nothing
+                // answered at that URL.
+                PartyError::Client(ClientError::Unavailable {
+                    attempts,
+                    last_error,
+                }) if !last_error.starts_with("HTTP ") => PartyError::Unreachable {
+                    server: args.server.clone(),
+                    source: ClientError::Unavailable {
+                        attempts,
+                        last_error,
+                    },
+                },
+                e => e,
+            })?;
             writeln!(
                 out,
                 "{}: {accepted} records accepted, {duplicate} already held",

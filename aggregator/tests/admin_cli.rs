@@ -189,3 +189,84 @@ async fn collections_cli_drives_a_collection() {
         ),
     }
 }
+
+/// Issue 36 item 6: a CLI error is printed once (not a tracing line and a plain line) and
+/// names what it failed on: the missing schema file, the file that is not JSON, and for a
+/// server that does not answer, the URL and whether `serve` runs there.
+#[test]
+fn cli_errors_name_the_file_or_url_and_print_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-schema.json");
+    let missing_arg = missing.display().to_string();
+    let create = |base: &str, schema: &str| {
+        cli(
+            base,
+            &[
+                "create",
+                "--schema",
+                schema,
+                "--epsilon",
+                "1",
+                "--target-users",
+                "10",
+            ],
+            true,
+        )
+    };
+    // Nothing listens on port 9 (discard) of loopback in the test environment.
+    let e = failed(&create("http://127.0.0.1:9", &missing_arg));
+    assert_eq!(
+        e,
+        format!("error: {missing_arg}: No such file or directory (os error 2)\n")
+    );
+    let broken = dir.path().join("broken.json");
+    std::fs::write(&broken, "{").unwrap();
+    let e = failed(&create("http://127.0.0.1:9", &broken.display().to_string()));
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(
+        e.starts_with(&format!("error: {} is not valid JSON", broken.display())),
+        "{e}"
+    );
+    let e = failed(&cli("http://127.0.0.1:9", &["list"], true));
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(
+        e.starts_with("error: cannot connect to http://127.0.0.1:9/v1/collections")
+            && e.trim_end()
+                .ends_with("is `serve` running at http://127.0.0.1:9?"),
+        "{e}"
+    );
+}
+
+/// Issue 36 item 6: `serve` prints the dashboard's URL (a wildcard bind shown as loopback).
+#[test]
+fn serve_prints_the_dashboard_url() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("ui.db").display());
+    let mut child = Command::new(BIN)
+        .args(["serve", "--bind", "0.0.0.0:0", "--database-url", &url])
+        .env("LDPSYN_ADMIN_TOKEN", ADMIN)
+        .env("LDPSYN_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("serve starts");
+    // Read on a thread, so a `serve` that prints nothing fails the test instead of hanging it.
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx.recv_timeout(std::time::Duration::from_secs(30));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let line = line.expect("serve printed a line within 30 s");
+    assert!(line.starts_with("dashboard: http://127.0.0.1:"), "{line}");
+    let port = line["dashboard: http://127.0.0.1:".len()..]
+        .split('/')
+        .next()
+        .unwrap();
+    assert!(port.parse::<u16>().is_ok_and(|p| p != 0), "{line}");
+    assert!(line.contains(&format!("{port}/ui/")), "{line}");
+}

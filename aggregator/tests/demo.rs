@@ -60,3 +60,20 @@ fn demo_with_one_seed_reproduces() {
     assert!(first != other, "--seed 8 wrote --seed 7's synthetic file");
     assert_ne!(r1["tvd2"], r3["tvd2"]);
 }
+
+/// Issue 36 item 6: `demo --quiet` prints its report on stdout and nothing on stderr (no
+/// INFO lines, no progress) when `LDPSYN_LOG` is not set.
+#[test]
+fn demo_quiet_is_quiet() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args(["demo", "--quiet", "--users", "2000", "--out"])
+        .arg(dir.path().join("quiet.csv"))
+        .env_remove("LDPSYN_LOG")
+        .output()
+        .expect("the demo runs");
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    assert_eq!(report["users"], 2000);
+}

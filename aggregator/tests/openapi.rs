@@ -118,3 +118,64 @@ async fn the_live_server_serves_an_openapi_3_1_document_of_every_route() {
         }
     }
 }
+
+/// Issue 36 item 6, over HTTP: every operation of the served document has a summary, a
+/// description and an example; no description or summary holds a rustdoc link (`[` and a
+/// backtick); the query parameters with a default say it in their schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_served_operation_has_a_summary_a_description_and_an_example() {
+    let server = common::serve(ADMIN, &[]);
+    let doc: Value = reqwest::get(format!("{}/v1/openapi.json", server.base))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mut operations = 0;
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            operations += 1;
+            for k in ["summary", "description"] {
+                assert!(
+                    op[k].as_str().is_some_and(|s| !s.trim().is_empty()),
+                    "{method} {path}: no {k}"
+                );
+            }
+            let text = op.to_string();
+            assert!(text.contains("\"example\""), "{method} {path}: no example");
+        }
+    }
+    assert_eq!(operations, routes().len());
+    fn texts<'a>(v: &'a Value, out: &mut Vec<&'a str>) {
+        match v {
+            Value::Object(m) => {
+                for (k, v) in m {
+                    match v {
+                        Value::String(s) if k == "description" || k == "summary" => out.push(s),
+                        _ => texts(v, out),
+                    }
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|v| texts(v, out)),
+            _ => {}
+        }
+    }
+    let mut all = Vec::new();
+    texts(&doc, &mut all);
+    for t in all {
+        assert!(!t.contains("[`"), "a rustdoc link in the document: {t}");
+    }
+    let params = doc["paths"]["/v1/collections/{id}/synthetic"]["get"]["parameters"]
+        .as_array()
+        .unwrap();
+    let default = |name: &str| {
+        params
+            .iter()
+            .find(|p| p["name"] == name)
+            .map(|p| p["schema"]["default"].clone())
+            .unwrap()
+    };
+    assert_eq!(default("seed"), 0);
+    assert_eq!(default("format"), "csv");
+    assert_eq!(default("numeric"), "recover");
+}

@@ -316,3 +316,36 @@ async fn sigkill_during_a_party_upload_loses_nothing_acknowledged() {
         "{out}"
     );
 }
+
+/// Issue 36 item 6: `party upload` to a URL where nothing answers fails with one line that
+/// names the URL and asks whether `serve` runs there.
+#[test]
+fn party_upload_to_nothing_asks_whether_serve_runs() {
+    let out = run(
+        "http://127.0.0.1:9",
+        &[
+            "party",
+            "upload",
+            "--collection",
+            "00000000-0000-4000-8000-000000000000",
+            "--party",
+            "bank",
+            "--data",
+            "bank.csv",
+            "--id-column",
+            "id",
+            "--key-file",
+            "bank.key",
+        ],
+        &[("LDPSYN_PARTY_TOKEN", "party-token-0123456789")],
+    );
+    let e = stderr_failed(&out);
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(
+        e.starts_with("error: ")
+            && e.contains("http://127.0.0.1:9/v1/collections/")
+            && e.trim_end()
+                .ends_with("is `serve` running at http://127.0.0.1:9?"),
+        "{e}"
+    );
+}

@@ -663,3 +663,157 @@ async fn too_many_attributes_are_refused_at_creation() {
     assert_eq!(status, 200);
     assert_eq!(list.as_array().map(Vec::len), Some(0), "{list}");
 }
+
+/// Issue 36 item 6: a query string that does not fit its route answers a detail written for
+/// a person (which parameter, what was wrong with it, what it takes), never the parser's
+/// words ("invalid digit found in string", "[0, 0]", "Failed to deserialize query string").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_errors_say_what_was_wrong_and_what_is_allowed() {
+    use ldpsyn::client::{Client, ClientOptions};
+    use ldpsyn::ledger::MemoryLedger;
+
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("words.db").display());
+    let server = start(&url, &[]).await;
+    let base = base(&server);
+    let id = create(
+        &base,
+        json!({"protocol": "independence", "epsilon": 2.0, "target_users": 200}),
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let detail = |path: String, method: reqwest::Method| {
+        let req = http
+            .request(method, format!("{base}/v1/collections/{id}/{path}"))
+            .bearer_auth(ADMIN);
+        async move {
+            expect_problem(
+                req.send().await.unwrap(),
+                400,
+                ProblemType::InvalidParameter,
+            )
+            .await
+            .detail
+        }
+    };
+    let get = reqwest::Method::GET;
+    assert_eq!(
+        detail("task?count=abc".into(), get.clone()).await,
+        "`count=abc` is not allowed: `count` takes a whole number from 1 to 1000; without \
+         it, one task object"
+    );
+    assert_eq!(
+        detail("task?count=5000".into(), get.clone()).await,
+        "`count=5000` is not allowed: `count` takes a whole number from 1 to 1000; without \
+         it, one task object"
+    );
+    assert_eq!(
+        detail("close-round?force=yes".into(), reqwest::Method::POST).await,
+        "`force=yes` is not allowed: `force` takes `true` or `false`; default `false`"
+    );
+
+    let mut people = people(&schema(), 200, 5);
+    let options = ClientOptions::insecure_simulation(Epsilon::new(2.0).unwrap(), 6);
+    let mut client = Client::connect(&base, id, options, MemoryLedger::default())
+        .await
+        .unwrap();
+    for r in client.submit_batch(&mut people).await.unwrap() {
+        r.expect("accepted");
+    }
+    let (s, _) = admin(&base, "POST", &format!("/v1/collections/{id}/finalize")).await;
+    assert_eq!(s, 200);
+
+    let synthetic_usage = "this route takes `rows` (required; a whole number from 1 to the \
+        server's `--max-synthetic-rows`, 10,000,000 unless set), `seed` (a whole number from 0 \
+        to 18446744073709551615; default 0), `format` (`csv`, `ndjson` or `parquet`; default \
+        `csv`), `numeric` (`recover`, `uniform` or `midpoint`; default `recover`)";
+    assert_eq!(
+        detail("synthetic?rows=5&seed=abc".into(), get.clone()).await,
+        "`seed=abc` is not allowed: `seed` takes a whole number from 0 to \
+         18446744073709551615; default 0"
+    );
+    assert_eq!(
+        detail("synthetic?seed=1".into(), get.clone()).await,
+        format!("`rows` is missing; {synthetic_usage}")
+    );
+    assert_eq!(
+        detail("synthetic?rows=5&colour=red".into(), get.clone()).await,
+        format!("unknown query parameter `colour`; {synthetic_usage}")
+    );
+    assert_eq!(
+        detail("synthetic?rows=5&rows=6".into(), get.clone()).await,
+        "`rows` is given twice; give it once"
+    );
+    assert_eq!(
+        detail("synthetic?rows=5&format=xml".into(), get.clone()).await,
+        "`format=xml` is not allowed: `format` takes `csv`, `ndjson` or `parquet`; default \
+         `csv`"
+    );
+    assert_eq!(
+        detail("synthetic?rows=0".into(), get.clone()).await,
+        "`rows=0` is not allowed: `rows` takes a whole number from 1 to the server's \
+         `--max-synthetic-rows`, 10,000,000 unless set"
+    );
+    assert_eq!(
+        detail("marginals?attrs=region,region".into(), get.clone()).await,
+        "`attrs` names `region` twice: give each attribute once"
+    );
+    assert_eq!(
+        detail("marginals?attrs=region,height".into(), get.clone()).await,
+        "unknown attribute `height`; the attributes are `region`, `income`, `smoker`, \
+         `lung`, `shoe`"
+    );
+    assert_eq!(
+        detail("marginals?attrs=region,,shoe".into(), get.clone()).await,
+        "`attrs=region,,shoe` has an empty name: give attribute names separated by single \
+         commas, e.g. `attrs=region,income`"
+    );
+    assert_eq!(
+        detail("marginals".into(), get.clone()).await,
+        "`attrs` is missing; this route takes `attrs` (required; attribute names of the \
+         schema, comma-separated, each once, e.g. `attrs=age,sex`)"
+    );
+    // No parser jargon anywhere.
+    for q in [
+        "synthetic?rows=x",
+        "synthetic?rows=5&seed=-1",
+        "task?count=%ZZ",
+    ] {
+        let d = detail(q.into(), get.clone()).await;
+        for jargon in ["invalid digit", "deserialize", "Failed to", "[0"] {
+            assert!(!d.contains(jargon), "{q}: {d}");
+        }
+    }
+    // Bodies: where the value is wrong and what was expected, not Rust type names.
+    let post = |path: String, body: &'static str| {
+        http.post(format!("{base}{path}"))
+            .bearer_auth(ADMIN)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    let r = post(
+        "/v1/collections".into(),
+        r#"{"schema": {"attributes": [{"name": "a", "type": "categorical", "labels": ["x", "y"]}]},
+            "protocol": "independence", "epsilon": 1, "target_users": -1}"#,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        expect_problem(r, 400, ProblemType::InvalidParameter)
+            .await
+            .detail,
+        "`target_users`: got integer `-1`, expected a whole number ≥ 0"
+    );
+    let r = post(format!("/v1/collections/{id}/reports"), r#"[{"id": "x"}]"#)
+        .await
+        .unwrap();
+    assert_eq!(
+        expect_problem(r, 400, ProblemType::MalformedRequest)
+            .await
+            .detail,
+        "the body must be a JSON array of reports {id, token, payload}: `[0].id`: not a UUID \
+         (expected 36 characters like 3af4f667-eca5-4b74-95bb-0b1b8dabef8b)"
+    );
+    server.shutdown().await.unwrap();
+}

@@ -130,9 +130,9 @@ pub struct MarginalsAnswer {
 /// `{party name: upload token}` of a vertical collection.
 pub type PartyTokens = BTreeMap<String, String>;
 
-/// The body of `POST /v1/collections` (documentation only: the handler parses it strictly,
-/// [`super::http::parse_create`]): the public config without `version` and `id`. Only the
-/// chosen protocol's parameters are accepted; an unknown key is a 400.
+/// The body of `POST /v1/collections`: the public config without `version` and `id`. Only
+/// the chosen protocol's parameters are accepted; an unknown key is a 400.
+// Documentation only: the handler parses the body strictly (`super::http::parse_create`).
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct CreateCollection {
     /// Optional: a name for people (lists, the dashboard), 1 to 100 characters on one line.

@@ -696,6 +696,16 @@ fn spawn_refresher(state: AppState) -> Option<tokio::task::JoinHandle<()>> {
 pub async fn serve(config: ServeConfig) -> Result<(), ApiError> {
     let (tx, _rx) = oneshot::channel();
     let server = Server::start_with_signal(config, shutdown_signal(), tx).await?;
+    // A wildcard bind (0.0.0.0, ::) is reachable on loopback from this machine.
+    let mut shown = server.addr();
+    if shown.ip().is_unspecified() {
+        shown.set_ip(if shown.is_ipv4() {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        } else {
+            std::net::Ipv6Addr::LOCALHOST.into()
+        });
+    }
+    println!("dashboard: http://{shown}/ui/  (API: http://{shown}/v1/openapi.json)");
     let Server { task, state, .. } = server;
     drop(state);
     task.await

@@ -27,6 +27,8 @@ use utoipa::{Modify, OpenApi, ToResponse};
 
 use super::api;
 
+mod operations;
+
 /// One reusable problem response per status: `$name` answers `$status` with the problem types
 /// of that status.
 macro_rules! problem_responses {
@@ -268,10 +270,133 @@ pub fn document() -> &'static OpenApiDoc {
     DOC.get_or_init(ApiDoc::openapi)
 }
 
+/// The served document: [`document`] with every operation's summary, description and
+/// examples ([`operations::operations`]), and every description and summary in plain text
+/// (rustdoc links of the Rust docs it was generated from unwrapped, [`unlink`]).
+fn document_value() -> &'static serde_json::Value {
+    static VALUE: OnceLock<serde_json::Value> = OnceLock::new();
+    VALUE.get_or_init(|| {
+        // Serializing a document of strings, numbers and maps cannot fail.
+        let mut doc = serde_json::to_value(document()).unwrap_or_default();
+        apply_operation_docs(&mut doc);
+        plain_text(&mut doc);
+        doc
+    })
+}
+
 fn document_json() -> &'static str {
     static JSON: OnceLock<String> = OnceLock::new();
-    // Serializing a document of strings, numbers and maps cannot fail.
-    JSON.get_or_init(|| document().to_pretty_json().unwrap_or_default())
+    JSON.get_or_init(|| serde_json::to_string_pretty(document_value()).unwrap_or_default())
+}
+
+/// Sets each operation's summary, description and examples from [`operations::operations`]:
+/// the request example on every media type of the request body, the response example on the
+/// first 2xx/3xx response (JSON values on `application/json`, text on `text/*`, a redirect's
+/// on its headers).
+fn apply_operation_docs(doc: &mut serde_json::Value) {
+    use serde_json::Value;
+    for d in operations::operations() {
+        let Some(op) = doc
+            .pointer_mut(&format!("/paths/{}", d.path.replace('/', "~1")))
+            .and_then(|item| item.get_mut(d.method))
+            .and_then(Value::as_object_mut)
+        else {
+            continue;
+        };
+        op.insert("summary".into(), d.summary.into());
+        op.insert("description".into(), d.description.into());
+        if let Some(request) = &d.request
+            && let Some(content) = op
+                .get_mut("requestBody")
+                .and_then(|b| b.get_mut("content"))
+                .and_then(Value::as_object_mut)
+        {
+            for media in content.values_mut() {
+                media["example"] = request.clone();
+            }
+        }
+        let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) else {
+            continue;
+        };
+        let Some(success) = responses
+            .iter_mut()
+            .filter(|(code, _)| code.starts_with('2') || code.starts_with('3'))
+            .min_by(|a, b| a.0.cmp(b.0))
+            .map(|(_, r)| r)
+        else {
+            continue;
+        };
+        if let Some(content) = success.get_mut("content").and_then(Value::as_object_mut) {
+            for (media, m) in content.iter_mut() {
+                let fits = if d.response.is_string() {
+                    media.starts_with("text/")
+                } else {
+                    media.starts_with("application/json")
+                };
+                if fits {
+                    m["example"] = d.response.clone();
+                }
+            }
+        } else if let Some(headers) = success.get_mut("headers").and_then(Value::as_object_mut) {
+            for header in headers.values_mut() {
+                header["example"] = d.response.clone();
+            }
+        }
+    }
+}
+
+/// Unwraps the rustdoc links of every `description` and `summary` in `v` ([`unlink`]).
+fn plain_text(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, v) in m.iter_mut() {
+                match v {
+                    serde_json::Value::String(s) if k == "description" || k == "summary" => {
+                        *s = unlink(s);
+                    }
+                    _ => plain_text(v),
+                }
+            }
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(plain_text),
+        _ => {}
+    }
+}
+
+/// `text` with each rustdoc link ``[`path::Item`]``, with or without a `(target)` or
+/// `[target]` after it, as the code span `` `Item` `` (module segments dropped: they mean
+/// nothing to a caller of the API; `Type::member` kept).
+fn unlink(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("[`") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let Some(end) = after.find("`]") else {
+            out.push_str(&rest[start..]);
+            return out;
+        };
+        let path = &after[..end];
+        let segments: Vec<&str> = path.split("::").collect();
+        let first_kept = segments
+            .iter()
+            .position(|s| s.starts_with(|c: char| !c.is_ascii_lowercase()))
+            .unwrap_or(segments.len() - 1);
+        out.push('`');
+        out.push_str(&segments[first_kept..].join("::"));
+        out.push('`');
+        rest = &after[end + 2..];
+        // A link target right after: `(…)` or `[…]`.
+        for (open, close) in [('(', ')'), ('[', ']')] {
+            if rest.starts_with(open)
+                && let Some(e) = rest.find(close)
+            {
+                rest = &rest[e + 1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// `GET /v1/openapi.json`: this document.
@@ -418,6 +543,61 @@ mod tests {
         for r in all {
             let pointer = r.strip_prefix('#').expect("local reference");
             assert!(doc.pointer(pointer).is_some(), "{r} does not resolve");
+        }
+    }
+
+    #[test]
+    fn rustdoc_links_become_code_spans() {
+        assert_eq!(
+            unlink(
+                "see [`super::http::parse_create`] and [`NumericBins::Auto`], [`crate::vertical`]."
+            ),
+            "see `parse_create` and `NumericBins::Auto`, `vertical`."
+        );
+        assert_eq!(unlink("[`X`](y) [`Z`][w] [`open"), "`X` `Z` [`open");
+    }
+
+    /// Issue 36 item 6: every operation of the served document has a summary, a description
+    /// and an example, and no description or summary holds a rustdoc link.
+    #[test]
+    fn every_operation_has_a_summary_a_description_and_an_example() {
+        let doc = document_value();
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for (method, op) in item.as_object().unwrap() {
+                let name = format!("{method} {path}");
+                for k in ["summary", "description"] {
+                    let text = op[k].as_str().unwrap_or("");
+                    assert!(text.len() > 10, "{name}: no {k}");
+                }
+                let text = op.to_string();
+                assert!(
+                    text.contains("\"example\"") || text.contains("\"examples\""),
+                    "{name}: no example"
+                );
+            }
+        }
+        let mut texts = Vec::new();
+        fn collect<'a>(v: &'a serde_json::Value, out: &mut Vec<&'a str>) {
+            match v {
+                serde_json::Value::Object(m) => {
+                    for (k, v) in m {
+                        match v {
+                            serde_json::Value::String(s)
+                                if k == "description" || k == "summary" =>
+                            {
+                                out.push(s)
+                            }
+                            _ => collect(v, out),
+                        }
+                    }
+                }
+                serde_json::Value::Array(a) => a.iter().for_each(|v| collect(v, out)),
+                _ => {}
+            }
+        }
+        collect(doc, &mut texts);
+        for t in texts {
+            assert!(!t.contains("[`"), "a rustdoc link: {t}");
         }
     }
 

@@ -18,7 +18,9 @@ use super::super::error::ApiError;
 use super::super::ingest::{CollectionHandle, Command};
 use super::super::storage::CollectionRow;
 use super::super::{AppState, api, now_secs};
-use super::extract::{Admin, Query, handle_of, parse_id, read_body};
+use super::extract::{
+    Admin, ParamKind, Query, QueryParam, QueryParams, handle_of, parse_id, read_body,
+};
 use crate::engine::Engine;
 
 /// Public status of a collection.
@@ -181,12 +183,8 @@ const VERTICAL_KEYS: &[&str] = &["parties"];
 /// (`invalid-parameter`, `invalid-schema`, malformed JSON).
 pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine), ApiError> {
     let bad = |kind, d: String| ApiError::problem(kind, d);
-    let v: Value = serde_json::from_slice(body).map_err(|e| {
-        bad(
-            ProblemType::MalformedRequest,
-            format!("body is not JSON: {e}"),
-        )
-    })?;
+    let v: Value = super::extract::from_json_slice(body, "")
+        .map_err(|e| bad(ProblemType::MalformedRequest, e))?;
     let Value::Object(mut obj) = v else {
         return Err(bad(
             ProblemType::MalformedRequest,
@@ -235,8 +233,8 @@ pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine),
         .get("schema")
         .cloned()
         .ok_or_else(|| bad(ProblemType::InvalidSchema, "`schema` is required".into()))?;
-    let schema: Schema = serde_json::from_value(schema_v)
-        .map_err(|e| bad(ProblemType::InvalidSchema, e.to_string()))?;
+    let schema: Schema = super::extract::from_json_value(schema_v, "schema")
+        .map_err(|e| bad(ProblemType::InvalidSchema, e))?;
     if schema.len() > crate::engine::MAX_ATTRIBUTES {
         return Err(bad(
             ProblemType::InvalidSchema,
@@ -251,10 +249,11 @@ pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine),
     }
     if protocol == "vertical" && !obj.contains_key("epsilon") {
         // A vertical collection's ε is its largest party total: filled in when omitted.
-        let parties: ldpsyn::protocol::VerticalParams = serde_json::from_value(
+        let parties: ldpsyn::protocol::VerticalParams = super::extract::from_json_value(
             json!({"parties": obj.get("parties").cloned().unwrap_or(Value::Null)}),
+            "",
         )
-        .map_err(|e| bad(ProblemType::InvalidParameter, e.to_string()))?;
+        .map_err(|e| bad(ProblemType::InvalidParameter, e))?;
         let total = parties
             .parties
             .iter()
@@ -264,8 +263,8 @@ pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine),
     }
     obj.insert("version".into(), json!(PROTOCOL_VERSION));
     obj.insert("id".into(), json!(id));
-    let config: CollectionConfig = serde_json::from_value(Value::Object(obj))
-        .map_err(|e| bad(ProblemType::InvalidParameter, e.to_string()))?;
+    let config: CollectionConfig = super::extract::from_json_value(Value::Object(obj), "")
+        .map_err(|e| bad(ProblemType::InvalidParameter, e))?;
     if config.epsilon.get() < ldpsyn::MIN_COLLECTION_EPSILON {
         return Err(bad(
             ProblemType::InvalidParameter,
@@ -382,7 +381,17 @@ pub struct CloseRoundQuery {
     /// Close the open round even when it has no reports (default `false`: refused with
     /// `409 round-empty`, as closing it would decide from no data).
     #[serde(default)]
+    #[param(default = false)]
     pub force: bool,
+}
+
+impl QueryParams for CloseRoundQuery {
+    const PARAMS: &'static [QueryParam] = &[QueryParam {
+        name: "force",
+        required: false,
+        kind: ParamKind::Bool,
+        allowed: "`true` or `false`; default `false`",
+    }];
 }
 
 #[utoipa::path(post, path = "/v1/collections/{id}/close-round", tag = "collections",

@@ -99,10 +99,10 @@ pub async fn post_party_records(
         ));
     }
     let body = read_body(body, state.config().max_body_bytes).await?;
-    let upload: PartyUpload = serde_json::from_slice(&body).map_err(|e| {
+    let upload: PartyUpload = super::extract::from_json_slice(&body, "").map_err(|e| {
         ApiError::problem(
             ProblemType::MalformedRequest,
-            format!("body is not a party upload: {e}"),
+            format!("the body must be a party upload {{\"records\": [{{id, codes}}, …]}}: {e}"),
         )
     })?;
     let n = upload.records.len();

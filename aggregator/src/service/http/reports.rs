@@ -14,7 +14,7 @@ use super::super::error::ApiError;
 use super::super::ingest::{CollectionHandle, Command, Outcome, PendingReport};
 use super::super::tokens::{MAX_FACTOR_LEN, MAX_TOKEN_CUTS, TaskClaims, validate_report};
 use super::super::{AppState, api, now_millis, now_secs};
-use super::extract::{Query, handle_of, read_body};
+use super::extract::{ParamKind, Query, QueryParam, QueryParams, handle_of, read_body};
 use crate::engine::{Phase, TaskSpec};
 
 /// The query of `GET /v1/collections/{id}/task`; any other parameter is a 400.
@@ -23,9 +23,24 @@ use crate::engine::{Phase, TaskSpec};
 #[into_params(parameter_in = Query)]
 pub struct TaskQuery {
     /// Ask for this many tasks (a JSON array); without it, one task object.
-    #[param(minimum = 1, maximum = 1000)]
+    #[param(minimum = 1, maximum = 1000, example = 10)]
     pub count: Option<u32>,
 }
+
+impl QueryParams for TaskQuery {
+    const PARAMS: &'static [QueryParam] = &[QueryParam {
+        name: "count",
+        required: false,
+        kind: ParamKind::Integer {
+            min: 1,
+            max: MAX_TASKS_PER_REQUEST as u64,
+        },
+        allowed: "a whole number from 1 to 1000; without it, one task object",
+    }];
+}
+
+// `allowed` above spells the limit out.
+const _: () = assert!(MAX_TASKS_PER_REQUEST == 1000);
 
 fn issue(state: &AppState, h: &CollectionHandle, spec: TaskSpec, now: i64, now_ms: u64) -> Task {
     let nonce = TaskClaims::fresh_nonce(now_ms);
@@ -119,7 +134,7 @@ pub(crate) async fn get_task(
 /// Parses an upload body: a JSON array of 1..=`max` reports. Errors: 400 (not JSON of that
 /// shape, empty), 413 (too many).
 pub fn parse_upload(body: &[u8], max: usize) -> Result<Vec<Report>, ApiError> {
-    let reports: Vec<Report> = serde_json::from_slice(body).map_err(|e| {
+    let reports: Vec<Report> = super::extract::from_json_slice(body, "").map_err(|e| {
         ApiError::problem(
             ProblemType::MalformedRequest,
             format!("the body must be a JSON array of reports {{id, token, payload}}: {e}"),

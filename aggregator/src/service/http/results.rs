@@ -18,7 +18,7 @@ use super::super::error::ApiError;
 use super::super::ingest::CollectionHandle;
 use super::super::synthetic::{Format, write_synthetic};
 use super::super::{AppState, api};
-use super::extract::{Admin, Query, handle_of};
+use super::extract::{Admin, ParamKind, Query, QueryParam, QueryParams, handle_of};
 use crate::engine::Expansion;
 
 /// The media type of a Parquet download.
@@ -39,18 +39,64 @@ pub struct MarginalsQuery {
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct SyntheticQuery {
-    /// Rows to draw, 1..=`--max-synthetic-rows` of the server (default 10,000,000).
-    #[param(minimum = 1)]
+    /// Rows to draw, 1..=`--max-synthetic-rows` of the server (10,000,000 unless set).
+    #[param(minimum = 1, example = 1000)]
     pub rows: u64,
     /// Seed: the same seed and model give the same bytes (default 0).
+    #[param(default = 0, example = 7)]
     pub seed: Option<u64>,
     /// `csv` (default, with a header row), `ndjson` (one JSON object per row) or `parquet`
     /// (typed columns: Int64, Float64, dictionary-encoded strings).
-    #[param(example = "csv")]
+    #[param(default = "csv", example = "csv")]
     pub format: Option<api::SyntheticFormat>,
     /// Numeric values within the model's bin: `recover` (default; by the sub-bin estimate), `uniform` or `midpoint`.
-    #[param(example = "recover")]
+    #[param(default = "recover", example = "recover")]
     pub numeric: Option<api::SyntheticNumeric>,
+}
+
+impl QueryParams for MarginalsQuery {
+    const PARAMS: &'static [QueryParam] = &[QueryParam {
+        name: "attrs",
+        required: true,
+        kind: ParamKind::Text,
+        allowed: "attribute names of the schema, comma-separated, each once, e.g. `attrs=age,sex`",
+    }];
+}
+
+impl QueryParams for SyntheticQuery {
+    const PARAMS: &'static [QueryParam] = &[
+        QueryParam {
+            name: "rows",
+            required: true,
+            kind: ParamKind::Integer {
+                min: 1,
+                max: u64::MAX,
+            },
+            allowed: "a whole number from 1 to the server's `--max-synthetic-rows`, \
+                10,000,000 unless set",
+        },
+        QueryParam {
+            name: "seed",
+            required: false,
+            kind: ParamKind::Integer {
+                min: 0,
+                max: u64::MAX,
+            },
+            allowed: "a whole number from 0 to 18446744073709551615; default 0",
+        },
+        QueryParam {
+            name: "format",
+            required: false,
+            kind: ParamKind::OneOf(&["csv", "ndjson", "parquet"]),
+            allowed: "`csv`, `ndjson` or `parquet`; default `csv`",
+        },
+        QueryParam {
+            name: "numeric",
+            required: false,
+            kind: ParamKind::OneOf(&["recover", "uniform", "midpoint"]),
+            allowed: "`recover`, `uniform` or `midpoint`; default `recover`",
+        },
+    ];
 }
 
 /// The model of a finalized collection; 409 `model-not-ready` before.
@@ -129,16 +175,7 @@ pub(crate) async fn get_marginals(
     // Parsed after the model, as before: 404/409 come first whatever the query.
     let Query(MarginalsQuery { attrs }) = query?;
     let schema = &h.config.schema;
-    let mut idx = Vec::new();
-    for name in attrs.split(',').map(str::trim) {
-        let i = schema.index_of(name).ok_or_else(|| {
-            ApiError::problem(
-                ProblemType::InvalidParameter,
-                format!("unknown attribute `{name}`"),
-            )
-        })?;
-        idx.push(i);
-    }
+    let idx = marginal_attributes(schema, &attrs)?;
     let est = m.marginal(&idx)?;
     Ok(Json(api::MarginalsAnswer {
         attributes: idx
@@ -150,6 +187,57 @@ pub(crate) async fn get_marginals(
         frequencies: est.frequencies,
         std_errors: est.std_errors,
     }))
+}
+
+/// Most cells of one marginal (the engine's bound).
+const MAX_MARGINAL_CELLS: usize = 1 << 22;
+
+/// The attribute indices of an `attrs` parameter. Errors (400 `invalid-parameter`, in
+/// words): an empty name, an unknown or repeated attribute, more than
+/// [`MAX_MARGINAL_CELLS`] cells.
+fn marginal_attributes(schema: &Schema, attrs: &str) -> Result<Vec<usize>, ApiError> {
+    let invalid = |detail: String| ApiError::problem(ProblemType::InvalidParameter, detail);
+    let names: Vec<&str> = schema
+        .attributes()
+        .iter()
+        .map(|a| a.name.as_str())
+        .collect();
+    let mut idx = Vec::new();
+    for name in attrs.split(',').map(str::trim) {
+        if name.is_empty() {
+            return Err(invalid(format!(
+                "`attrs={attrs}` has an empty name: give attribute names separated by single \
+                 commas, e.g. `attrs={}`",
+                names.iter().take(2).copied().collect::<Vec<_>>().join(",")
+            )));
+        }
+        let i = schema.index_of(name).ok_or_else(|| {
+            invalid(format!(
+                "unknown attribute `{name}`; the attributes are {}",
+                names
+                    .iter()
+                    .map(|n| format!("`{n}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })?;
+        if idx.contains(&i) {
+            return Err(invalid(format!(
+                "`attrs` names `{name}` twice: give each attribute once"
+            )));
+        }
+        idx.push(i);
+    }
+    let cells = idx.iter().try_fold(1usize, |acc, &i| {
+        acc.checked_mul(schema.attributes()[i].domain_size())
+    });
+    if cells.is_none_or(|c| c > MAX_MARGINAL_CELLS) {
+        return Err(invalid(format!(
+            "the marginal of `{attrs}` has more than {MAX_MARGINAL_CELLS} cells; ask for \
+             fewer attributes at a time"
+        )));
+    }
+    Ok(idx)
 }
 
 /// The synthetic download handler.
@@ -179,7 +267,10 @@ pub(crate) async fn get_synthetic(
     if rows == 0 || rows > max {
         return Err(ApiError::problem(
             ProblemType::InvalidParameter,
-            format!("`rows` must be in 1..={max}"),
+            format!(
+                "`rows={rows}` is not allowed: `rows` takes a whole number from 1 to {max} \
+                 (this server's `--max-synthetic-rows`)"
+            ),
         ));
     }
     let seed = q.seed.unwrap_or(0);

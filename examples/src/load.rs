@@ -127,6 +127,35 @@ async fn cause(route: &str, r: Result<reqwest::Response, reqwest::Error>) -> Str
     }
 }
 
+/// Creates the load generators' collection (4 attributes: three categorical, one numeric in
+/// 8 bins; `privincr` at ε = 2, a target of 10¹² so it never stops) on `base` with the admin
+/// `token`, and returns its id. Errors: the request failing or a non-2xx answer.
+pub async fn create_collection(
+    http: &reqwest::Client,
+    base: &str,
+    token: &str,
+) -> anyhow::Result<Uuid> {
+    use anyhow::Context;
+    let v: serde_json::Value = http
+        .post(format!("{base}/v1/collections"))
+        .bearer_auth(token)
+        .json(&serde_json::json!({
+            "schema": {"attributes": [
+                {"name": "a", "type": "categorical", "labels": ["0","1","2","3"]},
+                {"name": "b", "type": "categorical", "labels": ["0","1","2"]},
+                {"name": "c", "type": "categorical", "labels": ["0","1"]},
+                {"name": "d", "type": "numeric", "min": 0, "max": 100, "bins": 8}
+            ]},
+            "protocol": "privincr", "epsilon": 2.0, "target_users": 1_000_000_000_000u64
+        }))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    Ok(v["id"].as_str().context("id")?.parse()?)
+}
+
 /// An HTTP client for many concurrent workers on one host.
 pub fn client() -> reqwest::Result<reqwest::Client> {
     reqwest::Client::builder()

@@ -84,10 +84,9 @@ pub const KNOBS: &[Knob] = &[
         set: None,
     },
     Knob {
-        // Device protocols' margin (`CollectionProtocol::gain_margin`); vertical
-        // collections use `VERTICAL_GAIN_MARGIN`.
-        constant: "CollectionProtocol::gain_margin",
-        value: 0.0,
+        // Vertical collections use `VERTICAL_GAIN_MARGIN`.
+        constant: "DEVICE_GAIN_MARGIN",
+        value: crate::protocols::DEVICE_GAIN_MARGIN,
         option: Some("gain_margin"),
         env: Some("LDPSYN_GAIN_MARGIN"),
         sweep: "gain-margin.md",

@@ -143,28 +143,6 @@ fn spawn_serve(
     })
 }
 
-/// Creates loadgen's collection on `base` and returns its id.
-async fn create(http: &reqwest::Client, base: &str) -> anyhow::Result<Uuid> {
-    let v: Value = http
-        .post(format!("{base}/v1/collections"))
-        .bearer_auth(ADMIN)
-        .json(&json!({
-            "schema": {"attributes": [
-                {"name": "a", "type": "categorical", "labels": ["0","1","2","3"]},
-                {"name": "b", "type": "categorical", "labels": ["0","1","2"]},
-                {"name": "c", "type": "categorical", "labels": ["0","1"]},
-                {"name": "d", "type": "numeric", "min": 0, "max": 100, "bins": 8}
-            ]},
-            "protocol": "privincr", "epsilon": 2.0, "target_users": 1_000_000_000_000u64
-        }))
-        .send()
-        .await?
-        .error_for_status()?
-        .json()
-        .await?;
-    Ok(v["id"].as_str().context("id")?.parse()?)
-}
-
 async fn get_json(http: &reqwest::Client, url: String) -> anyhow::Result<Value> {
     Ok(http
         .get(url)
@@ -430,7 +408,7 @@ async fn main() -> anyhow::Result<()> {
     let mut captured = None;
     for (database, mut proc) in serves {
         wait_healthy(&http, &mut proc).await?;
-        let id = create(&http, &proc.base).await?;
+        let id = load::create_collection(&http, &proc.base, ADMIN).await?;
         let view = get_json(&http, format!("{}/v1/collections/{id}", proc.base)).await?;
         if captured.is_none() {
             let tasks = get_json(

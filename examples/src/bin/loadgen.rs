@@ -21,7 +21,6 @@ use clap::Parser;
 use ldpsyn::protocol::CollectionConfig;
 use ldpsyn::upload::published_limits;
 use ldpsyn_examples::load::{self, Load, Mode, cpu_seconds, rss};
-use serde_json::json;
 use uuid::Uuid;
 
 /// Upload load generator (127.0.0.1 only).
@@ -72,24 +71,7 @@ async fn main() -> anyhow::Result<()> {
             let token = args.admin_token.as_deref().context(
                 "--admin-token (or LDPSYN_ADMIN_TOKEN) is needed to create a collection",
             )?;
-            let v: serde_json::Value = http
-                .post(format!("{base}/v1/collections"))
-                .bearer_auth(token)
-                .json(&json!({
-                    "schema": {"attributes": [
-                        {"name": "a", "type": "categorical", "labels": ["0","1","2","3"]},
-                        {"name": "b", "type": "categorical", "labels": ["0","1","2"]},
-                        {"name": "c", "type": "categorical", "labels": ["0","1"]},
-                        {"name": "d", "type": "numeric", "min": 0, "max": 100, "bins": 8}
-                    ]},
-                    "protocol": "privincr", "epsilon": 2.0, "target_users": 1_000_000_000_000u64
-                }))
-                .send()
-                .await?
-                .error_for_status()?
-                .json()
-                .await?;
-            v["id"].as_str().context("id")?.parse()?
+            load::create_collection(&http, &base, token).await?
         }
     };
     let view: serde_json::Value = http

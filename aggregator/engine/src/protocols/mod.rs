@@ -39,6 +39,10 @@ pub mod privincr;
 pub mod samprivsyn;
 pub mod vertical;
 
+/// The device protocols' gain margin ([`CollectionProtocol::gain_margin`]): 0, a pair
+/// enters the model graph on its expected gain itself (`benchmarks/sweeps/gain-margin.md`).
+pub const DEVICE_GAIN_MARGIN: f64 = 0.0;
+
 /// One protocol's collection rules (module docs). Implementations are stateless beyond their
 /// parameters: everything a collection has decided lives in its [`CollectionState`].
 pub trait CollectionProtocol: Send + Sync + Debug {
@@ -102,12 +106,12 @@ pub trait CollectionProtocol: Send + Sync + Debug {
 
     /// Standard deviations of its dependence estimate ([`PairGain::dependence_sd`]) a
     /// pair's expected gain must exceed to enter the model graph
-    /// ([`PairGain::cautious_gain`]): by default 0, the expected gain itself. Device
+    /// ([`PairGain::cautious_gain`]): by default [`DEVICE_GAIN_MARGIN`]. Device
     /// protocols measure pairs they screened or sampled; a margin there dropped pairs that
     /// are individually insignificant but collectively useful (nist-taxi, temporal-match2:
     /// `benchmarks/sweeps/gain-margin.md`).
     fn gain_margin(&self) -> f64 {
-        0.0
+        DEVICE_GAIN_MARGIN
     }
 
     /// Whether every table counts reports of the same records (a vertical collection), so

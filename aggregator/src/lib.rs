@@ -35,3 +35,4 @@ pub mod infer;
 pub mod party;
 pub mod service;
 pub mod sim;
+pub mod synthesize;

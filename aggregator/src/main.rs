@@ -7,6 +7,7 @@ use ldpsyn_aggregator::devices::{self, DevicesConfig};
 use ldpsyn_aggregator::infer::{InferConfig, infer_schema};
 use ldpsyn_aggregator::party::{self, PartyConfig};
 use ldpsyn_aggregator::service::{self, config::ServeConfig};
+use ldpsyn_aggregator::synthesize::{self, SynthesizeConfig};
 
 /// ldpsyn aggregator: collects LDP reports and serves models, marginals and synthetic data.
 #[derive(Debug, Parser)]
@@ -36,6 +37,9 @@ enum Command {
     /// A data party of a vertical collection: `keygen` (record-id key), `upload` (randomize
     /// and upload its records; token from `LDPSYN_PARTY_TOKEN`).
     Party(PartyConfig),
+    /// A data curator's synthetic table under central (ε, δ)-differential privacy: the whole
+    /// table is read here and only the synthetic table and a privacy report are written.
+    Synthesize(SynthesizeConfig),
 }
 
 #[derive(Debug, Subcommand)]
@@ -106,6 +110,9 @@ fn main() -> std::process::ExitCode {
                     .await
                     .map_err(|e| e.to_string())
             }
+            Command::Synthesize(config) => synthesize::run(&config, &mut std::io::stdout())
+                .map(|_| ())
+                .map_err(|e| format!("synthesize: {e}")),
             Command::Schema(SchemaCommand::Infer(config)) => infer_schema(&config.data, &config)
                 .map_err(|e| e.to_string())
                 .and_then(|(schema, warnings)| {

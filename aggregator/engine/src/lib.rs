@@ -12,6 +12,8 @@
 //! - [`protocols`]: one module per protocol behind one trait (PrivIncr/NoIncremental pruning,
 //!   `auto`'s screening and selection, SamPrivSyn re-weighting, independence), dispatched
 //!   once by the engine.
+//! - [`central`]: a curator's central-DP synthesizer (select–measure–generate under zCDP,
+//!   PPSyn Alg. 1 on AIM's loop) over the same graphical model.
 //! - [`drift`]: rounds as strata of the population: a heterogeneity test between rounds and
 //!   every table calibrated to the population's post-stratified 1-ways.
 //! - [`estimate`]: the model graph (pairs kept by expected gain within a clique cap) and the
@@ -68,6 +70,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod central;
 pub mod drift;
 pub mod estimate;
 pub mod graph;

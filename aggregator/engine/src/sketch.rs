@@ -1,0 +1,1107 @@
+//! DP Flajolet–Martin sketches of record-id sets: VertiMRF's sketch-based LocEnc (party side)
+//! and CarEst (server side). Source: "VertiMRF: Differentially Private Vertical Federated Data
+//! Synthesis" (Zhao, Li, Ren, Ding, Yang, Li; KDD 2024), §2.2, §4.3, Algorithms 1, 3 and 4,
+//! Theorems 2–3, Appendix A.3.
+//!
+//! **Roles.** A party ([`encode_party`]) turns its records (record id + the codes of its
+//! attributes) into a [`SketchReport`]: for every value of every attribute, `t` DP sketches
+//! of the set of ids holding that value, plus a noisy record count n̂. The server
+//! ([`estimate_marginal`], [`estimate_intersection`]) merges sketches of several parties and
+//! estimates cross-party marginals by inclusion–exclusion. Both sides share [`SketchParams`]
+//! (γ, t, ε′, n̂'s ε), so they cannot disagree about the phantom count or the floor.
+//!
+//! **Keys.** The parties share a secret [`SketchKey`] that the server never sees, as they
+//! share the record-id key ([`ldpsyn::vertical::RecordIdKey`]). It is not `Serialize`. The
+//! hash of id `x` in repetition `h` is the `h`-th 64-bit word of ChaCha12 keyed by
+//! HMAC-SHA256(key, 0x01 ‖ x): one PRF evaluation per id gives all `t` repetitions. Under the
+//! PRF assumption this is `t` independent keyed hashes, as Algorithm 3 line 1's `t` keys (one
+//! key per repetition, shared by all of a party's attributes and by all parties, so sketches of
+//! the same repetition merge). The report carries a fingerprint of the key (HMAC of a
+//! constant) so the server can refuse to merge sketches made under different keys.
+//!
+//! **Guarantee** (Theorem 2 with n̂): a party's report is (4ε′√(t·d·ln(1/δ)) + ε_n, δ)-DP for
+//! adding or removing one record of the party's data, `d` the party's attribute count, ε_n
+//! the ε of the noisy count (discrete Laplace, pure ε_n-DP). A person's ε is the sum over
+//! parties.
+//!
+//! **Readings of the paper** (where it is ambiguous or mistyped; each choice is defensible
+//! from the paper's own text):
+//! - Algorithm 1 line 1 prints `k_p = ⌈1/e^(ε′−1)⌉`; §2.2 and Lemma 4 require
+//!   `k ≥ 1/(e^ε′ − 1)` phantoms, and the authors' code uses `⌈1/(e^ε′ − 1)⌉`: we use that.
+//! - `d` in Algorithm 3 line 2 / Theorem 2 is the party's attribute count (Appendix A.3:
+//!   one record changes one sketch per attribute of the encoded data set). Passing the
+//!   collection's total attribute count instead is more conservative.
+//! - Geometric(γ/(1+γ)) has support {1, 2, …} (`P(Y > m) = (1+γ)^−m`), as the authors' code.
+//! - Combining the `t` repetitions: §2.2 says "the 1/e-th quantile of all the maxima";
+//!   Algorithm 4 line 7 says "HarmonicMean" (the authors' code computes HyperLogLog's
+//!   harmonic mean of `(1+γ)^−α`). [`Combine`] offers both. The default,
+//!   [`Combine::Quantile`], reads the 1/e-th order statistic through the exact CDF of a
+//!   maximum of geometrics, `P(α ≤ m) = (1 − (1+γ)^−m)^K`, so its estimate of `K` is not
+//!   off by up to a factor 1+γ as the literal `(1+γ)^q` is ([`Combine::RawQuantile`]).
+//! - n̂ (10% of LocEnc's ε in §7.1; Theorem 3 says "Laplacian noise"): the discrete Laplace
+//!   (geometric) mechanism, the integer Laplace, so no floating-point noise is released.
+//! - Algorithm 4 line 9 clips counts at 0. [`SketchMarginal`] keeps the raw (unclipped)
+//!   counts with a variance per cell for the fit and offers the clipped frequencies apart.
+//! - Variances: Theorem 3 bounds the error with unspecified constants (`C = O(·)`), which is
+//!   no variance. Each cell's variance is estimated from its `t` repetitions (delta method
+//!   on the chosen statistic) plus n̂'s variance.
+//! - Algorithm 1's output is stored as a `u8`: γ ≥ [`MIN_GAMMA`] keeps `P(α > 255)` below
+//!   `10^15·1.25^−255 < 10^−9` for any set of up to 10^15 ids and phantoms; a larger value
+//!   saturates at 255 (post-processing).
+//!
+//! ```
+//! use ldpsyn_engine::sketch::{
+//!     AttributeRef, Combine, SketchKey, SketchParams, encode_party, estimate_marginal,
+//!     pooled_count,
+//! };
+//! use rand::SeedableRng;
+//!
+//! // Simulation only: production parties use `StdRng::from_os_rng()`.
+//! let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+//! let key = SketchKey::new(vec![42; 32]).unwrap();
+//! // γ = 1, t = 256 repetitions, ε′ = 0.5 per sketch, ε = 1 for the noisy count.
+//! let params = SketchParams::new(1.0, 256, 0.5, 1.0).unwrap();
+//! // 600 people; party A holds a binary attribute, party B a ternary one.
+//! let ids: Vec<String> = (0..600).map(|i| format!("id-{i}")).collect();
+//! let a = encode_party(&params, &key, &[2], ids.iter().map(|id| (id, [u32::from(id.len() % 2 == 0)])), &mut rng).unwrap();
+//! let b = encode_party(&params, &key, &[3], ids.iter().enumerate().map(|(i, id)| (id, [(i % 3) as u32])), &mut rng).unwrap();
+//! let n = pooled_count(&[&a, &b]).unwrap();
+//! let m = estimate_marginal(
+//!     &[AttributeRef { report: &a, attribute: 0 }, AttributeRef { report: &b, attribute: 0 }],
+//!     n,
+//!     Combine::Quantile,
+//! )
+//! .unwrap();
+//! assert_eq!(m.counts.len(), 6);
+//! assert!((m.clipped_frequencies().iter().sum::<f64>() - 1.0).abs() < 1e-9);
+//! ```
+
+use std::collections::HashSet;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use hmac::{Hmac, Mac};
+use rand::{CryptoRng, Rng, RngCore, SeedableRng};
+use rand_chacha::ChaCha12Rng;
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+
+/// Shortest [`SketchKey`]: 32 bytes (the HMAC-SHA256 output size).
+pub const MIN_KEY_BYTES: usize = 32;
+/// Smallest γ: keeps a sketch within a `u8` (see the module docs).
+pub const MIN_GAMMA: f64 = 0.25;
+/// Largest γ: beyond it a sketch resolves cardinalities only to a factor 5.
+pub const MAX_GAMMA: f64 = 4.0;
+/// γ of the authors' code (the paper does not state one); the estimator's cost in variance
+/// hardly depends on γ because [`Combine::Quantile`] reads the exact discrete CDF.
+pub const DEFAULT_GAMMA: f64 = 1.0;
+/// Share of LocEnc's ε given to the noisy count n̂ (VertiMRF §7.1: 10% of the 40%).
+pub const DEFAULT_COUNT_SHARE: f64 = 0.1;
+/// Most repetitions `t` (the paper uses 2000 and 8000).
+pub const MAX_REPETITIONS: u32 = 100_000;
+/// Most cells of one estimated marginal.
+pub const MAX_MARGINAL_CELLS: usize = 1 << 22;
+/// Largest Algorithm 1 floor `α_min`: a floor near 255 leaves no room in a `u8`.
+const MAX_ALPHA_MIN: u32 = 128;
+/// Length of a key fingerprint: 16 lowercase hex digits.
+const FINGERPRINT_LEN: usize = 16;
+/// Domain separation of the keyed hash: ids vs the key fingerprint.
+const ID_TAG: u8 = 0x01;
+const FINGERPRINT_TAG: &[u8] = b"\x00ldpsyn sketch key fingerprint";
+
+/// Errors of the sketch module.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SketchError {
+    /// The sketch key is shorter than [`MIN_KEY_BYTES`].
+    #[error("sketch key must be at least {MIN_KEY_BYTES} bytes, got {0}")]
+    KeyTooShort(usize),
+    /// γ is outside [[`MIN_GAMMA`], [`MAX_GAMMA`]].
+    #[error("γ must be in [{MIN_GAMMA}, {MAX_GAMMA}], got {0}")]
+    Gamma(f64),
+    /// `t` is 0 or above [`MAX_REPETITIONS`].
+    #[error("repetitions must be in 1..={MAX_REPETITIONS}, got {0}")]
+    Repetitions(u32),
+    /// An ε is not finite and positive.
+    #[error("ε must be finite and > 0, got {0}")]
+    Epsilon(f64),
+    /// δ is not in (0, 1).
+    #[error("δ must be in (0, 1), got {0}")]
+    Delta(f64),
+    /// The share of ε for n̂ is not in (0, 1).
+    #[error("the count's share of ε must be in (0, 1), got {0}")]
+    CountShare(f64),
+    /// ε′ is so small that Algorithm 1's floor α_min leaves no room in a `u8`.
+    #[error("ε′ = {0} is too small for γ = {1}: the sketch floor α_min exceeds {MAX_ALPHA_MIN}")]
+    FloorTooHigh(f64, f64),
+    /// No attributes, or an attribute with an empty domain.
+    #[error("a party needs attributes, each with a domain of at least one value")]
+    Domain,
+    /// A record has a different number of codes than the party has attributes.
+    #[error("record has {found} codes, the party holds {expected} attributes")]
+    WrongArity {
+        /// The party's attribute count.
+        expected: usize,
+        /// Codes given.
+        found: usize,
+    },
+    /// A code is outside its attribute's domain.
+    #[error("code {code} of attribute {attribute} is outside its domain of {size} values")]
+    CodeOutOfDomain {
+        /// Attribute index (party order).
+        attribute: usize,
+        /// The code.
+        code: u32,
+        /// The domain size.
+        size: u32,
+    },
+    /// Two records have the same id (the count n̂ would count one person twice).
+    #[error("duplicate record id")]
+    DuplicateId,
+    /// A report does not decode or its shape does not fit its parameters.
+    #[error("malformed sketch report: {0}")]
+    Malformed(String),
+    /// Reports to merge differ in parameters or key.
+    #[error("sketches made with different parameters or keys cannot be merged")]
+    Mismatch,
+    /// A marginal names no attribute, an attribute a report does not hold, a value outside a
+    /// domain, or too many cells.
+    #[error("bad marginal request: {0}")]
+    BadRequest(String),
+}
+
+/// The parties' shared secret for the sketches' keyed hash. Never sent to the server: it is
+/// neither `Serialize` nor printed by `Debug`.
+#[derive(Clone)]
+pub struct SketchKey(Vec<u8>);
+
+impl std::fmt::Debug for SketchKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SketchKey(<secret>)")
+    }
+}
+
+impl SketchKey {
+    /// Wraps key bytes. Errors: [`SketchError::KeyTooShort`] below [`MIN_KEY_BYTES`].
+    pub fn new(bytes: Vec<u8>) -> Result<Self, SketchError> {
+        if bytes.len() < MIN_KEY_BYTES {
+            return Err(SketchError::KeyTooShort(bytes.len()));
+        }
+        Ok(Self(bytes))
+    }
+
+    /// A fresh random key (32 bytes) from a CSPRNG, for one party to generate and share with
+    /// the others (the paper's parties agree on keys by a key exchange, §4.3).
+    pub fn generate<R: Rng + CryptoRng + ?Sized>(rng: &mut R) -> Self {
+        let mut bytes = vec![0u8; MIN_KEY_BYTES];
+        rng.fill_bytes(&mut bytes);
+        Self(bytes)
+    }
+
+    /// 16 hex digits identifying the key without revealing it (HMAC of a constant): the
+    /// server compares reports' fingerprints before merging their sketches.
+    pub fn fingerprint(&self) -> String {
+        let mut mac = self.mac();
+        mac.update(FINGERPRINT_TAG);
+        mac.finalize().into_bytes()[..FINGERPRINT_LEN / 2]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    fn mac(&self) -> Hmac<Sha256> {
+        // HMAC accepts keys of any length: `new_from_slice` cannot fail for HMAC-SHA256.
+        Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes any key")
+    }
+}
+
+/// The hash stream of one id: word `h` is the id's hash in repetition `h`.
+fn id_stream(keyed: &Hmac<Sha256>, id: &[u8]) -> ([u8; 32], ChaCha12Rng) {
+    let mut mac = keyed.clone();
+    mac.update(&[ID_TAG]);
+    mac.update(id);
+    let digest: [u8; 32] = mac.finalize().into_bytes().into();
+    (digest, ChaCha12Rng::from_seed(digest))
+}
+
+/// Parameters shared by parties and server: γ, the repetitions `t`, ε′ of each sketch and ε
+/// of the noisy count. Built only through checks ([`SketchParams::new`],
+/// [`SketchParams::for_budget`], or deserialization, which runs the same checks).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "RawParams")]
+pub struct SketchParams {
+    gamma: f64,
+    repetitions: u32,
+    sketch_epsilon: f64,
+    count_epsilon: f64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawParams {
+    gamma: f64,
+    repetitions: u32,
+    sketch_epsilon: f64,
+    count_epsilon: f64,
+}
+
+impl TryFrom<RawParams> for SketchParams {
+    type Error = SketchError;
+    fn try_from(raw: RawParams) -> Result<Self, SketchError> {
+        Self::new(
+            raw.gamma,
+            raw.repetitions,
+            raw.sketch_epsilon,
+            raw.count_epsilon,
+        )
+    }
+}
+
+fn check_epsilon(epsilon: f64) -> Result<(), SketchError> {
+    if epsilon.is_finite() && epsilon > 0.0 {
+        Ok(())
+    } else {
+        Err(SketchError::Epsilon(epsilon))
+    }
+}
+
+fn check_delta(delta: f64) -> Result<(), SketchError> {
+    if delta > 0.0 && delta < 1.0 {
+        Ok(())
+    } else {
+        Err(SketchError::Delta(delta))
+    }
+}
+
+fn check_repetitions(t: u32) -> Result<(), SketchError> {
+    if (1..=MAX_REPETITIONS).contains(&t) {
+        Ok(())
+    } else {
+        Err(SketchError::Repetitions(t))
+    }
+}
+
+impl SketchParams {
+    /// Checked parameters: γ in [[`MIN_GAMMA`], [`MAX_GAMMA`]], `repetitions` (t) in
+    /// 1..=[`MAX_REPETITIONS`], `sketch_epsilon` (ε′ of one Algorithm 1 sketch) and
+    /// `count_epsilon` (ε of n̂) finite and positive, and a floor α_min ≤ 128.
+    pub fn new(
+        gamma: f64,
+        repetitions: u32,
+        sketch_epsilon: f64,
+        count_epsilon: f64,
+    ) -> Result<Self, SketchError> {
+        if !(MIN_GAMMA..=MAX_GAMMA).contains(&gamma) {
+            return Err(SketchError::Gamma(gamma));
+        }
+        check_repetitions(repetitions)?;
+        check_epsilon(sketch_epsilon)?;
+        check_epsilon(count_epsilon)?;
+        let params = Self {
+            gamma,
+            repetitions,
+            sketch_epsilon,
+            count_epsilon,
+        };
+        if params.alpha_min_u32() > MAX_ALPHA_MIN {
+            return Err(SketchError::FloorTooHigh(sketch_epsilon, gamma));
+        }
+        Ok(params)
+    }
+
+    /// The parameters that spend a party's LocEnc budget `(epsilon, delta)`: `count_share`
+    /// of ε to n̂ (§7.1: 0.1), the rest to `t = repetitions` rounds of sketches of
+    /// `attributes` attributes with ε′ from Algorithm 3 line 2 ([`per_sketch_epsilon`]).
+    /// Errors as [`SketchParams::new`], plus [`SketchError::Delta`],
+    /// [`SketchError::CountShare`] and [`SketchError::Domain`] (no attributes).
+    pub fn for_budget(
+        epsilon: f64,
+        delta: f64,
+        attributes: usize,
+        repetitions: u32,
+        gamma: f64,
+        count_share: f64,
+    ) -> Result<Self, SketchError> {
+        check_epsilon(epsilon)?;
+        if !(count_share > 0.0 && count_share < 1.0) {
+            return Err(SketchError::CountShare(count_share));
+        }
+        let sketch = per_sketch_epsilon(
+            epsilon * (1.0 - count_share),
+            repetitions,
+            attributes,
+            delta,
+        )?;
+        Self::new(gamma, repetitions, sketch, epsilon * count_share)
+    }
+
+    /// γ: the hashed values are Geometric(γ/(1+γ)).
+    pub fn gamma(&self) -> f64 {
+        self.gamma
+    }
+
+    /// `t`: sketches per attribute value.
+    pub fn repetitions(&self) -> u32 {
+        self.repetitions
+    }
+
+    /// ε′ of one sketch (Algorithm 1).
+    pub fn sketch_epsilon(&self) -> f64 {
+        self.sketch_epsilon
+    }
+
+    /// ε of the noisy count n̂ (discrete Laplace).
+    pub fn count_epsilon(&self) -> f64 {
+        self.count_epsilon
+    }
+
+    /// `k_p = ⌈1/(e^ε′ − 1)⌉`, the phantom elements of each sketch (Algorithm 1 line 1; see
+    /// the module docs for the printed typo).
+    pub fn phantoms(&self) -> u64 {
+        // ε′ ≤ f64::MAX keeps 1/expm1 finite and ≥ 0; the cast saturates for tiny ε′.
+        (1.0 / self.sketch_epsilon.exp_m1()).ceil() as u64
+    }
+
+    /// `α_min = ⌈log_{1+γ} 1/(1 − e^−ε′)⌉`, the floor of every sketch (Algorithm 1 line 1).
+    pub fn alpha_min(&self) -> u8 {
+        // new() refuses floors above MAX_ALPHA_MIN < 256.
+        self.alpha_min_u32() as u8
+    }
+
+    fn alpha_min_u32(&self) -> u32 {
+        let floor = (-(-(-self.sketch_epsilon).exp_m1()).ln() / self.ln_base()).ceil();
+        if floor.is_finite() {
+            floor.max(0.0).min(f64::from(u32::MAX)) as u32
+        } else {
+            u32::MAX
+        }
+    }
+
+    fn ln_base(&self) -> f64 {
+        self.gamma.ln_1p()
+    }
+
+    /// Variance of n̂'s discrete Laplace noise, `2q/(1 − q)²` with `q = e^−ε`.
+    pub fn count_variance(&self) -> f64 {
+        let q = (-self.count_epsilon).exp();
+        2.0 * q / (1.0 - q).powi(2)
+    }
+
+    /// The party's (ε, δ) for reports of `attributes` attributes: Theorem 2's
+    /// `4ε′√(t·d·ln(1/δ))` plus n̂'s ε (sequential composition). Errors:
+    /// [`SketchError::Delta`], [`SketchError::Domain`] (no attributes).
+    pub fn guarantee(&self, attributes: usize, delta: f64) -> Result<(f64, f64), SketchError> {
+        let sketches = locenc_epsilon(self.sketch_epsilon, self.repetitions, attributes, delta)?;
+        Ok((sketches + self.count_epsilon, delta))
+    }
+}
+
+/// Theorem 2 of VertiMRF: `t` rounds of sketches of `d` attributes at ε′ each are
+/// `(4ε′√(t·d·ln(1/δ)), δ)`-DP; returns that ε. Errors: [`SketchError::Epsilon`],
+/// [`SketchError::Repetitions`], [`SketchError::Delta`], [`SketchError::Domain`] (`d = 0`).
+pub fn locenc_epsilon(
+    sketch_epsilon: f64,
+    repetitions: u32,
+    attributes: usize,
+    delta: f64,
+) -> Result<f64, SketchError> {
+    check_epsilon(sketch_epsilon)?;
+    check_repetitions(repetitions)?;
+    check_delta(delta)?;
+    if attributes == 0 {
+        return Err(SketchError::Domain);
+    }
+    // ε = 4ε′√(t·d·ln(1/δ))   (Theorem 2; Appendix A.3's RDP (λ, 2tdλε′²) converted)
+    let td = f64::from(repetitions) * attributes as f64;
+    Ok(4.0 * sketch_epsilon * (td * (1.0 / delta).ln()).sqrt())
+}
+
+/// The inverse of [`locenc_epsilon`], Algorithm 3 line 2: `ε′ = ε / (4√(t·d·ln(1/δ)))`.
+/// Errors as [`locenc_epsilon`].
+pub fn per_sketch_epsilon(
+    epsilon: f64,
+    repetitions: u32,
+    attributes: usize,
+    delta: f64,
+) -> Result<f64, SketchError> {
+    check_epsilon(epsilon)?;
+    check_repetitions(repetitions)?;
+    check_delta(delta)?;
+    if attributes == 0 {
+        return Err(SketchError::Domain);
+    }
+    // ε′ = ε / (4√(t·d·ln(1/δ)))   (Algorithm 3 line 2)
+    let td = f64::from(repetitions) * attributes as f64;
+    Ok(epsilon / (4.0 * (td * (1.0 / delta).ln()).sqrt()))
+}
+
+/// Appendix A.3's Rényi DP of LocEnc at order λ > 1: `2·t·d·λ·ε′²` (one round of `d`
+/// sketches is (λ, 2dλε′²)-RDP; `t` rounds compose). Callers may convert it to (ε, δ)
+/// with `min_λ rdp(λ) + ln(1/δ)/(λ − 1)`, which is tighter than Theorem 2's closed form.
+pub fn locenc_rdp(sketch_epsilon: f64, repetitions: u32, attributes: usize, lambda: f64) -> f64 {
+    2.0 * f64::from(repetitions) * attributes as f64 * lambda * sketch_epsilon * sketch_epsilon
+}
+
+/// Geometric(γ/(1+γ)) on {1, 2, …} from a uniform word: `⌈−ln u / ln(1+γ)⌉` with
+/// `u ∈ (0, 1]`, so `P(Y > m) = (1+γ)^−m`. Decreasing in `w`: the max of `Y` over a set is
+/// `Y` of the smallest word.
+fn geometric_from_word(w: u64, ln_base: f64) -> u32 {
+    let u = ((w >> 11) + 1) as f64 * (1.0 / (1u64 << 53) as f64);
+    let y = (-u.ln() / ln_base).ceil();
+    (y as u32).max(1)
+}
+
+/// The maximum of `k` i.i.d. Geometric(γ/(1+γ)) draws (Algorithm 1 line 2) in one draw, by
+/// inverting `P(max ≤ m) = (1 − (1+γ)^−m)^k`; 0 when `k = 0`.
+fn phantom_max<R: Rng + ?Sized>(k: u64, ln_base: f64, rng: &mut R) -> u32 {
+    if k == 0 {
+        return 0;
+    }
+    let u: f64 = rng.random(); // [0, 1)
+    // x = 1 − u^{1/k} ∈ (0, 1]; the max is the smallest m with (1+γ)^−m ≤ x.
+    let x = -(u.ln() / k as f64).exp_m1();
+    let m = (-x.ln() / ln_base).ceil();
+    (m.min(f64::from(u32::MAX)) as u32).max(1)
+}
+
+/// Algorithm 1's output from the set's part: `max(α_X, α_p, α_min)`, saturated to a `u8`.
+fn finish_sketch<R: Rng + ?Sized>(params: &SketchParams, set_max: u32, rng: &mut R) -> u8 {
+    let phantoms = phantom_max(params.phantoms(), params.ln_base(), rng);
+    let alpha = set_max.max(phantoms).max(u32::from(params.alpha_min()));
+    alpha.min(255) as u8
+}
+
+/// Algorithm 1 (DPFM): the ε′-DP Flajolet–Martin sketch of the set `ids` (duplicates count
+/// once) under repetition `repetition`'s keyed hash: `max(α_X, α_p, α_min)` with α_X the
+/// largest hashed geometric of the set (0 if empty), α_p the largest of `k_p` phantom
+/// geometrics drawn from `rng`, α_min the floor ([`SketchParams::phantoms`],
+/// [`SketchParams::alpha_min`]). Equals the sketch [`encode_party`] makes for the same set
+/// and repetition (phantoms aside). Errors: [`SketchError::Repetitions`] if `repetition` is
+/// not below `t`.
+pub fn dpfm<I, R>(
+    params: &SketchParams,
+    key: &SketchKey,
+    repetition: u32,
+    ids: I,
+    rng: &mut R,
+) -> Result<u8, SketchError>
+where
+    I: IntoIterator,
+    I::Item: AsRef<[u8]>,
+    R: Rng + CryptoRng + ?Sized,
+{
+    if repetition >= params.repetitions {
+        return Err(SketchError::Repetitions(repetition));
+    }
+    let keyed = key.mac();
+    let mut min_word: Option<u64> = None;
+    for id in ids {
+        let (_, mut stream) = id_stream(&keyed, id.as_ref());
+        // Word h of the stream: ChaCha's word position counts 32-bit words.
+        stream.set_word_pos(2 * u128::from(repetition));
+        let w = stream.next_u64();
+        min_word = Some(min_word.map_or(w, |m| m.min(w)));
+    }
+    let set_max = min_word.map_or(0, |w| geometric_from_word(w, params.ln_base()));
+    Ok(finish_sketch(params, set_max, rng))
+}
+
+/// A party's upload (Algorithm 3's output plus n̂): for every attribute value, `t` DP sketches
+/// of the set of ids holding it, and the noisy record count. Its only constructor is the DP
+/// encoder [`encode_party`]; the server's way in is deserialization, which checks shapes
+/// (it cannot tell who ran the encoder: no wire format can). Fields are private; read them
+/// with the accessors.
+///
+/// Raw values or id sets cannot become a report:
+///
+/// ```compile_fail
+/// use ldpsyn_engine::sketch::{SketchParams, SketchReport};
+/// let params = SketchParams::new(1.0, 1, 1.0, 1.0).unwrap();
+/// // Private fields: no struct literal, so no report of raw codes or ids.
+/// let forged = SketchReport {
+///     params,
+///     key_fingerprint: String::new(),
+///     domain_sizes: vec![2],
+///     sketches: vec![0, 1],
+///     noisy_count: 2,
+/// };
+/// ```
+///
+/// ```compile_fail
+/// use ldpsyn_engine::sketch::SketchReport;
+/// // No constructor besides the encoder.
+/// let forged = SketchReport::new(vec![2], vec![0u8, 1]);
+/// ```
+///
+/// JSON: `{"params": {…}, "key_fingerprint": "…", "domain_sizes": [u_1, …],
+/// "sketches": "<base64 of t·Σu bytes, attribute-major, then value, then repetition>",
+/// "noisy_count": n̂}`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SketchReport {
+    params: SketchParams,
+    key_fingerprint: String,
+    domain_sizes: Vec<u32>,
+    /// Layout `[attribute][value][repetition]`, length `t·Σ_j u_j`.
+    sketches: Vec<u8>,
+    noisy_count: i64,
+}
+
+#[derive(Serialize)]
+struct WireOut<'a> {
+    params: &'a SketchParams,
+    key_fingerprint: &'a str,
+    domain_sizes: &'a [u32],
+    sketches: String,
+    noisy_count: i64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireIn {
+    params: SketchParams,
+    key_fingerprint: String,
+    domain_sizes: Vec<u32>,
+    sketches: String,
+    noisy_count: i64,
+}
+
+impl Serialize for SketchReport {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        WireOut {
+            params: &self.params,
+            key_fingerprint: &self.key_fingerprint,
+            domain_sizes: &self.domain_sizes,
+            sketches: BASE64.encode(&self.sketches),
+            noisy_count: self.noisy_count,
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for SketchReport {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let wire = WireIn::deserialize(deserializer)?;
+        Self::from_wire(wire).map_err(serde::de::Error::custom)
+    }
+}
+
+/// `t·Σu`, the sketch count of a report, or `None` on overflow.
+fn sketch_len(params: &SketchParams, domain_sizes: &[u32]) -> Option<usize> {
+    let values = domain_sizes
+        .iter()
+        .try_fold(0usize, |acc, &u| acc.checked_add(u as usize))?;
+    values.checked_mul(params.repetitions as usize)
+}
+
+impl SketchReport {
+    fn from_wire(wire: WireIn) -> Result<Self, SketchError> {
+        let malformed = |m: &str| SketchError::Malformed(m.to_owned());
+        if wire.key_fingerprint.len() != FINGERPRINT_LEN
+            || !wire
+                .key_fingerprint
+                .bytes()
+                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        {
+            return Err(malformed("key_fingerprint is not 16 lowercase hex digits"));
+        }
+        if wire.domain_sizes.is_empty() || wire.domain_sizes.contains(&0) {
+            return Err(SketchError::Domain);
+        }
+        let expected = sketch_len(&wire.params, &wire.domain_sizes)
+            .ok_or_else(|| malformed("too many sketches"))?;
+        // Check the encoded length before decoding: no allocation from a lying header.
+        if wire.sketches.len() != expected.div_ceil(3) * 4 {
+            return Err(malformed("sketches do not have t·Σu values"));
+        }
+        let sketches = BASE64
+            .decode(wire.sketches.as_bytes())
+            .map_err(|e| SketchError::Malformed(format!("sketches: {e}")))?;
+        if sketches.len() != expected {
+            return Err(malformed("sketches do not have t·Σu values"));
+        }
+        // Algorithm 1 never outputs below its floor.
+        let floor = wire.params.alpha_min();
+        if sketches.iter().any(|&a| a < floor) {
+            return Err(malformed("a sketch is below the floor α_min"));
+        }
+        Ok(Self {
+            params: wire.params,
+            key_fingerprint: wire.key_fingerprint,
+            domain_sizes: wire.domain_sizes,
+            sketches,
+            noisy_count: wire.noisy_count,
+        })
+    }
+
+    /// The parameters the sketches were made with.
+    pub fn params(&self) -> &SketchParams {
+        &self.params
+    }
+
+    /// The fingerprint of the key ([`SketchKey::fingerprint`]).
+    pub fn key_fingerprint(&self) -> &str {
+        &self.key_fingerprint
+    }
+
+    /// Domain size of each of the party's attributes (party order).
+    pub fn domain_sizes(&self) -> &[u32] {
+        &self.domain_sizes
+    }
+
+    /// The `t` sketches (one per repetition) of the ids with `value` on `attribute`; `None`
+    /// outside the report.
+    pub fn sketches(&self, attribute: usize, value: u32) -> Option<&[u8]> {
+        let size = *self.domain_sizes.get(attribute)?;
+        if value >= size {
+            return None;
+        }
+        let t = self.params.repetitions as usize;
+        let slot = self.domain_sizes[..attribute]
+            .iter()
+            .map(|&u| u as usize)
+            .sum::<usize>()
+            + value as usize;
+        Some(&self.sketches[slot * t..(slot + 1) * t])
+    }
+
+    /// n̂: the party's record count plus discrete Laplace noise of ε =
+    /// [`SketchParams::count_epsilon`] (may be negative for tiny parties).
+    pub fn noisy_count(&self) -> i64 {
+        self.noisy_count
+    }
+}
+
+/// Discrete Laplace (two-sided geometric) noise: `P(z) ∝ e^−ε|z|`, sensitivity 1, pure ε-DP
+/// (Ghosh, Roughgarden, Sundararajan, STOC 2009). The difference of two Geometric(1 − e^−ε)
+/// draws on {0, 1, …}.
+fn discrete_laplace<R: Rng + ?Sized>(epsilon: f64, rng: &mut R) -> i64 {
+    let mut draw = || {
+        // u ∈ (0, 1]; ⌊ln u / ln q⌋ with ln q = −ε.
+        let u = 1.0 - rng.random::<f64>();
+        (-u.ln() / epsilon).floor().min(1e15) as i64
+    };
+    draw() - draw()
+}
+
+/// Sketch-based LocEnc (Algorithm 3) with n̂: the party's [`SketchReport`]. `records` yields
+/// `(record id, codes)`, codes in party attribute order, below `domain_sizes`. All `t`
+/// repetitions use the shared `key` (one keyed hash per repetition, the same for all of the
+/// party's attributes); phantoms and n̂'s noise come from `rng`, which must be a CSPRNG
+/// (`StdRng::from_os_rng()` in production; a seeded `StdRng` only in tests and simulations).
+///
+/// Cost: one HMAC per record and `t` ChaCha12 words per record, then `d·t` minimum updates;
+/// memory `8·t·Σu` bytes. Errors: [`SketchError::Domain`], [`SketchError::WrongArity`],
+/// [`SketchError::CodeOutOfDomain`], [`SketchError::DuplicateId`].
+pub fn encode_party<I, Id, C, R>(
+    params: &SketchParams,
+    key: &SketchKey,
+    domain_sizes: &[u32],
+    records: I,
+    rng: &mut R,
+) -> Result<SketchReport, SketchError>
+where
+    I: IntoIterator<Item = (Id, C)>,
+    Id: AsRef<[u8]>,
+    C: AsRef<[u32]>,
+    R: Rng + CryptoRng + ?Sized,
+{
+    if domain_sizes.is_empty() || domain_sizes.contains(&0) {
+        return Err(SketchError::Domain);
+    }
+    let t = params.repetitions as usize;
+    let total = sketch_len(params, domain_sizes)
+        .ok_or_else(|| SketchError::Malformed("too many sketches".into()))?;
+    let offsets: Vec<usize> = domain_sizes
+        .iter()
+        .scan(0usize, |acc, &u| {
+            let start = *acc;
+            *acc += u as usize;
+            Some(start)
+        })
+        .collect();
+    // Smallest hash word per (attribute, value, repetition): the max of the geometrics.
+    let mut min_words = vec![u64::MAX; total];
+    let mut held = vec![false; total / t];
+    let mut words = vec![0u64; t];
+    let mut seen: HashSet<[u8; 32]> = HashSet::new();
+    let keyed = key.mac();
+    let mut count: i64 = 0;
+    for (id, codes) in records {
+        let codes = codes.as_ref();
+        if codes.len() != domain_sizes.len() {
+            return Err(SketchError::WrongArity {
+                expected: domain_sizes.len(),
+                found: codes.len(),
+            });
+        }
+        for (attribute, (&code, &size)) in codes.iter().zip(domain_sizes).enumerate() {
+            if code >= size {
+                return Err(SketchError::CodeOutOfDomain {
+                    attribute,
+                    code,
+                    size,
+                });
+            }
+        }
+        let (digest, mut stream) = id_stream(&keyed, id.as_ref());
+        if !seen.insert(digest) {
+            return Err(SketchError::DuplicateId);
+        }
+        for w in words.iter_mut() {
+            *w = stream.next_u64();
+        }
+        for (&code, &offset) in codes.iter().zip(&offsets) {
+            let slot = offset + code as usize;
+            held[slot] = true;
+            for (m, &w) in min_words[slot * t..(slot + 1) * t].iter_mut().zip(&words) {
+                *m = (*m).min(w);
+            }
+        }
+        count += 1;
+    }
+    let ln_base = params.ln_base();
+    let sketches = min_words
+        .iter()
+        .enumerate()
+        .map(|(i, &w)| {
+            let set_max = if held[i / t] {
+                geometric_from_word(w, ln_base)
+            } else {
+                0
+            };
+            finish_sketch(params, set_max, rng)
+        })
+        .collect();
+    let noisy_count = count + discrete_laplace(params.count_epsilon, rng);
+    Ok(SketchReport {
+        params: *params,
+        key_fingerprint: key.fingerprint(),
+        domain_sizes: domain_sizes.to_vec(),
+        sketches,
+        noisy_count,
+    })
+}
+
+/// An estimate with its variance (same unit: counts, or counts²).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Estimate {
+    /// The estimate.
+    pub value: f64,
+    /// Its estimated variance.
+    pub variance: f64,
+}
+
+/// How the `t` repetitions' maxima become one cardinality (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Combine {
+    /// The 1/e-th quantile (§2.2, after Smith et al. 2020) read through the exact CDF:
+    /// at the level `m` nearest the empirical 1/e-th quantile,
+    /// `K̂ = ln F̂(m) / ln(1 − (1+γ)^−m)` (with the `O(1/t)` bias of `ln F̂` removed).
+    /// Variance by the delta method: `(1 − F̂)/(t·F̂·ln²(1 − (1+γ)^−m))`.
+    #[default]
+    Quantile,
+    /// The literal `(1+γ)^q`, `q` the empirical 1/e-th quantile: off by up to a factor 1+γ
+    /// for a fixed `K` (α is an integer). Variance as [`Combine::Quantile`].
+    RawQuantile,
+    /// Algorithm 4 line 7 as the authors' code computes it (HyperLogLog):
+    /// `K̂ = c·t / Σ_h (1+γ)^−α_h` with `c = γ/((1+γ)·ln(1+γ))` (0.7213 at γ = 1).
+    /// Variance by the delta method on the sample variance of `(1+γ)^−α`.
+    HarmonicMean,
+}
+
+/// The cardinality of everything merged into `maxima` (one merged sketch per repetition),
+/// phantoms included: see [`Combine`]. `maxima` must be non-empty (one value per
+/// repetition); values below α_min are read as α_min (no merged sketch is below it).
+pub fn estimate_union(params: &SketchParams, maxima: &[u8], combine: Combine) -> Estimate {
+    let t = maxima.len() as f64;
+    let ln_b = params.ln_base();
+    let floor = params.alpha_min();
+    match combine {
+        Combine::HarmonicMean => {
+            let xs: Vec<f64> = maxima
+                .iter()
+                .map(|&a| (-f64::from(a.max(floor)) * ln_b).exp())
+                .collect();
+            let mean = xs.iter().sum::<f64>() / t;
+            let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (t - 1.0).max(1.0);
+            let c = params.gamma / ((1.0 + params.gamma) * ln_b);
+            Estimate {
+                value: c / mean,
+                variance: c * c * var / (t * mean.powi(4)),
+            }
+        }
+        Combine::Quantile | Combine::RawQuantile => {
+            let mut hist = [0u32; 256];
+            for &a in maxima {
+                hist[usize::from(a.max(floor))] += 1;
+            }
+            let mut cdf = [0f64; 256];
+            let mut acc = 0u32;
+            for (m, &h) in hist.iter().enumerate() {
+                acc += h;
+                cdf[m] = f64::from(acc) / t;
+            }
+            let target = (-1f64).exp();
+            // q: smallest level whose empirical CDF reaches 1/e (exists: cdf[255] = 1).
+            let q = cdf.iter().position(|&f| f >= target).unwrap_or(255);
+            // ln F(m) = K·ln(1 − b^−m): read K off the level nearest ln F = −1, clamping F̂
+            // inside (0, 1) by half an observation.
+            let lo = 1.0 / (2.0 * t);
+            let read = |m: usize| {
+                let f = cdf[m].clamp(lo, 1.0 - lo);
+                let c = (-(-(m as f64) * ln_b).exp()).ln_1p();
+                (f, c)
+            };
+            let mut candidates = vec![read(q)];
+            if q > usize::from(floor).max(1) {
+                candidates.push(read(q - 1));
+            }
+            let (f, c) = candidates
+                .into_iter()
+                .min_by(|a, b| (a.0.ln() + 1.0).abs().total_cmp(&(b.0.ln() + 1.0).abs()))
+                .expect("one candidate at least");
+            let variance = (1.0 - f) / (t * f * c * c);
+            let value = if combine == Combine::RawQuantile {
+                (q as f64 * ln_b).exp()
+            } else {
+                // E[ln F̂] ≈ ln F − (1 − F)/(2tF): add it back.
+                (f.ln() + (1.0 - f) / (2.0 * t * f)) / c
+            };
+            Estimate { value, variance }
+        }
+    }
+}
+
+/// One attribute of one party's report, for the server's estimates.
+#[derive(Debug, Clone, Copy)]
+pub struct AttributeRef<'a> {
+    /// The party's report.
+    pub report: &'a SketchReport,
+    /// The attribute's index in the report (party order).
+    pub attribute: usize,
+}
+
+/// The server's n̂ from the parties' noisy counts (all count the same aligned records):
+/// their inverse-variance weighted mean. Errors: [`SketchError::BadRequest`] without reports.
+pub fn pooled_count(reports: &[&SketchReport]) -> Result<Estimate, SketchError> {
+    if reports.is_empty() {
+        return Err(SketchError::BadRequest("no reports".into()));
+    }
+    let weights: Vec<f64> = reports
+        .iter()
+        .map(|r| 1.0 / r.params.count_variance())
+        .collect();
+    let total: f64 = weights.iter().sum();
+    let value = reports
+        .iter()
+        .zip(&weights)
+        .map(|(r, w)| r.noisy_count as f64 * w)
+        .sum::<f64>()
+        / total;
+    Ok(Estimate {
+        value,
+        variance: 1.0 / total,
+    })
+}
+
+/// A cross-party marginal from sketches (Algorithm 4): cells row-major over the attributes
+/// in request order (the last attribute fastest).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SketchMarginal {
+    /// Domain size of each requested attribute.
+    pub domain_sizes: Vec<u32>,
+    /// Raw count estimates `n̂ − (K̂ − phantoms)`, length `Π u`: not clipped (may be
+    /// negative) and not forced to sum to n̂, so the fit sees unbiased measurements.
+    pub counts: Vec<f64>,
+    /// Estimated variance of each count (repetitions' delta method + n̂'s variance).
+    pub count_variances: Vec<f64>,
+    /// The n̂ used.
+    pub total: Estimate,
+}
+
+impl SketchMarginal {
+    /// Raw frequencies `counts / n̂` (length `Π u`; may be negative, sum near 1).
+    pub fn frequencies(&self) -> Vec<f64> {
+        let n = self.total.value.max(1.0);
+        self.counts.iter().map(|c| c / n).collect()
+    }
+
+    /// Variances of [`SketchMarginal::frequencies`]: `count_variances / n̂²` (n̂'s own
+    /// relative error, below 10^−3 for n above a few thousand, is ignored).
+    pub fn frequency_variances(&self) -> Vec<f64> {
+        let n2 = self.total.value.max(1.0).powi(2);
+        self.count_variances.iter().map(|v| v / n2).collect()
+    }
+
+    /// Algorithm 4 line 9 (`max(·, 0)`) then normalized to sum 1 (uniform if every count is
+    /// clipped): for display, not for the fit.
+    pub fn clipped_frequencies(&self) -> Vec<f64> {
+        let clipped: Vec<f64> = self.counts.iter().map(|c| c.max(0.0)).collect();
+        let sum: f64 = clipped.iter().sum();
+        if sum > 0.0 {
+            clipped.iter().map(|c| c / sum).collect()
+        } else {
+            vec![1.0 / clipped.len() as f64; clipped.len()]
+        }
+    }
+}
+
+/// Per attribute: for each value and repetition, the merged sketch of the complement
+/// (the max over the attribute's other values, Algorithm 4 line 4's inner max).
+fn complement_sketches(attr: &AttributeRef<'_>) -> Vec<Vec<u8>> {
+    let u = attr.report.domain_sizes[attr.attribute];
+    let t = attr.report.params.repetitions as usize;
+    let rows: Vec<&[u8]> = (0..u)
+        .map(|v| attr.report.sketches(attr.attribute, v).expect("v < u"))
+        .collect();
+    // Top two per repetition: the complement of v is the top unless v holds it.
+    let mut out = vec![vec![0u8; t]; u as usize];
+    for h in 0..t {
+        let (mut best, mut best_v, mut second) = (0u8, usize::MAX, 0u8);
+        for (v, row) in rows.iter().enumerate() {
+            let a = row[h];
+            if best_v == usize::MAX || a > best {
+                second = best;
+                best = a;
+                best_v = v;
+            } else if a > second {
+                second = a;
+            }
+        }
+        for (v, o) in out.iter_mut().enumerate() {
+            o[h] = if v == best_v { second } else { best };
+        }
+    }
+    out
+}
+
+fn check_request(attributes: &[AttributeRef<'_>]) -> Result<(), SketchError> {
+    let first = attributes
+        .first()
+        .ok_or_else(|| SketchError::BadRequest("no attributes".into()))?;
+    for a in attributes {
+        if a.report.params != first.report.params
+            || a.report.key_fingerprint != first.report.key_fingerprint
+        {
+            return Err(SketchError::Mismatch);
+        }
+        if a.attribute >= a.report.domain_sizes.len() {
+            return Err(SketchError::BadRequest(format!(
+                "attribute {} not in a report of {} attributes",
+                a.attribute,
+                a.report.domain_sizes.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// One cell: `n̂ − (K̂ − c·k_p)` from the per-attribute complement sketches of its values.
+fn cell_estimate(
+    params: &SketchParams,
+    complements: &[&[u8]],
+    complement_sizes: u64,
+    count: Estimate,
+    combine: Combine,
+) -> Estimate {
+    if complement_sizes == 0 {
+        // Every attribute has one value: the cell is everyone.
+        return count;
+    }
+    let t = params.repetitions as usize;
+    let maxima: Vec<u8> = (0..t)
+        .map(|h| complements.iter().map(|c| c[h]).max().unwrap_or(0))
+        .collect();
+    let union = estimate_union(params, &maxima, combine);
+    // Σ_i (u_i − 1)·k_p phantom elements were merged in (Algorithm 4 line 8).
+    let phantoms = complement_sizes as f64 * params.phantoms() as f64;
+    Estimate {
+        value: count.value - (union.value - phantoms),
+        variance: union.variance + count.variance,
+    }
+}
+
+/// Sketch-based CarEst (Algorithm 4): the marginal of `attributes` (any parties, merged
+/// repetition by repetition) with counts from `count` (n̂, e.g. [`pooled_count`]). All
+/// reports must share parameters and key. Errors: [`SketchError::Mismatch`],
+/// [`SketchError::BadRequest`] (no attributes, an index outside a report, more than
+/// [`MAX_MARGINAL_CELLS`] cells).
+pub fn estimate_marginal(
+    attributes: &[AttributeRef<'_>],
+    count: Estimate,
+    combine: Combine,
+) -> Result<SketchMarginal, SketchError> {
+    check_request(attributes)?;
+    let params = *attributes[0].report.params();
+    let sizes: Vec<u32> = attributes
+        .iter()
+        .map(|a| a.report.domain_sizes[a.attribute])
+        .collect();
+    let cells = sizes
+        .iter()
+        .try_fold(1usize, |acc, &u| acc.checked_mul(u as usize))
+        .filter(|&c| c <= MAX_MARGINAL_CELLS)
+        .ok_or_else(|| SketchError::BadRequest("too many cells".into()))?;
+    let complements: Vec<Vec<Vec<u8>>> = attributes.iter().map(complement_sketches).collect();
+    let complement_sizes: u64 = sizes.iter().map(|&u| u64::from(u) - 1).sum();
+    let mut counts = Vec::with_capacity(cells);
+    let mut count_variances = Vec::with_capacity(cells);
+    let mut values = vec![0usize; sizes.len()];
+    for _ in 0..cells {
+        let rows: Vec<&[u8]> = values
+            .iter()
+            .zip(&complements)
+            .map(|(&v, c)| c[v].as_slice())
+            .collect();
+        let e = cell_estimate(&params, &rows, complement_sizes, count, combine);
+        counts.push(e.value);
+        count_variances.push(e.variance);
+        // Next cell, last attribute fastest.
+        for i in (0..values.len()).rev() {
+            values[i] += 1;
+            if values[i] < sizes[i] as usize {
+                break;
+            }
+            values[i] = 0;
+        }
+    }
+    Ok(SketchMarginal {
+        domain_sizes: sizes,
+        counts,
+        count_variances,
+        total: count,
+    })
+}
+
+/// Sketch-based CarEst for one cell: the size of `∩_i {ids with attribute_i = value_i}` by
+/// inclusion–exclusion over merged sketches. Errors as [`estimate_marginal`], and
+/// [`SketchError::BadRequest`] for a value outside its domain.
+pub fn estimate_intersection(
+    sets: &[(AttributeRef<'_>, u32)],
+    count: Estimate,
+    combine: Combine,
+) -> Result<Estimate, SketchError> {
+    let attributes: Vec<AttributeRef<'_>> = sets.iter().map(|(a, _)| *a).collect();
+    check_request(&attributes)?;
+    let params = *attributes[0].report.params();
+    let mut complement_sizes = 0u64;
+    let mut complements = Vec::with_capacity(sets.len());
+    for (a, v) in sets {
+        let u = a.report.domain_sizes[a.attribute];
+        if *v >= u {
+            return Err(SketchError::BadRequest(format!(
+                "value {v} outside a domain of {u}"
+            )));
+        }
+        complement_sizes += u64::from(u) - 1;
+        complements.push(complement_sketches(a).swap_remove(*v as usize));
+    }
+    let rows: Vec<&[u8]> = complements.iter().map(Vec::as_slice).collect();
+    Ok(cell_estimate(
+        &params,
+        &rows,
+        complement_sizes,
+        count,
+        combine,
+    ))
+}

@@ -847,9 +847,14 @@ pub enum Combine {
 /// phantoms included: see [`Combine`]. `maxima` must be non-empty (one value per
 /// repetition); values below α_min are read as α_min (no merged sketch is below it).
 pub fn estimate_union(params: &SketchParams, maxima: &[u8], combine: Combine) -> Estimate {
+    union_with_floor(params, params.alpha_min(), maxima, combine)
+}
+
+/// [`estimate_union`] for sketches merged from reports of several ε′: the floor is the
+/// largest of their α_min (γ is common).
+fn union_with_floor(params: &SketchParams, floor: u8, maxima: &[u8], combine: Combine) -> Estimate {
     let t = maxima.len() as f64;
     let ln_b = params.ln_base();
-    let floor = params.alpha_min();
     match combine {
         Combine::HarmonicMean => {
             let xs: Vec<f64> = maxima
@@ -1014,7 +1019,11 @@ fn check_request(attributes: &[AttributeRef<'_>]) -> Result<(), SketchError> {
         .first()
         .ok_or_else(|| SketchError::BadRequest("no attributes".into()))?;
     for a in attributes {
-        if a.report.params != first.report.params
+        // Merging needs the same hash (key, γ, t); ε′ may differ (a party's ε′ depends on its
+        // attribute count): each sketch brings its own phantoms and floor.
+        let (p, q) = (&a.report.params, &first.report.params);
+        if p.gamma != q.gamma
+            || p.repetitions != q.repetitions
             || a.report.key_fingerprint != first.report.key_fingerprint
         {
             return Err(SketchError::Mismatch);
@@ -1030,25 +1039,36 @@ fn check_request(attributes: &[AttributeRef<'_>]) -> Result<(), SketchError> {
     Ok(())
 }
 
-/// One cell: `n̂ − (K̂ − c·k_p)` from the per-attribute complement sketches of its values.
-fn cell_estimate(
-    params: &SketchParams,
-    complements: &[&[u8]],
-    complement_sizes: u64,
-    count: Estimate,
-    combine: Combine,
-) -> Estimate {
-    if complement_sizes == 0 {
+/// One attribute's part of a cell: the merged complement sketches of the cell's value, the
+/// number of sketches merged (`u − 1`) and their report's parameters.
+struct Complement<'a> {
+    rows: &'a [u8],
+    merged: u64,
+    params: &'a SketchParams,
+}
+
+/// One cell: `n̂ − (K̂ − Σ_i (u_i − 1)·k_p,i)` from the complement sketches of its values.
+fn cell_estimate(parts: &[Complement<'_>], count: Estimate, combine: Combine) -> Estimate {
+    let parts: Vec<&Complement<'_>> = parts.iter().filter(|p| p.merged > 0).collect();
+    let Some(first) = parts.first() else {
         // Every attribute has one value: the cell is everyone.
         return count;
-    }
-    let t = params.repetitions as usize;
+    };
+    let t = first.params.repetitions as usize;
     let maxima: Vec<u8> = (0..t)
-        .map(|h| complements.iter().map(|c| c[h]).max().unwrap_or(0))
+        .map(|h| parts.iter().map(|c| c.rows[h]).max().unwrap_or(0))
         .collect();
-    let union = estimate_union(params, &maxima, combine);
+    let floor = parts
+        .iter()
+        .map(|c| c.params.alpha_min())
+        .max()
+        .unwrap_or(0);
+    let union = union_with_floor(first.params, floor, &maxima, combine);
     // Σ_i (u_i − 1)·k_p phantom elements were merged in (Algorithm 4 line 8).
-    let phantoms = complement_sizes as f64 * params.phantoms() as f64;
+    let phantoms: f64 = parts
+        .iter()
+        .map(|c| c.merged as f64 * c.params.phantoms() as f64)
+        .sum();
     Estimate {
         value: count.value - (union.value - phantoms),
         variance: union.variance + count.variance,
@@ -1057,7 +1077,7 @@ fn cell_estimate(
 
 /// Sketch-based CarEst (Algorithm 4): the marginal of `attributes` (any parties, merged
 /// repetition by repetition) with counts from `count` (n̂, e.g. [`pooled_count`]). All
-/// reports must share parameters and key. Errors: [`SketchError::Mismatch`],
+/// reports must share the key, γ and `t` (ε′ may differ between parties). Errors: [`SketchError::Mismatch`],
 /// [`SketchError::BadRequest`] (no attributes, an index outside a report, more than
 /// [`MAX_MARGINAL_CELLS`] cells).
 pub fn estimate_marginal(
@@ -1066,7 +1086,6 @@ pub fn estimate_marginal(
     combine: Combine,
 ) -> Result<SketchMarginal, SketchError> {
     check_request(attributes)?;
-    let params = *attributes[0].report.params();
     let sizes: Vec<u32> = attributes
         .iter()
         .map(|a| a.report.domain_sizes[a.attribute])
@@ -1077,17 +1096,21 @@ pub fn estimate_marginal(
         .filter(|&c| c <= MAX_MARGINAL_CELLS)
         .ok_or_else(|| SketchError::BadRequest("too many cells".into()))?;
     let complements: Vec<Vec<Vec<u8>>> = attributes.iter().map(complement_sketches).collect();
-    let complement_sizes: u64 = sizes.iter().map(|&u| u64::from(u) - 1).sum();
     let mut counts = Vec::with_capacity(cells);
     let mut count_variances = Vec::with_capacity(cells);
     let mut values = vec![0usize; sizes.len()];
     for _ in 0..cells {
-        let rows: Vec<&[u8]> = values
+        let parts: Vec<Complement<'_>> = values
             .iter()
             .zip(&complements)
-            .map(|(&v, c)| c[v].as_slice())
+            .zip(attributes)
+            .map(|((&v, c), a)| Complement {
+                rows: &c[v],
+                merged: u64::from(a.report.domain_sizes[a.attribute]) - 1,
+                params: &a.report.params,
+            })
             .collect();
-        let e = cell_estimate(&params, &rows, complement_sizes, count, combine);
+        let e = cell_estimate(&parts, count, combine);
         counts.push(e.value);
         count_variances.push(e.variance);
         // Next cell, last attribute fastest.
@@ -1117,8 +1140,6 @@ pub fn estimate_intersection(
 ) -> Result<Estimate, SketchError> {
     let attributes: Vec<AttributeRef<'_>> = sets.iter().map(|(a, _)| *a).collect();
     check_request(&attributes)?;
-    let params = *attributes[0].report.params();
-    let mut complement_sizes = 0u64;
     let mut complements = Vec::with_capacity(sets.len());
     for (a, v) in sets {
         let u = a.report.domain_sizes[a.attribute];
@@ -1127,17 +1148,18 @@ pub fn estimate_intersection(
                 "value {v} outside a domain of {u}"
             )));
         }
-        complement_sizes += u64::from(u) - 1;
         complements.push(complement_sketches(a).swap_remove(*v as usize));
     }
-    let rows: Vec<&[u8]> = complements.iter().map(Vec::as_slice).collect();
-    Ok(cell_estimate(
-        &params,
-        &rows,
-        complement_sizes,
-        count,
-        combine,
-    ))
+    let parts: Vec<Complement<'_>> = sets
+        .iter()
+        .zip(&complements)
+        .map(|((a, _), rows)| Complement {
+            rows,
+            merged: u64::from(a.report.domain_sizes[a.attribute]) - 1,
+            params: &a.report.params,
+        })
+        .collect();
+    Ok(cell_estimate(&parts, count, combine))
 }
 
 #[cfg(test)]
@@ -1388,11 +1410,14 @@ mod tests {
     }
 
     #[test]
-    fn intersection_agrees_with_the_marginal_cell() {
+    fn parties_with_different_epsilon_merge_and_intersections_match_marginals() {
+        // The real keyed hash end to end; party B at another ε′ (as a party with fewer
+        // attributes gets): every cell within 5 stated standard deviations of the truth.
         let mut rng = StdRng::seed_from_u64(3);
-        let params = SketchParams::new(1.0, 32, 0.5, 1.0).unwrap();
+        let params = SketchParams::new(1.0, 128, 0.5, 1.0).unwrap();
+        let params_b = SketchParams::new(1.0, 128, 0.8, 0.5).unwrap();
         let key = SketchKey::generate(&mut rng);
-        let ids: Vec<String> = (0..200).map(|i| i.to_string()).collect();
+        let ids: Vec<String> = (0..600).map(|i| i.to_string()).collect();
         let a = encode_party(
             &params,
             &key,
@@ -1404,7 +1429,7 @@ mod tests {
         )
         .unwrap();
         let b = encode_party(
-            &params,
+            &params_b,
             &key,
             &[4],
             ids.iter().enumerate().map(|(i, id)| (id, [(i % 4) as u32])),
@@ -1422,6 +1447,16 @@ mod tests {
         };
         let m = estimate_marginal(&[x, y], n, Combine::Quantile).unwrap();
         assert_eq!(m.counts.len(), 12);
+        for (cell, (c, v)) in m.counts.iter().zip(&m.count_variances).enumerate() {
+            let truth = (0..600)
+                .filter(|i| i % 3 == cell / 4 && i % 4 == cell % 4)
+                .count();
+            assert!(
+                (c - truth as f64).abs() < 5.0 * v.sqrt(),
+                "cell {cell}: {c} vs {truth} (sd {})",
+                v.sqrt()
+            );
+        }
         let cell = estimate_intersection(&[(x, 2), (y, 1)], n, Combine::Quantile).unwrap();
         assert_eq!(cell.value, m.counts[2 * 4 + 1]);
         assert_eq!(cell.variance, m.count_variances[2 * 4 + 1]);
@@ -1434,6 +1469,16 @@ mod tests {
         };
         assert_eq!(
             estimate_marginal(&[x, z], n, Combine::Quantile),
+            Err(SketchError::Mismatch)
+        );
+        let half = SketchParams::new(0.5, 128, 0.5, 1.0).unwrap();
+        let d = encode_party(&half, &key, &[2], [("0", [0u32])], &mut rng).unwrap();
+        let w = AttributeRef {
+            report: &d,
+            attribute: 0,
+        };
+        assert_eq!(
+            estimate_marginal(&[x, w], n, Combine::Quantile),
             Err(SketchError::Mismatch)
         );
     }

@@ -124,7 +124,7 @@ fn main() {
     let count = pooled_count(&[&reports[0].1, &reports[1].1]).unwrap();
     for combine in [Combine::Quantile, Combine::HarmonicMean] {
         let wall0 = Instant::now();
-        let mut tvds = Vec::new();
+        let (mut tvds, mut independent, mut sds) = (Vec::new(), Vec::new(), Vec::new());
         for (i, &a) in reports[0].0.iter().enumerate() {
             for (j, &b) in reports[1].0.iter().enumerate() {
                 let m = estimate_marginal(
@@ -148,22 +148,36 @@ fn main() {
                     truth[row[a] as usize * ub + row[b] as usize] += 1.0 / n as f64;
                 }
                 let est = m.clipped_frequencies();
-                tvds.push(
-                    0.5 * est
+                let tvd = |x: &[f64]| {
+                    0.5 * x
                         .iter()
                         .zip(&truth)
                         .map(|(e, t)| (e - t).abs())
-                        .sum::<f64>(),
-                );
+                        .sum::<f64>()
+                };
+                tvds.push(tvd(&est));
+                // Reference: the product of the true 1-ways (no cross-party information).
+                let pa: Vec<f64> = (0..ua)
+                    .map(|x| truth[x * ub..(x + 1) * ub].iter().sum())
+                    .collect();
+                let pb: Vec<f64> = (0..ub)
+                    .map(|y| (0..ua).map(|x| truth[x * ub + y]).sum())
+                    .collect();
+                let product: Vec<f64> = (0..ua * ub).map(|c| pa[c / ub] * pb[c % ub]).collect();
+                independent.push(tvd(&product));
+                sds.extend(m.count_variances.iter().map(|v| v.sqrt()));
             }
         }
         println!(
-            "server CarEst ({combine:?}): {} cross-party 2-way marginals in {:.2} s, mean TVD {:.3} \
-             (max {:.3}); n̂ = {:.0} (n = {n})",
+            "server CarEst ({combine:?}): {} cross-party 2-way marginals in {:.2} s, mean TVD \
+             {:.3} (max {:.3}; product of the true 1-ways {:.3}); mean stated SD per cell {:.0}; \
+             n̂ = {:.0} (n = {n})",
             tvds.len(),
             wall0.elapsed().as_secs_f64(),
             tvds.iter().sum::<f64>() / tvds.len() as f64,
             tvds.iter().cloned().fold(0.0, f64::max),
+            independent.iter().sum::<f64>() / independent.len() as f64,
+            sds.iter().sum::<f64>() / sds.len() as f64,
             count.value,
         );
     }

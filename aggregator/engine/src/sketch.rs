@@ -1,7 +1,8 @@
 //! DP Flajolet–Martin sketches of record-id sets: VertiMRF's sketch-based LocEnc (party side)
 //! and CarEst (server side). Source: "VertiMRF: Differentially Private Vertical Federated Data
-//! Synthesis" (Zhao, Li, Ren, Ding, Yang, Li; KDD 2024), §2.2, §4.3, Algorithms 1, 3 and 4,
-//! Theorems 2–3, Appendix A.3.
+//! Synthesis" (Zhao, Li, Ren, Ding, Yang, Li; KDD 2024 as issue 37 cites it: the stored text,
+//! `vertimrf.txt`, names no venue), §2.2, §4.3, Algorithms 1, 3 and 4, Theorems 2–3,
+//! Appendix A.3.
 //!
 //! **Roles.** A party ([`encode_party`]) turns its records (record id + the codes of its
 //! attributes) into a [`SketchReport`]: for every value of every attribute, `t` DP sketches

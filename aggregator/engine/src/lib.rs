@@ -27,6 +27,8 @@
 //! - [`space`]: schema codes ↔ working bins (fine-grid numeric attributes).
 //! - [`smooth`]: a numeric attribute's 1-way smoothed over its ordered bins (SURE-chosen).
 //! - [`samprivsyn`]: SamPrivSyn's own estimation and data generation (eq. 7, eq. 11, Alg. 2).
+//! - [`sketch`]: VertiMRF's DP Flajolet–Martin sketches: party-side LocEnc (Alg. 1, 3) and
+//!   server-side CarEst (Alg. 4), with Theorem 2's accounting.
 //!
 //! Reductions iterate tables in key order (`BTreeMap`), so the same multiset of reports gives
 //! the same model whatever the order in which they arrived.
@@ -80,6 +82,7 @@ pub mod pgm;
 pub mod plan;
 pub mod protocols;
 pub mod samprivsyn;
+pub mod sketch;
 pub mod smooth;
 pub mod space;
 pub mod state;

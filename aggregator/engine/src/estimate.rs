@@ -87,14 +87,6 @@ pub struct PairGain {
     pub dependence_sd: f64,
     /// The pair's estimate projected onto the simplex (row-major `a × b`).
     pub projected: Vec<f64>,
-    /// Per cell, the independence model `x` the dependence is measured against (row-major
-    /// `a × b`, sums to 1).
-    pub null: Vec<f64>,
-    /// Per cell, the raw estimate's distance from independence `r = y − x` (before any
-    /// projection).
-    pub residual: Vec<f64>,
-    /// Per cell, the standard error σ of `r` at independence.
-    pub null_std_errors: Vec<f64>,
 }
 
 /// Standard deviation of `√max(z² − 1, 0)` for a standard normal z: `√(E[max(z² − 1, 0)] −
@@ -323,74 +315,13 @@ pub fn pair_gain_binned(
         .sum::<f64>();
     let dependence_sd = dependence_sd(c.std_errors.iter().copied());
     let noise_l1 = kept_noise_l1(ms, a, b, bins, &projected)?;
-    let residual = c
-        .frequencies
-        .iter()
-        .zip(&null)
-        .map(|(y, x)| y - x)
-        .collect();
     Some(PairGain {
         observed_l1,
         noise_l1,
         dependence,
         dependence_sd,
         projected,
-        null,
-        residual,
-        null_std_errors: c.std_errors,
     })
-}
-
-/// Empirical-Bayes estimates of the L1 dependence `Σ_c |δ_c|` of each pair of `gains`
-/// (the independence model's L1 error on it), pooled over the pairs. Per cell the residual
-/// is `r = δ + σz`; the prior `δ ~ N(0, t·x)` (x the cell's null probability, so that `t` is
-/// the pairs' mean squared contingency `Σ_c δ²/x`) has `t` estimated without bias by the
-/// method of moments, `t = max(0, Σ_{p,c} (r² − σ²)) / Σ_{p,c} x`, and each cell contributes
-/// the posterior mean of `|δ|` (a folded normal). Unlike [`PairGain::dependence`], which is
-/// near 0 when a pair's noise is larger than its dependence (`E[√max(r² − σ², 0)] − 0.34σ ≈
-/// δ²/σ` for δ ≪ σ), the sum over pairs has the expectation of their summed dependence under
-/// the prior: what a design leaves out, when many weak pairs together carry most of it
-/// (NLTCS at ε = 1). Deterministic; empty for no pairs.
-pub fn pooled_dependence(gains: &[&PairGain]) -> Vec<f64> {
-    let (excess, mass) = gains
-        .iter()
-        .flat_map(|g| g.residual.iter().zip(&g.null_std_errors).zip(&g.null))
-        .fold((0.0, 0.0), |(e, m), ((r, s), x)| {
-            (e + r * r - s * s, m + x.max(0.0))
-        });
-    let t = if mass > 0.0 {
-        excess.max(0.0) / mass
-    } else {
-        0.0
-    };
-    gains
-        .iter()
-        .map(|g| {
-            g.residual
-                .iter()
-                .zip(&g.null_std_errors)
-                .zip(&g.null)
-                .map(|((&r, &s), &x)| posterior_abs_mean(r, s * s, t * x.max(0.0)))
-                .sum()
-        })
-        .collect()
-}
-
-/// `E[|δ| | r]` for `r = δ + N(0, v)` and the prior `δ ~ N(0, prior)`: the folded normal mean
-/// of the posterior `N(m, w)`, `m = r·prior/(prior + v)`, `w = prior·v/(prior + v)`.
-fn posterior_abs_mean(r: f64, v: f64, prior: f64) -> f64 {
-    if prior <= 0.0 {
-        return 0.0;
-    }
-    if v <= 0.0 {
-        return r.abs();
-    }
-    let m = r * prior / (prior + v);
-    let sd = (prior * v / (prior + v)).sqrt();
-    let z = m.abs() / sd;
-    // Φ(−z) = erfc(z/√2)/2.
-    let tail = 0.5 * crate::drift::erfc(z / std::f64::consts::SQRT_2);
-    sd * (2.0 / std::f64::consts::PI).sqrt() * (-0.5 * z * z).exp() + m.abs() * (1.0 - 2.0 * tail)
 }
 
 /// Attribute `x`'s 1-way among the people of `rounds`: its estimate from those rounds'
@@ -494,16 +425,12 @@ pub fn pair_gain_own_margins(ms: &Measurements, a: usize, b: usize) -> Option<Pa
         .map(|(p, x)| (p - x).abs())
         .sum::<f64>();
     let noise_l1 = kept_noise_l1(ms, a, b, &[], &projected)?;
-    let residual = y.iter().zip(&raw_null).map(|(v, x)| v - x).collect();
     Some(PairGain {
         observed_l1,
         noise_l1,
         dependence,
         dependence_sd,
         projected,
-        null: raw_null,
-        residual,
-        null_std_errors: null_var.iter().map(|v| v.sqrt()).collect(),
     })
 }
 
@@ -982,52 +909,6 @@ mod tests {
         assert!(l1(&same, &pooled) < 1e-3, "{same:?} vs {pooled:?}");
     }
 
-    /// 200 binary pairs of dependence 0.2 each (|δ| = 0.05 per cell) under noise σ = 0.1 per
-    /// cell: the per-pair estimate `dependence` all but vanishes, the pooled one recovers
-    /// the sum; pure noise pools to little.
-    #[test]
-    fn pooled_dependence_recovers_weak_pairs_in_aggregate() {
-        let mut rng = ChaCha12Rng::seed_from_u64(7);
-        let pairs = |delta: f64, rng: &mut ChaCha12Rng| -> Vec<PairGain> {
-            (0..200)
-                .map(|_| {
-                    let d = [delta, -delta, -delta, delta];
-                    let sigma = vec![0.1; 4];
-                    let residual: Vec<f64> = d
-                        .iter()
-                        .map(|x| x + 0.1 * standard_normal(&mut *rng))
-                        .collect();
-                    let dependence = residual
-                        .iter()
-                        .map(|r| (r * r - 0.01f64).max(0.0).sqrt() - NULL_MAGNITUDE * 0.1)
-                        .sum();
-                    PairGain {
-                        observed_l1: 0.0,
-                        noise_l1: 0.0,
-                        dependence,
-                        dependence_sd: 0.0,
-                        projected: Vec::new(),
-                        null: vec![0.25; 4],
-                        residual,
-                        null_std_errors: sigma,
-                    }
-                })
-                .collect()
-        };
-        let weak = pairs(0.05, &mut rng);
-        let pooled: f64 = pooled_dependence(&weak.iter().collect::<Vec<_>>())
-            .iter()
-            .sum();
-        let per_pair: f64 = weak.iter().map(|g| g.dependence).sum();
-        assert!((pooled / 40.0 - 1.0).abs() < 0.25, "pooled {pooled} of 40");
-        assert!(per_pair < 0.5 * 40.0, "per pair {per_pair}");
-        let none = pairs(0.0, &mut rng);
-        let pooled: f64 = pooled_dependence(&none.iter().collect::<Vec<_>>())
-            .iter()
-            .sum();
-        assert!(pooled < 10.0, "pure noise pooled to {pooled}");
-    }
-
     #[test]
     fn model_graph_respects_gain_and_cap() {
         let dims = [10usize, 10, 10, 10];
@@ -1037,9 +918,6 @@ mod tests {
             dependence: o - 0.1,
             dependence_sd: 0.05,
             projected: Vec::new(),
-            null: Vec::new(),
-            residual: Vec::new(),
-            null_std_errors: Vec::new(),
         };
         let cands = [
             ((0, 1), g(0.5)),

@@ -35,7 +35,7 @@ use super::{
 use crate::drift::one_way_drift;
 use crate::estimate::{
     Null, PairGain, best_pair_gain, clique_cap, largest_clique_cells, one_way_estimates,
-    pair_gain_binned, pooled_dependence, projected_noise_l1,
+    pair_gain_binned, projected_noise_l1,
 };
 use crate::graph::{Edge, EdgeState, edge};
 use crate::info::mutual_information;
@@ -229,17 +229,6 @@ fn equivalent_reports(engine: &Engine, ms: &Measurements, m: &Measurement, at: &
     } else {
         n
     }
-}
-
-/// `auto`'s phase-2 designs, chosen by predicted 2-way error (`Auto::select`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Design {
-    /// Every attribute alone and the pairs selected greedily.
-    Select,
-    /// Every attribute alone: the independence model with the screened pairs as they are.
-    Independence,
-    /// The screening design again: every screened pair, its blocks and its 1-way slice.
-    AllPairs,
 }
 
 /// `auto`'s rules.
@@ -538,21 +527,8 @@ impl Auto {
     /// holds from earlier rounds count towards its total (none when `drifted`: the rounds'
     /// people differed): phase 2 tops the totals up to `∝ a_f` ([`top_up`]), and the
     /// prediction's noise part is `A^{3/2}/√(N₂ + M)` with M those reports; `N₂` is what
-    /// round 0 and the screening round (`screening_share` of the users) leave.
-    ///
-    /// Then the phase-2 design is chosen by predicted 2-way error among three ([`Design`]):
-    /// the selective plan, every attribute alone (the independence model), and the screening
-    /// design again with all of phase 2 (every pair; [`Auto::one_way_slice`] of it on 1-ways). Each
-    /// design's prediction counts every report already made honestly, as the final fit sees
-    /// them: a screened pair costs the smaller of its dependence (the larger of `D̂` and the
-    /// pooled empirical-Bayes estimate of [`pooled_dependence`], which does not vanish when
-    /// a pair's noise exceeds its dependence) and its noise after the design's reports
-    /// (its noise now times `√(R/(R + n))`), of which the fit leaves the interaction's share
-    /// `√((k_a − 1)(k_b − 1)/(k_a k_b − 1))` (its margins are pinned by every table of its
-    /// attributes); an attribute's 1-way noise is `w K/√(m + n)` with every pair report
-    /// counted at what it is worth to the 1-way. `benchmarks/sweeps/design-by-prediction.md`.
-    /// Returns the pairs not selected (pruned) and the phase-2 factors with their task
-    /// weights (expected phase-2 reports).
+    /// round 0 and the screening round (`screening_share` of the users) leave. Returns the pairs not selected (pruned) and the phase-2 factors with their
+    /// task weights (expected phase-2 reports).
     fn select(
         &self,
         engine: &Engine,
@@ -560,10 +536,8 @@ impl Auto {
         ms: &Measurements,
         drifted: bool,
         screening_share: f64,
-        screening: &[ScreeningTask],
     ) -> (Vec<Edge>, Vec<PlannedFactor>) {
         let d = engine.dims().len();
-        let slice = self.one_way_slice(engine, Self::block_fraction(screening, state.edges()));
         let round = state.round;
         let one = one_way_estimates(ms);
         let n2 = self.phase2_users_after(engine, screening_share).max(1.0);
@@ -595,8 +569,6 @@ impl Auto {
             .collect();
         // (pair index, D̂, a_p) of every screened pair with positive dependence.
         let mut candidates: Vec<(usize, f64, f64)> = Vec::new();
-        // (pair index, its gain) of every screened pair: the designs' predictions.
-        let mut gains: Vec<(usize, PairGain)> = Vec::new();
         let edges = match state.pair_rounds_mut() {
             Some(r) => &mut r.edges,
             None => return (Vec::new(), factors),
@@ -618,7 +590,6 @@ impl Auto {
             e.mi = Some(mutual_information(&g.projected, pdims[0], pdims[1]));
             let dependence = g.dependence;
             e.score = Some(dependence);
-            gains.push((i, g.clone()));
             if dependence > 0.0 {
                 // Noise scale K at the screening estimate, times the share of it that the
                 // simplex projection leaves at a tree-sized phase-2 allocation (sparse
@@ -689,118 +660,8 @@ impl Auto {
                 _ => 0.0,
             })
             .collect();
-        let topped = top_up(&a, &m, n2);
-        // The designs' predicted 2-way errors (`Design`), from the same terms.
-        let reports: Vec<f64> = gains
-            .iter()
-            .map(|(i, _)| edges[*i].reports as f64)
-            .collect();
-        let dep_eb = pooled_dependence(&gains.iter().map(|(_, g)| g).collect::<Vec<_>>());
-        let one_way_noise: Vec<f64> = a[..d].iter().map(|x| x.powf(1.5)).collect();
-        // Per screened pair: the share of its noise the fit leaves to its interaction, whose
-        // margins are pinned by every table of its attributes, √((k_a − 1)(k_b − 1)/(k_a k_b
-        // − 1)); and what one report of it is worth to each of its 1-ways, against a report
-        // of the attribute alone ((K_1/K_pair→1)², full-resolution pairs only).
-        let fit_terms: Vec<(f64, f64, f64)> = gains
-            .iter()
-            .map(|(i, _)| {
-                let e = &edges[*i];
-                let f = [e.a, e.b];
-                let share = engine.factor_dims(&f, &e.bins).map_or(1.0, |k| {
-                    let (ka, kb) = (k[0] as f64, k[1] as f64);
-                    ((ka - 1.0) * (kb - 1.0) / (ka * kb - 1.0).max(1.0)).sqrt()
-                });
-                let worth = |x: usize| {
-                    if !e.bins.is_empty() {
-                        return 0.0;
-                    }
-                    let alone = engine.marginal_noise_l1(&[x], &[], &[x], 1.0);
-                    let within = engine.marginal_noise_l1(&f, &[], &[x], 1.0);
-                    if within.is_finite() && within > 0.0 {
-                        (alone / within).powi(2).min(1.0)
-                    } else {
-                        0.0
-                    }
-                };
-                (share, worth(e.a), worth(e.b))
-            })
-            .collect();
-        let predict = |n_one: &dyn Fn(usize) -> f64, n_pair: &dyn Fn(usize, f64) -> f64| {
-            let mut one_reports: Vec<f64> = (0..d).map(|x| earlier[x] + n_one(x)).collect();
-            let mut pairs = 0.0;
-            for (j, (i, g)) in gains.iter().enumerate() {
-                let r = reports[j].max(1.0);
-                let n = n_pair(*i, r);
-                let e = &edges[*i];
-                let (share, wa, wb) = fit_terms[j];
-                let earlier_pair = if drifted { 0.0 } else { r };
-                one_reports[e.a] += (earlier_pair + n) * wa;
-                one_reports[e.b] += (earlier_pair + n) * wb;
-                let noise = share * g.noise_l1 * (r / (r + n)).sqrt();
-                let dep = dep_eb[j].max(g.dependence);
-                pairs += dep.min(noise);
-            }
-            let ones: f64 = (0..d)
-                .map(|x| one_way_noise[x] / one_reports[x].max(1.0).sqrt())
-                .sum();
-            ones + pairs
-        };
-        let pair_slot: BTreeMap<usize, usize> = factors
-            .iter()
-            .enumerate()
-            .filter(|(_, f)| f.factor.len() == 2)
-            .filter_map(|(j, f)| {
-                let i = edges
-                    .iter()
-                    .position(|e| (e.a, e.b) == (f.factor[0], f.factor[1]))?;
-                Some((i, j))
-            })
-            .collect();
-        let pred_select = predict(&|x| topped[x], &|i, _| {
-            pair_slot.get(&i).map_or(0.0, |&j| topped[j])
-        });
-        let only = top_up(&a[..d], &m[..d], n2);
-        let pred_indep = predict(&|x| only[x], &|_, _| 0.0);
-        let n_screen = screening_share * engine.target_users() as f64;
-        let pred_all = predict(&|_| n2 * slice / d as f64, &|_, r| {
-            r * n2 / n_screen.max(1.0)
-        });
-        let design = [
-            (pred_select, Design::Select),
-            (pred_indep, Design::Independence),
-            (pred_all, Design::AllPairs),
-        ]
-        .into_iter()
-        .min_by(|x, y| x.0.total_cmp(&y.0))
-        .map_or(Design::Select, |(_, d)| d);
-        match design {
-            Design::Select => {
-                for (f, w) in factors.iter_mut().zip(topped) {
-                    f.weight = w;
-                }
-            }
-            Design::Independence => {
-                factors.truncate(d);
-                for (f, w) in factors.iter_mut().zip(only) {
-                    f.weight = w;
-                }
-                keep.clear();
-            }
-            Design::AllPairs => {
-                // The screening design again, its 1-way slice included, with every pair kept.
-                let each = n2 * (1.0 - slice) / screening.len().max(1) as f64;
-                factors.truncate(d);
-                for f in factors.iter_mut() {
-                    f.weight = n2 * slice / d as f64;
-                }
-                factors.extend(screening.iter().map(|(factor, bins)| PlannedFactor {
-                    mechanism: engine.best_oracle(factor, bins),
-                    factor: factor.clone(),
-                    bins: bins.clone(),
-                    weight: each,
-                }));
-                return (Vec::new(), factors);
-            }
+        for (f, w) in factors.iter_mut().zip(top_up(&a, &m, n2)) {
+            f.weight = w;
         }
         let mut pruned = Vec::new();
         for (i, e) in edges.iter_mut().enumerate() {
@@ -914,7 +775,7 @@ impl CollectionProtocol for Auto {
         let drifted = one_way_drift(&ms).0.population_changed;
         let screening = self.screening_tasks(engine, state.edges());
         let share = self.screening_share(engine, Self::block_fraction(&screening, state.edges()));
-        let (pruned, mut factors) = self.select(engine, state, &ms, drifted, share, &screening);
+        let (pruned, mut factors) = self.select(engine, state, &ms, drifted, share);
         if drifted {
             repeat_screening(engine, &mut factors, screening, share);
         }

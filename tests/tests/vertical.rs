@@ -92,9 +92,10 @@ async fn two_parties(database_url: &str) {
     let key = RecordIdKey::new(b"shared-secret-of-bank-and-clinic!!".to_vec()).unwrap();
     // A 5,000-record upload to PostgreSQL from a debug build on a loaded 2-core machine
     // outlasted the default 10 s timeout on all 5 attempts: give each attempt a minute.
-    let options = || ClientOptions {
-        request_timeout: std::time::Duration::from_secs(60),
-        ..ClientOptions::new(Epsilon::new(4.0).unwrap())
+    let options = || {
+        let mut o = ClientOptions::new(Epsilon::new(4.0).unwrap());
+        o.request_timeout = std::time::Duration::from_secs(60);
+        o
     };
     let bank = PartyClient::connect(&base, id, "bank", bank_token, options())
         .await

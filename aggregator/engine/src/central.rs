@@ -471,8 +471,8 @@ pub fn synthesize_central<R: Rng + CryptoRng + ?Sized>(
     let weights: Vec<f64> = dims.iter().map(|&k| (k as f64).powf(2.0 / 3.0)).collect();
     let wsum: f64 = weights.iter().sum();
     let mut one_ways = Vec::with_capacity(d);
-    for a in 0..d {
-        let r = one_way_share * rho * weights[a] / wsum;
+    for (a, w) in weights.iter().enumerate() {
+        let r = one_way_share * rho * w / wsum;
         let sigma = (1.0 / (2.0 * r)).sqrt();
         one_ways.push((noisy(&[a], sigma, rng), sigma));
         report.measurements.push(CentralMeasurement {

@@ -28,6 +28,9 @@ use serde_json::{Value, json};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
+/// Method, ε and per run (2-way TVD, 3-way TVD, seconds).
+type Cell = (String, f64, Vec<(f64, f64, f64)>);
+
 /// Tables: name, CSV and schema (relative to `--shared`), or a private-pgm domain file
 /// (`{"attr": size}`) for tables coded 0..size−1.
 const TABLES: [(&str, &str, &str); 3] = [
@@ -131,7 +134,7 @@ fn main() -> Result<(), Error> {
             MarginalCounts::for_scoring(&pop, 3),
         ];
         eprintln!("{name}: {} rows, {} attributes", pop.len(), pop.d());
-        let mut cells: Vec<(String, f64, Vec<(f64, f64, f64)>)> = Vec::new();
+        let mut cells: Vec<Cell> = Vec::new();
         for &eps in &epsilons {
             for method in &methods {
                 let mut runs = Vec::new();

@@ -58,7 +58,7 @@ struct Args {
     /// δ of every run.
     #[arg(long, default_value_t = 1e-9)]
     delta: f64,
-    /// Seeds per cell.
+    /// Seeds per cell (0: only score the `--external` tables).
     #[arg(long, default_value_t = 5)]
     seeds: u64,
     /// Methods (repeat; default all): `central` (pairs and triples), `central-pairs`,
@@ -162,7 +162,9 @@ fn main() -> Result<(), Error> {
                     );
                     runs.push((t2, t3, secs));
                 }
-                cells.push((method.clone(), eps, runs));
+                if !runs.is_empty() {
+                    cells.push((method.clone(), eps, runs));
+                }
             }
         }
         for ext in &args.externals {

@@ -310,12 +310,11 @@ struct Fitting {
     /// Chordal completion of every measured set (old cliques stay complete, so the last
     /// fit's potentials carry over to the next tree exactly).
     chordal: BTreeSet<Edge>,
-    tree: JunctionTree,
     model: Option<GraphicalModel>,
 }
 
 impl Fitting {
-    /// Adds a measured set's edges and re-triangulates; returns the new tree.
+    /// The chordal graph with a measured set's edges added (re-triangulated).
     fn with_edges(&self, attrs: &[usize]) -> BTreeSet<Edge> {
         let mut e = self.chordal.clone();
         for (i, &a) in attrs.iter().enumerate() {
@@ -338,7 +337,6 @@ impl Fitting {
         };
         let m = fit(&self.dims, &tree, &self.observations, start, &options)
             .map_err(|e| EngineError::Estimation(e.to_string()))?;
-        self.tree = tree;
         self.model = Some(m);
         Ok(())
     }
@@ -503,10 +501,6 @@ pub fn synthesize_central<R: Rng + CryptoRng + ?Sized>(
             .map(|(a, (y, s))| observation(vec![a], y, s))
             .collect(),
         chordal: BTreeSet::new(),
-        tree: JunctionTree {
-            cliques: Vec::new(),
-            edges: Vec::new(),
-        },
         model: None,
     };
     state.refit(FitOptions::default().max_iters)?;

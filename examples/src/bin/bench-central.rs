@@ -69,6 +69,12 @@ struct Args {
     /// `NAME=DATASET:EPSILON:PATH` (repeat; one per seed).
     #[arg(long = "external")]
     externals: Vec<String>,
+    /// Planned rounds (`CentralOptions::rounds`; default 16 per attribute).
+    #[arg(long)]
+    rounds: Option<usize>,
+    /// Clique cap in cells (`CentralOptions::max_clique_cells`; default the engine's).
+    #[arg(long)]
+    max_clique_cells: Option<u64>,
     /// Write the results as JSON here.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -140,6 +146,10 @@ fn main() -> Result<(), Error> {
                 let mut runs = Vec::new();
                 for seed in 0..args.seeds {
                     let mut options = CentralOptions::new(eps, args.delta);
+                    options.rounds = args.rounds;
+                    if let Some(cap) = args.max_clique_cells {
+                        options.max_clique_cells = cap;
+                    }
                     options.max_marginal_attrs = match method.as_str() {
                         "central" => 3,
                         "central-pairs" => 2,

@@ -356,7 +356,7 @@ fn with_edges(r: Option<&UtilityRow>) -> String {
 }
 
 /// A count with thousands separators: 1,500,000.
-fn thousands(n: u64) -> String {
+pub fn thousands(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {

@@ -415,14 +415,19 @@ pub fn locenc_epsilon(
     delta: f64,
 ) -> Result<f64, SketchError> {
     check_epsilon(sketch_epsilon)?;
+    // ε = 4ε′√(t·d·ln(1/δ))   (Theorem 2; Appendix A.3's RDP (λ, 2tdλε′²) converted)
+    Ok(sketch_epsilon * theorem_2_scale(repetitions, attributes, delta)?)
+}
+
+/// `4√(t·d·ln(1/δ))`, the factor between ε′ and ε in Theorem 2, after checking its inputs.
+fn theorem_2_scale(repetitions: u32, attributes: usize, delta: f64) -> Result<f64, SketchError> {
     check_repetitions(repetitions)?;
     check_delta(delta)?;
     if attributes == 0 {
         return Err(SketchError::Domain);
     }
-    // ε = 4ε′√(t·d·ln(1/δ))   (Theorem 2; Appendix A.3's RDP (λ, 2tdλε′²) converted)
     let td = f64::from(repetitions) * attributes as f64;
-    Ok(4.0 * sketch_epsilon * (td * (1.0 / delta).ln()).sqrt())
+    Ok(4.0 * (td * (1.0 / delta).ln()).sqrt())
 }
 
 /// The inverse of [`locenc_epsilon`], Algorithm 3 line 2: `ε′ = ε / (4√(t·d·ln(1/δ)))`.
@@ -434,14 +439,7 @@ pub fn per_sketch_epsilon(
     delta: f64,
 ) -> Result<f64, SketchError> {
     check_epsilon(epsilon)?;
-    check_repetitions(repetitions)?;
-    check_delta(delta)?;
-    if attributes == 0 {
-        return Err(SketchError::Domain);
-    }
-    // ε′ = ε / (4√(t·d·ln(1/δ)))   (Algorithm 3 line 2)
-    let td = f64::from(repetitions) * attributes as f64;
-    Ok(epsilon / (4.0 * (td * (1.0 / delta).ln()).sqrt()))
+    Ok(epsilon / theorem_2_scale(repetitions, attributes, delta)?)
 }
 
 /// Appendix A.3's Rényi DP of LocEnc at order λ > 1: `2·t·d·λ·ε′²` (one round of `d`

@@ -208,7 +208,7 @@ impl Range {
     fn show(&self, decimals: usize) -> String {
         let f = |x: f64| {
             if decimals == 0 {
-                group_thousands(x.round() as u64)
+                ldpsyn_examples::report::thousands(x.round() as u64)
             } else {
                 format!("{x:.decimals$}")
             }
@@ -219,18 +219,6 @@ impl Range {
             format!("{}–{}", f(self.min), f(self.max))
         }
     }
-}
-
-fn group_thousands(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// Serve against echo for one database and mode, over the rounds.
@@ -626,8 +614,8 @@ async fn main() -> anyhow::Result<()> {
             } else {
                 String::new()
             },
-            group_thousands(r.reports_per_s.round() as u64),
-            group_thousands(r.requests_per_s.round() as u64),
+            ldpsyn_examples::report::thousands(r.reports_per_s.round() as u64),
+            ldpsyn_examples::report::thousands(r.requests_per_s.round() as u64),
             r.p50_ms,
             r.p99_ms,
             r.server_cpu_s,

@@ -43,7 +43,7 @@ use serde::{Deserialize, Serialize};
 use super::EngineError;
 use super::estimate::{MAX_CLIQUE_CELLS, largest_clique_cells};
 use super::graph::{Edge, EdgeState, JunctionTree, build_junction_tree, edge, triangulate};
-use super::model::{JointSource, Model};
+use super::model::{JointSource, Model, clique_joint};
 use super::pgm::{FitOptions, GraphicalModel, Observation, fit};
 use super::plan::build_structure;
 use super::tables::projection_map;
@@ -275,17 +275,7 @@ struct CentralJoint(GraphicalModel);
 
 impl JointSource for CentralJoint {
     fn joint(&self, scope: &[usize]) -> Vec<f64> {
-        self.0.marginal_in_clique(scope).unwrap_or_else(|| {
-            scope.iter().fold(vec![1.0], |acc, &a| {
-                let one = self
-                    .0
-                    .marginal_in_clique(&[a])
-                    .expect("every attribute lies in a clique");
-                acc.iter()
-                    .flat_map(|x| one.iter().map(move |y| x * y))
-                    .collect()
-            })
-        })
+        clique_joint(&self.0, scope)
     }
 }
 

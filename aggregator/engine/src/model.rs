@@ -80,21 +80,25 @@ impl FittedJoint {
     }
 }
 
+/// `model`'s marginal of `scope` (row-major in `scope` order) when a clique holds it, else the
+/// maximum-entropy completion of its 1-ways (the models built here only ask for scopes inside
+/// cliques).
+pub(crate) fn clique_joint(model: &GraphicalModel, scope: &[usize]) -> Vec<f64> {
+    model.marginal_in_clique(scope).unwrap_or_else(|| {
+        scope.iter().fold(vec![1.0], |acc, &a| {
+            let one = model
+                .marginal_in_clique(&[a])
+                .expect("every attribute lies in a clique");
+            acc.iter()
+                .flat_map(|x| one.iter().map(move |y| x * y))
+                .collect()
+        })
+    })
+}
+
 impl JointSource for FittedJoint {
     fn joint(&self, scope: &[usize]) -> Vec<f64> {
-        // A scope outside every clique is the maximum-entropy completion of its 1-ways (the
-        // models built here only ask for scopes inside cliques).
-        self.model.marginal_in_clique(scope).unwrap_or_else(|| {
-            scope.iter().fold(vec![1.0], |acc, &a| {
-                let one = self
-                    .model
-                    .marginal_in_clique(&[a])
-                    .expect("every attribute lies in a clique");
-                acc.iter()
-                    .flat_map(|x| one.iter().map(move |y| x * y))
-                    .collect()
-            })
-        })
+        clique_joint(&self.model, scope)
     }
 
     /// The standard errors of the inverse-variance combination of every table containing

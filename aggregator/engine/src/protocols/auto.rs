@@ -340,7 +340,8 @@ impl Auto {
     /// a block of m attributes holds m of them in one report, and its round needs no slice.
     /// With i.i.d. arrivals the slice's reports count towards phase 2's 1-ways like round
     /// 0's (`top_up`). Compared over every suite table in both arrival orders with taking the
-    /// slice from phase 2 instead (`benchmarks/sweeps/arrival-design.md`).
+    /// slice from phase 2 instead (`benchmarks/sweeps/arrival-design.md`); slices of 0.3–0.6
+    /// of the pair part are within 1.5% of it on average (`benchmarks/sweeps/one-way-slice.md`).
     fn one_way_slice(&self, engine: &Engine, phi: f64) -> f64 {
         self.round0_share(engine) * (1.0 - phi)
     }

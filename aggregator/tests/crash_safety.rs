@@ -862,3 +862,148 @@ async fn postgres_sessions_pin_synchronous_commit() {
         assert_eq!(value, "on");
     }
 }
+
+/// A wide schema for [`sigkill_during_a_finalize_fit_loses_nothing`]: `d` categorical
+/// attributes of `labels` labels.
+fn wide_schema(d: usize, labels: usize) -> Value {
+    let attrs: Vec<Value> = (0..d)
+        .map(|i| {
+            let labels: Vec<String> = (0..labels).map(|l| l.to_string()).collect();
+            json!({"name": format!("x{i}"), "type": "categorical", "labels": labels})
+        })
+        .collect();
+    json!({ "attributes": attrs })
+}
+
+/// People of a chain: each attribute a noisy copy of the one before (so every pair is
+/// dependent and the model keeps many of them).
+fn chain_people(schema: &Schema, n: usize, seed: u64) -> Vec<SimulatedPerson<MemoryLedger>> {
+    let dims = schema.domain_sizes();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| {
+            let mut codes = Vec::with_capacity(dims.len());
+            for (i, &k) in dims.iter().enumerate() {
+                let c = if i > 0 && rng.random::<f64>() < 0.8 {
+                    codes[i - 1] % k as u32
+                } else {
+                    rng.random_range(0..k as u32)
+                };
+                codes.push(c);
+            }
+            SimulatedPerson {
+                record: schema.encoded(codes).unwrap(),
+                ledger: MemoryLedger::default(),
+            }
+        })
+        .collect()
+}
+
+/// SIGKILL while a finalize fits the model (issue 33): a wide `privincr` collection (every
+/// pair measured in its one round, so the fit takes seconds) is fed through the SDK; a
+/// finalize starts; once the server shows the collection finalized with its model not ready
+/// (the fit is running, polled, not timed) the process is killed. Restarted on the same
+/// SQLite file it has every acknowledged report, finishes the fit, and serves the model an
+/// uninterrupted finalize of the same reports gives (computed here in-process).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_during_a_finalize_fit_loses_nothing() {
+    let (d, labels, n) = (30, 10, 12_000);
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("fit.db").display());
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut child = spawn(&db, port);
+    wait_healthy(&base).await;
+    let http = reqwest::Client::new();
+    let r = http
+        .post(format!("{base}/v1/collections"))
+        .bearer_auth(ADMIN)
+        .json(
+            &json!({"schema": wide_schema(d, labels), "protocol": "privincr",
+            "epsilon": 4.0, "target_users": 1_000_000_000u64}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let created: Value = r.json().await.unwrap();
+    let id: Uuid = created["id"].as_str().unwrap().parse().unwrap();
+    let config: CollectionConfig = serde_json::from_value(created).unwrap();
+
+    let started = Instant::now();
+    let mut people = chain_people(&config.schema, n, 7);
+    let options = ClientOptions::insecure_simulation(Epsilon::new(4.0).unwrap(), 3);
+    let mut client = Client::connect(&base, id, options, MemoryLedger::default())
+        .await
+        .unwrap();
+    for part in people.chunks_mut(1000) {
+        for r in client.submit_batch(part).await.unwrap() {
+            r.unwrap();
+        }
+    }
+    let acked = reports(&people, id, ReportState::Acknowledged);
+    assert_eq!(
+        acked.len(),
+        n,
+        "every report acknowledged before the finalize"
+    );
+    eprintln!("{n} reports uploaded in {:?}", started.elapsed());
+    let status = status_until(&http, &base, id, "all reports counted", |s| {
+        s["status"]["reports_accepted"].as_u64() == Some(n as u64)
+    })
+    .await;
+    assert_eq!(status["status"]["round"], 0, "one round: {status}");
+
+    // Finalize; kill the process while its fit runs (finalized state committed, no model).
+    let fit_started = Instant::now();
+    let finalize = tokio::spawn({
+        let (http, url) = (http.clone(), format!("{base}/v1/collections/{id}/finalize"));
+        async move { http.post(url).bearer_auth(ADMIN).send().await }
+    });
+    let seen = status_until(&http, &base, id, "finalized", |s| {
+        s["status"]["phase"] == "finalized"
+    })
+    .await;
+    assert_eq!(
+        seen["status"]["model_ready"],
+        false,
+        "the fit ended before the kill (after {:?}): make it longer",
+        fit_started.elapsed()
+    );
+    child.0.kill().expect("SIGKILL");
+    let _ = child.0.wait();
+    eprintln!("killed {:?} into the finalize", fit_started.elapsed());
+    assert!(
+        finalize.await.unwrap().is_err(),
+        "the killed finalize never answered"
+    );
+
+    // Restarted on the same file: every acknowledged report is there, and the fit completes
+    // with the model of an uninterrupted finalize.
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let restarted = Instant::now();
+    let _child = spawn(&db, port);
+    wait_healthy(&base).await;
+    let status = admin(&http, "GET", format!("{base}/v1/collections/{id}")).await;
+    assert_eq!(status["status"]["reports_accepted"], n, "{status}");
+    assert_eq!(status["status"]["phase"], "finalized", "{status}");
+    let fin = admin(
+        &http,
+        "POST",
+        format!("{base}/v1/collections/{id}/finalize"),
+    )
+    .await;
+    assert_eq!(fin["status"]["reports_accepted"], n);
+    eprintln!("restart to model: {:?}", restarted.elapsed());
+    let engine = Engine::new(&config).unwrap();
+    let mut state = engine.initial_state();
+    engine.mark_finalized(&mut state);
+    let clean = engine.finalize(&state, &reduce(&engine, &acked)).unwrap();
+    assert_eq!(
+        serde_json::to_value(clean.describe()).unwrap(),
+        fin["model"],
+        "the restarted fit is the uninterrupted one"
+    );
+    model_served(&http, &base, id).await;
+}

@@ -840,11 +840,27 @@ mod tests {
 
     /// Error bars that cover: with a known population, nominal 95% intervals (model
     /// frequency ± 1.96 standard errors) of every 1-way marginal and of the 2-way marginal of
-    /// every model-graph edge cover the population's cells at least 90% of the time, for
-    /// every protocol (3 seeds each), vertical collections included (two parties, ε = 1 per
-    /// attribute: there a 1-way and every pair containing it hold the same records' reports).
+    /// every model-graph edge cover the population's cells between 90% and 99% of the time,
+    /// for every protocol (3 seeds each), vertical collections included (two parties, ε = 1
+    /// per attribute: there a 1-way and every pair containing it hold the same records'
+    /// reports). Both sides: too narrow bars miss, too wide ones (inflated standard errors)
+    /// cover nearly every cell. Every protocol has 1-way cells, and every protocol but
+    /// `independence` has 2-way cells (model-graph edges measured at full resolution); an
+    /// edge without error bars must be one no table measured at full resolution.
+    ///
+    /// Known defect (`OVER_WIDE`): the 2-way bars of `auto` and `privincr` are too wide
+    /// (measured at 1904457: 0.993 of 137 cells and 0.999 of 852). Mean squared z of those
+    /// cells, against 1 for calibrated bars: 0.18 where the population's cell is within 3
+    /// standard errors of 0 (most cells of the sparse pairs) and 0.4–0.6 elsewhere. Likely
+    /// cause: a pair's standard errors are those of the tables over that pair alone
+    /// (`FittedJoint::std_errors`), but the fit also pins the pair's 1-ways from every table
+    /// holding either attribute and keeps cells non-negative, so its error is smaller. Those
+    /// two kinds are held to the lower bound only, and fail once they come within 0.99 (then
+    /// drop them from the list).
     #[test]
     fn marginal_error_bars_cover() {
+        /// (protocol, marginal order) whose bars are known to be too wide (see above).
+        const OVER_WIDE: [(&str, usize); 2] = [("auto", 2), ("privincr", 2)];
         use ldpsyn::protocol::{CollectionConfig, PROTOCOL_VERSION, Party, PartyAttribute};
         let n = 100_000;
         let net = BayesNet::standard();
@@ -905,6 +921,15 @@ mod tests {
                     let m = run.model.marginal(&attrs).unwrap();
                     // An edge measured only over bins has no full-resolution error bars
                     // (within a bin the model's split is the 1-ways', not a measurement).
+                    let full = run.tables.keys().any(|k| {
+                        attrs.iter().all(|a| k.factor.contains(a)) && k.bins_are(&attrs, &[])
+                    });
+                    assert_eq!(
+                        m.std_errors.is_some(),
+                        full,
+                        "{name}, seed {seed}: error bars of {attrs:?} iff a table measured it \
+                         at full resolution"
+                    );
                     let Some(se) = m.std_errors else {
                         assert_eq!(attrs.len(), 2, "every 1-way is measured");
                         continue;
@@ -930,11 +955,32 @@ mod tests {
         for (name, [one, two]) in &report {
             // Per kind: 1-way cells are few beside pair cells, and a shared-record collection
             // that pooled a 1-way with its pairs would hide there.
-            for (coverage, cells) in [one, two] {
+            assert!(one.1 > 0, "{name}: no 1-way cells");
+            if name == "independence" {
+                assert_eq!(two.1, 0, "independence has no model-graph edges");
+            } else {
                 assert!(
-                    *cells == 0 || *coverage >= 0.90,
-                    "{name}: coverage {one:?} {two:?}"
+                    two.1 > 0,
+                    "{name}: no model-graph edge measured at full resolution"
                 );
+            }
+            for (order, (coverage, cells)) in [(1, one), (2, two)] {
+                if *cells == 0 {
+                    continue;
+                }
+                assert!(*coverage >= 0.90, "{name}: coverage {one:?} {two:?}");
+                if OVER_WIDE.contains(&(name.as_str(), order)) {
+                    assert!(
+                        *coverage > 0.99,
+                        "{name} {order}-ways: now within 0.99 ({coverage}): remove it from \
+                         OVER_WIDE"
+                    );
+                } else {
+                    assert!(
+                        *coverage <= 0.99,
+                        "{name} {order}-ways: error bars too wide: coverage {one:?} {two:?}"
+                    );
+                }
             }
         }
     }

@@ -1300,7 +1300,10 @@ async fn store_close(
                 base,
                 "round close dropped: the collection's state changed since its snapshot"
             );
-            true
+            // Retried from the state this process now holds; not when it still holds the
+            // snapshot's version (PostgreSQL: another process moved the state; its refresh
+            // or the next commit here starts the next close), which would only repeat this.
+            handle.state_version() != base
         }
         Err(e) => {
             tracing::error!(collection = %handle.id, error = %e,

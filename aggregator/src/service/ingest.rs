@@ -841,6 +841,9 @@ async fn commit_group(
                 if handle.state().phase == Phase::Finalized {
                     continue;
                 }
+                // Its last round closes first, here on the committer, as the finalize that
+                // follows would drop a close running off it: once in a collection's life.
+                close_before_finalize(db, writer, metrics, &handle).await;
                 tracing::info!(collection = %handle.id, target = handle.config.target_users,
                     "target reached: finalizing");
                 let (reply, _) = oneshot::channel();
@@ -1081,11 +1084,40 @@ fn round_empty(id: Uuid, state: &CollectionState) -> ApiError {
     )
 }
 
+/// Closes the rounds whose quota is reached of `handle`, whose target was just reached
+/// (`auto_finalize_at_target`), on the committer before its finalize: the finalized state
+/// follows the same closes as when the target is reached at another moment. A failure is
+/// logged; the finalize goes on.
+async fn close_before_finalize(
+    db: &Db,
+    writer: &mut Writer,
+    metrics: &Metrics,
+    handle: &Arc<CollectionHandle>,
+) {
+    let r = async {
+        let mut tx = writer.begin().await?;
+        let closed = close_in_tx(db, &mut tx, handle, None).await?;
+        storage::commit(tx).await?;
+        Ok::<_, ApiError>(closed)
+    }
+    .await;
+    match writer.settle(r) {
+        Ok((state, transitions, Some(version))) => {
+            metrics.rounds_closed(transitions.len() as u64);
+            handle.set_state(state, version);
+        }
+        Ok(_) => {}
+        Err(e) => tracing::error!(collection = %handle.id, error = %e,
+            "round close at the target failed; the collection is finalized without it"),
+    }
+}
+
 /// Closes rounds for the operator (`close-round`), inside `tx`, on the committer: takes the
 /// collection's lock (PostgreSQL), reads the state and tables ([`Db::close_inputs`] —
 /// PostgreSQL: from the database, so every process's reports count; SQLite: memory), closes
-/// once, then while the quota is reached, and stores the new state if it changed. This one
-/// stays synchronous (it is rare, and its caller waits for the new round): uploads to every
+/// once (`force`: `Some`), then while the quota is reached, and stores the new state if it
+/// changed (`force`: `None` is the close of a collection reaching its target,
+/// [`close_before_finalize`]: only while the quota is reached). This one stays synchronous (it is rare, and its caller waits for the new round): uploads to every
 /// collection of the process wait while it runs. Its stored version makes a quota close
 /// running off the committer meanwhile drop its result ([`store_close`]). Returns the current
 /// state (PostgreSQL: possibly advanced by another process, which the refresh from the
@@ -1096,18 +1128,24 @@ async fn close_in_tx(
     db: &Db,
     conn: &mut sqlx::AnyConnection,
     handle: &Arc<CollectionHandle>,
-    force: bool,
+    force: Option<bool>,
 ) -> Result<(CollectionState, Vec<Transition>, Option<i64>), ApiError> {
     let started = Instant::now();
     db.lock_collection(conn, handle.id).await?;
     let (state, tables, counts) = db.close_inputs(conn, handle.as_ref(), None).await?;
     // Only phases with rounds are refused: elsewhere the close changes nothing anyway.
     let has_rounds = matches!(state.phase, Phase::GraphConstruction | Phase::PairSampling);
-    if !force && has_rounds && counts.get(&state.round).copied().unwrap_or(0) == 0 {
+    if force == Some(false) && has_rounds && counts.get(&state.round).copied().unwrap_or(0) == 0 {
         return Err(round_empty(handle.id, &state));
     }
-    let (state, transitions, engine_ms) =
-        run_close(handle.engine.clone(), state, tables, counts, true).await?;
+    let (state, transitions, engine_ms) = run_close(
+        handle.engine.clone(),
+        state,
+        tables,
+        counts,
+        force.is_some(),
+    )
+    .await?;
     let version = if transitions.is_empty() {
         None
     } else {
@@ -1336,7 +1374,7 @@ async fn admin_close(
         ));
     }
     let mut tx = writer.begin().await?;
-    let (state, transitions, version) = close_in_tx(db, &mut tx, handle, force).await?;
+    let (state, transitions, version) = close_in_tx(db, &mut tx, handle, Some(force)).await?;
     storage::commit(tx).await?;
     metrics.rounds_closed(transitions.len() as u64);
     if let Some(version) = version {

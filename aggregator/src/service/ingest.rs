@@ -3,9 +3,10 @@
 //! Every validated report goes through one committer task per process. It drains whatever
 //! uploads are waiting, writes them in one transaction (duplicates and reused tokens are
 //! caught by the database's unique keys, so nothing is counted twice even across processes),
-//! bumps the per-round counts, closes rounds whose quota is reached **in the same
-//! transaction**, commits, and only then updates the in-memory sufficient statistics and
-//! answers the requests. A collection that stops at its target
+//! bumps the per-round counts, commits, and only then updates the in-memory sufficient
+//! statistics and answers the requests. A round whose quota the group reached is closed off
+//! the committer ([`start_close`]): a task runs the engine's close on a snapshot and hands the
+//! result back, stored only if the state has not changed since the snapshot. A collection that stops at its target
 //! ([`CollectionHandle::stops_at_target`]) takes reports only up to `target_users`, counted
 //! in the same transaction, and the commit that reaches the target finalizes it (under
 //! `auto_finalize_at_target`) before answering. Admin transitions (close round, finalize,

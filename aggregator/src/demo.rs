@@ -326,23 +326,37 @@ struct Schedule {
 }
 
 /// Reports the open round of `collection` still takes before its quota closes it (`None`
-/// without a quota, or when the quota is reached but the round stayed open).
+/// without a quota, or when the quota is reached but the round stayed open). A round closes
+/// off the server's committer, after the upload that reached its quota is answered: while
+/// the quota is reached this polls (up to [`CLOSE_WAIT`]) for the close to land, so that the
+/// next people draw the next round's tasks.
 async fn round_left(
     http: &reqwest::Client,
     base: &str,
     collection: Uuid,
 ) -> Result<Option<u64>, DemoError> {
-    let view = send_json(
-        http.get(format!("{base}/v1/collections/{collection}")),
-        DemoError::Service,
-    )
-    .await?;
-    let status = &view["status"];
-    Ok(status["round_quota"].as_u64().and_then(|q| {
-        let left = q.saturating_sub(status["round_accepted"].as_u64().unwrap_or(0));
-        (left > 0).then_some(left)
-    }))
+    let start = Instant::now();
+    loop {
+        let view = send_json(
+            http.get(format!("{base}/v1/collections/{collection}")),
+            DemoError::Service,
+        )
+        .await?;
+        let status = &view["status"];
+        let left = status["round_quota"]
+            .as_u64()
+            .map(|q| q.saturating_sub(status["round_accepted"].as_u64().unwrap_or(0)));
+        match left {
+            Some(0) if start.elapsed() < CLOSE_WAIT => {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            _ => return Ok(left.filter(|&l| l > 0)),
+        }
+    }
 }
+
+/// How long [`round_left`] waits for a reached round to close.
+const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Seed of the randomness of the demo's chunk of people starting at `first` (SplitMix64
 /// finalizer of the pair: distinct chunks and distinct `--seed`s get unrelated streams).
@@ -492,8 +506,9 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
                         return Ok::<(), DemoError>(());
                     }
                     if turn.round_left == Some(0) {
-                        // The round closes in the commit of its last report: once every
-                        // handed-out report is answered, the next round is open.
+                        // The round closes once its last report is committed: once every
+                        // handed-out report is answered and the close has landed
+                        // (`round_left` waits for it), the next round is open.
                         while answered.load(Ordering::Acquire) < turn.issued {
                             if aborted.load(Ordering::Acquire) {
                                 return Err(DemoError::Http("another upload stream failed".into()));

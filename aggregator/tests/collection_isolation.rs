@@ -160,17 +160,25 @@ async fn a_failing_round_close_fails_no_commit() {
     );
     let _ = (ua, ub);
 
+    // The round closes off the committer, after the upload that reached the quota is
+    // answered: wait for `b`'s.
+    let sb = common::eventually("b's round 0 to close", || async {
+        let (_, _, sb) = get(&http, &base, b).await;
+        (sb["status"]["round"] == 1).then_some(sb)
+    })
+    .await;
     let (_, _, sa) = get(&http, &base, a).await;
-    let (_, _, sb) = get(&http, &base, b).await;
     assert_eq!(sa["status"]["reports_accepted"], n, "{sa}");
     assert_eq!(sb["status"]["reports_accepted"], n, "{sb}");
     assert_eq!(sa["status"]["round"], 0, "{sa}");
-    assert_eq!(sb["status"]["round"], 1, "{sb}");
 
     sqlite(&path, "DROP TRIGGER refuse_close;").await;
     upload(&base, a, &schema, 1, 3).await;
-    let (_, _, sa) = get(&http, &base, a).await;
-    assert_eq!(sa["status"]["round"], 1, "{sa}");
+    let sa = common::eventually("a's round 0 to close once it can", || async {
+        let (_, _, sa) = get(&http, &base, a).await;
+        (sa["status"]["round"] == 1).then_some(sa)
+    })
+    .await;
     assert_eq!(sa["status"]["reports_accepted"], n + 1, "{sa}");
 }
 

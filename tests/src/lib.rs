@@ -201,3 +201,41 @@ pub fn postgres_url(test: &str) -> Option<String> {
         }
     }
 }
+
+/// Polls `check` every 20 ms until it returns `Some`, and returns that; fails the test,
+/// naming `what`, after 60 s. For a state the server reaches after it answered (a round
+/// closed off the committer), never a fixed sleep.
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Collection `id`'s view at `base` once no round close is due there: its open round has no
+/// quota or has not reached it. A round closes off the committer after the upload that
+/// reached its quota is answered, and a device that draws tasks before it lands draws the
+/// old round's: a test that wants each batch in its own round waits for this in between.
+pub async fn rounds_settled(base: &str, id: Uuid) -> Value {
+    eventually("the due round closes to land", || async {
+        let (_, v) = admin(base, "GET", &format!("/v1/collections/{id}")).await;
+        let s = &v["status"];
+        let settled = match s["round_quota"].as_u64() {
+            None => true,
+            Some(q) => s["round_accepted"].as_u64().is_some_and(|n| n < q),
+        };
+        settled.then_some(v)
+    })
+    .await
+}

@@ -36,6 +36,8 @@ async fn flow(db_url: &str) {
         for r in results {
             assert_eq!(r.expect("accepted").status, ReportStatus::Accepted);
         }
+        // Each batch in its own round: the close runs after the upload is answered.
+        rounds_settled(&base, id).await;
     }
     let (s, v) = admin(&base, "GET", &format!("/v1/collections/{id}")).await;
     assert_eq!(s, 200);
@@ -201,6 +203,8 @@ async fn samprivsyn_batches_reweight() {
         for r in client.submit_batch(chunk).await.unwrap() {
             r.unwrap();
         }
+        // Each batch in its own round: the close runs after the upload is answered.
+        rounds_settled(&base, id).await;
     }
     let (_, v) = admin(&base, "GET", &format!("/v1/collections/{id}")).await;
     assert_eq!(v["status"]["round"], 3, "three batches re-weighted: {v}");

@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
-use std::time::Duration;
 
 use ldpsyn::Epsilon;
 use ldpsyn::client::{Client, ClientOptions};
@@ -77,15 +76,26 @@ async fn two_instances_share_one_postgres_database() {
         for r in ra.unwrap().into_iter().chain(rb.unwrap()) {
             r.unwrap();
         }
+        // Each round's reports drawn in that round: the close runs after the upload that
+        // reached its quota is answered, and reaches the other instance by its refresh.
+        rounds_settled(&base_a, id).await;
+        rounds_settled(&base_b, id).await;
     }
     uploading.store(false, SeqCst);
     assert!(
         poller.await.unwrap() > 0,
         "the counts were polled during the uploads"
     );
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let (_, sa) = admin(&base_a, "GET", &format!("/v1/collections/{id}")).await;
-    let (_, sb) = admin(&base_b, "GET", &format!("/v1/collections/{id}")).await;
+    let (sa, sb) = eventually(
+        "both instances to show every report and the closes",
+        || async {
+            let (_, sa) = admin(&base_a, "GET", &format!("/v1/collections/{id}")).await;
+            let (_, sb) = admin(&base_b, "GET", &format!("/v1/collections/{id}")).await;
+            (sa["status"]["reports_accepted"] == 4800 && sa["status"] == sb["status"])
+                .then_some((sa, sb))
+        },
+    )
+    .await;
     assert_eq!(sa["status"]["reports_accepted"], 4800, "{sa}");
     assert_eq!(
         sa["status"]["round"], 3,
@@ -95,9 +105,11 @@ async fn two_instances_share_one_postgres_database() {
 
     let (s, fa) = admin(&base_a, "POST", &format!("/v1/collections/{id}/finalize")).await;
     assert_eq!(s, 200, "{fa}");
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    let (s, mb) = admin(&base_b, "GET", &format!("/v1/collections/{id}/model")).await;
-    assert_eq!(s, 200, "{mb}");
+    let mb = eventually("the other instance to serve the model", || async {
+        let (s, mb) = admin(&base_b, "GET", &format!("/v1/collections/{id}/model")).await;
+        (s == 200).then_some(mb)
+    })
+    .await;
     assert_eq!(
         fa["model"], mb["model"],
         "both instances serve the same model"

@@ -128,9 +128,10 @@ pub struct ServeConfig {
     /// PostgreSQL: how often to pick up other processes' transitions, milliseconds.
     #[arg(long, env = "LDPSYN_REFRESH_INTERVAL_MS", default_value_t = 500)]
     pub refresh_interval_ms: u64,
-    /// How often the upkeep pass runs, seconds (also once at startup): it deletes the raw
-    /// reports of collections past their `retain_reports_days` and finalizes collections
-    /// that reached their target but are not finalized yet.
+    /// How often the upkeep pass runs, seconds (also once at startup): it closes rounds whose
+    /// quota was reached with no close stored, deletes the raw reports of collections past
+    /// their `retain_reports_days` and finalizes collections that reached their target but
+    /// are not finalized yet.
     #[arg(long, env = "LDPSYN_MAINTENANCE_INTERVAL_SECS", default_value_t = 3600)]
     pub maintenance_interval_secs: u64,
     /// Simulations only: draw tasks from one stream seeded by this (in the order the task

@@ -3,9 +3,10 @@
 //! Every validated report goes through one committer task per process. It drains whatever
 //! uploads are waiting, writes them in one transaction (duplicates and reused tokens are
 //! caught by the database's unique keys, so nothing is counted twice even across processes),
-//! bumps the per-round counts, closes rounds whose quota is reached **in the same
-//! transaction**, commits, and only then updates the in-memory sufficient statistics and
-//! answers the requests. A collection that stops at its target
+//! bumps the per-round counts, commits, and only then updates the in-memory sufficient
+//! statistics and answers the requests. A round whose quota the group reached is closed off
+//! the committer ([`start_close`]): a task runs the engine's close on a snapshot and hands the
+//! result back, stored only if the state has not changed since the snapshot. A collection that stops at its target
 //! ([`CollectionHandle::stops_at_target`]) takes reports only up to `target_users`, counted
 //! in the same transaction, and the commit that reaches the target finalizes it (under
 //! `auto_finalize_at_target`) before answering. Admin transitions (close round, finalize,
@@ -28,7 +29,7 @@ use uuid::Uuid;
 
 use super::error::ApiError;
 use super::metrics::Metrics;
-use super::storage::{self, Db, IngestGate, MemoryView, NewReport, StorageError, Writer};
+use super::storage::{self, Db, IngestGate, MemoryView, NewReport, Writer};
 use crate::engine::{
     CollectionState, Engine, EngineError, Model, Phase, TableKey, Tables, TaskSampler, Transition,
 };
@@ -65,6 +66,12 @@ pub struct CollectionHandle {
     /// Held by the one fit of the model at a time (a finalize, a second finalize asked while
     /// the first fits, a PostgreSQL refresh that finds the collection finalized elsewhere).
     fit: Arc<tokio::sync::Mutex<()>>,
+    /// Set while a round close of this collection runs off the committer ([`start_close`]):
+    /// at most one at a time.
+    closing: AtomicBool,
+    /// Taken by a round close off the committer between its snapshot and the engine's close
+    /// ([`CollectionHandle::hold_closes`]).
+    close_hold: Arc<tokio::sync::Mutex<()>>,
     /// Task samplers built so far ([`CollectionHandle::sampler_builds`]).
     sampler_builds: AtomicU64,
     /// Set once the collection's rows are deleted: the committer refuses what is still queued
@@ -103,6 +110,8 @@ impl CollectionHandle {
             accepted: AtomicU64::new(accepted),
             model: RwLock::new(None),
             fit: Arc::default(),
+            closing: AtomicBool::new(false),
+            close_hold: Arc::default(),
             sampler_builds,
             deleted: AtomicBool::new(false),
         }
@@ -189,8 +198,32 @@ impl CollectionHandle {
     /// taken: task requests keep drawing from the old one meanwhile), once per state change.
     fn set_state(&self, state: CollectionState, version: i64) {
         let current = build_current(&self.engine, state, &self.sampler_builds);
-        *self.state.write().unwrap_or_else(|e| e.into_inner()) = current;
+        let mut guard = self.state.write().unwrap_or_else(|e| e.into_inner());
+        *guard = current;
+        // Under the lock, so that [`CollectionHandle::state_and_version`] reads a pair.
         self.state_version.store(version, Relaxed);
+    }
+
+    /// The current state and its stored version, read together.
+    fn state_and_version(&self) -> (Arc<CollectionState>, i64) {
+        let guard = self.state.read().unwrap_or_else(|e| e.into_inner());
+        (guard.state.clone(), self.state_version.load(Relaxed))
+    }
+
+    /// Whether the open round's quota is reached in this process's count (a round close is
+    /// due), and the collection is neither deleted nor finalized.
+    fn close_due(&self) -> bool {
+        let state = self.state();
+        !self.is_deleted()
+            && self
+                .engine
+                .should_close(&state, self.round_count(state.round))
+    }
+
+    /// Whether a round close of this collection is running off the committer
+    /// ([`start_close`]).
+    pub fn close_running(&self) -> bool {
+        self.closing.load(Relaxed)
     }
 
     /// The stored version of the state this process knows.
@@ -263,6 +296,15 @@ impl CollectionHandle {
     #[cfg(feature = "test-util")]
     pub async fn hold_fits(&self) -> tokio::sync::OwnedMutexGuard<()> {
         self.fit.clone().lock_owned().await
+    }
+
+    /// Holds off this collection's round closes while the returned guard lives: a close
+    /// started meanwhile takes its snapshot (state, version, tables) and then waits here
+    /// before the engine's close, a test's stand-in for a close that takes as long as the
+    /// test needs. Feature `test-util`.
+    #[cfg(feature = "test-util")]
+    pub async fn hold_closes(&self) -> tokio::sync::OwnedMutexGuard<()> {
+        self.close_hold.clone().lock_owned().await
     }
 
     /// The (cached) mechanism of a table. Errors: a factor outside the schema.
@@ -414,6 +456,18 @@ pub enum Command {
         /// Where to answer.
         reply: oneshot::Sender<Result<(), ApiError>>,
     },
+    /// The result of a round close computed off the committer ([`start_close`]): stored if
+    /// the collection's state is still version `base`, else dropped.
+    Closed(Box<ClosedRound>),
+    /// Start a round close of each of `handles` whose open round's quota is reached and that
+    /// has none running (the upkeep pass, at startup and then periodically); answers how
+    /// many were started.
+    CloseDue {
+        /// The collections to look at.
+        handles: Vec<Arc<CollectionHandle>>,
+        /// Where to answer.
+        reply: oneshot::Sender<Result<usize, ApiError>>,
+    },
     /// Build the model and mark the collection finalized.
     Finalize {
         /// The collection.
@@ -421,6 +475,21 @@ pub enum Command {
         /// Where to answer.
         reply: oneshot::Sender<Result<Arc<Model>, ApiError>>,
     },
+}
+
+/// A round close computed off the committer, waiting to be stored ([`Command::Closed`]).
+#[derive(Debug)]
+pub struct ClosedRound {
+    handle: Arc<CollectionHandle>,
+    /// The stored version of the state the close started from.
+    base: i64,
+    /// The state after the close.
+    state: CollectionState,
+    /// The transitions made.
+    transitions: Vec<Transition>,
+    /// When the close started, and the engine's part of it.
+    started: Instant,
+    engine_ms: f64,
 }
 
 /// Runs `f` on the blocking pool (estimation can take a while).
@@ -433,7 +502,14 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// The committer task: runs until every sender is dropped.
-pub async fn run_committer(db: Db, metrics: Arc<Metrics>, mut rx: mpsc::Receiver<Command>) {
+/// `me` is a weak sender on its own channel, for the round closes it starts
+/// ([`start_close`]) to hand their results back without keeping it alive.
+pub async fn run_committer(
+    db: Db,
+    metrics: Arc<Metrics>,
+    mut rx: mpsc::Receiver<Command>,
+    me: mpsc::WeakSender<Command>,
+) {
     let mut writer = Writer::new(db.clone());
     let mut deferred: Option<Command> = None;
     loop {
@@ -461,7 +537,7 @@ pub async fn run_committer(db: Db, metrics: Arc<Metrics>, mut rx: mpsc::Receiver
                         Err(_) => break,
                     }
                 }
-                commit_group(&db, &mut writer, &metrics, group).await;
+                commit_group(&db, &mut writer, &metrics, &me, group).await;
             }
             Command::CloseRound {
                 handle,
@@ -480,6 +556,16 @@ pub async fn run_committer(db: Db, metrics: Arc<Metrics>, mut rx: mpsc::Receiver
             }
             Command::Finalize { handle, reply } => {
                 start_finalize(&db, &mut writer, handle, reply).await;
+            }
+            Command::Closed(closed) => {
+                store_close(&db, &mut writer, &metrics, &me, *closed).await;
+            }
+            Command::CloseDue { handles, reply } => {
+                let started = handles
+                    .iter()
+                    .filter(|h| h.close_due() && start_close(&db, &me, h))
+                    .count();
+                let _ = reply.send(Ok(started));
             }
             Command::PartyRecords {
                 handle,
@@ -681,7 +767,13 @@ type Group = Vec<(
     oneshot::Sender<Result<Vec<Outcome>, ApiError>>,
 )>;
 
-async fn commit_group(db: &Db, writer: &mut Writer, metrics: &Metrics, group: Group) {
+async fn commit_group(
+    db: &Db,
+    writer: &mut Writer,
+    metrics: &Metrics,
+    me: &mpsc::WeakSender<Command>,
+    group: Group,
+) {
     let start = Instant::now();
     // Flatten; classify in-batch repeats before touching the database.
     let mut outcomes: Vec<Vec<Option<Outcome>>> = group
@@ -720,7 +812,7 @@ async fn commit_group(db: &Db, writer: &mut Writer, metrics: &Metrics, group: Gr
     let result = write_group(db, writer, &group, &to_insert, &positions).await;
     let result = writer.settle(result);
     match result {
-        Ok((inserted, classified, committed, after, reached)) => {
+        Ok((inserted, classified, committed, due, reached)) => {
             for (k, &(j, i)) in positions.iter().enumerate() {
                 outcomes[j][i] = Some(if inserted[k] {
                     Outcome::Accepted
@@ -739,9 +831,10 @@ async fn commit_group(db: &Db, writer: &mut Writer, metrics: &Metrics, group: Gr
             for (handle, rounds, delta) in &committed {
                 handle.apply_committed(rounds, delta);
             }
-            for (handle, state, version, closed) in after {
-                metrics.rounds_closed(closed);
-                handle.set_state(state, version);
+            // The reports that reached a round's quota are committed; the close runs off the
+            // committer and its result comes back as a `Command::Closed`.
+            for handle in &due {
+                start_close(db, me, handle);
             }
             // Before the answers: a device told `accepted` for the report that made the
             // target finds the collection finalized.
@@ -749,6 +842,9 @@ async fn commit_group(db: &Db, writer: &mut Writer, metrics: &Metrics, group: Gr
                 if handle.state().phase == Phase::Finalized {
                     continue;
                 }
+                // Its last round closes first, here on the committer, as the finalize that
+                // follows would drop a close running off it: once in a collection's life.
+                close_before_finalize(db, writer, metrics, &handle).await;
                 tracing::info!(collection = %handle.id, target = handle.config.target_users,
                     "target reached: finalizing");
                 let (reply, _) = oneshot::channel();
@@ -787,19 +883,20 @@ async fn commit_group(db: &Db, writer: &mut Writer, metrics: &Metrics, group: Gr
 type PerCollection = (Arc<CollectionHandle>, BTreeMap<u32, u64>, Tables);
 
 /// Per report of `to_insert`: inserted, else its outcome; per collection, what it committed;
-/// the collections whose state changed, with the new state, its stored version and the
-/// rounds closed; the collections to finalize because their target is reached
+/// the collections whose open round's quota is reached (in the database's count), for which
+/// a round close is due; the collections to finalize because their target is reached
 /// (`auto_finalize_at_target`).
 type Written = (
     Vec<bool>,
     Vec<Outcome>,
     Vec<PerCollection>,
-    Vec<(Arc<CollectionHandle>, CollectionState, i64, u64)>,
+    Vec<Arc<CollectionHandle>>,
     Vec<Arc<CollectionHandle>>,
 );
 
-/// Writes `to_insert` (at `positions` of `group`) in one transaction, bumps the round counts
-/// and closes rounds whose quota the group reached.
+/// Writes `to_insert` (at `positions` of `group`) in one transaction and bumps the round
+/// counts; returns the collections whose open round's quota is now reached (their close runs
+/// after the commit, off the committer: [`start_close`]).
 async fn write_group(
     db: &Db,
     writer: &mut Writer,
@@ -932,7 +1029,7 @@ async fn write_group(
         m.accumulate(&p.report.payload, stats)
             .map_err(|e| ApiError::Internal(e.to_string()))?;
     }
-    let mut after = Vec::new();
+    let mut due = Vec::new();
     for (id, (handle, rounds, delta)) in &per {
         db.add_table_counts(&mut tx, *id, delta).await?;
         let mut counts: BTreeMap<u32, u64> = BTreeMap::new();
@@ -946,29 +1043,7 @@ async fn write_group(
             .copied()
             .unwrap_or_else(|| handle.round_count(state.round));
         if handle.engine.should_close(&state, current) {
-            // Inside a savepoint: a close that fails (its fit, or the database) is rolled
-            // back alone, so this group's reports (this collection's and the others') still
-            // commit, and the next group that finds the quota reached tries again.
-            let mut sp = sqlx::Connection::begin(&mut *tx)
-                .await
-                .map_err(StorageError::from)?;
-            match close_in_tx(db, &mut sp, handle, Some(delta), CloseMode::Quota).await {
-                Ok((new_state, transitions, version)) => {
-                    storage::commit(sp).await?;
-                    if let Some(version) = version {
-                        after.push((handle.clone(), new_state, version, transitions.len() as u64));
-                    }
-                }
-                Err(e) => {
-                    sp.rollback().await.map_err(StorageError::from)?;
-                    tracing::error!(
-                        collection = %id,
-                        error = %e,
-                        "round close failed; the reports commit and the close is retried with \
-                         the collection's next reports"
-                    );
-                }
-            }
+            due.push(handle.clone());
         }
     }
     storage::commit(tx).await?;
@@ -976,22 +1051,9 @@ async fn write_group(
         inserted,
         classified,
         per.into_values().collect(),
-        after,
+        due,
         reached,
     ))
-}
-
-/// Why [`close_in_tx`] closes rounds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum CloseMode {
-    /// A group commit reached the open round's quota: close while quotas are reached.
-    Quota,
-    /// The operator's close: once now, then while quotas are reached. Refused
-    /// (`round-empty`) when the open round has no reports, unless `force`.
-    Admin {
-        /// Close an empty round too.
-        force: bool,
-    },
 }
 
 /// The refusal of an operator's close of round `round` of `state`, which has no reports.
@@ -1023,38 +1085,91 @@ fn round_empty(id: Uuid, state: &CollectionState) -> ApiError {
     )
 }
 
-/// Closes rounds inside `tx`: takes the collection's lock (PostgreSQL), reads the state
-/// and tables ([`Db::close_inputs`] — PostgreSQL: from the database, so every process's
-/// reports count; SQLite: memory plus this group's `delta`), closes while the quota is
-/// reached (or once first for [`CloseMode::Admin`]), and stores the new state if it changed.
-/// Returns the current state (PostgreSQL: possibly advanced by another process, which the
-/// refresh from the database brings to this process's handle), the transitions made here,
-/// and the stored version when they were stored. Errors: `round-empty` (see
-/// [`CloseMode::Admin`]; nothing is written), the engine's, the database's.
+/// Closes the rounds whose quota is reached of `handle`, whose target was just reached
+/// (`auto_finalize_at_target`), on the committer before its finalize: the finalized state
+/// follows the same closes as when the target is reached at another moment. A failure is
+/// logged; the finalize goes on.
+async fn close_before_finalize(
+    db: &Db,
+    writer: &mut Writer,
+    metrics: &Metrics,
+    handle: &Arc<CollectionHandle>,
+) {
+    let r = async {
+        let mut tx = writer.begin().await?;
+        let closed = close_in_tx(db, &mut tx, handle, None).await?;
+        storage::commit(tx).await?;
+        Ok::<_, ApiError>(closed)
+    }
+    .await;
+    match writer.settle(r) {
+        Ok((state, transitions, Some(version))) => {
+            metrics.rounds_closed(transitions.len() as u64);
+            handle.set_state(state, version);
+        }
+        Ok(_) => {}
+        Err(e) => tracing::error!(collection = %handle.id, error = %e,
+            "round close at the target failed; the collection is finalized without it"),
+    }
+}
+
+/// Closes rounds for the operator (`close-round`), inside `tx`, on the committer: takes the
+/// collection's lock (PostgreSQL), reads the state and tables ([`Db::close_inputs`] —
+/// PostgreSQL: from the database, so every process's reports count; SQLite: memory), closes
+/// once (`force`: `Some`), then while the quota is reached, and stores the new state if it
+/// changed (`force`: `None` is the close of a collection reaching its target,
+/// [`close_before_finalize`]: only while the quota is reached). This one stays synchronous (it is rare, and its caller waits for the new round): uploads to every
+/// collection of the process wait while it runs. Its stored version makes a quota close
+/// running off the committer meanwhile drop its result ([`store_close`]). Returns the current
+/// state (PostgreSQL: possibly advanced by another process, which the refresh from the
+/// database brings to this process's handle), the transitions made here, and the stored
+/// version when they were stored. Errors: `round-empty` when the open round has no reports
+/// and not `force` (nothing is written), the engine's, the database's.
 async fn close_in_tx(
     db: &Db,
     conn: &mut sqlx::AnyConnection,
     handle: &Arc<CollectionHandle>,
-    delta: Option<&Tables>,
-    mode: CloseMode,
+    force: Option<bool>,
 ) -> Result<(CollectionState, Vec<Transition>, Option<i64>), ApiError> {
     let started = Instant::now();
     db.lock_collection(conn, handle.id).await?;
-    let (mut state, tables, counts) = db.close_inputs(conn, handle.as_ref(), delta).await?;
-    let force = mode != CloseMode::Quota;
+    let (state, tables, counts) = db.close_inputs(conn, handle.as_ref(), None).await?;
     // Only phases with rounds are refused: elsewhere the close changes nothing anyway.
     let has_rounds = matches!(state.phase, Phase::GraphConstruction | Phase::PairSampling);
-    if mode == (CloseMode::Admin { force: false })
-        && has_rounds
-        && counts.get(&state.round).copied().unwrap_or(0) == 0
-    {
+    if force == Some(false) && has_rounds && counts.get(&state.round).copied().unwrap_or(0) == 0 {
         return Err(round_empty(handle.id, &state));
     }
-    let engine = handle.engine.clone();
+    let (state, transitions, engine_ms) = run_close(
+        handle.engine.clone(),
+        state,
+        tables,
+        counts,
+        force.is_some(),
+    )
+    .await?;
+    let version = if transitions.is_empty() {
+        None
+    } else {
+        Some(Db::update_state(conn, handle.id, &serde_json::to_string(&state)?).await?)
+    };
+    log_transitions(handle, &transitions, started, engine_ms, None);
+    Ok((state, transitions, version))
+}
+
+/// Closes rounds of `state` on the blocking pool: once first if `once`, then while the quota
+/// is reached. Returns the new state, the transitions and the engine's time (ms). Errors: the
+/// engine's.
+async fn run_close(
+    engine: Engine,
+    mut state: CollectionState,
+    tables: Tables,
+    counts: BTreeMap<u32, u64>,
+    once: bool,
+) -> Result<(CollectionState, Vec<Transition>, f64), ApiError> {
     let engine_started = Instant::now();
     let (state, transitions) = blocking(move || {
         let mut transitions = Vec::new();
-        let mut forced = force;
+        let mut forced = once;
         loop {
             let current = counts.get(&state.round).copied().unwrap_or(0);
             if !(forced || engine.should_close(&state, current)) {
@@ -1070,31 +1185,175 @@ async fn close_in_tx(
         Ok((state, transitions))
     })
     .await??;
-    let engine_ms = engine_started.elapsed().as_secs_f64() * 1e3;
-    let version = if transitions.is_empty() {
-        None
-    } else {
-        Some(Db::update_state(conn, handle.id, &serde_json::to_string(&state)?).await?)
-    };
-    // `close_ms`: this whole close (lock, inputs, every transition, the state's write), the
-    // time the committer spent on it; `engine_ms`: its transitions alone (the engine's MI,
-    // pruning and selection). At 35 attributes (temporal-match2, SQLite, 2 loaded cores) a
-    // close takes 12–33 ms for auto's round 0 and 78–145 ms for its selection round,
-    // 16–81 ms for privincr, 17–48 ms for samprivsyn, nearly all of it `engine_ms`:
-    // `LDPSYN_LOG=info ldpsyn-aggregator demo --data temporal-match2.csv --schema
-    // temporal-match2-schema.json --protocol P | grep close_ms` (docs/operations.md, "Round
-    // closes in the committer").
+    Ok((
+        state,
+        transitions,
+        engine_started.elapsed().as_secs_f64() * 1e3,
+    ))
+}
+
+/// Logs each transition of a close at `info`: `close_ms`, the whole close from its start to
+/// its stored state; `engine_ms`, its transitions alone (the engine's MI, pruning and
+/// selection); `commit_ms` (a quota close off the committer), the committer's part, the short
+/// transaction that stores the state. At 35 attributes (temporal-match2, SQLite, 2 loaded
+/// cores) a close takes 12–33 ms for auto's round 0 and 78–145 ms for its selection round,
+/// 16–81 ms for privincr, 17–48 ms for samprivsyn, nearly all of it `engine_ms`:
+/// `LDPSYN_LOG=info ldpsyn-aggregator demo --data temporal-match2.csv --schema
+/// temporal-match2-schema.json --protocol P | grep close_ms` (docs/operations.md, "Round
+/// closes off the committer").
+fn log_transitions(
+    handle: &CollectionHandle,
+    transitions: &[Transition],
+    started: Instant,
+    engine_ms: f64,
+    commit_ms: Option<f64>,
+) {
     let close_ms = started.elapsed().as_secs_f64() * 1e3;
-    for t in &transitions {
+    for t in transitions {
         tracing::info!(
             collection = %handle.id,
             transition = ?t,
             close_ms,
             engine_ms,
+            commit_ms,
             "round transition"
         );
     }
-    Ok((state, transitions, version))
+}
+
+/// Starts a round close of `handle` off the committer, unless one is running: a task takes
+/// a snapshot (SQLite: the state and version the committer holds now, then the tables and
+/// counts in memory, the truth there; PostgreSQL: all of them from the database,
+/// [`Db::stored_close_inputs`]), runs the engine's close on the blocking pool, and hands the
+/// result back to the committer ([`Command::Closed`], stored by [`store_close`] only if the
+/// state is still the snapshot's version). The caller checked that the quota is reached.
+/// Reports that arrive meanwhile carry the open round's tasks and count in that round (as
+/// late reports do after any close). Returns whether a close was started.
+fn start_close(db: &Db, me: &mpsc::WeakSender<Command>, handle: &Arc<CollectionHandle>) -> bool {
+    if handle.is_deleted() || handle.closing.swap(true, Relaxed) {
+        return false;
+    }
+    // Taken here, on the committer (the one writer of the state): a state change committed
+    // after this point has a newer version, and drops this close's result.
+    let (state, version) = handle.state_and_version();
+    let (db, me, handle) = (db.clone(), me.clone(), handle.clone());
+    tokio::spawn(async move {
+        let started = Instant::now();
+        match compute_close(&db, &handle, &state, version).await {
+            Ok(Some((base, state, transitions, engine_ms))) => {
+                let closed = ClosedRound {
+                    handle: handle.clone(),
+                    base,
+                    state,
+                    transitions,
+                    started,
+                    engine_ms,
+                };
+                if let Some(tx) = me.upgrade()
+                    && tx.send(Command::Closed(Box::new(closed))).await.is_ok()
+                {
+                    // The committer clears `closing` once it has stored or dropped it.
+                    return;
+                }
+                tracing::info!(collection = %handle.id,
+                    "round close dropped: the committer stopped (the next start closes it)");
+            }
+            Ok(None) => {}
+            Err(e) => tracing::error!(
+                collection = %handle.id,
+                error = %e,
+                "round close failed; the reports are committed and the close is retried with \
+                 the collection's next reports (or the next upkeep pass)"
+            ),
+        }
+        handle.closing.store(false, Relaxed);
+    });
+    true
+}
+
+/// The off-committer part of a quota close ([`start_close`]), from the committer's snapshot
+/// `state` at `version`: returns the version it started from, the new state, the transitions
+/// and the engine's time, or `None` when no round closes (PostgreSQL: another process closed
+/// it already). Errors: the engine's, the database's.
+#[allow(clippy::type_complexity)]
+async fn compute_close(
+    db: &Db,
+    handle: &Arc<CollectionHandle>,
+    state: &CollectionState,
+    version: i64,
+) -> Result<Option<(i64, CollectionState, Vec<Transition>, f64)>, ApiError> {
+    let (state, version, tables, counts) = match db.stored_close_inputs(handle.as_ref()).await? {
+        Some(stored) => stored,
+        None => (
+            state.clone(),
+            version,
+            handle.tables_snapshot(),
+            handle.memory_round_counts(),
+        ),
+    };
+    let _hold = handle.close_hold.clone().lock_owned().await;
+    let (state, transitions, engine_ms) =
+        run_close(handle.engine.clone(), state, tables, counts, false).await?;
+    Ok((!transitions.is_empty()).then_some((version, state, transitions, engine_ms)))
+}
+
+/// [`Command::Closed`], on the committer: stores the close's state in a short transaction if
+/// the stored state is still the version the close started from, then makes it current;
+/// otherwise (a finalize, an operator's close, another process's close, a delete came
+/// between) drops it. Then starts the next close if the quota is (still) reached.
+async fn store_close(
+    db: &Db,
+    writer: &mut Writer,
+    metrics: &Metrics,
+    me: &mpsc::WeakSender<Command>,
+    closed: ClosedRound,
+) {
+    let ClosedRound {
+        handle,
+        base,
+        state,
+        transitions,
+        started,
+        engine_ms,
+    } = closed;
+    let commit_started = Instant::now();
+    let r = async {
+        let json = serde_json::to_string(&state)?;
+        let mut tx = writer.begin().await?;
+        let version = Db::update_state_if(&mut tx, handle.id, &json, base).await?;
+        storage::commit(tx).await?;
+        Ok::<_, ApiError>(version)
+    }
+    .await;
+    let retry = match writer.settle(r) {
+        Ok(Some(version)) => {
+            handle.set_state(state, version);
+            metrics.rounds_closed(transitions.len() as u64);
+            let commit_ms = commit_started.elapsed().as_secs_f64() * 1e3;
+            log_transitions(&handle, &transitions, started, engine_ms, Some(commit_ms));
+            true
+        }
+        Ok(None) => {
+            tracing::info!(
+                collection = %handle.id,
+                base,
+                "round close dropped: the collection's state changed since its snapshot"
+            );
+            // Retried from the state this process now holds; not when it still holds the
+            // snapshot's version (PostgreSQL: another process moved the state; its refresh
+            // or the next commit here starts the next close), which would only repeat this.
+            handle.state_version() != base
+        }
+        Err(e) => {
+            tracing::error!(collection = %handle.id, error = %e,
+                "storing a round close failed; the next reports (or upkeep pass) retry it");
+            false
+        }
+    };
+    handle.closing.store(false, Relaxed);
+    if retry && handle.close_due() {
+        start_close(db, me, &handle);
+    }
 }
 
 /// [`Command::CloseRound`]. Errors: `collection-finalized`, `unknown-collection` (deleted),
@@ -1116,8 +1375,7 @@ async fn admin_close(
         ));
     }
     let mut tx = writer.begin().await?;
-    let (state, transitions, version) =
-        close_in_tx(db, &mut tx, handle, None, CloseMode::Admin { force }).await?;
+    let (state, transitions, version) = close_in_tx(db, &mut tx, handle, Some(force)).await?;
     storage::commit(tx).await?;
     metrics.rounds_closed(transitions.len() as u64);
     if let Some(version) = version {

@@ -1,5 +1,8 @@
 //! Periodic upkeep (a tokio interval task that `serve` starts; the first pass runs at
-//! startup): the report retention sweep ([`sweep_retention`]) and the finalize of collections
+//! startup): the round close of collections whose open round's quota is reached with no close
+//! stored ([`close_due`]: a process that stopped between the commit that reached the quota and
+//! the close's result, or a close that failed), the report retention sweep
+//! ([`sweep_retention`]) and the finalize of collections
 //! whose target was reached but which are not finalized yet ([`finalize_due`]: a process that
 //! stopped between the commit that reached the target and its finalize, or a finalize that
 //! failed). Both are safe to run in every process sharing a PostgreSQL database.
@@ -74,7 +77,32 @@ pub async fn finalize_due(state: &AppState) -> usize {
     done
 }
 
-/// Runs [`finalize_due`] and [`sweep_retention`] now and then every `period`, until aborted.
+/// Starts a round close (off the committer) of every collection of `state` whose open round's
+/// quota is reached and that has none running. Returns how many it started (they finish on
+/// their own); a failure is logged and the next pass tries again.
+pub async fn close_due(state: &AppState) -> usize {
+    let handles = state.collections();
+    match state
+        .ask(|reply| Command::CloseDue { handles, reply })
+        .await
+    {
+        Ok(n) => {
+            if n > 0 {
+                tracing::info!(
+                    started = n,
+                    "quota reached with no close: closing (maintenance)"
+                );
+            }
+            n
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "starting due round closes failed");
+            0
+        }
+    }
+}
+
+/// Runs [`close_due`], [`finalize_due`] and [`sweep_retention`] now and then every `period`, until aborted.
 pub(crate) fn spawn(state: AppState, period: Duration) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval(period);
@@ -82,6 +110,7 @@ pub(crate) fn spawn(state: AppState, period: Duration) -> tokio::task::JoinHandl
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticks.tick().await;
+            close_due(&state).await;
             finalize_due(&state).await;
             if let Err(e) = sweep_retention(state.db(), super::now_secs()).await {
                 tracing::warn!(error = %e, "retention sweep failed; the next pass retries");

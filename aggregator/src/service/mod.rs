@@ -146,7 +146,12 @@ impl AppState {
         let admin_token_hash = Sha256::digest(config.admin_token.expose().as_bytes()).into();
         let metrics = Arc::new(Metrics::default());
         let (tx, rx) = mpsc::channel(config.commit_queue_len.max(1));
-        let committer = tokio::spawn(ingest::run_committer(db.clone(), metrics.clone(), rx));
+        let committer = tokio::spawn(ingest::run_committer(
+            db.clone(),
+            metrics.clone(),
+            rx,
+            tx.downgrade(),
+        ));
         let upload_limiter = RateLimiter::new(config.rate_limit_per_ip);
         let task_limiter = RateLimiter::new(config.rate_limit_per_ip);
         let lookup_limiter = RateLimiter::new(config.rate_limit_per_ip);

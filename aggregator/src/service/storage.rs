@@ -392,6 +392,30 @@ impl Db {
         Ok(row.try_get(0)?)
     }
 
+    /// Stores a new state (version + 1) only if the stored state is still version `base`;
+    /// returns the new version, or `None` when the state changed since (or the collection is
+    /// gone). A round close computed off the committer stores its result with this.
+    pub async fn update_state_if(
+        conn: &mut AnyConnection,
+        id: Uuid,
+        state: &str,
+        base: i64,
+    ) -> Result<Option<i64>, StorageError> {
+        let row = sqlx::query(
+            "UPDATE collections SET state = $1, state_version = state_version + 1 \
+             WHERE id = $2 AND state_version = $3 RETURNING state_version",
+        )
+        .bind(state.to_owned())
+        .bind(id.to_string())
+        .bind(base)
+        .fetch_optional(&mut *conn)
+        .await?;
+        Ok(match row {
+            Some(r) => Some(r.try_get(0)?),
+            None => None,
+        })
+    }
+
     /// Accepted reports per round of a collection.
     pub async fn round_counts(
         conn: &mut AnyConnection,
@@ -1069,6 +1093,35 @@ impl Db {
                 Ok((mem.memory_state(), tables, counts))
             }
         }
+    }
+
+    /// What a round close off the committer reads on PostgreSQL: the stored state, its
+    /// version, the tables and the round counts (every process's reports), in one
+    /// repeatable-read transaction of a pool connection. `None` on SQLite, where memory is
+    /// the truth and the caller snapshots it. Errors: the database's, stored data that cannot
+    /// be read.
+    #[allow(clippy::type_complexity)]
+    pub async fn stored_close_inputs(
+        &self,
+        mem: &impl MemoryView,
+    ) -> Result<Option<(CollectionState, i64, Tables, BTreeMap<u32, u64>)>, StorageError> {
+        if self.backend != Backend::Postgres {
+            return Ok(None);
+        }
+        let id = mem.id();
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = conn.begin().await?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            .execute(&mut *tx)
+            .await?;
+        let (json, version) = Self::state_of(&mut tx, id)
+            .await?
+            .ok_or(StorageError::MissingCollection(id))?;
+        let state = serde_json::from_str(&json)?;
+        let tables = Self::tables_of(&mut tx, mem.engine(), id).await?;
+        let counts = Self::round_counts(&mut tx, id).await?.into_iter().collect();
+        tx.rollback().await?;
+        Ok(Some((state, version, tables, counts)))
     }
 
     /// What finalize of collection `mem` reads, in the caller's transaction after

@@ -143,3 +143,24 @@ pub fn postgres_url(test: &str) -> Option<String> {
         }
     }
 }
+
+/// Polls `check` every 20 ms until it returns `Some`, and returns that; fails the test,
+/// naming `what`, after 60 s. For a state the server reaches after it answered (a round
+/// closed off the committer), never a fixed sleep.
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

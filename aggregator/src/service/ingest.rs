@@ -5,7 +5,7 @@
 //! caught by the database's unique keys, so nothing is counted twice even across processes),
 //! bumps the per-round counts, commits, and only then updates the in-memory sufficient
 //! statistics and answers the requests. A round whose quota the group reached is closed off
-//! the committer ([`start_close`]): a task runs the engine's close on a snapshot and hands the
+//! the committer (`start_close`): a task runs the engine's close on a snapshot and hands the
 //! result back, stored only if the state has not changed since the snapshot. A collection that stops at its target
 //! ([`CollectionHandle::stops_at_target`]) takes reports only up to `target_users`, counted
 //! in the same transaction, and the commit that reaches the target finalizes it (under
@@ -221,7 +221,7 @@ impl CollectionHandle {
     }
 
     /// Whether a round close of this collection is running off the committer
-    /// ([`start_close`]).
+    /// (`start_close`).
     pub fn close_running(&self) -> bool {
         self.closing.load(Relaxed)
     }
@@ -456,7 +456,7 @@ pub enum Command {
         /// Where to answer.
         reply: oneshot::Sender<Result<(), ApiError>>,
     },
-    /// The result of a round close computed off the committer ([`start_close`]): stored if
+    /// The result of a round close computed off the committer (`start_close`): stored if
     /// the collection's state is still version `base`, else dropped.
     Closed(Box<ClosedRound>),
     /// Start a round close of each of `handles` whose open round's quota is reached and that
@@ -503,7 +503,7 @@ async fn blocking<T: Send + 'static>(
 
 /// The committer task: runs until every sender is dropped.
 /// `me` is a weak sender on its own channel, for the round closes it starts
-/// ([`start_close`]) to hand their results back without keeping it alive.
+/// (`start_close`) to hand their results back without keeping it alive.
 pub async fn run_committer(
     db: Db,
     metrics: Arc<Metrics>,

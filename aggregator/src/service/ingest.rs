@@ -6,8 +6,8 @@
 //! bumps the per-round counts, commits, and only then updates the in-memory sufficient
 //! statistics and answers the requests. A round whose quota the group reached is closed off
 //! the committer (`start_close`): a task runs the engine's close on a snapshot and hands the
-//! result back, stored only if the state has not changed since the snapshot. A collection that stops at its target
-//! ([`CollectionHandle::stops_at_target`]) takes reports only up to `target_users`, counted
+//! result back, stored only if the state has not changed since the snapshot. A collection
+//! that stops at its target ([`CollectionHandle::stops_at_target`]) takes reports only up to `target_users`, counted
 //! in the same transaction, and the commit that reaches the target finalizes it (under
 //! `auto_finalize_at_target`) before answering. Admin transitions (close round, finalize,
 //! delete) go through the same task, so the in-memory state has a single writer, and an
@@ -1118,8 +1118,8 @@ async fn close_before_finalize(
 /// PostgreSQL: from the database, so every process's reports count; SQLite: memory), closes
 /// once (`force`: `Some`), then while the quota is reached, and stores the new state if it
 /// changed (`force`: `None` is the close of a collection reaching its target,
-/// [`close_before_finalize`]: only while the quota is reached). This one stays synchronous (it is rare, and its caller waits for the new round): uploads to every
-/// collection of the process wait while it runs. Its stored version makes a quota close
+/// [`close_before_finalize`]: only while the quota is reached). This one stays synchronous
+/// (it is rare, and its caller waits for the new round): uploads to every collection of the process wait while it runs. Its stored version makes a quota close
 /// running off the committer meanwhile drop its result ([`store_close`]). Returns the current
 /// state (PostgreSQL: possibly advanced by another process, which the refresh from the
 /// database brings to this process's handle), the transitions made here, and the stored
@@ -1133,7 +1133,7 @@ async fn close_in_tx(
 ) -> Result<(CollectionState, Vec<Transition>, Option<i64>), ApiError> {
     let started = Instant::now();
     db.lock_collection(conn, handle.id).await?;
-    let (state, tables, counts) = db.close_inputs(conn, handle.as_ref(), None).await?;
+    let (state, tables, counts) = db.close_inputs(conn, handle.as_ref()).await?;
     // Only phases with rounds are refused: elsewhere the close changes nothing anyway.
     let has_rounds = matches!(state.phase, Phase::GraphConstruction | Phase::PairSampling);
     if force == Some(false) && has_rounds && counts.get(&state.round).copied().unwrap_or(0) == 0 {

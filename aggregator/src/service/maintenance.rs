@@ -102,7 +102,8 @@ pub async fn close_due(state: &AppState) -> usize {
     }
 }
 
-/// Runs [`close_due`], [`finalize_due`] and [`sweep_retention`] now and then every `period`, until aborted.
+/// Runs [`close_due`], [`finalize_due`] and [`sweep_retention`] now and then every `period`,
+/// until aborted.
 pub(crate) fn spawn(state: AppState, period: Duration) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval(period);

@@ -14,7 +14,6 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Any, AnyConnection, AnyPool, Connection, Executor, Row};
 use uuid::Uuid;
 
-use crate::engine::tables::merge_into;
 use crate::engine::{CollectionState, Engine, EngineError, TableKey, Tables};
 
 /// Errors of the storage layer. The HTTP layer turns every one into a 500 `internal` problem
@@ -1063,14 +1062,12 @@ impl Db {
     ///
     /// PostgreSQL (several processes): all three from the database, so every process's
     /// reports count and a state another process advanced is seen. SQLite (one process, the
-    /// only writer): state and tables from memory plus `delta` (the caller's group, not yet
-    /// in memory), per-round counts from memory overlaid with the database's (which hold the
-    /// caller's fresh bumps). Errors: the database's, stored data that cannot be read.
+    /// only writer): state and tables from memory, per-round counts from memory overlaid with
+    /// the database's. Errors: the database's, stored data that cannot be read.
     pub async fn close_inputs(
         &self,
         conn: &mut AnyConnection,
         mem: &impl MemoryView,
-        delta: Option<&Tables>,
     ) -> Result<(CollectionState, Tables, BTreeMap<u32, u64>), StorageError> {
         let id = mem.id();
         match self.backend {
@@ -1081,16 +1078,11 @@ impl Db {
                 Ok((state, tables, counts))
             }
             Backend::Sqlite => {
-                let mut tables = mem.memory_tables();
                 let mut counts = mem.memory_round_counts();
-                for (key, s) in delta.into_iter().flatten() {
-                    merge_into(&mut tables, key.clone(), s).map_err(EngineError::from)?;
-                }
-                // The caller's fresh per-round counts are re-read from the database.
                 for (r, n) in Self::round_counts(conn, id).await? {
                     counts.insert(r, n);
                 }
-                Ok((mem.memory_state(), tables, counts))
+                Ok((mem.memory_state(), mem.memory_tables(), counts))
             }
         }
     }

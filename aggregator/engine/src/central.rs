@@ -533,22 +533,29 @@ pub fn synthesize_central<R: Rng + CryptoRng + ?Sized>(
         let mut outside = None;
         let mut pool = Vec::new();
         let mut scores = Vec::new();
-        for w in &candidates {
-            if measured.contains(w) {
-                continue;
+        // Marginals not yet measured first; once every one within the cap is, the measured
+        // ones again (as AIM, whose candidates stay in its pool), so the budget is spent.
+        for again in [false, true] {
+            for w in &candidates {
+                if measured.contains(w) != again {
+                    continue;
+                }
+                let cells = truth[w].len() as f64;
+                if largest_clique_cells(dims, &state.with_edges(w)) > cap {
+                    continue;
+                }
+                let p = state.marginal(w, &mut outside)?;
+                let err: f64 = truth[w]
+                    .iter()
+                    .zip(&p)
+                    .map(|(c, q)| (c - n_hat * q).abs())
+                    .sum();
+                scores.push(err - (2.0 / std::f64::consts::PI).sqrt() * sigma * cells);
+                pool.push(w.clone());
             }
-            let cells = truth[w].len() as f64;
-            if largest_clique_cells(dims, &state.with_edges(w)) > cap {
-                continue;
+            if !pool.is_empty() {
+                break;
             }
-            let p = state.marginal(w, &mut outside)?;
-            let err: f64 = truth[w]
-                .iter()
-                .zip(&p)
-                .map(|(c, q)| (c - n_hat * q).abs())
-                .sum();
-            scores.push(err - (2.0 / std::f64::consts::PI).sqrt() * sigma * cells);
-            pool.push(w.clone());
         }
         spent += rho_select + rho_measure;
         if pool.is_empty() {

@@ -195,7 +195,7 @@ pub struct DemoReport {
     pub drift_warning: Option<String>,
     /// The fit against its own measurements: squared standardized residuals over their
     /// degrees of freedom (about 1 within noise) and the tables beyond noise
-    /// ([`crate::engine::estimate::FitResiduals`]).
+    /// ([`crate::engine::FitResiduals`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fit_residual_ratio: Option<f64>,
     /// Tables the fit disagrees with beyond noise.

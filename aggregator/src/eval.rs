@@ -372,7 +372,7 @@ pub fn noprivacy_model(
     sigma: u64,
 ) -> crate::engine::Model {
     use crate::engine::JointSource;
-    use crate::engine::info::{mutual_information, tau};
+    use crate::engine::numeric::info::{mutual_information, tau};
     let dims = pop.dims().to_vec();
     let d = dims.len();
     let source = ExactJoint::new(pop);
@@ -403,7 +403,7 @@ pub fn noprivacy_model(
             });
         }
     }
-    let structure = crate::engine::plan::build_structure(&dims, &edges, &mi, sigma);
+    let structure = crate::engine::select::structure::build_structure(&dims, &edges, &mi, sigma);
     crate::engine::Model::graphical("noprivjtree", dims, states, structure, source)
 }
 
@@ -411,7 +411,7 @@ pub fn noprivacy_model(
 /// reference): every attribute sampled from its exact 1-way marginal.
 pub fn exact_independence_model(pop: std::sync::Arc<Population>) -> crate::engine::Model {
     let dims = pop.dims().to_vec();
-    let structure = crate::engine::plan::build_structure(
+    let structure = crate::engine::select::structure::build_structure(
         &dims,
         &std::collections::BTreeSet::new(),
         &[],
@@ -431,7 +431,7 @@ pub fn exact_independence_model(pop: std::sync::Arc<Population>) -> crate::engin
 /// clique's marginal exact. The best tree-shaped model of the data (Chow & Liu 1968).
 pub fn chow_liu_model(pop: std::sync::Arc<Population>) -> crate::engine::Model {
     use crate::engine::JointSource;
-    use crate::engine::info::mutual_information;
+    use crate::engine::numeric::info::mutual_information;
     let dims = pop.dims().to_vec();
     let d = dims.len();
     let source = ExactJoint::new(pop);
@@ -443,7 +443,7 @@ pub fn chow_liu_model(pop: std::sync::Arc<Population>) -> crate::engine::Model {
         }
     }
     let edges = crate::engine::graph::maximum_spanning_forest(d, weighted);
-    let structure = crate::engine::plan::build_structure(&dims, &edges, &[], u64::MAX);
+    let structure = crate::engine::select::structure::build_structure(&dims, &edges, &[], u64::MAX);
     crate::engine::Model::graphical("chow-liu", dims, Vec::new(), structure, source)
 }
 

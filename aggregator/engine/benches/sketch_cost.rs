@@ -1,4 +1,4 @@
-//! Party cost of VertiMRF's sketch-based LocEnc (`ldpsyn_engine::sketch`) on Adult split as
+//! Party cost of VertiMRF's sketch-based LocEnc (`ldpsyn_engine::measure::sketch`) on Adult split as
 //! the paper (§7.1: 8 & 7 attributes, `examples/adult/parties.json`), at t = 2000: CPU
 //! seconds and upload size (JSON bytes) per party, then the server's CarEst of every
 //! cross-party 2-way marginal with its mean TVD to the truth (clipped frequencies).
@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use ldpsyn::schema::Schema;
 use ldpsyn::vertical::RecordIdKey;
-use ldpsyn_engine::sketch::{
+use ldpsyn_engine::measure::sketch::{
     AttributeRef, Combine, DEFAULT_COUNT_SHARE, DEFAULT_GAMMA, SketchKey, SketchParams,
     SketchReport, encode_party, estimate_marginal, pooled_count,
 };

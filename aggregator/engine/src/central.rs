@@ -1,7 +1,7 @@
 //! Central differential privacy: one data curator's synthesizer (select–measure–generate).
 //!
 //! The curator holds the whole table and releases only a synthetic table (and the privacy
-//! report). The model is the same graphical model the LDP collections fit ([`super::pgm`]);
+//! report). The model is the same graphical model the LDP collections fit ([`crate::fit::pgm`]);
 //! only the measurements differ: exact marginal counts plus discrete Gaussian noise instead
 //! of randomized-response tables. Measurements are measurements: the fit sees values and
 //! per-cell variances either way.
@@ -40,13 +40,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use rand::{CryptoRng, Rng};
 use serde::{Deserialize, Serialize};
 
-use super::EngineError;
-use super::estimate::{MAX_CLIQUE_CELLS, largest_clique_cells};
-use super::graph::{Edge, EdgeState, JunctionTree, build_junction_tree, edge, triangulate};
-use super::model::{JointSource, Model, clique_joint};
-use super::pgm::{FitOptions, GraphicalModel, Observation, fit};
-use super::plan::build_structure;
-use super::tables::projection_map;
+use crate::EngineError;
+use crate::fit::joint::{JointSource, clique_joint};
+use crate::fit::pgm::{FitOptions, GraphicalModel, Observation, fit};
+use crate::graph::{Edge, EdgeState, JunctionTree, build_junction_tree, edge, triangulate};
+use crate::numeric::index::projection_map;
+use crate::select::model_graph::{MAX_CLIQUE_CELLS, largest_clique_cells};
+use crate::select::structure::build_structure;
+use crate::synth::model::Model;
 
 /// Share of ρ spent on the 1-ways before the rounds (PPSyn Alg. 1 line 1).
 pub const ONE_WAY_SHARE: f64 = 0.1;

@@ -30,7 +30,7 @@ pub struct EdgeState {
     /// Reports of tables containing the pair when last evaluated.
     pub reports: u64,
     /// `auto`: estimated dependence `D̂` (L1 distance from independence, debiased for the
-    /// screening noise; see [`crate::estimate::PairGain`]).
+    /// screening noise; see [`crate::select::gain::PairGain`]).
     pub score: Option<f64>,
     /// `auto`: bin maps `[map of a, map of b]` the pair is measured under (`[]` for full
     /// resolution; empty: neither binned).

@@ -4,31 +4,36 @@
 //! statistics, pure and IO-free (no async runtime, database or HTTP; the aggregator service
 //! stores its state and tables and calls it).
 //!
-//! - [`tables`]: [`TableKey`] → `SufficientStatistics` (additive); every table becomes a
-//!   measurement with per-cell variances from one model (randomizer + sampling).
-//! - [`state`]: [`Engine`] (from the public collection config), the serializable
-//!   [`CollectionState`], task assignment ([`Engine::draw_task`]), round transitions
-//!   ([`Engine::should_close`], [`Engine::close_round`]) and [`Engine::finalize`].
-//! - [`protocols`]: one module per protocol behind one trait (PrivIncr/NoIncremental pruning,
-//!   `auto`'s screening and selection, SamPrivSyn re-weighting, independence), dispatched
-//!   once by the engine.
+//! The engine is a layered pipeline; a module imports only from its own layer or those
+//! below it (checked by `tests/layering.rs`), bottom to top:
+//!
+//! - [`numeric`]: information measures (PrivIncr eqs. 14–18), index maps over product
+//!   domains, χ² tails.
+//! - [`graph`]: triangulation, maximal cliques, junction tree.
+//! - [`domain`]: schema codes ↔ working bins ([`Space`]), tasks ([`TaskSpec`]), the key of a
+//!   table ([`TableKey`]).
+//! - [`measure`]: [`TableKey`] → `SufficientStatistics` (additive); every table becomes a
+//!   measurement with per-cell variances from one model (randomizer + sampling); rounds as
+//!   strata of the population ([`measure::drift`]); VertiMRF's party sketches
+//!   ([`measure::sketch`], Alg. 1, 3, 4).
+//! - [`select`]: a pair's expected gain, the model graph within a clique cap, the
+//!   conditionals of its junction tree (PrivIncr Algorithm 2 with mRMR).
+//! - [`fit`]: the graphical model fitted to every measurement (mirror descent + belief
+//!   propagation on the junction tree; private-pgm, PrivMRF/VertiMRF §5, PPSyn §3.3), its
+//!   residuals, a numeric attribute's smoothed 1-way.
+//! - [`synth`]: the [`Model`]: marginals with standard errors, within-bin recovery,
+//!   streaming synthesis; SamPrivSyn's own generator (eq. 7, eq. 11, Alg. 2).
+//! - [`state`]: what a collection has decided ([`CollectionState`]), serde data only.
+//! - [`protocols`]: one module per protocol behind one trait, each seeing its collection
+//!   through a [`Context`] (PrivIncr/NoIncremental pruning, `auto`'s screening and
+//!   selection, SamPrivSyn re-weighting, independence, vertical).
+//! - [`pipeline`]: finalization as named stages (measure, stratify, select, fit, release).
+//! - [`engine`]: [`Engine`] (from the public collection config): task assignment
+//!   ([`Engine::draw_task`]), round transitions ([`Engine::should_close`],
+//!   [`Engine::close_round`]) and [`Engine::finalize`].
 //! - [`central`]: a curator's central-DP synthesizer (select–measure–generate under zCDP,
 //!   PPSyn Alg. 1 on AIM's loop) over the same graphical model.
-//! - [`drift`]: rounds as strata of the population: a heterogeneity test between rounds and
-//!   every table calibrated to the population's post-stratified 1-ways.
-//! - [`estimate`]: the model graph (pairs kept by expected gain within a clique cap) and the
-//!   observations every measurement gives the fit.
-//! - [`pgm`]: the graphical model fitted to every measurement (mirror descent + belief
-//!   propagation on the junction tree; private-pgm, PrivMRF/VertiMRF §5, PPSyn §3.3).
-//! - [`info`]: MI, τ, η, ΔI, ℓ (PrivIncr eqs. 14–18).
-//! - [`graph`]: triangulation, maximal cliques, junction tree.
-//! - [`plan`]: conditionals of the junction tree, Algorithm 2 of PrivIncr with mRMR.
-//! - [`model`]: the [`Model`]: marginals with standard errors, streaming synthesis.
-//! - [`space`]: schema codes ↔ working bins (fine-grid numeric attributes).
-//! - [`smooth`]: a numeric attribute's 1-way smoothed over its ordered bins (SURE-chosen).
-//! - [`samprivsyn`]: SamPrivSyn's own estimation and data generation (eq. 7, eq. 11, Alg. 2).
-//! - [`sketch`]: VertiMRF's DP Flajolet–Martin sketches: party-side LocEnc (Alg. 1, 3) and
-//!   server-side CarEst (Alg. 4), with Theorem 2's accounting.
+//! - [`tuning`]: every tuning constant with its option, environment variable and sweep.
 //!
 //! Reductions iterate tables in key order (`BTreeMap`), so the same multiset of reports gives
 //! the same model whatever the order in which they arrived.
@@ -73,36 +78,42 @@
 #![warn(missing_docs)]
 
 pub mod central;
-pub mod drift;
-pub mod estimate;
+pub mod domain;
+pub mod engine;
+pub mod fit;
 pub mod graph;
-pub mod info;
-pub mod model;
-pub mod pgm;
-pub mod plan;
+pub mod measure;
+pub mod numeric;
+pub mod pipeline;
 pub mod protocols;
-pub mod samprivsyn;
-pub mod sketch;
-pub mod smooth;
-pub mod space;
+pub mod select;
 pub mod state;
-pub mod tables;
+pub mod synth;
 pub mod tuning;
 
-pub use drift::{AttributeDrift, DriftReport};
-pub use estimate::{FitResiduals, TableResidual};
+pub use domain::key::TableKey;
+pub use domain::space::Space;
+pub use domain::task::TaskSpec;
+pub use engine::{Engine, MAX_ATTRIBUTES, TaskSampler};
+pub use fit::joint::{FittedJoint, JointSource};
+pub use fit::residuals::{FitResiduals, TableResidual};
 pub use graph::{Edge, EdgeState, JunctionTree};
-pub use model::{
-    EdgeGain, Expansion, FittedJoint, JointSource, MAX_ELIMINATION_CELLS, MarginalEstimate,
-    MeasuredFactor, Model, ModelDescription, Recovery, RoundSummary, Synthesizer,
-};
-pub use plan::{Conditional, Structure};
-pub use space::Space;
+pub use measure::drift::{AttributeDrift, DriftReport};
+pub use measure::measurement::Measurement;
+pub use measure::tables::{Combined, Measurements, Tables, TablesError};
+pub use protocols::context::Context;
+pub use select::structure::{Conditional, Structure};
 pub use state::{
-    CollectionState, Engine, EngineOptions, MAX_ATTRIBUTES, PairRounds, PairSampling, Phase,
-    Phase2Plan, PlannedFactor, ProtocolState, TaskSampler, TaskSpec, Transition,
+    CollectionState, EngineOptions, PairRounds, PairSampling, Phase, Phase2Plan, PlannedFactor,
+    ProtocolState, Transition,
 };
-pub use tables::{Combined, Measurements, TableKey, Tables, TablesError};
+pub use synth::description::{
+    EdgeGain, MarginalEstimate, MeasuredFactor, ModelDescription, RoundSummary,
+};
+pub use synth::inference::MAX_ELIMINATION_CELLS;
+pub use synth::model::Model;
+pub use synth::recovery::{Expansion, Recovery};
+pub use synth::sampler::Synthesizer;
 
 use ldpsyn::mechanism::MechanismError;
 

@@ -5,7 +5,7 @@
 //! ([`EngineOptions::from_overrides`]), so a knob has the same name everywhere; a test checks
 //! that each knob's sweep file exists and that its option is the field it names.
 
-use crate::EngineOptions;
+use crate::state::EngineOptions;
 
 /// Why a knob has its value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,7 +104,7 @@ pub const KNOBS: &[Knob] = &[
     },
     Knob {
         constant: "MAX_CLIQUE_CELLS",
-        value: crate::estimate::MAX_CLIQUE_CELLS as f64,
+        value: crate::select::model_graph::MAX_CLIQUE_CELLS as f64,
         option: Some("max_clique_cells"),
         env: Some("LDPSYN_MAX_CLIQUE_CELLS"),
         sweep: "clique-cap.md",
@@ -113,7 +113,7 @@ pub const KNOBS: &[Knob] = &[
     },
     Knob {
         constant: "SUB_BIN_ONE_WAY_SHARE",
-        value: crate::state::SUB_BIN_ONE_WAY_SHARE,
+        value: crate::domain::task::SUB_BIN_ONE_WAY_SHARE,
         option: Some("sub_bin_share"),
         env: Some("LDPSYN_SUB_BIN_SHARE"),
         sweep: "sub-bin-share.md",
@@ -122,7 +122,7 @@ pub const KNOBS: &[Knob] = &[
     },
     Knob {
         constant: "SUB_BINS",
-        value: crate::state::SUB_BINS as f64,
+        value: crate::domain::task::SUB_BINS as f64,
         option: Some("sub_bins"),
         env: Some("LDPSYN_SUB_BINS"),
         sweep: "sub-bin-share.md",
@@ -131,7 +131,7 @@ pub const KNOBS: &[Knob] = &[
     },
     Knob {
         constant: "SMOOTHING_RELEASE_Z",
-        value: crate::smooth::SMOOTHING_RELEASE_Z,
+        value: crate::fit::smooth::SMOOTHING_RELEASE_Z,
         option: Some("smoothing_release_z"),
         env: Some("LDPSYN_SMOOTHING_Z"),
         sweep: "numeric-smoothing.md",
@@ -140,7 +140,7 @@ pub const KNOBS: &[Knob] = &[
     },
     Knob {
         constant: "UNRESOLVED_BIN_Z",
-        value: crate::space::UNRESOLVED_BIN_Z,
+        value: crate::domain::space::UNRESOLVED_BIN_Z,
         option: Some("unresolved_bin_z"),
         env: Some("LDPSYN_UNRESOLVED_BIN_Z"),
         sweep: "unresolved-bins.md",
@@ -149,7 +149,7 @@ pub const KNOBS: &[Knob] = &[
     },
     Knob {
         constant: "POINT_MASS_Z",
-        value: crate::space::POINT_MASS_Z,
+        value: crate::domain::space::POINT_MASS_Z,
         option: None,
         env: None,
         sweep: "point-masses.md",
@@ -158,7 +158,7 @@ pub const KNOBS: &[Knob] = &[
     },
     Knob {
         constant: "MIN_POINT_BIN_CELLS",
-        value: crate::space::MIN_POINT_BIN_CELLS as f64,
+        value: crate::domain::space::MIN_POINT_BIN_CELLS as f64,
         option: None,
         env: None,
         sweep: "point-masses.md",
@@ -167,7 +167,7 @@ pub const KNOBS: &[Knob] = &[
     },
     Knob {
         constant: "PILOT_ITERS",
-        value: crate::estimate::PILOT_ITERS as f64,
+        value: crate::fit::observe::PILOT_ITERS as f64,
         option: None,
         env: None,
         sweep: "fit-weights.md",

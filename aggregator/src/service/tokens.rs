@@ -54,7 +54,7 @@ const VERSION: u8 = 1;
 /// Token format version with bin maps.
 const VERSION_BINS: u8 = 2;
 /// Most bin-map cuts one token carries.
-pub const MAX_TOKEN_CUTS: usize = crate::engine::space::MAX_TASK_CUTS;
+pub const MAX_TOKEN_CUTS: usize = crate::engine::domain::space::MAX_TASK_CUTS;
 /// Length of the MAC.
 const MAC_LEN: usize = 32;
 /// Fixed part of the body: version, collection, round, mechanism, ε, expiry, nonce, length.

@@ -20,7 +20,7 @@ use rand_distr::{Binomial, Distribution};
 
 use super::{Population, SimError};
 use crate::engine::{
-    CollectionState, Engine, Model, TableKey, Tables, TaskSpec, Transition, tables::merge_into,
+    CollectionState, Engine, Model, TableKey, Tables, TaskSpec, Transition, measure::tables::merge_into,
 };
 
 /// A report as the service would receive it (for replay tests).
@@ -524,7 +524,7 @@ mod tests {
     /// 1-ways (the whole download's and the first chunk's agree to 1%).
     #[test]
     fn samprivsyn_synthesis_streams_in_chunks() {
-        use crate::engine::model::SAMPRIVSYN_CHUNK_ROWS;
+        use crate::engine::synth::sampler::SAMPRIVSYN_CHUNK_ROWS;
         use ldpsyn::protocol::SamPrivSynParams;
         let net = BayesNet::standard();
         let pop = net.sample(20_000, 4);

@@ -12,7 +12,7 @@
 //! phase 2 measures the selected pairs and every attribute alone, allocated to minimize that
 //! prediction. Round 0's reports are not spent on structure only: they enter the final fit
 //! as 1-way measurements like phase 2's. When the rounds' people differ beyond noise
-//! ([`crate::drift`]), phase 2 counts no earlier 1-way reports and also repeats the
+//! ([`crate::measure::drift`]), phase 2 counts no earlier 1-way reports and also repeats the
 //! screening design (`repeat_screening`), so that every round measures what the model uses
 //! and the fit can treat rounds as strata. With too few users nothing is screened and the
 //! collection is the independence model from the start, or nothing is selected and phase 2
@@ -32,17 +32,20 @@ use super::{
     end_phase1_round, graph_state, one_way_choices, one_way_state, pairs, plan_structure,
     round_quota,
 };
-use crate::drift::one_way_drift;
-use crate::estimate::{
-    Null, PairGain, best_pair_gain, clique_cap, largest_clique_cells, one_way_estimates,
-    pair_gain_binned, projected_noise_l1,
-};
+use crate::EngineError;
+use crate::domain::space::{equal_mass_cuts, equal_width_cuts};
+use crate::domain::task::TaskSpec;
 use crate::graph::{Edge, EdgeState, edge};
-use crate::info::mutual_information;
-use crate::space::{equal_mass_cuts, equal_width_cuts};
-use crate::state::{CollectionState, Engine, Phase, PlannedFactor, TaskSpec, Transition};
-use crate::tables::Measurement;
-use crate::{EngineError, Measurements, Tables};
+use crate::measure::drift::one_way_drift;
+use crate::measure::measurement::Measurement;
+use crate::measure::one_way::one_way_estimates;
+use crate::measure::tables::Measurements;
+use crate::measure::tables::Tables;
+use crate::numeric::info::mutual_information;
+use crate::protocols::context::Context;
+use crate::select::gain::{Null, PairGain, best_pair_gain, pair_gain_binned, projected_noise_l1};
+use crate::select::model_graph::{clique_cap, largest_clique_cells};
+use crate::state::{CollectionState, Phase, PlannedFactor, Transition};
 
 /// Share of the users `auto` spends on its screening round (every screened pair measured
 /// alike); `omega` of the config is ignored by `auto`. Chosen by a sweep over adult,
@@ -211,11 +214,11 @@ fn top_up(a: &[f64], m: &[f64], n2: f64) -> Vec<f64> {
 /// totals as well as 1-way measurement `m` does when its attribute's distribution is `at`:
 /// its own reports, or fewer when it was measured in sub-bins, whose block sums are noisier
 /// (`n·(K_w/K_m)²`, with `K` the summed standard errors of the bins' totals, both ∝ 1/√n:
-/// the one variance model of [`crate::tables::Measurement::cell_variances`]).
-fn equivalent_reports(engine: &Engine, ms: &Measurements, m: &Measurement, at: &[f64]) -> f64 {
+/// the one variance model of [`crate::measure::measurement::Measurement::cell_variances`]).
+fn equivalent_reports(ctx: &Context, ms: &Measurements, m: &Measurement, at: &[f64]) -> f64 {
     let n = m.estimate.n as f64;
     let [a] = m.key.factor[..] else { return n };
-    if m.refined.is_none() || at.len() != engine.dims()[a] {
+    if m.refined.is_none() || at.len() != ctx.dims()[a] {
         return n;
     }
     let own: f64 = m
@@ -223,7 +226,7 @@ fn equivalent_reports(engine: &Engine, ms: &Measurements, m: &Measurement, at: &
         .iter()
         .map(|v| v.max(0.0).sqrt())
         .sum();
-    let working: f64 = engine.cell_std_errors(&[a], &[], at, n).iter().sum();
+    let working: f64 = ctx.cell_std_errors(&[a], &[], at, n).iter().sum();
     if own > 0.0 && working.is_finite() {
         n * (working / own).powi(2).min(1.0)
     } else {
@@ -240,12 +243,12 @@ pub struct Auto {
 /// Under drift, phase 2 also repeats the screening design: `share` of phase 2's reports go
 /// to the screening round's `tasks`, spread evenly as in that round, and the plan's `factors`
 /// keep the rest in their proportions. The final fit treats rounds as strata
-/// ([`crate::drift`]), and a stratum that never measured a pair borrows its odds ratios
+/// ([`crate::measure::drift`]), and a stratum that never measured a pair borrows its odds ratios
 /// from the others: on NLTCS in file order (rows sorted by their answers), phase 2's people
 /// are unlike the screening round's, and a pair selected against was measured by the
 /// screening round only (`benchmarks/sweeps/arrival-design.md`).
 fn repeat_screening(
-    engine: &Engine,
+    ctx: &Context,
     factors: &mut Vec<PlannedFactor>,
     tasks: Vec<ScreeningTask>,
     share: f64,
@@ -262,7 +265,7 @@ fn repeat_screening(
         {
             Some(f) => f.weight += each,
             None => factors.push(PlannedFactor {
-                mechanism: engine.best_oracle(&factor, &bins),
+                mechanism: ctx.best_oracle(&factor, &bins),
                 factor,
                 bins,
                 weight: each,
@@ -278,21 +281,18 @@ impl Auto {
         Self { params }
     }
 
-    fn share(&self, engine: &Engine) -> f64 {
-        engine
-            .options()
-            .auto_phase1_share
-            .unwrap_or(AUTO_PHASE1_SHARE)
+    fn share(&self, ctx: &Context) -> f64 {
+        ctx.options().auto_phase1_share.unwrap_or(AUTO_PHASE1_SHARE)
     }
 
     /// Users `auto` expects in phase 2: those not in round 0 or the screening round.
-    fn phase2_users(&self, engine: &Engine) -> f64 {
-        self.phase2_users_after(engine, self.share(engine))
+    fn phase2_users(&self, ctx: &Context) -> f64 {
+        self.phase2_users_after(ctx, self.share(ctx))
     }
 
     /// Users in phase 2 when the screening round takes `screening_share` of them.
-    fn phase2_users_after(&self, engine: &Engine, screening_share: f64) -> f64 {
-        (1.0 - screening_share - self.round0_share(engine)).max(0.0) * engine.target_users() as f64
+    fn phase2_users_after(&self, ctx: &Context, screening_share: f64) -> f64 {
+        (1.0 - screening_share - self.round0_share(ctx)).max(0.0) * ctx.target_users() as f64
     }
 
     /// The screening round's share of the users: with φ the fraction of its active pairs
@@ -303,8 +303,8 @@ impl Auto {
     /// Weighing by φ rather than switching on any block matters for wide tables at a few
     /// thousand people, whose design of ~580 pairs may hold a dozen blocks: the block share
     /// starved their 1-ways (`benchmarks/sweeps/auto-block-share.md`, "Mixed designs").
-    fn screening_share(&self, engine: &Engine, phi: f64) -> f64 {
-        let options = engine.options();
+    fn screening_share(&self, ctx: &Context, phi: f64) -> f64 {
+        let options = ctx.options();
         if let Some(s) = options.auto_phase1_share {
             return s;
         }
@@ -312,7 +312,7 @@ impl Auto {
             .auto_block_share
             .unwrap_or(AUTO_BLOCK_SCREENING_SHARE);
         ((1.0 - phi) * AUTO_PHASE1_SHARE + phi * block_share)
-            .clamp(0.0, 1.0 - self.round0_share(engine))
+            .clamp(0.0, 1.0 - self.round0_share(ctx))
     }
 
     /// φ: the fraction of the active pairs of `edges` that the screening design `tasks`
@@ -335,15 +335,15 @@ impl Auto {
     /// The share of the screening round's people who report an attribute alone (taken from
     /// its pairs): round 0's share of the collection, times the fraction `1 − φ` of the
     /// design in pairs (φ, [`Auto::block_fraction`]). Every round then holds the 1-ways of its
-    /// own people, so that rounds can be strata of the population ([`crate::drift`]): a pair
+    /// own people, so that rounds can be strata of the population ([`crate::measure::drift`]): a pair
     /// report estimates its two 1-ways far more noisily than a report of one attribute, while
     /// a block of m attributes holds m of them in one report, and its round needs no slice.
     /// With i.i.d. arrivals the slice's reports count towards phase 2's 1-ways like round
     /// 0's (`top_up`). Compared over every suite table in both arrival orders with taking the
     /// slice from phase 2 instead (`benchmarks/sweeps/arrival-design.md`); slices of 0.3–0.6
     /// of the pair part are within 1.5% of it on average (`benchmarks/sweeps/one-way-slice.md`).
-    fn one_way_slice(&self, engine: &Engine, phi: f64) -> f64 {
-        self.round0_share(engine) * (1.0 - phi)
+    fn one_way_slice(&self, ctx: &Context, phi: f64) -> f64 {
+        self.round0_share(ctx) * (1.0 - phi)
     }
 
     /// The bin maps `auto` screens pair `(a, b)` under, or `None` if it never measures it.
@@ -358,20 +358,20 @@ impl Auto {
     /// is a bin of its own), else of equal width (VertiMRF §6.1's data-independent binning).
     fn screening_bins(
         &self,
-        engine: &Engine,
+        ctx: &Context,
         one_way: Option<&[Vec<f64>]>,
         a: usize,
         b: usize,
     ) -> Option<Vec<Vec<u32>>> {
-        let dims = engine.dims();
-        let n_ref = self.phase2_users(engine) / dims.len() as f64;
-        let budget = self.bin_noise_l1(engine);
+        let dims = ctx.dims();
+        let n_ref = self.phase2_users(ctx) / dims.len() as f64;
+        let budget = self.bin_noise_l1(ctx);
         let (mut ka, mut kb) = (dims[a], dims[b]);
         loop {
             let bins = pair_bins(one_way, (a, dims[a], ka), (b, dims[b], kb));
             let uniform = vec![1.0 / (ka * kb) as f64; ka * kb];
             let ceiling = 2.0 * (1.0 - 1.0 / ka.min(kb) as f64);
-            let noise = engine.expected_noise_l1(&[a, b], &bins, &uniform, n_ref);
+            let noise = ctx.expected_noise_l1(&[a, b], &bins, &uniform, n_ref);
             if noise < budget.min(ceiling) {
                 return Some(bins);
             }
@@ -387,9 +387,8 @@ impl Auto {
     }
 
     /// Round 0's share of the users (at most half).
-    fn round0_share(&self, engine: &Engine) -> f64 {
-        engine
-            .options()
+    fn round0_share(&self, ctx: &Context) -> f64 {
+        ctx.options()
             .auto_round0_share
             .unwrap_or(AUTO_ROUND0_SHARE)
             .clamp(0.0, 0.5)
@@ -397,17 +396,17 @@ impl Auto {
 
     /// The screening round's state: every pair that could pay for its reports, binned by
     /// [`Auto::screening_bins`] under `one_way`.
-    fn screening_state(&self, engine: &Engine, one_way: Option<&[Vec<f64>]>) -> CollectionState {
-        let screened: BTreeMap<Edge, Vec<Vec<u32>>> = pairs(engine.dims().len())
+    fn screening_state(&self, ctx: &Context, one_way: Option<&[Vec<f64>]>) -> CollectionState {
+        let screened: BTreeMap<Edge, Vec<Vec<u32>>> = pairs(ctx.dims().len())
             .into_iter()
-            .filter_map(|(a, b)| Some(((a, b), self.screening_bins(engine, one_way, a, b)?)))
+            .filter_map(|(a, b)| Some(((a, b), self.screening_bins(ctx, one_way, a, b)?)))
             .collect();
-        let mut state = graph_state(engine, &self.params, 1, self.share(engine), |a, b| {
+        let mut state = graph_state(ctx, &self.params, 1, self.share(ctx), |a, b| {
             screened.get(&(a, b)).cloned()
         });
-        let tasks = self.screening_tasks(engine, state.edges());
-        let share = self.screening_share(engine, Self::block_fraction(&tasks, state.edges()));
-        state.round_quota = Some(round_quota(engine, share, 1));
+        let tasks = self.screening_tasks(ctx, state.edges());
+        let share = self.screening_share(ctx, Self::block_fraction(&tasks, state.edges()));
+        state.round_quota = Some(round_quota(ctx, share, 1));
         state
     }
 
@@ -422,8 +421,8 @@ impl Auto {
     /// combined estimates (inverse-variance pooling over the tasks holding each pair) wins;
     /// ties go to the smaller m. At small ε the randomizer's noise grows with the cells
     /// merged, and the pairs win.
-    fn screening_tasks(&self, engine: &Engine, edges: &[EdgeState]) -> Vec<ScreeningTask> {
-        let dims = engine.dims();
+    fn screening_tasks(&self, ctx: &Context, edges: &[EdgeState]) -> Vec<ScreeningTask> {
+        let dims = ctx.dims();
         let active: Vec<&EdgeState> = edges.iter().filter(|e| e.active).collect();
         let pair_task = |e: &EdgeState| (vec![e.a, e.b], e.bins.clone());
         let full: BTreeSet<Edge> = active
@@ -460,7 +459,7 @@ impl Auto {
                     if !same_bins {
                         continue;
                     }
-                    let k = engine.marginal_noise_l1(f, bins, &[e.a, e.b], 1.0);
+                    let k = ctx.marginal_noise_l1(f, bins, &[e.a, e.b], 1.0);
                     *precision.entry((e.a, e.b)).or_default() += share / (k * k);
                 }
             }
@@ -498,9 +497,8 @@ impl Auto {
         best.1
     }
 
-    fn bin_noise_l1(&self, engine: &Engine) -> f64 {
-        engine
-            .options()
+    fn bin_noise_l1(&self, ctx: &Context) -> f64 {
+        ctx.options()
             .auto_bin_noise_l1
             .unwrap_or(AUTO_BIN_NOISE_L1)
             .min(2.0)
@@ -532,22 +530,22 @@ impl Auto {
     /// task weights (expected phase-2 reports).
     fn select(
         &self,
-        engine: &Engine,
+        ctx: &Context,
         state: &mut CollectionState,
         ms: &Measurements,
         drifted: bool,
         screening_share: f64,
     ) -> (Vec<Edge>, Vec<PlannedFactor>) {
-        let d = engine.dims().len();
+        let d = ctx.dims().len();
         let round = state.round;
         let one = one_way_estimates(ms);
-        let n2 = self.phase2_users_after(engine, screening_share).max(1.0);
+        let n2 = self.phase2_users_after(ctx, screening_share).max(1.0);
         let n_ref = (n2 / d as f64).max(1.0);
         // The share of a table's noise that its simplex projection keeps, at a tree-sized
         // phase-2 allocation (sparse and skewed tables lose much of their noise to it).
         let kept_share = |f: &[usize], bins: &[Vec<u32>], at: &[f64], seed: u64| {
-            let sigma = engine.cell_std_errors(f, bins, at, n_ref);
-            let raw = engine.expected_noise_l1(f, bins, at, n_ref);
+            let sigma = ctx.cell_std_errors(f, bins, at, n_ref);
+            let raw = ctx.expected_noise_l1(f, bins, at, n_ref);
             let kept = projected_noise_l1(at, &sigma, seed);
             if raw > 0.0 {
                 (kept / raw).min(1.0)
@@ -558,12 +556,12 @@ impl Auto {
         // A 1-way's seed apart from every pair's (pair indices are below 2^32).
         let allocation = |f: &[usize], at: &[f64], w: f64| {
             let share = kept_share(f, &[], at, u64::MAX - f[0] as u64);
-            (w * share * engine.expected_noise_l1(f, &[], at, 1.0)).powf(2.0 / 3.0)
+            (w * share * ctx.expected_noise_l1(f, &[], at, 1.0)).powf(2.0 / 3.0)
         };
         let mut factors: Vec<PlannedFactor> = (0..d)
             .map(|a| PlannedFactor {
                 factor: vec![a],
-                mechanism: engine.best_oracle(&[a], &[]),
+                mechanism: ctx.best_oracle(&[a], &[]),
                 weight: allocation(&[a], &one[a], (d - 1).max(1) as f64),
                 bins: Vec::new(),
             })
@@ -585,7 +583,7 @@ impl Auto {
             e.reports = ms
                 .combined_binned(&[e.a, e.b], &e.bins, |_| true, None)
                 .map_or(0, |c| c.reports);
-            let Some(pdims) = engine.factor_dims(&[e.a, e.b], &e.bins) else {
+            let Some(pdims) = ctx.factor_dims(&[e.a, e.b], &e.bins) else {
                 continue;
             };
             e.mi = Some(mutual_information(&g.projected, pdims[0], pdims[1]));
@@ -597,17 +595,17 @@ impl Auto {
                 // tables lose much of their noise to it).
                 let f = [e.a, e.b];
                 let at = &g.projected;
-                let k = engine.expected_noise_l1(&f, &e.bins, at, 1.0);
+                let k = ctx.expected_noise_l1(&f, &e.bins, at, 1.0);
                 let shrink = kept_share(&f, &e.bins, at, i as u64);
                 candidates.push((i, dependence, (shrink * k).powf(2.0 / 3.0)));
             }
         }
-        let cap = clique_cap(engine.options().max_clique_cells, engine.target_users());
+        let cap = clique_cap(ctx.options().max_clique_cells, ctx.target_users());
         // Earlier rounds' 1-way reports count towards phase 2's: the noise of a 1-way
         // measured by m_f earlier and n_f later reports is K_f/√(m_f + n_f), with sub-bin
         // reports counted at what they are worth for the bins' totals. Not when the
         // population changed between the rounds: then earlier people describe only
-        // themselves, and the final fit post-stratifies by round (`crate::drift`), so
+        // themselves, and the final fit post-stratifies by round (`crate::measure::drift`), so
         // phase 2's people need 1-ways of their own.
         let earlier: Vec<f64> = (0..d)
             .map(|a| {
@@ -616,7 +614,7 @@ impl Auto {
                 }
                 ms.containing(&[a])
                     .filter(|m| m.key.factor == [a] && m.key.bins_of(a).is_empty())
-                    .map(|m| equivalent_reports(engine, ms, m, &one[a]))
+                    .map(|m| equivalent_reports(ctx, ms, m, &one[a]))
                     .sum()
             })
             .collect();
@@ -639,7 +637,7 @@ impl Auto {
             let (i, _, a) = candidates.remove(j);
             let e = edge(edges[i].a, edges[i].b);
             graph.insert(e);
-            if largest_clique_cells(engine.dims(), &graph) > cap {
+            if largest_clique_cells(ctx.dims(), &graph) > cap {
                 graph.remove(&e);
                 continue;
             }
@@ -648,7 +646,7 @@ impl Auto {
             let bins = edges[i].bins.clone();
             factors.push(PlannedFactor {
                 factor: vec![e.0, e.1],
-                mechanism: engine.best_oracle(&[e.0, e.1], &bins),
+                mechanism: ctx.best_oracle(&[e.0, e.1], &bins),
                 weight: a,
                 bins,
             });
@@ -677,32 +675,32 @@ impl Auto {
 }
 
 impl CollectionProtocol for Auto {
-    fn initial_state(&self, engine: &Engine) -> CollectionState {
-        if pairs(engine.dims().len())
+    fn initial_state(&self, ctx: &Context) -> CollectionState {
+        if pairs(ctx.dims().len())
             .into_iter()
-            .all(|(a, b)| self.screening_bins(engine, None, a, b).is_none())
+            .all(|(a, b)| self.screening_bins(ctx, None, a, b).is_none())
         {
             // No pair could ever pay for its reports: the independence model, at no cost.
-            return one_way_state(engine);
+            return one_way_state(ctx);
         }
-        let s0 = self.round0_share(engine);
+        let s0 = self.round0_share(ctx);
         if s0 <= 0.0 {
-            return self.screening_state(engine, None);
+            return self.screening_state(ctx, None);
         }
         // Round 0: every attribute alone (no edges yet).
         CollectionState {
             phase: Phase::GraphConstruction,
-            round_quota: Some(round_quota(engine, s0, 1)),
-            ..one_way_state(engine)
+            round_quota: Some(round_quota(ctx, s0, 1)),
+            ..one_way_state(ctx)
         }
     }
 
     fn task_choices(
         &self,
-        engine: &Engine,
+        ctx: &Context,
         state: &CollectionState,
     ) -> Result<TaskChoices, EngineError> {
-        if let Some(choices) = common_choices(engine, state) {
+        if let Some(choices) = common_choices(ctx, state) {
             return choices;
         }
         if state.phase != Phase::GraphConstruction {
@@ -713,25 +711,25 @@ impl CollectionProtocol for Auto {
         }
         let active = active_edges(state);
         if active.is_empty() {
-            return Ok(one_way_choices(engine, state));
+            return Ok(one_way_choices(ctx, state));
         }
         // Every screened pair alike (each needs its own dependence estimate), in the
         // design's factors, and the round's slice of 1-ways, every attribute alike.
-        let screening = self.screening_tasks(engine, state.edges());
-        let slice = self.one_way_slice(engine, Self::block_fraction(&screening, state.edges()));
+        let screening = self.screening_tasks(ctx, state.edges());
+        let slice = self.one_way_slice(ctx, Self::block_fraction(&screening, state.edges()));
         let mut tasks: Vec<TaskSpec> = screening
             .into_iter()
             .map(|(factor, bins)| TaskSpec {
                 round: state.round,
-                mechanism: engine.best_oracle(&factor, &bins),
+                mechanism: ctx.best_oracle(&factor, &bins),
                 factor,
                 bins,
             })
             .collect();
         let mut weights = vec![(1.0 - slice) / tasks.len() as f64; tasks.len()];
         if slice > 0.0 {
-            let d = engine.dims().len();
-            tasks.extend(one_way_choices(engine, state).tasks);
+            let d = ctx.dims().len();
+            tasks.extend(one_way_choices(ctx, state).tasks);
             weights.extend(std::iter::repeat_n(slice / d as f64, d));
         }
         Ok(TaskChoices {
@@ -743,7 +741,7 @@ impl CollectionProtocol for Auto {
 
     fn close_round(
         &self,
-        engine: &Engine,
+        ctx: &Context,
         state: &mut CollectionState,
         tables: &Tables,
     ) -> Result<Transition, EngineError> {
@@ -751,20 +749,20 @@ impl CollectionProtocol for Auto {
             return Ok(Transition::Nothing);
         }
         let t = state.round;
-        let ms = engine.measurements(tables, |k| k.round <= t)?;
+        let ms = self.measurements(ctx, tables, &|k| k.round <= t)?;
         if state.edges().is_empty() {
             // Round 0 closes: point masses become working bins, then pairs are screened
             // binned by the 1-ways' mass.
-            state.working_bins = adapted_working_bins(engine, &ms);
-            let engine = engine.at(state)?;
+            state.working_bins = adapted_working_bins(ctx, &ms);
+            let ctx = ctx.at(state)?;
             // Read again only if the working bins moved.
             let ms = if state.working_bins.is_empty() {
                 ms
             } else {
-                engine.measurements(tables, |k| k.round <= t)?
+                self.measurements(&ctx, tables, &|k| k.round <= t)?
             };
             let one = one_way_estimates(&ms);
-            let next = self.screening_state(&engine, Some(&one));
+            let next = self.screening_state(&ctx, Some(&one));
             state.protocol = next.protocol;
             state.round = t + 1;
             state.round_quota = next.round_quota;
@@ -774,11 +772,11 @@ impl CollectionProtocol for Auto {
             });
         }
         let drifted = one_way_drift(&ms).0.population_changed;
-        let screening = self.screening_tasks(engine, state.edges());
-        let share = self.screening_share(engine, Self::block_fraction(&screening, state.edges()));
-        let (pruned, mut factors) = self.select(engine, state, &ms, drifted, share);
+        let screening = self.screening_tasks(ctx, state.edges());
+        let share = self.screening_share(ctx, Self::block_fraction(&screening, state.edges()));
+        let (pruned, mut factors) = self.select(ctx, state, &ms, drifted, share);
         if drifted {
-            repeat_screening(engine, &mut factors, screening, share);
+            repeat_screening(ctx, &mut factors, screening, share);
         }
         let sigma = self.params.sigma;
         Ok(end_phase1_round(
@@ -786,12 +784,12 @@ impl CollectionProtocol for Auto {
             t + 1,
             pruned,
             |_| factors,
-            |s| plan_structure(engine, s, sigma, true),
+            |s| plan_structure(ctx, s, sigma, true),
         ))
     }
 
-    fn model_candidates(&self, engine: &Engine, _state: &CollectionState) -> Vec<Edge> {
-        pairs(engine.dims().len())
+    fn model_candidates(&self, ctx: &Context, _state: &CollectionState) -> Vec<Edge> {
+        pairs(ctx.dims().len())
     }
 
     /// A pair that phase 2 measured was selected for its screening dependence, so the
@@ -827,6 +825,7 @@ impl CollectionProtocol for Auto {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::Engine;
 
     fn auto_engine(dims: Vec<usize>, epsilon: f64, users: u64) -> Engine {
         Engine::from_parts(
@@ -842,10 +841,10 @@ mod tests {
     /// The screening state's tasks as (factor, bins), with the state's active pairs.
     fn screening(engine: &Engine) -> (Vec<ScreeningTask>, Vec<EdgeState>) {
         let auto = Auto::new(PrivIncrParams::default());
-        let state = auto.screening_state(engine, None);
+        let state = auto.screening_state(engine.context(), None);
         let edges = state.edges().to_vec();
         let tasks = auto
-            .task_choices(engine, &state)
+            .task_choices(engine.context(), &state)
             .unwrap()
             .tasks
             .into_iter()
@@ -887,10 +886,10 @@ mod tests {
         let (tasks, edges) = screening(&engine);
         assert!(tasks.iter().all(|(f, _)| f.len() > 2), "{tasks:?}");
         // A design of blocks gets the block share of the users.
-        let state = Auto::new(PrivIncrParams::default()).screening_state(&engine, None);
+        let state = Auto::new(PrivIncrParams::default()).screening_state(engine.context(), None);
         assert_eq!(
             state.round_quota,
-            Some(round_quota(&engine, AUTO_BLOCK_SCREENING_SHARE, 1))
+            Some(round_quota(engine.context(), AUTO_BLOCK_SCREENING_SHARE, 1))
         );
         assert!(tasks.len() < 40, "{} tasks", tasks.len());
         for e in edges.iter().filter(|e| e.active) {
@@ -911,9 +910,9 @@ mod tests {
         let one_ways: Vec<ScreeningTask> = (0..6).map(|a| (vec![a], Vec::new())).collect();
         assert_eq!(tasks, [active.clone(), one_ways].concat());
         let engine = auto_engine(vec![16; 6], 1.0, 2_000_000);
-        let state = Auto::new(PrivIncrParams::default()).screening_state(&engine, None);
+        let state = Auto::new(PrivIncrParams::default()).screening_state(engine.context(), None);
         let weights = Auto::new(PrivIncrParams::default())
-            .task_choices(&engine, &state)
+            .task_choices(engine.context(), &state)
             .unwrap()
             .weights
             .expect("screening weights");
@@ -926,7 +925,7 @@ mod tests {
         assert!(weights[..active.len()].windows(2).all(|w| w[0] == w[1]));
         assert_eq!(
             state.round_quota,
-            Some(round_quota(&engine, AUTO_PHASE1_SHARE, 1))
+            Some(round_quota(engine.context(), AUTO_PHASE1_SHARE, 1))
         );
     }
 
@@ -954,12 +953,15 @@ mod tests {
             active.len()
         );
         let phi = in_blocks as f64 / active.len() as f64;
-        let state = Auto::new(PrivIncrParams::default()).screening_state(&engine, None);
+        let state = Auto::new(PrivIncrParams::default()).screening_state(engine.context(), None);
         let share = (1.0 - phi) * AUTO_PHASE1_SHARE + phi * AUTO_BLOCK_SCREENING_SHARE;
-        assert_eq!(state.round_quota, Some(round_quota(&engine, share, 1)));
+        assert_eq!(
+            state.round_quota,
+            Some(round_quota(engine.context(), share, 1))
+        );
         let quota = state.round_quota.unwrap();
-        assert!(quota > round_quota(&engine, AUTO_PHASE1_SHARE, 1));
-        assert!(quota < round_quota(&engine, AUTO_BLOCK_SCREENING_SHARE, 1));
+        assert!(quota > round_quota(engine.context(), AUTO_PHASE1_SHARE, 1));
+        assert!(quota < round_quota(engine.context(), AUTO_BLOCK_SCREENING_SHARE, 1));
     }
 
     /// Under drift phase 2 repeats the screening design: `share` of its reports go to the
@@ -969,14 +971,14 @@ mod tests {
     fn repeating_the_screening_design_keeps_the_total() {
         let engine = auto_engine(vec![2; 4], 2.0, 10_000);
         let planned = |factor: Vec<usize>, weight: f64| PlannedFactor {
-            mechanism: engine.best_oracle(&factor, &[]),
+            mechanism: engine.context().best_oracle(&factor, &[]),
             factor,
             bins: Vec::new(),
             weight,
         };
         let mut factors = vec![planned(vec![0], 300.0), planned(vec![0, 1], 700.0)];
         let tasks = vec![(vec![0, 1], Vec::new()), (vec![2, 3], Vec::new())];
-        repeat_screening(&engine, &mut factors, tasks, 0.4);
+        repeat_screening(engine.context(), &mut factors, tasks, 0.4);
         let weights: Vec<(Vec<usize>, f64)> = factors
             .iter()
             .map(|f| (f.factor.clone(), f.weight))

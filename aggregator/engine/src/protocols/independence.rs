@@ -2,25 +2,27 @@
 //! its lower-variance oracle (`MechanismKind::choose`); no rounds; the model keeps no pair.
 
 use super::{CollectionProtocol, TaskChoices, common_choices, one_way_state};
+use crate::EngineError;
 use crate::graph::Edge;
-use crate::state::{CollectionState, Engine, Transition};
-use crate::{EngineError, Tables};
+use crate::measure::tables::Tables;
+use crate::protocols::context::Context;
+use crate::state::{CollectionState, Transition};
 
 /// The independence protocol's rules.
 #[derive(Debug, Clone, Default)]
 pub struct Independence;
 
 impl CollectionProtocol for Independence {
-    fn initial_state(&self, engine: &Engine) -> CollectionState {
-        one_way_state(engine)
+    fn initial_state(&self, ctx: &Context) -> CollectionState {
+        one_way_state(ctx)
     }
 
     fn task_choices(
         &self,
-        engine: &Engine,
+        ctx: &Context,
         state: &CollectionState,
     ) -> Result<TaskChoices, EngineError> {
-        common_choices(engine, state).unwrap_or_else(|| {
+        common_choices(ctx, state).unwrap_or_else(|| {
             Err(EngineError::InvalidState(format!(
                 "independence has no {:?} phase",
                 state.phase
@@ -34,14 +36,14 @@ impl CollectionProtocol for Independence {
 
     fn close_round(
         &self,
-        _engine: &Engine,
+        _engine: &Context,
         _state: &mut CollectionState,
         _tables: &Tables,
     ) -> Result<Transition, EngineError> {
         Ok(Transition::Nothing)
     }
 
-    fn model_candidates(&self, _engine: &Engine, _state: &CollectionState) -> Vec<Edge> {
+    fn model_candidates(&self, _engine: &Context, _state: &CollectionState) -> Vec<Edge> {
         Vec::new()
     }
 }

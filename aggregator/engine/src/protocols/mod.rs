@@ -21,19 +21,26 @@ use std::fmt::Debug;
 use ldpsyn::mechanism::{Mechanism, MechanismError};
 use ldpsyn::protocol::PrivIncrParams;
 
-use crate::estimate::{Null, PairGain, best_pair_gain};
+use crate::EngineError;
+use crate::domain::key::TableKey;
+use crate::domain::space::UNRESOLVED_BIN_Z;
+use crate::domain::task::TaskSpec;
+use crate::fit::joint::FittedJoint;
 use crate::graph::{Edge, EdgeState, edge};
-use crate::info::tau;
-use crate::model::{FittedJoint, Model};
-use crate::plan::{Structure, build_structure};
-use crate::space::UNRESOLVED_BIN_Z;
+use crate::measure::tables::Measurements;
+use crate::measure::tables::Tables;
+use crate::numeric::info::tau;
+use crate::protocols::context::Context;
+use crate::select::gain::{Null, PairGain, best_pair_gain};
+use crate::select::structure::{Structure, build_structure};
 use crate::state::{
-    AdaptedBins, CollectionState, Engine, PairRounds, Phase, Phase2Plan, PlannedFactor,
-    ProtocolState, TaskSpec, Transition,
+    AdaptedBins, CollectionState, PairRounds, Phase, Phase2Plan, PlannedFactor, ProtocolState,
+    Transition,
 };
-use crate::{EngineError, Measurements, TableKey, Tables};
+use crate::synth::model::Model;
 
 pub mod auto;
+pub mod context;
 pub mod independence;
 pub mod privincr;
 pub mod samprivsyn;
@@ -47,14 +54,14 @@ pub const DEVICE_GAIN_MARGIN: f64 = 0.0;
 /// parameters: everything a collection has decided lives in its [`CollectionState`].
 pub trait CollectionProtocol: Send + Sync + Debug {
     /// The state of a new collection.
-    fn initial_state(&self, engine: &Engine) -> CollectionState;
+    fn initial_state(&self, ctx: &Context) -> CollectionState;
 
     /// The distribution tasks are drawn from in `state` (working codes): a pure function of
     /// the state, never of anyone's data. Errors: [`EngineError::Finalized`] once
     /// finalized, [`EngineError::InvalidState`] for a state the protocol cannot be in.
     fn task_choices(
         &self,
-        engine: &Engine,
+        ctx: &Context,
         state: &CollectionState,
     ) -> Result<TaskChoices, EngineError>;
 
@@ -68,23 +75,40 @@ pub trait CollectionProtocol: Send + Sync + Debug {
     /// one). Errors: tables that do not fit their mechanisms.
     fn close_round(
         &self,
-        engine: &Engine,
+        ctx: &Context,
         state: &mut CollectionState,
         tables: &Tables,
     ) -> Result<Transition, EngineError>;
 
     /// Pairs the final model graph may keep (only measured pairs can score).
-    fn model_candidates(&self, engine: &Engine, state: &CollectionState) -> Vec<Edge>;
+    fn model_candidates(&self, ctx: &Context, state: &CollectionState) -> Vec<Edge>;
 
     /// The mechanism of a table over the (binned) domain sizes `dims` of its factor: by
     /// default its kind at the collection's ε. Errors: an invalid mechanism.
     fn table_mechanism(
         &self,
-        engine: &Engine,
+        ctx: &Context,
         key: &TableKey,
         dims: &[usize],
     ) -> Result<Mechanism, MechanismError> {
-        Mechanism::new(key.mechanism, engine.epsilon(), dims)
+        Mechanism::new(key.mechanism, ctx.epsilon(), dims)
+    }
+
+    /// Every table (of rounds for which `keep` holds) as a measurement in the working space
+    /// of `ctx`, each under its [`CollectionProtocol::table_mechanism`]
+    /// ([`Measurements::filtered_in`]). Errors: a table that does not fit its mechanism.
+    fn measurements(
+        &self,
+        ctx: &Context,
+        tables: &Tables,
+        keep: &dyn Fn(&TableKey) -> bool,
+    ) -> Result<Measurements, EngineError> {
+        Ok(Measurements::filtered_in(
+            &|key: &TableKey, dims: &[usize]| self.table_mechanism(ctx, key, dims),
+            ctx.space(),
+            tables,
+            keep,
+        )?)
     }
 
     /// The evidence for keeping pair `(a, b)` in the final model graph of a collection in
@@ -116,7 +140,7 @@ pub trait CollectionProtocol: Send + Sync + Debug {
 
     /// Whether every table counts reports of the same records (a vertical collection), so
     /// that overlapping tables are one estimate rather than independent ones (standard
-    /// errors: [`crate::model::FittedJoint::with_shared_records`]). By default `false`: each
+    /// errors: [`crate::fit::joint::FittedJoint::with_shared_records`]). By default `false`: each
     /// device report is in one table.
     fn tables_share_records(&self) -> bool {
         false
@@ -133,14 +157,14 @@ pub trait CollectionProtocol: Send + Sync + Debug {
     /// Errors: a protocol's own estimator failing.
     fn final_model(
         &self,
-        engine: &Engine,
+        ctx: &Context,
         state: &CollectionState,
         structure: Structure,
         source: FittedJoint,
     ) -> Result<Model, EngineError> {
         Ok(Model::graphical(
-            engine.protocol().name(),
-            engine.dims().to_vec(),
+            ctx.protocol().name(),
+            ctx.dims().to_vec(),
             state.edges().to_vec(),
             structure,
             source,
@@ -160,7 +184,7 @@ pub(crate) fn pairs(d: usize) -> Vec<Edge> {
 }
 
 /// The tasks of one state and how likely each is: uniform, or `∝ weights` (≥ 0, not all 0).
-/// Built once per state, drawn from many times ([`crate::state::TaskSampler`]).
+/// Built once per state, drawn from many times ([`crate::engine::TaskSampler`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TaskChoices {
     /// The tasks (working codes).
@@ -168,29 +192,29 @@ pub struct TaskChoices {
     /// Their weights; `None`: uniform.
     pub weights: Option<Vec<f64>>,
     /// Share of the 1-ways of `bins: "auto"` attributes measured in sub-bins; `None`: the
-    /// engine's ([`crate::state::SUB_BIN_ONE_WAY_SHARE`]).
+    /// engine's ([`crate::domain::task::SUB_BIN_ONE_WAY_SHARE`]).
     pub sub_bin_share: Option<f64>,
 }
 
 /// A state with no round structure: every task is one attribute.
-pub(crate) fn one_way_state(engine: &Engine) -> CollectionState {
+pub(crate) fn one_way_state(ctx: &Context) -> CollectionState {
     CollectionState {
         phase: Phase::OneWay,
         round: 0,
         round_quota: None,
         working_bins: Default::default(),
-        protocol: ProtocolState::new(engine.protocol(), PairRounds::default(), Vec::new()),
+        protocol: ProtocolState::new(ctx.protocol(), PairRounds::default(), Vec::new()),
     }
 }
 
 /// Every attribute alone, uniformly, each with its lower-variance oracle.
-pub(crate) fn one_way_choices(engine: &Engine, state: &CollectionState) -> TaskChoices {
+pub(crate) fn one_way_choices(ctx: &Context, state: &CollectionState) -> TaskChoices {
     TaskChoices {
-        tasks: (0..engine.dims().len())
+        tasks: (0..ctx.dims().len())
             .map(|a| TaskSpec {
                 round: state.round,
                 factor: vec![a],
-                mechanism: engine.best_oracle(&[a], &[]),
+                mechanism: ctx.best_oracle(&[a], &[]),
                 bins: vec![],
             })
             .collect(),
@@ -203,18 +227,18 @@ pub(crate) fn one_way_choices(engine: &Engine, state: &CollectionState) -> TaskC
 /// 1-ways, and a phase-2 plan's factors `∝` their weights. `None` for the phase-1 and
 /// pair-sampling phases, which the protocol draws itself.
 pub(crate) fn common_choices(
-    engine: &Engine,
+    ctx: &Context,
     state: &CollectionState,
 ) -> Option<Result<TaskChoices, EngineError>> {
     match state.phase {
         Phase::Finalized => Some(Err(EngineError::Finalized)),
-        Phase::OneWay => Some(Ok(one_way_choices(engine, state))),
+        Phase::OneWay => Some(Ok(one_way_choices(ctx, state))),
         Phase::CliqueMeasurement => Some((|| {
             let plan = state
                 .plan()
                 .ok_or_else(|| EngineError::InvalidState("phase 2 without a plan".into()))?;
             if plan.factors.is_empty() {
-                return Ok(one_way_choices(engine, state));
+                return Ok(one_way_choices(ctx, state));
             }
             Ok(TaskChoices {
                 tasks: plan
@@ -240,13 +264,13 @@ pub(crate) fn common_choices(
 /// pruned; rounds of `⌊share·N/rounds⌋` accepted reports (at least one, so a round can
 /// close).
 pub(crate) fn graph_state(
-    engine: &Engine,
+    ctx: &Context,
     params: &PrivIncrParams,
     rounds: u32,
     share: f64,
     screened: impl Fn(usize, usize) -> Option<Vec<Vec<u32>>>,
 ) -> CollectionState {
-    let dims = engine.dims();
+    let dims = ctx.dims();
     let edges = pairs(dims.len())
         .into_iter()
         .map(|(a, b)| {
@@ -269,10 +293,10 @@ pub(crate) fn graph_state(
     CollectionState {
         phase: Phase::GraphConstruction,
         round: 0,
-        round_quota: Some(round_quota(engine, share, rounds)),
+        round_quota: Some(round_quota(ctx, share, rounds)),
         working_bins: Default::default(),
         protocol: ProtocolState::new(
-            engine.protocol(),
+            ctx.protocol(),
             PairRounds {
                 edges,
                 plan: None,
@@ -285,32 +309,32 @@ pub(crate) fn graph_state(
 
 /// Working bins after a round 0 (`auto`'s, or PrivIncr's numeric one), from its
 /// measurements `ms` (in the schema's working space): each attribute with working bins gets
-/// its runs of unresolved bins merged ([`crate::space::Space::merged_unresolved_cuts`]: a
+/// its runs of unresolved bins merged ([`crate::domain::space::Space::merged_unresolved_cuts`]: a
 /// run stays apart once its round-0 mass reaches [`UNRESOLVED_BIN_Z`] standard errors of a
 /// bin estimated by `N/d` reports) and the point masses its sub-bin estimate shows as bins
-/// of their own ([`crate::space::Space::point_masses`], judged on the schema's bins). An
+/// of their own ([`crate::domain::space::Space::point_masses`], judged on the schema's bins). An
 /// attribute without sub-bin 1-ways on the engine's grid, with nothing merged and no point
 /// mass found, or whose new bins would need more cuts than a pair's task carries per
-/// attribute ([`crate::space::MAX_ATTRIBUTE_CUTS`]), is left as the schema has it. Round
+/// attribute ([`crate::domain::space::MAX_ATTRIBUTE_CUTS`]), is left as the schema has it. Round
 /// 0's working-bin 1-ways read as finer or coarser tables in the new bins, its sub-bin ones
 /// as finer tables, so nothing measured is lost.
 pub(crate) fn adapted_working_bins(
-    engine: &Engine,
+    ctx: &Context,
     ms: &Measurements,
 ) -> BTreeMap<usize, AdaptedBins> {
-    let mut space = engine.space().clone();
+    let mut space = ctx.space().clone();
     let mut adapted = BTreeMap::new();
-    let d = engine.dims().len();
+    let d = ctx.dims().len();
     // Reports of a 1-way when every user reports one attribute: the scale of the estimates
     // the bins will get (both variance terms ∝ 1/n).
-    let n_ref = engine.target_users() as f64 / d.max(1) as f64;
-    let z = engine
+    let n_ref = ctx.target_users() as f64 / d.max(1) as f64;
+    let z = ctx
         .options()
         .unresolved_bin_z
         .unwrap_or(UNRESOLVED_BIN_Z)
         .max(0.0);
     for a in 0..d {
-        let sub_bins = space.sub_bin_cuts(a, engine.sub_bins_per_bin());
+        let sub_bins = space.sub_bin_cuts(a, ctx.sub_bins_per_bin());
         let Some((cuts, x, se)) = ms.sub_bin_distribution(a) else {
             continue;
         };
@@ -349,24 +373,22 @@ pub(crate) fn adapted_working_bins(
 /// `bins: "auto"` attributes alone: as many reports per such attribute as `auto`'s round 0
 /// gives every attribute ([`auto::AUTO_ROUND0_SHARE`] / d), so `r` such attributes of `d`
 /// take `AUTO_ROUND0_SHARE · r / d`; 0 without one, or with a single attribute.
-pub(crate) fn numeric_round0_share(engine: &Engine) -> f64 {
-    let d = engine.dims().len();
+pub(crate) fn numeric_round0_share(ctx: &Context) -> f64 {
+    let d = ctx.dims().len();
     if d < 2 {
         return 0.0;
     }
-    let binned = (0..d)
-        .filter(|&a| !engine.space().cuts(a).is_empty())
-        .count();
+    let binned = (0..d).filter(|&a| !ctx.space().cuts(a).is_empty()).count();
     auto::AUTO_ROUND0_SHARE * binned as f64 / d as f64
 }
 
 /// The 1-ways of the `bins: "auto"` attributes, uniformly, every one measured in sub-bins
 /// of its working bins (the numeric round 0's tasks, and SamPrivSyn's 1-way tasks).
-pub(crate) fn binned_one_way_choices(engine: &Engine, state: &CollectionState) -> TaskChoices {
-    let mut choices = one_way_choices(engine, state);
+pub(crate) fn binned_one_way_choices(ctx: &Context, state: &CollectionState) -> TaskChoices {
+    let mut choices = one_way_choices(ctx, state);
     choices
         .tasks
-        .retain(|t| !engine.space().cuts(t.factor[0]).is_empty());
+        .retain(|t| !ctx.space().cuts(t.factor[0]).is_empty());
     TaskChoices {
         // Later rounds measure the bins' totals (in pairs); this round, the shape within.
         sub_bin_share: Some(1.0),
@@ -376,8 +398,8 @@ pub(crate) fn binned_one_way_choices(engine: &Engine, state: &CollectionState) -
 
 /// Accepted reports per round when `rounds` rounds share `share` of the target users:
 /// `⌊share·N/rounds⌋`, at least one so that a round can close.
-pub(crate) fn round_quota(engine: &Engine, share: f64, rounds: u32) -> u64 {
-    ((share * engine.target_users() as f64 / rounds as f64).floor() as u64).max(1)
+pub(crate) fn round_quota(ctx: &Context, share: f64, rounds: u32) -> u64 {
+    ((share * ctx.target_users() as f64 / rounds as f64).floor() as u64).max(1)
 }
 
 /// The active edges of a phase-1 state.
@@ -389,12 +411,12 @@ pub(crate) fn active_edges(state: &CollectionState) -> Vec<&EdgeState> {
 /// PrivIncr above `sigma` cells, mRMR on the recorded MI, or on `auto`'s dependence scores
 /// when `use_score`).
 pub(crate) fn plan_structure(
-    engine: &Engine,
+    ctx: &Context,
     state: &CollectionState,
     sigma: u64,
     use_score: bool,
 ) -> Structure {
-    let d = engine.dims().len();
+    let d = ctx.dims().len();
     let edges: BTreeSet<Edge> = state
         .edges()
         .iter()
@@ -409,7 +431,7 @@ pub(crate) fn plan_structure(
         mi[e.a][e.b] = v;
         mi[e.b][e.a] = v;
     }
-    build_structure(engine.dims(), &edges, &mi, sigma)
+    build_structure(ctx.dims(), &edges, &mi, sigma)
 }
 
 /// Ends a phase-1 round: the next round opens while `state.round + 1 < rounds`; after the
@@ -473,6 +495,7 @@ pub(crate) fn check_privincr(p: &PrivIncrParams) -> Result<(), EngineError> {
 
 #[cfg(test)]
 mod tests {
+    use crate::engine::Engine;
     use ldpsyn::Epsilon;
     use ldpsyn::mechanism::{MechanismKind, SufficientStatistics};
     use ldpsyn::protocol::{PrivIncrParams, Protocol, SamPrivSynParams};
@@ -601,7 +624,7 @@ mod tests {
         // pair better than a report of the pair, so the round measures that block, with
         // the block share of the users (0.6 · 50,000).
         let choices = auto::Auto::new(PrivIncrParams::default())
-            .task_choices(&e, &state)
+            .task_choices(e.context(), &state)
             .unwrap();
         assert!(choices.tasks.iter().all(|t| t.factor == [0, 1, 2]));
         assert_eq!(state.round_quota, Some(30_000));

@@ -13,7 +13,7 @@
 //! VOUE (OUE over the pair's product domain); after each round every remaining edge whose MI
 //! (eq. 14, on Norm-Sub'd accumulated estimates) is below `ℓ = τ − ΔI(η)` (eq. 15, eq. 18) is
 //! pruned; its data is kept and still used. After the last round: junction tree + Algorithm 2
-//! ([`crate::plan`]), and phase 2 hands out the planned factors (VOUE) with probability `∝`
+//! ([`crate::select::structure`]), and phase 2 hands out the planned factors (VOUE) with probability `∝`
 //! their domain size. The final model graph may keep the edges phase 1 left active.
 
 use ldpsyn::mechanism::{MechanismKind, norm_sub};
@@ -24,12 +24,14 @@ use super::{
     common_choices, conditional_scopes, end_phase1_round, graph_state, numeric_round0_share,
     one_way_choices, one_way_state, plan_structure, round_quota,
 };
+use crate::EngineError;
+use crate::domain::task::MAX_PAIR_CELLS;
+use crate::domain::task::TaskSpec;
 use crate::graph::{Edge, edge};
-use crate::info::{mutual_information, relaxed_threshold};
-use crate::state::{
-    CollectionState, Engine, MAX_PAIR_CELLS, Phase, PlannedFactor, TaskSpec, Transition,
-};
-use crate::{EngineError, Tables};
+use crate::measure::tables::Tables;
+use crate::numeric::info::{mutual_information, relaxed_threshold};
+use crate::protocols::context::Context;
+use crate::state::{CollectionState, Phase, PlannedFactor, Transition};
 
 /// PrivIncr's rules (NoIncremental: one phase-1 round).
 #[derive(Debug, Clone)]
@@ -47,14 +49,10 @@ impl PrivIncr {
     }
 
     /// Phase 1's first round: every pair active.
-    fn phase1_state(&self, engine: &Engine) -> CollectionState {
-        graph_state(
-            engine,
-            &self.params,
-            self.rounds,
-            self.params.omega,
-            |_, _| Some(Vec::new()),
-        )
+    fn phase1_state(&self, ctx: &Context) -> CollectionState {
+        graph_state(ctx, &self.params, self.rounds, self.params.omega, |_, _| {
+            Some(Vec::new())
+        })
     }
 
     /// Closes the numeric round 0: point masses become working bins (unless a pair would then
@@ -62,19 +60,19 @@ impl PrivIncr {
     /// starts in the next round.
     fn close_numeric_round0(
         &self,
-        engine: &Engine,
+        ctx: &Context,
         state: &mut CollectionState,
         tables: &Tables,
     ) -> Result<Transition, EngineError> {
         let t = state.round;
-        let ms = engine.measurements(tables, |k| k.round <= t)?;
-        state.working_bins = adapted_working_bins(engine, &ms);
-        let adapted = engine.at(state)?;
+        let ms = self.measurements(ctx, tables, &|k| k.round <= t)?;
+        state.working_bins = adapted_working_bins(ctx, &ms);
+        let adapted = ctx.at(state)?;
         let mut dims = adapted.dims().to_vec();
         dims.sort_unstable_by(|a, b| b.cmp(a));
         let next = if dims.len() >= 2 && dims[0].saturating_mul(dims[1]) > MAX_PAIR_CELLS {
             state.working_bins.clear();
-            self.phase1_state(engine)
+            self.phase1_state(ctx)
         } else {
             self.phase1_state(&adapted)
         };
@@ -93,29 +91,29 @@ impl PrivIncr {
 
 /// Whether `state` is the numeric round 0: a phase-1 state without edges (phase 1 proper
 /// has all `d(d−1)/2 ≥ 1` of them).
-fn in_numeric_round0(engine: &Engine, state: &CollectionState) -> bool {
-    state.phase == Phase::GraphConstruction && state.edges().is_empty() && engine.dims().len() >= 2
+fn in_numeric_round0(ctx: &Context, state: &CollectionState) -> bool {
+    state.phase == Phase::GraphConstruction && state.edges().is_empty() && ctx.dims().len() >= 2
 }
 
 impl CollectionProtocol for PrivIncr {
-    fn initial_state(&self, engine: &Engine) -> CollectionState {
-        let share = numeric_round0_share(engine);
+    fn initial_state(&self, ctx: &Context) -> CollectionState {
+        let share = numeric_round0_share(ctx);
         if share > 0.0 {
             return CollectionState {
                 phase: Phase::GraphConstruction,
-                round_quota: Some(round_quota(engine, share, 1)),
-                ..one_way_state(engine)
+                round_quota: Some(round_quota(ctx, share, 1)),
+                ..one_way_state(ctx)
             };
         }
-        self.phase1_state(engine)
+        self.phase1_state(ctx)
     }
 
     fn task_choices(
         &self,
-        engine: &Engine,
+        ctx: &Context,
         state: &CollectionState,
     ) -> Result<TaskChoices, EngineError> {
-        if let Some(choices) = common_choices(engine, state) {
+        if let Some(choices) = common_choices(ctx, state) {
             return choices;
         }
         if state.phase != Phase::GraphConstruction {
@@ -124,16 +122,16 @@ impl CollectionProtocol for PrivIncr {
                 state.phase
             )));
         }
-        if in_numeric_round0(engine, state) {
-            return Ok(binned_one_way_choices(engine, state));
+        if in_numeric_round0(ctx, state) {
+            return Ok(binned_one_way_choices(ctx, state));
         }
         let active = active_edges(state);
         if active.is_empty() {
             // Every edge pruned (or d = 1): spend the rest of the round on 1-ways.
-            return Ok(one_way_choices(engine, state));
+            return Ok(one_way_choices(ctx, state));
         }
         // Line 5 of Algorithm 1: Ñ_{t,e} ∝ |Ω_i|·|Ω_j|.
-        let dims = engine.dims();
+        let dims = ctx.dims();
         Ok(TaskChoices {
             weights: Some(
                 active
@@ -156,19 +154,19 @@ impl CollectionProtocol for PrivIncr {
 
     fn close_round(
         &self,
-        engine: &Engine,
+        ctx: &Context,
         state: &mut CollectionState,
         tables: &Tables,
     ) -> Result<Transition, EngineError> {
         if state.phase != Phase::GraphConstruction {
             return Ok(Transition::Nothing);
         }
-        if in_numeric_round0(engine, state) {
-            return self.close_numeric_round0(engine, state, tables);
+        if in_numeric_round0(ctx, state) {
+            return self.close_numeric_round0(ctx, state, tables);
         }
         let t = state.round;
-        let dims = engine.dims();
-        let ms = engine.measurements(tables, |k| k.round <= t)?;
+        let dims = ctx.dims();
+        let ms = self.measurements(ctx, tables, &|k| k.round <= t)?;
         let mut pruned = Vec::new();
         let edges = state
             .pair_rounds_mut()
@@ -198,21 +196,21 @@ impl CollectionProtocol for PrivIncr {
             pruned,
             |s| {
                 // VOUE, users ∝ the factor's domain size (as line 5 of Algorithm 1).
-                conditional_scopes(&plan_structure(engine, s, sigma, false))
+                conditional_scopes(&plan_structure(ctx, s, sigma, false))
                     .into_iter()
                     .map(|f| PlannedFactor {
-                        weight: engine.cells(&f, &[]) as f64,
+                        weight: ctx.cells(&f, &[]) as f64,
                         factor: f,
                         mechanism: MechanismKind::Oue,
                         bins: vec![],
                     })
                     .collect()
             },
-            |s| plan_structure(engine, s, sigma, false),
+            |s| plan_structure(ctx, s, sigma, false),
         ))
     }
 
-    fn model_candidates(&self, _engine: &Engine, state: &CollectionState) -> Vec<Edge> {
+    fn model_candidates(&self, _engine: &Context, state: &CollectionState) -> Vec<Edge> {
         active_edges(state)
             .into_iter()
             .map(|e| edge(e.a, e.b))

@@ -8,7 +8,7 @@
 //! attributes"); the pair weights share the rest. All batches pool into round-0 tables (same
 //! mechanism and ε). The model graph may keep any pair; with `samprivsyn_lasso` set the
 //! synthetic rows come from the paper's own estimator and data generation
-//! ([`crate::samprivsyn`]).
+//! ([`crate::synth::samprivsyn`]).
 
 use ldpsyn::mechanism::{MechanismKind, norm_sub};
 use ldpsyn::protocol::SamPrivSynParams;
@@ -17,14 +17,17 @@ use super::{
     CollectionProtocol, TaskChoices, binned_one_way_choices, common_choices, numeric_round0_share,
     pairs,
 };
+use crate::EngineError;
+use crate::domain::task::TaskSpec;
+use crate::fit::joint::FittedJoint;
 use crate::graph::Edge;
-use crate::info::mutual_information;
-use crate::model::{FittedJoint, Model};
-use crate::plan::Structure;
-use crate::state::{
-    CollectionState, Engine, PairSampling, Phase, ProtocolState, TaskSpec, Transition,
-};
-use crate::{EngineError, Tables};
+use crate::measure::tables::Tables;
+use crate::numeric::info::mutual_information;
+use crate::protocols::context::Context;
+use crate::select::structure::Structure;
+use crate::state::{CollectionState, PairSampling, Phase, ProtocolState, Transition};
+use crate::synth::model::Model;
+use crate::synth::samprivsyn::build_model;
 
 /// Floor of every SamPrivSyn pair weight, as a fraction of the mean weight.
 pub const SAMPRIVSYN_WEIGHT_FLOOR: f64 = 0.05;
@@ -45,12 +48,12 @@ impl SamPrivSyn {
     /// floor; pairs without reports keep the mean weight.
     fn weights(
         &self,
-        engine: &Engine,
+        ctx: &Context,
         state: &CollectionState,
         tables: &Tables,
     ) -> Result<Vec<f64>, EngineError> {
-        let dims = engine.dims();
-        let ms = engine.measurements(tables, |_| true)?;
+        let dims = ctx.dims();
+        let ms = self.measurements(ctx, tables, &|_| true)?;
         let mi: Vec<Option<f64>> = pairs(dims.len())
             .iter()
             .map(|&(a, b)| {
@@ -74,8 +77,8 @@ impl SamPrivSyn {
 }
 
 impl CollectionProtocol for SamPrivSyn {
-    fn initial_state(&self, engine: &Engine) -> CollectionState {
-        let d = engine.dims().len();
+    fn initial_state(&self, ctx: &Context) -> CollectionState {
+        let d = ctx.dims().len();
         let m = d * (d - 1) / 2;
         CollectionState {
             phase: if m == 0 {
@@ -95,10 +98,10 @@ impl CollectionProtocol for SamPrivSyn {
 
     fn task_choices(
         &self,
-        engine: &Engine,
+        ctx: &Context,
         state: &CollectionState,
     ) -> Result<TaskChoices, EngineError> {
-        if let Some(choices) = common_choices(engine, state) {
+        if let Some(choices) = common_choices(ctx, state) {
             return choices;
         }
         if state.phase != Phase::PairSampling {
@@ -107,7 +110,7 @@ impl CollectionProtocol for SamPrivSyn {
                 state.phase
             )));
         }
-        let mut tasks: Vec<TaskSpec> = pairs(engine.dims().len())
+        let mut tasks: Vec<TaskSpec> = pairs(ctx.dims().len())
             .into_iter()
             .map(|(a, b)| TaskSpec {
                 round: state.round,
@@ -118,8 +121,8 @@ impl CollectionProtocol for SamPrivSyn {
             .collect();
         let mut weights = state.pair_weights().to_vec();
         // Numeric attributes: a fixed share of the users report one alone, in sub-bins.
-        let ones = binned_one_way_choices(engine, state).tasks;
-        let share = numeric_round0_share(engine);
+        let ones = binned_one_way_choices(ctx, state).tasks;
+        let share = numeric_round0_share(ctx);
         if !ones.is_empty() && share > 0.0 {
             let total: f64 = weights.iter().map(|w| w.max(0.0)).sum();
             if total > 0.0 {
@@ -143,7 +146,7 @@ impl CollectionProtocol for SamPrivSyn {
 
     fn close_round(
         &self,
-        engine: &Engine,
+        ctx: &Context,
         state: &mut CollectionState,
         tables: &Tables,
     ) -> Result<Transition, EngineError> {
@@ -151,28 +154,32 @@ impl CollectionProtocol for SamPrivSyn {
             return Ok(Transition::Nothing);
         }
         state.protocol = ProtocolState::Samprivsyn(PairSampling {
-            pair_weights: self.weights(engine, state, tables)?,
+            pair_weights: self.weights(ctx, state, tables)?,
         });
         state.round += 1;
         Ok(Transition::Reweighted { batch: state.round })
     }
 
-    fn model_candidates(&self, engine: &Engine, _state: &CollectionState) -> Vec<Edge> {
-        pairs(engine.dims().len())
+    fn model_candidates(&self, ctx: &Context, _state: &CollectionState) -> Vec<Edge> {
+        pairs(ctx.dims().len())
     }
 
     fn final_model(
         &self,
-        engine: &Engine,
+        ctx: &Context,
         state: &CollectionState,
         structure: Structure,
         source: FittedJoint,
     ) -> Result<Model, EngineError> {
-        match engine.options().samprivsyn_lasso {
-            Some(lambda) => crate::samprivsyn::build_model(engine.epsilon(), source, lambda),
+        match ctx.options().samprivsyn_lasso {
+            Some(lambda) => {
+                let model = build_model(ctx.epsilon(), &source, lambda)?;
+                // Marginals are served by the graphical model fitted to every measurement.
+                Ok(Model::samprivsyn(model, source))
+            }
             None => Ok(Model::graphical(
-                engine.protocol().name(),
-                engine.dims().to_vec(),
+                ctx.protocol().name(),
+                ctx.dims().to_vec(),
                 state.edges().to_vec(),
                 structure,
                 source,

@@ -15,7 +15,7 @@
 //!
 //! **Model.** Every pair is a candidate; the model graph keeps pairs by expected gain —
 //! the R-score `‖T̂_ab − T̂_a ⊗ T̂_b‖₁` of §5.1 debiased for noise, minus the noise the model
-//! takes on — greedily within the clique cap (§5.1, CSTR1–2; [`crate::estimate`]). The fit
+//! takes on — greedily within the clique cap (§5.1, CSTR1–2; [`crate::select::model_graph`]). The fit
 //! sees the 1-ways and the kept pairs ([`CollectionProtocol::fit_table`]): a pruned pair
 //! summed to its 1-ways would count the same reports again (§6.2's consistency comes from the
 //! fit, not from averaging).
@@ -28,10 +28,14 @@ use ldpsyn::protocol::{Protocol, VerticalParams};
 use ldpsyn::schema::Schema;
 
 use super::{CollectionProtocol, TaskChoices, pairs};
-use crate::estimate::{PairGain, pair_gain_own_margins};
+use crate::EngineError;
+use crate::domain::key::TableKey;
 use crate::graph::Edge;
-use crate::state::{CollectionState, Engine, Phase, ProtocolState, Transition};
-use crate::{EngineError, Measurements, TableKey, Tables};
+use crate::measure::tables::Measurements;
+use crate::measure::tables::Tables;
+use crate::protocols::context::Context;
+use crate::select::gain::{PairGain, pair_gain_own_margins};
+use crate::state::{CollectionState, Phase, ProtocolState, Transition};
 
 /// [`CollectionProtocol::gain_margin`] of vertical collections: every pair is measured, all
 /// with the large noise of per-attribute ε, so choosing among them by noisy gains keeps
@@ -278,7 +282,7 @@ fn pair_key(a: usize, b: usize) -> TableKey {
 }
 
 impl CollectionProtocol for Vertical {
-    fn initial_state(&self, _engine: &Engine) -> CollectionState {
+    fn initial_state(&self, _engine: &Context) -> CollectionState {
         CollectionState {
             phase: Phase::OneWay,
             round: 0,
@@ -290,7 +294,7 @@ impl CollectionProtocol for Vertical {
 
     fn task_choices(
         &self,
-        _engine: &Engine,
+        _engine: &Context,
         state: &CollectionState,
     ) -> Result<TaskChoices, EngineError> {
         Err(match state.phase {
@@ -305,20 +309,20 @@ impl CollectionProtocol for Vertical {
 
     fn close_round(
         &self,
-        _engine: &Engine,
+        _engine: &Context,
         _state: &mut CollectionState,
         _tables: &Tables,
     ) -> Result<Transition, EngineError> {
         Ok(Transition::Nothing)
     }
 
-    fn model_candidates(&self, engine: &Engine, _state: &CollectionState) -> Vec<Edge> {
-        pairs(engine.dims().len())
+    fn model_candidates(&self, ctx: &Context, _state: &CollectionState) -> Vec<Edge> {
+        pairs(ctx.dims().len())
     }
 
     fn table_mechanism(
         &self,
-        _engine: &Engine,
+        _engine: &Context,
         key: &TableKey,
         dims: &[usize],
     ) -> Result<Mechanism, MechanismError> {
@@ -365,6 +369,7 @@ pub fn resolve(protocol: &Protocol, schema: &Schema) -> Result<Option<Vertical>,
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::Engine;
     use ldpsyn::mechanism::SufficientStatistics;
     use ldpsyn::protocol::{Party, PartyAttribute};
     use rand::{Rng, SeedableRng};

@@ -22,7 +22,7 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
-use super::graph::{Edge, JunctionTree, build_junction_tree};
+use crate::graph::{Edge, JunctionTree, build_junction_tree};
 
 /// One factor of the model: `Pr(targets | parents)`. Its *scope* is `parents ++ targets`
 /// (the order of the joint table it is estimated from, row-major, last fastest).

@@ -1,7 +1,7 @@
 //! Graphical-model estimation: one Markov random field fitted to every measurement.
 //!
 //! The model is `p_θ(x) ∝ exp Σ_C θ_C(x_C)` over the cliques `C` of a junction tree
-//! ([`super::graph`]); its clique marginals `μ = μ(θ)` come from belief propagation on the
+//! ([`crate::graph`]); its clique marginals `μ = μ(θ)` come from belief propagation on the
 //! tree (sum-product, log space), so they are consistent on every separator by construction.
 //! The fit minimizes the variance-weighted squared error of every measurement
 //!
@@ -17,8 +17,8 @@
 //!
 //! Everything iterates in a fixed order, so the same inputs give the same bits.
 
-use super::graph::JunctionTree;
-use super::tables::{coarsen_map, projection_map};
+use crate::graph::JunctionTree;
+use crate::numeric::index::{coarsen_map, projection_map};
 
 /// Largest difference of a cell of a 1-way from its target at which
 /// [`GraphicalModel::with_one_way_targets`] stops: a numerical tolerance, far below any

@@ -14,8 +14,8 @@ use ldpsyn::factor::{bin_count, bin_of};
 use ldpsyn::schema::Schema;
 
 use crate::EngineError;
-use crate::state::TaskSpec;
-use crate::tables::TableKey;
+use crate::domain::key::TableKey;
+use crate::domain::task::TaskSpec;
 
 /// Most bin-map cuts one task may carry (the task token binds them).
 pub const MAX_TASK_CUTS: usize = 512;
@@ -625,7 +625,7 @@ mod tests {
 
     /// Masses of the bins of `cuts` over `p`.
     fn bin_masses(p: &[f64], cuts: &[u32]) -> Vec<f64> {
-        crate::tables::coarsen(p, &[p.len()], &[cuts.to_vec()])
+        crate::numeric::index::coarsen(p, &[p.len()], &[cuts.to_vec()])
     }
 
     #[test]

@@ -29,9 +29,9 @@
 use linfa_linalg::cholesky::InverseC;
 use ndarray::Array2;
 
-use crate::pgm::GraphicalModel;
-use crate::space::Space;
-use crate::tables::Measurements;
+use crate::domain::space::Space;
+use crate::fit::pgm::GraphicalModel;
+use crate::measure::tables::Measurements;
 
 /// Steps per decade of the `λ` grid and its span in decades each side of the scale where
 /// the penalty and the data weigh alike (`tr W / tr DᵀD`): from far below any visible

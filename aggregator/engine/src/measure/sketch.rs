@@ -51,7 +51,7 @@
 //!   saturates at 255 (post-processing).
 //!
 //! ```
-//! use ldpsyn_engine::sketch::{
+//! use ldpsyn_engine::measure::sketch::{
 //!     AttributeRef, Combine, SketchKey, SketchParams, encode_party, estimate_marginal,
 //!     pooled_count,
 //! };
@@ -524,7 +524,7 @@ where
 /// Raw values or id sets cannot become a report:
 ///
 /// ```compile_fail
-/// use ldpsyn_engine::sketch::{SketchParams, SketchReport};
+/// use ldpsyn_engine::measure::sketch::{SketchParams, SketchReport};
 /// let params = SketchParams::new(1.0, 1, 1.0, 1.0).unwrap();
 /// // Private fields: no struct literal, so no report of raw codes or ids.
 /// let forged = SketchReport {
@@ -537,7 +537,7 @@ where
 /// ```
 ///
 /// ```compile_fail
-/// use ldpsyn_engine::sketch::SketchReport;
+/// use ldpsyn_engine::measure::sketch::SketchReport;
 /// // No constructor besides the encoder.
 /// let forged = SketchReport::new(vec![2], vec![0u8, 1]);
 /// ```

@@ -14,9 +14,9 @@ use ndarray::{Array1, Array2};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
 
-use super::EngineError;
-use super::info::mutual_information;
-use super::model::{FittedJoint, Model};
+use crate::EngineError;
+use crate::fit::joint::FittedJoint;
+use crate::numeric::info::mutual_information;
 
 /// The SamPrivSyn model: Norm-Sub'd pair tables, their MI, and eq. 11's 1-ways.
 #[derive(Debug, Clone)]
@@ -75,9 +75,9 @@ pub fn lasso_pair(
 /// Errors: a LASSO fit that fails.
 pub(crate) fn build_model(
     epsilon: Epsilon,
-    source: FittedJoint,
+    source: &FittedJoint,
     lambda: f64,
-) -> Result<Model, EngineError> {
+) -> Result<SamPrivSynModel, EngineError> {
     let ms = source.measurements();
     let dims = source.measurements().domain_sizes().to_vec();
     let d = dims.len();
@@ -85,7 +85,7 @@ pub(crate) fn build_model(
     let mut unbiased: BTreeMap<(usize, usize), Vec<f64>> = BTreeMap::new();
     for a in 0..d {
         for b in a + 1..d {
-            let is_pair = |k: &super::tables::TableKey| {
+            let is_pair = |k: &crate::domain::key::TableKey| {
                 k.mechanism == MechanismKind::GrrPair && k.factor.len() == 2
             };
             let Some(c) = ms.combined_where(&[a, b], is_pair) else {
@@ -136,13 +136,11 @@ pub(crate) fn build_model(
         }
         one_way.push(norm_sub(&acc));
     }
-    let model = SamPrivSynModel {
-        dims: dims.clone(),
+    Ok(SamPrivSynModel {
+        dims,
         pairs,
         one_way,
-    };
-    // Marginals are served by the graphical model fitted to every measurement.
-    Ok(Model::samprivsyn(dims, model, source))
+    })
 }
 
 /// `(Q₁ ⊗ Q₂) f`: the output distribution a pair-GRR produces from joint `f`.
@@ -192,6 +190,11 @@ pub fn round_counts(p: &[f64], n: usize) -> Vec<i64> {
 }
 
 impl SamPrivSynModel {
+    /// Domain sizes of the attributes.
+    pub fn dims(&self) -> &[usize] {
+        &self.dims
+    }
+
     /// `(a, b, MI)` of every estimated pair.
     pub fn pair_weights(&self) -> Vec<(usize, usize, f64)> {
         self.pairs

@@ -1,0 +1,11 @@
+//! Layer 3: reports become measurements: tables of sufficient statistics and their unbiased
+//! estimates under one variance model ([`tables`], [`variance`]), the collection's 1-ways
+//! ([`one_way`]), rounds as strata of the population ([`drift`]) and VertiMRF's party
+//! sketches ([`sketch`]).
+
+pub mod drift;
+pub mod measurement;
+pub mod one_way;
+pub mod sketch;
+pub mod tables;
+pub mod variance;

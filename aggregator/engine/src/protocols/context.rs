@@ -1,0 +1,203 @@
+//! What a protocol sees of its collection ([`Context`]): the working space, ε, the target
+//! number of people, the protocol's parameters and the engine's options, with the one
+//! variance model applied to a factor's best oracle. [`crate::engine::Engine`] holds one and
+//! hands it to its protocol; a protocol never sees the engine.
+
+use std::borrow::Cow;
+
+use ldpsyn::Epsilon;
+use ldpsyn::mechanism::{Mechanism, MechanismKind};
+use ldpsyn::protocol::Protocol;
+
+use crate::EngineError;
+use crate::domain::space::Space;
+use crate::domain::task::{SUB_BINS, factor_dims_in};
+use crate::measure::variance::summed_randomizer_variance;
+use crate::state::{CollectionState, EngineOptions};
+
+/// A collection's resolved config as its protocol sees it. Cheap to clone (the working
+/// space is the largest part).
+#[derive(Debug, Clone)]
+pub struct Context {
+    /// Schema codes ↔ working bins.
+    space: Space,
+    epsilon: Epsilon,
+    target_users: u64,
+    protocol: Protocol,
+    options: EngineOptions,
+}
+
+impl Context {
+    /// The context of a collection over the working space `space`.
+    pub(crate) fn new(
+        space: Space,
+        epsilon: Epsilon,
+        target_users: u64,
+        protocol: Protocol,
+        options: EngineOptions,
+    ) -> Self {
+        Self {
+            space,
+            epsilon,
+            target_users,
+            protocol,
+            options,
+        }
+    }
+
+    /// Working domain sizes: what protocols and the model see (the schema's, with a
+    /// `bins: "auto"` attribute in its working bins; [`crate::domain::space`]).
+    pub fn dims(&self) -> &[usize] {
+        self.space.dims()
+    }
+
+    /// Domain sizes of the schema (the codes devices encode to).
+    pub fn schema_dims(&self) -> &[usize] {
+        self.space.code_dims()
+    }
+
+    /// Schema codes ↔ working bins.
+    pub fn space(&self) -> &Space {
+        &self.space
+    }
+
+    /// ε of every report.
+    pub fn epsilon(&self) -> Epsilon {
+        self.epsilon
+    }
+
+    /// The protocol.
+    pub fn protocol(&self) -> &Protocol {
+        &self.protocol
+    }
+
+    /// Target number of users N.
+    pub fn target_users(&self) -> u64 {
+        self.target_users
+    }
+
+    /// Engine options.
+    pub fn options(&self) -> &EngineOptions {
+        &self.options
+    }
+
+    /// Cells of a factor's product domain under the bin maps `bins` (empty: none binned).
+    pub(crate) fn cells(&self, factor: &[usize], bins: &[Vec<u32>]) -> usize {
+        self.factor_dims(factor, bins)
+            .map_or(usize::MAX, |d| d.iter().product())
+    }
+
+    /// The lower-variance single-report oracle for a factor under the bin maps `bins`
+    /// (`MechanismKind::choose`).
+    pub(crate) fn best_oracle(&self, factor: &[usize], bins: &[Vec<u32>]) -> MechanismKind {
+        MechanismKind::choose(self.epsilon, self.cells(factor, bins))
+    }
+
+    /// This context in the working space of `state`: the schema's, with the working bins an
+    /// earlier round placed ([`CollectionState::working_bins`]). Errors: adapted bins that do
+    /// not fit the schema.
+    pub fn at(&self, state: &CollectionState) -> Result<Cow<'_, Context>, EngineError> {
+        if state.working_bins.is_empty() {
+            return Ok(Cow::Borrowed(self));
+        }
+        let mut ctx = self.clone();
+        for (&a, bins) in &state.working_bins {
+            ctx.space = ctx
+                .space
+                .with_adapted_cuts(a, bins.cuts.clone(), bins.sub_bins.clone())?;
+            if let Some(points) = &bins.points {
+                ctx.space = ctx.space.with_point_mass_codes(a, points.clone());
+            }
+        }
+        Ok(Cow::Owned(ctx))
+    }
+
+    /// Sub-bins per working bin of a sub-bin 1-way ([`Space::sub_bin_cuts`]).
+    pub(crate) fn sub_bins_per_bin(&self) -> usize {
+        self.options.sub_bins.unwrap_or(SUB_BINS).max(1)
+    }
+
+    /// Domain sizes of `factor`'s attributes under the bin maps `bins` (factor order); `None`
+    /// for an attribute outside the schema or an invalid map.
+    pub(crate) fn factor_dims(&self, factor: &[usize], bins: &[Vec<u32>]) -> Option<Vec<usize>> {
+        factor_dims_in(self.dims(), factor, bins)
+    }
+
+    /// The mechanism a report of factor `f` under the bin maps `bins` uses (its best oracle),
+    /// with the factor's binned domain sizes; `None` for a factor or map that does not fit.
+    fn best_mechanism(&self, f: &[usize], bins: &[Vec<u32>]) -> Option<(Mechanism, Vec<usize>)> {
+        let dims = self.factor_dims(f, bins)?;
+        let m = Mechanism::new(self.best_oracle(f, bins), self.epsilon, &dims).ok()?;
+        Some((m, dims))
+    }
+
+    /// Standard error of every cell of factor `f` measured by `n` reports with its best
+    /// oracle, when its marginal is `at` (one variance model: randomizer + sampling).
+    pub(crate) fn cell_std_errors(
+        &self,
+        f: &[usize],
+        bins: &[Vec<u32>],
+        at: &[f64],
+        n: f64,
+    ) -> Vec<f64> {
+        let n = n.max(1.0);
+        let Some((m, _)) = self.best_mechanism(f, bins) else {
+            return vec![f64::INFINITY; at.len()];
+        };
+        // Exact randomizer variances are linear in 1/n: evaluate at one report and scale.
+        m.frequency_variances(at, 1)
+            .iter()
+            .zip(at)
+            .map(|(r, &x)| {
+                let x = x.clamp(0.0, 1.0);
+                ((r.max(0.0) + x * (1.0 - x)) / n).sqrt()
+            })
+            .collect()
+    }
+
+    /// Expected L1 error `√(2/π)·Σ_cells σ` of factor `f` under the bin maps `bins`
+    /// measured by `n` reports with its best oracle, when its (binned) marginal is `at`
+    /// (before any projection).
+    pub(crate) fn expected_noise_l1(
+        &self,
+        f: &[usize],
+        bins: &[Vec<u32>],
+        at: &[f64],
+        n: f64,
+    ) -> f64 {
+        (2.0 / std::f64::consts::PI).sqrt()
+            * self.cell_std_errors(f, bins, at, n).iter().sum::<f64>()
+    }
+
+    /// Expected L1 error `√(2/π)·Σ_cells σ` of the marginal of `target` (attributes of
+    /// `factor`) when it is summed from one table of `factor` under the bin maps `bins`
+    /// (factor order) measured by `n` reports with the factor's best oracle, at a uniform
+    /// marginal of `target`: the one variance model (the randomizer's variance summed over
+    /// the factor's cells that merge into one target cell, plus sampling). Infinite for a
+    /// factor or target that does not fit the schema.
+    pub(crate) fn marginal_noise_l1(
+        &self,
+        factor: &[usize],
+        bins: &[Vec<u32>],
+        target: &[usize],
+        n: f64,
+    ) -> f64 {
+        let Some((m, dims)) = self.best_mechanism(factor, bins) else {
+            return f64::INFINITY;
+        };
+        let mut target_cells = 1usize;
+        for t in target {
+            match factor.iter().position(|a| a == t) {
+                Some(i) => target_cells *= dims[i],
+                None => return f64::INFINITY,
+            }
+        }
+        let merged = dims.iter().product::<usize>() / target_cells;
+        let x = 1.0 / target_cells as f64;
+        // Exact variances are linear in 1/n: evaluate at one report and scale.
+        let sd = ((summed_randomizer_variance(&m, merged, x, 1, None) + x * (1.0 - x))
+            / n.max(1.0))
+        .sqrt();
+        (2.0 / std::f64::consts::PI).sqrt() * sd * target_cells as f64
+    }
+}

@@ -1,0 +1,446 @@
+//! A pair's expected gain: the evidence for keeping it in the model graph.
+//!
+//! Every measured pair `(a, b)` is scored by its expected gain ([`best_pair_gain`], over
+//! every binning the pair was measured under): its estimated dependence (the independence
+//! model's L1 error on the pair, debiased for noise cell by cell) minus the L1 error of its
+//! estimate once projected onto the simplex ([`projected_noise_l1`]: the error the model
+//! takes on by keeping it; the projection removes much of the noise of sparse tables).
+//! Positive gain means keeping the pair is expected to lower the pair's error below the
+//! independence model's.
+
+/// `E[√max(z² − 1, 0)]` for a standard normal z: the mean of one cell's debiased
+/// magnitude when the cell is pure noise (numerical integral).
+const NULL_MAGNITUDE: f64 = 0.342_624;
+use crate::domain::key::TableKey;
+use crate::measure::one_way::binnings;
+use crate::measure::tables::Combined;
+use crate::measure::tables::Measurements;
+use crate::numeric::index::coarsen;
+use crate::numeric::index::outer;
+use ldpsyn::factor::cuts_of;
+use ldpsyn::mechanism::norm_sub;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha12Rng;
+use std::collections::BTreeSet;
+
+/// Parametric-bootstrap replicates behind [`projected_noise_l1`].
+const NOISE_REPLICATES: u64 = 32;
+
+/// The evidence for keeping one pair in the model graph.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PairGain {
+    /// `‖NS(ŷ_ab) − x‖₁`: the L1 distance between the pair's combined estimate, projected
+    /// onto the simplex (Norm-Sub), and the product `x = ŷ_a ⊗ ŷ_b` of its 1-ways.
+    pub observed_l1: f64,
+    /// The L1 error of the projected estimate ([`projected_noise_l1`] around the projected
+    /// estimate, standard errors evaluated there): the error the model takes on by keeping
+    /// the pair.
+    pub noise_l1: f64,
+    /// The estimated dependence `Σ_cells (√max(r² − σ², 0) − 0.3426·σ)`, `r` a cell's
+    /// distance from independence and σ its standard error at independence: the independence
+    /// model's L1 error on the pair, with the noise's share removed per cell in squares and
+    /// centred so that a pure-noise cell contributes 0 on average.
+    pub dependence: f64,
+    /// The standard deviation of `dependence` for an independent pair,
+    /// `0.6054·√(Σ_cells σ²)` (0.6054 the standard deviation of `√max(z² − 1, 0)` for a
+    /// standard normal z): how far noise alone moves the dependence estimate.
+    pub dependence_sd: f64,
+    /// The pair's estimate projected onto the simplex (row-major `a × b`).
+    pub projected: Vec<f64>,
+}
+
+/// Standard deviation of `√max(z² − 1, 0)` for a standard normal z: `√(E[max(z² − 1, 0)] −
+/// 0.3426²)` with `E[max(z² − 1, 0)] = 2(φ(1) + 1 − Φ(1)) − 2(1 − Φ(1)) = 0.48394`.
+const NULL_MAGNITUDE_SD: f64 = 0.605_44;
+
+impl PairGain {
+    /// Expected reduction of the pair's L1 error from keeping it: the estimated dependence
+    /// (the independence model's error) minus the noise the model takes on by keeping it.
+    pub fn gain(&self) -> f64 {
+        self.dependence - self.noise_l1
+    }
+
+    /// [`PairGain::gain`] less `margin` standard deviations of the dependence estimate: what
+    /// the model graph ranks and keeps pairs by.
+    pub fn cautious_gain(&self, margin: f64) -> f64 {
+        self.gain() - margin * self.dependence_sd
+    }
+}
+
+/// [`PairGain::dependence_sd`] of cells with standard errors `sigma`.
+fn dependence_sd(sigma: impl Iterator<Item = f64>) -> f64 {
+    NULL_MAGNITUDE_SD * sigma.map(|s| s * s).sum::<f64>().sqrt()
+}
+
+/// Expected L1 error `E‖NS(x + σ∘z) − x‖₁` of a table estimate with cell standard errors
+/// `sigma` around the distribution `x`, once projected onto the simplex (Norm-Sub), by a
+/// seeded parametric bootstrap (standard normal z, 32 replicates). The
+/// projection removes much of the noise of sparse tables (cells near 0 cannot go below), so
+/// this is well below `√(2/π)·Σσ` there. Deterministic for a given `seed`.
+pub fn projected_noise_l1(x: &[f64], sigma: &[f64], seed: u64) -> f64 {
+    let mut rng = ChaCha12Rng::seed_from_u64(seed);
+    let mut total = 0.0;
+    let mut noisy = vec![0.0; x.len()];
+    for _ in 0..NOISE_REPLICATES {
+        for ((v, m), s) in noisy.iter_mut().zip(x).zip(sigma) {
+            *v = m + s * standard_normal(&mut rng);
+        }
+        total += norm_sub(&noisy)
+            .iter()
+            .zip(x)
+            .map(|(p, m)| (p - m).abs())
+            .sum::<f64>();
+    }
+    total / NOISE_REPLICATES as f64
+}
+
+/// A standard normal draw (Box–Muller), for the seeded bootstrap.
+fn standard_normal<R: Rng + ?Sized>(rng: &mut R) -> f64 {
+    let u1 = 1.0 - rng.random::<f64>();
+    let u2 = rng.random::<f64>();
+    (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+}
+
+/// The independence model a pair's dependence is measured against ([`pair_gain_binned`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Null {
+    /// The product of the collection's 1-ways (`one_way`, every round pooled).
+    Collection,
+    /// The product of the 1-ways of the people the pair's tables come from
+    /// ([`same_people_one_way`]): `auto`'s, whose rounds see the people in arrival order.
+    SamePeople,
+}
+
+/// The best [`PairGain`] of `(a, b)` over every binning it was measured under
+/// ([`binnings`]), with that binning; `None` if no table contains both. The dependence is
+/// estimated from the tables `judge` accepts (all of them, or those measured after the pair
+/// was selected: [`pair_gain_binned`]).
+pub fn best_pair_gain(
+    ms: &Measurements,
+    one_way: &[Vec<f64>],
+    a: usize,
+    b: usize,
+    null: Null,
+    judge: impl Fn(&TableKey) -> bool + Copy,
+) -> Option<(PairGain, Vec<Vec<u32>>)> {
+    binnings(ms, &[a, b])
+        .into_iter()
+        .filter_map(|bins| {
+            Some((
+                pair_gain_binned(ms, one_way, a, b, &bins, null, judge)?,
+                bins,
+            ))
+        })
+        .max_by(|x, y| x.0.gain().total_cmp(&y.0.gain()))
+}
+
+/// [`PairGain`] of `(a, b)` under the bin maps `bins` (`[map of a, map of b]`, or empty for
+/// full resolution), from the tables that measured the pair under exactly these maps: the
+/// dependence and noise of the binned pair, against the binned product of the 1-ways (a
+/// binned pair shows at most the dependence of the full one). The dependence comes from the
+/// tables `judge` accepts, the noise of the kept pair from all of them (the fit sees them
+/// all): a pair selected for more reports because its first tables showed a large
+/// dependence is judged on the later ones only, which that selection did not see (the first
+/// are biased upwards given the selection: the winner's curse). Falls back to all tables
+/// when `judge` accepts none. `None` if no table fits.
+///
+/// `null` picks the independence model the dependence is measured against: the product of
+/// the collection's 1-ways `one_way`, or of the 1-ways of the people of the rounds the
+/// judged tables come from ([`Null::SamePeople`]; `one_way` for an attribute those rounds
+/// hold no full-resolution table of). Rounds run in arrival order: when the people drift
+/// during a collection, a pair measured in a later round differs from the product of
+/// earlier people's 1-ways by their drift, not by a dependence the pair could add
+/// (`benchmarks/sweeps/arrival-order.md`).
+pub fn pair_gain_binned(
+    ms: &Measurements,
+    one_way: &[Vec<f64>],
+    a: usize,
+    b: usize,
+    bins: &[Vec<u32>],
+    null: Null,
+    judge: impl Fn(&TableKey) -> bool,
+) -> Option<PairGain> {
+    let dims = ms.domain_sizes();
+    let fits = |k: &TableKey| k.bins_are(&[a, b], bins);
+    let mut rounds: BTreeSet<u32> = ms
+        .containing(&[a, b])
+        .filter(|m| fits(&m.key) && judge(&m.key))
+        .map(|m| m.key.round)
+        .collect();
+    let judged = !rounds.is_empty();
+    if !judged {
+        rounds = ms
+            .containing(&[a, b])
+            .filter(|m| fits(&m.key))
+            .map(|m| m.key.round)
+            .collect();
+    }
+    let one = |x: usize, i: usize| {
+        let same = (null == Null::SamePeople)
+            .then(|| same_people_one_way(ms, x, &rounds))
+            .flatten();
+        let p = same.as_deref().unwrap_or(&one_way[x]);
+        coarsen(p, &[dims[x]], &[cuts_of(bins, i).to_vec()])
+    };
+    let null = outer(&one(a, 0), &one(b, 1));
+    let c = if judged {
+        ms.combined_binned(&[a, b], bins, judge, Some(&null))?
+    } else {
+        ms.combined_binned(&[a, b], bins, |_| true, Some(&null))?
+    };
+    let projected = norm_sub(&c.frequencies);
+    let observed_l1 = projected
+        .iter()
+        .zip(&null)
+        .map(|(y, x)| (y - x).abs())
+        .sum::<f64>();
+    // The independence model's error: per cell, the distance from independence with the
+    // noise's share removed in squares, centred so a pure-noise cell gives 0 on average.
+    let dependence = c
+        .frequencies
+        .iter()
+        .zip(&null)
+        .zip(&c.std_errors)
+        .map(|((y, x), s)| ((y - x).powi(2) - s * s).max(0.0).sqrt() - NULL_MAGNITUDE * s)
+        .sum::<f64>();
+    let dependence_sd = dependence_sd(c.std_errors.iter().copied());
+    let noise_l1 = kept_noise_l1(ms, a, b, bins, &projected)?;
+    Some(PairGain {
+        observed_l1,
+        noise_l1,
+        dependence,
+        dependence_sd,
+        projected,
+    })
+}
+
+/// Attribute `x`'s 1-way among the people of `rounds`: its estimate from those rounds'
+/// tables combined with the other rounds' as far as the two agree. Per cell, `f_R` (those
+/// rounds, variance `v_R`) and `f_O` (the others, `v_O`) are pooled with weights `1/v_R`
+/// and `1/(v_O + δ²)`, `δ²` the rounds' drift per cell, estimated without bias as
+/// `max(0, Σ (f_R − f_O)² − Σ (v_R + v_O)) / k` over the `k` cells (a random-effects
+/// pooling, DerSimonian–Laird): the collection's 1-way when the rounds agree, the rounds'
+/// own when they drift apart. After Norm-Sub. `None` without a full-resolution table of `x`
+/// in `rounds`.
+pub fn same_people_one_way(
+    ms: &Measurements,
+    x: usize,
+    rounds: &BTreeSet<u32>,
+) -> Option<Vec<f64>> {
+    let own = ms.combined_where(&[x], |k| rounds.contains(&k.round))?;
+    let Some(other) = ms.combined_where(&[x], |k| !rounds.contains(&k.round)) else {
+        return Some(norm_sub(&own.frequencies));
+    };
+    let var = |c: &Combined| -> Vec<f64> { c.std_errors.iter().map(|s| s * s).collect() };
+    let (v_own, v_other) = (var(&own), var(&other));
+    let k = own.frequencies.len() as f64;
+    let spread: f64 = own
+        .frequencies
+        .iter()
+        .zip(&other.frequencies)
+        .zip(v_own.iter().zip(&v_other))
+        .map(|((f, g), (v, w))| (f - g).powi(2) - v - w)
+        .sum();
+    let drift = spread.max(0.0) / k;
+    let pooled: Vec<f64> = (0..own.frequencies.len())
+        .map(|i| {
+            let (w_own, w_other) = (
+                1.0 / v_own[i].max(1e-300),
+                1.0 / (v_other[i] + drift).max(1e-300),
+            );
+            (w_own * own.frequencies[i] + w_other * other.frequencies[i]) / (w_own + w_other)
+        })
+        .collect();
+    Some(norm_sub(&pooled))
+}
+
+/// The error a kept pair `(a, b)` brings: the L1 noise around its projected estimate
+/// `projected`, with standard errors evaluated there. `None` if no table holds the pair.
+fn kept_noise_l1(
+    ms: &Measurements,
+    a: usize,
+    b: usize,
+    bins: &[Vec<u32>],
+    projected: &[f64],
+) -> Option<f64> {
+    let at_estimate = ms.combined_binned(&[a, b], bins, |_| true, Some(projected))?;
+    Some(projected_noise_l1(
+        projected,
+        &at_estimate.std_errors,
+        ((a as u64) << 32) | b as u64,
+    ))
+}
+
+/// [`PairGain`] of `(a, b)` (`a < b`) when its 1-ways come from the same reports as the pair
+/// (a vertical collection: the pair table is the joint of the two attributes' GRR reports
+/// of the same records, and summing it gives their 1-way estimates exactly). The distance
+/// from independence is then measured against the table's own margins, `r = y − y_a ⊗ y_b`
+/// (VertiMRF §5.1's R-score, `‖T̂_ab − T̂_a ⊗ T̂_b‖₁/n`), whose noise is not the pair's:
+/// with `m_i` a report's column of `Q⁻¹` and `f` the margins, under independence
+/// `r = (1/n)Σ_i (m1_i − f_a) ⊗ (m2_i − f_b) − δ_a ⊗ δ_b` exactly, so a cell's null
+/// variance is `n·σ_a²·σ_b²` (σ the margins' standard errors from the same reports) up to
+/// the `δ_a ⊗ δ_b` term, `√n` times smaller ([`best_pair_gain`]'s null, the pair's own
+/// variance, also counts the margins' noise, which `r` does not have). Measured: a pure-noise
+/// 16 × 41 pair at ε = 0.5 per attribute gives `E[r²]/σ_r² = 1.04` over its 656 cells. Its
+/// dependence estimate (4.5) is still within one [`PairGain::dependence_sd`] (4.4) of 0:
+/// what keeps such a pair out is the vertical margin
+/// ([`crate::protocols::vertical::VERTICAL_GAIN_MARGIN`]; test
+/// `independent_noisy_pair_keeps_no_edge`). `None` if no table holds the pair.
+pub fn pair_gain_own_margins(ms: &Measurements, a: usize, b: usize) -> Option<PairGain> {
+    let pair = [a, b];
+    let m = ms
+        .containing(&pair)
+        .find(|m| m.key.factor == [a, b] && m.key.bins.is_empty())?;
+    let y = &m.estimate.frequencies;
+    let (ya, yb) = (m.marginalized(&[a]), m.marginalized(&[b]));
+    let (pa, pb) = (norm_sub(&ya), norm_sub(&yb));
+    let n = m.estimate.n as f64;
+    let sa = m.cell_variances(&[a], &pa, ms.population());
+    let sb = m.cell_variances(&[b], &pb, ms.population());
+    let raw_null = outer(&ya, &yb);
+    let null_var: Vec<f64> = (0..y.len())
+        .map(|cell| n * sa[cell / yb.len()] * sb[cell % yb.len()])
+        .collect();
+    let dependence = y
+        .iter()
+        .zip(&raw_null)
+        .zip(&null_var)
+        .map(|((v, x), s2)| ((v - x).powi(2) - s2).max(0.0).sqrt() - NULL_MAGNITUDE * s2.sqrt())
+        .sum::<f64>();
+    let dependence_sd = dependence_sd(null_var.iter().map(|v| v.sqrt()));
+    let projected = norm_sub(y);
+    let observed_l1 = projected
+        .iter()
+        .zip(outer(&pa, &pb))
+        .map(|(p, x)| (p - x).abs())
+        .sum::<f64>();
+    let noise_l1 = kept_noise_l1(ms, a, b, &[], &projected)?;
+    Some(PairGain {
+        observed_l1,
+        noise_l1,
+        dependence,
+        dependence_sd,
+        projected,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::measure::one_way::one_way_estimates;
+    use crate::measure::tables::Measurements;
+    use crate::measure::tables::Tables;
+    use crate::numeric::index::outer;
+    use ldpsyn::Epsilon;
+    use ldpsyn::mechanism::norm_sub;
+    use ldpsyn::mechanism::{Mechanism, MechanismKind, SufficientStatistics};
+    use rand_chacha::ChaCha12Rng;
+    use std::collections::BTreeSet;
+
+    /// Reports of `n` people drawn from `p` (row-major over `dims`) through GRR at ε = 6.
+    fn grr_table(dims: &[usize], p: &[f64], n: usize, seed: u64) -> SufficientStatistics {
+        let mech = Mechanism::new(MechanismKind::Grr, Epsilon::new(6.0).unwrap(), dims).unwrap();
+        let mut rng = ChaCha12Rng::seed_from_u64(seed);
+        let mut stats = SufficientStatistics::new(&mech);
+        for _ in 0..n {
+            let mut u: f64 = rng.random();
+            let cell = p.iter().position(|&q| {
+                u -= q;
+                u < 0.0
+            });
+            let mut cell = cell.unwrap_or(p.len() - 1);
+            let mut codes = vec![0u32; dims.len()];
+            for (c, &k) in codes.iter_mut().zip(dims).rev() {
+                *c = (cell % k) as u32;
+                cell /= k;
+            }
+            let report = mech.randomize(&codes, &mut rng).unwrap();
+            mech.accumulate(&report, &mut stats).unwrap();
+        }
+        stats
+    }
+
+    /// People who drift between rounds: round 0 measures each attribute alone among people
+    /// whose `a` is mostly 0, round 1 the pair among people whose `a` is mostly 2, with `b`
+    /// independent of `a` in both. Against the collection's 1-ways the pair looks dependent
+    /// (its margin moved); against its own round's people's it does not.
+    #[test]
+    fn a_pair_is_judged_against_the_one_ways_of_its_own_rounds() {
+        let dims = [3usize, 3];
+        let early = [0.7, 0.2, 0.1];
+        let late = [0.1, 0.2, 0.7];
+        let b = [0.5, 0.3, 0.2];
+        let key = |round: u32, factor: Vec<usize>| TableKey {
+            round,
+            factor,
+            mechanism: MechanismKind::Grr,
+            bins: vec![],
+        };
+        let mut tables = Tables::new();
+        tables.insert(key(0, vec![0]), grr_table(&[3], &early, 20_000, 1));
+        tables.insert(key(0, vec![1]), grr_table(&[3], &b, 20_000, 2));
+        tables.insert(
+            key(1, vec![0, 1]),
+            grr_table(&dims, &outer(&late, &b), 20_000, 3),
+        );
+        let ms = Measurements::new(Epsilon::new(6.0).unwrap(), &dims, &tables).unwrap();
+        // The collection's 1-ways, as the callers pass them: `a` is half early, half late.
+        let one = one_way_estimates(&ms);
+        assert!((one[0][0] - 0.4).abs() < 0.05, "{:?}", one[0]);
+        let g = pair_gain_binned(&ms, &one, 0, 1, &[], Null::SamePeople, |_| true).unwrap();
+        assert!(
+            g.dependence < 2.0 * g.dependence_sd,
+            "an independent pair gains {} (sd {})",
+            g.dependence,
+            g.dependence_sd
+        );
+        // Against the collection's 1-ways the drift reads as a dependence of ~0.6.
+        let c = pair_gain_binned(&ms, &one, 0, 1, &[], Null::Collection, |_| true).unwrap();
+        assert!(c.dependence > 0.4, "{}", c.dependence);
+        // A pair measured in the same round as the 1-ways is still judged against them.
+        let mut same = Tables::new();
+        same.insert(key(0, vec![0]), grr_table(&[3], &early, 20_000, 4));
+        same.insert(key(0, vec![1]), grr_table(&[3], &b, 20_000, 5));
+        let joint = [0.5, 0.1, 0.1, 0.0, 0.1, 0.1, 0.0, 0.0, 0.1];
+        same.insert(key(0, vec![0, 1]), grr_table(&dims, &joint, 20_000, 6));
+        let ms = Measurements::new(Epsilon::new(6.0).unwrap(), &dims, &same).unwrap();
+        let one = one_way_estimates(&ms);
+        let g = pair_gain_binned(&ms, &one, 0, 1, &[], Null::SamePeople, |_| true).unwrap();
+        assert!(
+            g.dependence > 0.3,
+            "a dependent pair gains {}",
+            g.dependence
+        );
+    }
+
+    /// Rounds of the same people: the 1-way of one round's people is the collection's (the
+    /// other rounds pooled in fully), not that round's own noisier estimate.
+    #[test]
+    fn rounds_that_agree_pool_their_one_ways() {
+        let p = [0.5, 0.3, 0.2];
+        let key = |round: u32| TableKey {
+            round,
+            factor: vec![0],
+            mechanism: MechanismKind::Grr,
+            bins: vec![],
+        };
+        let mut tables = Tables::new();
+        tables.insert(key(0), grr_table(&[3], &p, 2_000, 7));
+        tables.insert(key(1), grr_table(&[3], &p, 50_000, 8));
+        let ms = Measurements::new(Epsilon::new(6.0).unwrap(), &[3], &tables).unwrap();
+        let l1 = |x: &[f64], y: &[f64]| x.iter().zip(y).map(|(a, b)| (a - b).abs()).sum::<f64>();
+        let pooled = norm_sub(&ms.combined(&[0]).unwrap().frequencies);
+        let own = norm_sub(
+            &ms.combined_where(&[0], |k| k.round == 0)
+                .unwrap()
+                .frequencies,
+        );
+        let round0: BTreeSet<u32> = [0].into_iter().collect();
+        let same = same_people_one_way(&ms, 0, &round0).unwrap();
+        assert!(
+            l1(&own, &pooled) > 1e-3,
+            "round 0 must differ from the pool: {own:?}"
+        );
+        assert!(l1(&same, &pooled) < 1e-3, "{same:?} vs {pooled:?}");
+    }
+}

@@ -1,0 +1,7 @@
+//! Layer 4: which dependencies the model keeps: a pair's expected gain ([`gain`]), the model
+//! graph within a clique cap ([`model_graph`]) and the conditionals of its junction tree
+//! ([`structure`], PrivIncr Algorithm 2).
+
+pub mod gain;
+pub mod model_graph;
+pub mod structure;

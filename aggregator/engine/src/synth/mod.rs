@@ -1,0 +1,10 @@
+//! Layer 6: the released model: marginals with standard errors ([`model`]), what it was
+//! built from ([`description`]), within-bin recovery of numeric attributes ([`recovery`]),
+//! streaming synthesis ([`sampler`]) and SamPrivSyn's own generator ([`samprivsyn`]).
+
+pub mod description;
+pub mod inference;
+pub mod model;
+pub mod recovery;
+pub mod sampler;
+pub mod samprivsyn;

@@ -20,7 +20,8 @@ use rand_distr::{Binomial, Distribution};
 
 use super::{Population, SimError};
 use crate::engine::{
-    CollectionState, Engine, Model, TableKey, Tables, TaskSpec, Transition, measure::tables::merge_into,
+    CollectionState, Engine, Model, TableKey, Tables, TaskSpec, Transition,
+    measure::tables::merge_into,
 };
 
 /// A report as the service would receive it (for replay tests).

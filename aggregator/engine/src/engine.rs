@@ -29,23 +29,16 @@ use rand::Rng;
 use crate::EngineError;
 use crate::domain::key::TableKey;
 use crate::domain::space::Space;
-use crate::domain::task::SUB_BIN_ONE_WAY_SHARE;
-use crate::domain::task::TaskSpec;
-use crate::domain::task::factor_dims_in;
-use crate::domain::task::{MAX_ATTRIBUTE_DOMAIN, MAX_PAIR_CELLS};
+use crate::domain::task::{
+    MAX_ATTRIBUTE_DOMAIN, MAX_PAIR_CELLS, SUB_BIN_ONE_WAY_SHARE, TaskSpec, factor_dims_in,
+};
 use crate::measure::tables::{Measurements, Tables};
 use crate::pipeline::finalize;
-use crate::protocols::auto::Auto;
+use crate::protocols::CollectionProtocol;
 use crate::protocols::context::Context;
-use crate::protocols::independence::Independence;
-use crate::protocols::privincr::PrivIncr;
-use crate::protocols::samprivsyn::SamPrivSyn;
+use crate::protocols::registry::registry;
 use crate::protocols::vertical::{Vertical, resolve};
-use crate::protocols::{CollectionProtocol, check_privincr};
-use crate::state::CollectionState;
-use crate::state::EngineOptions;
-use crate::state::Phase;
-use crate::state::Transition;
+use crate::state::{CollectionState, EngineOptions, Phase, Transition};
 use crate::synth::model::Model;
 
 /// The task distribution of one state ([`Engine::sampler`]): draws in O(log n) (uniform: O(1)),
@@ -229,40 +222,25 @@ impl Engine {
                 )));
             }
         }
-        let rules: Arc<dyn CollectionProtocol> = match &protocol {
-            Protocol::Privincr(p) => {
-                check_privincr(p)?;
-                Arc::new(PrivIncr::new(p.clone(), true))
-            }
-            Protocol::Noincremental(p) => {
-                check_privincr(p)?;
-                Arc::new(PrivIncr::new(p.clone(), false))
-            }
-            Protocol::Auto(p) => {
-                check_privincr(p)?;
-                Arc::new(Auto::new(p.clone()))
-            }
-            Protocol::Samprivsyn(s) => {
-                if s.batch_size == 0 {
-                    return Err(EngineError::InvalidConfig("batch_size must be ≥ 1".into()));
-                }
-                Arc::new(SamPrivSyn::new(s.clone()))
-            }
-            Protocol::Independence {} => Arc::new(Independence),
-            Protocol::Vertical(_) => match &vertical {
-                Some(v) => v.clone(),
-                None => {
-                    return Err(EngineError::InvalidConfig(
-                        "a vertical collection is built from its config (Engine::new)".into(),
-                    ));
-                }
-            },
-        };
-        Ok(Self {
-            context: Context::new(space, epsilon, target_users, protocol, options),
+        let rules = registry(&protocol, vertical.as_ref())?;
+        Ok(Self::with_rules(
+            Context::new(space, epsilon, target_users, protocol, options),
             rules,
             vertical,
-        })
+        ))
+    }
+
+    /// The engine of `context` run by `rules` (from the registry, or a test's own protocol).
+    fn with_rules(
+        context: Context,
+        rules: Arc<dyn CollectionProtocol>,
+        vertical: Option<Arc<Vertical>>,
+    ) -> Self {
+        Self {
+            context,
+            rules,
+            vertical,
+        }
     }
 
     /// Working domain sizes: what protocols and the model see (the schema's, with a
@@ -472,13 +450,122 @@ impl Engine {
 
 #[cfg(test)]
 mod tests {
+    use ldpsyn::mechanism::{MechanismKind, SufficientStatistics};
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha12Rng;
+
     use super::*;
-    use crate::graph::EdgeState;
-    use crate::state::CollectionState;
-    use crate::state::EngineOptions;
-    use crate::state::Phase;
-    use crate::state::ProtocolState;
-    use crate::state::{AdaptedBins, PairRounds, PairSampling};
+    use crate::graph::{Edge, EdgeState};
+    use crate::protocols::{TaskChoices, pairs};
+    use crate::state::{AdaptedBins, PairRounds, PairSampling, Phase, ProtocolState};
+
+    /// A protocol written outside the registry: every pair drawn uniformly with GRR, in one
+    /// round that never closes.
+    #[derive(Debug)]
+    struct EveryPair;
+
+    impl CollectionProtocol for EveryPair {
+        fn initial_state(&self, _ctx: &Context) -> CollectionState {
+            CollectionState {
+                phase: Phase::PairSampling,
+                round: 0,
+                round_quota: None,
+                working_bins: Default::default(),
+                protocol: ProtocolState::Independence {},
+            }
+        }
+
+        fn task_choices(
+            &self,
+            ctx: &Context,
+            state: &CollectionState,
+        ) -> Result<TaskChoices, EngineError> {
+            let tasks = pairs(ctx.dims().len())
+                .into_iter()
+                .map(|(a, b)| TaskSpec {
+                    round: state.round,
+                    factor: vec![a, b],
+                    mechanism: MechanismKind::Grr,
+                    bins: Vec::new(),
+                })
+                .collect();
+            Ok(TaskChoices {
+                tasks,
+                weights: None,
+                sub_bin_share: None,
+            })
+        }
+
+        fn close_round(
+            &self,
+            _ctx: &Context,
+            _state: &mut CollectionState,
+            _tables: &Tables,
+        ) -> Result<Transition, EngineError> {
+            Ok(Transition::Nothing)
+        }
+
+        fn model_candidates(&self, ctx: &Context, _state: &CollectionState) -> Vec<Edge> {
+            pairs(ctx.dims().len())
+        }
+    }
+
+    /// A protocol is one module behind the trait: `EveryPair` runs through the engine (tasks,
+    /// tables, finalize) with nothing else written for it. Of three attributes, 0 and 1 agree
+    /// for 90% of the people: the model keeps that pair (its 2-way TVD is far below the
+    /// independence model's 0.6) and leaves the independent attribute 2 alone.
+    #[test]
+    fn a_protocol_plugs_in_through_the_trait_alone() {
+        let people = 30_000u64;
+        let context = Context::new(
+            Space::identity(vec![3, 3, 2]),
+            Epsilon::new(4.0).unwrap(),
+            people,
+            Protocol::Independence {},
+            EngineOptions::default(),
+        );
+        let engine = Engine::with_rules(context, Arc::new(EveryPair), None);
+        let state = engine.initial_state();
+        let mut rng = ChaCha12Rng::seed_from_u64(5);
+        let mut tables = Tables::new();
+        for _ in 0..people {
+            let x0 = rng.random_range(0..3u32);
+            let x1 = if rng.random_bool(0.9) {
+                x0
+            } else {
+                rng.random_range(0..3)
+            };
+            let record = [x0, x1, u32::from(rng.random_bool(0.5))];
+            let task = engine.draw_task(&state, &mut rng).unwrap();
+            let key = engine.table_key(&task);
+            let mechanism = engine.mechanism(&key).unwrap();
+            let codes: Vec<u32> = task.codes(&record).collect();
+            let report = mechanism.randomize(&codes, &mut rng).unwrap();
+            let stats = tables
+                .entry(key)
+                .or_insert_with(|| SufficientStatistics::new(&mechanism));
+            mechanism.accumulate(&report, stats).unwrap();
+        }
+        let factors: Vec<&[usize]> = tables.keys().map(|k| k.factor.as_slice()).collect();
+        assert_eq!(factors, [&[0, 1][..], &[0, 2], &[1, 2]]);
+        let model = engine.finalize(&state, &tables).unwrap();
+        let tvd = |attrs: &[usize], truth: &dyn Fn(usize, usize) -> f64| {
+            let m = model.marginal(attrs).unwrap();
+            let k = engine.dims()[attrs[1]];
+            0.5 * m
+                .frequencies
+                .iter()
+                .enumerate()
+                .map(|(c, f)| (f - truth(c / k, c % k)).abs())
+                .sum::<f64>()
+        };
+        let agree = tvd(&[0, 1], &|i, j| {
+            (0.9 * f64::from(u8::from(i == j)) + 0.1 / 3.0) / 3.0
+        });
+        assert!(agree < 0.05, "pair (0, 1): TVD {agree}");
+        let apart = tvd(&[0, 2], &|_, _| 1.0 / 6.0);
+        assert!(apart < 0.05, "pair (0, 2): TVD {apart}");
+    }
 
     /// Domains a first report would allocate are bounded at creation: an attribute above
     /// MAX_ATTRIBUTE_DOMAIN always, a full-resolution pair above MAX_PAIR_CELLS for the

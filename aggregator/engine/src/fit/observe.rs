@@ -13,18 +13,14 @@
 /// evaluated at: 100 gave the same 2-way TVD as 300 (within seed noise, all cells of
 /// `benchmarks/sweeps/fit-weights.md`, variants E and F) in 30% less time.
 pub const PILOT_ITERS: usize = 100;
+use std::collections::BTreeSet;
+
 use crate::EngineError;
-use crate::fit::pgm::GraphicalModel;
-use crate::fit::pgm::Observation;
-use crate::fit::pgm::{FitOptions, fit};
-use crate::graph::Edge;
-use crate::graph::JunctionTree;
-use crate::graph::build_junction_tree;
+use crate::fit::pgm::{FitOptions, GraphicalModel, Observation, fit};
+use crate::graph::{Edge, JunctionTree, build_junction_tree};
 use crate::measure::one_way::one_way_estimates;
 use crate::measure::tables::Measurements;
-use crate::numeric::index::coarsen;
-use crate::numeric::index::outer;
-use std::collections::BTreeSet;
+use crate::numeric::index::{coarsen, outer};
 
 /// Maximal subsets of `factor` (in factor order) that lie inside some clique.
 fn fitting_parts(factor: &[usize], tree: &JunctionTree) -> Vec<Vec<usize>> {
@@ -143,9 +139,9 @@ pub fn fit_model(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::graph::Edge;
-    use crate::graph::build_junction_tree;
     use std::collections::BTreeSet;
+
+    use crate::graph::{Edge, build_junction_tree};
 
     #[test]
     fn parts_are_maximal_and_fit() {

@@ -565,10 +565,12 @@ impl GraphicalModel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::graph::build_junction_tree;
+    use std::collections::BTreeSet;
+
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha12Rng;
-    use std::collections::BTreeSet;
+
+    use crate::graph::build_junction_tree;
 
     /// A random distribution that factorizes over the chain 0 − 1 − 2 − 3 plus the triangle
     /// (1, 2, 4): cliques {0,1}, {1,2,4}, {2,3}.

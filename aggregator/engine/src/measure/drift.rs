@@ -45,12 +45,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use ldpsyn::factor::cuts_of;
+use ldpsyn::mechanism::norm_sub;
 use serde::{Deserialize, Serialize};
 
 use crate::measure::tables::Measurements;
 use crate::numeric::index::{coarsen, coarsen_map, projection_map};
 use crate::numeric::stats::chi2_upper;
-use ldpsyn::mechanism::norm_sub;
 
 /// Level of the between-round heterogeneity test, over all attributes (Bonferroni): below it
 /// [`DriftReport::population_changed`] says the rounds measured different populations.

@@ -1,13 +1,11 @@
 //! One table's unbiased estimate ([`Measurement`]) and the variances of its cells, whole or
 //! summed down to fewer attributes (the one variance model, [`crate::measure::variance`]).
 
+use ldpsyn::mechanism::{FrequencyEstimate, Mechanism, MechanismKind};
+
 use crate::domain::key::TableKey;
-use crate::measure::variance::sampling_variance;
-use crate::measure::variance::summed_randomizer_variance;
+use crate::measure::variance::{sampling_variance, summed_randomizer_variance};
 use crate::numeric::index::projection_map;
-use ldpsyn::mechanism::FrequencyEstimate;
-use ldpsyn::mechanism::Mechanism;
-use ldpsyn::mechanism::MechanismKind;
 
 /// One table's unbiased estimate, with its mechanism.
 #[derive(Debug, Clone)]
@@ -135,16 +133,14 @@ impl Measurement {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::key::TableKey;
-    use crate::domain::space::Space;
-    use crate::measure::tables::Measurements;
-    use crate::measure::tables::Tables;
     use ldpsyn::Epsilon;
-    use ldpsyn::mechanism::Mechanism;
-    use ldpsyn::mechanism::MechanismKind;
-    use ldpsyn::mechanism::SufficientStatistics;
+    use ldpsyn::mechanism::{Mechanism, MechanismKind, SufficientStatistics};
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha12Rng;
+
+    use crate::domain::key::TableKey;
+    use crate::domain::space::Space;
+    use crate::measure::tables::{Measurements, Tables};
 
     fn eps(e: f64) -> Epsilon {
         Epsilon::new(e).unwrap()

@@ -2,9 +2,10 @@
 //! holds it.
 
 /// Norm-Sub'd combination of every table containing each attribute at full resolution;
-use crate::measure::tables::Measurements;
 use ldpsyn::factor::cuts_of;
 use ldpsyn::mechanism::norm_sub;
+
+use crate::measure::tables::Measurements;
 /// without one, the binned estimate with the most reports spread evenly within its bins;
 /// uniform if no table contains the attribute.
 pub fn one_way_estimates(ms: &Measurements) -> Vec<Vec<f64>> {

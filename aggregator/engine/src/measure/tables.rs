@@ -26,8 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::domain::key::TableKey;
 use crate::domain::space::{Space, WorkingKey};
-use crate::measure::measurement::Measurement;
-use crate::measure::measurement::Refined;
+use crate::measure::measurement::{Measurement, Refined};
 use crate::measure::variance::sampling_variance;
 
 /// All tables of a collection, in key order. The service keeps one per process/shard and
@@ -404,10 +403,11 @@ impl Measurements {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::measure::variance::summed_randomizer_variance;
     use ldpsyn::mechanism::MechanismKind;
     use rand::SeedableRng;
     use rand_chacha::ChaCha12Rng;
+
+    use crate::measure::variance::summed_randomizer_variance;
 
     fn eps(e: f64) -> Epsilon {
         Epsilon::new(e).unwrap()

@@ -36,14 +36,14 @@ impl CollectionProtocol for Independence {
 
     fn close_round(
         &self,
-        _engine: &Context,
+        _ctx: &Context,
         _state: &mut CollectionState,
         _tables: &Tables,
     ) -> Result<Transition, EngineError> {
         Ok(Transition::Nothing)
     }
 
-    fn model_candidates(&self, _engine: &Context, _state: &CollectionState) -> Vec<Edge> {
+    fn model_candidates(&self, _ctx: &Context, _state: &CollectionState) -> Vec<Edge> {
         Vec::new()
     }
 }

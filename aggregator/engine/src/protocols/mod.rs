@@ -27,8 +27,7 @@ use crate::domain::space::UNRESOLVED_BIN_Z;
 use crate::domain::task::TaskSpec;
 use crate::fit::joint::FittedJoint;
 use crate::graph::{Edge, EdgeState, edge};
-use crate::measure::tables::Measurements;
-use crate::measure::tables::Tables;
+use crate::measure::tables::{Measurements, Tables};
 use crate::numeric::info::tau;
 use crate::protocols::context::Context;
 use crate::select::gain::{Null, PairGain, best_pair_gain};
@@ -43,6 +42,7 @@ pub mod auto;
 pub mod context;
 pub mod independence;
 pub mod privincr;
+pub mod registry;
 pub mod samprivsyn;
 pub mod vertical;
 
@@ -495,7 +495,6 @@ pub(crate) fn check_privincr(p: &PrivIncrParams) -> Result<(), EngineError> {
 
 #[cfg(test)]
 mod tests {
-    use crate::engine::Engine;
     use ldpsyn::Epsilon;
     use ldpsyn::mechanism::{MechanismKind, SufficientStatistics};
     use ldpsyn::protocol::{PrivIncrParams, Protocol, SamPrivSynParams};
@@ -503,6 +502,7 @@ mod tests {
     use rand_chacha::ChaCha12Rng;
 
     use super::*;
+    use crate::engine::Engine;
     use crate::state::EngineOptions;
 
     /// Three attributes of 3 values: 0 and 1 equal for 90% of people, 2 independent.

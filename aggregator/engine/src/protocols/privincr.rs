@@ -25,8 +25,7 @@ use super::{
     one_way_choices, one_way_state, plan_structure, round_quota,
 };
 use crate::EngineError;
-use crate::domain::task::MAX_PAIR_CELLS;
-use crate::domain::task::TaskSpec;
+use crate::domain::task::{MAX_PAIR_CELLS, TaskSpec};
 use crate::graph::{Edge, edge};
 use crate::measure::tables::Tables;
 use crate::numeric::info::{mutual_information, relaxed_threshold};
@@ -210,7 +209,7 @@ impl CollectionProtocol for PrivIncr {
         ))
     }
 
-    fn model_candidates(&self, _engine: &Context, state: &CollectionState) -> Vec<Edge> {
+    fn model_candidates(&self, _ctx: &Context, state: &CollectionState) -> Vec<Edge> {
         active_edges(state)
             .into_iter()
             .map(|e| edge(e.a, e.b))

@@ -31,8 +31,7 @@ use super::{CollectionProtocol, TaskChoices, pairs};
 use crate::EngineError;
 use crate::domain::key::TableKey;
 use crate::graph::Edge;
-use crate::measure::tables::Measurements;
-use crate::measure::tables::Tables;
+use crate::measure::tables::{Measurements, Tables};
 use crate::protocols::context::Context;
 use crate::select::gain::{PairGain, pair_gain_own_margins};
 use crate::state::{CollectionState, Phase, ProtocolState, Transition};
@@ -282,7 +281,7 @@ fn pair_key(a: usize, b: usize) -> TableKey {
 }
 
 impl CollectionProtocol for Vertical {
-    fn initial_state(&self, _engine: &Context) -> CollectionState {
+    fn initial_state(&self, _ctx: &Context) -> CollectionState {
         CollectionState {
             phase: Phase::OneWay,
             round: 0,
@@ -294,7 +293,7 @@ impl CollectionProtocol for Vertical {
 
     fn task_choices(
         &self,
-        _engine: &Context,
+        _ctx: &Context,
         state: &CollectionState,
     ) -> Result<TaskChoices, EngineError> {
         Err(match state.phase {
@@ -309,7 +308,7 @@ impl CollectionProtocol for Vertical {
 
     fn close_round(
         &self,
-        _engine: &Context,
+        _ctx: &Context,
         _state: &mut CollectionState,
         _tables: &Tables,
     ) -> Result<Transition, EngineError> {
@@ -322,7 +321,7 @@ impl CollectionProtocol for Vertical {
 
     fn table_mechanism(
         &self,
-        _engine: &Context,
+        _ctx: &Context,
         key: &TableKey,
         dims: &[usize],
     ) -> Result<Mechanism, MechanismError> {
@@ -369,10 +368,11 @@ pub fn resolve(protocol: &Protocol, schema: &Schema) -> Result<Option<Vertical>,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::Engine;
     use ldpsyn::mechanism::SufficientStatistics;
     use ldpsyn::protocol::{Party, PartyAttribute};
     use rand::{Rng, SeedableRng};
+
+    use crate::engine::Engine;
 
     fn schema() -> Schema {
         serde_json::from_str(

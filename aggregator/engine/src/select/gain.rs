@@ -11,17 +11,17 @@
 /// `E[√max(z² − 1, 0)]` for a standard normal z: the mean of one cell's debiased
 /// magnitude when the cell is pure noise (numerical integral).
 const NULL_MAGNITUDE: f64 = 0.342_624;
-use crate::domain::key::TableKey;
-use crate::measure::one_way::binnings;
-use crate::measure::tables::Combined;
-use crate::measure::tables::Measurements;
-use crate::numeric::index::coarsen;
-use crate::numeric::index::outer;
+use std::collections::BTreeSet;
+
 use ldpsyn::factor::cuts_of;
 use ldpsyn::mechanism::norm_sub;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
-use std::collections::BTreeSet;
+
+use crate::domain::key::TableKey;
+use crate::measure::one_way::binnings;
+use crate::measure::tables::{Combined, Measurements};
+use crate::numeric::index::{coarsen, outer};
 
 /// Parametric-bootstrap replicates behind [`projected_noise_l1`].
 const NOISE_REPLICATES: u64 = 32;
@@ -327,15 +327,15 @@ pub fn pair_gain_own_margins(ms: &Measurements, a: usize, b: usize) -> Option<Pa
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::measure::one_way::one_way_estimates;
-    use crate::measure::tables::Measurements;
-    use crate::measure::tables::Tables;
-    use crate::numeric::index::outer;
-    use ldpsyn::Epsilon;
-    use ldpsyn::mechanism::norm_sub;
-    use ldpsyn::mechanism::{Mechanism, MechanismKind, SufficientStatistics};
-    use rand_chacha::ChaCha12Rng;
     use std::collections::BTreeSet;
+
+    use ldpsyn::Epsilon;
+    use ldpsyn::mechanism::{Mechanism, MechanismKind, SufficientStatistics, norm_sub};
+    use rand_chacha::ChaCha12Rng;
+
+    use crate::measure::one_way::one_way_estimates;
+    use crate::measure::tables::{Measurements, Tables};
+    use crate::numeric::index::outer;
 
     /// Reports of `n` people drawn from `p` (row-major over `dims`) through GRR at ε = 6.
     fn grr_table(dims: &[usize], p: &[f64], n: usize, seed: u64) -> SufficientStatistics {

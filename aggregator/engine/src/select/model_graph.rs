@@ -9,11 +9,10 @@
 /// entropy from the pairs they contain. A collection of fewer people caps its cliques at
 /// their number ([`clique_cap`]).
 pub const MAX_CLIQUE_CELLS: u64 = 100_000;
-use crate::graph::Edge;
-use crate::graph::build_junction_tree;
-use crate::graph::edge;
-use crate::select::gain::PairGain;
 use std::collections::BTreeSet;
+
+use crate::graph::{Edge, build_junction_tree, edge};
+use crate::select::gain::PairGain;
 
 /// Cap on the cells of one clique of the model graph of a collection of `people`: `option`
 /// if set, else the smaller of [`MAX_CLIQUE_CELLS`] and `people`. A clique with more cells

@@ -20,18 +20,10 @@ use crate::fit::residuals::FitResiduals;
 use crate::graph::EdgeState;
 use crate::measure::drift::DriftReport;
 use crate::select::structure::Structure;
-use crate::synth::description::EdgeGain;
-use crate::synth::description::MarginalEstimate;
-use crate::synth::description::ModelDescription;
-use crate::synth::description::RoundSummary;
-use crate::synth::inference::MAX_ELIMINATION_CELLS;
-use crate::synth::inference::infer;
-use crate::synth::recovery::Expansion;
-use crate::synth::recovery::Recovery;
-use crate::synth::sampler::EstimatedConditional;
-use crate::synth::sampler::SynthInner;
-use crate::synth::sampler::Synthesizer;
-use crate::synth::sampler::compile;
+use crate::synth::description::{EdgeGain, MarginalEstimate, ModelDescription, RoundSummary};
+use crate::synth::inference::{MAX_ELIMINATION_CELLS, infer};
+use crate::synth::recovery::{Expansion, Recovery};
+use crate::synth::sampler::{EstimatedConditional, SynthInner, Synthesizer, compile};
 use crate::synth::samprivsyn::SamPrivSynModel;
 
 #[derive(Debug, Clone)]

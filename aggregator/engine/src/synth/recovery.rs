@@ -4,8 +4,7 @@
 
 use crate::domain::space::{POINT_MASS_Z, Space, cell_range};
 use crate::measure::tables::Measurements;
-use crate::numeric::index::coarsen_map;
-use crate::numeric::index::outer;
+use crate::numeric::index::{coarsen_map, outer};
 
 /// How a synthetic row's working bin becomes a schema code ([`crate::domain::space`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -11,8 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::fit::joint::JointSource;
 use crate::select::structure::Conditional;
-use crate::synth::recovery::Expansion;
-use crate::synth::recovery::Recovery;
+use crate::synth::recovery::{Expansion, Recovery};
 use crate::synth::samprivsyn::SamPrivSynModel;
 
 /// A conditional with its estimated tables.

@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 
 use ldpsyn::Epsilon;
-
 use ldpsyn::mechanism::{Mechanism, MechanismKind, Oracle, norm_sub};
 use linfa::prelude::*;
 use linfa_elasticnet::ElasticNet;

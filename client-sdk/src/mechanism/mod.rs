@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 
 pub use grr::Grr;
 pub use oue::Oue;
-pub use pair::PairGrr;
+pub use pair::GrrPair;
 
 use crate::Epsilon;
 use crate::protocol::{OueBits, Payload};
@@ -155,7 +155,7 @@ pub enum Oracle {
     /// OUE over the product domain.
     Oue(Oue),
     /// Two GRRs at ε/2 over a pair.
-    GrrPair(PairGrr),
+    GrrPair(GrrPair),
 }
 
 impl Mechanism {
@@ -183,7 +183,7 @@ impl Mechanism {
                 if dims.len() != 2 {
                     return Err(MechanismError::PairNeedsTwo(dims.len()));
                 }
-                Oracle::GrrPair(PairGrr::new(epsilon, dims[0], dims[1])?)
+                Oracle::GrrPair(GrrPair::new(epsilon, dims[0], dims[1])?)
             }
         };
         Ok(Self {
@@ -194,7 +194,7 @@ impl Mechanism {
 
     /// The pair report of two GRRs at their own ε over `dims = [k₁, k₂]` (kind `grr_pair`,
     /// ε = `first + second`): a vertical collection's cross-party or intra-party pair
-    /// ([`PairGrr::with_epsilons`]). Errors: as [`Mechanism::new`].
+    /// ([`GrrPair::with_epsilons`]). Errors: as [`Mechanism::new`].
     pub fn grr_pair_with_epsilons(
         first: Epsilon,
         second: Epsilon,
@@ -205,7 +205,7 @@ impl Mechanism {
         };
         Ok(Self {
             dims: dims.to_vec(),
-            oracle: Oracle::GrrPair(PairGrr::with_epsilons(first, second, k1, k2)?),
+            oracle: Oracle::GrrPair(GrrPair::with_epsilons(first, second, k1, k2)?),
         })
     }
 

@@ -13,13 +13,13 @@ use crate::Epsilon;
 /// Guarantee: ε-LDP for the pair (sequential composition of two ε/2-LDP reports); the
 /// worst-case ratio `e^{ε/2} · e^{ε/2} = e^ε` is reached when both values change.
 #[derive(Debug, Clone, PartialEq)]
-pub struct PairGrr {
+pub struct GrrPair {
     epsilon: Epsilon,
     first: Grr,
     second: Grr,
 }
 
-impl PairGrr {
+impl GrrPair {
     /// Pair report at total `epsilon` over domains `k1 × k2`.
     /// Errors: [`MechanismError::DomainTooSmall`] if either is < 2.
     pub fn new(epsilon: Epsilon, k1: usize, k2: usize) -> Result<Self, MechanismError> {

@@ -495,7 +495,7 @@ fn kron(first: &[Vec<f64>], second: &[Vec<f64>]) -> Vec<Vec<f64>> {
 fn privacy_audit_pair_grr() {
     for &e in &AUDIT_EPSILONS {
         for (k1, k2) in [(2usize, 2usize), (2, 5), (3, 4), (9, 16), (16, 16)] {
-            let m = PairGrr::new(eps(e), k1, k2).unwrap();
+            let m = GrrPair::new(eps(e), k1, k2).unwrap();
             // The sampler randomizes the halves independently, each with its own GRR.
             let rows = kron(&grr_channel(m.first()), &grr_channel(m.second()));
             let worst = audit_channel(&rows);
@@ -511,7 +511,7 @@ fn privacy_audit_pair_grr() {
 fn privacy_audit_pair_grr_with_epsilons() {
     for (e1, e2) in [(0.5, 3.5), (1.0, 1.0), (0.25, 2.0), (4.0, 0.3)] {
         for (k1, k2) in [(2usize, 3usize), (5, 2), (9, 16)] {
-            let m = PairGrr::with_epsilons(eps(e1), eps(e2), k1, k2).unwrap();
+            let m = GrrPair::with_epsilons(eps(e1), eps(e2), k1, k2).unwrap();
             assert!((m.epsilon().get() - (e1 + e2)).abs() < 1e-12);
             let (c1, c2) = (grr_channel(m.first()), grr_channel(m.second()));
             let label = format!("pair ε=({e1},{e2}) {k1}×{k2}");
@@ -520,7 +520,7 @@ fn privacy_audit_pair_grr_with_epsilons() {
             assert_ratio_tight(&format!("{label} second"), audit_channel(&c2), e2);
         }
     }
-    assert!(PairGrr::with_epsilons(eps(15.0), eps(15.0), 2, 2).is_err());
+    assert!(GrrPair::with_epsilons(eps(15.0), eps(15.0), 2, 2).is_err());
 }
 
 #[test]
@@ -714,7 +714,7 @@ fn chi2_pair_grr_outputs_fit() {
         (1.0, 3usize, 4usize, 2usize, 0usize, 12_000usize, 31u64),
         (2.0, 2, 5, 0, 4, 8_000, 32),
     ] {
-        let m = PairGrr::new(eps(e), k1, k2).unwrap();
+        let m = GrrPair::new(eps(e), k1, k2).unwrap();
         let mut rng = rng(seed);
         let mut counts = vec![0u64; k1 * k2];
         for _ in 0..n {

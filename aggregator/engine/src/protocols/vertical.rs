@@ -6,7 +6,7 @@
 //! **Tables.** Once the reports of a record id are joined, every pair of its attributes is an
 //! observation of two independent GRRs, so every marginal is estimable by the Kronecker
 //! inverse of the attributes' GRR matrices (§4.2, FO-based CarEst; the algebra of the
-//! SamPrivSyn pair, [`ldpsyn::mechanism::PairGrr::with_epsilons`]). The aggregator keeps, as
+//! SamPrivSyn pair, [`ldpsyn::mechanism::GrrPair::with_epsilons`]). The aggregator keeps, as
 //! additive tables: each attribute's GRR counts (factor `[a]`, `grr` at ε_a) and each pair's
 //! joint noisy counts over the records holding both (factor `[a, b]`, `a < b`, `grr_pair`
 //! at (ε_a, ε_b)). [`Vertical::record_cells`] says which cells one party record adds, given

@@ -4,15 +4,16 @@ use crate::EngineError;
 use crate::numeric::index::projection_map;
 use crate::synth::sampler::EstimatedConditional;
 
-/// A factor over sorted variables, row-major.
+/// A potential table over sorted variables, row-major (a product of conditionals during
+/// elimination; not the factor a device reports, `ldpsyn::factor`).
 #[derive(Debug, Clone)]
-struct Factor {
+struct Potential {
     vars: Vec<usize>,
     dims: Vec<usize>,
     values: Vec<f64>,
 }
 
-impl Factor {
+impl Potential {
     fn from_scope(scope: &[usize], scope_dims: &[usize], values: &[f64]) -> Self {
         let mut order: Vec<usize> = (0..scope.len()).collect();
         order.sort_by_key(|&i| scope[i]);
@@ -40,7 +41,7 @@ impl Factor {
             .collect()
     }
 
-    fn product(&self, other: &Factor, dims_of: &[usize]) -> Factor {
+    fn product(&self, other: &Potential, dims_of: &[usize]) -> Potential {
         let mut vars: Vec<usize> = self.vars.iter().chain(&other.vars).copied().collect();
         vars.sort_unstable();
         vars.dedup();
@@ -64,10 +65,10 @@ impl Factor {
                 codes[i] = 0;
             }
         }
-        Factor { vars, dims, values }
+        Potential { vars, dims, values }
     }
 
-    fn sum_out(&self, v: usize) -> Factor {
+    fn sum_out(&self, v: usize) -> Potential {
         let keep: Vec<usize> = self.vars.iter().copied().filter(|&x| x != v).collect();
         let map = projection_map(&self.vars, &self.dims, &keep);
         let dims: Vec<usize> = keep
@@ -78,7 +79,7 @@ impl Factor {
         for (i, &t) in map.iter().enumerate() {
             values[t] += self.values[i];
         }
-        Factor {
+        Potential {
             vars: keep,
             dims,
             values,
@@ -102,7 +103,7 @@ pub(crate) fn infer(
     max_cells: usize,
 ) -> Result<Vec<f64>, EngineError> {
     // The variables a product of factors spans.
-    let union = |fs: &mut dyn Iterator<Item = &Factor>| {
+    let union = |fs: &mut dyn Iterator<Item = &Potential>| {
         let mut vars: Vec<usize> = fs.flat_map(|f| f.vars.iter().copied()).collect();
         vars.sort_unstable();
         vars.dedup();
@@ -129,7 +130,7 @@ pub(crate) fn infer(
         if f.conditional.targets.iter().any(|&t| needed[t]) {
             f.conditional.parents.iter().for_each(|&p| needed[p] = true);
             f.conditional.targets.iter().for_each(|&t| needed[t] = true);
-            used.push(Factor::from_scope(
+            used.push(Potential::from_scope(
                 &f.conditional.scope(),
                 &f.scope_dims,
                 &f.conditional_table,
@@ -151,7 +152,7 @@ pub(crate) fn infer(
             .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)))
             .expect("non-empty");
         let v = eliminate.remove(pos);
-        let (with, without): (Vec<Factor>, Vec<Factor>) =
+        let (with, without): (Vec<Potential>, Vec<Potential>) =
             used.into_iter().partition(|f| f.vars.contains(&v));
         used = without;
         // The product of `with` spans the union of their variables: checked before building.
@@ -163,7 +164,7 @@ pub(crate) fn infer(
             used.push(prod.sum_out(v));
         }
     }
-    let unit = Factor {
+    let unit = Potential {
         vars: Vec::new(),
         dims: Vec::new(),
         values: vec![1.0],

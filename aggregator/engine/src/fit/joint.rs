@@ -2,6 +2,9 @@
 //! released model's conditionals and marginals are read from, with standard errors from the
 //! measurements it was fitted to.
 
+use linfa_linalg::cholesky::InverseC;
+use ndarray::Array2;
+
 use crate::domain::key::TableKey;
 use crate::fit::pgm::GraphicalModel;
 use crate::measure::tables::Measurements;
@@ -80,21 +83,154 @@ impl JointSource for FittedJoint {
         clique_joint(&self.model, scope)
     }
 
-    /// The standard errors of the inverse-variance combination of every table containing
-    /// `attrs` (the one variance model at the model's `frequencies`): the model's estimate
-    /// pools at least those tables, so they bound its error where the model holds. With
-    /// shared records ([`FittedJoint::with_shared_records`]) only the table over exactly
-    /// `attrs` counts: the others hold the same reports.
+    /// Standard errors of the model's marginal of `attrs` at its `frequencies` (the one
+    /// variance model). Of a 1-way, those of the inverse-variance combination of every
+    /// table holding it. Of a larger marginal of at most [`MAX_GLS_CELLS`] cells, those of
+    /// the generalized least-squares estimate from the tables over all of `attrs` and the
+    /// 1-ways of `attrs` from every other table ([`gls_std_errors`]): the fit pins a
+    /// pair's margins to what every table says of them, so its error is that of the pair's
+    /// interaction, not of its own tables alone. Larger marginals: the combination of the
+    /// tables over all of `attrs`, which bounds the model's error where the model holds.
+    /// With shared records ([`FittedJoint::with_shared_records`]) only the table over
+    /// exactly `attrs` counts: the others hold the same reports.
     fn std_errors(&self, attrs: &[usize], frequencies: &[f64]) -> Option<Vec<f64>> {
         let exact = |k: &TableKey| {
             k.factor.len() == attrs.len() && attrs.iter().all(|a| k.factor.contains(a))
         };
-        self.ms
-            .combined_at(
-                attrs,
-                |m| !self.shared_records || exact(m),
-                Some(frequencies),
-            )
-            .map(|c| c.std_errors)
+        let direct = self.ms.combined_at(
+            attrs,
+            |m| !self.shared_records || exact(m),
+            Some(frequencies),
+        )?;
+        if self.shared_records || attrs.len() < 2 || frequencies.len() > MAX_GLS_CELLS {
+            return Some(direct.std_errors);
+        }
+        let holds_all = |k: &TableKey| attrs.iter().all(|a| k.factor.contains(a));
+        let margins: Vec<Option<Vec<f64>>> = attrs
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| {
+                let at = marginal_of(frequencies, &direct.dims, i);
+                self.ms
+                    .combined_at(&[a], |k| !holds_all(k), Some(&at))
+                    .map(|c| c.std_errors)
+            })
+            .collect();
+        Some(
+            gls_std_errors(&direct.dims, &direct.std_errors, &margins).unwrap_or(direct.std_errors),
+        )
+    }
+}
+
+/// Most cells of a marginal whose standard errors come from the generalized least-squares
+/// combination ([`gls_std_errors`], a dense `cells × cells` inverse: 256 cells cost ~10⁷
+/// operations per request).
+pub const MAX_GLS_CELLS: usize = 256;
+
+/// `p` (row-major over `dims`) summed onto its attribute at position `i`.
+fn marginal_of(p: &[f64], dims: &[usize], i: usize) -> Vec<f64> {
+    let inner: usize = dims[i + 1..].iter().product();
+    let mut out = vec![0.0; dims[i]];
+    for (c, x) in p.iter().enumerate() {
+        out[(c / inner) % dims[i]] += x;
+    }
+    out
+}
+
+/// Standard errors of the generalized least-squares estimate of a marginal `x` (row-major
+/// over `dims`) from a direct estimate with independent cell errors `direct_se`, the 1-way
+/// estimates of each attribute with errors `margin_se[i]` (`None`: no other table holds
+/// it), independent of the direct one (other people's reports), and `Σx = 1` exactly:
+/// `Cov = (D⁻¹ + Σ_i A_iᵀ W_i⁻¹ A_i)⁻¹`, `A_i` summing cells onto attribute `i`, then
+/// projected onto `Σx = 1` (Aitken's GLS; Rao, "Linear Statistical Inference and its
+/// Applications", 1973, §4a). `None` if a variance is not positive or the factorization
+/// fails.
+pub fn gls_std_errors(
+    dims: &[usize],
+    direct_se: &[f64],
+    margin_se: &[Option<Vec<f64>>],
+) -> Option<Vec<f64>> {
+    let cells = direct_se.len();
+    if direct_se.iter().any(|s| !(s.is_finite() && *s > 0.0)) {
+        return None;
+    }
+    let mut info = Array2::<f64>::zeros((cells, cells));
+    for (c, s) in direct_se.iter().enumerate() {
+        info[[c, c]] = 1.0 / (s * s);
+    }
+    for (i, se) in margin_se.iter().enumerate() {
+        let Some(se) = se else { continue };
+        if se.len() != dims[i] || se.iter().any(|s| !(s.is_finite() && *s > 0.0)) {
+            continue;
+        }
+        let inner: usize = dims[i + 1..].iter().product();
+        let code = |c: usize| (c / inner) % dims[i];
+        for c in 0..cells {
+            for c2 in 0..cells {
+                if code(c) == code(c2) {
+                    info[[c, c2]] += 1.0 / (se[code(c)] * se[code(c)]);
+                }
+            }
+        }
+    }
+    let cov = info.invc().ok()?;
+    // Σx = 1 holds exactly: remove the variance along the sum.
+    let row_sums: Vec<f64> = (0..cells).map(|c| cov.row(c).sum()).collect();
+    let total: f64 = row_sums.iter().sum();
+    if !(total.is_finite() && total > 0.0) {
+        return None;
+    }
+    let se: Vec<f64> = (0..cells)
+        .map(|c| {
+            (cov[[c, c]] - row_sums[c] * row_sums[c] / total)
+                .max(0.0)
+                .sqrt()
+        })
+        .collect();
+    se.iter().all(|s| s.is_finite()).then_some(se)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With exact margins, a cell of a `k₁ × k₂` table of equal cell variances keeps the
+    /// variance of its interaction, `(1 − 1/k₁)(1 − 1/k₂)` of the direct one; without
+    /// margins only the sum is removed, `1 − 1/(k₁k₂)`.
+    #[test]
+    fn exact_margins_leave_the_interaction_variance() {
+        for (k1, k2) in [(2usize, 2usize), (3, 4), (5, 2)] {
+            let cells = k1 * k2;
+            let direct = vec![0.01; cells];
+            let exact = [Some(vec![1e-7; k1]), Some(vec![1e-7; k2])];
+            let se = gls_std_errors(&[k1, k2], &direct, &exact).unwrap();
+            let want = 0.01 * ((1.0 - 1.0 / k1 as f64) * (1.0 - 1.0 / k2 as f64)).sqrt();
+            assert!(
+                se.iter().all(|s| (s / want - 1.0).abs() < 1e-3),
+                "{se:?} vs {want}"
+            );
+            let se = gls_std_errors(&[k1, k2], &direct, &[None, None]).unwrap();
+            let want = 0.01 * (1.0 - 1.0 / cells as f64).sqrt();
+            assert!(
+                se.iter().all(|s| (s / want - 1.0).abs() < 1e-9),
+                "{se:?} vs {want}"
+            );
+        }
+        assert!(gls_std_errors(&[2, 2], &[0.01, 0.0, 0.01, 0.01], &[None, None]).is_none());
+    }
+
+    #[test]
+    fn a_marginal_sums_onto_its_attribute() {
+        let p = [0.1, 0.2, 0.3, 0.05, 0.15, 0.2];
+        assert_eq!(
+            marginal_of(&p, &[2, 3], 0),
+            vec![0.1 + 0.2 + 0.3, 0.05 + 0.15 + 0.2]
+        );
+        let m = marginal_of(&p, &[2, 3], 1);
+        assert!(
+            m.iter()
+                .zip([0.15, 0.35, 0.5])
+                .all(|(a, b)| (a - b).abs() < 1e-12)
+        );
     }
 }

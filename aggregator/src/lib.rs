@@ -1,38 +1,25 @@
 //! # ldpsyn-aggregator
 //!
-//! The server side of ldpsyn: the HTTP [`service`] and its storage, the `demo` job, the
-//! in-process simulator [`sim`] and the utility evaluation [`eval`], over the estimation
-//! engine [`engine`] (the `ldpsyn-engine` crate, re-exported: pure, no IO).
+//! The `ldpsyn-aggregator` binary's commands, thin over the crates by role under
+//! `aggregator/`:
 //!
-//! ```
-//! use ldpsyn::Epsilon;
-//! use ldpsyn::protocol::{PrivIncrParams, Protocol};
-//! use ldpsyn_aggregator::engine::{Engine, EngineOptions};
-//! use ldpsyn_aggregator::sim::{BayesNet, Simulation};
+//! - [`engine`]: the estimation engine (the `ldpsyn-engine` crate: pure, no IO);
+//! - [`service`]: the HTTP service and its storage (`ldpsyn-service`: what `serve` runs);
+//! - [`sim`], [`eval`], [`infer`]: the in-process simulator, the utility evaluation and schema
+//!   inference (`ldpsyn-sim`, which the service does not depend on).
 //!
-//! let net = BayesNet::standard();
-//! let population = net.sample(20_000, 1);
-//! let engine = Engine::from_parts(
-//!     net.dims(),
-//!     Epsilon::new(4.0).unwrap(),
-//!     20_000,
-//!     Protocol::Auto(PrivIncrParams::default()),
-//!     EngineOptions::default(),
-//! )
-//! .unwrap();
-//! let run = Simulation::new(&engine, &population).seed(7).run().unwrap();
-//! let rows: Vec<Vec<u32>> = run.model.synthesize(10, 42).collect();
-//! assert_eq!(rows.len(), 10);
-//! ```
+//! The commands here: [`demo`], [`admin`] (`collections`), [`devices`], [`party`] and
+//! [`synthesize`]. The crates are re-exported under their old module names, so
+//! `ldpsyn_aggregator::service::Server` and `ldpsyn_aggregator::sim::Simulation` still name
+//! the same items.
 #![warn(missing_docs)]
 
 pub mod admin;
 pub mod demo;
 pub mod devices;
 pub use ldpsyn_engine as engine;
-pub mod eval;
-pub mod infer;
+pub use ldpsyn_service as service;
+pub use ldpsyn_sim as sim;
+pub use ldpsyn_sim::{eval, infer};
 pub mod party;
-pub mod service;
-pub mod sim;
 pub mod synthesize;

@@ -7,8 +7,8 @@
 use std::time::{Duration, Instant};
 
 use ldpsyn::protocol::{Problem, ProblemType};
-use ldpsyn_aggregator::engine::Engine;
-use ldpsyn_aggregator::service::storage::CollectionRow;
+use ldpsyn_engine::Engine;
+use ldpsyn_service::storage::CollectionRow;
 use ldpsyn_tests::*;
 use serde_json::json;
 use uuid::Uuid;
@@ -309,7 +309,7 @@ async fn a_remembered_unknown_id_is_dropped_when_the_collection_appears() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    assert!(remembered.elapsed() < ldpsyn_aggregator::service::NEGATIVE_TTL);
+    assert!(remembered.elapsed() < ldpsyn_service::NEGATIVE_TTL);
     let (status, _) = admin(&base, "DELETE", &format!("/v1/collections/{id}")).await;
     assert_eq!(status, 200);
     server.shutdown().await.unwrap();

@@ -4,7 +4,7 @@ use base64::Engine as _;
 use ldpsyn::Epsilon;
 use ldpsyn::mechanism::MechanismKind;
 use ldpsyn::protocol::{PROBLEM_CONTENT_TYPE, Problem, ProblemType, Task};
-use ldpsyn_aggregator::service::tokens::{TaskClaims, TokenKey};
+use ldpsyn_service::tokens::{TaskClaims, TokenKey};
 use ldpsyn_tests::*;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -508,10 +508,9 @@ async fn bad_inputs_are_refused_and_change_nothing() {
 async fn per_ip_rate_limit_answers_429_with_retry_after() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("rl.db").display());
-    let server =
-        ldpsyn_aggregator::service::Server::start(test_config(&url, &["--rate-limit-per-ip", "2"]))
-            .await
-            .unwrap();
+    let server = ldpsyn_service::Server::start(test_config(&url, &["--rate-limit-per-ip", "2"]))
+        .await
+        .unwrap();
     let base = base(&server);
     let id = create(
         &base,
@@ -638,7 +637,7 @@ async fn too_many_attributes_are_refused_at_creation() {
     let url = format!("sqlite://{}", dir.path().join("wide.db").display());
     let server = start(&url, &[]).await;
     let base = base(&server);
-    let n = ldpsyn_aggregator::engine::MAX_ATTRIBUTES + 1;
+    let n = ldpsyn_engine::MAX_ATTRIBUTES + 1;
     let attributes: Vec<Value> = (0..n)
         .map(|i| json!({"name": format!("a{i}"), "type": "categorical", "labels": ["x", "y"]}))
         .collect();

@@ -7,7 +7,7 @@ use ldpsyn::Epsilon;
 use ldpsyn::client::{Client, ClientOptions};
 use ldpsyn::ledger::MemoryLedger;
 use ldpsyn::protocol::{CollectionConfig, ReportStatus};
-use ldpsyn_aggregator::engine::{Engine, Phase};
+use ldpsyn_engine::{Engine, Phase};
 use ldpsyn_tests::*;
 use serde_json::{Value, json};
 
@@ -355,7 +355,7 @@ async fn spike_collection(
     dir: &tempfile::TempDir,
     protocol: &str,
     n: usize,
-) -> (ldpsyn_aggregator::service::Server, String, uuid::Uuid) {
+) -> (ldpsyn_service::Server, String, uuid::Uuid) {
     let url = format!("sqlite://{}", dir.path().join("grid.db").display());
     let server = start(&url, &[]).await;
     let base = base(&server);

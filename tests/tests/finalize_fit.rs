@@ -11,7 +11,7 @@ use ldpsyn::Epsilon;
 use ldpsyn::client::{Client, ClientError, ClientOptions};
 use ldpsyn::ledger::MemoryLedger;
 use ldpsyn::protocol::{CollectionConfig, ProblemType, ReportStatus};
-use ldpsyn_aggregator::engine::Engine;
+use ldpsyn_engine::Engine;
 use ldpsyn_tests::*;
 use serde_json::{Value, json};
 use uuid::Uuid;

@@ -10,7 +10,7 @@ use ldpsyn::Epsilon;
 use ldpsyn::client::{Client, ClientOptions};
 use ldpsyn::ledger::MemoryLedger;
 use ldpsyn::protocol::CollectionConfig;
-use ldpsyn_aggregator::engine::Engine;
+use ldpsyn_engine::Engine;
 use ldpsyn_tests::*;
 use serde_json::json;
 

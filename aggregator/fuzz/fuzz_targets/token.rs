@@ -15,7 +15,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use hmac::{Hmac, Mac};
 use ldpsyn::Epsilon;
 use ldpsyn::mechanism::MechanismKind;
-use ldpsyn_aggregator::service::tokens::{
+use ldpsyn_service::tokens::{
     MAX_FACTOR_LEN, MAX_TOKEN_CHARS, MAX_TOKEN_CUTS, TaskClaims, TokenError, TokenKey,
 };
 use libfuzzer_sys::arbitrary::{Result, Unstructured};

@@ -15,9 +15,9 @@ use std::sync::OnceLock;
 use ldpsyn::Epsilon;
 use ldpsyn::mechanism::{Mechanism, MechanismKind, SufficientStatistics};
 use ldpsyn::protocol::{Payload, ProblemType};
-use ldpsyn_aggregator::service::error::ApiError;
-use ldpsyn_aggregator::service::http::parse_upload;
-use ldpsyn_aggregator::service::tokens::TokenKey;
+use ldpsyn_service::error::ApiError;
+use ldpsyn_service::http::parse_upload;
+use ldpsyn_service::tokens::TokenKey;
 use libfuzzer_sys::fuzz_target;
 
 const MAX: usize = 1000;

@@ -21,7 +21,7 @@
 //!
 //! ```
 //! use ldpsyn::{Epsilon, mechanism::MechanismKind};
-//! use ldpsyn_aggregator::service::tokens::{TaskClaims, TokenKey};
+//! use ldpsyn_service::tokens::{TaskClaims, TokenKey};
 //! let key = TokenKey::new(vec![7; 32]).unwrap();
 //! let claims = TaskClaims {
 //!     collection: uuid::Uuid::nil(), round: 2, factor: vec![0, 3],
@@ -45,7 +45,7 @@ use uuid::Uuid;
 
 use super::ingest::CollectionHandle;
 use super::storage::{NewReport, hex};
-use crate::engine::{TableKey, TaskSpec};
+use ldpsyn_engine::{TableKey, TaskSpec};
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -54,7 +54,7 @@ const VERSION: u8 = 1;
 /// Token format version with bin maps.
 const VERSION_BINS: u8 = 2;
 /// Most bin-map cuts one token carries.
-pub const MAX_TOKEN_CUTS: usize = crate::engine::domain::space::MAX_TASK_CUTS;
+pub const MAX_TOKEN_CUTS: usize = ldpsyn_engine::domain::space::MAX_TASK_CUTS;
 /// Length of the MAC.
 const MAC_LEN: usize = 32;
 /// Fixed part of the body: version, collection, round, mechanism, ε, expiry, nonce, length.

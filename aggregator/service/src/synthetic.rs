@@ -1,7 +1,7 @@
 //! Synthetic rows as bytes, for the streamed download `GET /v1/collections/{id}/synthetic?rows=N&seed=S&format=csv|ndjson|parquet&numeric=recover|uniform|midpoint`
 //! (its handler: [`super::http`]'s results).
 //!
-//! Rows come from [`crate::engine::Model::synthesize_with`] (codes; a `bins: "auto"`
+//! Rows come from [`ldpsyn_engine::Model::synthesize_with`] (codes; a `bins: "auto"`
 //! attribute's working bin becomes a grid code per [`Expansion`]), are decoded to labels and
 //! numbers by [`ldpsyn::schema::Schema::decode`] with an RNG seeded from `seed`, and are
 //! written in chunks by a blocking task into a bounded channel: memory stays bounded (a
@@ -25,7 +25,7 @@ use parquet::file::properties::WriterProperties;
 use rand::SeedableRng;
 use rand_chacha::ChaCha12Rng;
 
-use crate::engine::{Expansion, Model};
+use ldpsyn_engine::{Expansion, Model};
 
 /// Rows per streamed chunk.
 const ROWS_PER_CHUNK: usize = 2048;

@@ -21,7 +21,7 @@ use super::super::{AppState, api, now_secs};
 use super::extract::{
     Admin, ParamKind, Query, QueryParam, QueryParams, handle_of, parse_id, read_body,
 };
-use crate::engine::Engine;
+use ldpsyn_engine::Engine;
 
 /// Public status of a collection.
 pub(super) fn status_of(h: &CollectionHandle) -> api::CollectionStatus {
@@ -235,7 +235,7 @@ pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine),
         .ok_or_else(|| bad(ProblemType::InvalidSchema, "`schema` is required".into()))?;
     let schema: Schema = super::extract::from_json_value(schema_v, "schema")
         .map_err(|e| bad(ProblemType::InvalidSchema, e))?;
-    if schema.len() > crate::engine::MAX_ATTRIBUTES {
+    if schema.len() > ldpsyn_engine::MAX_ATTRIBUTES {
         return Err(bad(
             ProblemType::InvalidSchema,
             format!(
@@ -243,7 +243,7 @@ pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine),
                  with the number of attribute pairs). Split the attributes over several \
                  collections or leave out those the analysis does not need",
                 schema.len(),
-                crate::engine::MAX_ATTRIBUTES
+                ldpsyn_engine::MAX_ATTRIBUTES
             ),
         ));
     }

@@ -15,7 +15,7 @@ use super::super::error::ApiError;
 use super::super::ingest::{CollectionHandle, Command};
 use super::super::{AppState, vertical};
 use super::extract::{Admin, handle_of, read_body};
-use crate::engine::Phase;
+use ldpsyn_engine::Phase;
 
 /// Every party's upload token of a vertical collection (admin).
 #[utoipa::path(get, path = "/v1/collections/{id}/parties", tag = "parties",

@@ -15,7 +15,7 @@ use super::super::ingest::{CollectionHandle, Command, Outcome, PendingReport};
 use super::super::tokens::{MAX_FACTOR_LEN, MAX_TOKEN_CUTS, TaskClaims, validate_report};
 use super::super::{AppState, api, now_millis, now_secs};
 use super::extract::{ParamKind, Query, QueryParam, QueryParams, handle_of, read_body};
-use crate::engine::{Phase, TaskSpec};
+use ldpsyn_engine::{Phase, TaskSpec};
 
 /// The query of `GET /v1/collections/{id}/task`; any other parameter is a 400.
 #[derive(Debug, Clone, Default, Deserialize, IntoParams)]
@@ -100,7 +100,7 @@ pub(crate) async fn get_task(
     if h.target_reached() {
         // No task for a report that would be refused: the device spends nothing.
         return Err(ApiError::from_problem(
-            crate::service::ingest::target_reached_problem(&h, true),
+            crate::ingest::target_reached_problem(&h, true),
         ));
     }
     if s.phase == Phase::Finalized {

@@ -1,4 +1,4 @@
-//! Party uploads of vertical collections (VertiMRF; [`crate::engine::protocols::vertical`]):
+//! Party uploads of vertical collections (VertiMRF; [`ldpsyn_engine::protocols::vertical`]):
 //! the committer's side. The routes are in [`super::http`] (`parties`).
 //!
 //! `POST /v1/collections/{id}/parties/{party}/records` with `Authorization: Bearer <party
@@ -13,7 +13,7 @@
 //! that the second party to upload a record id always sees the first's row. Per record: the
 //! same id with the same codes is a duplicate; with other codes the whole request is refused
 //! (`409 record-id-conflict`, nothing stored); a new id is stored and adds its table cells
-//! ([`crate::engine::protocols::vertical::Vertical::record_cells`]) to `table_counts`.
+//! ([`ldpsyn_engine::protocols::vertical::Vertical::record_cells`]) to `table_counts`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -26,7 +26,7 @@ use super::error::ApiError;
 use super::ingest::CollectionHandle;
 use super::now_secs;
 use super::storage::{self, Db, IngestGate, Writer};
-use crate::engine::{Model, ModelDescription, Phase, Tables};
+use ldpsyn_engine::{Model, ModelDescription, Phase, Tables};
 
 /// The refusal of a party upload to a finalized collection.
 pub(crate) fn finalized() -> ApiError {
@@ -141,7 +141,7 @@ pub fn party_epsilons(h: &CollectionHandle) -> Option<BTreeMap<String, f64>> {
 }
 
 /// Vertical collections: ε spent on one person over every party (the sum over parties; see
-/// [`crate::engine::protocols::vertical::Vertical::composed_epsilon`]); `None` otherwise.
+/// [`ldpsyn_engine::protocols::vertical::Vertical::composed_epsilon`]); `None` otherwise.
 pub fn composed_epsilon(h: &CollectionHandle) -> Option<f64> {
     Some(h.engine.vertical()?.composed_epsilon())
 }

@@ -3,11 +3,11 @@
 //! i.i.d. arrival and in an arrival that drifts along one attribute ([`Population::drifted`];
 //! the hidden class of a dense network, so that its rounds see different mixtures of the
 //! classes, as NLTCS's grouped rows do). Too slow for a debug build: `.ci/run` runs them in
-//! release (`cargo test --release -p ldpsyn-aggregator --lib -- --ignored random_populations`).
+//! release (`cargo test --release -p ldpsyn-sim --lib -- --ignored random_populations`).
 //!
 //! Each case checks, over its ε and seeds:
 //! - **the fit agrees with its measurements**: no table beyond noise
-//!   ([`crate::engine::FitResiduals`]) unless the model reports that the population changed
+//!   ([`ldpsyn_engine::FitResiduals`]) unless the model reports that the population changed
 //!   between rounds; with i.i.d. arrivals it never reports that. Under drift a model of one
 //!   round (`samprivsyn` records its sequential batches as one round) has no strata to
 //!   compare: its tables beyond noise are printed, not asserted;
@@ -21,8 +21,8 @@ use ldpsyn::Epsilon;
 use ldpsyn::protocol::{PrivIncrParams, Protocol, SamPrivSynParams};
 
 use super::{BayesNet, Dependence, Population, Simulation};
-use crate::engine::{Engine, EngineOptions, Model};
 use crate::eval::MarginalCounts;
+use ldpsyn_engine::{Engine, EngineOptions, Model};
 
 /// Seeds per cell.
 const SEEDS: u64 = 2;

@@ -1,4 +1,4 @@
-//! The operator's dashboard at `GET /ui/`: static files (`aggregator/ui/`: HTML, CSS and plain
+//! The operator's dashboard at `GET /ui/`: static files (`aggregator/service/ui/`: HTML, CSS and plain
 //! JavaScript modules, no build step, nothing from a CDN) embedded in the binary.
 //!
 //! The files load without the admin token; the page asks for it once, keeps it in the tab's
@@ -30,27 +30,27 @@ const ASSETS: &[Asset] = &[
     Asset {
         name: "index.html",
         content_type: "text/html; charset=utf-8",
-        body: include_str!("../../ui/index.html"),
+        body: include_str!("../ui/index.html"),
     },
     Asset {
         name: "app.js",
         content_type: "text/javascript; charset=utf-8",
-        body: include_str!("../../ui/app.js"),
+        body: include_str!("../ui/app.js"),
     },
     Asset {
         name: "api.js",
         content_type: "text/javascript; charset=utf-8",
-        body: include_str!("../../ui/api.js"),
+        body: include_str!("../ui/api.js"),
     },
     Asset {
         name: "charts.js",
         content_type: "text/javascript; charset=utf-8",
-        body: include_str!("../../ui/charts.js"),
+        body: include_str!("../ui/charts.js"),
     },
     Asset {
         name: "style.css",
         content_type: "text/css; charset=utf-8",
-        body: include_str!("../../ui/style.css"),
+        body: include_str!("../ui/style.css"),
     },
 ];
 

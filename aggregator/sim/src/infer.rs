@@ -471,7 +471,7 @@ pub fn infer_schema(path: &Path, cfg: &InferConfig) -> Result<(Schema, Vec<Strin
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::load_csv;
+    use crate::load_csv;
     use ldpsyn::schema::Value;
 
     /// `text` written to `name` in a fresh folder (kept alive by the returned guard), and
@@ -695,7 +695,7 @@ mod tests {
     /// `examples/adult/schema-inferred.json`).
     #[test]
     fn adult_native_country_is_named_and_kept_by_the_flag_it_names() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/adult/adult.csv");
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/adult/adult.csv");
         let infer = |args: &[&str]| {
             let cfg =
                 InferConfig::try_parse_from(["infer", "--data", "x"].iter().chain(args)).unwrap();
@@ -724,7 +724,7 @@ mod tests {
         let committed: Schema = serde_json::from_str(
             &std::fs::read_to_string(
                 Path::new(env!("CARGO_MANIFEST_DIR"))
-                    .join("../examples/adult/schema-inferred.json"),
+                    .join("../../examples/adult/schema-inferred.json"),
             )
             .unwrap(),
         )

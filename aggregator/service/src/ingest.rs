@@ -30,7 +30,7 @@ use uuid::Uuid;
 use super::error::ApiError;
 use super::metrics::Metrics;
 use super::storage::{self, Db, IngestGate, MemoryView, NewReport, Writer};
-use crate::engine::{
+use ldpsyn_engine::{
     CollectionState, Engine, EngineError, Model, Phase, TableKey, Tables, TaskSampler, Transition,
 };
 

@@ -1,8 +1,40 @@
-//! Simulation: populations of encoded records ([`Population`]), a seeded Bayesian-network
-//! population generator ([`BayesNet`]), CSV loading through a schema with resampling, and the
-//! in-process simulator ([`Simulation`]) that runs a collection end to end without HTTP.
+//! # ldpsyn-sim
+//!
+//! The offline side of the aggregator, over the estimation engine ([`ldpsyn_engine`]) and
+//! without the HTTP service (which does not depend on this crate):
+//!
+//! - simulation: populations of encoded records ([`Population`]), a seeded Bayesian-network
+//!   population generator ([`BayesNet`]), CSV loading through a schema with resampling
+//!   ([`load_csv`]), and the in-process simulator ([`Simulation`]) that runs a collection end
+//!   to end without HTTP;
+//! - [`eval`]: utility metrics (k-way marginal TVD, numeric fidelity, ML efficacy);
+//! - [`infer`]: a proposed schema from a CSV file (`ldpsyn-aggregator schema infer`).
+//!
+//! ```
+//! use ldpsyn::Epsilon;
+//! use ldpsyn::protocol::{PrivIncrParams, Protocol};
+//! use ldpsyn_engine::{Engine, EngineOptions};
+//! use ldpsyn_sim::{BayesNet, Simulation};
+//!
+//! let net = BayesNet::standard();
+//! let population = net.sample(20_000, 1);
+//! let engine = Engine::from_parts(
+//!     net.dims(),
+//!     Epsilon::new(4.0).unwrap(),
+//!     20_000,
+//!     Protocol::Auto(PrivIncrParams::default()),
+//!     EngineOptions::default(),
+//! )
+//! .unwrap();
+//! let run = Simulation::new(&engine, &population).seed(7).run().unwrap();
+//! let rows: Vec<Vec<u32>> = run.model.synthesize(10, 42).collect();
+//! assert_eq!(rows.len(), 10);
+//! ```
+#![warn(missing_docs)]
 
 pub mod bayesnet;
+pub mod eval;
+pub mod infer;
 #[cfg(test)]
 mod properties;
 mod simulate;
@@ -16,7 +48,7 @@ use rand_chacha::ChaCha12Rng;
 pub use bayesnet::{BayesNet, Dependence, Node, cramers_v};
 pub use simulate::{RecordedReport, SimRun, Simulation};
 
-/// Errors of the simulation module.
+/// Errors of the simulation (population, CSV loading, simulator).
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
     /// The CSV file cannot be read or parsed.
@@ -27,7 +59,7 @@ pub enum SimError {
     Header(#[from] ldpsyn::schema::RecordError),
     /// The engine failed.
     #[error(transparent)]
-    Engine(#[from] crate::engine::EngineError),
+    Engine(#[from] ldpsyn_engine::EngineError),
     /// A mechanism failed.
     #[error(transparent)]
     Mechanism(#[from] ldpsyn::mechanism::MechanismError),

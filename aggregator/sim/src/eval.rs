@@ -9,7 +9,7 @@ use ldpsyn::schema::{
     AttributeKind, DecodedValue, NumericBins, NumericDecoding, RecordError, Schema, Value,
 };
 
-use crate::sim::Population;
+use crate::Population;
 
 /// Errors of the evaluation.
 #[derive(Debug, thiserror::Error)]
@@ -332,7 +332,7 @@ pub fn ml_accuracy(
     Ok(hits as f64 / test.len() as f64)
 }
 
-/// Exact marginals of a population (no privacy), as a [`crate::engine::JointSource`].
+/// Exact marginals of a population (no privacy), as a [`ldpsyn_engine::JointSource`].
 #[derive(Debug, Clone)]
 pub struct ExactJoint {
     pop: std::sync::Arc<Population>,
@@ -345,7 +345,7 @@ impl ExactJoint {
     }
 }
 
-impl crate::engine::JointSource for ExactJoint {
+impl ldpsyn_engine::JointSource for ExactJoint {
     fn joint(&self, scope: &[usize]) -> Vec<f64> {
         let dims = self.pop.dims();
         let cells: usize = scope.iter().map(|&a| dims[a]).product();
@@ -370,9 +370,9 @@ pub fn noprivacy_model(
     pop: std::sync::Arc<Population>,
     phi: f64,
     sigma: u64,
-) -> crate::engine::Model {
-    use crate::engine::JointSource;
-    use crate::engine::numeric::info::{mutual_information, tau};
+) -> ldpsyn_engine::Model {
+    use ldpsyn_engine::JointSource;
+    use ldpsyn_engine::numeric::info::{mutual_information, tau};
     let dims = pop.dims().to_vec();
     let d = dims.len();
     let source = ExactJoint::new(pop);
@@ -389,7 +389,7 @@ pub fn noprivacy_model(
             if m >= t {
                 edges.insert((a, b));
             }
-            states.push(crate::engine::EdgeState {
+            states.push(ldpsyn_engine::EdgeState {
                 a,
                 b,
                 active: m >= t,
@@ -403,21 +403,21 @@ pub fn noprivacy_model(
             });
         }
     }
-    let structure = crate::engine::select::structure::build_structure(&dims, &edges, &mi, sigma);
-    crate::engine::Model::graphical("noprivjtree", dims, states, structure, source)
+    let structure = ldpsyn_engine::select::structure::build_structure(&dims, &edges, &mi, sigma);
+    ldpsyn_engine::Model::graphical("noprivjtree", dims, states, structure, source)
 }
 
 /// The exact independence model (`exact-independence` in the benchmark, a non-private
 /// reference): every attribute sampled from its exact 1-way marginal.
-pub fn exact_independence_model(pop: std::sync::Arc<Population>) -> crate::engine::Model {
+pub fn exact_independence_model(pop: std::sync::Arc<Population>) -> ldpsyn_engine::Model {
     let dims = pop.dims().to_vec();
-    let structure = crate::engine::select::structure::build_structure(
+    let structure = ldpsyn_engine::select::structure::build_structure(
         &dims,
         &std::collections::BTreeSet::new(),
         &[],
         u64::MAX,
     );
-    crate::engine::Model::graphical(
+    ldpsyn_engine::Model::graphical(
         "exact-independence",
         dims,
         Vec::new(),
@@ -429,9 +429,9 @@ pub fn exact_independence_model(pop: std::sync::Arc<Population>) -> crate::engin
 /// The Chow–Liu tree (`chow-liu` in the benchmark, a non-private reference): the maximum
 /// spanning tree of the exact pairwise mutual information (Kruskal; natural log), each
 /// clique's marginal exact. The best tree-shaped model of the data (Chow & Liu 1968).
-pub fn chow_liu_model(pop: std::sync::Arc<Population>) -> crate::engine::Model {
-    use crate::engine::JointSource;
-    use crate::engine::numeric::info::mutual_information;
+pub fn chow_liu_model(pop: std::sync::Arc<Population>) -> ldpsyn_engine::Model {
+    use ldpsyn_engine::JointSource;
+    use ldpsyn_engine::numeric::info::mutual_information;
     let dims = pop.dims().to_vec();
     let d = dims.len();
     let source = ExactJoint::new(pop);
@@ -442,9 +442,9 @@ pub fn chow_liu_model(pop: std::sync::Arc<Population>) -> crate::engine::Model {
             weighted.push((mi, a, b));
         }
     }
-    let edges = crate::engine::graph::maximum_spanning_forest(d, weighted);
-    let structure = crate::engine::select::structure::build_structure(&dims, &edges, &[], u64::MAX);
-    crate::engine::Model::graphical("chow-liu", dims, Vec::new(), structure, source)
+    let edges = ldpsyn_engine::graph::maximum_spanning_forest(d, weighted);
+    let structure = ldpsyn_engine::select::structure::build_structure(&dims, &edges, &[], u64::MAX);
+    ldpsyn_engine::Model::graphical("chow-liu", dims, Vec::new(), structure, source)
 }
 
 /// The schema binned TVDs are measured on: `schema` with every `bins: "auto"` numeric

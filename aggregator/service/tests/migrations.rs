@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use ldpsyn::mechanism::MechanismKind;
 use ldpsyn::protocol::Payload;
-use ldpsyn_aggregator::engine::TableKey;
-use ldpsyn_aggregator::service::storage::{Db, NewReport};
+use ldpsyn_engine::TableKey;
+use ldpsyn_service::storage::{Db, NewReport};
 use sqlx::migrate::Migrator;
 use uuid::Uuid;
 
@@ -18,7 +18,7 @@ async fn upgrade_keeps_reports_and_token_identity() {
     // The first migration alone, as the first release shipped it.
     let first = dir.join("migrations");
     std::fs::create_dir_all(&first).unwrap();
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../migrations");
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../migrations");
     let mut names: Vec<_> = std::fs::read_dir(&root)
         .unwrap()
         .map(|e| e.unwrap().file_name())
@@ -95,12 +95,12 @@ async fn upgrade_keeps_reports_and_token_identity() {
 /// first schema reads back, after the current migrations, as the tagged state.
 #[tokio::test]
 async fn upgrade_keeps_stored_collection_state() {
-    use ldpsyn_aggregator::engine::{CollectionState, Phase, ProtocolState};
+    use ldpsyn_engine::{CollectionState, Phase, ProtocolState};
     let scratch = tempfile::tempdir().unwrap();
     let dir = scratch.path();
     let first = dir.join("migrations");
     std::fs::create_dir_all(&first).unwrap();
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../migrations");
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../migrations");
     let mut names: Vec<_> = std::fs::read_dir(&root)
         .unwrap()
         .map(|e| e.unwrap().file_name())
@@ -153,8 +153,8 @@ async fn table_counts_rebuild_and_track_the_reports() {
     use ldpsyn::Epsilon;
     use ldpsyn::mechanism::SufficientStatistics;
     use ldpsyn::protocol::Protocol;
-    use ldpsyn_aggregator::engine::{Engine, EngineOptions, Tables};
-    use ldpsyn_aggregator::service::storage::CollectionRow;
+    use ldpsyn_engine::{Engine, EngineOptions, Tables};
+    use ldpsyn_service::storage::CollectionRow;
 
     let scratch = tempfile::tempdir().unwrap();
     let url = format!(

@@ -19,7 +19,7 @@ use super::super::ingest::CollectionHandle;
 use super::super::synthetic::{Format, write_synthetic};
 use super::super::{AppState, api};
 use super::extract::{Admin, ParamKind, Query, QueryParam, QueryParams, handle_of};
-use crate::engine::Expansion;
+use ldpsyn_engine::Expansion;
 
 /// The media type of a Parquet download.
 pub const PARQUET_CONTENT_TYPE: &str = "application/vnd.apache.parquet";
@@ -103,7 +103,7 @@ impl QueryParams for SyntheticQuery {
 pub(crate) async fn model_of(
     state: &AppState,
     id: &str,
-) -> Result<(Arc<CollectionHandle>, Arc<crate::engine::Model>), ApiError> {
+) -> Result<(Arc<CollectionHandle>, Arc<ldpsyn_engine::Model>), ApiError> {
     let h = handle_of(state, id).await?;
     let m = h.model().ok_or_else(|| {
         ApiError::problem(

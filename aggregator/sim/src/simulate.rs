@@ -19,7 +19,7 @@ use rand_chacha::ChaCha12Rng;
 use rand_distr::{Binomial, Distribution};
 
 use super::{Population, SimError};
-use crate::engine::{
+use ldpsyn_engine::{
     CollectionState, Engine, Model, TableKey, Tables, TaskSpec, Transition,
     measure::tables::merge_into,
 };
@@ -184,7 +184,7 @@ impl<'a> Simulation<'a> {
 impl Simulation<'_> {
     /// A vertical collection: every party randomizes its attributes of every person (one
     /// GRR each at its ε) and uploads them in party order; the tables are what the service
-    /// counts ([`crate::engine::protocols::vertical::Vertical::record_cells`]).
+    /// counts ([`ldpsyn_engine::protocols::vertical::Vertical::record_cells`]).
     fn run_vertical(self, rng: &mut ChaCha12Rng) -> Result<SimRun, SimError> {
         let engine = self.engine;
         let v = engine
@@ -266,9 +266,9 @@ mod tests {
     use rand::Rng;
 
     use super::*;
-    use crate::engine::EngineOptions;
+    use crate::BayesNet;
     use crate::eval::MarginalCounts;
-    use crate::sim::BayesNet;
+    use ldpsyn_engine::EngineOptions;
 
     fn engine(protocol: Protocol, eps: f64, n: u64) -> Engine {
         Engine::from_parts(
@@ -345,7 +345,7 @@ mod tests {
     /// and independence keep the schema's bins. Rows and marginals are in grid codes.
     #[test]
     fn auto_bins_recover_a_spike_within_a_bin_in_every_protocol() {
-        use crate::engine::Expansion;
+        use ldpsyn_engine::Expansion;
         let schema = numeric_and_binary_schema(1, 30, 4);
         let n = 60_000usize;
         let rows = spiked_rows(n, 3, (9, 0.4), 0..30, 15);
@@ -431,7 +431,7 @@ mod tests {
     /// seeds (mean error below 0.04 there).
     #[test]
     fn auto_recovers_a_spike_round_0_left_in_a_bin() {
-        use crate::engine::Expansion;
+        use ldpsyn_engine::Expansion;
         let schema = numeric_and_binary_schema(0, 96, 16);
         let n = 6_000usize;
         let rows = spiked_rows(n, 7, (0, 0.45), 1..97, 40);
@@ -525,8 +525,8 @@ mod tests {
     /// 1-ways (the whole download's and the first chunk's agree to 1%).
     #[test]
     fn samprivsyn_synthesis_streams_in_chunks() {
-        use crate::engine::synth::sampler::SAMPRIVSYN_CHUNK_ROWS;
         use ldpsyn::protocol::SamPrivSynParams;
+        use ldpsyn_engine::synth::sampler::SAMPRIVSYN_CHUNK_ROWS;
         let net = BayesNet::standard();
         let pop = net.sample(20_000, 4);
         let e = Engine::from_parts(

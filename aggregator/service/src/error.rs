@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use ldpsyn::protocol::{PROBLEM_CONTENT_TYPE, Problem, ProblemType};
 
 use super::storage::StorageError;
-use crate::engine::EngineError;
+use ldpsyn_engine::EngineError;
 
 /// Errors of the service. Every one becomes a problem document whose `type` comes from
 /// [`ProblemType`]; 5xx are logged and their details never reach the client.

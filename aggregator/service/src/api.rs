@@ -15,7 +15,7 @@ use utoipa::ToSchema;
 use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, Type};
 use utoipa::openapi::{Ref, RefOr};
 
-use crate::engine::{ModelDescription, Phase, Transition};
+use ldpsyn_engine::{ModelDescription, Phase, Transition};
 
 /// `GET /healthz`: the database answered.
 #[derive(Debug, Clone, Serialize, ToSchema)]

@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use super::storage::{Db, StorageError};
 use super::{AppState, ingest::Command};
-use crate::engine::Phase;
+use ldpsyn_engine::Phase;
 
 /// Seconds in a day of `retain_reports_days`.
 const SECS_PER_DAY: i64 = 86_400;

@@ -14,7 +14,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Any, AnyConnection, AnyPool, Connection, Executor, Row};
 use uuid::Uuid;
 
-use crate::engine::{CollectionState, Engine, EngineError, TableKey, Tables};
+use ldpsyn_engine::{CollectionState, Engine, EngineError, TableKey, Tables};
 
 /// Errors of the storage layer. The HTTP layer turns every one into a 500 `internal` problem
 /// (`From<StorageError> for ApiError` in [`super::error`]); their details are logged, never
@@ -47,7 +47,7 @@ pub enum StorageError {
 }
 
 /// The shared migrations (`migrations/` at the workspace root).
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
 
 /// Which database is behind the pool. Private: callers ask [`Db`] for what they need
 /// ([`Db::is_shared`], [`Db::close_inputs`], …), never which backend it is.
@@ -963,10 +963,10 @@ impl Db {
         // edges.
         #[derive(serde::Deserialize)]
         struct PhaseOnly {
-            phase: crate::engine::Phase,
+            phase: ldpsyn_engine::Phase,
         }
         let state: PhaseOnly = serde_json::from_str(&json)?;
-        Ok(if state.phase == crate::engine::Phase::Finalized {
+        Ok(if state.phase == ldpsyn_engine::Phase::Finalized {
             IngestGate::Finalized
         } else {
             IngestGate::Open

@@ -1,5 +1,9 @@
-//! The aggregator service: HTTP API v1 over the estimation [`crate::engine`], durable storage
-//! in SQLite or PostgreSQL, signed task tokens, group-committed ingestion and metrics.
+//! # ldpsyn-service
+//!
+//! The aggregator service: HTTP API v1 over the estimation engine ([`ldpsyn_engine`]), durable
+//! storage in SQLite or PostgreSQL, signed task tokens, group-committed ingestion and metrics.
+//! What `ldpsyn-aggregator serve` runs; it does not depend on the simulator and evaluation
+//! crate (`ldpsyn-sim`).
 //!
 //! - [`config`]: `serve` options (clap, every option also from the environment).
 //! - [`storage`]: the database (sqlx `Any`, shared migrations).
@@ -12,9 +16,9 @@
 //! - [`metrics`], [`ratelimit`], [`synthetic`].
 //!
 //! ```no_run
-//! # async fn run() -> Result<(), ldpsyn_aggregator::service::error::ApiError> {
+//! # async fn run() -> Result<(), ldpsyn_service::error::ApiError> {
 //! use clap::Parser;
-//! use ldpsyn_aggregator::service::{Server, config::ServeConfig};
+//! use ldpsyn_service::{Server, config::ServeConfig};
 //! let config = ServeConfig::parse_from(["serve", "--bind", "127.0.0.1:0",
 //!     "--database-url", "sqlite://ldpsyn.db", "--admin-token", "s3cret-admin-token"]);
 //! let server = Server::start(config).await?;
@@ -22,6 +26,7 @@
 //! server.shutdown().await?;
 //! # Ok(()) }
 //! ```
+#![warn(missing_docs)]
 
 pub mod api;
 pub mod config;
@@ -59,7 +64,7 @@ use self::metrics::Metrics;
 use self::ratelimit::RateLimiter;
 use self::storage::Db;
 use self::tokens::TokenKey;
-use crate::engine::{CollectionState, Engine, Phase, TaskSampler, TaskSpec};
+use ldpsyn_engine::{CollectionState, Engine, Phase, TaskSampler, TaskSpec};
 
 /// Shared state of the HTTP handlers. Cheap to clone.
 #[derive(Clone, Debug)]

@@ -85,9 +85,9 @@ impl JointSource for FittedJoint {
 
     /// Standard errors of the model's marginal of `attrs` at its `frequencies` (the one
     /// variance model). Of a 1-way, those of the inverse-variance combination of every
-    /// table holding it. Of a larger marginal of at most [`MAX_GLS_CELLS`] cells, those of
+    /// table holding it. Of a larger marginal of at most `MAX_GLS_CELLS` (256) cells, those of
     /// the generalized least-squares estimate from the tables over all of `attrs` and the
-    /// 1-ways of `attrs` from every other table ([`gls_std_errors`]): the fit pins a
+    /// 1-ways of `attrs` from every other table (`gls_std_errors`): the fit pins a
     /// pair's margins to what every table says of them, so its error is that of the pair's
     /// interaction, not of its own tables alone. Larger marginals: the combination of the
     /// tables over all of `attrs`, which bounds the model's error where the model holds.
@@ -123,9 +123,9 @@ impl JointSource for FittedJoint {
 }
 
 /// Most cells of a marginal whose standard errors come from the generalized least-squares
-/// combination ([`gls_std_errors`], a dense `cells × cells` inverse: 256 cells cost ~10⁷
+/// combination (`gls_std_errors`, a dense `cells × cells` inverse: 256 cells cost ~10⁷
 /// operations per request).
-pub const MAX_GLS_CELLS: usize = 256;
+pub(crate) const MAX_GLS_CELLS: usize = 256;
 
 /// `p` (row-major over `dims`) summed onto its attribute at position `i`.
 fn marginal_of(p: &[f64], dims: &[usize], i: usize) -> Vec<f64> {
@@ -145,7 +145,7 @@ fn marginal_of(p: &[f64], dims: &[usize], i: usize) -> Vec<f64> {
 /// projected onto `Σx = 1` (Aitken's GLS; Rao, "Linear Statistical Inference and its
 /// Applications", 1973, §4a). `None` if a variance is not positive or the factorization
 /// fails.
-pub fn gls_std_errors(
+pub(crate) fn gls_std_errors(
     dims: &[usize],
     direct_se: &[f64],
     margin_se: &[Option<Vec<f64>>],

@@ -272,6 +272,8 @@ async fn auto_bin_maps_over_http() {
     for r in client.submit_batch(first).await.unwrap() {
         assert_eq!(r.expect("accepted").status, ReportStatus::Accepted);
     }
+    // Round 0's close runs after the quota upload is answered.
+    rounds_settled(&base, id).await;
     let (_, tasks) = admin(&base, "GET", &format!("/v1/collections/{id}/task?count=50")).await;
     let tasks: Vec<Task> = serde_json::from_value(tasks).unwrap();
     let binned = tasks
@@ -316,6 +318,7 @@ async fn auto_bin_maps_over_http() {
         for r in client.submit_batch(chunk).await.unwrap() {
             assert_eq!(r.expect("accepted").status, ReportStatus::Accepted);
         }
+        rounds_settled(&base, id).await;
     }
     let reports = acknowledged(&people, id);
     let engine = Engine::new(&config).unwrap();
@@ -324,7 +327,7 @@ async fn auto_bin_maps_over_http() {
         tables.keys().any(|k| !k.bins.is_empty()),
         "some reports answered binned tasks"
     );
-    let (_, before) = admin(&base, "GET", &format!("/v1/collections/{id}")).await;
+    let before = rounds_settled(&base, id).await;
     assert_eq!(before["status"]["reports_accepted"], n, "{before}");
     server.shutdown().await.unwrap();
 

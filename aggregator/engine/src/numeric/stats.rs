@@ -14,7 +14,7 @@ pub(crate) fn chi2_upper(q: f64, df: f64) -> f64 {
 
 /// Complementary error function (Numerical Recipes, 3rd ed., §6.2.2, Chebyshev fit;
 /// relative error below 1.2e-7).
-fn erfc(x: f64) -> f64 {
+pub(crate) fn erfc(x: f64) -> f64 {
     let z = x.abs();
     let t = 1.0 / (1.0 + 0.5 * z);
     let r = t

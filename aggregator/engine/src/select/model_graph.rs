@@ -79,6 +79,8 @@ mod tests {
             dependence: o - 0.1,
             dependence_sd: 0.05,
             projected: Vec::new(),
+            interaction_share: 1.0,
+            cells: Vec::new(),
         };
         let cands = [
             ((0, 1), g(0.5)),

@@ -10,23 +10,30 @@ use crate::numeric::info::mutual_information;
 use crate::protocols::auto::Auto;
 use crate::protocols::auto::allocation::{equivalent_reports, top_up};
 use crate::protocols::context::Context;
-use crate::select::gain::{Null, pair_gain_binned, projected_noise_l1};
+use crate::select::gain::{
+    Null, PairGain, pair_gain_binned, pooled_dependence, projected_noise_l1,
+};
 use crate::select::model_graph::{clique_cap, largest_clique_cells};
 use crate::state::{CollectionState, PlannedFactor};
 
 impl Auto {
     /// `auto`'s selection after its screening round (docs/design.md "Adaptive rounds"; PPSyn
     /// Alg. 2's contribution per budget). Each screened pair's dependence `D̂` (its L1
-    /// distance from independence, debiased for the screening noise: [`PairGain`]) is
-    /// estimated from the screening tables, against the 1-ways of the screening round's
-    /// people ([`Null::SamePeople`]: round 0 saw earlier people, and a drift between the
-    /// rounds is no dependence). A factor f measured by n reports has expected L1
-    /// noise `K_f/√n` (randomizer and sampling variances are both ∝ 1/n; `K_f` at the
-    /// estimate — round 0's for a 1-way, the screening's for a pair — scaled by the share of
-    /// noise its simplex projection keeps at a tree-sized allocation `N₂/d`,
-    /// [`projected_noise_l1`]: a skewed 1-way, like a sparse pair, loses most of its noise
-    /// to it, so it needs fewer reports than its cell count suggests;
-    /// `benchmarks/sweeps/one-way-allocation.md`).
+    /// distance from independence) is estimated from the screening tables, against the
+    /// 1-ways of the screening round's people ([`Null::SamePeople`]: round 0 saw earlier
+    /// people, and a drift between the rounds is no dependence), as the larger of its own
+    /// estimate debiased for noise ([`PairGain::dependence`]) and its posterior under a prior
+    /// pooled over every screened pair ([`pooled_dependence`]): the first vanishes for a pair
+    /// whose noise exceeds its dependence, although many such pairs can carry most of the
+    /// data's dependence (NLTCS at ε = 1; `benchmarks/sweeps/pooled-dependence.md`). A factor
+    /// f measured by n reports has expected L1 noise `K_f/√n` (randomizer and sampling
+    /// variances are both ∝ 1/n; `K_f` at the estimate — round 0's for a 1-way, the
+    /// screening's for a pair — scaled by the share of noise its simplex projection keeps at
+    /// a tree-sized allocation `N₂/d`, [`projected_noise_l1`]: a skewed 1-way, like a sparse
+    /// pair, loses most of its noise to it, so it needs fewer reports than its cell count
+    /// suggests; `benchmarks/sweeps/one-way-allocation.md`). A pair's `K_f` counts its
+    /// interaction only ([`PairGain::interaction_share`]): the fit pins its margins with
+    /// every table of its attributes, whose noise the 1-ways' term already counts.
     /// Phase 2 measures every attribute alone and the selected pairs S; its 2-way error is
     /// predicted as `Σ_{p∉S} D̂_p + Σ_f w_f K_f/√n_f`, with `w_f` the number of 2-way
     /// marginals a factor's error enters (1 for a pair, `d − 1` for a 1-way). Under
@@ -77,8 +84,8 @@ impl Auto {
                 bins: Vec::new(),
             })
             .collect();
-        // (pair index, D̂, a_p) of every screened pair with positive dependence.
-        let mut candidates: Vec<(usize, f64, f64)> = Vec::new();
+        // (pair index, its gain, a_p) of every screened pair.
+        let mut screened: Vec<(usize, PairGain, f64)> = Vec::new();
         let edges = match state.pair_rounds_mut() {
             Some(r) => &mut r.edges,
             None => return (Vec::new(), factors),
@@ -98,17 +105,28 @@ impl Auto {
                 continue;
             };
             e.mi = Some(mutual_information(&g.projected, pdims[0], pdims[1]));
-            let dependence = g.dependence;
-            e.score = Some(dependence);
+            // Noise scale K at the screening estimate, times the share of it that the
+            // simplex projection leaves at a tree-sized phase-2 allocation (sparse tables
+            // lose much of their noise to it), times its interaction's share (the fit pins
+            // the pair's margins with every table of its attributes).
+            let f = [e.a, e.b];
+            let at = &g.projected;
+            let k = ctx.expected_noise_l1(&f, &e.bins, at, 1.0);
+            let shrink = kept_share(&f, &e.bins, at, i as u64);
+            let a = (g.interaction_share * shrink * k).powf(2.0 / 3.0);
+            screened.push((i, g, a));
+        }
+        // D̂: the larger of a pair's own debiased estimate and its posterior under a prior
+        // pooled over every screened pair, which does not vanish when a pair's noise exceeds
+        // its dependence (many weak pairs at small ε).
+        let pooled = pooled_dependence(&screened.iter().map(|(_, g, _)| g).collect::<Vec<_>>());
+        // (pair index, D̂, a_p) of every screened pair with positive dependence.
+        let mut candidates: Vec<(usize, f64, f64)> = Vec::new();
+        for ((i, g, a), posterior) in screened.into_iter().zip(pooled) {
+            let dependence = g.dependence.max(posterior);
+            edges[i].score = Some(dependence);
             if dependence > 0.0 {
-                // Noise scale K at the screening estimate, times the share of it that the
-                // simplex projection leaves at a tree-sized phase-2 allocation (sparse
-                // tables lose much of their noise to it).
-                let f = [e.a, e.b];
-                let at = &g.projected;
-                let k = ctx.expected_noise_l1(&f, &e.bins, at, 1.0);
-                let shrink = kept_share(&f, &e.bins, at, i as u64);
-                candidates.push((i, dependence, (shrink * k).powf(2.0 / 3.0)));
+                candidates.push((i, dependence, a));
             }
         }
         let cap = clique_cap(ctx.options().max_clique_cells, ctx.target_users());

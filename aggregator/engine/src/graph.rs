@@ -29,8 +29,9 @@ pub struct EdgeState {
     pub ell: Option<f64>,
     /// Reports of tables containing the pair when last evaluated.
     pub reports: u64,
-    /// `auto`: estimated dependence `D̂` (L1 distance from independence, debiased for the
-    /// screening noise; see [`crate::select::gain::PairGain`]).
+    /// `auto`: estimated dependence `D̂` (L1 distance from independence: the larger of its
+    /// estimate debiased for the screening noise and its pooled posterior; see
+    /// [`crate::select::gain::PairGain`]).
     pub score: Option<f64>,
     /// `auto`: bin maps `[map of a, map of b]` the pair is measured under (`[]` for full
     /// resolution; empty: neither binned).

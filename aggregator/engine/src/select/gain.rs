@@ -465,6 +465,26 @@ mod tests {
         stats
     }
 
+    /// A pair's gain with only its cells and their debiased dependence filled in.
+    fn gain_of_cells(cells: Vec<NullCell>) -> PairGain {
+        let dependence = cells
+            .iter()
+            .map(|c| {
+                (c.residual.powi(2) - c.std_error.powi(2)).max(0.0).sqrt()
+                    - NULL_MAGNITUDE * c.std_error
+            })
+            .sum();
+        PairGain {
+            observed_l1: 0.0,
+            noise_l1: 0.0,
+            dependence,
+            dependence_sd: 0.0,
+            projected: Vec::new(),
+            interaction_share: 1.0,
+            cells,
+        }
+    }
+
     /// 200 binary pairs whose cells are each `±delta` from independence, under noise σ = 0.1
     /// per cell: at δ = 0.05 the per-pair `dependence` keeps well under half of the true sum
     /// (40), the pooled estimate recovers it within 25%; pure noise pools to far less.
@@ -482,19 +502,7 @@ mod tests {
                             std_error: 0.1,
                         })
                         .collect();
-                    let dependence = cells
-                        .iter()
-                        .map(|c| (c.residual.powi(2) - 0.01).max(0.0).sqrt() - NULL_MAGNITUDE * 0.1)
-                        .sum();
-                    PairGain {
-                        observed_l1: 0.0,
-                        noise_l1: 0.0,
-                        dependence,
-                        dependence_sd: 0.0,
-                        projected: Vec::new(),
-                        interaction_share: 1.0,
-                        cells,
-                    }
+                    gain_of_cells(cells)
                 })
                 .collect()
         };
@@ -534,24 +542,8 @@ mod tests {
                         std_error: sigma,
                     })
                     .collect();
-                let dependence = cells
-                    .iter()
-                    .map(|c| {
-                        (c.residual.powi(2) - sigma * sigma).max(0.0).sqrt()
-                            - NULL_MAGNITUDE * sigma
-                    })
-                    .sum();
                 let truth = deltas.iter().map(|d| d.abs()).sum();
-                let g = PairGain {
-                    observed_l1: 0.0,
-                    noise_l1: 0.0,
-                    dependence,
-                    dependence_sd: 0.0,
-                    projected: Vec::new(),
-                    interaction_share: 1.0,
-                    cells,
-                };
-                (truth, g)
+                (truth, gain_of_cells(cells))
             })
             .collect();
         let t_hat = pooled_prior_scale(&pairs.iter().map(|(_, g)| g).collect::<Vec<_>>());

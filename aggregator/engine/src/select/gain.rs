@@ -90,6 +90,21 @@ impl PairGain {
     pub fn cautious_gain(&self, margin: f64) -> f64 {
         self.gain() - margin * self.dependence_sd
     }
+
+    /// The posterior mean of the pair's dependence `Σ_c |δ_c|` under the prior
+    /// `δ ~ N(0, t·x)` of [`pooled_prior_scale`]. Where a pair's noise exceeds its dependence
+    /// [`PairGain::dependence`] is near 0 (`≈ δ²/σ` for δ ≪ σ), although the pairs together
+    /// may carry much of the data's dependence (many weak pairs at small ε); the posterior
+    /// keeps their sum's expectation under the prior (Efron, "Large-Scale Inference",
+    /// Cambridge University Press, 2010, ch. 1: shrinkage towards a common variance), and,
+    /// being a posterior, it is not biased by a selection on the pair's residuals (Efron,
+    /// "Tweedie's Formula and Selection Bias", JASA 106(496), 2011). 0 when t = 0.
+    pub fn posterior_dependence(&self, t: f64) -> f64 {
+        self.cells
+            .iter()
+            .map(|c| posterior_abs_mean(c.residual, c.std_error.powi(2), t * c.null.max(0.0)))
+            .sum()
+    }
 }
 
 /// [`PairGain::dependence_sd`] of cells with standard errors `sigma`.
@@ -393,23 +408,6 @@ pub fn pooled_prior_scale(pairs: &[&PairGain]) -> f64 {
 pub fn pooled_dependence(pairs: &[&PairGain]) -> Vec<f64> {
     let t = pooled_prior_scale(pairs);
     pairs.iter().map(|g| g.posterior_dependence(t)).collect()
-}
-
-impl PairGain {
-    /// The posterior mean of the pair's dependence `Σ_c |δ_c|` under the prior
-    /// `δ ~ N(0, t·x)` of [`pooled_prior_scale`]. Where a pair's noise exceeds its dependence
-    /// [`PairGain::dependence`] is near 0 (`≈ δ²/σ` for δ ≪ σ), although the pairs together
-    /// may carry much of the data's dependence (many weak pairs at small ε); the posterior
-    /// keeps their sum's expectation under the prior (Efron, "Large-Scale Inference",
-    /// Cambridge University Press, 2010, ch. 1: shrinkage towards a common variance), and,
-    /// being a posterior, it is not biased by a selection on the pair's residuals (ibid.
-    /// §1.4). 0 when t = 0.
-    pub fn posterior_dependence(&self, t: f64) -> f64 {
-        self.cells
-            .iter()
-            .map(|c| posterior_abs_mean(c.residual, c.std_error.powi(2), t * c.null.max(0.0)))
-            .sum()
-    }
 }
 
 /// `E[|δ| | r]` for `r = δ + N(0, v)` and the prior `δ ~ N(0, prior)`: the mean of the folded

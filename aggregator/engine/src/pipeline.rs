@@ -97,7 +97,8 @@ pub fn stratify(
 
 /// Stage 3: the model graph. Each of the protocol's candidate pairs is scored by its
 /// expected gain ([`CollectionProtocol::pair_gain`]; a pair measured under several bin maps
-/// on its best binning) and kept greedily within the clique cap ([`select_model_graph`]).
+/// on its best binning; then jointly, [`CollectionProtocol::pool_gains`]) and kept greedily
+/// within the clique cap ([`select_model_graph`]).
 pub fn select(
     ctx: &Context,
     rules: &dyn CollectionProtocol,
@@ -106,11 +107,12 @@ pub fn select(
     people: u64,
 ) -> (Vec<(Edge, PairGain)>, BTreeSet<Edge>) {
     let one_way = one_way_estimates(ms);
-    let gains: Vec<(Edge, PairGain)> = rules
+    let mut gains: Vec<(Edge, PairGain)> = rules
         .model_candidates(ctx, state)
         .into_iter()
         .filter_map(|(a, b)| Some(((a, b), rules.pair_gain(state, ms, &one_way, a, b)?)))
         .collect();
+    rules.pool_gains(ctx, state, &mut gains);
     let cap = clique_cap(ctx.options().max_clique_cells, people);
     let margin = ctx
         .options()

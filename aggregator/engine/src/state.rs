@@ -252,6 +252,11 @@ pub struct EngineOptions {
     /// [`AUTO_BIN_NOISE_L1`](crate::protocols::auto::AUTO_BIN_NOISE_L1)).
     #[serde(default)]
     pub auto_bin_noise_l1: Option<f64>,
+    /// `auto`: significance within which a measured pair's dependence is pooled in the model
+    /// graph (default
+    /// [`AUTO_POOL_SIGNIFICANCE`](crate::protocols::auto::AUTO_POOL_SIGNIFICANCE)).
+    #[serde(default)]
+    pub auto_pool_significance: Option<f64>,
     /// Share of a `bins: "auto"` attribute's 1-ways measured in sub-bins (default
     /// [`SUB_BIN_ONE_WAY_SHARE`](crate::domain::task::SUB_BIN_ONE_WAY_SHARE)).
     #[serde(default)]

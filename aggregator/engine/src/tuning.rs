@@ -75,6 +75,15 @@ pub const KNOBS: &[Knob] = &[
         set: Some(|o, v| o.auto_bin_noise_l1 = Some(v)),
     },
     Knob {
+        constant: "AUTO_POOL_SIGNIFICANCE",
+        value: crate::protocols::auto::AUTO_POOL_SIGNIFICANCE,
+        option: Some("auto_pool_significance"),
+        env: Some("LDPSYN_AUTO_POOL_Z"),
+        sweep: "model-graph-pooling.md",
+        status: Status::Swept,
+        set: Some(|o, v| o.auto_pool_significance = Some(v)),
+    },
+    Knob {
         constant: "MAX_SCREENING_FACTOR_CELLS",
         value: crate::protocols::auto::MAX_SCREENING_FACTOR_CELLS as f64,
         option: None,

@@ -129,6 +129,16 @@ pub trait CollectionProtocol: Send + Sync + Debug {
         best_pair_gain(ms, one_way, a, b, Null::Collection, |_| true).map(|(g, _)| g)
     }
 
+    /// Adjusts the model graph's candidate gains jointly, once each pair's own is known
+    /// ([`CollectionProtocol::pair_gain`]): by default nothing.
+    fn pool_gains(
+        &self,
+        _ctx: &Context,
+        _state: &CollectionState,
+        _gains: &mut [(Edge, PairGain)],
+    ) {
+    }
+
     /// Standard deviations of its dependence estimate ([`PairGain::dependence_sd`]) a
     /// pair's expected gain must exceed to enter the model graph
     /// ([`PairGain::cautious_gain`]): by default [`DEVICE_GAIN_MARGIN`]. Device

@@ -68,6 +68,15 @@ pub const AUTO_BIN_NOISE_L1: f64 = 0.25;
 /// (0.966) and the lowest worst cell (1.02).
 pub const AUTO_ROUND0_SHARE: f64 = 0.2;
 
+/// Standard deviations of its own dependence estimate within which a pair phase 2 measured
+/// is judged, in the model graph, by a posterior pooled over such pairs
+/// (`CollectionProtocol::pool_gains`, [`crate::select::gain::lift_weak_dependence`]); a pair
+/// beyond it keeps its own estimate and stays out of the pool, whose scale it would set.
+/// Chosen by a sweep of 2, 4 and ∞ (every measured pair pooled) over the suite's six tables
+/// at ε ∈ {1, 2, 4, 8} in both arrival orders, 5 seeds
+/// (`benchmarks/sweeps/model-graph-pooling.md`).
+pub const AUTO_POOL_SIGNIFICANCE: f64 = 4.0;
+
 /// Largest factor (cells) `auto`'s screening design asks a device to report: bounds a
 /// report's size (an OUE report carries one bit per cell, 512 bytes here). A resource
 /// bound, not a utility constant: the design's noise objective stays below it (16 binary
@@ -108,6 +117,12 @@ impl Auto {
             .auto_round0_share
             .unwrap_or(AUTO_ROUND0_SHARE)
             .clamp(0.0, 0.5)
+    }
+
+    fn pool_significance(&self, ctx: &Context) -> f64 {
+        ctx.options()
+            .auto_pool_significance
+            .unwrap_or(AUTO_POOL_SIGNIFICANCE)
     }
 
     fn bin_noise_l1(&self, ctx: &Context) -> f64 {

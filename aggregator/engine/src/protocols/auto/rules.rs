@@ -15,7 +15,7 @@ use crate::protocols::{
     CollectionProtocol, TaskChoices, active_edges, adapted_working_bins, common_choices,
     end_phase1_round, one_way_choices, one_way_state, pairs, plan_structure, round_quota,
 };
-use crate::select::gain::{Null, PairGain, best_pair_gain};
+use crate::select::gain::{Null, PairGain, best_pair_gain, lift_weak_dependence};
 use crate::state::{CollectionState, Phase, Transition};
 
 impl CollectionProtocol for Auto {
@@ -163,5 +163,29 @@ impl CollectionProtocol for Auto {
             !selected || k.factor != [a, b] || k.round >= phase2
         })
         .map(|(g, _)| g)
+    }
+
+    /// The pairs phase 2 measured are judged on their phase-2 tables, residuals no selection
+    /// has seen; where each pair's noise hides its dependence, their own estimates vanish
+    /// (`≈ δ²/σ`), although together they carry most of a dense table's dependence (NLTCS at
+    /// ε = 1 kept 3–26 of 29–91 selected pairs). Those within
+    /// [`AUTO_POOL_SIGNIFICANCE`](crate::protocols::auto::AUTO_POOL_SIGNIFICANCE)
+    /// standard deviations of independence are lifted to their posterior under a prior
+    /// pooled over them ([`lift_weak_dependence`]). Pairs phase 2 did not measure keep their
+    /// own estimates: their screening residuals are the ones they were left out for (biased
+    /// low, `benchmarks/sweeps/pooled-dependence.md`).
+    fn pool_gains(&self, ctx: &Context, state: &CollectionState, gains: &mut [(Edge, PairGain)]) {
+        if state.plan().is_none() {
+            return;
+        }
+        let measured = |e: &Edge| state.edges().iter().any(|s| s.active && (s.a, s.b) == *e);
+        let significance = self.pool_significance(ctx);
+        lift_weak_dependence(
+            gains
+                .iter_mut()
+                .filter(|(e, _)| measured(e))
+                .map(|(_, g)| g),
+            significance,
+        );
     }
 }

@@ -74,6 +74,20 @@ pub enum VerticalError {
     /// A mechanism could not be built.
     #[error(transparent)]
     Mechanism(#[from] MechanismError),
+    /// A party budget cannot be split ([`split_party_budget`]).
+    #[cfg(feature = "locmrf")]
+    #[error(
+        "cannot split epsilon {epsilon}, delta {delta} with a LocMRF share of {locmrf_share}: \
+         need 0 < share < 1, 0 < delta < 1 and epsilon large enough for every part"
+    )]
+    Budget {
+        /// The party's ε per person.
+        epsilon: f64,
+        /// Its δ.
+        delta: f64,
+        /// The share asked for the local model.
+        locmrf_share: f64,
+    },
 }
 
 /// The parties' shared secret for record ids. Never sent to the server.
@@ -156,6 +170,50 @@ pub fn split_epsilon(total: f64, domain_sizes: &[usize]) -> Vec<f64> {
         eps[best] += step;
     }
     eps
+}
+
+/// Default share of a party's ε per person that [`split_party_budget`] gives its local model
+/// (LocMRF) when the collection's encoding is `fo+locmrf`; the rest goes to its GRR reports.
+/// A default, not a constant of the method: VertiMRF §7.1 gives 40% of the total to LocMRF
+/// and 40% to its sketches; with FO reports, which are far noisier per unit of ε than the
+/// Gaussian mechanism on a party's whole table, the cross-party pairs need the larger share.
+#[cfg(feature = "locmrf")]
+pub const DEFAULT_LOCMRF_SHARE: f64 = 0.2;
+
+/// Splits a party's budget per person, `epsilon` (and `delta` for its local model), between
+/// its GRR reports and its local model (LocMRF): `locmrf_share · epsilon` with `delta` to the
+/// model, the rest over the attributes of `domain_sizes` by [`split_epsilon`]. The parts
+/// compose sequentially back to (`epsilon`, `delta`) ([`crate::protocol::Party::composed_epsilon`]).
+/// Returns the attributes' ε (in `domain_sizes` order) and the model's budget.
+/// Errors: [`VerticalError::Budget`] unless `0 < locmrf_share < 1`, `epsilon` splits into
+/// valid ε and `0 < delta < 1`. Panics if `domain_sizes` is empty.
+#[cfg(feature = "locmrf")]
+pub fn split_party_budget(
+    epsilon: f64,
+    delta: f64,
+    domain_sizes: &[usize],
+    locmrf_share: f64,
+) -> Result<(Vec<crate::Epsilon>, crate::protocol::LocMrfBudget), VerticalError> {
+    let bad = || VerticalError::Budget {
+        epsilon,
+        delta,
+        locmrf_share,
+    };
+    if !(locmrf_share > 0.0 && locmrf_share < 1.0 && delta > 0.0 && delta < 1.0) {
+        return Err(bad());
+    }
+    let model = crate::Epsilon::new(epsilon * locmrf_share).map_err(|_| bad())?;
+    let reports = split_epsilon(epsilon - model.get(), domain_sizes)
+        .into_iter()
+        .map(|e| crate::Epsilon::new(e).map_err(|_| bad()))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((
+        reports,
+        crate::protocol::LocMrfBudget {
+            epsilon: model,
+            delta,
+        },
+    ))
 }
 
 /// Whether `id` has the form of a record id (64 lowercase hex digits).
@@ -328,7 +386,9 @@ impl PartyClient {
     /// Fetches the public config of `collection` from `base_url` and binds party `party`
     /// with its upload `token`. The party's ε per person (Σ over its attributes) is bounded by
     /// `options.max_epsilon` and by the collection's declared `epsilon` (a config asking a
-    /// party for more than the collection declares is not trusted).
+    /// party for more than the collection declares is not trusted); with a local model
+    /// (`fo+locmrf`) the bound applies to the composed ε, reports and model together
+    /// ([`crate::protocol::Party::composed_epsilon`]).
     /// Errors: [`crate::client::ClientError::EpsilonTooLarge`] when the party's Σε is above
     /// either; [`crate::client::ClientError::InvalidTask`] for a device collection or an
     /// unknown party; HTTP failures as the device client.
@@ -349,7 +409,7 @@ impl PartyClient {
         let (config, upload_limits) = crate::client::fetch_config(&http, &options, &url).await?;
         let randomizer = PartyRandomizer::new(&config, party)
             .map_err(|e| ClientError::InvalidTask(e.to_string()))?;
-        let epsilon = randomizer.party().epsilon();
+        let epsilon = randomizer.party().composed_epsilon();
         let max = options.max_epsilon.get().min(config.epsilon.get());
         if epsilon > max * (1.0 + 1e-12) {
             return Err(ClientError::EpsilonTooLarge {
@@ -477,6 +537,39 @@ mod tests {
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
         assert!(format!("{a:?}").contains("secret"));
+    }
+
+    /// The split gives the model its share with the whole δ, the reports the rest by
+    /// `split_epsilon`, and composes back to the party's total; bad shares and δ are refused.
+    #[cfg(feature = "locmrf")]
+    #[test]
+    fn party_budget_splits_and_composes_back() {
+        use crate::protocol::{Party, PartyAttribute};
+        let (reports, model) =
+            split_party_budget(1.6, 1e-6, &[2, 9, 41], DEFAULT_LOCMRF_SHARE).unwrap();
+        assert!((model.epsilon.get() - 0.32).abs() < 1e-12 && model.delta == 1e-6);
+        let fo: Vec<f64> = split_epsilon(1.28, &[2, 9, 41]);
+        for (r, f) in reports.iter().zip(&fo) {
+            assert_eq!(r.get(), *f);
+        }
+        let party = Party {
+            name: "bank".into(),
+            attributes: reports
+                .iter()
+                .map(|&epsilon| PartyAttribute {
+                    name: "x".into(),
+                    epsilon,
+                })
+                .collect(),
+            locmrf: Some(model),
+        };
+        assert!((party.composed_epsilon() - 1.6).abs() < 1e-9);
+        for (share, delta) in [(0.0, 1e-6), (1.0, 1e-6), (0.2, 0.0), (0.2, 1.0)] {
+            assert!(matches!(
+                split_party_budget(1.6, delta, &[2], share),
+                Err(VerticalError::Budget { .. })
+            ));
+        }
     }
 
     /// Each attribute is randomized by its own GRR at its own ε: at the true code with

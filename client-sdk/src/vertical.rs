@@ -182,7 +182,8 @@ pub const DEFAULT_LOCMRF_SHARE: f64 = 0.2;
 
 /// Splits a party's budget per person, `epsilon` (and `delta` for its local model), between
 /// its GRR reports and its local model (LocMRF): `locmrf_share · epsilon` with `delta` to the
-/// model, the rest over the attributes of `domain_sizes` by [`split_epsilon`]. The parts
+/// model, the rest over the attributes of `domain_sizes` by [`split_epsilon`], each attribute
+/// at least [`crate::MIN_COLLECTION_EPSILON`] (the water-filling rerun over the others). The parts
 /// compose sequentially back to (`epsilon`, `delta`) ([`crate::protocol::Party::composed_epsilon`]).
 /// Returns the attributes' ε (in `domain_sizes` order) and the model's budget.
 /// Errors: [`VerticalError::Budget`] unless `0 < locmrf_share < 1`, `epsilon` splits into
@@ -203,7 +204,35 @@ pub fn split_party_budget(
         return Err(bad());
     }
     let model = crate::Epsilon::new(epsilon * locmrf_share).map_err(|_| bad())?;
-    let reports = split_epsilon(epsilon - model.get(), domain_sizes)
+    let fo = epsilon - model.get();
+    let floor = crate::MIN_COLLECTION_EPSILON;
+    if fo < floor * domain_sizes.len() as f64 {
+        return Err(bad());
+    }
+    // `split_epsilon`'s water-filling with every attribute at least the collection minimum:
+    // an attribute the split leaves below it is fixed there and the rest split again (the
+    // bound is active at the optimum of this separable convex problem).
+    let mut fixed = vec![false; domain_sizes.len()];
+    let mut eps = vec![floor; domain_sizes.len()];
+    loop {
+        let free: Vec<usize> = (0..eps.len()).filter(|&i| !fixed[i]).collect();
+        let left = fo - floor * (eps.len() - free.len()) as f64;
+        let k: Vec<usize> = free.iter().map(|&i| domain_sizes[i]).collect();
+        let split = split_epsilon(left, &k);
+        let mut moved = false;
+        for (&i, e) in free.iter().zip(split) {
+            if e < floor {
+                fixed[i] = true;
+                moved = true;
+            } else {
+                eps[i] = e;
+            }
+        }
+        if !moved || fixed.iter().all(|&f| f) {
+            break;
+        }
+    }
+    let reports = eps
         .into_iter()
         .map(|e| crate::Epsilon::new(e).map_err(|_| bad()))
         .collect::<Result<Vec<_>, _>>()?;
@@ -540,7 +569,8 @@ mod tests {
     }
 
     /// The split gives the model its share with the whole δ, the reports the rest by
-    /// `split_epsilon`, and composes back to the party's total; bad shares and δ are refused.
+    /// `split_epsilon` (no attribute below the collection minimum), and composes back to the
+    /// party's total; bad shares and δ, and a total too small for the minimum, are refused.
     #[cfg(feature = "locmrf")]
     #[test]
     fn party_budget_splits_and_composes_back() {
@@ -570,6 +600,19 @@ mod tests {
                 Err(VerticalError::Budget { .. })
             ));
         }
+        // At a small total the water-filling leaves binary attributes below 0.01: they get
+        // the minimum, the large domains the rest, the sum is kept.
+        let k = [2, 2, 5, 41, 16];
+        assert!(split_epsilon(0.2, &k).iter().any(|&e| e < crate::MIN_COLLECTION_EPSILON));
+        let (reports, _) = split_party_budget(0.25, 1e-6, &k, 0.2).unwrap();
+        assert!(reports.iter().all(|e| e.get() >= crate::MIN_COLLECTION_EPSILON));
+        let sum: f64 = reports.iter().map(|e| e.get()).sum();
+        assert!((sum - 0.2).abs() < 1e-9, "{sum}");
+        assert!(reports[3].get() > reports[0].get());
+        assert!(matches!(
+            split_party_budget(0.04, 1e-6, &k, 0.2),
+            Err(VerticalError::Budget { .. })
+        ));
     }
 
     /// Each attribute is randomized by its own GRR at its own ε: at the true code with

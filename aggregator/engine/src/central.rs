@@ -417,6 +417,50 @@ pub fn synthesize_central<R: Rng + CryptoRng + ?Sized>(
     options: &CentralOptions,
     rng: &mut R,
 ) -> Result<CentralFit, CentralError> {
+    let (mut state, report, _) = select_and_measure(dims, codes, options, rng)?;
+    state.refit(FitOptions::default().max_iters)?;
+    Ok(CentralFit {
+        model: state.as_model("central")?,
+        report,
+    })
+}
+
+/// One released measurement with its values: the noisy counts of the marginal over `attrs`
+/// (row-major in `attrs` order) and the standard deviation `sigma` of the discrete Gaussian
+/// noise on each count.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReleasedMarginal {
+    /// Attributes (sorted, indices into the table's columns).
+    pub attrs: Vec<usize>,
+    /// Noisy counts.
+    pub counts: Vec<f64>,
+    /// Noise standard deviation per count.
+    pub sigma: f64,
+}
+
+/// The measurements [`synthesize_central`] fits, without the fit: every released marginal
+/// (noisy counts and σ, in release order), the chordal graph they need (every measured set
+/// complete, triangulated: the model's attribute graph) and the privacy accounting. The
+/// party side of a vertical collection (LocMRF, [`crate::measure::local_model`]) uploads
+/// these. Errors: as [`synthesize_central`].
+pub fn measure_central<R: Rng + CryptoRng + ?Sized>(
+    dims: &[usize],
+    codes: &[u32],
+    options: &CentralOptions,
+    rng: &mut R,
+) -> Result<(Vec<ReleasedMarginal>, BTreeSet<Edge>, CentralReport), CentralError> {
+    let (state, report, released) = select_and_measure(dims, codes, options, rng)?;
+    Ok((released, state.chordal, report))
+}
+
+/// The select–measure loop of [`synthesize_central`] (module docs): the fitting state after
+/// the last round's refit, the accounting and every released marginal.
+fn select_and_measure<R: Rng + CryptoRng + ?Sized>(
+    dims: &[usize],
+    codes: &[u32],
+    options: &CentralOptions,
+    rng: &mut R,
+) -> Result<(Fitting, CentralReport, Vec<ReleasedMarginal>), CentralError> {
     let d = dims.len();
     let rho = rho_for(options.epsilon, options.delta)?;
     if d == 0 || dims.contains(&0) || codes.len() % d != 0 {
@@ -444,6 +488,7 @@ pub fn synthesize_central<R: Rng + CryptoRng + ?Sized>(
         noisy_records: 0.0,
         measurements: Vec::new(),
     };
+    let mut released = Vec::new();
     let noisy = |attrs: &[usize], sigma: f64, rng: &mut R| -> Vec<f64> {
         counts(codes, d, dims, attrs)
             .into_iter()
@@ -463,7 +508,13 @@ pub fn synthesize_central<R: Rng + CryptoRng + ?Sized>(
     for (a, w) in weights.iter().enumerate() {
         let r = one_way_share * rho * w / wsum;
         let sigma = (1.0 / (2.0 * r)).sqrt();
-        one_ways.push((noisy(&[a], sigma, rng), sigma));
+        let y = noisy(&[a], sigma, rng);
+        released.push(ReleasedMarginal {
+            attrs: vec![a],
+            counts: y.clone(),
+            sigma,
+        });
+        one_ways.push((y, sigma));
         report.measurements.push(CentralMeasurement {
             attrs: vec![a],
             sigma,
@@ -572,6 +623,11 @@ pub fn synthesize_central<R: Rng + CryptoRng + ?Sized>(
             rho_select,
         });
         state.chordal = state.with_edges(&w);
+        released.push(ReleasedMarginal {
+            attrs: w.clone(),
+            counts: y.clone(),
+            sigma,
+        });
         state.observations.push(observation(w.clone(), y, sigma));
         state.refit(ROUND_FIT_ITERS)?;
         measured.insert(w.clone());
@@ -592,11 +648,7 @@ pub fn synthesize_central<R: Rng + CryptoRng + ?Sized>(
         .iter()
         .map(|m| m.rho_measure + m.rho_select)
         .sum();
-    state.refit(FitOptions::default().max_iters)?;
-    Ok(CentralFit {
-        model: state.as_model("central")?,
-        report,
-    })
+    Ok((state, report, released))
 }
 
 #[cfg(test)]

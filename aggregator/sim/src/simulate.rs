@@ -181,10 +181,16 @@ impl<'a> Simulation<'a> {
     }
 }
 
+/// Largest marginal a simulated party's local model measures (`fo+locmrf`): triples, as
+/// `party upload` by default.
+pub const LOCAL_MODEL_MAX_MARGINAL: usize = 3;
+
 impl Simulation<'_> {
     /// A vertical collection: every party randomizes its attributes of every person (one
     /// GRR each at its ε) and uploads them in party order; the tables are what the service
-    /// counts ([`ldpsyn_engine::protocols::vertical::Vertical::record_cells`]).
+    /// counts ([`ldpsyn_engine::protocols::vertical::Vertical::record_cells`]). Under
+    /// `fo+locmrf` each party with a budget also measures its local model of every person's
+    /// row of its attributes.
     fn run_vertical(self, rng: &mut ChaCha12Rng) -> Result<SimRun, SimError> {
         let engine = self.engine;
         let v = engine
@@ -218,8 +224,31 @@ impl Simulation<'_> {
                 uploaded.push((p, codes));
             }
         }
+        // `fo+locmrf`: each party with a budget measures its local model of its own columns
+        // (as `party upload` does on the party's machine).
+        let mut local = Vec::new();
+        for party in v.parties() {
+            if party.locmrf.is_none() {
+                continue;
+            }
+            let codes: Vec<u32> = self
+                .population
+                .rows()
+                .flat_map(|row| party.attributes.iter().map(move |&a| row[a]))
+                .collect();
+            local.push(
+                ldpsyn_engine::measure::local_model::measure_local_model(
+                    party,
+                    dims,
+                    &codes,
+                    LOCAL_MODEL_MAX_MARGINAL,
+                    rng,
+                )
+                .map_err(|e| SimError::Population(e.to_string()))?,
+            );
+        }
         let mut state = engine.initial_state();
-        let model = engine.finalize(&state, &tables)?;
+        let model = engine.finalize_with_local_models(&state, &tables, &local)?;
         engine.mark_finalized(&mut state);
         Ok(SimRun {
             model,
@@ -878,6 +907,7 @@ mod tests {
                     epsilon: Epsilon::new(1.0).unwrap(),
                 })
                 .collect(),
+            locmrf: None,
         };
         let parties = vec![
             party("left", &names[..half]),
@@ -894,7 +924,10 @@ mod tests {
             schema,
             epsilon: Epsilon::new((names.len() - half) as f64).unwrap(),
             target_users: n as u64,
-            protocol: Protocol::Vertical(ldpsyn::protocol::VerticalParams { parties }),
+            protocol: Protocol::Vertical(ldpsyn::protocol::VerticalParams {
+                parties,
+                encoding: Default::default(),
+            }),
         })
         .unwrap();
         let mut report = Vec::new();

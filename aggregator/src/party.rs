@@ -60,7 +60,7 @@ pub enum PartyCommand {
         out: PathBuf,
     },
     /// Randomize and upload this party's records to a vertical collection.
-    Upload(UploadArgs),
+    Upload(Box<UploadArgs>),
 }
 
 /// `party upload` options.
@@ -312,10 +312,7 @@ async fn upload(
     }
     bar.finish_and_clear();
     let model = match model {
-        Some(m) => Some((
-            m.measurements().len(),
-            upload_model(args, token, &m).await?,
-        )),
+        Some(m) => Some((m.measurements().len(), upload_model(args, token, &m).await?)),
         None => None,
     };
     Ok((accepted, duplicate, model))
@@ -403,7 +400,11 @@ fn read_model(path: &Path, party: &str) -> Result<LocalModel, PartyError> {
 /// Uploads `model` (`POST …/parties/{party}/model`), retrying connection failures and 5xx
 /// up to 3 times with identical bytes. `true` when stored, `false` when the server held the
 /// same model. Errors: [`PartyError::Model`] with the server's problem detail.
-async fn upload_model(args: &UploadArgs, token: &str, model: &LocalModel) -> Result<bool, PartyError> {
+async fn upload_model(
+    args: &UploadArgs,
+    token: &str,
+    model: &LocalModel,
+) -> Result<bool, PartyError> {
     let url = format!(
         "{}/v1/collections/{}/parties/{}/model",
         args.server.trim_end_matches('/'),

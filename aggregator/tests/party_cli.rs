@@ -393,9 +393,17 @@ async fn two_parties_upload_local_models_with_the_cli() {
     for i in 0..N {
         let smoker = (i % 3 == 0) as usize;
         let sex = if i % 5 == 0 { 1 - smoker } else { smoker };
-        bank.push_str(&format!("c{i},{},{}\n", ["F", "M"][sex], ["no", "yes"][smoker]));
+        bank.push_str(&format!(
+            "c{i},{},{}\n",
+            ["F", "M"][sex],
+            ["no", "yes"][smoker]
+        ));
         let lung = if i % 7 == 0 { 1 - smoker } else { smoker };
-        clinic.push_str(&format!("c{i},{},{}\n", ["a", "b", "c"][i % 3], ["ok", "ill"][lung]));
+        clinic.push_str(&format!(
+            "c{i},{},{}\n",
+            ["a", "b", "c"][i % 3],
+            ["ok", "ill"][lung]
+        ));
     }
     std::fs::write(path("bank.csv"), bank).unwrap();
     std::fs::write(path("clinic.csv"), clinic).unwrap();
@@ -404,8 +412,19 @@ async fn two_parties_upload_local_models_with_the_cli() {
     let upload = |party: &str, model: Option<&str>| {
         let data = path(&format!("{party}.csv"));
         let mut args = vec![
-            "party", "upload", "--collection", &id, "--party", party, "--data", &data,
-            "--id-column", "customer_id", "--key-file", &key, "--quiet",
+            "party",
+            "upload",
+            "--collection",
+            &id,
+            "--party",
+            party,
+            "--data",
+            &data,
+            "--id-column",
+            "customer_id",
+            "--key-file",
+            &key,
+            "--quiet",
         ];
         let model_path = model.map(path);
         if let Some(m) = &model_path {
@@ -422,7 +441,12 @@ async fn two_parties_upload_local_models_with_the_cli() {
     assert_eq!(written["party"], "bank");
     assert_eq!(written["privacy"]["epsilon"], 0.5);
     // Nothing per record in the model: marginals, a graph, the accounting.
-    let keys: Vec<&str> = written.as_object().unwrap().keys().map(String::as_str).collect();
+    let keys: Vec<&str> = written
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
     assert_eq!(keys, ["graph", "measurements", "party", "privacy"]);
     // Clinic's model is missing: finalize is refused and the collection stays open.
     let e = stderr_failed(&run(&base, &["collections", "finalize", &id], &[]));
@@ -431,14 +455,26 @@ async fn two_parties_upload_local_models_with_the_cli() {
     let out = stdout_ok(&upload("bank", None));
     assert!(out.contains("noisy marginals already held"), "{out}");
     let e = stderr_failed(&upload("bank", Some("other-model.json")));
-    assert!(e.contains("409") && e.contains("another local model"), "{e}");
+    assert!(
+        e.contains("409") && e.contains("another local model"),
+        "{e}"
+    );
     let out = stdout_ok(&upload("clinic", None));
     assert!(out.contains("noisy marginals stored"), "{out}");
     stdout_ok(&run(&base, &["collections", "finalize", &id], &[]));
     let csv = path("synthetic.csv");
     stdout_ok(&run(
         &base,
-        &["collections", "download", &id, "--out", &csv, "--rows", "100", "--quiet"],
+        &[
+            "collections",
+            "download",
+            &id,
+            "--out",
+            &csv,
+            "--rows",
+            "100",
+            "--quiet",
+        ],
         &[],
     ));
     let text = std::fs::read_to_string(&csv).unwrap();

@@ -603,9 +603,17 @@ mod tests {
         // At a small total the water-filling leaves binary attributes below 0.01: they get
         // the minimum, the large domains the rest, the sum is kept.
         let k = [2, 2, 5, 41, 16];
-        assert!(split_epsilon(0.2, &k).iter().any(|&e| e < crate::MIN_COLLECTION_EPSILON));
+        assert!(
+            split_epsilon(0.2, &k)
+                .iter()
+                .any(|&e| e < crate::MIN_COLLECTION_EPSILON)
+        );
         let (reports, _) = split_party_budget(0.25, 1e-6, &k, 0.2).unwrap();
-        assert!(reports.iter().all(|e| e.get() >= crate::MIN_COLLECTION_EPSILON));
+        assert!(
+            reports
+                .iter()
+                .all(|e| e.get() >= crate::MIN_COLLECTION_EPSILON)
+        );
         let sum: f64 = reports.iter().map(|e| e.get()).sum();
         assert!((sum - 0.2).abs() < 1e-9, "{sum}");
         assert!(reports[3].get() > reports[0].get());

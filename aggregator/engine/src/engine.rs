@@ -32,8 +32,8 @@ use crate::domain::space::Space;
 use crate::domain::task::{
     MAX_ATTRIBUTE_DOMAIN, MAX_PAIR_CELLS, SUB_BIN_ONE_WAY_SHARE, TaskSpec, factor_dims_in,
 };
-use crate::measure::tables::{Measurements, Tables};
 use crate::measure::local_model::LocalModel;
+use crate::measure::tables::{Measurements, Tables};
 use crate::pipeline::finalize;
 use crate::protocols::CollectionProtocol;
 use crate::protocols::context::Context;

@@ -934,12 +934,11 @@ impl Db {
         conn: &mut AnyConnection,
         id: Uuid,
     ) -> Result<Vec<LocalModel>, StorageError> {
-        let rows = sqlx::query(
-            "SELECT model FROM party_models WHERE collection_id = $1 ORDER BY party",
-        )
-        .bind(id.to_string())
-        .fetch_all(&mut *conn)
-        .await?;
+        let rows =
+            sqlx::query("SELECT model FROM party_models WHERE collection_id = $1 ORDER BY party")
+                .bind(id.to_string())
+                .fetch_all(&mut *conn)
+                .await?;
         rows.iter()
             .map(|row| {
                 let json: String = row.try_get(0)?;
@@ -971,13 +970,12 @@ impl Db {
             IngestGate::Open => {}
         }
         self.lock_collection(&mut tx, id).await?;
-        let stored = sqlx::query(
-            "SELECT model FROM party_models WHERE collection_id = $1 AND party = $2",
-        )
-        .bind(id.to_string())
-        .bind(party.to_owned())
-        .fetch_optional(&mut *tx)
-        .await?;
+        let stored =
+            sqlx::query("SELECT model FROM party_models WHERE collection_id = $1 AND party = $2")
+                .bind(id.to_string())
+                .bind(party.to_owned())
+                .fetch_optional(&mut *tx)
+                .await?;
         if let Some(row) = stored {
             let json: String = row.try_get(0)?;
             let old: LocalModel = serde_json::from_str(&json)?;

@@ -16,9 +16,9 @@ pub const PILOT_ITERS: usize = 100;
 use std::collections::BTreeSet;
 
 use crate::EngineError;
-use crate::measure::local_model::LocalModel;
 use crate::fit::pgm::{FitOptions, GraphicalModel, Observation, fit};
 use crate::graph::{Edge, JunctionTree, build_junction_tree};
+use crate::measure::local_model::LocalModel;
 use crate::measure::one_way::one_way_estimates;
 use crate::measure::tables::Measurements;
 use crate::numeric::index::{coarsen, outer};

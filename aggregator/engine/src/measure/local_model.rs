@@ -217,7 +217,12 @@ impl LocalModel {
     /// party with one finite count per cell (at most [`MAX_LOCAL_CELLS`]) and a finite σ > 0,
     /// and every 1-way of the party; its graph's pairs are of the party's attributes, `a < b`,
     /// distinct, and make every measured set complete. Errors: what is wrong, for a 4xx.
-    pub fn check(&self, vertical: &Vertical, party: usize, schema_dims: &[usize]) -> Result<(), String> {
+    pub fn check(
+        &self,
+        vertical: &Vertical,
+        party: usize,
+        schema_dims: &[usize],
+    ) -> Result<(), String> {
         let p = vertical
             .parties()
             .get(party)
@@ -241,8 +246,7 @@ impl LocalModel {
         }
         let rho = crate::central::rho_for(budget.epsilon.get(), budget.delta)
             .map_err(|e| e.to_string())?;
-        if !(pr.rho.is_finite() && pr.rho_spent.is_finite())
-            || !same(pr.rho, rho)
+        if !(pr.rho.is_finite() && pr.rho_spent.is_finite() && same(pr.rho, rho))
             || pr.rho_spent > rho * (1.0 + 1e-9)
             || pr.rho_spent <= 0.0
         {
@@ -261,10 +265,7 @@ impl LocalModel {
         let mut one_ways = BTreeSet::new();
         for (i, m) in self.measurements.iter().enumerate() {
             let distinct: BTreeSet<usize> = m.attrs.iter().copied().collect();
-            if m.attrs.is_empty()
-                || distinct.len() != m.attrs.len()
-                || !distinct.is_subset(&mine)
-            {
+            if m.attrs.is_empty() || distinct.len() != m.attrs.len() || !distinct.is_subset(&mine) {
                 return Err(format!(
                     "measurement {i}: `attrs` must be distinct attributes of party `{}`",
                     p.name
@@ -382,9 +383,17 @@ mod tests {
         assert_eq!(m.party(), "bank");
         let ones: Vec<usize> = m.measurements()[..3].iter().map(|x| x.attrs()[0]).collect();
         assert_eq!(ones, vec![2, 0, 1]);
-        assert!(m.measurements().iter().all(|x| x.attrs().iter().all(|a| *a <= 2)));
+        assert!(
+            m.measurements()
+                .iter()
+                .all(|x| x.attrs().iter().all(|a| *a <= 2))
+        );
         assert!((m.privacy().rho_spent - m.privacy().rho).abs() < 1e-9 * m.privacy().rho);
-        assert!(m.graph().contains(&(0, 2)), "the dependent pair: {:?}", m.graph());
+        assert!(
+            m.graph().contains(&(0, 2)),
+            "the dependent pair: {:?}",
+            m.graph()
+        );
         assert!((m.noisy_records() - 5000.0).abs() < 200.0);
         m.check(&v, 0, &dims).unwrap();
         let back: LocalModel = serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();
@@ -433,11 +442,7 @@ mod tests {
         let mut sigma = 0.0;
         for _ in 0..trials {
             let m = measure_local_model(&v.parties()[0], &dims, &codes, 1, &mut rng).unwrap();
-            let one = m
-                .measurements()
-                .iter()
-                .find(|x| x.attrs() == [0])
-                .unwrap();
+            let one = m.measurements().iter().find(|x| x.attrs() == [0]).unwrap();
             sigma = one.sigma();
             for (c, &y) in one.counts().iter().enumerate() {
                 sum[c] += y - exact[c];
@@ -448,8 +453,14 @@ mod tests {
         for c in 0..3 {
             let mean = sum[c] / t;
             let sd = (sq[c] / t - mean * mean).sqrt();
-            assert!(mean.abs() < 4.0 * sigma / t.sqrt(), "cell {c}: bias {mean}, σ {sigma}");
-            assert!((sd / sigma - 1.0).abs() < 0.1, "cell {c}: sd {sd} vs σ {sigma}");
+            assert!(
+                mean.abs() < 4.0 * sigma / t.sqrt(),
+                "cell {c}: bias {mean}, σ {sigma}"
+            );
+            assert!(
+                (sd / sigma - 1.0).abs() < 0.1,
+                "cell {c}: sd {sd} vs σ {sigma}"
+            );
         }
     }
 }

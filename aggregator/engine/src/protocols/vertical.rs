@@ -528,9 +528,21 @@ mod tests {
         for (encoding, b1, what) in [
             (VerticalEncoding::Fo, budget(0.5, 1e-6), "encoding is `fo`"),
             (VerticalEncoding::FoLocmrf, None, "at least one party"),
-            (VerticalEncoding::FoLocmrf, budget(0.5, 0.0), "0 < delta < 1"),
-            (VerticalEncoding::FoLocmrf, budget(0.5, 1.0), "0 < delta < 1"),
-            (VerticalEncoding::FoLocmrf, budget(0.001, 1e-6), "0 < delta < 1"),
+            (
+                VerticalEncoding::FoLocmrf,
+                budget(0.5, 0.0),
+                "0 < delta < 1",
+            ),
+            (
+                VerticalEncoding::FoLocmrf,
+                budget(0.5, 1.0),
+                "0 < delta < 1",
+            ),
+            (
+                VerticalEncoding::FoLocmrf,
+                budget(0.001, 1e-6),
+                "0 < delta < 1",
+            ),
         ] {
             let e = with(encoding, b1, None).unwrap_err().to_string();
             assert!(e.contains(what), "{what}: {e}");

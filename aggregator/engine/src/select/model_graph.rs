@@ -112,10 +112,20 @@ mod tests {
         // A margin of 3 sd (0.15) drops (0, 2), whose gain 0.1 is within its noise.
         let e = select_model_graph(&dims, &cands, 1000, 3.0);
         assert_eq!(e, [(0, 1), (1, 2)].into_iter().collect());
-        // Given edges stay whatever their gain; (0, 1) is then refused by the cap of 100
-        // (it would close the triangle).
+        // Given edges stay whatever their gain; (0, 1) joins them as a path, and (1, 2) is
+        // then refused by the cap of 100 (it would close the triangle 0-1-2).
         let given: BTreeSet<Edge> = [(2, 3), (0, 2)].into_iter().collect();
         let e = select_model_graph_from(&dims, &given, &cands, 100, 0.0);
-        assert_eq!(e, [(0, 2), (2, 3)].into_iter().collect());
+        assert_eq!(e, [(0, 1), (0, 2), (2, 3)].into_iter().collect());
+        // A given graph larger than the cap raises the cap to its own largest clique (the
+        // triangle 0-2-3, 1000 cells): the triangle 0-1-2 then fits beside it.
+        let given: BTreeSet<Edge> = [(0, 2), (2, 3), (0, 3)].into_iter().collect();
+        let e = select_model_graph_from(&dims, &given, &cands, 100, 0.0);
+        assert_eq!(
+            e,
+            [(0, 1), (0, 2), (0, 3), (1, 2), (2, 3)]
+                .into_iter()
+                .collect()
+        );
     }
 }

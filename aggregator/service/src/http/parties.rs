@@ -12,9 +12,9 @@ use ldpsyn::protocol::ProblemType;
 use ldpsyn::vertical::{MAX_RECORDS_PER_UPLOAD, PartyUpload, PartyUploadResult, is_record_id};
 
 use super::super::api::PartyTokens;
-use super::super::storage::PartyModelStore;
 use super::super::error::ApiError;
 use super::super::ingest::{CollectionHandle, Command};
+use super::super::storage::PartyModelStore;
 use super::super::{AppState, vertical};
 use super::extract::{Admin, handle_of, read_body};
 use ldpsyn_engine::Phase;

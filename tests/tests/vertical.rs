@@ -302,7 +302,7 @@ async fn two_parties(database_url: &str) {
 /// (201), resent identically (200), and a different second model is refused (409).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_model_uploads_are_checked_and_stored_once() {
-    use ldpsyn_engine::measure::local_model::measure_local_model;
+    use ldpsyn_engine::central::measure_local_model;
     use ldpsyn_engine::protocols::vertical::ResolvedParty;
 
     let dir = tempfile::tempdir().unwrap();
@@ -325,7 +325,10 @@ async fn local_model_uploads_are_checked_and_stored_once() {
         .json()
         .await
         .unwrap();
-    let id = created["id"].as_str().unwrap_or_else(|| panic!("{created}")).to_owned();
+    let id = created["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created}"))
+        .to_owned();
     assert_eq!(created["party_epsilon"]["bank"], json!(4.5), "{created}");
     let token = |p: &str| created["party_tokens"][p].as_str().unwrap().to_owned();
     let url = |p: &str| format!("{base}/v1/collections/{id}/parties/{p}/model");
@@ -357,12 +360,23 @@ async fn local_model_uploads_are_checked_and_stored_once() {
         .unwrap();
     assert_eq!(no_token.status(), 401);
     let (s, v) = post_raw(&url("bank"), &token("clinic"), good.clone()).await;
-    assert_eq!((s, problem_kind(&v)), (401, Some(ProblemType::Unauthorized)));
+    assert_eq!(
+        (s, problem_kind(&v)),
+        (401, Some(ProblemType::Unauthorized))
+    );
     let (s, v) = post_raw(&url("nobody"), &token("bank"), good.clone()).await;
-    assert_eq!((s, problem_kind(&v)), (404, Some(ProblemType::NotFound)), "{v}");
+    assert_eq!(
+        (s, problem_kind(&v)),
+        (404, Some(ProblemType::NotFound)),
+        "{v}"
+    );
     // Clinic has no `locmrf` budget: it uploads records only.
     let (s, v) = post_raw(&url("clinic"), &token("clinic"), good.clone()).await;
-    assert_eq!((s, problem_kind(&v)), (409, Some(ProblemType::Conflict)), "{v}");
+    assert_eq!(
+        (s, problem_kind(&v)),
+        (409, Some(ProblemType::Conflict)),
+        "{v}"
+    );
     let malformed = reqwest::Client::new()
         .post(url("bank"))
         .bearer_auth(token("bank"))
@@ -379,7 +393,11 @@ async fn local_model_uploads_are_checked_and_stored_once() {
         json!({"records": [{"id": "x", "codes": [1, 0]}]}),
     )
     .await;
-    assert_eq!((s, problem_kind(&v)), (400, Some(ProblemType::MalformedRequest)), "{v}");
+    assert_eq!(
+        (s, problem_kind(&v)),
+        (400, Some(ProblemType::MalformedRequest)),
+        "{v}"
+    );
     for (what, bad) in [
         ("another party's name", {
             let mut b = good.clone();
@@ -427,16 +445,26 @@ async fn local_model_uploads_are_checked_and_stored_once() {
     let c0 = other["measurements"][0]["counts"][0].as_f64().unwrap();
     other["measurements"][0]["counts"][0] = json!(c0 + 1.0);
     let (s, v) = post_raw(&url("bank"), &token("bank"), other).await;
-    assert_eq!((s, problem_kind(&v)), (409, Some(ProblemType::Conflict)), "{v}");
+    assert_eq!(
+        (s, problem_kind(&v)),
+        (409, Some(ProblemType::Conflict)),
+        "{v}"
+    );
 
     // An `fo` collection takes no model.
     let plain = ldpsyn_tests::create(&base, create_body()).await;
-    let tokens = admin(&base, "GET", &format!("/v1/collections/{plain}/parties")).await.1;
+    let tokens = admin(&base, "GET", &format!("/v1/collections/{plain}/parties"))
+        .await
+        .1;
     let (s, v) = post_raw(
         &format!("{base}/v1/collections/{plain}/parties/bank/model"),
         tokens["bank"].as_str().unwrap(),
         good,
     )
     .await;
-    assert_eq!((s, problem_kind(&v)), (409, Some(ProblemType::Conflict)), "{v}");
+    assert_eq!(
+        (s, problem_kind(&v)),
+        (409, Some(ProblemType::Conflict)),
+        "{v}"
+    );
 }

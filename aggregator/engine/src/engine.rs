@@ -483,8 +483,14 @@ impl Engine {
             if std::mem::replace(&mut seen[p], true) {
                 return bad(format!("two local models of party `{}`", m.party()));
             }
-            m.check(v, p, self.schema_dims())
-                .map_err(EngineError::InvalidState)?;
+            let party = &v.parties()[p];
+            m.check(
+                &party.name,
+                &party.attributes,
+                party.locmrf,
+                self.schema_dims(),
+            )
+            .map_err(EngineError::InvalidState)?;
         }
         for (p, party) in v.parties().iter().enumerate() {
             if party.locmrf.is_some() && !seen[p] {

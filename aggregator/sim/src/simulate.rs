@@ -237,7 +237,7 @@ impl Simulation<'_> {
                 .flat_map(|row| party.attributes.iter().map(move |&a| row[a]))
                 .collect();
             local.push(
-                ldpsyn_engine::measure::local_model::measure_local_model(
+                ldpsyn_engine::central::measure_local_model(
                     party,
                     dims,
                     &codes,

@@ -11,8 +11,8 @@
 //! their noise, its attribute graph and its accounting: nothing else.
 //!
 //! [`LocalModel`] has no public constructor and no field that holds a record, a code or a
-//! record id: a party's code gets one only from [`measure_local_model`]. Its fields cannot be
-//! set from outside:
+//! record id: a party's code gets one only from [`crate::central::measure_local_model`]. Its
+//! fields cannot be set from outside:
 //!
 //! ```compile_fail
 //! use ldpsyn_engine::measure::local_model::LocalModel;
@@ -38,19 +38,19 @@
 
 use std::collections::BTreeSet;
 
-use rand::{CryptoRng, Rng};
+use ldpsyn::protocol::LocMrfBudget;
 use serde::{Deserialize, Serialize};
 
-use crate::central::{CentralError, CentralOptions, measure_central};
 use crate::graph::Edge;
-use crate::protocols::vertical::{ResolvedParty, Vertical};
 
-/// Most measurements in one local model (a party of 64 attributes measures its 64 1-ways and
-/// at most [`crate::central::ROUNDS_PER_ATTRIBUTE`] marginals per attribute).
-pub const MAX_LOCAL_MEASUREMENTS: usize = 64 * (1 + crate::central::ROUNDS_PER_ATTRIBUTE);
+/// Most measurements in one local model: a bound on uploads, above what the central loop
+/// releases for a party of 64 attributes (its 64 1-ways and 16 rounds per attribute,
+/// `crate::central::ROUNDS_PER_ATTRIBUTE`, 1,088).
+pub const MAX_LOCAL_MEASUREMENTS: usize = 2048;
 
-/// Most cells of one measured marginal of a local model (the central loop's clique cap).
-pub const MAX_LOCAL_CELLS: usize = crate::select::model_graph::MAX_CLIQUE_CELLS as usize;
+/// Most cells of one measured marginal of a local model: a bound on uploads, ten times the
+/// central loop's clique cap (`crate::select::model_graph::MAX_CLIQUE_CELLS`, 100,000).
+pub const MAX_LOCAL_CELLS: usize = 1_000_000;
 
 /// One noisy marginal of a party's attributes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -113,73 +113,31 @@ pub struct LocalModel {
     privacy: LocalPrivacy,
 }
 
-/// Errors of [`measure_local_model`].
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum LocalModelError {
-    /// The party has no LocMRF budget in the config.
-    #[error("{0}")]
-    NoBudget(String),
-    /// The central measurement failed (codes outside the domain, a bad budget).
-    #[error(transparent)]
-    Central(#[from] CentralError),
-}
-
-/// Measures party `p`'s local model of `codes` (`n × m` row-major: each record's schema
-/// codes of the party's `m` attributes, in the party's order) within its LocMRF budget
-/// (module docs), noise from `rng` (a CSPRNG seeded from the OS outside tests and
-/// simulations). `schema_dims`: the schema's domain sizes. `max_marginal_attrs` is the
-/// largest marginal measured (2 or 3). Errors: the party has no budget; codes outside their
-/// domains.
-pub fn measure_local_model<R: Rng + CryptoRng + ?Sized>(
-    p: &ResolvedParty,
-    schema_dims: &[usize],
-    codes: &[u32],
-    max_marginal_attrs: usize,
-    rng: &mut R,
-) -> Result<LocalModel, LocalModelError> {
-    let budget = p.locmrf.ok_or_else(|| {
-        LocalModelError::NoBudget(format!(
-            "party `{}` has no `locmrf` budget in the collection's config",
-            p.name
-        ))
-    })?;
-    let dims: Vec<usize> = p.attributes.iter().map(|&a| schema_dims[a]).collect();
-    // A party of one attribute spends its whole budget on its 1-way.
-    let options = CentralOptions {
-        max_marginal_attrs: max_marginal_attrs.min(dims.len()),
-        ..CentralOptions::new(budget.epsilon.get(), budget.delta)
-    };
-    let (released, chordal, report) = measure_central(&dims, codes, &options, rng)?;
-    let to_schema = |i: usize| p.attributes[i];
-    Ok(LocalModel {
-        party: p.name.clone(),
-        measurements: released
-            .into_iter()
-            .map(|r| LocalMeasurement {
-                attrs: r.attrs.into_iter().map(to_schema).collect(),
-                counts: r.counts,
-                sigma: r.sigma,
-            })
-            .collect(),
-        graph: chordal
-            .into_iter()
-            .map(|(a, b)| {
-                let (x, y) = (to_schema(a), to_schema(b));
-                (x.min(y), x.max(y))
-            })
-            .collect::<BTreeSet<Edge>>()
-            .into_iter()
-            .collect(),
-        privacy: LocalPrivacy {
-            epsilon: report.epsilon,
-            delta: report.delta,
-            rho: report.rho,
-            rho_spent: report.rho_spent,
-        },
-    })
-}
-
 impl LocalModel {
+    /// A local model from the central loop's released marginals `(attrs, counts, sigma)`
+    /// (schema indices), the party's `graph` and its accounting. Crate-private: only
+    /// [`crate::central::measure_local_model`] builds one.
+    pub(crate) fn from_measured(
+        party: String,
+        measurements: Vec<(Vec<usize>, Vec<f64>, f64)>,
+        graph: Vec<Edge>,
+        privacy: LocalPrivacy,
+    ) -> Self {
+        Self {
+            party,
+            measurements: measurements
+                .into_iter()
+                .map(|(attrs, counts, sigma)| LocalMeasurement {
+                    attrs,
+                    counts,
+                    sigma,
+                })
+                .collect(),
+            graph,
+            privacy,
+        }
+    }
+
     /// The party's name.
     pub fn party(&self) -> &str {
         &self.party
@@ -211,41 +169,39 @@ impl LocalModel {
         if den > 0.0 { (num / den).max(1.0) } else { 1.0 }
     }
 
-    /// Checks an upload against the collection: the model names party `party`, which has a
-    /// LocMRF budget; its accounting states that budget and spends at most its ρ; it has
+    /// Checks an upload against the collection's party `name`, holding the schema attributes
+    /// `attributes` with the LocMRF budget `budget`: the model names that party, which has a
+    /// budget; its accounting states that budget, its ρ is the one that implies it
+    /// ([`crate::numeric::zcdp::rho_for`]) and it spends at most that; it has
     /// 1..=[`MAX_LOCAL_MEASUREMENTS`] measurements, each over distinct attributes of the
     /// party with one finite count per cell (at most [`MAX_LOCAL_CELLS`]) and a finite σ > 0,
     /// and every 1-way of the party; its graph's pairs are of the party's attributes, `a < b`,
     /// distinct, and make every measured set complete. Errors: what is wrong, for a 4xx.
     pub fn check(
         &self,
-        vertical: &Vertical,
-        party: usize,
+        name: &str,
+        attributes: &[usize],
+        budget: Option<LocMrfBudget>,
         schema_dims: &[usize],
     ) -> Result<(), String> {
-        let p = vertical
-            .parties()
-            .get(party)
-            .ok_or_else(|| format!("no party {party}"))?;
-        if self.party != p.name {
+        if self.party != name {
             return Err(format!(
-                "the model names party `{}`, uploaded for party `{}`",
-                self.party, p.name
+                "the model names party `{}`, uploaded for party `{name}`",
+                self.party
             ));
         }
-        let budget = p
-            .locmrf
-            .ok_or_else(|| format!("party `{}` has no `locmrf` budget in the config", p.name))?;
+        let budget =
+            budget.ok_or_else(|| format!("party `{name}` has no `locmrf` budget in the config"))?;
         let pr = &self.privacy;
         let same = |x: f64, y: f64| (x - y).abs() <= 1e-9 * y.abs().max(1e-300);
         if !same(pr.epsilon, budget.epsilon.get()) || !same(pr.delta, budget.delta) {
             return Err(format!(
-                "the model states (ε, δ) = ({}, {}); the config gives party `{}` ({}, {})",
-                pr.epsilon, pr.delta, p.name, budget.epsilon, budget.delta
+                "the model states (ε, δ) = ({}, {}); the config gives party `{name}` ({}, {})",
+                pr.epsilon, pr.delta, budget.epsilon, budget.delta
             ));
         }
-        let rho = crate::central::rho_for(budget.epsilon.get(), budget.delta)
-            .map_err(|e| e.to_string())?;
+        let rho = crate::numeric::zcdp::rho_for(budget.epsilon.get(), budget.delta)
+            .ok_or_else(|| format!("party `{name}`: invalid budget"))?;
         if !(pr.rho.is_finite() && pr.rho_spent.is_finite() && same(pr.rho, rho))
             || pr.rho_spent > rho * (1.0 + 1e-9)
             || pr.rho_spent <= 0.0
@@ -261,14 +217,13 @@ impl LocalModel {
                 self.measurements.len()
             ));
         }
-        let mine: BTreeSet<usize> = p.attributes.iter().copied().collect();
+        let mine: BTreeSet<usize> = attributes.iter().copied().collect();
         let mut one_ways = BTreeSet::new();
         for (i, m) in self.measurements.iter().enumerate() {
             let distinct: BTreeSet<usize> = m.attrs.iter().copied().collect();
             if m.attrs.is_empty() || distinct.len() != m.attrs.len() || !distinct.is_subset(&mine) {
                 return Err(format!(
-                    "measurement {i}: `attrs` must be distinct attributes of party `{}`",
-                    p.name
+                    "measurement {i}: `attrs` must be distinct attributes of party `{name}`"
                 ));
             }
             let cells = m
@@ -291,8 +246,7 @@ impl LocalModel {
         }
         if one_ways != mine {
             return Err(format!(
-                "a local model measures every 1-way of party `{}`",
-                p.name
+                "a local model measures every 1-way of party `{name}`"
             ));
         }
         let edges: BTreeSet<Edge> = self.graph.iter().copied().collect();
@@ -302,8 +256,7 @@ impl LocalModel {
                 .any(|&(a, b)| a >= b || !mine.contains(&a) || !mine.contains(&b))
         {
             return Err(format!(
-                "`graph` must be distinct pairs (a, b), a < b, of party `{}`'s attributes",
-                p.name
+                "`graph` must be distinct pairs (a, b), a < b, of party `{name}`'s attributes"
             ));
         }
         for (i, m) in self.measurements.iter().enumerate() {
@@ -324,6 +277,8 @@ impl LocalModel {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::central::{LocalModelError, measure_local_model};
+    use crate::protocols::vertical::Vertical;
     use ldpsyn::protocol::{Protocol, VerticalParams};
     use ldpsyn::schema::Schema;
     use rand::SeedableRng;
@@ -388,34 +343,45 @@ mod tests {
                 .iter()
                 .all(|x| x.attrs().iter().all(|a| *a <= 2))
         );
+        // The accounting: all of ρ spent, and ρ-zCDP implies the budget's (ε, δ) exactly.
         assert!((m.privacy().rho_spent - m.privacy().rho).abs() < 1e-9 * m.privacy().rho);
+        let pr = m.privacy();
+        assert_eq!((pr.epsilon, pr.delta), (1.0, 1e-6));
+        let implied = crate::numeric::zcdp::delta_for(pr.rho, pr.epsilon);
+        assert!(implied <= 1e-6 && implied > 0.99e-6, "{implied}");
         assert!(
             m.graph().contains(&(0, 2)),
             "the dependent pair: {:?}",
             m.graph()
         );
         assert!((m.noisy_records() - 5000.0).abs() < 200.0);
-        m.check(&v, 0, &dims).unwrap();
+        let bank = &v.parties()[0];
+        let check = |m: &LocalModel| m.check(&bank.name, &bank.attributes, bank.locmrf, &dims);
+        check(&m).unwrap();
         let back: LocalModel = serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();
         assert_eq!(back, m);
         // The check refuses another party, a changed budget, a foreign attribute, a missing
         // graph edge, a wrong cell count and a zero σ.
-        assert!(back.check(&v, 1, &dims).is_err());
+        let shop = &v.parties()[1];
+        assert!(
+            back.check(&shop.name, &shop.attributes, shop.locmrf, &dims)
+                .is_err()
+        );
         let mut bad = m.clone();
         bad.privacy.epsilon = 2.0;
-        assert!(bad.check(&v, 0, &dims).is_err());
+        assert!(check(&bad).is_err());
         let mut bad = m.clone();
         bad.measurements[0].attrs = vec![3];
-        assert!(bad.check(&v, 0, &dims).is_err());
+        assert!(check(&bad).is_err());
         let mut bad = m.clone();
         bad.graph.clear();
-        assert!(bad.measurements.len() == 3 || bad.check(&v, 0, &dims).is_err());
+        assert!(bad.measurements.len() == 3 || check(&bad).is_err());
         let mut bad = m.clone();
         bad.measurements[1].counts.pop();
-        assert!(bad.check(&v, 0, &dims).is_err());
+        assert!(check(&bad).is_err());
         let mut bad = m.clone();
         bad.measurements[2].sigma = 0.0;
-        assert!(bad.check(&v, 0, &dims).is_err());
+        assert!(check(&bad).is_err());
         assert!(matches!(
             measure_local_model(&vertical(false).parties()[0], &dims, &codes, 3, &mut rng),
             Err(LocalModelError::NoBudget(_))

@@ -208,8 +208,14 @@ pub async fn post_party_model(
             ),
         )
     })?;
+    let resolved = &v.parties()[p];
     model
-        .check(v, p, h.engine.schema_dims())
+        .check(
+            &resolved.name,
+            &resolved.attributes,
+            resolved.locmrf,
+            h.engine.schema_dims(),
+        )
         .map_err(|e| ApiError::problem(ProblemType::InvalidParameter, e))?;
     if h.state().phase == Phase::Finalized {
         return Err(vertical::finalized_model());

@@ -31,11 +31,11 @@ use std::sync::Arc;
 
 use clap::Parser;
 use ldpsyn::Epsilon;
+use ldpsyn::protocol::VerticalEncoding;
 use ldpsyn::protocol::{
     CollectionConfig, PROTOCOL_VERSION, Party, PartyAttribute, Protocol, VerticalParams,
 };
 use ldpsyn::schema::Schema;
-use ldpsyn::protocol::VerticalEncoding;
 use ldpsyn::vertical::{DEFAULT_LOCMRF_SHARE, split_epsilon, split_party_budget};
 use ldpsyn_aggregator::engine::{Engine, EngineOptions, Model};
 use ldpsyn_aggregator::eval::{MarginalCounts, exact_independence_model};
@@ -185,9 +185,7 @@ fn main() -> Result<(), Error> {
     )?;
     let mut results = Vec::new();
     let dims = schema.domain_sizes();
-    let delta = args
-        .delta
-        .unwrap_or(1.0 / (n as f64 * names.len() as f64));
+    let delta = args.delta.unwrap_or(1.0 / (n as f64 * names.len() as f64));
     for &e in &args.party_epsilons {
         let params_with = |optimal: bool, locmrf: bool| -> Result<VerticalParams, Error> {
             Ok(VerticalParams {

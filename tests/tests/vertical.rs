@@ -299,7 +299,10 @@ async fn two_parties(database_url: &str) {
 
 /// `POST …/parties/{party}/model` (encoding `fo+locmrf`): every bad upload is a 4xx problem
 /// and changes nothing (finalize still waits for bank's model); a valid model is stored once
-/// (201), resent identically (200), and a different second model is refused (409).
+/// (201), resent identically (200), and a different second model is refused (409). Once the
+/// parties' records are in, finalize fits with it (its graph in the model graph), later
+/// uploads are refused `collection-finalized`, and a restart fits the same model from the
+/// stored one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_model_uploads_are_checked_and_stored_once() {
     use ldpsyn_engine::central::measure_local_model;
@@ -450,6 +453,68 @@ async fn local_model_uploads_are_checked_and_stored_once() {
         (409, Some(ProblemType::Conflict)),
         "{v}"
     );
+
+    // Records of both parties (their true codes stand in for GRR outputs here), then
+    // finalize: the model is fitted with bank's local model, and fitted again the same from
+    // the stored model after a restart.
+    let key = RecordIdKey::new(vec![9; 32]).unwrap();
+    let people = population(2000, 4);
+    for (party, attrs) in [("bank", [0usize, 2].as_slice()), ("clinic", &[1, 3, 4])] {
+        let records: Vec<Value> = people
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                json!({"id": key.record_id(&format!("c{i}")),
+                       "codes": attrs.iter().map(|&a| p[a]).collect::<Vec<_>>()})
+            })
+            .collect();
+        let (s, v) = post_raw(
+            &format!("{base}/v1/collections/{id}/parties/{party}/records"),
+            &token(party),
+            json!({ "records": records }),
+        )
+        .await;
+        assert_eq!(s, 200, "{v}");
+    }
+    let (s, v) = admin(&base, "POST", &format!("/v1/collections/{id}/finalize")).await;
+    assert_eq!(s, 200, "{v}");
+    let (s, before) = admin(&base, "GET", &format!("/v1/collections/{id}/model")).await;
+    assert_eq!(s, 200, "{before}");
+    // Bank's local graph (region 0, smoker 2) is in the model graph.
+    let kept: Vec<(u64, u64)> = before["model"]["model_graph"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kept"] == json!(true))
+        .map(|e| (e["a"].as_u64().unwrap(), e["b"].as_u64().unwrap()))
+        .collect();
+    for &(a, b) in model.graph() {
+        assert!(
+            kept.contains(&(a as u64, b as u64)),
+            "({a}, {b}) not in {kept:?}"
+        );
+    }
+    // After finalize a model upload is refused.
+    let (s, v) = post_raw(&url("bank"), &token("bank"), good.clone()).await;
+    assert_eq!(
+        (s, problem_kind(&v)),
+        (409, Some(ProblemType::CollectionFinalized)),
+        "{v}"
+    );
+    server.shutdown().await.unwrap();
+    let server = start(
+        &format!("sqlite://{}", dir.path().join("m.db").display()),
+        &[],
+    )
+    .await;
+    let base = ldpsyn_tests::base(&server);
+    let (s, after) = admin(&base, "GET", &format!("/v1/collections/{id}/model")).await;
+    assert_eq!(s, 200, "{after}");
+    assert_eq!(
+        after["model"]["model_graph"],
+        before["model"]["model_graph"]
+    );
+    assert!(before["model"]["model_graph"].is_array());
 
     // An `fo` collection takes no model.
     let plain = ldpsyn_tests::create(&base, create_body()).await;

@@ -91,8 +91,9 @@ pub struct UploadArgs {
     /// Journal of randomized records (default: `<data>.<party>.journal.jsonl`).
     #[arg(long)]
     pub journal: Option<PathBuf>,
-    /// Largest ε per person this party accepts to spend (Σ of its attributes' ε). Default:
-    /// the collection's declared ε, which also bounds any value given here.
+    /// Largest ε per person this party accepts to spend (Σ of its attributes' ε, plus its
+    /// local model's under `fo+locmrf`). Default: the collection's declared ε, which also
+    /// bounds any value given here.
     #[arg(long)]
     pub max_epsilon: Option<f64>,
     /// Records per step of the upload (and of its progress bar); each step goes out in as

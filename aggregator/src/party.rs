@@ -13,6 +13,16 @@
 //!   as a device would not report it, and counted in a warning; an attribute with
 //!   `"on_invalid": "randomize"` reports a uniform code instead.
 //!
+//!
+//! Under encoding `fo+locmrf`, a party with a `locmrf` budget also measures its **local
+//! model** (LocMRF, VertiMRF §4.1; [`crate::engine::measure::local_model`]): noisy marginals
+//! of its own attributes under central (ε, δ)-DP, its attribute graph and its accounting,
+//! measured on this machine from the CSV's encoded values (OS-seeded CSPRNG), written to
+//! `<data>.<party>.model.json` (fsync'd, renamed into place) and uploaded after the records.
+//! A rerun resends the written model instead of measuring again (a second measurement would
+//! spend the budget twice; the server refuses a different second model). The upload type is
+//! the engine's [`LocalModel`]: no record, code or record id can be put in it.
+//!
 //! The upload token comes from `LDPSYN_PARTY_TOKEN` (never a flag: it would show in the
 //! process list).
 
@@ -26,6 +36,9 @@ use ldpsyn::Epsilon;
 use ldpsyn::client::{ClientError, ClientOptions};
 use ldpsyn::schema::Value;
 use ldpsyn::vertical::{PartyClient, PartyRecord, RecordIdKey, VerticalError};
+use ldpsyn_engine::central::measure_local_model;
+use ldpsyn_engine::measure::local_model::LocalModel;
+use ldpsyn_engine::protocols::vertical::ResolvedParty;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -48,7 +61,7 @@ pub enum PartyCommand {
         out: PathBuf,
     },
     /// Randomize and upload this party's records to a vertical collection.
-    Upload(UploadArgs),
+    Upload(Box<UploadArgs>),
 }
 
 /// `party upload` options.
@@ -78,8 +91,9 @@ pub struct UploadArgs {
     /// Journal of randomized records (default: `<data>.<party>.journal.jsonl`).
     #[arg(long)]
     pub journal: Option<PathBuf>,
-    /// Largest ε per person this party accepts to spend (Σ of its attributes' ε). Default:
-    /// the collection's declared ε, which also bounds any value given here.
+    /// Largest ε per person this party accepts to spend (Σ of its attributes' ε, plus its
+    /// local model's under `fo+locmrf`). Default: the collection's declared ε, which also
+    /// bounds any value given here.
     #[arg(long)]
     pub max_epsilon: Option<f64>,
     /// Records per step of the upload (and of its progress bar); each step goes out in as
@@ -90,6 +104,12 @@ pub struct UploadArgs {
     /// Hide the progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// The local model file (`fo+locmrf`; default: `<data>.<party>.model.json`).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Largest marginal the local model measures: 2 (pairs) or 3 (pairs and triples).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(2..=3))]
+    pub max_marginal: u8,
 }
 
 /// Why a `party` command failed.
@@ -112,6 +132,9 @@ pub enum PartyError {
     /// The server or the SDK refused.
     #[error(transparent)]
     Client(#[from] ClientError),
+    /// The server refused the local model, or did not answer.
+    #[error("local model upload: {0}")]
+    Model(String),
     /// The server did not answer at all (every retry failed).
     #[error("{source}: is `serve` running at {server}?")]
     Unreachable {
@@ -151,7 +174,7 @@ pub async fn run(
         }
         PartyCommand::Upload(args) => {
             let token = token.ok_or(PartyError::NoToken)?;
-            let (accepted, duplicate) = upload(args, token).await.map_err(|e| match e {
+            let (accepted, duplicate, model) = upload(args, token).await.map_err(|e| match e {
                 // Not an HTTP answer (the SDK writes those "HTTP <status>: …"): nothing
                 // answered at that URL.
                 PartyError::Client(ClientError::Unavailable {
@@ -171,7 +194,17 @@ pub async fn run(
                 "{}: {accepted} records accepted, {duplicate} already held",
                 args.party
             )
-            .map_err(io(&args.data))
+            .map_err(io(&args.data))?;
+            if let Some((measurements, stored)) = model {
+                writeln!(
+                    out,
+                    "{}: local model of {measurements} noisy marginals {}",
+                    args.party,
+                    if stored { "stored" } else { "already held" }
+                )
+                .map_err(io(&args.data))?;
+            }
+            Ok(())
         }
     }
 }
@@ -209,7 +242,12 @@ fn read_key(path: &Path) -> Result<RecordIdKey, PartyError> {
     RecordIdKey::new(raw).map_err(|e| PartyError::Input(format!("{}: {e}", path.display())))
 }
 
-async fn upload(args: &UploadArgs, token: &str) -> Result<(u64, u64), PartyError> {
+/// Uploads the records and, with a `locmrf` budget, the local model: `(accepted,
+/// duplicate, Some((measurements, stored)))`.
+async fn upload(
+    args: &UploadArgs,
+    token: &str,
+) -> Result<(u64, u64, Option<(usize, bool)>), PartyError> {
     // Without `--max-epsilon` only the collection's declared ε bounds the party's Σε (the
     // SDK checks it against the config on connect).
     let max = Epsilon::new(args.max_epsilon.unwrap_or(ldpsyn::MAX_EPSILON))
@@ -237,6 +275,23 @@ async fn upload(args: &UploadArgs, token: &str) -> Result<(u64, u64), PartyError
         write_journal(&journal, args.collection, &args.party, &records)?;
         records
     };
+    let model = match client.randomizer().party().locmrf {
+        None => None,
+        Some(_) => {
+            let path = args.model.clone().unwrap_or_else(|| {
+                let mut p = args.data.clone().into_os_string();
+                p.push(format!(".{}.model.json", args.party));
+                PathBuf::from(p)
+            });
+            Some(if path.exists() {
+                read_model(&path, &args.party)?
+            } else {
+                let m = measure_model(args, &client)?;
+                write_model(&path, &m)?;
+                m
+            })
+        }
+    };
     let batch = args.batch.max(1);
     let bar = if args.quiet {
         ProgressBar::hidden()
@@ -258,7 +313,147 @@ async fn upload(args: &UploadArgs, token: &str) -> Result<(u64, u64), PartyError
         bar.inc(chunk.len() as u64);
     }
     bar.finish_and_clear();
-    Ok((accepted, duplicate))
+    let model = match model {
+        Some(m) => Some((m.measurements().len(), upload_model(args, token, &m).await?)),
+        None => None,
+    };
+    Ok((accepted, duplicate, model))
+}
+
+/// Reads the CSV, encodes the party's attributes of each row with the schema (a row with a
+/// value the schema refuses is left out, as from the records) and measures the local model
+/// (OS-seeded CSPRNG).
+fn measure_model(args: &UploadArgs, client: &PartyClient) -> Result<LocalModel, PartyError> {
+    let r = client.randomizer();
+    let schema = r.schema();
+    let mut reader = csv::Reader::from_path(&args.data)
+        .map_err(|e| PartyError::Input(format!("{}: {e}", args.data.display())))?;
+    let header = reader
+        .headers()
+        .map_err(|e| PartyError::Input(format!("{}: {e}", args.data.display())))?
+        .clone();
+    let cols = r
+        .attributes()
+        .iter()
+        .map(|&a| {
+            let name = &schema.attributes()[a].name;
+            header.iter().position(|h| h.trim() == name).ok_or_else(|| {
+                PartyError::Input(format!("{} has no column `{name}`", args.data.display()))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut rng = rand::rngs::StdRng::from_os_rng();
+    let mut codes = Vec::new();
+    let mut row_codes = Vec::with_capacity(cols.len());
+    for row in reader.records() {
+        let row = row.map_err(|e| PartyError::Input(format!("{}: {e}", args.data.display())))?;
+        row_codes.clear();
+        for (&c, &a) in cols.iter().zip(r.attributes()) {
+            let value = Value::from(row.get(c).unwrap_or_default());
+            match schema.attributes()[a].encode_value_with(&value, &mut rng) {
+                Ok(code) => row_codes.push(code),
+                Err(_) => break,
+            }
+        }
+        if row_codes.len() == cols.len() {
+            codes.extend_from_slice(&row_codes);
+        }
+    }
+    let party = ResolvedParty {
+        name: r.party().name.clone(),
+        attributes: r.attributes().to_vec(),
+        locmrf: r.party().locmrf,
+    };
+    measure_local_model(
+        &party,
+        &schema.domain_sizes(),
+        &codes,
+        args.max_marginal as usize,
+        &mut rng,
+    )
+    .map_err(|e| PartyError::Input(e.to_string()))
+}
+
+/// Writes the model next to its final place, fsyncs it and renames it into place.
+fn write_model(path: &Path, model: &LocalModel) -> Result<(), PartyError> {
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp).map_err(io(&tmp))?;
+    let json = serde_json::to_vec(model).map_err(|e| PartyError::Input(e.to_string()))?;
+    f.write_all(&json).map_err(io(&tmp))?;
+    f.sync_all().map_err(io(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(io(path))
+}
+
+/// The model written by an earlier run. Errors: unreadable, or another party's.
+fn read_model(path: &Path, party: &str) -> Result<LocalModel, PartyError> {
+    let text = std::fs::read_to_string(path).map_err(io(path))?;
+    let m: LocalModel = serde_json::from_str(&text)
+        .map_err(|e| PartyError::Input(format!("{}: {e}", path.display())))?;
+    if m.party() != party {
+        return Err(PartyError::Input(format!(
+            "{} holds party `{}`'s model, not `{party}`'s",
+            path.display(),
+            m.party()
+        )));
+    }
+    Ok(m)
+}
+
+/// Uploads `model` (`POST …/parties/{party}/model`), retrying connection failures and 5xx
+/// up to 3 times with identical bytes. `true` when stored, `false` when the server held the
+/// same model. Errors: [`PartyError::Model`] with the server's problem detail.
+async fn upload_model(
+    args: &UploadArgs,
+    token: &str,
+    model: &LocalModel,
+) -> Result<bool, PartyError> {
+    let url = format!(
+        "{}/v1/collections/{}/parties/{}/model",
+        args.server.trim_end_matches('/'),
+        args.collection,
+        args.party
+    );
+    let http = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(60))
+        .build()
+        .map_err(|e| PartyError::Model(e.to_string()))?;
+    let body = serde_json::to_vec(model).map_err(|e| PartyError::Model(e.to_string()))?;
+    let mut last = String::new();
+    for attempt in 0..3 {
+        if attempt > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(500 << attempt)).await;
+        }
+        let sent = http
+            .post(&url)
+            .bearer_auth(token)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.clone())
+            .send()
+            .await;
+        match sent {
+            Ok(resp) if resp.status().is_success() => {
+                return Ok(resp.status() == reqwest::StatusCode::CREATED);
+            }
+            Ok(resp) if resp.status().is_server_error() => {
+                last = format!("HTTP {}", resp.status());
+            }
+            Ok(resp) => {
+                let status = resp.status();
+                let detail = resp
+                    .json::<serde_json::Value>()
+                    .await
+                    .ok()
+                    .and_then(|v| v["detail"].as_str().map(str::to_owned))
+                    .unwrap_or_default();
+                return Err(PartyError::Model(format!("HTTP {status}: {detail}")));
+            }
+            Err(e) => last = e.to_string(),
+        }
+    }
+    Err(PartyError::Model(format!(
+        "no answer from {} after 3 attempts: {last}",
+        args.server
+    )))
 }
 
 /// Checks that `path`'s attributes are exactly the party's, each as the collection defines it.

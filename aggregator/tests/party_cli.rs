@@ -349,3 +349,135 @@ fn party_upload_to_nothing_asks_whether_serve_runs() {
         "{e}"
     );
 }
+
+/// Encoding `fo+locmrf` end to end with two party processes: each `party upload` sends its
+/// records and then its local central-DP model (noisy marginals of its own attributes); the
+/// collection's ε per party is reports + model; finalize answers 409 while a party's model is
+/// missing and builds the model once both are in; a rerun resends the written model (already
+/// held), and a second, different model is refused and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_parties_upload_local_models_with_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = common::serve(ADMIN, &[]);
+    let base = server.base.clone();
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    let schema = json!({"attributes": [
+        {"name": "sex", "type": "categorical", "labels": ["F", "M"]},
+        {"name": "smoker", "type": "categorical", "labels": ["no", "yes"]},
+        {"name": "plan", "type": "categorical", "labels": ["a", "b", "c"]},
+        {"name": "lung", "type": "categorical", "labels": ["ok", "ill"]}]});
+    std::fs::write(path("schema.json"), schema.to_string()).unwrap();
+    let parties = json!([
+        {"name": "bank", "attributes": [{"name": "sex", "epsilon": 1.0}, {"name": "smoker", "epsilon": 1.0}],
+         "locmrf": {"epsilon": 0.5, "delta": 1e-6}},
+        {"name": "clinic", "attributes": [{"name": "plan", "epsilon": 1.0}, {"name": "lung", "epsilon": 1.0}],
+         "locmrf": {"epsilon": 1.0, "delta": 1e-6}}]);
+    let created = create_vertical(
+        &base,
+        &path("schema.json"),
+        &parties,
+        N,
+        &["--param", "encoding=\"fo+locmrf\""],
+    );
+    // The collection's ε is the largest party total, its local model included (clinic 1+1+1).
+    assert_eq!(created["epsilon"], 3.0, "{created}");
+    assert_eq!(created["encoding"], "fo+locmrf", "{created}");
+    assert_eq!(created["parties"][0]["locmrf"]["epsilon"], 0.5, "{created}");
+    let id = created["id"].as_str().unwrap().to_owned();
+    let token = |p: &str| created["party_tokens"][p].as_str().unwrap().to_owned();
+    // smoker → lung across the parties; sex ↔ smoker within bank.
+    let (mut bank, mut clinic) = (
+        String::from("customer_id,sex,smoker\n"),
+        String::from("customer_id,plan,lung\n"),
+    );
+    for i in 0..N {
+        let smoker = (i % 3 == 0) as usize;
+        let sex = if i % 5 == 0 { 1 - smoker } else { smoker };
+        bank.push_str(&format!(
+            "c{i},{},{}\n",
+            ["F", "M"][sex],
+            ["no", "yes"][smoker]
+        ));
+        let lung = if i % 7 == 0 { 1 - smoker } else { smoker };
+        clinic.push_str(&format!(
+            "c{i},{},{}\n",
+            ["a", "b", "c"][i % 3],
+            ["ok", "ill"][lung]
+        ));
+    }
+    std::fs::write(path("bank.csv"), bank).unwrap();
+    std::fs::write(path("clinic.csv"), clinic).unwrap();
+    let key = path("key.hex");
+    stdout_ok(&run(&base, &["party", "keygen", "--out", &key], &[]));
+    let upload = |party: &str, model: Option<&str>| {
+        let data = path(&format!("{party}.csv"));
+        let mut args = vec![
+            "party",
+            "upload",
+            "--collection",
+            &id,
+            "--party",
+            party,
+            "--data",
+            &data,
+            "--id-column",
+            "customer_id",
+            "--key-file",
+            &key,
+            "--quiet",
+        ];
+        let model_path = model.map(path);
+        if let Some(m) = &model_path {
+            args.extend(["--model", m.as_str()]);
+        }
+        run(&base, &args, &[("LDPSYN_PARTY_TOKEN", &token(party))])
+    };
+    let out = stdout_ok(&upload("bank", None));
+    assert!(out.contains(&format!("{N} records accepted")), "{out}");
+    assert!(out.contains("noisy marginals stored"), "{out}");
+    let written: Value =
+        serde_json::from_str(&std::fs::read_to_string(path("bank.csv.bank.model.json")).unwrap())
+            .unwrap();
+    assert_eq!(written["party"], "bank");
+    assert_eq!(written["privacy"]["epsilon"], 0.5);
+    // Nothing per record in the model: marginals, a graph, the accounting.
+    let keys: Vec<&str> = written
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(keys, ["graph", "measurements", "party", "privacy"]);
+    // Clinic's model is missing: finalize is refused and the collection stays open.
+    let e = stderr_failed(&run(&base, &["collections", "finalize", &id], &[]));
+    assert!(e.contains("clinic") && e.contains("local model"), "{e}");
+    // A rerun resends the written model; a freshly measured one is refused.
+    let out = stdout_ok(&upload("bank", None));
+    assert!(out.contains("noisy marginals already held"), "{out}");
+    let e = stderr_failed(&upload("bank", Some("other-model.json")));
+    assert!(
+        e.contains("409") && e.contains("another local model"),
+        "{e}"
+    );
+    let out = stdout_ok(&upload("clinic", None));
+    assert!(out.contains("noisy marginals stored"), "{out}");
+    stdout_ok(&run(&base, &["collections", "finalize", &id], &[]));
+    let csv = path("synthetic.csv");
+    stdout_ok(&run(
+        &base,
+        &[
+            "collections",
+            "download",
+            &id,
+            "--out",
+            &csv,
+            "--rows",
+            "100",
+            "--quiet",
+        ],
+        &[],
+    ));
+    let text = std::fs::read_to_string(&csv).unwrap();
+    assert!(text.starts_with("sex,smoker,plan,lung"), "{text}");
+    assert_eq!(text.lines().count(), 101);
+}

@@ -236,6 +236,12 @@ pub struct Party {
     pub name: String,
     /// Its attributes, in the order of the codes of its uploads.
     pub attributes: Vec<PartyAttribute>,
+    /// The party's central-DP budget for its local model of its own attributes (VertiMRF
+    /// §4.1, LocMRF), when the collection's encoding is [`VerticalEncoding::FoLocmrf`];
+    /// absent otherwise.
+    #[cfg(feature = "locmrf")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub locmrf: Option<LocMrfBudget>,
 }
 
 impl Party {
@@ -246,6 +252,55 @@ impl Party {
     }
 }
 
+#[cfg(feature = "locmrf")]
+impl Party {
+    /// ε of everything the party releases about one person: its reports' ε plus its local
+    /// model's ε ([`Party::locmrf`]) by basic sequential composition; the δ is the local
+    /// model's (0 without one).
+    pub fn composed_epsilon(&self) -> f64 {
+        self.epsilon() + self.locmrf.as_ref().map_or(0.0, |b| b.epsilon.get())
+    }
+}
+
+/// How the parties of a vertical collection encode their data (`"encoding"` of the config).
+#[cfg(feature = "locmrf")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub enum VerticalEncoding {
+    /// Every attribute of every record reported with GRR (VertiMRF §4.2, FO-based LocEnc);
+    /// the server estimates every marginal from those reports. The default.
+    #[default]
+    #[serde(rename = "fo")]
+    Fo,
+    /// As `fo`, and each party also uploads a central-DP model of its own attributes (VertiMRF
+    /// §4.1, LocMRF: noisy marginals with their variances and its attribute graph), measured
+    /// within its [`Party::locmrf`] budget; the server adds those measurements to the fit.
+    #[serde(rename = "fo+locmrf")]
+    FoLocmrf,
+}
+
+#[cfg(feature = "locmrf")]
+impl VerticalEncoding {
+    /// Whether this is [`VerticalEncoding::Fo`] (the default, left out of serialized configs).
+    pub fn is_fo(&self) -> bool {
+        *self == VerticalEncoding::Fo
+    }
+}
+
+/// A party's central (ε, δ)-DP budget for its local model (LocMRF, VertiMRF §4.1): the
+/// neighbouring tables differ by one person's row of the party's attributes.
+#[cfg(feature = "locmrf")]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct LocMrfBudget {
+    /// ε of the guarantee.
+    pub epsilon: Epsilon,
+    /// δ of the guarantee, in (0, 1); 1/n or below is customary. The server refuses a config
+    /// outside (0, 1).
+    pub delta: f64,
+}
+
 /// Parameters of a vertical collection (VertiMRF): the parties and what each reports. Every
 /// schema attribute belongs to exactly one party.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -253,6 +308,10 @@ impl Party {
 pub struct VerticalParams {
     /// The parties.
     pub parties: Vec<Party>,
+    /// How the parties encode their data (default `"fo"`).
+    #[cfg(feature = "locmrf")]
+    #[serde(default, skip_serializing_if = "VerticalEncoding::is_fo")]
+    pub encoding: VerticalEncoding,
 }
 
 /// A collection protocol and its parameters. JSON: `{"protocol": "privincr", "omega": 0.5, …}`

@@ -74,6 +74,20 @@ pub enum VerticalError {
     /// A mechanism could not be built.
     #[error(transparent)]
     Mechanism(#[from] MechanismError),
+    /// A party budget cannot be split ([`split_party_budget`]).
+    #[cfg(feature = "locmrf")]
+    #[error(
+        "cannot split epsilon {epsilon}, delta {delta} with a LocMRF share of {locmrf_share}: \
+         need 0 < share < 1, 0 < delta < 1 and epsilon large enough for every part"
+    )]
+    Budget {
+        /// The party's ε per person.
+        epsilon: f64,
+        /// Its δ.
+        delta: f64,
+        /// The share asked for the local model.
+        locmrf_share: f64,
+    },
 }
 
 /// The parties' shared secret for record ids. Never sent to the server.
@@ -156,6 +170,79 @@ pub fn split_epsilon(total: f64, domain_sizes: &[usize]) -> Vec<f64> {
         eps[best] += step;
     }
     eps
+}
+
+/// Default share of a party's ε per person that [`split_party_budget`] gives its local model
+/// (LocMRF) when the collection's encoding is `fo+locmrf`; the rest goes to its GRR reports.
+/// A default, not a constant of the method: VertiMRF §7.1 gives 40% of the total to LocMRF
+/// and 40% to its sketches; with FO reports, which are far noisier per unit of ε than the
+/// Gaussian mechanism on a party's whole table, the cross-party pairs need the larger share.
+#[cfg(feature = "locmrf")]
+pub const DEFAULT_LOCMRF_SHARE: f64 = 0.2;
+
+/// Splits a party's budget per person, `epsilon` (and `delta` for its local model), between
+/// its GRR reports and its local model (LocMRF): `locmrf_share · epsilon` with `delta` to the
+/// model, the rest over the attributes of `domain_sizes` by [`split_epsilon`], each attribute
+/// at least [`crate::MIN_COLLECTION_EPSILON`] (the water-filling rerun over the others). The parts
+/// compose sequentially back to (`epsilon`, `delta`) ([`crate::protocol::Party::composed_epsilon`]).
+/// Returns the attributes' ε (in `domain_sizes` order) and the model's budget.
+/// Errors: [`VerticalError::Budget`] unless `0 < locmrf_share < 1`, `epsilon` splits into
+/// valid ε and `0 < delta < 1`. Panics if `domain_sizes` is empty.
+#[cfg(feature = "locmrf")]
+pub fn split_party_budget(
+    epsilon: f64,
+    delta: f64,
+    domain_sizes: &[usize],
+    locmrf_share: f64,
+) -> Result<(Vec<crate::Epsilon>, crate::protocol::LocMrfBudget), VerticalError> {
+    let bad = || VerticalError::Budget {
+        epsilon,
+        delta,
+        locmrf_share,
+    };
+    if !(locmrf_share > 0.0 && locmrf_share < 1.0 && delta > 0.0 && delta < 1.0) {
+        return Err(bad());
+    }
+    let model = crate::Epsilon::new(epsilon * locmrf_share).map_err(|_| bad())?;
+    let fo = epsilon - model.get();
+    let floor = crate::MIN_COLLECTION_EPSILON;
+    if fo < floor * domain_sizes.len() as f64 {
+        return Err(bad());
+    }
+    // `split_epsilon`'s water-filling with every attribute at least the collection minimum:
+    // an attribute the split leaves below it is fixed there and the rest split again (the
+    // bound is active at the optimum of this separable convex problem).
+    let mut fixed = vec![false; domain_sizes.len()];
+    let mut eps = vec![floor; domain_sizes.len()];
+    loop {
+        let free: Vec<usize> = (0..eps.len()).filter(|&i| !fixed[i]).collect();
+        let left = fo - floor * (eps.len() - free.len()) as f64;
+        let k: Vec<usize> = free.iter().map(|&i| domain_sizes[i]).collect();
+        let split = split_epsilon(left, &k);
+        let mut moved = false;
+        for (&i, e) in free.iter().zip(split) {
+            if e < floor {
+                fixed[i] = true;
+                moved = true;
+            } else {
+                eps[i] = e;
+            }
+        }
+        if !moved || fixed.iter().all(|&f| f) {
+            break;
+        }
+    }
+    let reports = eps
+        .into_iter()
+        .map(|e| crate::Epsilon::new(e).map_err(|_| bad()))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((
+        reports,
+        crate::protocol::LocMrfBudget {
+            epsilon: model,
+            delta,
+        },
+    ))
 }
 
 /// Whether `id` has the form of a record id (64 lowercase hex digits).
@@ -328,7 +415,9 @@ impl PartyClient {
     /// Fetches the public config of `collection` from `base_url` and binds party `party`
     /// with its upload `token`. The party's ε per person (Σ over its attributes) is bounded by
     /// `options.max_epsilon` and by the collection's declared `epsilon` (a config asking a
-    /// party for more than the collection declares is not trusted).
+    /// party for more than the collection declares is not trusted); with a local model
+    /// (`fo+locmrf`) the bound applies to the composed ε, reports and model together
+    /// ([`crate::protocol::Party::composed_epsilon`]).
     /// Errors: [`crate::client::ClientError::EpsilonTooLarge`] when the party's Σε is above
     /// either; [`crate::client::ClientError::InvalidTask`] for a device collection or an
     /// unknown party; HTTP failures as the device client.
@@ -349,7 +438,7 @@ impl PartyClient {
         let (config, upload_limits) = crate::client::fetch_config(&http, &options, &url).await?;
         let randomizer = PartyRandomizer::new(&config, party)
             .map_err(|e| ClientError::InvalidTask(e.to_string()))?;
-        let epsilon = randomizer.party().epsilon();
+        let epsilon = randomizer.party().composed_epsilon();
         let max = options.max_epsilon.get().min(config.epsilon.get());
         if epsilon > max * (1.0 + 1e-12) {
             return Err(ClientError::EpsilonTooLarge {
@@ -477,6 +566,61 @@ mod tests {
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
         assert!(format!("{a:?}").contains("secret"));
+    }
+
+    /// The split gives the model its share with the whole δ, the reports the rest by
+    /// `split_epsilon` (no attribute below the collection minimum), and composes back to the
+    /// party's total; bad shares and δ, and a total too small for the minimum, are refused.
+    #[cfg(feature = "locmrf")]
+    #[test]
+    fn party_budget_splits_and_composes_back() {
+        use crate::protocol::{Party, PartyAttribute};
+        let (reports, model) =
+            split_party_budget(1.6, 1e-6, &[2, 9, 41], DEFAULT_LOCMRF_SHARE).unwrap();
+        assert!((model.epsilon.get() - 0.32).abs() < 1e-12 && model.delta == 1e-6);
+        let fo: Vec<f64> = split_epsilon(1.28, &[2, 9, 41]);
+        for (r, f) in reports.iter().zip(&fo) {
+            assert_eq!(r.get(), *f);
+        }
+        let party = Party {
+            name: "bank".into(),
+            attributes: reports
+                .iter()
+                .map(|&epsilon| PartyAttribute {
+                    name: "x".into(),
+                    epsilon,
+                })
+                .collect(),
+            locmrf: Some(model),
+        };
+        assert!((party.composed_epsilon() - 1.6).abs() < 1e-9);
+        for (share, delta) in [(0.0, 1e-6), (1.0, 1e-6), (0.2, 0.0), (0.2, 1.0)] {
+            assert!(matches!(
+                split_party_budget(1.6, delta, &[2], share),
+                Err(VerticalError::Budget { .. })
+            ));
+        }
+        // At a small total the water-filling leaves binary attributes below 0.01: they get
+        // the minimum, the large domains the rest, the sum is kept.
+        let k = [2, 2, 5, 41, 16];
+        assert!(
+            split_epsilon(0.2, &k)
+                .iter()
+                .any(|&e| e < crate::MIN_COLLECTION_EPSILON)
+        );
+        let (reports, _) = split_party_budget(0.25, 1e-6, &k, 0.2).unwrap();
+        assert!(
+            reports
+                .iter()
+                .all(|e| e.get() >= crate::MIN_COLLECTION_EPSILON)
+        );
+        let sum: f64 = reports.iter().map(|e| e.get()).sum();
+        assert!((sum - 0.2).abs() < 1e-9, "{sum}");
+        assert!(reports[3].get() > reports[0].get());
+        assert!(matches!(
+            split_party_budget(0.04, 1e-6, &k, 0.2),
+            Err(VerticalError::Budget { .. })
+        ));
     }
 
     /// Each attribute is randomized by its own GRR at its own ε: at the true code with

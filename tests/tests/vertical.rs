@@ -296,3 +296,240 @@ async fn two_parties(database_url: &str) {
     assert_eq!(csv.lines().count(), 501, "header + 500 rows");
     server.shutdown().await.unwrap();
 }
+
+/// `POST …/parties/{party}/model` (encoding `fo+locmrf`): every bad upload is a 4xx problem
+/// and changes nothing (finalize still waits for bank's model); a valid model is stored once
+/// (201), resent identically (200), and a different second model is refused (409). Once the
+/// parties' records are in, finalize fits with it (its graph in the model graph), later
+/// uploads are refused `collection-finalized`, and a restart fits the same model from the
+/// stored one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_model_uploads_are_checked_and_stored_once() {
+    use ldpsyn_engine::central::measure_local_model;
+    use ldpsyn_engine::protocols::vertical::ResolvedParty;
+
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(
+        &format!("sqlite://{}", dir.path().join("m.db").display()),
+        &[],
+    )
+    .await;
+    let base = base(&server);
+    let mut body = create_body();
+    body["encoding"] = json!("fo+locmrf");
+    body["parties"][0]["locmrf"] = json!({"epsilon": 0.5, "delta": 1e-6});
+    let created: Value = reqwest::Client::new()
+        .post(format!("{base}/v1/collections"))
+        .bearer_auth(ADMIN)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = created["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created}"))
+        .to_owned();
+    assert_eq!(created["party_epsilon"]["bank"], json!(4.5), "{created}");
+    let token = |p: &str| created["party_tokens"][p].as_str().unwrap().to_owned();
+    let url = |p: &str| format!("{base}/v1/collections/{id}/parties/{p}/model");
+
+    // Bank's model of its columns (region, smoker: schema 0 and 2).
+    let budget = ldpsyn::protocol::LocMrfBudget {
+        epsilon: Epsilon::new(0.5).unwrap(),
+        delta: 1e-6,
+    };
+    let bank = ResolvedParty {
+        name: "bank".into(),
+        attributes: vec![0, 2],
+        locmrf: Some(budget),
+    };
+    let dims = ldpsyn_tests::schema().domain_sizes();
+    let codes: Vec<u32> = population(2000, 3)
+        .iter()
+        .flat_map(|r| [r[0], r[2]])
+        .collect();
+    let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(5);
+    let model = measure_local_model(&bank, &dims, &codes, 2, &mut rng).unwrap();
+    let good = serde_json::to_value(&model).unwrap();
+
+    let no_token = reqwest::Client::new()
+        .post(url("bank"))
+        .json(&good)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(no_token.status(), 401);
+    let (s, v) = post_raw(&url("bank"), &token("clinic"), good.clone()).await;
+    assert_eq!(
+        (s, problem_kind(&v)),
+        (401, Some(ProblemType::Unauthorized))
+    );
+    let (s, v) = post_raw(&url("nobody"), &token("bank"), good.clone()).await;
+    assert_eq!(
+        (s, problem_kind(&v)),
+        (404, Some(ProblemType::NotFound)),
+        "{v}"
+    );
+    // Clinic has no `locmrf` budget: it uploads records only.
+    let (s, v) = post_raw(&url("clinic"), &token("clinic"), good.clone()).await;
+    assert_eq!(
+        (s, problem_kind(&v)),
+        (409, Some(ProblemType::Conflict)),
+        "{v}"
+    );
+    let malformed = reqwest::Client::new()
+        .post(url("bank"))
+        .bearer_auth(token("bank"))
+        .header("content-type", "application/json")
+        .body("{\"party\": \"bank\", \"measurements\": [")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(malformed.status(), 400);
+    // Raw records are not a local model (unknown fields).
+    let (s, v) = post_raw(
+        &url("bank"),
+        &token("bank"),
+        json!({"records": [{"id": "x", "codes": [1, 0]}]}),
+    )
+    .await;
+    assert_eq!(
+        (s, problem_kind(&v)),
+        (400, Some(ProblemType::MalformedRequest)),
+        "{v}"
+    );
+    for (what, bad) in [
+        ("another party's name", {
+            let mut b = good.clone();
+            b["party"] = json!("clinic");
+            b
+        }),
+        ("a budget other than the config's", {
+            let mut b = good.clone();
+            b["privacy"]["epsilon"] = json!(0.25);
+            b
+        }),
+        ("a count missing", {
+            let mut b = good.clone();
+            b["measurements"][0]["counts"].as_array_mut().unwrap().pop();
+            b
+        }),
+        ("a clinic attribute", {
+            let mut b = good.clone();
+            b["measurements"][0]["attrs"] = json!([1]);
+            b
+        }),
+        ("σ = 0", {
+            let mut b = good.clone();
+            b["measurements"][1]["sigma"] = json!(0.0);
+            b
+        }),
+    ] {
+        let (s, v) = post_raw(&url("bank"), &token("bank"), bad).await;
+        assert_eq!(
+            (s, problem_kind(&v)),
+            (400, Some(ProblemType::InvalidParameter)),
+            "{what}: {v}"
+        );
+    }
+    // Nothing was stored: finalize still waits for bank's model.
+    let (s, v) = admin(&base, "POST", &format!("/v1/collections/{id}/finalize")).await;
+    assert_eq!(s, 409, "{v}");
+    assert!(v["detail"].as_str().unwrap().contains("bank"), "{v}");
+
+    let (s, v) = post_raw(&url("bank"), &token("bank"), good.clone()).await;
+    assert_eq!((s, &v["stored"]), (201, &json!(true)), "{v}");
+    let (s, v) = post_raw(&url("bank"), &token("bank"), good.clone()).await;
+    assert_eq!((s, &v["stored"]), (200, &json!(false)), "{v}");
+    let mut other = good.clone();
+    let c0 = other["measurements"][0]["counts"][0].as_f64().unwrap();
+    other["measurements"][0]["counts"][0] = json!(c0 + 1.0);
+    let (s, v) = post_raw(&url("bank"), &token("bank"), other).await;
+    assert_eq!(
+        (s, problem_kind(&v)),
+        (409, Some(ProblemType::Conflict)),
+        "{v}"
+    );
+
+    // Records of both parties (their true codes stand in for GRR outputs here), then
+    // finalize: the model is fitted with bank's local model, and fitted again the same from
+    // the stored model after a restart.
+    let key = RecordIdKey::new(vec![9; 32]).unwrap();
+    let people = population(2000, 4);
+    for (party, attrs) in [("bank", [0usize, 2].as_slice()), ("clinic", &[1, 3, 4])] {
+        let records: Vec<Value> = people
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                json!({"id": key.record_id(&format!("c{i}")),
+                       "codes": attrs.iter().map(|&a| p[a]).collect::<Vec<_>>()})
+            })
+            .collect();
+        let (s, v) = post_raw(
+            &format!("{base}/v1/collections/{id}/parties/{party}/records"),
+            &token(party),
+            json!({ "records": records }),
+        )
+        .await;
+        assert_eq!(s, 200, "{v}");
+    }
+    let (s, v) = admin(&base, "POST", &format!("/v1/collections/{id}/finalize")).await;
+    assert_eq!(s, 200, "{v}");
+    let (s, before) = admin(&base, "GET", &format!("/v1/collections/{id}/model")).await;
+    assert_eq!(s, 200, "{before}");
+    // Bank's local graph (region 0, smoker 2) is in the model graph.
+    let kept: Vec<(u64, u64)> = before["model"]["model_graph"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kept"] == json!(true))
+        .map(|e| (e["a"].as_u64().unwrap(), e["b"].as_u64().unwrap()))
+        .collect();
+    for &(a, b) in model.graph() {
+        assert!(
+            kept.contains(&(a as u64, b as u64)),
+            "({a}, {b}) not in {kept:?}"
+        );
+    }
+    // After finalize a model upload is refused.
+    let (s, v) = post_raw(&url("bank"), &token("bank"), good.clone()).await;
+    assert_eq!(
+        (s, problem_kind(&v)),
+        (409, Some(ProblemType::CollectionFinalized)),
+        "{v}"
+    );
+    server.shutdown().await.unwrap();
+    let server = start(
+        &format!("sqlite://{}", dir.path().join("m.db").display()),
+        &[],
+    )
+    .await;
+    let base = ldpsyn_tests::base(&server);
+    let (s, after) = admin(&base, "GET", &format!("/v1/collections/{id}/model")).await;
+    assert_eq!(s, 200, "{after}");
+    assert_eq!(
+        after["model"]["model_graph"],
+        before["model"]["model_graph"]
+    );
+    assert!(before["model"]["model_graph"].is_array());
+
+    // An `fo` collection takes no model.
+    let plain = ldpsyn_tests::create(&base, create_body()).await;
+    let tokens = admin(&base, "GET", &format!("/v1/collections/{plain}/parties"))
+        .await
+        .1;
+    let (s, v) = post_raw(
+        &format!("{base}/v1/collections/{plain}/parties/bank/model"),
+        tokens["bank"].as_str().unwrap(),
+        good,
+    )
+    .await;
+    assert_eq!(
+        (s, problem_kind(&v)),
+        (409, Some(ProblemType::Conflict)),
+        "{v}"
+    );
+}

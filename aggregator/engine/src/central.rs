@@ -44,7 +44,9 @@ use crate::EngineError;
 use crate::fit::joint::{JointSource, clique_joint};
 use crate::fit::pgm::{FitOptions, GraphicalModel, Observation, fit};
 use crate::graph::{Edge, EdgeState, JunctionTree, build_junction_tree, edge, triangulate};
+use crate::measure::local_model::{LocalModel, LocalPrivacy};
 use crate::numeric::index::projection_map;
+use crate::protocols::vertical::ResolvedParty;
 use crate::select::model_graph::{MAX_CLIQUE_CELLS, largest_clique_cells};
 use crate::select::structure::build_structure;
 use crate::synth::model::Model;
@@ -84,50 +86,13 @@ pub enum CentralError {
     Engine(#[from] EngineError),
 }
 
-/// δ of the (ε, δ)-DP guarantee implied by ρ-zCDP (Canonne, Kamath, Steinke, NeurIPS 2020,
-/// Corollary 13): `δ = inf_{α>1} exp((α−1)(αρ−ε)) / (α−1) · (1 − 1/α)^α`. The infimum is
-/// found by bisection on the derivative of the log of the expression (convex in α).
-/// Returns a value in `[0, 1]`.
-pub fn delta_for(rho: f64, epsilon: f64) -> f64 {
-    if rho <= 0.0 {
-        return 0.0;
-    }
-    let log_delta =
-        |a: f64| (a - 1.0) * (a * rho - epsilon) + a * (-1.0 / a).ln_1p() - (a - 1.0).ln();
-    // Central differences keep the formula in one place.
-    let derivative = |a: f64| {
-        let h = 1e-7 * a;
-        (log_delta(a + h) - log_delta(a - h)) / (2.0 * h)
-    };
-    let (mut lo, mut hi) = (1.0 + 1e-9, (epsilon + 1.0) / (2.0 * rho) + 2.0);
-    for _ in 0..200 {
-        let mid = 0.5 * (lo + hi);
-        if derivative(mid) < 0.0 {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    log_delta(0.5 * (lo + hi)).exp().min(1.0)
-}
+pub use crate::numeric::zcdp::delta_for;
 
-/// The largest ρ whose ρ-zCDP implies (ε, δ)-DP ([`delta_for`]), by bisection.
+/// The largest ρ whose ρ-zCDP implies (ε, δ)-DP ([`delta_for`];
+/// [`crate::numeric::zcdp::rho_for`]).
 /// Errors: [`CentralError::Budget`] unless ε > 0 is finite and 0 < δ < 1.
 pub fn rho_for(epsilon: f64, delta: f64) -> Result<f64, CentralError> {
-    if !(epsilon > 0.0 && epsilon.is_finite() && delta > 0.0 && delta < 1.0) {
-        return Err(CentralError::Budget { epsilon, delta });
-    }
-    // δ(ρ) grows with ρ and exceeds any δ < 1 before ρ = ε + 1.
-    let (mut lo, mut hi) = (0.0, epsilon + 1.0);
-    for _ in 0..200 {
-        let mid = 0.5 * (lo + hi);
-        if delta_for(mid, epsilon) <= delta {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    Ok(lo)
+    crate::numeric::zcdp::rho_for(epsilon, delta).ok_or(CentralError::Budget { epsilon, delta })
 }
 
 /// One draw of the discrete Gaussian `N_Z(0, σ²)`, `Pr[x] ∝ exp(−x²/(2σ²))` over the
@@ -417,6 +382,50 @@ pub fn synthesize_central<R: Rng + CryptoRng + ?Sized>(
     options: &CentralOptions,
     rng: &mut R,
 ) -> Result<CentralFit, CentralError> {
+    let (mut state, report, _) = select_and_measure(dims, codes, options, rng)?;
+    state.refit(FitOptions::default().max_iters)?;
+    Ok(CentralFit {
+        model: state.as_model("central")?,
+        report,
+    })
+}
+
+/// One released measurement with its values: the noisy counts of the marginal over `attrs`
+/// (row-major in `attrs` order) and the standard deviation `sigma` of the discrete Gaussian
+/// noise on each count.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReleasedMarginal {
+    /// Attributes (sorted, indices into the table's columns).
+    pub attrs: Vec<usize>,
+    /// Noisy counts.
+    pub counts: Vec<f64>,
+    /// Noise standard deviation per count.
+    pub sigma: f64,
+}
+
+/// The measurements [`synthesize_central`] fits, without the fit: every released marginal
+/// (noisy counts and σ, in release order), the chordal graph they need (every measured set
+/// complete, triangulated: the model's attribute graph) and the privacy accounting. The
+/// party side of a vertical collection (LocMRF, [`crate::measure::local_model`]) uploads
+/// these. Errors: as [`synthesize_central`].
+pub fn measure_central<R: Rng + CryptoRng + ?Sized>(
+    dims: &[usize],
+    codes: &[u32],
+    options: &CentralOptions,
+    rng: &mut R,
+) -> Result<(Vec<ReleasedMarginal>, BTreeSet<Edge>, CentralReport), CentralError> {
+    let (state, report, released) = select_and_measure(dims, codes, options, rng)?;
+    Ok((released, state.chordal, report))
+}
+
+/// The select–measure loop of [`synthesize_central`] (module docs): the fitting state after
+/// the last round's refit, the accounting and every released marginal.
+fn select_and_measure<R: Rng + CryptoRng + ?Sized>(
+    dims: &[usize],
+    codes: &[u32],
+    options: &CentralOptions,
+    rng: &mut R,
+) -> Result<(Fitting, CentralReport, Vec<ReleasedMarginal>), CentralError> {
     let d = dims.len();
     let rho = rho_for(options.epsilon, options.delta)?;
     if d == 0 || dims.contains(&0) || codes.len() % d != 0 {
@@ -444,6 +453,7 @@ pub fn synthesize_central<R: Rng + CryptoRng + ?Sized>(
         noisy_records: 0.0,
         measurements: Vec::new(),
     };
+    let mut released = Vec::new();
     let noisy = |attrs: &[usize], sigma: f64, rng: &mut R| -> Vec<f64> {
         counts(codes, d, dims, attrs)
             .into_iter()
@@ -463,7 +473,13 @@ pub fn synthesize_central<R: Rng + CryptoRng + ?Sized>(
     for (a, w) in weights.iter().enumerate() {
         let r = one_way_share * rho * w / wsum;
         let sigma = (1.0 / (2.0 * r)).sqrt();
-        one_ways.push((noisy(&[a], sigma, rng), sigma));
+        let y = noisy(&[a], sigma, rng);
+        released.push(ReleasedMarginal {
+            attrs: vec![a],
+            counts: y.clone(),
+            sigma,
+        });
+        one_ways.push((y, sigma));
         report.measurements.push(CentralMeasurement {
             attrs: vec![a],
             sigma,
@@ -572,6 +588,11 @@ pub fn synthesize_central<R: Rng + CryptoRng + ?Sized>(
             rho_select,
         });
         state.chordal = state.with_edges(&w);
+        released.push(ReleasedMarginal {
+            attrs: w.clone(),
+            counts: y.clone(),
+            sigma,
+        });
         state.observations.push(observation(w.clone(), y, sigma));
         state.refit(ROUND_FIT_ITERS)?;
         measured.insert(w.clone());
@@ -592,11 +613,76 @@ pub fn synthesize_central<R: Rng + CryptoRng + ?Sized>(
         .iter()
         .map(|m| m.rho_measure + m.rho_select)
         .sum();
-    state.refit(FitOptions::default().max_iters)?;
-    Ok(CentralFit {
-        model: state.as_model("central")?,
-        report,
-    })
+    Ok((state, report, released))
+}
+
+/// Errors of [`measure_local_model`].
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LocalModelError {
+    /// The party has no LocMRF budget in the config.
+    #[error("{0}")]
+    NoBudget(String),
+    /// The central measurement failed (codes outside the domain, a bad budget).
+    #[error(transparent)]
+    Central(#[from] CentralError),
+}
+
+/// Measures party `p`'s local model (LocMRF, VertiMRF §4.1; [`crate::measure::local_model`])
+/// of `codes` (`n × m` row-major: each record's schema
+/// codes of the party's `m` attributes, in the party's order) within its LocMRF budget
+/// (module docs), noise from `rng` (a CSPRNG seeded from the OS outside tests and
+/// simulations). `schema_dims`: the schema's domain sizes. `max_marginal_attrs` is the
+/// largest marginal measured (2 or 3). Errors: the party has no budget; codes outside their
+/// domains.
+pub fn measure_local_model<R: Rng + CryptoRng + ?Sized>(
+    p: &ResolvedParty,
+    schema_dims: &[usize],
+    codes: &[u32],
+    max_marginal_attrs: usize,
+    rng: &mut R,
+) -> Result<LocalModel, LocalModelError> {
+    let budget = p.locmrf.ok_or_else(|| {
+        LocalModelError::NoBudget(format!(
+            "party `{}` has no `locmrf` budget in the collection's config",
+            p.name
+        ))
+    })?;
+    let dims: Vec<usize> = p.attributes.iter().map(|&a| schema_dims[a]).collect();
+    // A party of one attribute spends its whole budget on its 1-way.
+    let options = CentralOptions {
+        max_marginal_attrs: max_marginal_attrs.min(dims.len()),
+        ..CentralOptions::new(budget.epsilon.get(), budget.delta)
+    };
+    let (released, chordal, report) = measure_central(&dims, codes, &options, rng)?;
+    let to_schema = |i: usize| p.attributes[i];
+    Ok(LocalModel::from_measured(
+        p.name.clone(),
+        released
+            .into_iter()
+            .map(|r| {
+                (
+                    r.attrs.into_iter().map(to_schema).collect(),
+                    r.counts,
+                    r.sigma,
+                )
+            })
+            .collect(),
+        chordal
+            .into_iter()
+            .map(|(a, b)| {
+                let (x, y) = (to_schema(a), to_schema(b));
+                (x.min(y), x.max(y))
+            })
+            .collect::<BTreeSet<Edge>>()
+            .into_iter()
+            .collect(),
+        LocalPrivacy {
+            epsilon: report.epsilon,
+            delta: report.delta,
+            rho: report.rho,
+            rho_spent: report.rho_spent,
+        },
+    ))
 }
 
 #[cfg(test)]

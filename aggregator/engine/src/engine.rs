@@ -32,6 +32,7 @@ use crate::domain::space::Space;
 use crate::domain::task::{
     MAX_ATTRIBUTE_DOMAIN, MAX_PAIR_CELLS, SUB_BIN_ONE_WAY_SHARE, TaskSpec, factor_dims_in,
 };
+use crate::measure::local_model::LocalModel;
 use crate::measure::tables::{Measurements, Tables};
 use crate::pipeline::finalize;
 use crate::protocols::CollectionProtocol;
@@ -443,8 +444,63 @@ impl Engine {
     /// Deterministic given `(state, tables)`. Errors: tables that do not fit their
     /// mechanisms; [`EngineError::NoData`] when there are no reports at all.
     pub fn finalize(&self, state: &CollectionState, tables: &Tables) -> Result<Model, EngineError> {
+        self.finalize_with_local_models(state, tables, &[])
+    }
+
+    /// As [`Engine::finalize`], for an `fo+locmrf` vertical collection with its parties'
+    /// local models (LocMRF; [`crate::measure::local_model`]): one per party with a `locmrf`
+    /// budget, each passing [`LocalModel::check`]; their graphs start the model graph and
+    /// their measurements join the fit. Errors: as [`Engine::finalize`];
+    /// [`EngineError::InvalidState`] when a model is missing, repeated, fails its check, or
+    /// is given to a collection whose encoding is `fo` or that is not vertical.
+    pub fn finalize_with_local_models(
+        &self,
+        state: &CollectionState,
+        tables: &Tables,
+        local: &[LocalModel],
+    ) -> Result<Model, EngineError> {
+        self.check_local_models(local)?;
         let engine = self.at(state)?;
-        finalize(&engine.context, engine.rules.as_ref(), state, tables)
+        finalize(&engine.context, engine.rules.as_ref(), state, tables, local)
+    }
+
+    /// Whether `local` is exactly the local models [`Engine::finalize_with_local_models`]
+    /// needs (its errors).
+    pub fn check_local_models(&self, local: &[LocalModel]) -> Result<(), EngineError> {
+        let bad = |m: String| Err(EngineError::InvalidState(m));
+        let Some(v) = self.vertical() else {
+            return if local.is_empty() {
+                Ok(())
+            } else {
+                bad("local models are for vertical collections".into())
+            };
+        };
+        let mut seen = vec![false; v.parties().len()];
+        for m in local {
+            let Some(p) = v.party_index(m.party()) else {
+                return bad(format!("local model of unknown party `{}`", m.party()));
+            };
+            if std::mem::replace(&mut seen[p], true) {
+                return bad(format!("two local models of party `{}`", m.party()));
+            }
+            let party = &v.parties()[p];
+            m.check(
+                &party.name,
+                &party.attributes,
+                party.locmrf,
+                self.schema_dims(),
+            )
+            .map_err(EngineError::InvalidState)?;
+        }
+        for (p, party) in v.parties().iter().enumerate() {
+            if party.locmrf.is_some() && !seen[p] {
+                return bad(format!(
+                    "party `{}` has not uploaded its local model (encoding fo+locmrf)",
+                    party.name
+                ));
+            }
+        }
+        Ok(())
     }
 }
 

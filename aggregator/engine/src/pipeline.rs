@@ -10,18 +10,19 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::EngineError;
 use crate::fit::joint::FittedJoint;
-use crate::fit::observe::fit_model;
+use crate::fit::observe::{LOCAL_PRECISION_RATIO, fit_model_with_local};
 use crate::fit::pgm::{FitOptions, GraphicalModel};
 use crate::fit::residuals::{FitResiduals, fit_residuals};
 use crate::fit::smooth::{SMOOTHING_RELEASE_Z, smooth_numeric_one_ways};
 use crate::graph::Edge;
 use crate::measure::drift::{DriftReport, post_stratify};
+use crate::measure::local_model::LocalModel;
 use crate::measure::one_way::one_way_estimates;
 use crate::measure::tables::{Measurements, Tables};
 use crate::protocols::CollectionProtocol;
 use crate::protocols::context::Context;
 use crate::select::gain::PairGain;
-use crate::select::model_graph::{clique_cap, select_model_graph};
+use crate::select::model_graph::{clique_cap, select_model_graph_from};
 use crate::select::structure::build_structure;
 use crate::state::CollectionState;
 use crate::synth::description::{EdgeGain, MeasuredFactor, RoundSummary};
@@ -29,20 +30,27 @@ use crate::synth::model::Model;
 use crate::synth::recovery::Recovery;
 
 /// Builds the model from everything collected, in `ctx`'s working space (the engine's
-/// [`crate::engine::Engine::finalize`]). Errors: tables that do not fit their mechanisms;
-/// [`EngineError::NoData`] when there are no reports at all; the protocol's own estimator
-/// failing.
+/// [`crate::engine::Engine::finalize`]), with the parties' local models of an `fo+locmrf`
+/// vertical collection (`local`, checked by the caller; empty otherwise): their graphs start
+/// the model graph and their measurements join the fit. Errors: tables that do not fit their
+/// mechanisms; [`EngineError::NoData`] when there are no reports at all; the protocol's own
+/// estimator failing.
 pub(crate) fn finalize(
     ctx: &Context,
     rules: &dyn CollectionProtocol,
     state: &CollectionState,
     tables: &Tables,
+    local: &[LocalModel],
 ) -> Result<Model, EngineError> {
     let (ms, people) = measure(ctx, rules, tables)?;
     let (ms, drift) = stratify(rules, ms);
-    let (gains, edges) = select(ctx, rules, state, &ms, people);
+    let given: BTreeSet<Edge> = local
+        .iter()
+        .flat_map(|m| m.graph().iter().copied())
+        .collect();
+    let (gains, edges) = select(ctx, rules, state, &ms, people, &given);
     let ms = ms.retained(|m| rules.fit_table(&m.key, &edges));
-    let (fitted, residuals) = fit(ctx, &ms, &edges)?;
+    let (fitted, residuals) = fit(ctx, &ms, local, &edges)?;
     // Cliques are within the cap: one conditional per clique (no Algorithm 2 split).
     let structure = build_structure(ctx.dims(), &edges, &[], u64::MAX);
     let recovery = Recovery::new(ctx.space(), &ms);
@@ -98,13 +106,15 @@ pub fn stratify(
 /// Stage 3: the model graph. Each of the protocol's candidate pairs is scored by its
 /// expected gain ([`CollectionProtocol::pair_gain`]; a pair measured under several bin maps
 /// on its best binning; then jointly, [`CollectionProtocol::pool_gains`]) and kept greedily
-/// within the clique cap ([`select_model_graph`]).
+/// within the clique cap, starting from the edges `given` (the parties' local graphs;
+/// [`select_model_graph_from`]).
 pub fn select(
     ctx: &Context,
     rules: &dyn CollectionProtocol,
     state: &CollectionState,
     ms: &Measurements,
     people: u64,
+    given: &BTreeSet<Edge>,
 ) -> (Vec<(Edge, PairGain)>, BTreeSet<Edge>) {
     let one_way = one_way_estimates(ms);
     let mut gains: Vec<(Edge, PairGain)> = rules
@@ -118,20 +128,25 @@ pub fn select(
         .options()
         .gain_margin
         .unwrap_or_else(|| rules.gain_margin());
-    let edges = select_model_graph(ctx.dims(), &gains, cap, margin);
+    let edges = select_model_graph_from(ctx.dims(), given, &gains, cap, margin);
     (gains, edges)
 }
 
 /// Stage 4: one graphical model over the junction tree of `edges` fitted to every
-/// measurement ([`fit_model`]), checked against them ([`fit_residuals`]), then each
-/// numeric attribute's 1-way smoothed over its ordered bins ([`smooth_numeric_one_ways`]).
-/// Errors: the fit failing.
+/// measurement and every local model's ([`fit_model_with_local`]), checked against the
+/// LDP tables ([`fit_residuals`]), then each numeric attribute's 1-way smoothed over its
+/// ordered bins ([`smooth_numeric_one_ways`]). Errors: the fit failing.
 pub fn fit(
     ctx: &Context,
     ms: &Measurements,
+    local: &[LocalModel],
     edges: &BTreeSet<Edge>,
 ) -> Result<(GraphicalModel, FitResiduals), EngineError> {
-    let fitted = fit_model(ms, edges, &FitOptions::default())?;
+    let ratio = ctx
+        .options()
+        .local_precision_ratio
+        .unwrap_or(LOCAL_PRECISION_RATIO);
+    let fitted = fit_model_with_local(ms, local, ratio, edges, &FitOptions::default())?;
     let residuals = fit_residuals(ms, &fitted);
     let release_z = ctx
         .options()

@@ -276,4 +276,10 @@ pub struct EngineOptions {
     /// 0 releases every bin: no smoothing).
     #[serde(default)]
     pub smoothing_release_z: Option<f64>,
+    /// Cap on how much more precise a party's local-model measurement may be than the most
+    /// precise LDP table in the fit (default
+    /// [`LOCAL_PRECISION_RATIO`](crate::fit::observe::LOCAL_PRECISION_RATIO); `fo+locmrf`
+    /// vertical collections).
+    #[serde(default)]
+    pub local_precision_ratio: Option<f64>,
 }

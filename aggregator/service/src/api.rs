@@ -58,7 +58,8 @@ pub struct CollectionView {
     /// `--max-reports-per-upload`; the same for every collection): clients cut their
     /// uploads to fit them.
     pub upload_limits: ldpsyn::protocol::UploadLimits,
-    /// Vertical collections: each party's ε per person (the sum over its attributes).
+    /// Vertical collections: each party's ε per person (the sum over its attributes, plus
+    /// its local model's ε under encoding `fo+locmrf`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub party_epsilon: Option<BTreeMap<String, f64>>,
     /// Vertical collections: ε spent on one person over every party, the sum of
@@ -66,6 +67,11 @@ pub struct CollectionView {
     /// compose; `epsilon` is only the largest party's share).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub composed_epsilon: Option<f64>,
+    /// Vertical collections with local models (`fo+locmrf`): δ of the composed guarantee
+    /// per person, the sum of the parties' `locmrf.delta` (absent otherwise: the GRR
+    /// reports are pure ε-LDP).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub composed_delta: Option<f64>,
     /// Vertical collections, in the creation answer only: each party's upload token.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub party_tokens: Option<BTreeMap<String, String>>,
@@ -125,6 +131,60 @@ pub struct MarginalsAnswer {
     /// Standard errors of `frequencies` where some measured table holds all the attributes;
     /// `null` otherwise.
     pub std_errors: Option<Vec<f64>>,
+}
+
+/// The body of `POST /v1/collections/{id}/parties/{party}/model`: a party's local model
+/// (`ldpsyn_engine::measure::local_model::LocalModel`, made by `ldpsyn-aggregator party
+/// upload`). Noisy marginals of the party's attributes, its attribute graph and its privacy
+/// accounting; nothing per record.
+// Documentation only: the handler parses the engine's type strictly and checks it against the
+// collection's config (`LocalModel::check`).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct LocalModelUpload {
+    /// The party's name (the path's).
+    pub party: String,
+    /// Noisy marginals in release order, every 1-way of the party among them.
+    pub measurements: Vec<LocalMeasurementUpload>,
+    /// The party's attribute graph: pairs `[a, b]` of schema indices, `a < b`, every
+    /// measured set complete in it.
+    pub graph: Vec<Vec<usize>>,
+    /// The accounting: the config's `locmrf` budget and the zCDP ρ spent.
+    pub privacy: LocalPrivacyUpload,
+}
+
+/// One noisy marginal of a [`LocalModelUpload`].
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct LocalMeasurementUpload {
+    /// Schema indices of the marginal's attributes (the party's, distinct).
+    pub attrs: Vec<usize>,
+    /// Noisy counts, row-major in `attrs` order, one per cell.
+    pub counts: Vec<f64>,
+    /// Standard deviation of the Gaussian noise on each count, > 0.
+    pub sigma: f64,
+}
+
+/// The accounting of a [`LocalModelUpload`].
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct LocalPrivacyUpload {
+    /// ε of the (ε, δ)-DP guarantee: the config's `locmrf.epsilon` for the party.
+    pub epsilon: f64,
+    /// δ: the config's `locmrf.delta`.
+    pub delta: f64,
+    /// The zCDP ρ that implies (ε, δ) (Canonne–Kamath–Steinke, Corollary 13).
+    pub rho: f64,
+    /// ρ spent, ≤ `rho`.
+    pub rho_spent: f64,
+}
+
+/// The answer to a local model upload.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct PartyModelAnswer {
+    /// The party.
+    pub party: String,
+    /// `true` when this request stored the model, `false` for an identical resend.
+    pub stored: bool,
+    /// Measurements in the model.
+    pub measurements: usize,
 }
 
 /// `{party name: upload token}` of a vertical collection.

@@ -30,6 +30,7 @@ use uuid::Uuid;
 use super::error::ApiError;
 use super::metrics::Metrics;
 use super::storage::{self, Db, IngestGate, MemoryView, NewReport, Writer};
+use ldpsyn_engine::measure::local_model::LocalModel;
 use ldpsyn_engine::{
     CollectionState, Engine, EngineError, Model, Phase, TableKey, Tables, TaskSampler, Transition,
 };
@@ -275,17 +276,20 @@ impl CollectionHandle {
     /// finds a fit running waits for it and returns its model. The fit is deterministic given
     /// `(state, tables)`, which are frozen once the finalized state is committed, so every
     /// caller gets the same model (and a restart fits it again from the stored reports).
-    /// Errors: the engine's ([`Engine::finalize`]).
+    /// `local`: the parties' local
+    /// models of an `fo+locmrf` vertical collection (stored with it; empty otherwise).
+    /// Errors: the engine's ([`Engine::finalize_with_local_models`]).
     pub async fn ensure_model(
         &self,
         state: CollectionState,
         tables: Tables,
+        local: Vec<LocalModel>,
     ) -> Result<Arc<Model>, ApiError> {
         let _fit = self.fit.clone().lock_owned().await;
         if let Some(m) = self.model() {
             return Ok(m);
         }
-        let model = build_model(self.engine.clone(), state, tables).await?;
+        let model = build_model(self.engine.clone(), state, tables, local).await?;
         self.set_model(model.clone());
         Ok(model)
     }
@@ -609,8 +613,8 @@ async fn start_finalize(
         }
         Ok(Finalized::Fit(inputs)) => {
             tokio::spawn(async move {
-                let (state, tables) = *inputs;
-                let r = handle.ensure_model(state, tables).await;
+                let (state, tables, local) = *inputs;
+                let r = handle.ensure_model(state, tables, local).await;
                 if let Err(e) = &r {
                     tracing::error!(
                         collection = %handle.id,
@@ -1384,14 +1388,15 @@ async fn admin_close(
     Ok(transitions)
 }
 
-/// Builds a model from `state` and `tables` on the blocking pool.
+/// Builds a model from `state`, `tables` and the parties' local models on the blocking pool.
 pub async fn build_model(
     engine: Engine,
     state: CollectionState,
     tables: Tables,
+    local: Vec<LocalModel>,
 ) -> Result<Arc<Model>, ApiError> {
     Ok(Arc::new(
-        blocking(move || engine.finalize(&state, &tables)).await??,
+        blocking(move || engine.finalize_with_local_models(&state, &tables, &local)).await??,
     ))
 }
 
@@ -1399,8 +1404,9 @@ pub async fn build_model(
 enum Finalized {
     /// The model is built already.
     Ready(Arc<Model>),
-    /// The finalized state is committed; fit the model of this state and these tables.
-    Fit(Box<(CollectionState, Tables)>),
+    /// The finalized state is committed; fit the model of this state, these tables and
+    /// these local models.
+    Fit(Box<(CollectionState, Tables, Vec<LocalModel>)>),
 }
 
 /// The committer's part of a finalize: the state transition, without the fit. In one
@@ -1426,6 +1432,19 @@ async fn finalize(
     db.lock_ingest_exclusive(&mut tx, handle.id).await?;
     db.lock_collection(&mut tx, handle.id).await?;
     let (mut state, tables) = db.finalize_inputs(&mut tx, handle.as_ref()).await?;
+    // An `fo+locmrf` vertical collection waits for every party's local model (409, the
+    // collection stays open); read in this transaction, behind the uploads' barrier.
+    let local = if handle.engine.vertical().is_some() {
+        db.party_models(&mut tx, handle.id).await?
+    } else {
+        Vec::new()
+    };
+    if let Err(e) = handle.engine.check_local_models(&local) {
+        return Err(ApiError::problem(
+            ProblemType::Conflict,
+            format!("the collection cannot be finalized yet: {e}"),
+        ));
+    }
     // Finalized here, or by another process (PostgreSQL) whose version is read back.
     let version = if state.phase != Phase::Finalized {
         // The one refusal a fit can foresee is checked before the transition (as
@@ -1443,7 +1462,7 @@ async fn finalize(
     };
     storage::commit(tx).await?;
     handle.set_state(state.clone(), version);
-    Ok(Finalized::Fit(Box::new((state, tables))))
+    Ok(Finalized::Fit(Box::new((state, tables, local))))
 }
 
 #[cfg(test)]

@@ -230,7 +230,8 @@ impl AppState {
         if finalized {
             // Deterministic given (state, tables): the same model as before the restart, also
             // when the process stopped during the fit after committing the finalized state.
-            handle.ensure_model(state, tables).await?;
+            let local = self.inner.db.stored_party_models(row.id).await?;
+            handle.ensure_model(state, tables, local).await?;
         }
         self.inner.collections.insert(row.id, handle.clone());
         self.inner.unknown.remove(&row.id);
@@ -545,7 +546,8 @@ impl AppState {
         .await?;
         for (handle, state) in finalized {
             let tables = self.inner.db.estimation_tables(handle.as_ref()).await?;
-            handle.ensure_model(state, tables).await?;
+            let local = self.inner.db.stored_party_models(handle.id).await?;
+            handle.ensure_model(state, tables, local).await?;
         }
         Ok(())
     }

@@ -225,6 +225,7 @@ impl Modify for CommonResponses {
         super::http::results::get_synthetic,
         super::http::parties::get_party_tokens,
         super::http::parties::post_party_records,
+        super::http::parties::post_party_model,
         super::http::healthz,
         super::http::metrics,
         get_openapi,

@@ -14,6 +14,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Any, AnyConnection, AnyPool, Connection, Executor, Row};
 use uuid::Uuid;
 
+use ldpsyn_engine::measure::local_model::LocalModel;
 use ldpsyn_engine::{CollectionState, Engine, EngineError, TableKey, Tables};
 
 /// Errors of the storage layer. The HTTP layer turns every one into a 500 `internal` problem
@@ -96,6 +97,21 @@ pub enum IngestGate {
     Gone,
 }
 
+/// What [`Db::store_party_model`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PartyModelStore {
+    /// Stored: the party had none.
+    Stored,
+    /// The same model was stored before (an identical resend).
+    Identical,
+    /// Another model of the party is stored; nothing changed.
+    Different,
+    /// The collection is finalized (PostgreSQL: by any process); nothing changed.
+    Finalized,
+    /// The collection is no longer stored.
+    Gone,
+}
+
 /// The tables that hold rows of a collection, keyed by `collection_id` (`collections` itself,
 /// keyed by `id`, is deleted last). A table added by a migration that stores per-collection
 /// rows belongs here, or [`Db::delete_collection`] leaves them behind (test
@@ -103,6 +119,7 @@ pub enum IngestGate {
 const COLLECTION_TABLES: &[&str] = &[
     "reports",
     "vertical_records",
+    "party_models",
     "table_counts",
     "table_counts_ready",
     "round_counts",
@@ -907,6 +924,79 @@ impl Db {
             q.execute(&mut *conn).await?;
         }
         Ok(())
+    }
+
+    /// The stored local models of collection `id` (`fo+locmrf` vertical collections), in
+    /// party-name order, in the caller's transaction. Errors: the database's; a stored model
+    /// that cannot be read ([`StorageError::Json`]).
+    pub async fn party_models(
+        &self,
+        conn: &mut AnyConnection,
+        id: Uuid,
+    ) -> Result<Vec<LocalModel>, StorageError> {
+        let rows =
+            sqlx::query("SELECT model FROM party_models WHERE collection_id = $1 ORDER BY party")
+                .bind(id.to_string())
+                .fetch_all(&mut *conn)
+                .await?;
+        rows.iter()
+            .map(|row| {
+                let json: String = row.try_get(0)?;
+                Ok(serde_json::from_str(&json)?)
+            })
+            .collect()
+    }
+
+    /// As [`Db::party_models`] on a connection of its own.
+    pub async fn stored_party_models(&self, id: Uuid) -> Result<Vec<LocalModel>, StorageError> {
+        let mut conn = self.pool.acquire().await?;
+        self.party_models(&mut conn, id).await
+    }
+
+    /// Stores party `party`'s local model (JSON `model`) of collection `id` in one
+    /// transaction behind the ingest barrier ([`Db::ingest_gate`], then the collection's
+    /// lock), unless one is stored: then it is compared. Errors: the database's.
+    pub async fn store_party_model(
+        &self,
+        id: Uuid,
+        party: &str,
+        model: &LocalModel,
+        now: i64,
+    ) -> Result<PartyModelStore, StorageError> {
+        let mut tx = self.pool.begin().await?;
+        match self.ingest_gate(&mut tx, id).await? {
+            IngestGate::Gone => return Ok(PartyModelStore::Gone),
+            IngestGate::Finalized => return Ok(PartyModelStore::Finalized),
+            IngestGate::Open => {}
+        }
+        self.lock_collection(&mut tx, id).await?;
+        let stored =
+            sqlx::query("SELECT model FROM party_models WHERE collection_id = $1 AND party = $2")
+                .bind(id.to_string())
+                .bind(party.to_owned())
+                .fetch_optional(&mut *tx)
+                .await?;
+        if let Some(row) = stored {
+            let json: String = row.try_get(0)?;
+            let old: LocalModel = serde_json::from_str(&json)?;
+            return Ok(if old == *model {
+                PartyModelStore::Identical
+            } else {
+                PartyModelStore::Different
+            });
+        }
+        sqlx::query(
+            "INSERT INTO party_models (collection_id, party, model, received_at) \
+             VALUES ($1, $2, $3, $4)",
+        )
+        .bind(id.to_string())
+        .bind(party.to_owned())
+        .bind(serde_json::to_string(model)?)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(PartyModelStore::Stored)
     }
 
     /// Number of stored reports of a collection.

@@ -36,6 +36,14 @@ pub(crate) fn finalized() -> ApiError {
     )
 }
 
+/// The refusal of a local model upload to a finalized collection.
+pub(crate) fn finalized_model() -> ApiError {
+    ApiError::problem(
+        ProblemType::CollectionFinalized,
+        "the collection is finalized and takes no more local models",
+    )
+}
+
 /// Commits one party upload (the committer's side; module docs). Errors: the collection
 /// was finalized, an id already holds other codes of this party (nothing is stored), or
 /// the database failed.
@@ -125,17 +133,15 @@ pub(crate) async fn commit_party_records(
     })
 }
 
-/// Each party's ε per person (Σ of its attributes' ε), for the collection view
-/// ([`super::http`]); `None` for a device collection.
+/// Each party's ε per person (Σ of its attributes' ε, plus its local model's under
+/// `fo+locmrf`), for the collection view ([`super::http`]); `None` for a device collection.
 pub fn party_epsilons(h: &CollectionHandle) -> Option<BTreeMap<String, f64>> {
     let v = h.engine.vertical()?;
     Some(
         v.parties()
             .iter()
-            .map(|p| {
-                let e: f64 = p.attributes.iter().map(|&a| v.epsilon_of(a).get()).sum();
-                (p.name.clone(), e)
-            })
+            .enumerate()
+            .map(|(p, party)| (party.name.clone(), v.party_epsilon(p)))
             .collect(),
     )
 }

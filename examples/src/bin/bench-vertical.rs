@@ -7,6 +7,9 @@
 //! - `vertical-equal`, `vertical-l1`: the vertical collection under either split;
 //! - `vertical-l1-1way`: the `l1` split's reports with no pair kept (the clique cap at 1 cell): what
 //!   the learned cross- and intra-party edges add;
+//! - `vertical-l1-locmrf`: encoding `fo+locmrf` at the same ε per party, split by
+//!   [`ldpsyn::vertical::split_party_budget`] (`--locmrf-share` of it, with δ = `--delta`, to
+//!   each party's local model, the rest as `l1`);
 //! - `auto` and `independence`: a centralized device collection at the same total ε per
 //!   person (the sum over the parties), each person reporting once;
 //! - `exact-independence`: the non-private product of the data's 1-ways.
@@ -14,11 +17,13 @@
 //! ```text
 //! bench-vertical --data examples/adult/adult.csv --schema examples/adult/schema.json \
 //!     --parties examples/adult/parties.json [--party-epsilon E]… [--seeds S] [--out F] \
-//!     [--method M]… [--write-parties F]
+//!     [--method M]… [--write-parties F] [--tvd3] [--delta D] [--locmrf-share S]
 //! ```
 //!
-//! `LDPSYN_GAIN_MARGIN` overrides the vertical protocol's gain margin (the sweep in
-//! `benchmarks/sweeps/gain-margin.md`).
+//! `--tvd3` adds the mean 3-way TVD over every attribute triple. `LDPSYN_GAIN_MARGIN`
+//! overrides the vertical protocol's gain margin (the sweep in
+//! `benchmarks/sweeps/gain-margin.md`), `LDPSYN_LOCAL_PRECISION_RATIO` the fit's cap on a
+//! local model's precision (`benchmarks/sweeps/local-precision-ratio.md`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -26,11 +31,12 @@ use std::sync::Arc;
 
 use clap::Parser;
 use ldpsyn::Epsilon;
+use ldpsyn::protocol::VerticalEncoding;
 use ldpsyn::protocol::{
     CollectionConfig, PROTOCOL_VERSION, Party, PartyAttribute, Protocol, VerticalParams,
 };
 use ldpsyn::schema::Schema;
-use ldpsyn::vertical::split_epsilon;
+use ldpsyn::vertical::{DEFAULT_LOCMRF_SHARE, split_epsilon, split_party_budget};
 use ldpsyn_aggregator::engine::{Engine, EngineOptions, Model};
 use ldpsyn_aggregator::eval::{MarginalCounts, exact_independence_model};
 use ldpsyn_aggregator::sim::{Population, Simulation, load_csv};
@@ -67,17 +73,34 @@ struct Args {
     /// `examples/adult/parties.json` is made so).
     #[arg(long)]
     write_parties: Option<PathBuf>,
+    /// Also report the mean 3-way TVD over every attribute triple.
+    #[arg(long)]
+    tvd3: bool,
+    /// δ of each party's local model (`vertical-l1-locmrf`; default 1/(people × parties), so
+    /// the composed δ per person is 1/people).
+    #[arg(long)]
+    delta: Option<f64>,
+    /// Share of each party's ε for its local model (`vertical-l1-locmrf`).
+    #[arg(long, default_value_t = DEFAULT_LOCMRF_SHARE)]
+    locmrf_share: f64,
 }
 
 struct Scores {
     tvd1: f64,
     tvd2: f64,
+    tvd3: Option<f64>,
     cross_tvd2: f64,
     edges: usize,
     cross_edges: usize,
 }
 
-fn score(model: &Model, pop: &Population, owner: &[usize], seed: u64) -> Result<Scores, Error> {
+fn score(
+    model: &Model,
+    pop: &Population,
+    owner: &[usize],
+    seed: u64,
+    tvd3: bool,
+) -> Result<Scores, Error> {
     let rows = model.synthesize(pop.len() as u64, seed ^ 0x5eed);
     let synthetic = Population::from_rows(pop.dims().to_vec(), rows)?;
     let tvd = |k: usize, cross: bool| -> Result<f64, Error> {
@@ -95,6 +118,7 @@ fn score(model: &Model, pop: &Population, owner: &[usize], seed: u64) -> Result<
     Ok(Scores {
         tvd1: tvd(1, false)?,
         tvd2: tvd(2, false)?,
+        tvd3: if tvd3 { Some(tvd(3, false)?) } else { None },
         cross_tvd2: tvd(2, true)?,
         cross_edges: edges.iter().filter(|&&(a, b)| owner[a] != owner[b]).count(),
         edges: edges.len(),
@@ -157,11 +181,13 @@ fn main() -> Result<(), Error> {
         &pop,
         &owner,
         1,
+        args.tvd3,
     )?;
     let mut results = Vec::new();
     let dims = schema.domain_sizes();
+    let delta = args.delta.unwrap_or(1.0 / (n as f64 * names.len() as f64));
     for &e in &args.party_epsilons {
-        let params = |optimal: bool| -> Result<VerticalParams, Error> {
+        let params_with = |optimal: bool, locmrf: bool| -> Result<VerticalParams, Error> {
             Ok(VerticalParams {
                 parties: names
                     .iter()
@@ -171,10 +197,14 @@ fn main() -> Result<(), Error> {
                             .iter()
                             .map(|a| schema.index_of(a).map_or(2, |i| dims[i]))
                             .collect();
-                        let split = if optimal {
-                            split_epsilon(e, &k)
+                        let (split, budget) = if locmrf {
+                            let (split, budget) =
+                                split_party_budget(e, delta, &k, args.locmrf_share)?;
+                            (split.iter().map(|x| x.get()).collect(), Some(budget))
+                        } else if optimal {
+                            (split_epsilon(e, &k), None)
                         } else {
-                            vec![e / attrs.len() as f64; attrs.len()]
+                            (vec![e / attrs.len() as f64; attrs.len()], None)
                         };
                         Ok(Party {
                             name: format!("party{p}"),
@@ -188,11 +218,18 @@ fn main() -> Result<(), Error> {
                                     })
                                 })
                                 .collect::<Result<_, Error>>()?,
+                            locmrf: budget,
                         })
                     })
                     .collect::<Result<_, Error>>()?,
+                encoding: if locmrf {
+                    VerticalEncoding::FoLocmrf
+                } else {
+                    VerticalEncoding::Fo
+                },
             })
         };
+        let params = |optimal: bool| params_with(optimal, false);
         if let Some(path) = args.write_parties.take() {
             let mut params = params(true)?;
             for (party, given) in params
@@ -228,24 +265,28 @@ fn main() -> Result<(), Error> {
         let total = (e * names.len() as f64).min(ldpsyn::MAX_EPSILON);
         let mut rows: BTreeMap<&str, Vec<Scores>> = BTreeMap::new();
         for seed in 0..args.seeds {
-            for (label, optimal, cap) in [
-                ("vertical-equal", false, None),
-                ("vertical-l1", true, None),
-                ("vertical-l1-1way", true, Some(1)),
+            for (label, optimal, cap, locmrf) in [
+                ("vertical-equal", false, None, false),
+                ("vertical-l1", true, None, false),
+                ("vertical-l1-1way", true, Some(1), false),
+                ("vertical-l1-locmrf", true, None, true),
             ] {
                 if !wanted(label) {
                     continue;
                 }
-                let params = params(optimal)?;
+                let params = params_with(optimal, locmrf)?;
                 let eps = params
                     .parties
                     .iter()
-                    .map(Party::epsilon)
+                    .map(Party::composed_epsilon)
                     .fold(0.0, f64::max);
                 let vertical = config(&schema, n, eps, Protocol::Vertical(params))?;
                 let options = EngineOptions {
                     max_clique_cells: cap,
                     gain_margin: std::env::var("LDPSYN_GAIN_MARGIN")
+                        .ok()
+                        .and_then(|v| v.parse().ok()),
+                    local_precision_ratio: std::env::var("LDPSYN_LOCAL_PRECISION_RATIO")
                         .ok()
                         .and_then(|v| v.parse().ok()),
                     ..EngineOptions::default()
@@ -254,7 +295,7 @@ fn main() -> Result<(), Error> {
                 let model = Simulation::new(&engine, &pop).seed(seed).run()?.model;
                 rows.entry(label)
                     .or_default()
-                    .push(score(&model, &pop, &owner, seed)?);
+                    .push(score(&model, &pop, &owner, seed, args.tvd3)?);
             }
             for (label, protocol) in [
                 ("auto", json!({"protocol": "auto"})),
@@ -276,7 +317,7 @@ fn main() -> Result<(), Error> {
                     .model;
                 rows.entry(label)
                     .or_default()
-                    .push(score(&model, &pop, &owner, seed)?);
+                    .push(score(&model, &pop, &owner, seed, args.tvd3)?);
             }
         }
         for (label, s) in rows {
@@ -285,9 +326,20 @@ fn main() -> Result<(), Error> {
             let tvd2_std = (s.iter().map(|x| (x.tvd2 - tvd2).powi(2)).sum::<f64>()
                 / (s.len().max(2) - 1) as f64)
                 .sqrt();
+            let tvd3 = s.iter().all(|x| x.tvd3.is_some()).then(|| {
+                let m = mean(&|x| x.tvd3.unwrap_or(f64::NAN));
+                let sd = (s
+                    .iter()
+                    .map(|x| (x.tvd3.unwrap_or(f64::NAN) - m).powi(2))
+                    .sum::<f64>()
+                    / (s.len().max(2) - 1) as f64)
+                    .sqrt();
+                (m, sd)
+            });
             let row = json!({
                 "party_epsilon": e, "total_epsilon": total, "method": label, "seeds": s.len(),
                 "tvd1": mean(&|x| x.tvd1), "tvd2": tvd2, "tvd2_std": tvd2_std,
+                "tvd3": tvd3.map(|t| t.0), "tvd3_std": tvd3.map(|t| t.1),
                 "cross_party_tvd2": mean(&|x| x.cross_tvd2),
                 "edges": mean(&|x| x.edges as f64), "cross_party_edges": mean(&|x| x.cross_edges as f64),
             });
@@ -298,7 +350,8 @@ fn main() -> Result<(), Error> {
     let out = json!({
         "data": args.data, "people": n, "parties": names,
         "epsilon_split": "vertical-equal: equal over each party's attributes; vertical-l1: ldpsyn::vertical::split_epsilon",
-        "exact_independence": {"tvd2": exact.tvd2, "cross_party_tvd2": exact.cross_tvd2},
+        "exact_independence": {"tvd2": exact.tvd2, "tvd3": exact.tvd3, "cross_party_tvd2": exact.cross_tvd2},
+        "locmrf": {"share": args.locmrf_share, "delta_per_party": delta},
         "results": results,
     });
     let text = serde_json::to_string_pretty(&out)?;
@@ -321,9 +374,12 @@ fn markdown(out: &Value) -> String {
          over cross-party pairs only, and over 1-ways; edges = pairs in the model graph \
          (cross-party ones in parentheses). `auto` and `independence` are centralized \
          collections (each person reports once to one aggregator) at the same total ε. \
+         `vertical-l1-locmrf` spends the same ε per party, part of it on the party's local \
+         central-DP model (encoding `fo+locmrf`; its δ in the JSON). 3-way TVD: over every \
+         attribute triple, when run with `--tvd3`. \
          Non-private exact independence: 2-way TVD {:.4}, cross-party {:.4}.\n\n\
-         | ε per party | total ε | method | seeds | 2-way TVD ± std | cross-party 2-way | 1-way | edges (cross) |\n\
-         |---|---|---|---|---|---|---|---|\n",
+         | ε per party | total ε | method | seeds | 2-way TVD ± std | 3-way TVD ± std | cross-party 2-way | 1-way | edges (cross) |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
         out["data"].as_str().unwrap_or_default(),
         out["people"],
         out["parties"],
@@ -337,13 +393,18 @@ fn markdown(out: &Value) -> String {
     for r in out["results"].as_array().into_iter().flatten() {
         let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
         md += &format!(
-            "| {} | {} | {} | {} | {:.4} ± {:.4} | {:.4} | {:.4} | {:.1} ({:.1}) |\n",
+            "| {} | {} | {} | {} | {:.4} ± {:.4} | {} | {:.4} | {:.4} | {:.1} ({:.1}) |\n",
             f("party_epsilon"),
             f("total_epsilon"),
             r["method"].as_str().unwrap_or_default(),
             r["seeds"],
             f("tvd2"),
             f("tvd2_std"),
+            if r["tvd3"].is_number() {
+                format!("{:.4} ± {:.4}", f("tvd3"), f("tvd3_std"))
+            } else {
+                "—".to_owned()
+            },
             f("cross_party_tvd2"),
             f("tvd1"),
             f("edges"),

@@ -18,6 +18,7 @@ use std::collections::BTreeSet;
 use crate::EngineError;
 use crate::fit::pgm::{FitOptions, GraphicalModel, Observation, fit};
 use crate::graph::{Edge, JunctionTree, build_junction_tree};
+use crate::measure::local_model::LocalModel;
 use crate::measure::one_way::one_way_estimates;
 use crate::measure::tables::Measurements;
 use crate::numeric::index::{coarsen, outer};
@@ -73,10 +74,76 @@ fn observations(
     out
 }
 
+/// Cap on how much more precise a party's central-DP measurement (LocMRF) may be than the
+/// most precise LDP table in the fit: a local cell's variance is at least the smallest mean
+/// cell variance of the LDP observations divided by this ratio. The fit's mirror descent
+/// takes one step size for every observation; with no cap the local marginals (a party's
+/// Gaussian noise on its whole table, 10³–10⁴ times more precise than per-record GRR at a
+/// small ε) set it, and the cross-party pairs, which only the LDP tables measure, barely move:
+/// NLTCS 8 & 8's 3-way TVD stays at 0.14–0.15 from total ε 0.8 to 3.2. The cap also shifts
+/// weight from the local marginals to the LDP tables, which helps where the cross-party
+/// dependence is strong (NLTCS: best at 1–5) and hurts where the LDP tables are very noisy
+/// (Adult at ε 0.8: best at 50–100). 10 has the smallest worst-case and mean ratio to the
+/// best value of each of the six cells swept (1, 5, 10, 25, 50, 100, no cap; NLTCS and Adult
+/// at total ε 0.8, 1.6, 3.2, 3 seeds): `benchmarks/sweeps/local-precision-ratio.md`.
+pub const LOCAL_PRECISION_RATIO: f64 = 10.0;
+
+/// The observations of the parties' local models on `tree` (module docs of
+/// [`crate::measure::local_model`]): each noisy marginal as frequencies `counts / n̂` with
+/// variance `σ² / n̂²` per cell, summed down to the maximal parts of its attributes that lie
+/// in some clique (a sum of `c` cells has variance `c σ²`), each variance at least `floor`.
+pub fn local_observations(
+    local: &[LocalModel],
+    tree: &JunctionTree,
+    dims: &[usize],
+    floor: f64,
+) -> Vec<Observation> {
+    let mut out = Vec::new();
+    for model in local {
+        let n = model.noisy_records();
+        for m in model.measurements() {
+            let mdims: Vec<usize> = m.attrs().iter().map(|&a| dims[a]).collect();
+            for part in fitting_parts(m.attrs(), tree) {
+                let map = crate::numeric::index::projection_map(m.attrs(), &mdims, &part);
+                let cells: usize = part.iter().map(|&a| dims[a]).product();
+                let summed = m.counts().len() / cells;
+                let mut values = vec![0.0; cells];
+                for (i, &t) in map.iter().enumerate() {
+                    values[t] += m.counts()[i] / n;
+                }
+                let var = (summed as f64 * m.sigma() * m.sigma() / (n * n)).max(floor);
+                out.push(Observation {
+                    values,
+                    variances: vec![var; cells],
+                    attrs: part,
+                    bins: Vec::new(),
+                });
+            }
+        }
+    }
+    out
+}
+
 /// Fits the graphical model over the junction tree of `edges` to every measurement (module
 /// docs). Errors: [`EngineError::NoData`] without measurements.
 pub fn fit_model(
     ms: &Measurements,
+    edges: &BTreeSet<Edge>,
+    options: &FitOptions,
+) -> Result<GraphicalModel, EngineError> {
+    fit_model_with_local(ms, &[], LOCAL_PRECISION_RATIO, edges, options)
+}
+
+/// As [`fit_model`], with the parties' local models (`fo+locmrf` vertical collections) as
+/// further observations ([`local_observations`]), their variances floored at the smallest
+/// mean cell variance of the LDP observations over `precision_ratio`
+/// ([`LOCAL_PRECISION_RATIO`]; `f64::INFINITY`: no floor).
+/// Every measured set of a local model must be complete in `edges` to be observed whole.
+/// Errors: [`EngineError::NoData`] without measurements.
+pub fn fit_model_with_local(
+    ms: &Measurements,
+    local: &[LocalModel],
+    precision_ratio: f64,
     edges: &BTreeSet<Edge>,
     options: &FitOptions,
 ) -> Result<GraphicalModel, EngineError> {
@@ -113,10 +180,22 @@ pub fn fit_model(
         max_iters: PILOT_ITERS.min(options.max_iters),
         ..options.clone()
     };
+    let with_local = |mut obs: Vec<Observation>| {
+        if !local.is_empty() {
+            let floor = obs
+                .iter()
+                .map(|o| o.variances.iter().sum::<f64>() / o.variances.len().max(1) as f64)
+                .fold(f64::INFINITY, f64::min)
+                / precision_ratio;
+            let floor = if floor.is_finite() { floor } else { 0.0 };
+            obs.extend(local_observations(local, &tree, dims, floor));
+        }
+        obs
+    };
     let first = fit(
         dims,
         &tree,
-        &observations(ms, &tree, &independent),
+        &with_local(observations(ms, &tree, &independent)),
         Some(start),
         &pilot,
     )
@@ -129,7 +208,7 @@ pub fn fit_model(
     fit(
         dims,
         &tree,
-        &observations(ms, &tree, &at_model),
+        &with_local(observations(ms, &tree, &at_model)),
         Some(first.potentials().to_vec()),
         options,
     )

@@ -4,6 +4,7 @@
 //! sketches ([`sketch`]).
 
 pub mod drift;
+pub mod local_model;
 pub mod measurement;
 pub mod one_way;
 pub mod sketch;

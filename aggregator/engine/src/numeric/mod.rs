@@ -1,6 +1,7 @@
-//! Layer 0: maths with no notion of a collection: information measures and index maps over
-//! row-major product domains.
+//! Layer 0: maths with no notion of a collection: information measures, index maps over
+//! row-major product domains, and the zCDP → (ε, δ) conversion.
 
 pub mod index;
 pub mod info;
 pub mod stats;
+pub mod zcdp;

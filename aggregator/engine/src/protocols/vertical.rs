@@ -24,7 +24,7 @@ use std::collections::BTreeSet;
 
 use ldpsyn::Epsilon;
 use ldpsyn::mechanism::{Mechanism, MechanismError, MechanismKind};
-use ldpsyn::protocol::{Protocol, VerticalParams};
+use ldpsyn::protocol::{LocMrfBudget, Protocol, VerticalEncoding, VerticalParams};
 use ldpsyn::schema::Schema;
 
 use super::{CollectionProtocol, TaskChoices, pairs};
@@ -55,6 +55,8 @@ pub struct ResolvedParty {
     pub name: String,
     /// Schema indices of its attributes, in upload order.
     pub attributes: Vec<usize>,
+    /// Its central-DP budget for its local model (`fo+locmrf`; VertiMRF §4.1), if any.
+    pub locmrf: Option<LocMrfBudget>,
 }
 
 /// The vertical protocol's rules and its parties resolved against the schema.
@@ -65,13 +67,16 @@ pub struct Vertical {
     epsilons: Vec<Epsilon>,
     /// Schema domain sizes.
     dims: Vec<usize>,
+    /// How the parties encode their data.
+    encoding: VerticalEncoding,
 }
 
 impl Vertical {
     /// Resolves `params` against `schema`. Errors ([`EngineError::InvalidConfig`]): no party,
     /// a bad or repeated party name, a party without attributes, an unknown attribute, an
     /// attribute ε below [`ldpsyn::MIN_COLLECTION_EPSILON`], or an attribute held by no party
-    /// or by two.
+    /// or by two; a LocMRF budget under encoding `fo`, none under `fo+locmrf`, or a budget's
+    /// ε below the collection minimum or δ outside (0, 1).
     pub fn new(params: &VerticalParams, schema: &Schema) -> Result<Self, EngineError> {
         let bad = |m: String| Err(EngineError::InvalidConfig(m));
         if params.parties.is_empty() {
@@ -129,9 +134,31 @@ impl Vertical {
                 epsilons[a] = Some(pa.epsilon);
                 attributes.push(a);
             }
+            if let Some(b) = &party.locmrf {
+                if params.encoding != VerticalEncoding::FoLocmrf {
+                    return bad(format!(
+                        "party `{}` has a `locmrf` budget but the encoding is `fo` (set \
+                         `\"encoding\": \"fo+locmrf\"`)",
+                        party.name
+                    ));
+                }
+                if b.epsilon.get() < ldpsyn::MIN_COLLECTION_EPSILON
+                    || !(b.delta > 0.0 && b.delta < 1.0)
+                {
+                    return bad(format!(
+                        "party `{}`: the `locmrf` budget needs epsilon ≥ {} and 0 < delta < 1 \
+                         (got {}, {})",
+                        party.name,
+                        ldpsyn::MIN_COLLECTION_EPSILON,
+                        b.epsilon,
+                        b.delta
+                    ));
+                }
+            }
             parties.push(ResolvedParty {
                 name: party.name.clone(),
                 attributes,
+                locmrf: party.locmrf,
             });
         }
         let epsilons = epsilons
@@ -146,10 +173,20 @@ impl Vertical {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        if params.encoding == VerticalEncoding::FoLocmrf
+            && parties.iter().all(|p| p.locmrf.is_none())
+        {
+            return bad(
+                "encoding `fo+locmrf` needs a `locmrf` budget {\"epsilon\", \"delta\"} for at \
+                 least one party"
+                    .into(),
+            );
+        }
         Ok(Self {
             parties,
             epsilons,
             dims: schema.domain_sizes(),
+            encoding: params.encoding,
         })
     }
 
@@ -168,21 +205,47 @@ impl Vertical {
         self.epsilons[a]
     }
 
-    /// The largest ε a party spends on one person (Σ of its attributes' ε): the collection's
-    /// `epsilon`.
-    pub fn max_party_epsilon(&self) -> f64 {
-        self.parties
+    /// How the parties encode their data (`fo`, or `fo+locmrf` with local models).
+    pub fn encoding(&self) -> VerticalEncoding {
+        self.encoding
+    }
+
+    /// ε party `p` spends on one person: Σ of its attributes' ε, plus its local model's ε
+    /// (LocMRF) by sequential composition.
+    pub fn party_epsilon(&self, p: usize) -> f64 {
+        let party = &self.parties[p];
+        party
+            .attributes
             .iter()
-            .map(|p| p.attributes.iter().map(|&a| self.epsilons[a].get()).sum())
+            .map(|&a| self.epsilons[a].get())
+            .sum::<f64>()
+            + party.locmrf.map_or(0.0, |b| b.epsilon.get())
+    }
+
+    /// The largest ε a party spends on one person ([`Vertical::party_epsilon`]): the
+    /// collection's `epsilon`.
+    pub fn max_party_epsilon(&self) -> f64 {
+        (0..self.parties.len())
+            .map(|p| self.party_epsilon(p))
             .fold(0.0, f64::max)
     }
 
     /// ε the collection spends on one person over every party: the sum of every attribute's
-    /// ε. The aggregator joins the parties' reports by record id, so a person's reports to
-    /// all parties compose sequentially (ε adds up); the collection's `epsilon` is only the
-    /// largest party's share.
+    /// ε and every local model's ε. The aggregator joins the parties' reports by record id,
+    /// so a person's reports to all parties compose sequentially (ε adds up); the
+    /// collection's `epsilon` is only the largest party's share. The δ of the composition is
+    /// [`Vertical::composed_delta`].
     pub fn composed_epsilon(&self) -> f64 {
-        self.epsilons.iter().map(|e| e.get()).sum()
+        (0..self.parties.len()).map(|p| self.party_epsilon(p)).sum()
+    }
+
+    /// δ of the collection's guarantee for one person: the sum of the local models' δ (0
+    /// under `fo`, whose GRR reports are pure ε-LDP).
+    pub fn composed_delta(&self) -> f64 {
+        self.parties
+            .iter()
+            .filter_map(|p| p.locmrf.map(|b| b.delta))
+            .sum()
     }
 
     /// Whether `codes` fit party `party`'s attributes (one code per attribute, each below
@@ -397,8 +460,10 @@ mod tests {
                             epsilon: Epsilon::new(*e).unwrap(),
                         })
                         .collect(),
+                    locmrf: None,
                 })
                 .collect(),
+            encoding: VerticalEncoding::Fo,
         }
     }
 
@@ -426,6 +491,62 @@ mod tests {
             &s,
         )
         .unwrap();
+    }
+
+    /// Encoding `fo+locmrf`: a budget needs that encoding, the encoding needs a budget, δ is
+    /// in (0, 1); a party's ε adds its model's, the composed δ the models' δ.
+    #[test]
+    fn local_model_budgets_are_checked_and_compose() {
+        let s = schema();
+        let budget = |e: f64, d: f64| {
+            Some(LocMrfBudget {
+                epsilon: Epsilon::new(e).unwrap(),
+                delta: d,
+            })
+        };
+        let with = |encoding, b1, b2| {
+            let mut p = params(&[("x", &[("a", 1.0), ("b", 2.0)]), ("y", &[("c", 0.5)])]);
+            p.encoding = encoding;
+            p.parties[0].locmrf = b1;
+            p.parties[1].locmrf = b2;
+            Vertical::new(&p, &s)
+        };
+        let ok = with(VerticalEncoding::FoLocmrf, budget(0.5, 1e-6), None).unwrap();
+        assert_eq!(ok.encoding(), VerticalEncoding::FoLocmrf);
+        assert_eq!(ok.party_epsilon(0), 3.5);
+        assert_eq!(ok.max_party_epsilon(), 3.5);
+        assert_eq!(ok.composed_epsilon(), 4.0);
+        assert_eq!(ok.composed_delta(), 1e-6);
+        let both = with(
+            VerticalEncoding::FoLocmrf,
+            budget(0.5, 1e-6),
+            budget(0.25, 2e-6),
+        )
+        .unwrap();
+        assert!((both.composed_delta() - 3e-6).abs() < 1e-18);
+        assert_eq!(both.composed_epsilon(), 4.25);
+        for (encoding, b1, what) in [
+            (VerticalEncoding::Fo, budget(0.5, 1e-6), "encoding is `fo`"),
+            (VerticalEncoding::FoLocmrf, None, "at least one party"),
+            (
+                VerticalEncoding::FoLocmrf,
+                budget(0.5, 0.0),
+                "0 < delta < 1",
+            ),
+            (
+                VerticalEncoding::FoLocmrf,
+                budget(0.5, 1.0),
+                "0 < delta < 1",
+            ),
+            (
+                VerticalEncoding::FoLocmrf,
+                budget(0.001, 1e-6),
+                "0 < delta < 1",
+            ),
+        ] {
+            let e = with(encoding, b1, None).unwrap_err().to_string();
+            assert!(e.contains(what), "{what}: {e}");
+        }
     }
 
     #[test]

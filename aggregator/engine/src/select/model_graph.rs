@@ -50,15 +50,31 @@ pub fn select_model_graph(
     max_clique_cells: u64,
     margin: f64,
 ) -> BTreeSet<Edge> {
+    select_model_graph_from(dims, &BTreeSet::new(), candidates, max_clique_cells, margin)
+}
+
+/// As [`select_model_graph`], starting from the edges `given` (kept whatever their gain: the
+/// parties' local graphs of an `fo+locmrf` vertical collection, VertiMRF §5.1 GraphCom), the
+/// cap raised to `given`'s own largest clique if that is larger.
+pub fn select_model_graph_from(
+    dims: &[usize],
+    given: &BTreeSet<Edge>,
+    candidates: &[(Edge, PairGain)],
+    max_clique_cells: u64,
+    margin: f64,
+) -> BTreeSet<Edge> {
+    let max_clique_cells = max_clique_cells.max(largest_clique_cells(dims, given));
     let mut ranked: Vec<(f64, Edge)> = candidates
         .iter()
         .map(|(e, g)| (g.cautious_gain(margin), edge(e.0, e.1)))
         .filter(|(gain, _)| *gain > 0.0)
         .collect();
     ranked.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)));
-    let mut chosen = BTreeSet::new();
+    let mut chosen = given.clone();
     for (_, e) in ranked {
-        chosen.insert(e);
+        if !chosen.insert(e) {
+            continue;
+        }
         if largest_clique_cells(dims, &chosen) > max_clique_cells {
             chosen.remove(&e);
         }
@@ -96,5 +112,20 @@ mod tests {
         // A margin of 3 sd (0.15) drops (0, 2), whose gain 0.1 is within its noise.
         let e = select_model_graph(&dims, &cands, 1000, 3.0);
         assert_eq!(e, [(0, 1), (1, 2)].into_iter().collect());
+        // Given edges stay whatever their gain; (0, 1) joins them as a path, and (1, 2) is
+        // then refused by the cap of 100 (it would close the triangle 0-1-2).
+        let given: BTreeSet<Edge> = [(2, 3), (0, 2)].into_iter().collect();
+        let e = select_model_graph_from(&dims, &given, &cands, 100, 0.0);
+        assert_eq!(e, [(0, 1), (0, 2), (2, 3)].into_iter().collect());
+        // A given graph larger than the cap raises the cap to its own largest clique (the
+        // triangle 0-2-3, 1000 cells): the triangle 0-1-2 then fits beside it.
+        let given: BTreeSet<Edge> = [(0, 2), (2, 3), (0, 3)].into_iter().collect();
+        let e = select_model_graph_from(&dims, &given, &cands, 100, 0.0);
+        assert_eq!(
+            e,
+            [(0, 1), (0, 2), (0, 3), (1, 2), (2, 3)]
+                .into_iter()
+                .collect()
+        );
     }
 }

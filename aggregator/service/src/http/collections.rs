@@ -55,6 +55,11 @@ fn view_of(state: &AppState, h: &CollectionHandle) -> api::CollectionView {
         },
         party_epsilon: super::super::vertical::party_epsilons(h),
         composed_epsilon: super::super::vertical::composed_epsilon(h),
+        composed_delta: h
+            .engine
+            .vertical()
+            .map(|v| v.composed_delta())
+            .filter(|d| *d > 0.0),
         party_tokens: None,
     }
 }
@@ -176,7 +181,7 @@ fn check_text(
 }
 const PRIVINCR_KEYS: &[&str] = &["omega", "rounds", "phi", "alpha", "sigma"];
 const SAMPRIVSYN_KEYS: &[&str] = &["batch_size"];
-const VERTICAL_KEYS: &[&str] = &["parties"];
+const VERTICAL_KEYS: &[&str] = &["parties", "encoding"];
 
 /// Parses and checks a create request strictly: known keys only, valid schema, ε, N and
 /// protocol parameters. Returns the config and its engine. Errors: 400 problems
@@ -248,7 +253,8 @@ pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine),
         ));
     }
     if protocol == "vertical" && !obj.contains_key("epsilon") {
-        // A vertical collection's ε is its largest party total: filled in when omitted.
+        // A vertical collection's ε is its largest party total (reports and local model):
+        // filled in when omitted.
         let parties: ldpsyn::protocol::VerticalParams = super::extract::from_json_value(
             json!({"parties": obj.get("parties").cloned().unwrap_or(Value::Null)}),
             "",
@@ -257,7 +263,7 @@ pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine),
         let total = parties
             .parties
             .iter()
-            .map(ldpsyn::protocol::Party::epsilon)
+            .map(ldpsyn::protocol::Party::composed_epsilon)
             .fold(0.0, f64::max);
         obj.insert("epsilon".into(), json!(total));
     }

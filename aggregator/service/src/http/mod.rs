@@ -10,7 +10,7 @@
 //! | POST `/v1/collections/{id}/reports` | anyone (per-IP rate limit) |
 //! | POST `/v1/collections/{id}/close-round`, `/finalize` | admin |
 //! | GET `/v1/collections/{id}/model`, `/marginals?attrs=a,b`, `/synthetic?rows=N&seed=S&format=csv\|ndjson&numeric=recover\|uniform\|midpoint` | admin |
-//! | GET `/v1/collections/{id}/parties`; POST `…/parties/{party}/records` | admin; the party's token (per-IP rate limit) |
+//! | GET `/v1/collections/{id}/parties`; POST `…/parties/{party}/records`, `…/parties/{party}/model` | admin; the party's token (per-IP rate limit) |
 //! | GET `/healthz` | anyone (per-IP rate limit) |
 //! | GET `/metrics` | anyone (per-collection series: admin) |
 //! | GET `/v1/openapi.json` | anyone (the OpenAPI 3.1 document, [`super::openapi`]) |
@@ -139,6 +139,11 @@ pub fn routes() -> Vec<Route> {
         Route::post(
             "/v1/collections/{id}/parties/{party}/records",
             parties::post_party_records,
+        )
+        .limited(LimitedRoute::PartyRecords),
+        Route::post(
+            "/v1/collections/{id}/parties/{party}/model",
+            parties::post_party_model,
         )
         .limited(LimitedRoute::PartyRecords),
         // The dashboard's static files (no auth; its data calls are the admin routes above).

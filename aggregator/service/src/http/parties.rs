@@ -1,5 +1,6 @@
-//! Parties of vertical collections: their upload tokens (admin) and their record uploads
-//! (committed by the committer; [`super::super::vertical`]).
+//! Parties of vertical collections: their upload tokens (admin), their record uploads
+//! (committed by the committer; [`super::super::vertical`]) and, under encoding `fo+locmrf`,
+//! their local models ([`post_party_model`], stored directly behind the ingest barrier).
 
 use std::collections::BTreeSet;
 
@@ -13,9 +14,11 @@ use ldpsyn::vertical::{MAX_RECORDS_PER_UPLOAD, PartyUpload, PartyUploadResult, i
 use super::super::api::PartyTokens;
 use super::super::error::ApiError;
 use super::super::ingest::{CollectionHandle, Command};
+use super::super::storage::PartyModelStore;
 use super::super::{AppState, vertical};
 use super::extract::{Admin, handle_of, read_body};
 use ldpsyn_engine::Phase;
+use ldpsyn_engine::measure::local_model::LocalModel;
 
 /// Every party's upload token of a vertical collection (admin).
 #[utoipa::path(get, path = "/v1/collections/{id}/parties", tag = "parties",
@@ -84,20 +87,7 @@ pub async fn post_party_records(
             format!("the collection has no party `{party}`"),
         )
     })?;
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or_default();
-    if !state
-        .token_key()
-        .verify_party_token(h.id, &party, presented.trim())
-    {
-        return Err(ApiError::problem(
-            ProblemType::Unauthorized,
-            format!("this route needs `Authorization: Bearer <token of party {party}>`"),
-        ));
-    }
+    check_party_token(&state, &h, &party, &headers)?;
     let body = read_body(body, state.config().max_body_bytes).await?;
     let upload: PartyUpload = super::extract::from_json_slice(&body, "").map_err(|e| {
         ApiError::problem(
@@ -155,4 +145,135 @@ pub async fn post_party_records(
         .await?;
     state.metrics().reports(result.accepted, result.duplicate);
     Ok(Json(result))
+}
+
+/// `POST /v1/collections/{id}/parties/{party}/model`: party `party`'s local model
+/// ([`LocalModel`]; `fo+locmrf` collections, VertiMRF §4.1 LocMRF). Stored once: `201` when
+/// stored, `200` for an identical resend; a different second model is refused (`409`:
+/// re-measuring would spend the party's budget twice). Every refusal changes nothing.
+#[utoipa::path(post, path = "/v1/collections/{id}/parties/{party}/model", tag = "parties",
+    security(("party" = [])),
+    params(
+        ("id" = uuid::Uuid, Path, description = "The collection id."),
+        ("party" = String, Path, description = "The party's name."),
+    ),
+    request_body(content = super::super::api::LocalModelUpload, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The same model was stored before.", body = super::super::api::PartyModelAnswer),
+        (status = 201, description = "Stored.", body = super::super::api::PartyModelAnswer),
+        (status = 400, response = super::super::openapi::BadRequest),
+        (status = 401, response = super::super::openapi::Unauthorized),
+        (status = 404, response = super::super::openapi::NotFound),
+        (status = 409, response = super::super::openapi::Conflict),
+        (status = 413, response = super::super::openapi::PayloadTooLarge),
+        (status = 429, response = super::super::openapi::TooManyRequests),
+    ))]
+pub async fn post_party_model(
+    State(state): State<AppState>,
+    Path((id, party)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    let h = handle_of(&state, &id).await?;
+    let v = h.engine.vertical().ok_or_else(not_vertical)?;
+    let p = v.party_index(&party).ok_or_else(|| {
+        ApiError::problem(
+            ProblemType::NotFound,
+            format!("the collection has no party `{party}`"),
+        )
+    })?;
+    check_party_token(&state, &h, &party, &headers)?;
+    if v.parties()[p].locmrf.is_none() {
+        return Err(ApiError::problem(
+            ProblemType::Conflict,
+            format!(
+                "party `{party}` has no `locmrf` budget in this collection's config (encoding \
+                 `{}`): it uploads records only",
+                if v.encoding() == ldpsyn::protocol::VerticalEncoding::Fo {
+                    "fo"
+                } else {
+                    "fo+locmrf"
+                }
+            ),
+        ));
+    }
+    let body = read_body(body, state.config().max_body_bytes).await?;
+    let model: LocalModel = super::extract::from_json_slice(&body, "").map_err(|e| {
+        ApiError::problem(
+            ProblemType::MalformedRequest,
+            format!(
+                "the body must be a local model {{\"party\", \"measurements\", \"graph\", \
+                 \"privacy\"}}: {e}"
+            ),
+        )
+    })?;
+    let resolved = &v.parties()[p];
+    model
+        .check(
+            &resolved.name,
+            &resolved.attributes,
+            resolved.locmrf,
+            h.engine.schema_dims(),
+        )
+        .map_err(|e| ApiError::problem(ProblemType::InvalidParameter, e))?;
+    if h.state().phase == Phase::Finalized {
+        return Err(vertical::finalized_model());
+    }
+    let stored = state
+        .db()
+        .store_party_model(h.id, &party, &model, super::super::now_secs())
+        .await?;
+    let answer = |status, stored| {
+        Ok((
+            status,
+            Json(super::super::api::PartyModelAnswer {
+                party: party.clone(),
+                stored,
+                measurements: model.measurements().len(),
+            }),
+        )
+            .into_response())
+    };
+    match stored {
+        PartyModelStore::Stored => answer(axum::http::StatusCode::CREATED, true),
+        PartyModelStore::Identical => answer(axum::http::StatusCode::OK, false),
+        PartyModelStore::Different => Err(ApiError::problem(
+            ProblemType::Conflict,
+            format!(
+                "party `{party}` already uploaded another local model; a party measures its \
+                 model once (a second one would spend its budget again)"
+            ),
+        )),
+        PartyModelStore::Finalized => Err(vertical::finalized_model()),
+        PartyModelStore::Gone => Err(ApiError::problem(
+            ProblemType::UnknownCollection,
+            format!("collection {} was deleted", h.id),
+        )),
+    }
+}
+
+/// Checks `Authorization: Bearer <token of party>`. Errors: `unauthorized`.
+fn check_party_token(
+    state: &AppState,
+    h: &CollectionHandle,
+    party: &str,
+    headers: &HeaderMap,
+) -> Result<(), ApiError> {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    if state
+        .token_key()
+        .verify_party_token(h.id, party, presented.trim())
+    {
+        Ok(())
+    } else {
+        Err(ApiError::problem(
+            ProblemType::Unauthorized,
+            format!("this route needs `Authorization: Bearer <token of party {party}>`"),
+        ))
+    }
 }

@@ -234,6 +234,24 @@ pub(crate) fn operations() -> Vec<OperationDoc> {
             response: json!({"accepted": 1, "duplicate": 0}),
         },
         OperationDoc {
+            method: "post",
+            path: "/v1/collections/{id}/parties/{party}/model",
+            summary: "Upload a party's local model",
+            description: "Under encoding `fo+locmrf`, a party with a `locmrf` budget uploads \
+                its local central-DP model of its own attributes (VertiMRF LocMRF): noisy \
+                marginals with their noise, its attribute graph and its accounting, made by \
+                `ldpsyn-aggregator party upload`. Checked against the config (400); stored \
+                once (201), an identical resend is 200, another model 409. Finalize answers \
+                409 until every such party has uploaded.",
+            request: Some(json!({"party": "bank", "measurements": [
+                {"attrs": [0], "counts": [1204.0, 873.0], "sigma": 21.3},
+                {"attrs": [1], "counts": [630.0, 911.0, 540.0], "sigma": 24.9},
+                {"attrs": [0, 1], "counts": [402.0, 515.0, 280.0, 231.0, 390.0, 262.0], "sigma": 9.8}],
+                "graph": [[0, 1]],
+                "privacy": {"epsilon": 0.32, "delta": 1e-6, "rho": 0.0021, "rho_spent": 0.0021}})),
+            response: json!({"party": "bank", "stored": true, "measurements": 3}),
+        },
+        OperationDoc {
             method: "get",
             path: "/healthz",
             summary: "Check that the service and its database answer",

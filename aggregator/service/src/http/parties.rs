@@ -19,6 +19,7 @@ use super::super::{AppState, vertical};
 use super::extract::{Admin, handle_of, read_body};
 use ldpsyn_engine::Phase;
 use ldpsyn_engine::measure::local_model::LocalModel;
+use ldpsyn_engine::protocols::vertical::Vertical;
 
 /// Every party's upload token of a vertical collection (admin).
 #[utoipa::path(get, path = "/v1/collections/{id}/parties", tag = "parties",
@@ -56,6 +57,19 @@ fn not_vertical() -> ApiError {
     )
 }
 
+/// The rules of `h`'s vertical collection and the index of its party `party`. Errors: `409`
+/// when the collection is not vertical, `404` when it has no such party.
+fn party_of<'a>(h: &'a CollectionHandle, party: &str) -> Result<(&'a Vertical, usize), ApiError> {
+    let v = h.engine.vertical().ok_or_else(not_vertical)?;
+    let p = v.party_index(party).ok_or_else(|| {
+        ApiError::problem(
+            ProblemType::NotFound,
+            format!("the collection has no party `{party}`"),
+        )
+    })?;
+    Ok((v, p))
+}
+
 /// `POST /v1/collections/{id}/parties/{party}/records`.
 #[utoipa::path(post, path = "/v1/collections/{id}/parties/{party}/records", tag = "parties",
     security(("party" = [])),
@@ -80,13 +94,7 @@ pub async fn post_party_records(
     body: Body,
 ) -> Result<Json<PartyUploadResult>, ApiError> {
     let h = handle_of(&state, &id).await?;
-    let v = h.engine.vertical().ok_or_else(not_vertical)?;
-    let p = v.party_index(&party).ok_or_else(|| {
-        ApiError::problem(
-            ProblemType::NotFound,
-            format!("the collection has no party `{party}`"),
-        )
-    })?;
+    let (v, p) = party_of(&h, &party)?;
     check_party_token(&state, &h, &party, &headers)?;
     let body = read_body(body, state.config().max_body_bytes).await?;
     let upload: PartyUpload = super::extract::from_json_slice(&body, "").map_err(|e| {
@@ -176,13 +184,7 @@ pub async fn post_party_model(
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
     let h = handle_of(&state, &id).await?;
-    let v = h.engine.vertical().ok_or_else(not_vertical)?;
-    let p = v.party_index(&party).ok_or_else(|| {
-        ApiError::problem(
-            ProblemType::NotFound,
-            format!("the collection has no party `{party}`"),
-        )
-    })?;
+    let (v, p) = party_of(&h, &party)?;
     check_party_token(&state, &h, &party, &headers)?;
     if v.parties()[p].locmrf.is_none() {
         return Err(ApiError::problem(
@@ -190,11 +192,7 @@ pub async fn post_party_model(
             format!(
                 "party `{party}` has no `locmrf` budget in this collection's config (encoding \
                  `{}`): it uploads records only",
-                if v.encoding() == ldpsyn::protocol::VerticalEncoding::Fo {
-                    "fo"
-                } else {
-                    "fo+locmrf"
-                }
+                serde_json::json!(v.encoding()).as_str().unwrap_or_default()
             ),
         ));
     }

@@ -151,13 +151,7 @@ impl CollectionProtocol for Auto {
         a: usize,
         b: usize,
     ) -> Option<PairGain> {
-        // Selected: still active when the plan was made (under drift phase 2 also repeats
-        // the screening design, unselected pairs included).
-        let selected = state.plan().is_some()
-            && state
-                .edges()
-                .iter()
-                .any(|e| e.active && (e.a, e.b) == (a, b));
+        let selected = selected_for_phase2(state, (a, b));
         let phase2 = state.round;
         best_pair_gain(ms, one_way, a, b, Null::SamePeople, |k| {
             !selected || k.factor != [a, b] || k.round >= phase2
@@ -175,17 +169,20 @@ impl CollectionProtocol for Auto {
     /// own estimates: their screening residuals are the ones they were left out for (biased
     /// low, `benchmarks/sweeps/pooled-dependence.md`).
     fn pool_gains(&self, ctx: &Context, state: &CollectionState, gains: &mut [(Edge, PairGain)]) {
-        if state.plan().is_none() {
-            return;
-        }
-        let measured = |e: &Edge| state.edges().iter().any(|s| s.active && (s.a, s.b) == *e);
         let significance = self.pool_significance(ctx);
         lift_weak_dependence(
             gains
                 .iter_mut()
-                .filter(|(e, _)| measured(e))
+                .filter(|(e, _)| selected_for_phase2(state, *e))
                 .map(|(_, g)| g),
             significance,
         );
     }
+}
+
+/// Whether phase 2 measures `pair` because the selection chose it: a plan exists and the pair
+/// was still active when it was made (under drift phase 2 also repeats the screening design,
+/// unselected pairs included).
+fn selected_for_phase2(state: &CollectionState, pair: Edge) -> bool {
+    state.plan().is_some() && state.edges().iter().any(|e| e.active && (e.a, e.b) == pair)
 }

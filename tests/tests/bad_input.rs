@@ -770,7 +770,9 @@ async fn query_errors_say_what_was_wrong_and_what_is_allowed() {
     assert_eq!(
         detail("marginals".into(), get.clone()).await,
         "`attrs` is missing; this route takes `attrs` (required; attribute names of the \
-         schema, comma-separated, each once, e.g. `attrs=age,sex`)"
+         schema, comma-separated, each once, e.g. `attrs=age,sex`), `provisional` (`true` \
+         (before finalize, a model refitted from the reports so far) or `false`; default \
+         `false`)"
     );
     // No parser jargon anywhere.
     for q in [

@@ -106,7 +106,7 @@ pub struct FinalizeAnswer {
     pub model: ModelDescription,
 }
 
-/// `GET /v1/collections/{id}/model`.
+/// `GET /v1/collections/{id}/model[?provisional=true]`.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ModelAnswer {
     /// Attribute names, in schema order (the model's attribute indices point here).
@@ -114,6 +114,24 @@ pub struct ModelAnswer {
     /// The model.
     #[schema(schema_with = model_schema)]
     pub model: ModelDescription,
+    /// Which model answered and what it saw.
+    #[serde(flatten)]
+    pub fitted: FittedFrom,
+}
+
+/// Which model a results answer comes from: the final one, or a provisional refit while the
+/// collection collects (`provisional=true` before finalize).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct FittedFrom {
+    /// `true`: refitted from the reports accepted so far while the collection collects; it
+    /// changes as reports arrive. `false`: the final model, built at finalize.
+    pub provisional: bool,
+    /// Reports the model was fitted from (a vertical collection: party records), as the
+    /// status's `reports_accepted` counts them.
+    pub reports: u64,
+    /// A provisional model only: when its fit finished, Unix time in seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fitted_at: Option<i64>,
 }
 
 /// `GET /v1/collections/{id}/marginals?attrs=…`: a marginal of the fitted model.
@@ -131,6 +149,9 @@ pub struct MarginalsAnswer {
     /// Standard errors of `frequencies` where some measured table holds all the attributes;
     /// `null` otherwise.
     pub std_errors: Option<Vec<f64>>,
+    /// Which model answered and what it saw.
+    #[serde(flatten)]
+    pub fitted: FittedFrom,
 }
 
 /// The body of `POST /v1/collections/{id}/parties/{party}/model`: a party's local model

@@ -134,6 +134,12 @@ pub struct ServeConfig {
     /// are not finalized yet.
     #[arg(long, env = "LDPSYN_MAINTENANCE_INTERVAL_SECS", default_value_t = 3600)]
     pub maintenance_interval_secs: u64,
+    /// Provisional estimates (`?provisional=true` before finalize): a cached refit answers
+    /// requests for this long after its fit finished, milliseconds; then the next request
+    /// refits from the reports so far (one refit at a time per collection). A refit that saw
+    /// every report accepted so far answers whatever its age. 0: refit whenever reports came.
+    #[arg(long, env = "LDPSYN_PROVISIONAL_REFRESH_MS", default_value_t = 5_000)]
+    pub provisional_refresh_ms: u64,
     /// Simulations only: draw tasks from one stream seeded by this (in the order the task
     /// requests arrive) instead of the operating system's randomness, so that a simulation
     /// that asks for tasks in a fixed order (`demo`) hands out the same tasks every run.

@@ -29,6 +29,7 @@ use uuid::Uuid;
 
 use super::error::ApiError;
 use super::metrics::Metrics;
+use super::provisional::ProvisionalCache;
 use super::storage::{self, Db, IngestGate, MemoryView, NewReport, Writer};
 use ldpsyn_engine::measure::local_model::LocalModel;
 use ldpsyn_engine::{
@@ -78,6 +79,8 @@ pub struct CollectionHandle {
     /// Set once the collection's rows are deleted: the committer refuses what is still queued
     /// for it (`unknown-collection`).
     deleted: AtomicBool,
+    /// The model refitted from the reports so far, while collecting ([`super::provisional`]).
+    provisional: ProvisionalCache,
 }
 
 impl CollectionHandle {
@@ -115,6 +118,7 @@ impl CollectionHandle {
             close_hold: Arc::default(),
             sampler_builds,
             deleted: AtomicBool::new(false),
+            provisional: ProvisionalCache::default(),
         }
     }
 
@@ -206,7 +210,7 @@ impl CollectionHandle {
     }
 
     /// The current state and its stored version, read together.
-    fn state_and_version(&self) -> (Arc<CollectionState>, i64) {
+    pub(crate) fn state_and_version(&self) -> (Arc<CollectionState>, i64) {
         let guard = self.state.read().unwrap_or_else(|e| e.into_inner());
         (guard.state.clone(), self.state_version.load(Relaxed))
     }
@@ -259,6 +263,11 @@ impl CollectionHandle {
             *self.round_counts.entry(round).or_insert(0) += n;
             self.accepted.fetch_add(n, Relaxed);
         }
+    }
+
+    /// The provisional model's cache ([`super::provisional`]).
+    pub fn provisional(&self) -> &ProvisionalCache {
+        &self.provisional
     }
 
     /// The model, once finalized.

@@ -13,6 +13,8 @@
 //! - [`listener`]: the accept loop (header-read and idle timeouts, graceful shutdown).
 //! - [`ui`]: the dashboard at `/ui/` (embedded static files).
 //! - [`maintenance`]: the periodic retention sweep and finalize at target.
+//! - [`provisional`]: estimates while collecting (the model refitted from the reports so
+//!   far, cached per collection, off the ingest path).
 //! - [`metrics`], [`ratelimit`], [`synthetic`].
 //!
 //! ```no_run
@@ -37,6 +39,7 @@ pub mod listener;
 pub mod maintenance;
 pub mod metrics;
 pub mod openapi;
+pub mod provisional;
 pub mod ratelimit;
 pub mod storage;
 pub mod synthetic;

@@ -1,8 +1,10 @@
-//! Results of a finalized collection (admin): the model, marginals, and the streamed
-//! synthetic download (rows written by [`super::super::synthetic`] on a blocking task into a
+//! Results of a collection (admin): the model and marginals (final, or provisional while
+//! collecting: [`super::super::provisional`]), and the streamed synthetic download of a
+//! finalized one (rows written by [`super::super::synthetic`] on a blocking task into a
 //! bounded channel: memory stays bounded, the work stops when the client goes away).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Json;
 use axum::body::{Body, Bytes};
@@ -16,10 +18,11 @@ use utoipa::IntoParams;
 
 use super::super::error::ApiError;
 use super::super::ingest::CollectionHandle;
+use super::super::provisional::provisional_model;
 use super::super::synthetic::{Format, write_synthetic};
 use super::super::{AppState, api};
 use super::extract::{Admin, ParamKind, Query, QueryParam, QueryParams, handle_of};
-use ldpsyn_engine::Expansion;
+use ldpsyn_engine::{Expansion, Phase};
 
 /// The media type of a Parquet download.
 pub const PARQUET_CONTENT_TYPE: &str = "application/vnd.apache.parquet";
@@ -32,6 +35,39 @@ pub struct MarginalsQuery {
     /// Comma-separated attribute names, distinct.
     #[param(example = "age,sex")]
     pub attrs: String,
+    /// `true`: before finalize, answer from a model refitted from the reports so far
+    /// (labelled `"provisional": true`); after finalize the final model answers either way.
+    /// Default `false`: 409 before finalize.
+    #[serde(default)]
+    #[param(default = false, example = true)]
+    pub provisional: bool,
+}
+
+/// The query of `GET /v1/collections/{id}/model`; any other parameter is a 400.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ModelQuery {
+    /// As for `…/marginals`: `true` answers a provisional model before finalize.
+    #[serde(default)]
+    #[param(default = false, example = true)]
+    pub provisional: bool,
+}
+
+/// What `provisional` takes, in words (400 details).
+const PROVISIONAL_ALLOWED: &str = "`true` (before finalize, a model refitted from the reports \
+    so far) or `false`; default `false`";
+
+/// The `provisional` parameter of the model and marginals routes.
+const PROVISIONAL_PARAM: QueryParam = QueryParam {
+    name: "provisional",
+    required: false,
+    kind: ParamKind::Bool,
+    allowed: PROVISIONAL_ALLOWED,
+};
+
+impl QueryParams for ModelQuery {
+    const PARAMS: &'static [QueryParam] = &[PROVISIONAL_PARAM];
 }
 
 /// The query of `GET /v1/collections/{id}/synthetic`; any other parameter is a 400.
@@ -55,12 +91,16 @@ pub struct SyntheticQuery {
 }
 
 impl QueryParams for MarginalsQuery {
-    const PARAMS: &'static [QueryParam] = &[QueryParam {
-        name: "attrs",
-        required: true,
-        kind: ParamKind::Text,
-        allowed: "attribute names of the schema, comma-separated, each once, e.g. `attrs=age,sex`",
-    }];
+    const PARAMS: &'static [QueryParam] = &[
+        QueryParam {
+            name: "attrs",
+            required: true,
+            kind: ParamKind::Text,
+            allowed: "attribute names of the schema, comma-separated, each once, e.g. \
+                `attrs=age,sex`",
+        },
+        PROVISIONAL_PARAM,
+    ];
 }
 
 impl QueryParams for SyntheticQuery {
@@ -114,11 +154,62 @@ pub(crate) async fn model_of(
     Ok((h, m))
 }
 
+/// The model a results route answers from, and what it saw ([`api::FittedFrom`]).
+struct Answering {
+    model: Arc<ldpsyn_engine::Model>,
+    fitted: api::FittedFrom,
+}
+
+/// The model that answers `…/model` and `…/marginals` for collection `h`: the final model
+/// once built; before, with `provisional`, the provisional one ([`provisional_model`]).
+/// Errors: 409 `model-not-ready` before finalize without `provisional` (the detail says to
+/// pass it) and while the final model is being fitted; [`provisional_model`]'s.
+async fn answering(
+    state: &AppState,
+    h: &Arc<CollectionHandle>,
+    provisional: bool,
+) -> Result<Answering, ApiError> {
+    if let Some(model) = h.model() {
+        return Ok(Answering {
+            model,
+            fitted: api::FittedFrom {
+                provisional: false,
+                reports: h.accepted(),
+                fitted_at: None,
+            },
+        });
+    }
+    if h.state().phase == Phase::Finalized {
+        return Err(ApiError::problem(
+            ProblemType::ModelNotReady,
+            "the collection is finalized and its model is being fitted; ask again shortly",
+        ));
+    }
+    if !provisional {
+        return Err(ApiError::problem(
+            ProblemType::ModelNotReady,
+            "the model is built when the collection is finalized (POST …/finalize); pass \
+             `provisional=true` for a provisional estimate refitted from the reports so far",
+        ));
+    }
+    let refresh = Duration::from_millis(state.config().provisional_refresh_ms);
+    let p = provisional_model(state.db(), h, refresh).await?;
+    Ok(Answering {
+        model: p.model.clone(),
+        fitted: api::FittedFrom {
+            provisional: true,
+            reports: p.reports,
+            fitted_at: Some(p.fitted_at),
+        },
+    })
+}
+
 #[utoipa::path(get, path = "/v1/collections/{id}/model", tag = "results",
     security(("admin" = [])),
-    params(("id" = uuid::Uuid, Path, description = "The collection id.")),
+    params(("id" = uuid::Uuid, Path, description = "The collection id."), ModelQuery),
     responses(
-        (status = 200, description = "The model of a finalized collection.", body = api::ModelAnswer),
+        (status = 200, description = "The model of a finalized collection, or with `provisional=true` before finalize the model refitted from the reports so far.", body = api::ModelAnswer),
+        (status = 400, response = super::super::openapi::BadRequest),
         (status = 401, response = super::super::openapi::Unauthorized),
         (status = 404, response = super::super::openapi::NotFound),
         (status = 409, response = super::super::openapi::Conflict),
@@ -127,8 +218,11 @@ pub(crate) async fn get_model(
     State(state): State<AppState>,
     _admin: Admin,
     Path(id): Path<String>,
+    query: Result<Query<ModelQuery>, ApiError>,
 ) -> Result<Json<api::ModelAnswer>, ApiError> {
-    let (h, m) = model_of(&state, &id).await?;
+    let h = handle_of(&state, &id).await?;
+    let Query(ModelQuery { provisional }) = query?;
+    let Answering { model, fitted } = answering(&state, &h, provisional).await?;
     let attributes = h
         .config
         .schema
@@ -138,7 +232,8 @@ pub(crate) async fn get_model(
         .collect();
     Ok(Json(api::ModelAnswer {
         attributes,
-        model: super::super::vertical::describe_model(&h, &m),
+        model: super::super::vertical::describe_model(&h, &model),
+        fitted,
     }))
 }
 
@@ -159,7 +254,7 @@ pub(crate) fn labels(schema: &Schema, a: usize) -> Vec<String> {
     security(("admin" = [])),
     params(("id" = uuid::Uuid, Path, description = "The collection id."), MarginalsQuery),
     responses(
-        (status = 200, description = "The marginal of `attrs` under the model, with standard errors where measured.", body = api::MarginalsAnswer),
+        (status = 200, description = "The marginal of `attrs` under the model (final, or provisional with `provisional=true` before finalize), with standard errors where measured.", body = api::MarginalsAnswer),
         (status = 400, response = super::super::openapi::BadRequest),
         (status = 401, response = super::super::openapi::Unauthorized),
         (status = 404, response = super::super::openapi::NotFound),
@@ -171,12 +266,13 @@ pub(crate) async fn get_marginals(
     Path(id): Path<String>,
     query: Result<Query<MarginalsQuery>, ApiError>,
 ) -> Result<Json<api::MarginalsAnswer>, ApiError> {
-    let (h, m) = model_of(&state, &id).await?;
-    // Parsed after the model, as before: 404/409 come first whatever the query.
-    let Query(MarginalsQuery { attrs }) = query?;
+    let h = handle_of(&state, &id).await?;
+    let Query(MarginalsQuery { attrs, provisional }) = query?;
     let schema = &h.config.schema;
+    // Checked before any refit, which a bad request should not cost.
     let idx = marginal_attributes(schema, &attrs)?;
-    let est = m.marginal(&idx)?;
+    let Answering { model, fitted } = answering(&state, &h, provisional).await?;
+    let est = model.marginal(&idx)?;
     Ok(Json(api::MarginalsAnswer {
         attributes: idx
             .iter()
@@ -186,6 +282,7 @@ pub(crate) async fn get_marginals(
         dims: est.dims,
         frequencies: est.frequencies,
         std_errors: est.std_errors,
+        fitted,
     }))
 }
 

@@ -173,28 +173,44 @@ pub(crate) fn operations() -> Vec<OperationDoc> {
         OperationDoc {
             method: "get",
             path: "/v1/collections/{id}/model",
-            summary: "Get the model of a finalized collection",
+            summary: "Get the model, final or provisional",
             description: "The model built at finalization (admin): the pairs evaluated, the \
                 dependency structure and junction tree, the rounds with their reports, the \
                 working bins of numeric attributes, and drift and residual checks where they \
-                apply. 409 `model-not-ready` before finalization.",
+                apply, with `provisional` (false: the final model) and `reports` (the reports \
+                it was fitted from). Before finalization it is 409 `model-not-ready` unless \
+                `provisional=true` (default `false`): then the answer is a model refitted \
+                from the reports accepted so far by the same stages as finalize, labelled \
+                `\"provisional\": true` with `reports` and `fitted_at` (Unix seconds); refits \
+                are cached per collection for the server's `--provisional-refresh-ms` \
+                (default 5,000) and never change the collection. After finalization \
+                `provisional=true` answers the final model. 409 `conflict` before the first \
+                report.",
             request: None,
-            response: json!({"attributes": ["age", "sex"], "model": model()}),
+            response: json!({"attributes": ["age", "sex"], "model": model(),
+                "provisional": true, "reports": 40, "fitted_at": 1779195272}),
         },
         OperationDoc {
             method: "get",
             path: "/v1/collections/{id}/marginals",
-            summary: "Get a marginal of the model",
+            summary: "Get a marginal of the model, final or provisional",
             description: "The joint distribution of the attributes named in `attrs` \
                 (comma-separated, each once) under the model, row-major in that order, with \
                 each code's label (numeric: the bin's midpoint) and standard errors where a \
                 measured table holds all of them (admin). An unknown or repeated name is a \
-                400 naming it; 409 `model-not-ready` before finalization.",
+                400 naming it. Before finalization it is 409 `model-not-ready` unless \
+                `provisional=true` (default `false`): then the model refitted from the \
+                reports so far answers (as `GET …/model?provisional=true`), labelled \
+                `\"provisional\": true` with `reports` and `fitted_at`; its standard errors \
+                come from the same variance model as the final one's and shrink as reports \
+                arrive. Provisional estimates are post-processing of the same reports: they \
+                cost no privacy. After finalization `provisional=true` answers the final \
+                model (`\"provisional\": false`).",
             request: None,
             response: json!({"attributes": ["age", "sex"],
                 "labels": [["12", "37", "62", "88"], ["F", "M"]], "dims": [4, 2],
                 "frequencies": [0.2143, 0.1373, 0.0285, 0.0183, 0.0904, 0.058, 0.2762, 0.177],
-                "std_errors": null}),
+                "std_errors": null, "provisional": false, "reports": 40}),
         },
         OperationDoc {
             method: "get",

@@ -8,8 +8,10 @@
 //
 // The model check says the finalized collection's rounds agree and its fit agrees with its
 // tables; a collection whose people arrived sorted by region shows the drift warning. A
-// collection still collecting shows its open round and a provisional graph, and offers no
-// download yet.
+// collection still collecting shows its open round and, from the model refitted from its
+// reports so far, the provisional graph, heat maps and 1-way bars with error bars, each panel
+// labelled "provisional (N reports)", and offers no download yet (screenshot beside the other,
+// `-provisional.png`).
 //
 // usage: node dashboard.mjs <dashboard URL> <finalized collection id> <collecting collection id>
 //        <drifted collection id> <admin token> <screenshot.png> <profile dir>
@@ -116,10 +118,29 @@ try {
   log(`collecting: current step "${current}"; ${liveProgress}`);
   if (!/^round 1/.test(current)) fail(`expected round 1 open, got ${current}`);
   if (!/1,000 of 10,000 reports/.test(liveProgress)) fail(`progress: ${liveProgress}`);
-  if (await page.$("#detail[data-ready=true]")) fail("model views shown before finalization");
+  if (await page.$("#detail[data-ready=true]")) fail("final model views shown before finalization");
   if (!(await page.isDisabled("#dl-csv"))) fail("download offered before finalization");
+  // Provisional estimates from the 1,000 reports so far, labelled as such in every panel.
+  await page.waitForSelector("#detail[data-provisional]", { timeout: 30000 });
+  const tags = await page.$$eval(".provisional-tag", (l) => l.filter((t) => !t.hidden).map((t) => t.textContent.trim()));
+  const liveBars = await page.$$eval("#oneways svg.bars", (l) => l.length);
+  const liveWhiskers = await page.$$eval("#oneways svg.bars line.err", (l) => l.length);
+  const liveHeatmaps = await page.$$eval("#heatmaps svg.heatmap", (l) => l.length);
+  const liveNote = (await page.textContent("#graph-note")).trim();
+  log(`provisional: tags ${JSON.stringify(tags)}; ${liveBars} 1-way chart(s), ${liveWhiskers} whisker lines, ` +
+      `${liveHeatmaps} heat map(s); graph: ${liveNote}`);
+  if (tags.length !== 3 || tags.some((t) => t !== "provisional (1,000 reports)")) fail(`provisional labels: ${JSON.stringify(tags)}`);
+  if (liveBars !== 5) fail(`expected 5 provisional 1-way charts, got ${liveBars}`);
+  if (liveWhiskers < 1) fail("no error bars on the provisional 1-ways");
+  if (liveHeatmaps < 1) fail("no provisional heat map");
+  if (!/^Provisional: the model graph refitted from 1,000 reports/.test(liveNote)) fail(`graph note: ${liveNote}`);
+  if (await page.$("#detail[data-ready=true]")) fail("the provisional model was drawn as the final one");
+  if (!(await page.isDisabled("#dl-csv"))) fail("download offered from a provisional model");
+  await page.screenshot({ path: screenshot.replace(/\.png$/, "-provisional.png"), fullPage: true });
   await page.click(`#collections tr[data-collection="${collection}"] a`);
   await page.waitForSelector("#detail[data-ready=true]", { timeout: 30000 });
+  const leftOver = await page.$$eval(".provisional-tag", (l) => l.filter((t) => !t.hidden).length);
+  if (leftOver) fail("provisional labels left on the finalized collection");
 
   // The token: in sessionStorage, in no URL; a reload of the tab keeps it.
   const stored = await page.evaluate(() => sessionStorage.getItem("ldpsyn-admin-token"));

@@ -3,15 +3,16 @@
 //! playwright-core (`dashboard.mjs`), a collection fed through the SDK and finalized is drawn
 //! (graph with edges, heat maps, 1-way bars with error bars, the model check), a CSV download
 //! works, a collection whose people arrived sorted by region shows the drift warning, a
-//! collection still collecting shows its open round, the token never appears in a URL, and
-//! the console stays free of errors.
+//! collection still collecting shows its open round and provisional estimates from the reports
+//! so far (graph, heat maps, 1-way bars with error bars, labelled "provisional (1,000
+//! reports)"), the token never appears in a URL, and the console stays free of errors.
 //!
 //! The browser test needs `node`, `/usr/bin/chromium` and playwright-core under
 //! `$LDPSYN_NPM_DIR/node_modules` (default `~/.cache/ldpsyn/npm`, where `.ci/run` and
 //! `wasm-client/test.sh` install it); without them it fails, unless
 //! `LDPSYN_ALLOW_MISSING_SERVICES=1` (`common::missing_service`). `LDPSYN_DASHBOARD_SCREENSHOT=docs/dashboard.png` (relative
 //! to the repository root) chooses where the screenshot goes (default: the test's temporary
-//! folder).
+//! folder); the collecting collection's goes beside it, `-provisional.png`.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};

@@ -52,11 +52,17 @@ const enc = encodeURIComponent;
 export const collections = () => getJson("/v1/collections");
 /** One collection's public config and status. */
 export const collection = (id) => getJson(`/v1/collections/${enc(id)}`);
-/** The model description of a finalized collection (admin). */
-export const model = (id) => getJson(`/v1/collections/${enc(id)}/model`);
-/** The marginal of `names` (attribute names) with standard errors (admin). */
-export const marginal = (id, names) =>
-  getJson(`/v1/collections/${enc(id)}/marginals?attrs=${names.map(enc).join(",")}`);
+/** `&provisional=true` when asked for: before finalize, the model refitted from the reports so far. */
+const prov = (provisional) => (provisional ? "provisional=true" : "");
+/**
+ * The model description (admin): the final model, or with `provisional` before finalize the
+ * model refitted from the reports so far (`provisional: true`, `reports`, `fitted_at`).
+ */
+export const model = (id, { provisional = false } = {}) =>
+  getJson(`/v1/collections/${enc(id)}/model${provisional ? `?${prov(true)}` : ""}`);
+/** The marginal of `names` (attribute names) with standard errors (admin); `provisional` as for `model`. */
+export const marginal = (id, names, { provisional = false } = {}) =>
+  getJson(`/v1/collections/${enc(id)}/marginals?attrs=${names.map(enc).join(",")}${provisional ? `&${prov(true)}` : ""}`);
 /** The synthetic download as a Blob (admin; the token in the header, not the URL). */
 export async function synthetic(id, { rows, seed, format, numeric }) {
   const q = new URLSearchParams({ rows, seed, format, numeric });

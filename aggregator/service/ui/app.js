@@ -16,9 +16,14 @@ const state = {
   selected: null,
   /** id → [{t, n}] samples of reports_accepted. */
   samples: new Map(),
-  /** id of the collection whose model views are drawn, and the graph drawn for it. */
+  /** id of the collection whose final model views are drawn. */
   drawnModel: null,
+  /** id of the collecting collection whose panels are set up, and its active-edge graph drawn. */
+  drawnCollecting: null,
+  drawnActive: null,
+  /** "id:reports:fitted_at" of the provisional model drawn; one provisional load at a time. */
   drawnProvisional: null,
+  provisionalBusy: false,
   timer: null,
 };
 
@@ -49,6 +54,7 @@ function record(id, n) {
   state.samples.set(id, s);
 }
 
+const para = (text, className = "") => Object.assign(document.createElement("p"), { className, textContent: text });
 const pct = (n, target) => (target > 0 ? Math.min(100, (100 * n) / target) : 0);
 const num = (x) => Number(x).toLocaleString("en-US");
 const fmtRate = (r) => (r === null ? "–" : r.toLocaleString("en-US", { maximumFractionDigits: 1 }));
@@ -170,40 +176,56 @@ function modelEdges(desc) {
   return pairs.slice(0, Math.max(1, desc.attributes.length - 1));
 }
 
-async function showHeatmap(id, a, b, { prepend = true } = {}) {
+/** A heat map figure of marginal `m` (or the error loading it) captioned `a × b`. */
+function heatmapFigure(a, b, m) {
   const box = document.createElement("figure");
   box.className = "heatmap-box";
   const caption = document.createElement("figcaption");
   caption.textContent = `${a} × ${b}`;
   box.appendChild(caption);
-  const holder = $("#heatmaps");
-  if (prepend) holder.prepend(box); else holder.appendChild(box);
-  while (holder.children.length > 6) holder.lastElementChild.remove();
-  try {
-    const m = await api.marginal(id, [a, b]);
-    if (m.dims[0] * m.dims[1] > MAX_HEATMAP_CELLS) {
-      box.append(`${m.dims[0]} × ${m.dims[1]} cells: too many to draw`);
-    } else {
-      box.appendChild(heatmap(m));
-      if (!m.std_errors) box.append(Object.assign(document.createElement("p"), { className: "note", textContent: "no standard errors: no table measured this pair" }));
-    }
-  } catch (e) {
-    box.append(`cannot load: ${e.message}`);
+  if (m instanceof Error) {
+    box.append(`cannot load: ${m.message}`);
+  } else if (m.dims[0] * m.dims[1] > MAX_HEATMAP_CELLS) {
+    box.append(`${m.dims[0]} × ${m.dims[1]} cells: too many to draw`);
+  } else {
+    box.appendChild(heatmap(m));
+    if (!m.std_errors) box.append(para("no standard errors: no table measured this pair", "note"));
   }
+  return box;
+}
+
+/** Adds the heat map of `a × b` (`provisional`: from the model refitted so far). */
+async function showHeatmap(id, a, b, { prepend = true, provisional = false } = {}) {
+  const holder = $("#heatmaps");
+  const placeholder = document.createElement("figure");
+  if (prepend) holder.prepend(placeholder); else holder.appendChild(placeholder);
+  while (holder.children.length > 6) holder.lastElementChild.remove();
+  const m = await api.marginal(id, [a, b], { provisional }).catch((e) => e);
+  placeholder.replaceWith(heatmapFigure(a, b, m));
+}
+
+/** A 1-way bar chart figure of marginal `m` (or the error loading attribute `name`). */
+function onewayFigure(name, m) {
+  const fig = document.createElement("figure");
+  fig.className = "oneway-box";
+  if (m instanceof Error) fig.append(`${name}: ${m.message}`);
+  else fig.appendChild(bars(m));
+  return fig;
 }
 
 async function showOneways(id, attrs) {
   const holder = $("#oneways");
   holder.replaceChildren();
   for (const name of attrs.slice(0, MAX_ONEWAYS)) {
-    const fig = document.createElement("figure");
-    fig.className = "oneway-box";
-    holder.appendChild(fig);
-    try {
-      fig.appendChild(bars(await api.marginal(id, [name])));
-    } catch (e) {
-      fig.append(`${name}: ${e.message}`);
-    }
+    holder.appendChild(onewayFigure(name, await api.marginal(id, [name]).catch((e) => e)));
+  }
+}
+
+/** Shows `text` in every panel's provisional tag, or hides them (`null`). */
+function provisionalTags(text) {
+  for (const t of document.querySelectorAll(".provisional-tag")) {
+    t.textContent = text ?? "";
+    t.hidden = text === null;
   }
 }
 
@@ -217,7 +239,10 @@ function fillPairForm(attrs) {
 
 async function drawModel(c) {
   state.drawnModel = c.id;
+  state.drawnCollecting = null;
   state.drawnProvisional = null;
+  provisionalTags(null);
+  delete $("#detail").dataset.provisional;
   const desc = await api.model(c.id);
   if (state.selected !== c.id) return;
   const attrs = desc.attributes;
@@ -243,7 +268,6 @@ async function drawModel(c) {
   $("#detail").dataset.ready = "true";
 }
 
-const para = (text, className = "") => Object.assign(document.createElement("p"), { className, textContent: text });
 
 // The model's own check (`drift` and `residuals` of GET …/model): whether the people of
 // different rounds differed beyond noise, and whether the fit agrees with its tables.
@@ -284,21 +308,70 @@ function modelCheck(model, attrs) {
   return out;
 }
 
-function drawProvisional(c) {
-  const key = JSON.stringify(c.status.active_edges);
-  if (state.drawnProvisional === key) return;
+// While collecting: the panels wait for reports, then show the provisional model (refitted
+// from the reports so far, GET …?provisional=true), redrawn when a new refit comes in.
+function drawCollecting(c) {
+  if (state.drawnCollecting !== c.id) {
+    state.drawnCollecting = c.id;
+    state.drawnModel = null;
+    state.drawnActive = null;
+    state.drawnProvisional = null;
+    provisionalTags(null);
+    delete $("#detail").dataset.provisional;
+    $("#heatmaps").replaceChildren("Provisional estimates appear with the first reports.");
+    $("#oneways").replaceChildren("Provisional estimates appear with the first reports.");
+    $("#model-check").replaceChildren("Checked once the collection is finalized.");
+    for (const b of document.querySelectorAll("#download-form button")) b.disabled = true;
+    $("#download-note").textContent = "Synthetic data is available once the collection is finalized.";
+    fillPairForm(names(c));
+    delete $("#detail").dataset.ready;
+  }
+  const active = JSON.stringify(c.status.active_edges);
+  if (!state.drawnProvisional && state.drawnActive !== active) {
+    state.drawnActive = active;
+    $("#graph").replaceChildren(graph(names(c), c.status.active_edges, { dashed: true }));
+    $("#graph-note").textContent = c.status.active_edges.length
+      ? "Collecting: pairs still active (not pruned); the provisional model graph follows with the first reports."
+      : "The graph is learned from the reports; it appears with the first ones.";
+  }
+  // Once finalized the final model answers, when built (the poll then draws it).
+  if (c.status.phase !== "finalized" && c.status.reports_accepted > 0 && !state.provisionalBusy) {
+    state.provisionalBusy = true;
+    drawProvisional(c)
+      .catch((e) => message(`cannot load the provisional estimates: ${e.message}`, "error"))
+      .finally(() => { state.provisionalBusy = false; });
+  }
+}
+
+/** Draws the provisional model of collecting collection `c` unless that refit is drawn already. */
+async function drawProvisional(c) {
+  const desc = await api.model(c.id, { provisional: true });
+  const current = () => state.selected === c.id && state.drawnCollecting === c.id;
+  const key = `${c.id}:${desc.reports}:${desc.fitted_at}`;
+  if (!current() || !desc.provisional || state.drawnProvisional === key) return;
+  const attrs = desc.attributes;
+  const edges = modelEdges(desc);
+  const sorted = [...edges].sort((x, y) => (y[2] ?? 0) - (x[2] ?? 0));
+  const pairs = sorted.length ? sorted.slice(0, DEFAULT_HEATMAPS) : attrs.length > 1 ? [[0, 1]] : [];
+  // Loaded first, then swapped in whole: no flicker on the poll's redraws.
+  const opts = { provisional: true };
+  const heat = await Promise.all(pairs.map(([a, b]) => api.marginal(c.id, [attrs[a], attrs[b]], opts).catch((e) => e)));
+  const ones = await Promise.all(attrs.slice(0, MAX_ONEWAYS).map((n) => api.marginal(c.id, [n], opts).catch((e) => e)));
+  if (!current()) return;
   state.drawnProvisional = key;
-  state.drawnModel = null;
-  $("#graph").replaceChildren(graph(names(c), c.status.active_edges, { dashed: true }));
-  $("#graph-note").textContent = c.status.active_edges.length
-    ? "Collecting: pairs still active (not pruned); the model graph is drawn once finalized."
-    : "The graph is learned when the collection is finalized.";
-  $("#heatmaps").replaceChildren("Marginals are estimated once the collection is finalized.");
-  $("#oneways").replaceChildren("Available once the collection is finalized.");
-  $("#model-check").replaceChildren("Checked once the collection is finalized.");
-  for (const b of document.querySelectorAll("#download-form button")) b.disabled = true;
-  $("#download-note").textContent = "Synthetic data is available once the collection is finalized.";
-  delete $("#detail").dataset.ready;
+  $("#graph").replaceChildren(graph(attrs, edges, {
+    dashed: true,
+    onEdge: (a, b) => showHeatmap(c.id, attrs[a], attrs[b], opts),
+  }));
+  const active = c.status.active_edges.length;
+  $("#graph-note").textContent =
+    `Provisional: the model graph refitted from ${num(desc.reports)} reports (${edges.length} edge(s); ` +
+    `width: estimated dependence; ${active} pair(s) still active in the collection). ` +
+    "Click an edge for its heat map; the final model is built at finalize.";
+  $("#heatmaps").replaceChildren(...pairs.map(([a, b], i) => heatmapFigure(attrs[a], attrs[b], heat[i])));
+  $("#oneways").replaceChildren(...ones.map((m, i) => onewayFigure(attrs[i], m)));
+  provisionalTags(`provisional (${num(desc.reports)} reports)`);
+  $("#detail").dataset.provisional = String(desc.reports);
 }
 
 // ε per person: a vertical collection's parties' reports are joined by record id, so they
@@ -327,7 +400,8 @@ function renderDetail(c) {
     }
   } else {
     $("#timeline").replaceChildren(timeline(steps(c, null)));
-    drawProvisional(c);
+    drawCollecting(c);
+    if (st.phase === "finalized") $("#graph-note").textContent = "Finalized: the model is being built.";
   }
 }
 
@@ -369,6 +443,7 @@ function selectFromHash() {
   const m = /^#c=([0-9a-fA-F-]{36})$/.exec(location.hash);
   state.selected = m ? m[1].toLowerCase() : null;
   state.drawnModel = null;
+  state.drawnCollecting = null;
   state.drawnProvisional = null;
   if (!state.selected) $("#detail").hidden = true;
   refresh();
@@ -419,7 +494,9 @@ $("#forget").addEventListener("click", () => {
 $("#pair-form").addEventListener("submit", (e) => {
   e.preventDefault();
   const a = $("#pair-a").value, b = $("#pair-b").value;
-  if (state.selected && a && b && a !== b) showHeatmap(state.selected, a, b);
+  // While collecting, from the provisional model.
+  const provisional = state.drawnModel !== state.selected;
+  if (state.selected && a && b && a !== b) showHeatmap(state.selected, a, b, { provisional });
 });
 $("#dl-csv").addEventListener("click", () => download("csv"));
 $("#dl-ndjson").addEventListener("click", () => download("ndjson"));

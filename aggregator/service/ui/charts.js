@@ -46,7 +46,7 @@ export function graph(names, edges, { dashed = false, onEdge } = {}) {
   for (const [a, b, w] of edges) {
     const width = typeof w === "number" && w > 0 ? 1.5 + 4.5 * (w / wmax) : 2.5;
     const line = el("line", {
-      class: `edge${dashed ? " provisional" : ""}`, x1: pos[a][0], y1: pos[a][1], x2: pos[b][0], y2: pos[b][1],
+      class: `edge${dashed ? " provisional" : ""}${onEdge ? " clickable" : ""}`, x1: pos[a][0], y1: pos[a][1], x2: pos[b][0], y2: pos[b][1],
       "stroke-width": width.toFixed(2), "data-a": a, "data-b": b,
     });
     title(line, `${names[a]} — ${names[b]}${typeof w === "number" ? ` (${fmt(w, 4)})` : ""}`);

@@ -441,7 +441,10 @@ pub fn model_schema() -> ObjectBuilder {
                      sum of the attributes' ε; the parties' reports are joined by record id).",
                 )),
         )
-        .description(Some("The model built at finalization."))
+        .description(Some(
+            "The model built at finalization, or (`provisional: true`) refitted from the \
+             reports so far.",
+        ))
 }
 
 /// A `$ref` to the component schema `name`.

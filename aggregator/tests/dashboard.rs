@@ -1,18 +1,24 @@
 //! The dashboard (`GET /ui/`) against a real `ldpsyn-aggregator serve` process: its files load
 //! without the admin token while the data calls need it; and, in headless Chromium driven by
 //! playwright-core (`dashboard.mjs`), a collection fed through the SDK and finalized is drawn
-//! (graph with edges, heat maps, 1-way bars with error bars, the model check), a CSV download
-//! works, a collection whose people arrived sorted by region shows the drift warning, a
-//! collection still collecting shows its open round and provisional estimates from the reports
-//! so far (graph, heat maps, 1-way bars with error bars, labelled "provisional (1,000
-//! reports)"), the token never appears in a URL, and the console stays free of errors.
+//! (graph with edges and whole labels, heat maps with colour scales, 1-way bars with error
+//! bars, the model check, the rounds of its state and no more), a CSV download works, a
+//! collection at its target and finalized by hand calls for finalize and is finalized from the
+//! page (its people arrived sorted by region: the drift warning), the independence model's
+//! heat map says why it has no standard errors, a collection still collecting shows its open
+//! round, "k of n pairs still active" with only the dependent ones drawn, and provisional
+//! estimates from the reports so far (labelled "provisional (1,000 reports)"); at 1400 and
+//! 1024 px no text overflows its box; the token never appears in a URL, and the console stays
+//! free of errors. The status's `rounds` are checked here against the protocols' rules and
+//! the finalized model's round summaries.
 //!
 //! The browser test needs `node`, `/usr/bin/chromium` and playwright-core under
 //! `$LDPSYN_NPM_DIR/node_modules` (default `~/.cache/ldpsyn/npm`, where `.ci/run` and
 //! `wasm-client/test.sh` install it); without them it fails, unless
 //! `LDPSYN_ALLOW_MISSING_SERVICES=1` (`common::missing_service`). `LDPSYN_DASHBOARD_SCREENSHOT=docs/dashboard.png` (relative
-//! to the repository root) chooses where the screenshot goes (default: the test's temporary
-//! folder); the collecting collection's goes beside it, `-provisional.png`.
+//! to the repository root) chooses where the screenshots go (default: the test's temporary
+//! folder): the finalized collection at 1400 px there, at 1024 px beside it (`-1024.png`), the
+//! collecting one at both widths (`-provisional.png`, `-provisional-1024.png`).
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -30,20 +36,23 @@ const ADMIN: &str = "dashboard-admin-token-0123456789";
 mod common;
 
 /// Creates a collection of [`schema_json`] named "`protocol` survey" (the page shows the
-/// name beside the id: `dashboard.mjs` checks it); returns its id.
+/// name beside the id: `dashboard.mjs` checks it), finalizing by itself at its target unless
+/// `by_hand`; returns its id.
 async fn create(
     http: &reqwest::Client,
     base: &str,
     protocol: &str,
     epsilon: f64,
     target_users: usize,
+    by_hand: bool,
 ) -> uuid::Uuid {
     let created: Value = http
         .post(format!("{base}/v1/collections"))
         .bearer_auth(ADMIN)
         .json(
             &json!({"schema": schema_json(), "protocol": protocol, "epsilon": epsilon,
-                      "target_users": target_users, "name": format!("{protocol} survey")}),
+                      "target_users": target_users, "name": format!("{protocol} survey"),
+                      "auto_finalize_at_target": !by_hand}),
         )
         .send()
         .await
@@ -162,16 +171,78 @@ async fn dashboard_files_load_without_the_admin_token() {
     assert_eq!(r.status(), 200);
 }
 
-/// Five attributes, two strong dependencies (region → language, age → income) and one
-/// independent attribute.
+/// Five attributes, two strong dependencies (region → spoken-language, age → income) and
+/// one independent attribute. The long names sit at the graph's right and left edges
+/// (`dashboard.mjs` checks that they are drawn whole).
 fn schema_json() -> Value {
     json!({"attributes": [
         {"name": "region", "type": "categorical", "labels": ["north", "south", "east", "west"]},
-        {"name": "language", "type": "categorical", "labels": ["en", "es", "fr", "de"]},
+        {"name": "spoken-language", "type": "categorical", "labels": ["en", "es", "fr", "de"]},
         {"name": "age", "type": "numeric", "min": 20, "max": 80, "bins": 6, "integer": true},
         {"name": "income", "type": "numeric", "min": 0, "max": 100000, "bins": 6},
-        {"name": "smoker", "type": "categorical", "labels": ["no", "yes"]}
+        {"name": "smoking-status", "type": "categorical", "labels": ["no", "yes"]}
     ]})
+}
+
+/// The `status.rounds` of collection `id` as `(round, kind, state)`.
+async fn rounds(http: &reqwest::Client, base: &str, id: uuid::Uuid) -> Vec<(u64, String, String)> {
+    let c: Value = http
+        .get(format!("{base}/v1/collections/{id}"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    c["status"]["rounds"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no rounds: {c}"))
+        .iter()
+        .map(|r| {
+            (
+                r["round"].as_u64().unwrap(),
+                r["kind"].as_str().unwrap().to_owned(),
+                r["state"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The rounds each collection's state holds: `auto` ran its 1-ways, its screening round and
+/// phase 2, the rounds its model summarizes, and no more; PrivIncr (its numeric attributes
+/// have fixed bins: no round of 1-ways) is in round 1 of its 6 pair rounds, phase 2 to come.
+async fn check_rounds(http: &reqwest::Client, base: &str, finalized: uuid::Uuid, live: uuid::Uuid) {
+    let r = |round: u64, kind: &str, state: &str| (round, kind.to_owned(), state.to_owned());
+    let ran = rounds(http, base, finalized).await;
+    assert_eq!(
+        ran,
+        [
+            r(0, "one_ways", "closed"),
+            r(1, "screening", "closed"),
+            r(2, "phase2", "closed")
+        ]
+    );
+    let model: Value = http
+        .get(format!("{base}/v1/collections/{finalized}/model"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let summarized: Vec<u64> = model["model"]["rounds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["round"].as_u64().unwrap())
+        .collect();
+    assert_eq!(summarized, ran.iter().map(|x| x.0).collect::<Vec<_>>());
+    let mut expected = vec![r(0, "pairs", "closed"), r(1, "pairs", "open")];
+    expected.extend((2..6).map(|t| r(t, "pairs", "planned")));
+    expected.push(r(6, "phase2", "planned"));
+    assert_eq!(rounds(http, base, live).await, expected);
 }
 
 /// Codes of `n` people from the planted model (seeded).
@@ -238,18 +309,24 @@ async fn dashboard_renders_a_finalized_collection_in_headless_chromium() {
     // A collection fed through the SDK by simulated people, then finalized; another whose
     // people arrive sorted by region (each round measures other regions), finalized.
     let n = 12_000;
-    let id = create(&http, &base, "auto", 4.0, n).await;
+    let id = create(&http, &base, "auto", 4.0, n, false).await;
     feed(&base, id, population(n, 3), 4.0, 7).await;
     finalize(&http, &base, id).await;
-    let drifted = create(&http, &base, "auto", 4.0, n).await;
+    // At its target but finalized by hand: the page calls for it, and the test finalizes it
+    // there.
+    let drifted = create(&http, &base, "auto", 4.0, n, true).await;
     let mut sorted = population(n, 5);
     sorted.sort_by_key(|codes| codes[0]);
     feed(&base, drifted, sorted, 4.0, 9).await;
-    finalize(&http, &base, drifted).await;
 
     // A third collection still collecting (privincr, round 0 closed by its quota).
-    let live = create(&http, &base, "privincr", 2.0, 10_000).await;
+    let live = create(&http, &base, "privincr", 2.0, 10_000, false).await;
     feed(&base, live, population(1000, 4), 2.0, 8).await;
+    check_rounds(&http, &base, id, live).await;
+    // The independence model measures no pair: its heat maps say why they have no standard
+    // errors (finalized by itself at its target).
+    let independent = create(&http, &base, "independence", 2.0, 1000, false).await;
+    feed(&base, independent, population(1000, 6), 2.0, 10).await;
 
     let dir = tempfile::tempdir().unwrap();
     let screenshot = match std::env::var_os("LDPSYN_DASHBOARD_SCREENSHOT") {
@@ -264,6 +341,7 @@ async fn dashboard_renders_a_finalized_collection_in_headless_chromium() {
         .arg(id.to_string())
         .arg(live.to_string())
         .arg(drifted.to_string())
+        .arg(independent.to_string())
         .arg(ADMIN)
         .arg(&screenshot)
         .arg(dir.path().join("profile"))
@@ -291,5 +369,11 @@ async fn dashboard_renders_a_finalized_collection_in_headless_chromium() {
     eprintln!("{said}");
     assert!(status.success(), "the browser test failed:\n{said}");
     assert!(said.contains("[dashboard] OK"), "{said}");
-    assert!(std::fs::metadata(&screenshot).unwrap().len() > 10_000);
+    for suffix in ["", "-1024", "-provisional", "-provisional-1024"] {
+        let path = screenshot.with_file_name(format!(
+            "{}{suffix}.png",
+            screenshot.file_stem().unwrap().to_str().unwrap()
+        ));
+        assert!(std::fs::metadata(&path).unwrap().len() > 10_000, "{path:?}");
+    }
 }

@@ -43,6 +43,54 @@ pub struct CollectionStatus {
     pub active_edges: Vec<[usize; 2]>,
     /// The model is built (the collection is finalized).
     pub model_ready: bool,
+    /// PrivIncr, NoIncremental and `auto`: every round the collection's state holds, closed,
+    /// open or still to come, phase 2 last; a finalized collection lists only the rounds that
+    /// ran. Empty for the other protocols (SamPrivSyn counts its batches in `round`).
+    pub rounds: Vec<RoundStatus>,
+}
+
+/// One round of a two-phase collection (PrivIncr, NoIncremental, `auto`).
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct RoundStatus {
+    /// Round index (the tasks' round).
+    pub round: u32,
+    /// What the round measures.
+    pub kind: RoundKind,
+    /// Closed, open (taking reports) or planned.
+    pub state: RoundState,
+    /// Reports accepted in the round.
+    pub reports: u64,
+    /// Pairs dropped when the round closed: pruned (PrivIncr) or not selected (`auto`'s
+    /// screening round).
+    pub pruned: u64,
+}
+
+/// What a round measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RoundKind {
+    /// Every attribute alone (`auto`'s round 0; PrivIncr's round 0 when the schema has
+    /// numeric attributes with automatic bins).
+    OneWays,
+    /// The pairs still active, pruned at the round's close (PrivIncr phase 1).
+    Pairs,
+    /// `auto`'s screening round: every pair that could pay for its reports; phase 2's pairs
+    /// are selected at its close.
+    Screening,
+    /// Phase 2: the factors planned at the end of phase 1; closes at finalize.
+    Phase2,
+}
+
+/// Where a round is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RoundState {
+    /// Ran and closed.
+    Closed,
+    /// Taking reports now.
+    Open,
+    /// To come.
+    Planned,
 }
 
 /// A collection as served by `GET /v1/collections/{id}`, listed by `GET /v1/collections` and

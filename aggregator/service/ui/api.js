@@ -41,6 +41,20 @@ export async function get(path) {
   return resp;
 }
 
+/** POST to `path` with the admin token (no body); the JSON answer or an ApiError. */
+export async function post(path) {
+  const headers = { accept: "application/json" };
+  const t = token();
+  if (t) headers.authorization = `Bearer ${t}`;
+  const resp = await fetch(path, { method: "POST", headers, cache: "no-store" });
+  if (!resp.ok) {
+    let problem = null;
+    try { problem = await resp.json(); } catch { /* not a problem document */ }
+    throw new ApiError(resp.status, problem);
+  }
+  return resp.json();
+}
+
 /** GET `path` as JSON. */
 export async function getJson(path) {
   return (await get(path)).json();
@@ -52,6 +66,8 @@ const enc = encodeURIComponent;
 export const collections = () => getJson("/v1/collections");
 /** One collection's public config and status. */
 export const collection = (id) => getJson(`/v1/collections/${enc(id)}`);
+/** Finalizes a collection (admin): it takes no more reports; the model is built. */
+export const finalize = (id) => post(`/v1/collections/${enc(id)}/finalize`);
 /** `&provisional=true` when asked for: before finalize, the model refitted from the reports so far. */
 const prov = (provisional) => (provisional ? "provisional=true" : "");
 /**

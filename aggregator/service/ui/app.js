@@ -10,6 +10,8 @@ const RATE_WINDOW_MS = 15000;
 const DEFAULT_HEATMAPS = 3;
 /** Most 1-way charts drawn. */
 const MAX_ONEWAYS = 24;
+/** Most active pairs drawn while collecting (the strongest): no hairball of every pair. */
+const maxActiveDrawn = (d) => Math.max(6, d - 1);
 
 const $ = (sel) => document.querySelector(sel);
 const state = {
@@ -23,7 +25,11 @@ const state = {
   drawnActive: null,
   /** "id:reports:fitted_at" of the provisional model drawn; one provisional load at a time. */
   drawnProvisional: null,
+  /** The model description drawn (final or provisional): edge weights, why no standard errors. */
+  desc: null,
   provisionalBusy: false,
+  /** id of the collection being finalized from the page: no provisional loads meanwhile. */
+  finalizing: null,
   timer: null,
 };
 
@@ -109,49 +115,44 @@ function renderList(list) {
   }
 }
 
-/** The timeline's steps from the public config and status (and the model, when built). */
-function steps(c, model) {
+const KIND = { one_ways: "1-ways", pairs: "pairs", screening: "screening", phase2: "phase 2" };
+
+/**
+ * The timeline's steps: the rounds the collection's state holds (`status.rounds`: closed,
+ * open, to come; a finalized collection's are the rounds that ran), then "finalized".
+ */
+function steps(c) {
   const st = c.status;
   const done = st.phase === "finalized";
   const out = [];
-  if (["privincr", "noincremental", "auto"].includes(c.protocol) && st.phase !== "one_way") {
-    // auto: round 0 (1-ways) and its screening round; PrivIncr: its configured rounds.
-    let rounds = c.protocol === "noincremental" ? 1 : c.protocol === "auto" ? 2 : (c.rounds ?? 6);
-    // Finalized: the rounds that ran (the model's last round summary is phase 2's).
-    if (c.protocol === "auto" && model?.rounds?.length) rounds = model.rounds.length - 1;
-    if (st.phase === "graph_construction") rounds = Math.max(rounds, st.round + 1);
-    const pruned = new Map();
-    for (const e of model?.edges ?? []) {
-      if (e.pruned_in !== null && e.pruned_in !== undefined) pruned.set(e.pruned_in, (pruned.get(e.pruned_in) ?? 0) + 1);
-    }
-    for (let r = 0; r < rounds; r++) {
-      const current = st.phase === "graph_construction" && st.round === r;
-      const past = done || st.phase === "clique_measurement" || (st.phase === "graph_construction" && st.round > r);
-      const label = c.protocol !== "auto" ? `round ${r}` : r === 0 ? "round 0 · 1-ways" : `round ${r} · screening`;
-      let detail = past ? (pruned.has(r) ? `closed · ${pruned.get(r)} pruned` : "closed") : "";
-      let share;
-      if (current) {
-        detail = `${num(st.round_accepted)} / ${st.round_quota === null ? "–" : num(st.round_quota)}`;
-        share = st.round_quota ? st.round_accepted / st.round_quota : 0;
+  if (st.rounds?.length) {
+    for (const r of st.rounds) {
+      const current = r.state === "open";
+      let detail, share;
+      if (r.state === "planned") {
+        detail = "to come";
+      } else if (current && st.round_quota !== null) {
+        detail = `${num(r.reports)} / ${num(st.round_quota)} reports`;
+        share = st.round_quota ? r.reports / st.round_quota : 0;
+      } else {
+        detail = `${num(r.reports)} reports`;
+        if (r.pruned) detail += r.kind === "screening" ? ` · ${r.pruned} not selected` : ` · ${r.pruned} pruned`;
       }
-      out.push({ label, detail, state: current ? "current" : past ? "done" : "todo", share });
+      out.push({
+        label: `round ${r.round}`, what: KIND[r.kind] ?? r.kind, detail, share, round: r.round, kind: r.kind,
+        state: current ? "current" : r.state === "closed" ? "done" : "todo",
+      });
     }
-    const measuring = st.phase === "clique_measurement";
-    out.push({
-      label: "cliques",
-      detail: measuring ? `${num(st.round_accepted)} reports` : done ? "measured" : "phase 2",
-      state: measuring ? "current" : done ? "done" : "todo",
-    });
   } else if (c.protocol === "samprivsyn") {
     out.push({
       label: "pair sampling",
-      detail: done ? `${st.round} batches` : `batch ${st.round}`,
+      detail: done ? `${st.round + 1} batch(es)` : `batch ${st.round}: ${num(st.round_accepted)} / ${st.round_quota === null ? "–" : num(st.round_quota)}`,
       state: done ? "done" : "current",
     });
   } else {
-    out.push({ label: "1-ways", detail: done ? "measured" : `${num(st.reports_accepted)} reports`, state: done ? "done" : "current" });
+    out.push({ label: "1-ways", detail: `${num(st.reports_accepted)} reports`, state: done ? "done" : "current" });
   }
-  out.push({ label: "finalized", detail: st.model_ready ? "model ready" : done ? "building" : "", state: done ? "done" : "todo" });
+  out.push({ label: "finalized", detail: st.model_ready ? "model ready" : done ? "building the model" : "", state: done ? "done" : "todo" });
   return out;
 }
 
@@ -176,10 +177,33 @@ function modelEdges(desc) {
   return pairs.slice(0, Math.max(1, desc.attributes.length - 1));
 }
 
+/** One key for a pair in either order: the heat map of a × b is that of b × a. */
+const pairKey = (a, b) => [a, b].sort().join("\u0000");
+
+/**
+ * Why the model's marginal of `a × b` has no standard errors, from what the rounds of `desc`
+ * (the model description) measured: the engine gives them where a table holds both
+ * attributes at full resolution.
+ */
+function noStdErrorsReason(desc, a, b) {
+  const ia = desc?.attributes.indexOf(a), ib = desc?.attributes.indexOf(b);
+  const holding = (desc?.model.rounds ?? []).flatMap((r) => r.factors)
+    .filter((f) => f.factor.includes(ia) && f.factor.includes(ib));
+  if (desc && !holding.length) {
+    return `No standard errors: no table measured ${a} and ${b} together; the model infers this pair from its other tables.`;
+  }
+  const binned = (f, i) => (f.bins?.[f.factor.indexOf(i)] ?? []).length > 0;
+  if (holding.length && holding.every((f) => binned(f, ia) || binned(f, ib))) {
+    return `No standard errors: ${a} × ${b} was measured only in coarser bins than these cells.`;
+  }
+  return "No standard errors for these cells.";
+}
+
 /** A heat map figure of marginal `m` (or the error loading it) captioned `a × b`. */
-function heatmapFigure(a, b, m) {
+function heatmapFigure(a, b, m, desc) {
   const box = document.createElement("figure");
   box.className = "heatmap-box";
+  box.dataset.pair = pairKey(a, b);
   const caption = document.createElement("figcaption");
   caption.textContent = `${a} × ${b}`;
   box.appendChild(caption);
@@ -189,19 +213,29 @@ function heatmapFigure(a, b, m) {
     box.append(`${m.dims[0]} × ${m.dims[1]} cells: too many to draw`);
   } else {
     box.appendChild(heatmap(m));
-    if (!m.std_errors) box.append(para("no standard errors: no table measured this pair", "note"));
+    if (!m.std_errors) box.append(para(noStdErrorsReason(desc, a, b), "note se-none"));
   }
   return box;
 }
 
-/** Adds the heat map of `a × b` (`provisional`: from the model refitted so far). */
+/**
+ * Shows the heat map of `a × b` (`provisional`: from the model refitted so far); one already
+ * shown moves to the front instead of being drawn twice.
+ */
 async function showHeatmap(id, a, b, { prepend = true, provisional = false } = {}) {
   const holder = $("#heatmaps");
+  const key = pairKey(a, b);
+  const shown = [...holder.children].find((f) => f.dataset.pair === key);
+  if (shown) {
+    if (prepend) holder.prepend(shown);
+    return;
+  }
   const placeholder = document.createElement("figure");
+  placeholder.dataset.pair = key;
   if (prepend) holder.prepend(placeholder); else holder.appendChild(placeholder);
   while (holder.children.length > 6) holder.lastElementChild.remove();
   const m = await api.marginal(id, [a, b], { provisional }).catch((e) => e);
-  placeholder.replaceWith(heatmapFigure(a, b, m));
+  placeholder.replaceWith(heatmapFigure(a, b, m, state.desc));
 }
 
 /** A 1-way bar chart figure of marginal `m` (or the error loading attribute `name`). */
@@ -245,6 +279,7 @@ async function drawModel(c) {
   delete $("#detail").dataset.provisional;
   const desc = await api.model(c.id);
   if (state.selected !== c.id) return;
+  state.desc = desc;
   const attrs = desc.attributes;
   const edges = modelEdges(desc);
   const sorted = [...edges].sort((x, y) => (y[2] ?? 0) - (x[2] ?? 0));
@@ -254,7 +289,7 @@ async function drawModel(c) {
   $("#graph-note").textContent = desc.model.structure
     ? `${edges.length} edge(s) in the model graph; width: estimated dependence. Click an edge for its heat map.`
     : "SamPrivSyn: the pairs with the largest MI weights.";
-  $("#timeline").replaceChildren(timeline(steps(c, desc.model)));
+  $("#timeline").replaceChildren(timeline(steps(c)));
   fillPairForm(attrs);
   $("#heatmaps").replaceChildren();
   for (const [a, b] of sorted.slice(0, DEFAULT_HEATMAPS)) {
@@ -316,6 +351,7 @@ function drawCollecting(c) {
     state.drawnModel = null;
     state.drawnActive = null;
     state.drawnProvisional = null;
+    state.desc = null;
     provisionalTags(null);
     delete $("#detail").dataset.provisional;
     $("#heatmaps").replaceChildren("Provisional estimates appear with the first reports.");
@@ -326,21 +362,73 @@ function drawCollecting(c) {
     fillPairForm(names(c));
     delete $("#detail").dataset.ready;
   }
-  const active = JSON.stringify(c.status.active_edges);
-  if (!state.drawnProvisional && state.drawnActive !== active) {
-    state.drawnActive = active;
-    $("#graph").replaceChildren(graph(names(c), c.status.active_edges, { dashed: true }));
-    $("#graph-note").textContent = c.status.active_edges.length
-      ? "Collecting: pairs still active (not pruned); the provisional model graph follows with the first reports."
-      : "The graph is learned from the reports; it appears with the first ones.";
-  }
+  drawCollectingGraph(c);
   // Once finalized the final model answers, when built (the poll then draws it).
-  if (c.status.phase !== "finalized" && c.status.reports_accepted > 0 && !state.provisionalBusy) {
+  if (c.status.phase !== "finalized" && c.status.reports_accepted > 0 && !state.provisionalBusy && state.finalizing !== c.id) {
     state.provisionalBusy = true;
     drawProvisional(c)
       .catch((e) => message(`cannot load the provisional estimates: ${e.message}`, "error"))
       .finally(() => { state.provisionalBusy = false; });
   }
+}
+
+/** How many standard deviations of an independent pair's estimate a dependence must exceed to be drawn. */
+const BEYOND_NOISE_SD = 2;
+
+/**
+ * Estimated dependence of each pair "a,b" (a < b) of model description `desc` that is beyond
+ * noise: above BEYOND_NOISE_SD standard deviations of what an independent pair would show
+ * (a pair without that deviation: above zero).
+ */
+function dependentPairs(desc) {
+  const weight = new Map();
+  for (const g of desc?.model.model_graph ?? []) {
+    const floor = g.dependence_sd > 0 ? BEYOND_NOISE_SD * g.dependence_sd : 0;
+    if (g.dependence > floor) weight.set(`${g.a},${g.b}`, g.dependence);
+  }
+  return weight;
+}
+
+/**
+ * The graph of collecting collection `c`. Two-phase protocols: "k of n pairs still active"
+ * and the strongest active ones by the provisional model's estimated dependence (no
+ * hairball of every pair); others: the provisional model's graph.
+ */
+function drawCollectingGraph(c) {
+  const desc = state.desc;
+  const key = `${c.id}|${JSON.stringify(c.status.active_edges)}|${state.drawnProvisional}`;
+  if (state.drawnActive === key) return;
+  state.drawnActive = key;
+  const attrs = names(c);
+  const onEdge = desc ? (a, b) => showHeatmap(c.id, attrs[a], attrs[b], { provisional: true }) : undefined;
+  const fitted = desc ? `Provisional (${num(desc.reports)} reports): ` : "";
+  let edges = [], note;
+  if (c.status.rounds?.length) {
+    const d = attrs.length, n = (d * (d - 1)) / 2;
+    const active = c.status.active_edges;
+    const open = c.status.rounds.find((r) => r.state === "open");
+    const weight = dependentPairs(desc);
+    const ranked = active.map(([a, b]) => [a, b, weight.get(`${Math.min(a, b)},${Math.max(a, b)}`)])
+      .filter((e) => typeof e[2] === "number" && e[2] > 0)
+      .sort((x, y) => y[2] - x[2]);
+    edges = ranked.slice(0, maxActiveDrawn(d));
+    if (open?.kind === "one_ways") {
+      note = `Round ${open.round} measures every attribute alone; the ${num(n)} pairs are screened from round ${open.round + 1}.`;
+    } else {
+      note = `${fitted}${num(active.length)} of ${num(n)} pairs still active (not pruned). `;
+      note += !desc ? "Their dependence is estimated once the first reports are fitted."
+        : edges.length ? `Drawn: ${edges.length < ranked.length ? `the ${edges.length} strongest of the ${ranked.length}` : `the ${edges.length}`} ` +
+          "dependent beyond noise (width: estimated dependence). Click an edge for its heat map."
+        : "None is dependent beyond noise yet.";
+    }
+  } else if (desc) {
+    edges = modelEdges(desc);
+    note = `${fitted}the model graph refitted from the reports so far (${edges.length} edge(s); width: estimated dependence). Click an edge for its heat map.`;
+  } else {
+    note = "The graph is learned from the reports; it appears with the first ones.";
+  }
+  $("#graph").replaceChildren(graph(attrs, edges, { dashed: true, onEdge }));
+  $("#graph-note").textContent = `${note}${desc ? " The final model is built at finalize." : ""}`;
 }
 
 /** Draws the provisional model of collecting collection `c` unless that refit is drawn already. */
@@ -359,16 +447,9 @@ async function drawProvisional(c) {
   const ones = await Promise.all(attrs.slice(0, MAX_ONEWAYS).map((n) => api.marginal(c.id, [n], opts).catch((e) => e)));
   if (!current()) return;
   state.drawnProvisional = key;
-  $("#graph").replaceChildren(graph(attrs, edges, {
-    dashed: true,
-    onEdge: (a, b) => showHeatmap(c.id, attrs[a], attrs[b], opts),
-  }));
-  const active = c.status.active_edges.length;
-  $("#graph-note").textContent =
-    `Provisional: the model graph refitted from ${num(desc.reports)} reports (${edges.length} edge(s); ` +
-    `width: estimated dependence; ${active} pair(s) still active in the collection). ` +
-    "Click an edge for its heat map; the final model is built at finalize.";
-  $("#heatmaps").replaceChildren(...pairs.map(([a, b], i) => heatmapFigure(attrs[a], attrs[b], heat[i])));
+  state.desc = desc;
+  drawCollectingGraph(c);
+  $("#heatmaps").replaceChildren(...pairs.map(([a, b], i) => heatmapFigure(attrs[a], attrs[b], heat[i], desc)));
   $("#oneways").replaceChildren(...ones.map((m, i) => onewayFigure(attrs[i], m)));
   provisionalTags(`provisional (${num(desc.reports)} reports)`);
   $("#detail").dataset.provisional = String(desc.reports);
@@ -381,6 +462,46 @@ function epsilonText(c) {
   return `${c.composed_epsilon} (Σ over parties)`;
 }
 
+/** Whether the collection finalizes by itself when `target_users` reports are in. */
+const stopsAtTarget = (c) => c.auto_finalize_at_target === true && c.protocol !== "vertical";
+
+/** The call to action once the target is reached and the collection still collects. */
+function targetCta(c) {
+  const st = c.status;
+  const cta = $("#target-cta");
+  cta.hidden = st.phase === "finalized" || st.reports_accepted < c.target_users;
+  if (cta.hidden) return;
+  cta.dataset.collection = c.id;
+  const refused = c.past_target === "refuse" && c.protocol !== "vertical";
+  $("#target-cta-text").textContent =
+    `Target reached: ${num(st.reports_accepted)} of ${num(c.target_users)} reports. ` +
+    "Finalize to build the model and the synthetic data" +
+    (refused ? "; until then new reports are refused." : "; reports that arrive until then are still taken.");
+  $("#finalize-command").textContent = `ldpsyn-aggregator collections finalize ${c.id}`;
+}
+
+async function finalizeSelected() {
+  const id = $("#target-cta").dataset.collection;
+  if (!id || !confirm("Finalize this collection? It then takes no more reports; this cannot be undone.")) return;
+  const button = $("#finalize");
+  button.disabled = true;
+  button.textContent = "finalizing…";
+  // A provisional load still in flight would ask for estimates finalize then refuses.
+  state.finalizing = id;
+  while (state.provisionalBusy) await new Promise((r) => setTimeout(r, 100));
+  try {
+    await api.finalize(id);
+    message("Finalized: the model is built.");
+  } catch (e) {
+    message(`finalize refused: ${e.message}`, "error");
+  } finally {
+    state.finalizing = null;
+    button.disabled = false;
+    button.textContent = "Finalize now";
+  }
+  refresh();
+}
+
 function renderDetail(c) {
   const detail = $("#detail");
   detail.hidden = false;
@@ -390,7 +511,9 @@ function renderDetail(c) {
   $("#progress-bar").style.width = `${pct(st.reports_accepted, c.target_users)}%`;
   $("#progress-text").textContent =
     `${num(st.reports_accepted)} of ${num(c.target_users)} reports (${pct(st.reports_accepted, c.target_users).toFixed(1)}%) · ` +
-    `${fmtRate(rate(c.id))} reports/s · ${st.phase.replaceAll("_", " ")}, round ${st.round}`;
+    `${fmtRate(rate(c.id))} reports/s · ${st.phase.replaceAll("_", " ")}, round ${st.round}` +
+    (st.phase === "finalized" ? "" : ` · ${stopsAtTarget(c) ? "finalizes by itself at the target" : "finalized by hand"}`);
+  targetCta(c);
   if (st.model_ready) {
     if (state.drawnModel !== c.id) {
       drawModel(c).catch((e) => {
@@ -399,7 +522,7 @@ function renderDetail(c) {
       });
     }
   } else {
-    $("#timeline").replaceChildren(timeline(steps(c, null)));
+    $("#timeline").replaceChildren(timeline(steps(c)));
     drawCollecting(c);
     if (st.phase === "finalized") $("#graph-note").textContent = "Finalized: the model is being built.";
   }
@@ -442,6 +565,8 @@ function stop() {
 function selectFromHash() {
   const m = /^#c=([0-9a-fA-F-]{36})$/.exec(location.hash);
   state.selected = m ? m[1].toLowerCase() : null;
+  // A message about the collection shown before (e.g. "Finalized") is not about this one.
+  if ($("#message").dataset.kind !== "error") message("");
   state.drawnModel = null;
   state.drawnCollecting = null;
   state.drawnProvisional = null;
@@ -498,6 +623,7 @@ $("#pair-form").addEventListener("submit", (e) => {
   const provisional = state.drawnModel !== state.selected;
   if (state.selected && a && b && a !== b) showHeatmap(state.selected, a, b, { provisional });
 });
+$("#finalize").addEventListener("click", finalizeSelected);
 $("#dl-csv").addEventListener("click", () => download("csv"));
 $("#dl-ndjson").addEventListener("click", () => download("ndjson"));
 $("#dl-parquet").addEventListener("click", () => download("parquet"));

@@ -1,5 +1,5 @@
 // Plain SVG charts: the dependency graph, a heat map of a 2-way marginal, bars of a 1-way
-// marginal with error bars, and the round/phase timeline. No library.
+// marginal with error bars (SVG), and the round/phase timeline (HTML). No library.
 
 const NS = "http://www.w3.org/2000/svg";
 
@@ -28,17 +28,46 @@ function short(s, n = 10) {
   return s.length > n ? `${s.slice(0, n - 1)}…` : s;
 }
 
+let measureCtx = null;
+/**
+ * Width in px of `text` drawn at `size` px (and `weight`) in the page's font: layouts place
+ * every label inside its SVG's view box from it, with a few px to spare for font hinting.
+ */
+export function textWidth(text, size = 11, weight = 400) {
+  measureCtx ??= document.createElement("canvas").getContext("2d");
+  measureCtx.font = `${weight} ${size}px ${getComputedStyle(document.documentElement).fontFamily}`;
+  return measureCtx.measureText(String(text)).width + 2;
+}
+
 /**
  * The dependency graph: attributes on a circle, `edges` as lines ([a, b, weight?] with
  * attribute indices; weight sets the stroke width), `dashed` for a provisional graph.
- * `onEdge(a, b)` is called when an edge is clicked.
+ * `onEdge(a, b)` is called when an edge is clicked. The view box is the box of the nodes
+ * and their whole labels, so no label is cut at the sides.
  */
 export function graph(names, edges, { dashed = false, onEdge } = {}) {
-  const size = 420, r = 150, cx = size / 2, cy = size / 2;
-  const s = svg(size, size, "graph");
+  // Wide enough that labels on the sides, ~14 px apart vertically, do not overlap.
+  const r = Math.max(110, 2.6 * names.length);
   const pos = names.map((_, i) => {
     const t = (2 * Math.PI * i) / names.length - Math.PI / 2;
-    return [cx + r * Math.cos(t), cy + r * Math.sin(t)];
+    return [r * Math.cos(t), r * Math.sin(t)];
+  });
+  const pad = 6;
+  let x0 = -r - 9, x1 = r + 9, y0 = -r - 9, y1 = r + 9;
+  const labels = names.map((name, i) => {
+    const [x, y] = pos[i];
+    const out = x >= -1e-9 ? 1 : -1;
+    const w = textWidth(name);
+    x0 = Math.min(x0, out > 0 ? x : x - 11 - w);
+    x1 = Math.max(x1, out > 0 ? x + 11 + w : x);
+    y0 = Math.min(y0, y - 10);
+    y1 = Math.max(y1, y + 8);
+    return out;
+  });
+  const width = x1 - x0 + 2 * pad, height = y1 - y0 + 2 * pad;
+  const s = el("svg", {
+    viewBox: `${(x0 - pad).toFixed(1)} ${(y0 - pad).toFixed(1)} ${width.toFixed(1)} ${height.toFixed(1)}`,
+    width: Math.ceil(width), height: Math.ceil(height), class: "graph", role: "img",
   });
   const weights = edges.map((e) => e[2]).filter((w) => typeof w === "number" && w > 0);
   const wmax = weights.length ? Math.max(...weights) : 1;
@@ -58,8 +87,8 @@ export function graph(names, edges, { dashed = false, onEdge } = {}) {
     const [x, y] = pos[i];
     const node = el("g", { class: "node", transform: `translate(${x.toFixed(1)},${y.toFixed(1)})` });
     node.appendChild(el("circle", { r: 7 }));
-    const out = x >= cx ? 1 : -1;
-    node.appendChild(el("text", { x: 11 * out, y: 4, "text-anchor": out > 0 ? "start" : "end" }, short(name, 14)));
+    const out = labels[i];
+    node.appendChild(el("text", { x: 11 * out, y: 4, "text-anchor": out > 0 ? "start" : "end" }, name));
     title(node, name);
     s.appendChild(node);
   });
@@ -78,26 +107,36 @@ export const MAX_HEATMAP_CELLS = 4096;
 
 /**
  * A heat map of a 2-way marginal (`m` as answered by `/marginals`: attributes, labels, dims,
- * frequencies row-major, std_errors or null).
+ * frequencies row-major, std_errors or null), with its colour scale below it. Margins are
+ * measured from the labels, so every label lies inside the view box.
  */
 export function heatmap(m) {
   const [ka, kb] = m.dims;
   const cell = Math.max(6, Math.min(34, Math.floor(360 / Math.max(ka, kb))));
-  const left = 90, top = 80;
-  const width = left + kb * cell + 10, height = top + ka * cell + 10;
+  const labelEvery = Math.ceil(14 / cell);
+  const rows = m.labels[0].map((l) => short(l)), cols = m.labels[1].map((l) => short(l));
+  const rowTitle = `${m.attributes[0]} ↓`, colTitle = `${m.attributes[1]} →`;
+  // Column labels are turned 55° up from their foot.
+  const cos = Math.cos((55 * Math.PI) / 180), sin = Math.sin((55 * Math.PI) / 180);
+  const colW = Math.max(0, ...cols.map((l) => textWidth(l, 10)));
+  const left = Math.max(40, 8 + Math.max(...rows.map((l) => textWidth(l, 10))), 8 + textWidth(rowTitle, 11, 600));
+  const top = Math.max(34, 28 + colW * sin);
+  const gridW = kb * cell, gridH = ka * cell;
+  const scaleW = 150, scaleTop = top + gridH + 12;
+  const width = Math.ceil(Math.max(left + gridW + 6 + colW * cos, left + textWidth(colTitle, 11, 600), left + scaleW) + 8);
+  const height = Math.ceil(scaleTop + 10 + 16);
   const s = svg(width, height, "heatmap");
   const max = Math.max(...m.frequencies, 1e-12);
-  s.appendChild(el("text", { x: left, y: 14, class: "axis-title" }, `${m.attributes[1]} →`));
-  s.appendChild(el("text", { x: 4, y: top - 6, class: "axis-title" }, `${m.attributes[0]} ↓`));
-  const labelEvery = Math.ceil(14 / cell);
-  m.labels[1].forEach((label, j) => {
+  s.appendChild(el("text", { x: left, y: 14, class: "axis-title" }, colTitle));
+  s.appendChild(el("text", { x: 4, y: top - 6, class: "axis-title" }, rowTitle));
+  cols.forEach((label, j) => {
     if (j % labelEvery) return;
     const x = left + j * cell + cell / 2;
-    s.appendChild(el("text", { x, y: top - 6, transform: `rotate(-55 ${x} ${top - 6})`, class: "tick" }, short(label)));
+    s.appendChild(el("text", { x, y: top - 6, transform: `rotate(-55 ${x} ${top - 6})`, class: "tick" }, label));
   });
-  m.labels[0].forEach((label, i) => {
+  rows.forEach((label, i) => {
     if (i % labelEvery) return;
-    s.appendChild(el("text", { x: left - 4, y: top + i * cell + cell / 2 + 4, "text-anchor": "end", class: "tick" }, short(label)));
+    s.appendChild(el("text", { x: left - 4, y: top + i * cell + cell / 2 + 4, "text-anchor": "end", class: "tick" }, label));
   });
   for (let i = 0; i < ka; i++) {
     for (let j = 0; j < kb; j++) {
@@ -108,10 +147,22 @@ export function heatmap(m) {
         class: "cell", x: left + j * cell, y: top + i * cell, width: cell - 1, height: cell - 1,
         fill: blue(Math.max(0, f) / max),
       });
-      title(rect, `${m.attributes[0]}=${m.labels[0][i]}, ${m.attributes[1]}=${m.labels[1][j]}: ${fmt(f, 4)}${se === null ? "" : ` ± ${fmt(1.96 * se, 4)}`}`);
+      title(rect, `${m.attributes[0]}=${m.labels[0][i]}, ${m.attributes[1]}=${m.labels[1][j]}: ${fmt(f, 4)}${se === null ? "" : ` ± ${fmt(1.96 * se, 4)} (95%)`}`);
       s.appendChild(rect);
     }
   }
+  // The colour scale: white at 0 to the darkest cell at the largest frequency.
+  const scale = el("g", { class: "scale" });
+  const steps = 30;
+  for (let i = 0; i < steps; i++) {
+    scale.appendChild(el("rect", { x: left + (i * scaleW) / steps, y: scaleTop, width: scaleW / steps + 0.5, height: 8, fill: blue(i / (steps - 1)) }));
+  }
+  scale.appendChild(el("rect", { x: left, y: scaleTop, width: scaleW, height: 8, class: "scale-frame" }));
+  scale.appendChild(el("text", { x: left, y: scaleTop + 20, class: "tick" }, "0"));
+  scale.appendChild(el("text", { x: left + scaleW / 2, y: scaleTop + 20, "text-anchor": "middle", class: "tick" }, "frequency"));
+  scale.appendChild(el("text", { x: left + scaleW, y: scaleTop + 20, "text-anchor": "end", class: "tick" }, fmt(max, 3)));
+  title(scale, `colour scale: 0 (white) to ${fmt(max, 4)}, the largest cell`);
+  s.appendChild(scale);
   return s;
 }
 
@@ -119,17 +170,23 @@ export function heatmap(m) {
 export function bars(m) {
   const k = m.dims[0];
   const bw = Math.max(3, Math.min(28, Math.floor(300 / k)));
-  const left = 36, top = 18, plotH = 120, bottom = 58;
-  const width = left + k * bw + 10, height = top + plotH + bottom;
-  const s = svg(width, height, "bars");
+  const labelEvery = Math.ceil(12 / bw);
   const hi = m.frequencies.map((f, i) => f + (m.std_errors ? 1.96 * m.std_errors[i] : 0));
   const max = Math.max(...hi, 1e-12);
+  // Bar labels are turned 50° down from their end: measured, they set the margins.
+  const names = m.labels[0].map((l) => short(l, 9));
+  const cos = Math.cos((50 * Math.PI) / 180), sin = Math.sin((50 * Math.PI) / 180);
+  const labelW = Math.max(0, ...names.filter((_, i) => i % labelEvery === 0).map((l) => textWidth(l, 10)));
+  const left = Math.max(36, 8 + textWidth(fmt(max, 2), 10), labelW * cos - bw / 2 + 6);
+  const top = 18, plotH = 120, bottom = Math.max(30, 18 + labelW * sin);
+  const width = Math.ceil(Math.max(left + k * bw + 10, 4 + textWidth(m.attributes[0], 11, 600)));
+  const height = Math.ceil(top + plotH + bottom);
+  const s = svg(width, height, "bars");
   const y = (v) => top + plotH - (Math.max(0, v) / max) * plotH;
   s.appendChild(el("text", { x: 2, y: 12, class: "axis-title" }, m.attributes[0]));
   s.appendChild(el("line", { x1: left, y1: top + plotH, x2: left + k * bw, y2: top + plotH, class: "axis" }));
   s.appendChild(el("text", { x: left - 4, y: top + 4, "text-anchor": "end", class: "tick" }, fmt(max, 2)));
   s.appendChild(el("text", { x: left - 4, y: top + plotH, "text-anchor": "end", class: "tick" }, "0"));
-  const labelEvery = Math.ceil(12 / bw);
   for (let i = 0; i < k; i++) {
     const f = m.frequencies[i];
     const x = left + i * bw;
@@ -145,33 +202,38 @@ export function bars(m) {
     }
     if (i % labelEvery === 0) {
       const lx = x + bw / 2, ly = top + plotH + 10;
-      s.appendChild(el("text", { x: lx, y: ly, transform: `rotate(-50 ${lx} ${ly})`, "text-anchor": "end", class: "tick" }, short(m.labels[0][i], 9)));
+      s.appendChild(el("text", { x: lx, y: ly, transform: `rotate(-50 ${lx} ${ly})`, "text-anchor": "end", class: "tick" }, names[i]));
     }
   }
   return s;
 }
 
 /**
- * The timeline: `steps` are {label, detail, state: "done" | "current" | "todo", share?} in
- * order; `share` (0..1) fills the current step.
+ * The timeline, in HTML so that its steps wrap onto more lines in a narrow window: `steps`
+ * are {label, what?, detail, state: "done" | "current" | "todo", share?, round?, kind?} in order;
+ * `share` (0..1) fills the current step; `round` and `kind` are kept as data attributes.
  */
 export function timeline(steps) {
-  const w = 118, h = 58, gap = 10;
-  const s = svg(Math.max(1, steps.length) * (w + gap), h + 30, "timeline");
-  steps.forEach((step, i) => {
-    const x = i * (w + gap);
-    const g = el("g", { class: `step ${step.state}` });
-    g.appendChild(el("rect", { x, y: 4, width: w, height: h, rx: 6 }));
+  const list = document.createElement("ol");
+  list.className = "timeline";
+  for (const step of steps) {
+    const li = document.createElement("li");
+    li.className = `step ${step.state}`;
+    if (step.round !== undefined) li.dataset.round = step.round;
+    if (step.kind !== undefined) li.dataset.kind = step.kind;
+    const label = Object.assign(document.createElement("span"), { className: "label", textContent: step.label });
+    const detail = Object.assign(document.createElement("span"), { className: "detail", textContent: step.detail ?? "" });
+    li.append(label);
+    if (step.what) li.append(Object.assign(document.createElement("span"), { className: "what", textContent: step.what }));
+    li.append(detail);
     if (step.state === "current" && typeof step.share === "number") {
-      g.appendChild(el("rect", { class: "fill", x, y: 4 + h - 6, width: w * Math.min(1, step.share), height: 6 }));
+      const fill = document.createElement("span");
+      fill.className = "fill";
+      fill.style.width = `${(100 * Math.min(1, step.share)).toFixed(1)}%`;
+      li.append(fill);
     }
-    g.appendChild(el("text", { x: x + 8, y: 24, class: "label" }, step.label));
-    g.appendChild(el("text", { x: x + 8, y: 42, class: "detail" }, step.detail ?? ""));
-    if (i + 1 < steps.length) {
-      g.appendChild(el("line", { x1: x + w, y1: 4 + h / 2, x2: x + w + gap, y2: 4 + h / 2, class: "link" }));
-    }
-    title(g, `${step.label}: ${step.detail ?? ""}`);
-    s.appendChild(g);
-  });
-  return s;
+    li.title = `${step.label}${step.what ? ` · ${step.what}` : ""}: ${step.detail ?? ""}`;
+    list.append(li);
+  }
+  return list;
 }

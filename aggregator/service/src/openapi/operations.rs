@@ -36,7 +36,8 @@ fn schema() -> Value {
 
 fn status(phase: &str, accepted: u64) -> Value {
     json!({"phase": phase, "round": 0, "round_quota": null, "round_accepted": accepted,
-           "reports_accepted": accepted, "active_edges": [], "model_ready": phase == "finalized"})
+           "reports_accepted": accepted, "active_edges": [], "model_ready": phase == "finalized",
+           "rounds": []})
 }
 
 fn collection(phase: &str, accepted: u64) -> Value {

@@ -52,7 +52,8 @@ const overflowing = (page) => page.evaluate(() => {
     }
   }
   for (const t of document.querySelectorAll("svg text")) {
-    if (!shown(t)) continue;
+    // An empty label (a category named "") has nothing to cut.
+    if (!shown(t) || !t.textContent) continue;
     const r = t.getBoundingClientRect(), b = t.ownerSVGElement.getBoundingClientRect();
     if (r.left < b.left - 0.5 || r.right > b.right + 0.5 || r.top < b.top - 0.5 || r.bottom > b.bottom + 0.5) {
       bad.push(`svg text "${t.textContent}" in ${name(t.ownerSVGElement)}: [${r.left.toFixed(1)}, ${r.right.toFixed(1)}] outside [${b.left.toFixed(1)}, ${b.right.toFixed(1)}]`);

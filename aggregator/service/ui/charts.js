@@ -102,6 +102,9 @@ function blue(t) {
   return `rgb(${mix(247, 8)},${mix(251, 69)},${mix(255, 148)})`;
 }
 
+/** Most px of a heat map's rows or columns. */
+const MAX_GRID = 480;
+
 /** Most cells drawn in one heat map. */
 export const MAX_HEATMAP_CELLS = 4096;
 
@@ -112,31 +115,35 @@ export const MAX_HEATMAP_CELLS = 4096;
  */
 export function heatmap(m) {
   const [ka, kb] = m.dims;
-  const cell = Math.max(6, Math.min(34, Math.floor(360 / Math.max(ka, kb))));
-  const labelEvery = Math.ceil(14 / cell);
+  // Each axis's cells 6 to 34 px; an axis of many bins (a numeric attribute's 1,024 codes)
+  // is squeezed to MAX_GRID px instead, its cells thinner, with no gap between them.
+  const size = (k) => (k * 6 > MAX_GRID ? MAX_GRID / k : Math.max(6, Math.min(34, Math.floor(360 / k))));
+  const ch = size(ka), cw = size(kb);
+  const gapH = ch >= 6 ? 1 : 0, gapW = cw >= 6 ? 1 : 0;
+  const rowEvery = Math.ceil(14 / ch), colEvery = Math.ceil(14 / cw);
   const rows = m.labels[0].map((l) => short(l)), cols = m.labels[1].map((l) => short(l));
   const rowTitle = `${m.attributes[0]} ↓`, colTitle = `${m.attributes[1]} →`;
   // Column labels are turned 55° up from their foot.
   const cos = Math.cos((55 * Math.PI) / 180), sin = Math.sin((55 * Math.PI) / 180);
-  const colW = Math.max(0, ...cols.map((l) => textWidth(l, 10)));
-  const left = Math.max(40, 8 + Math.max(...rows.map((l) => textWidth(l, 10))), 8 + textWidth(rowTitle, 11, 600));
+  const colW = Math.max(0, ...cols.filter((_, j) => j % colEvery === 0).map((l) => textWidth(l, 10)));
+  const left = Math.max(40, 8 + Math.max(...rows.filter((_, i) => i % rowEvery === 0).map((l) => textWidth(l, 10))), 8 + textWidth(rowTitle, 11, 600));
   const top = Math.max(34, 28 + colW * sin);
-  const gridW = kb * cell, gridH = ka * cell;
+  const gridW = kb * cw, gridH = ka * ch;
   const scaleW = 150, scaleTop = top + gridH + 12;
-  const width = Math.ceil(Math.max(left + gridW + 6 + colW * cos, left + textWidth(colTitle, 11, 600), left + scaleW) + 8);
+  const width = Math.ceil(Math.max(left + gridW - cw / 2 + 6 + colW * cos, left + textWidth(colTitle, 11, 600), left + scaleW) + 8);
   const height = Math.ceil(scaleTop + 10 + 16);
   const s = svg(width, height, "heatmap");
   const max = Math.max(...m.frequencies, 1e-12);
   s.appendChild(el("text", { x: left, y: 14, class: "axis-title" }, colTitle));
   s.appendChild(el("text", { x: 4, y: top - 6, class: "axis-title" }, rowTitle));
   cols.forEach((label, j) => {
-    if (j % labelEvery) return;
-    const x = left + j * cell + cell / 2;
+    if (j % colEvery) return;
+    const x = left + j * cw + cw / 2;
     s.appendChild(el("text", { x, y: top - 6, transform: `rotate(-55 ${x} ${top - 6})`, class: "tick" }, label));
   });
   rows.forEach((label, i) => {
-    if (i % labelEvery) return;
-    s.appendChild(el("text", { x: left - 4, y: top + i * cell + cell / 2 + 4, "text-anchor": "end", class: "tick" }, label));
+    if (i % rowEvery) return;
+    s.appendChild(el("text", { x: left - 4, y: top + i * ch + ch / 2 + 4, "text-anchor": "end", class: "tick" }, label));
   });
   for (let i = 0; i < ka; i++) {
     for (let j = 0; j < kb; j++) {
@@ -144,7 +151,7 @@ export function heatmap(m) {
       const f = m.frequencies[k];
       const se = m.std_errors ? m.std_errors[k] : null;
       const rect = el("rect", {
-        class: "cell", x: left + j * cell, y: top + i * cell, width: cell - 1, height: cell - 1,
+        class: "cell", x: left + j * cw, y: top + i * ch, width: cw - gapW, height: ch - gapH,
         fill: blue(Math.max(0, f) / max),
       });
       title(rect, `${m.attributes[0]}=${m.labels[0][i]}, ${m.attributes[1]}=${m.labels[1][j]}: ${fmt(f, 4)}${se === null ? "" : ` ± ${fmt(1.96 * se, 4)} (95%)`}`);
@@ -169,7 +176,11 @@ export function heatmap(m) {
 /** Bars of a 1-way marginal with ±1.96 standard-error whiskers where the API gives them. */
 export function bars(m) {
   const k = m.dims[0];
-  const bw = Math.max(3, Math.min(28, Math.floor(300 / k)));
+  // Bars of 3 to 28 px; past 100 bins (a numeric attribute's codes) they share 300 px, and
+  // the 95% intervals become a band instead of whiskers.
+  const bw = k > 100 ? 300 / k : Math.max(3, Math.min(28, Math.floor(300 / k)));
+  const gap = bw >= 4 ? 1 : 0;
+  const band = bw < 3 && m.std_errors;
   const labelEvery = Math.ceil(12 / bw);
   const hi = m.frequencies.map((f, i) => f + (m.std_errors ? 1.96 * m.std_errors[i] : 0));
   const max = Math.max(...hi, 1e-12);
@@ -190,11 +201,12 @@ export function bars(m) {
   for (let i = 0; i < k; i++) {
     const f = m.frequencies[i];
     const x = left + i * bw;
-    const bar = el("rect", { class: "bar", x: x + 1, y: y(f), width: bw - 2, height: top + plotH - y(f) });
+    // At least 1 px wide: a point mass among 1,024 codes stays visible.
+    const bar = el("rect", { class: "bar", x: x + gap, y: y(f), width: Math.max(1, bw - 2 * gap), height: top + plotH - y(f) });
     const se = m.std_errors ? m.std_errors[i] : null;
     title(bar, `${m.labels[0][i]}: ${fmt(f, 4)}${se === null ? "" : ` ± ${fmt(1.96 * se, 4)} (95%)`}`);
     s.appendChild(bar);
-    if (se !== null) {
+    if (se !== null && !band) {
       const cx = x + bw / 2, lo = y(f - 1.96 * se), up = y(f + 1.96 * se);
       s.appendChild(el("line", { class: "err", x1: cx, x2: cx, y1: lo, y2: up }));
       s.appendChild(el("line", { class: "err", x1: cx - bw / 4, x2: cx + bw / 4, y1: up, y2: up }));
@@ -204,6 +216,13 @@ export function bars(m) {
       const lx = x + bw / 2, ly = top + plotH + 10;
       s.appendChild(el("text", { x: lx, y: ly, transform: `rotate(-50 ${lx} ${ly})`, "text-anchor": "end", class: "tick" }, names[i]));
     }
+  }
+  if (band) {
+    // Upper ends left to right, then lower ends back.
+    const at = (i, v) => `${(left + i * bw + bw / 2).toFixed(2)},${y(v).toFixed(2)}`;
+    const up = m.frequencies.map((f, i) => at(i, f + 1.96 * m.std_errors[i]));
+    const lo = m.frequencies.map((f, i) => at(i, f - 1.96 * m.std_errors[i])).reverse();
+    s.appendChild(title(el("polygon", { class: "err-band", points: [...up, ...lo].join(" ") }), "±1.96 standard errors"));
   }
   return s;
 }

@@ -1,5 +1,6 @@
 //! `auto` (docs/design.md "Adaptive rounds"): round 0 ([`AUTO_ROUND0_SHARE`] of the users)
-//! measures every attribute alone; a screening round ([`AUTO_PHASE1_SHARE`]) then measures,
+//! measures every attribute alone, in the shares that minimize the 1-ways' summed expected
+//! TVD (`rules::one_way_weights`); a screening round ([`AUTO_PHASE1_SHARE`]) then measures,
 //! uniformly, every pair that could ever pay for its reports, with the lower-variance oracle,
 //! a pair too large for its reports over contiguous bins of equal estimated mass (round 0's
 //! 1-ways; VertiMRF §6.1's binning with the bins placed by an earlier LDP estimate), and
@@ -309,6 +310,33 @@ mod tests {
                 (vec![2, 3], 200.0)
             ]
         );
+    }
+
+    /// Round 0's shares minimize `Σ_a g_a/√n_a`: they sum to one, follow `g^(2/3)`, give an
+    /// attribute of many codes more than a yes/no one, and no small move of people between
+    /// two attributes lowers the summed expected error.
+    #[test]
+    fn one_way_shares_minimize_the_summed_expected_error() {
+        use crate::protocols::auto::rules::one_way_weights;
+        let engine = auto_engine(vec![2, 9, 101, 16], 4.0, 100_000);
+        let ctx = engine.context();
+        let w = one_way_weights(ctx);
+        assert!((w.iter().sum::<f64>() - 1.0).abs() < 1e-12, "{w:?}");
+        assert!(w[2] > w[3] && w[3] > w[1] && w[1] > w[0], "{w:?}");
+        let g: Vec<f64> = (0..4)
+            .map(|a| ctx.marginal_noise_l1(&[a], &[], &[a], 1.0))
+            .collect();
+        let cost = |w: &[f64]| g.iter().zip(w).map(|(g, n)| g / n.sqrt()).sum::<f64>();
+        for (a, b) in [(0, 2), (1, 3), (2, 1)] {
+            for step in [1e-3, -1e-3] {
+                let mut moved = w.clone();
+                moved[a] += step;
+                moved[b] -= step;
+                assert!(cost(&moved) > cost(&w), "moving {step} from {b} to {a}");
+            }
+        }
+        let equal = one_way_weights(auto_engine(vec![2; 5], 4.0, 100_000).context());
+        assert!(equal.iter().all(|x| (x - 0.2).abs() < 1e-12), "{equal:?}");
     }
 
     #[test]

@@ -55,10 +55,17 @@ impl CollectionProtocol for Auto {
         }
         let active = active_edges(state);
         if active.is_empty() {
-            return Ok(one_way_choices(ctx, state));
+            // Round 0: every attribute alone, in the shares that minimize the 1-ways' TVD
+            // (equal shares draw as the unweighted 1-ways do).
+            let w = one_way_weights(ctx);
+            let equal = w.iter().all(|x| (x - w[0]).abs() <= 1e-12 * w[0]);
+            return Ok(TaskChoices {
+                weights: (!equal).then_some(w),
+                ..one_way_choices(ctx, state)
+            });
         }
         // Every screened pair alike (each needs its own dependence estimate), in the
-        // design's factors, and the round's slice of 1-ways, every attribute alike.
+        // design's factors, and the round's slice of 1-ways, in round 0's shares.
         let screening = self.screening_tasks(ctx, state.edges());
         let slice = self.one_way_slice(ctx, Self::block_fraction(&screening, state.edges()));
         let mut tasks: Vec<TaskSpec> = screening
@@ -72,9 +79,8 @@ impl CollectionProtocol for Auto {
             .collect();
         let mut weights = vec![(1.0 - slice) / tasks.len() as f64; tasks.len()];
         if slice > 0.0 {
-            let d = ctx.dims().len();
             tasks.extend(one_way_choices(ctx, state).tasks);
-            weights.extend(std::iter::repeat_n(slice / d as f64, d));
+            weights.extend(one_way_weights(ctx).into_iter().map(|w| slice * w));
         }
         Ok(TaskChoices {
             tasks,
@@ -185,4 +191,22 @@ impl CollectionProtocol for Auto {
 /// unselected pairs included).
 fn selected_for_phase2(state: &CollectionState, pair: Edge) -> bool {
     state.plan().is_some() && state.edges().iter().any(|e| e.active && (e.a, e.b) == pair)
+}
+
+/// Shares of the attributes in `auto`'s round 0 and in the screening round's slice of 1-ways,
+/// those that minimize the summed expected 1-way TVD of the round's people: with `n_a` reports
+/// attribute `a`'s expected L1 error is `g_a/√n_a` (`g_a` its noise at one report by the one
+/// variance model, [`Context::marginal_noise_l1`], at a uniform marginal: data-independent),
+/// and `Σ_a g_a/√n_a` under `Σ_a n_a = n` is least at `n_a ∝ g_a^(2/3)` (Lagrange). Equal
+/// shares when every attribute has as many codes. When rounds are strata of the population
+/// (drift, [`crate::measure::drift`]) each round's 1-ways stand on their own, so each round's
+/// split matters; with i.i.d. arrivals phase 2 tops up what the 1-ways lack (`top_up`).
+/// Compared with equal shares over every suite table in both orders
+/// (`benchmarks/sweeps/one-way-shares.md`).
+pub(super) fn one_way_weights(ctx: &Context) -> Vec<f64> {
+    let g: Vec<f64> = (0..ctx.dims().len())
+        .map(|a| ctx.marginal_noise_l1(&[a], &[], &[a], 1.0).powf(2.0 / 3.0))
+        .collect();
+    let total: f64 = g.iter().sum();
+    g.iter().map(|x| x / total).collect()
 }

@@ -520,6 +520,38 @@ fn one_line(c: &Value) -> String {
     }
 }
 
+/// The `rounds` line of a status (PrivIncr, NoIncremental, `auto`): each round's kind,
+/// state and reports, and the pairs it dropped; empty for protocols without rounds.
+fn rounds(s: &Value) -> String {
+    let Some(rounds) = s["rounds"].as_array().filter(|r| !r.is_empty()) else {
+        return String::new();
+    };
+    let parts: Vec<String> = rounds
+        .iter()
+        .map(|r| {
+            let kind = match r["kind"].as_str() {
+                Some("one_ways") => "1-ways",
+                Some("phase2") => "phase 2",
+                Some(other) => other,
+                None => "",
+            };
+            let mut part = format!(
+                "{} {kind} {} ({} reports",
+                r["round"],
+                r["state"].as_str().unwrap_or(""),
+                r["reports"]
+            );
+            match (r["kind"].as_str(), r["pruned"].as_u64()) {
+                (_, None | Some(0)) => {}
+                (Some("screening"), Some(k)) => part += &format!(", {k} pairs not selected"),
+                (_, Some(k)) => part += &format!(", {k} pairs pruned"),
+            }
+            part + ")"
+        })
+        .collect();
+    format!("rounds      {}\n", parts.join(" · "))
+}
+
 fn summary(c: &Value) -> String {
     let s = &c["status"];
     let attrs: Vec<&str> = c["schema"]["attributes"]
@@ -557,13 +589,14 @@ fn summary(c: &Value) -> String {
         about += &format!("retention   raw reports deleted {days} days after finalize\n");
     }
     format!(
-        "collection  {}\n{about}protocol    {} at ε = {}\nattributes  {} ({})\nphase       {}, {round}\nreports     {}\nmodel       {}\n",
+        "collection  {}\n{about}protocol    {} at ε = {}\nattributes  {} ({})\nphase       {}, {round}\n{}reports     {}\nmodel       {}\n",
         c["id"].as_str().unwrap_or(""),
         c["protocol"].as_str().unwrap_or(""),
         c["epsilon"],
         attrs.len(),
         attrs.join(", "),
         s["phase"].as_str().unwrap_or(""),
+        rounds(s),
         progress(c),
         if s["model_ready"].as_bool() == Some(true) {
             "ready"

@@ -73,7 +73,19 @@ async fn collections_cli_drives_a_collection() {
     ];
     let id: Uuid = ok(&cli(&base, &create, true)).trim().parse().unwrap();
 
+    // A protocol with rounds: the status lists them (kind, state, reports).
+    let mut create_auto = create;
+    create_auto[8] = "auto";
+    create_auto[6] = "50000";
+    let auto: Uuid = ok(&cli(&base, &create_auto, true)).trim().parse().unwrap();
+    let status = ok(&cli(&base, &["status", &auto.to_string()], true));
+    assert!(
+        status.contains("rounds      0 1-ways open (0 reports)"),
+        "{status}"
+    );
+
     let status = ok(&cli(&base, &["status", &id.to_string()], true));
+    assert!(!status.contains("rounds "), "{status}");
     assert!(status.contains("independence at ε = 2"), "{status}");
     assert!(status.contains("0/300 (0.0%)"), "{status}");
     assert!(status.contains("model       not built"), "{status}");

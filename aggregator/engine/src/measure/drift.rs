@@ -628,15 +628,8 @@ mod tests {
     /// multinomial sampling variance each round's estimate has), and the test at its level
     /// rejects about as often as it should. Summing all C cells' squared deviations, which sum
     /// to zero, gave a mean of 2 on the yes/no attribute.
-    /// A round's multinomial sample of `n` people from `truth` with the noise an OUE report
-    /// at ε = 2 adds to each cell (Gaussian, variance `4e^ε/((e^ε − 1)²n)`: as large in a
-    /// light cell as in a heavy one), and the variances its cells would have at `truth`.
-    fn sampled_round(
-        rng: &mut rand_chacha::ChaCha12Rng,
-        round: u32,
-        truth: &[f64],
-        n: u64,
-    ) -> RoundEstimate {
+    /// Counts of `n` draws from the distribution `truth` (inverse CDF).
+    fn multinomial_counts(rng: &mut rand_chacha::ChaCha12Rng, truth: &[f64], n: u64) -> Vec<u64> {
         use rand::Rng;
         let mut counts = vec![0u64; truth.len()];
         for _ in 0..n {
@@ -650,6 +643,20 @@ mod tests {
                 .unwrap_or(truth.len() - 1);
             counts[c] += 1;
         }
+        counts
+    }
+
+    /// A round's multinomial sample of `n` people from `truth` with the noise an OUE report
+    /// at ε = 2 adds to each cell (Gaussian, variance `4e^ε/((e^ε − 1)²n)`: as large in a
+    /// light cell as in a heavy one), and the variances its cells would have at `truth`.
+    fn sampled_round(
+        rng: &mut rand_chacha::ChaCha12Rng,
+        round: u32,
+        truth: &[f64],
+        n: u64,
+    ) -> RoundEstimate {
+        use rand::Rng;
+        let counts = multinomial_counts(rng, truth, n);
         let e = 2f64.exp();
         let ldp = 4.0 * e / ((e - 1.0).powi(2) * n as f64);
         let mut gaussian = || {
@@ -777,7 +784,7 @@ mod tests {
 
     #[test]
     fn heterogeneity_is_calibrated_on_rounds_of_one_population() {
-        use rand::{Rng, SeedableRng};
+        use rand::SeedableRng;
         let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(5);
         for truth in [vec![0.3, 0.7], vec![0.05, 0.1, 0.2, 0.25, 0.4]] {
             let sizes = [400u64, 1200, 800];
@@ -788,18 +795,7 @@ mod tests {
                     .iter()
                     .enumerate()
                     .map(|(r, &n)| {
-                        let mut counts = vec![0u64; truth.len()];
-                        for _ in 0..n {
-                            let mut u: f64 = rng.random();
-                            let c = truth
-                                .iter()
-                                .position(|&p| {
-                                    u -= p;
-                                    u < 0.0
-                                })
-                                .unwrap_or(truth.len() - 1);
-                            counts[c] += 1;
-                        }
+                        let counts = multinomial_counts(&mut rng, &truth, n);
                         let estimate: Vec<f64> =
                             counts.iter().map(|&c| c as f64 / n as f64).collect();
                         let variances = estimate

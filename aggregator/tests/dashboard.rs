@@ -184,17 +184,21 @@ fn schema_json() -> Value {
     ]})
 }
 
-/// The `status.rounds` of collection `id` as `(round, kind, state)`.
-async fn rounds(http: &reqwest::Client, base: &str, id: uuid::Uuid) -> Vec<(u64, String, String)> {
-    let c: Value = http
-        .get(format!("{base}/v1/collections/{id}"))
+/// The JSON an admin GET of `url` answers.
+async fn admin_get(http: &reqwest::Client, url: &str) -> Value {
+    http.get(url)
         .bearer_auth(ADMIN)
         .send()
         .await
         .unwrap()
         .json()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// The `status.rounds` of collection `id` as `(round, kind, state)`.
+async fn rounds(http: &reqwest::Client, base: &str, id: uuid::Uuid) -> Vec<(u64, String, String)> {
+    let c = admin_get(http, &format!("{base}/v1/collections/{id}")).await;
     c["status"]["rounds"]
         .as_array()
         .unwrap_or_else(|| panic!("no rounds: {c}"))
@@ -223,15 +227,7 @@ async fn check_rounds(http: &reqwest::Client, base: &str, finalized: uuid::Uuid,
             r(2, "phase2", "closed")
         ]
     );
-    let model: Value = http
-        .get(format!("{base}/v1/collections/{finalized}/model"))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let model = admin_get(http, &format!("{base}/v1/collections/{finalized}/model")).await;
     let summarized: Vec<u64> = model["model"]["rounds"]
         .as_array()
         .unwrap()

@@ -21,7 +21,8 @@ const ADMIN: &str = "lifecycle-admin-token-36";
 /// Every table with rows of a collection, and the column naming it.
 const TABLES: &[(&str, &str)] = &[
     ("collections", "id"),
-    ("reports", "collection_id"),
+    ("report_tokens", "collection_id"),
+    ("report_groups", "collection_id"),
     ("vertical_records", "collection_id"),
     ("table_counts", "collection_id"),
     ("table_counts_ready", "collection_id"),
@@ -281,7 +282,7 @@ async fn delete_leaves_nothing(url: &str) {
         }
     }
     let kept_rows = rows_of(url, kept).await;
-    assert!(kept_rows.contains(&("reports", 70)), "{kept_rows:?}");
+    assert!(kept_rows.contains(&("report_tokens", 70)), "{kept_rows:?}");
     assert!(kept_rows.contains(&("collections", 1)), "{kept_rows:?}");
 
     let gone_answers = |base: String| {

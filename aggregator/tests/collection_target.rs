@@ -107,7 +107,7 @@ fn count(outcomes: &[Option<ProblemType>], what: Option<ProblemType>) -> usize {
 async fn stored_reports(url: &str, id: Uuid) -> i64 {
     sqlx::any::install_default_drivers();
     let mut conn = sqlx::AnyConnection::connect(url).await.unwrap();
-    let row = sqlx::query("SELECT COUNT(*) FROM reports WHERE collection_id = $1")
+    let row = sqlx::query("SELECT COUNT(*) FROM report_tokens WHERE collection_id = $1")
         .bind(id.to_string())
         .fetch_one(&mut conn)
         .await

@@ -117,7 +117,8 @@ pub enum PartyModelStore {
 /// rows belongs here, or [`Db::delete_collection`] leaves them behind (test
 /// `delete_leaves_nothing` in `aggregator/tests/collection_lifecycle.rs`).
 const COLLECTION_TABLES: &[&str] = &[
-    "reports",
+    "report_tokens",
+    "report_groups",
     "vertical_records",
     "party_models",
     "table_counts",
@@ -245,6 +246,48 @@ fn parse_factor(s: &str) -> Result<Vec<usize>, StorageError> {
                 .map_err(|_| StorageError::Corrupt(format!("stored factor `{s}`")))
         })
         .collect()
+}
+
+/// The tokens of `reports` as the JSON text the replay-set insert binds: `[[nonce, report
+/// id], …]`. Nonces are hex and ids UUIDs, so nothing needs escaping.
+fn tokens_json<'a>(reports: impl ExactSizeIterator<Item = &'a NewReport>) -> String {
+    let mut s = String::with_capacity(2 + reports.len() * 76);
+    s.push('[');
+    let mut id = Uuid::encode_buffer();
+    for (i, r) in reports.enumerate() {
+        s.push_str(if i == 0 { "[\"" } else { ",[\"" });
+        s.push_str(&r.nonce);
+        s.push_str("\",\"");
+        s.push_str(r.report_id.hyphenated().encode_lower(&mut id));
+        s.push_str("\"]");
+    }
+    s.push(']');
+    s
+}
+
+/// Appends report `r` to a `report_groups` row: `[round,"factor","mechanism",bins,payload]`,
+/// the same text the migration builds from an old row (bins `[]` when none is binned).
+fn push_group_entry(s: &mut String, r: &NewReport) -> Result<(), StorageError> {
+    use std::fmt::Write as _;
+    let _ = write!(s, "[{},\"", r.key.round);
+    for (i, a) in r.key.factor.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        let _ = write!(s, "{a}");
+    }
+    s.push_str("\",\"");
+    s.push_str(mechanism_name(r.key.mechanism));
+    s.push_str("\",");
+    if r.key.bins.is_empty() {
+        s.push_str("[]");
+    } else {
+        s.push_str(&serde_json::to_string(&r.key.bins)?);
+    }
+    s.push(',');
+    s.push_str(&serde_json::to_string(&r.payload)?);
+    s.push(']');
+    Ok(())
 }
 
 /// Rows per multi-row INSERT are powers of two up to this, so only a few distinct statements
@@ -512,13 +555,16 @@ impl Db {
             return Ok(None);
         }
         let mut deleted = 0;
-        for table in ["reports", "vertical_records"] {
+        for table in ["report_tokens", "report_groups", "vertical_records"] {
             // The table names are the constants above, never input.
             let done = sqlx::query(&format!("DELETE FROM {table} WHERE collection_id = $1"))
                 .bind(id.to_string())
                 .execute(&mut *tx)
                 .await?;
-            deleted += done.rows_affected();
+            // A report is one row of report_tokens (its group row holds many).
+            if table != "report_groups" {
+                deleted += done.rows_affected();
+            }
         }
         tx.commit().await?;
         Ok(Some(deleted))
@@ -557,43 +603,41 @@ impl Db {
         Ok(total as u64)
     }
 
-    /// Rebuilds a collection's sufficient statistics from its stored reports, validating
-    /// each again with its mechanism.
+    /// Rebuilds a collection's sufficient statistics from its stored reports (its
+    /// `report_groups` rows), validating each again with its mechanism.
     pub async fn load_tables(
         conn: &mut AnyConnection,
         engine: &Engine,
         id: Uuid,
     ) -> Result<Tables, StorageError> {
+        /// One report of a group row: round, factor, mechanism, bins, payload.
+        type Entry<'a> = (u32, &'a str, &'a str, Vec<Vec<u32>>, Payload);
         let mut tables = Tables::new();
         let mut mechanisms = std::collections::BTreeMap::new();
-        let mut rows = sqlx::query(
-            "SELECT round, factor, mechanism, payload, bins FROM reports WHERE collection_id = $1",
-        )
-        .bind(id.to_string())
-        .fetch(&mut *conn);
+        let mut rows = sqlx::query("SELECT reports FROM report_groups WHERE collection_id = $1")
+            .bind(id.to_string())
+            .fetch(&mut *conn);
         while let Some(row) = rows.try_next().await? {
-            let round: i64 = row.try_get(0)?;
-            let factor: String = row.try_get(1)?;
-            let mechanism: String = row.try_get(2)?;
-            let payload: String = row.try_get(3)?;
-            let bins: String = row.try_get(4)?;
-            let key = TableKey {
-                round: round as u32,
-                factor: parse_factor(&factor)?,
-                mechanism: parse_mechanism(&mechanism)?,
-                bins: parse_bins(&bins)?,
-            };
-            let payload: Payload = serde_json::from_str(&payload)?;
-            if !mechanisms.contains_key(&key) {
-                mechanisms.insert(key.clone(), engine.mechanism(&key)?);
+            let text: String = row.try_get(0)?;
+            let entries: Vec<Entry<'_>> = serde_json::from_str(&text)?;
+            for (round, factor, mechanism, bins, payload) in entries {
+                let key = TableKey {
+                    round,
+                    factor: parse_factor(factor)?,
+                    mechanism: parse_mechanism(mechanism)?,
+                    bins,
+                };
+                if !mechanisms.contains_key(&key) {
+                    mechanisms.insert(key.clone(), engine.mechanism(&key)?);
+                }
+                let m = &mechanisms[&key];
+                let stats = tables
+                    .entry(key)
+                    .or_insert_with(|| SufficientStatistics::new(m));
+                m.accumulate(&payload, stats).map_err(|e| {
+                    StorageError::Corrupt(format!("stored report does not validate: {e}"))
+                })?;
             }
-            let m = &mechanisms[&key];
-            let stats = tables
-                .entry(key)
-                .or_insert_with(|| SufficientStatistics::new(m));
-            m.accumulate(&payload, stats).map_err(|e| {
-                StorageError::Corrupt(format!("stored report does not validate: {e}"))
-            })?;
         }
         Ok(tables)
     }
@@ -792,48 +836,141 @@ impl Db {
     /// Inserts `reports` (no two with the same collection and token nonce), skipping those
     /// whose token already answered a stored report. Returns, per report, whether it was
     /// inserted.
+    ///
+    /// Per collection of `reports`: one statement adds their tokens to the replay set
+    /// (`report_tokens`, whose key is the backstop against a second answer to a token, across
+    /// processes too), and one row of `report_groups` holds the inserted ones. Both statements
+    /// bind the whole collection's share as one JSON text, so their SQL is constant (prepared
+    /// once per connection) whatever the group's size. Errors: the database's.
     pub async fn insert_reports(
         &self,
         conn: &mut AnyConnection,
         reports: &[&NewReport],
     ) -> Result<Vec<bool>, StorageError> {
         let mut inserted = vec![false; reports.len()];
-        let mut start = 0;
-        while start < reports.len() {
-            let remaining = reports.len() - start;
-            let n = MAX_ROWS_PER_INSERT.min(1 << (usize::BITS - 1 - remaining.leading_zeros()));
-            let chunk = &reports[start..start + n];
-            let mut sql = String::with_capacity(80 + n * 40);
-            sql.push_str("INSERT INTO reports (collection_id, token_nonce, report_id, round, factor, mechanism, payload, bins) VALUES ");
-            self.push_value_rows(&mut sql, n, 8);
-            sql.push_str(" ON CONFLICT DO NOTHING RETURNING collection_id, token_nonce");
-            let mut q = sqlx::query(&sql);
-            for r in chunk {
-                q = q
-                    .bind(r.collection.to_string())
-                    .bind(r.nonce.clone())
-                    .bind(r.report_id.to_string())
-                    .bind(r.key.round as i64)
-                    .bind(factor_text(&r.key.factor))
-                    .bind(mechanism_name(r.key.mechanism))
-                    .bind(serde_json::to_string(&r.payload)?)
-                    .bind(bins_text(&r.key.bins)?);
-            }
-            let rows = q.fetch_all(&mut *conn).await?;
-            let mut done = std::collections::HashSet::with_capacity(rows.len());
-            for row in rows {
-                let collection: String = row.try_get(0)?;
-                let nonce: String = row.try_get(1)?;
-                done.insert((collection, nonce));
-            }
-            for (i, r) in chunk.iter().enumerate() {
-                if done.contains(&(r.collection.to_string(), r.nonce.clone())) {
-                    inserted[start + i] = true;
+        // Per collection, in order of first appearance: positions in `reports`.
+        let mut slot: HashMap<Uuid, usize> = HashMap::new();
+        let mut by_collection: Vec<(Uuid, Vec<usize>)> = Vec::new();
+        for (k, r) in reports.iter().enumerate() {
+            let s = *slot.entry(r.collection).or_insert_with(|| {
+                by_collection.push((r.collection, Vec::new()));
+                by_collection.len() - 1
+            });
+            by_collection[s].1.push(k);
+        }
+        for (id, ks) in by_collection {
+            let share: Vec<&NewReport> = ks.iter().map(|&k| reports[k]).collect();
+            let fresh = self.insert_tokens(conn, id, &share).await?;
+            let mut group = String::with_capacity(2 + share.len() * 32);
+            group.push('[');
+            for (r, _) in share.iter().zip(&fresh).filter(|(_, f)| **f) {
+                if group.len() > 1 {
+                    group.push(',');
                 }
+                push_group_entry(&mut group, r)?;
             }
-            start += n;
+            group.push(']');
+            if group.len() > 2 {
+                sqlx::query("INSERT INTO report_groups (collection_id, reports) VALUES ($1, $2)")
+                    .bind(id.to_string())
+                    .bind(group)
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            for (&k, f) in ks.iter().zip(fresh) {
+                inserted[k] = f;
+            }
         }
         Ok(inserted)
+    }
+
+    /// Adds the tokens of `reports` (all of collection `id`, no nonce twice) to the replay set;
+    /// returns, per report, whether its token was new (and is now stored).
+    ///
+    /// SQLite (one process, one writer): a plain INSERT; a replayed token fails the statement
+    /// with a unique violation, which undoes that statement only (the transaction goes on),
+    /// and then the stored tokens among them are read and the others inserted. Replays are
+    /// rare, so the usual group pays one statement and reads nothing back. PostgreSQL
+    /// (several processes may insert the same token at once): one statement that inserts with
+    /// `ON CONFLICT DO NOTHING` and returns only the tokens it did not insert. Errors: the
+    /// database's.
+    async fn insert_tokens(
+        &self,
+        conn: &mut AnyConnection,
+        id: Uuid,
+        reports: &[&NewReport],
+    ) -> Result<Vec<bool>, StorageError> {
+        let tokens = tokens_json(reports.iter().copied());
+        match self.backend {
+            Backend::Sqlite => {
+                const INSERT: &str = "INSERT INTO report_tokens (collection_id, token_nonce, report_id) \
+                     SELECT $1, value ->> 0, value ->> 1 FROM json_each($2)";
+                let first = sqlx::query(INSERT)
+                    .bind(id.to_string())
+                    .bind(tokens)
+                    .execute(&mut *conn)
+                    .await;
+                match first {
+                    Ok(_) => return Ok(vec![true; reports.len()]),
+                    Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {}
+                    Err(e) => return Err(e.into()),
+                }
+                let nonces: Vec<&str> = reports.iter().map(|r| r.nonce.as_str()).collect();
+                let rows = sqlx::query(
+                    "SELECT token_nonce FROM report_tokens WHERE collection_id = $1 \
+                     AND token_nonce IN (SELECT value FROM json_each($2))",
+                )
+                .bind(id.to_string())
+                .bind(serde_json::to_string(&nonces)?)
+                .fetch_all(&mut *conn)
+                .await?;
+                let stored: std::collections::HashSet<String> = rows
+                    .iter()
+                    .map(|r| r.try_get(0))
+                    .collect::<Result<_, _>>()?;
+                let fresh: Vec<bool> = reports.iter().map(|r| !stored.contains(&r.nonce)).collect();
+                let rest: Vec<&NewReport> = reports
+                    .iter()
+                    .zip(&fresh)
+                    .filter(|(_, f)| **f)
+                    .map(|(r, _)| *r)
+                    .collect();
+                if !rest.is_empty() {
+                    // This process is SQLite's one writer: nothing stored them meanwhile.
+                    sqlx::query(INSERT)
+                        .bind(id.to_string())
+                        .bind(tokens_json(rest.into_iter()))
+                        .execute(&mut *conn)
+                        .await?;
+                }
+                Ok(fresh)
+            }
+            Backend::Postgres => {
+                let rows = sqlx::query(
+                    "WITH input AS (SELECT e ->> 0 AS nonce, e ->> 1 AS report_id \
+                     FROM json_array_elements($2::json) AS e), \
+                     ins AS (INSERT INTO report_tokens (collection_id, token_nonce, report_id) \
+                     SELECT $1, nonce, report_id FROM input ON CONFLICT DO NOTHING \
+                     RETURNING token_nonce) \
+                     SELECT nonce FROM input EXCEPT SELECT token_nonce FROM ins",
+                )
+                .bind(id.to_string())
+                .bind(tokens)
+                .fetch_all(&mut *conn)
+                .await?;
+                if rows.is_empty() {
+                    return Ok(vec![true; reports.len()]);
+                }
+                let refused: std::collections::HashSet<String> = rows
+                    .iter()
+                    .map(|r| r.try_get(0))
+                    .collect::<Result<_, _>>()?;
+                Ok(reports
+                    .iter()
+                    .map(|r| !refused.contains(&r.nonce))
+                    .collect())
+            }
+        }
     }
 
     /// The report id of the stored report that answered a token, if any.
@@ -843,7 +980,7 @@ impl Db {
         nonce: &str,
     ) -> Result<Option<Uuid>, StorageError> {
         let row = sqlx::query(
-            "SELECT report_id FROM reports WHERE collection_id = $1 AND token_nonce = $2",
+            "SELECT report_id FROM report_tokens WHERE collection_id = $1 AND token_nonce = $2",
         )
         .bind(collection.to_string())
         .bind(nonce.to_owned())
@@ -1001,7 +1138,7 @@ impl Db {
 
     /// Number of stored reports of a collection.
     pub async fn count_reports(&self, collection: Uuid) -> Result<u64, StorageError> {
-        let row = sqlx::query("SELECT COUNT(*) FROM reports WHERE collection_id = $1")
+        let row = sqlx::query("SELECT COUNT(*) FROM report_tokens WHERE collection_id = $1")
             .bind(collection.to_string())
             .fetch_one(&self.pool)
             .await?;
@@ -1083,7 +1220,8 @@ impl Db {
                 .bind(id.to_string())
                 .execute(&mut *conn)
                 .await?;
-            if matches!(*table, "reports" | "vertical_records") {
+            // A report is one row of report_tokens (its group row holds many).
+            if matches!(*table, "report_tokens" | "vertical_records") {
                 reports += done.rows_affected();
             }
         }

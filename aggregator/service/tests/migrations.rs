@@ -64,6 +64,29 @@ async fn upgrade_keeps_reports_and_token_identity() {
             .unwrap();
         assert_eq!(stored, Some(*id), "report {i} kept with its token");
     }
+    // Their payloads moved to group rows (migration 8): a scan finds report i in cell i.
+    let engine = ldpsyn_engine::Engine::from_parts(
+        vec![3],
+        ldpsyn::Epsilon::new(1.0).unwrap(),
+        100,
+        ldpsyn::protocol::Protocol::Independence {},
+        ldpsyn_engine::EngineOptions::default(),
+    )
+    .unwrap();
+    let scanned = Db::load_tables(&mut conn, &engine, collection)
+        .await
+        .unwrap();
+    let grr0 = TableKey {
+        round: 0,
+        factor: vec![0],
+        mechanism: MechanismKind::Grr,
+        bins: vec![],
+    };
+    assert_eq!(scanned.len(), 1);
+    assert_eq!(
+        (scanned[&grr0].n, &scanned[&grr0].counts[..]),
+        (3, &[1, 1, 1][..])
+    );
     // The token is the report's identity now: a second answer to token 0 is not stored,
     // a report on a new token is.
     let report = |nonce: String| NewReport {

@@ -1,0 +1,213 @@
+//! The replay set and the group rows (`report_tokens`, `report_groups`, migration 8): a token
+//! stored by one group commit is refused in a later one (a retry with the same report id is
+//! told apart from a second answer), in the same group as fresh reports that are stored;
+//! after a restart; and, on PostgreSQL (`LDPSYN_TEST_DATABASE_URL`), when two processes
+//! insert the same token at once. The group rows hold exactly the inserted reports: a scan of
+//! them equals the reduction of what was accepted.
+
+use ldpsyn::Epsilon;
+use ldpsyn::mechanism::{MechanismKind, SufficientStatistics};
+use ldpsyn::protocol::{Payload, Protocol};
+use ldpsyn_engine::{Engine, EngineOptions, TableKey, Tables};
+use ldpsyn_service::storage::{CollectionRow, Db, NewReport};
+use uuid::Uuid;
+
+/// Attributes of 3 and 4 values, one-way GRR reports.
+fn engine() -> Engine {
+    Engine::from_parts(
+        vec![3, 4],
+        Epsilon::new(1.0).unwrap(),
+        100,
+        Protocol::Independence {},
+        EngineOptions::default(),
+    )
+    .unwrap()
+}
+
+/// A report of collection `c` on token `nonce` (hex, as the server issues them) about
+/// attribute `i % 2` (the second one cut at 2 into two bins, so that group rows carry bin maps).
+fn report(c: Uuid, nonce: u32, i: u32) -> NewReport {
+    let a = (i % 2) as usize;
+    NewReport {
+        collection: c,
+        report_id: Uuid::new_v4(),
+        nonce: format!("{nonce:032x}"),
+        task_round: 0,
+        key: TableKey {
+            round: 0,
+            factor: vec![a],
+            mechanism: MechanismKind::Grr,
+            bins: if a == 1 { vec![vec![2]] } else { vec![] },
+        },
+        payload: Payload::Grr(u64::from(i % (3 - a as u32))),
+    }
+}
+
+/// The statistics of `reports`.
+fn reduce(engine: &Engine, reports: &[&NewReport]) -> Tables {
+    let mut t = Tables::new();
+    for r in reports {
+        let m = engine.mechanism(&r.key).unwrap();
+        let s = t
+            .entry(r.key.clone())
+            .or_insert_with(|| SufficientStatistics::new(&m));
+        m.accumulate(&r.payload, s).unwrap();
+    }
+    t
+}
+
+async fn collection(db: &Db) -> Uuid {
+    let id = Uuid::new_v4();
+    let row = CollectionRow {
+        id,
+        config: "{}".into(),
+        state: "{}".into(),
+        state_version: 0,
+    };
+    db.insert_collection(&row, 0).await.unwrap();
+    id
+}
+
+/// Inserts `reports` in one transaction of `db`; returns which were inserted.
+async fn insert(db: &Db, reports: &[&NewReport]) -> Vec<bool> {
+    let mut tx = db.pool.begin().await.unwrap();
+    let inserted = db.insert_reports(&mut tx, reports).await.unwrap();
+    tx.commit().await.unwrap();
+    inserted
+}
+
+/// Replays in later groups, mixed with fresh reports of two collections, then after a
+/// reconnect: the replayed tokens keep their first report, the fresh ones are stored once.
+async fn replays_across_groups(url: &str) {
+    let engine = engine();
+    let db = Db::connect(url, 2).await.unwrap();
+    let (a, b) = (collection(&db).await, collection(&db).await);
+    // Nonces apart from other runs on the same PostgreSQL database: the collections are new.
+    let first: Vec<NewReport> = (0..5)
+        .map(|i| report(a, i, i))
+        .chain((0..2).map(|i| report(b, i, i)))
+        .collect();
+    assert_eq!(
+        insert(&db, &first.iter().collect::<Vec<_>>()).await,
+        vec![true; 7]
+    );
+
+    // A later group: a retry (same id), a second answer (same token, another id), fresh
+    // reports, and B's retry; the fresh ones around the replays are stored.
+    let mut second_answer = report(a, 2, 7);
+    second_answer.report_id = Uuid::new_v4();
+    let (fresh_a, fresh_b) = (report(a, 5, 5), report(b, 9, 3));
+    let second = [&first[1], &second_answer, &fresh_a, &first[5], &fresh_b];
+    assert_eq!(
+        insert(&db, &second).await,
+        vec![false, false, true, false, true]
+    );
+    let mut conn = db.pool.acquire().await.unwrap();
+    assert_eq!(
+        Db::report_of_token(&mut conn, a, &first[2].nonce)
+            .await
+            .unwrap(),
+        Some(first[2].report_id),
+        "the token keeps the report it answered first"
+    );
+    assert_eq!(db.count_reports(a).await.unwrap(), 6);
+    assert_eq!(db.count_reports(b).await.unwrap(), 3);
+    let accepted_a: Vec<&NewReport> = first[..5].iter().chain([&fresh_a]).collect();
+    assert_eq!(
+        Db::load_tables(&mut conn, &engine, a).await.unwrap(),
+        reduce(&engine, &accepted_a),
+        "the group rows hold exactly the inserted reports"
+    );
+    drop(conn);
+    db.close().await;
+
+    // After a restart, every stored token is still refused; a new one is stored.
+    let db = Db::connect(url, 2).await.unwrap();
+    let again: Vec<&NewReport> = first.iter().chain([&fresh_a, &fresh_b]).collect();
+    assert_eq!(insert(&db, &again).await, vec![false; 9]);
+    let after = report(a, 6, 0);
+    assert_eq!(insert(&db, &[&fresh_a, &after]).await, vec![false, true]);
+    assert_eq!(db.count_reports(a).await.unwrap(), 7);
+    db.close().await;
+}
+
+#[tokio::test]
+async fn replays_across_groups_sqlite() {
+    let scratch = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", scratch.path().join("r.db").display());
+    replays_across_groups(&url).await;
+}
+
+/// The PostgreSQL URL (`LDPSYN_TEST_DATABASE_URL`), or `None` after a `SKIPPED` line when
+/// `LDPSYN_ALLOW_MISSING_SERVICES=1` allows running without it (else the test fails).
+fn postgres_url(test: &str) -> Option<String> {
+    match std::env::var("LDPSYN_TEST_DATABASE_URL") {
+        Ok(u) if !u.is_empty() => Some(u),
+        _ => {
+            assert!(
+                std::env::var("LDPSYN_ALLOW_MISSING_SERVICES").as_deref() == Ok("1"),
+                "{test}: LDPSYN_TEST_DATABASE_URL is not set. Provide it, or set \
+                 LDPSYN_ALLOW_MISSING_SERVICES=1 to skip this test"
+            );
+            eprintln!("{test}: SKIPPED (no LDPSYN_TEST_DATABASE_URL)");
+            None
+        }
+    }
+}
+
+#[tokio::test]
+async fn replays_across_groups_postgres() {
+    if let Some(url) = postgres_url("replays_across_groups_postgres") {
+        replays_across_groups(&url).await;
+    }
+}
+
+/// Two processes (two pools) insert the same token in concurrent transactions, with fresh
+/// reports beside it: the second waits for the first, then stores its fresh reports and not
+/// the token; the token keeps the first process's report.
+#[tokio::test]
+async fn concurrent_replay_across_two_postgres_processes() {
+    let Some(url) = postgres_url("concurrent_replay_across_two_postgres_processes") else {
+        return;
+    };
+    let (one, two) = (
+        Db::connect(&url, 2).await.unwrap(),
+        Db::connect(&url, 2).await.unwrap(),
+    );
+    let c = collection(&one).await;
+    let (mine, theirs) = (report(c, 1, 0), report(c, 1, 1));
+    let (fresh, fresh_too) = (report(c, 2, 2), report(c, 3, 3));
+    let mut tx = one.pool.begin().await.unwrap();
+    assert_eq!(
+        one.insert_reports(&mut tx, &[&mine, &fresh]).await.unwrap(),
+        vec![true, true]
+    );
+    let second = {
+        let (two, theirs, fresh_too) = (two.clone(), theirs.clone(), fresh_too.clone());
+        tokio::spawn(async move { insert(&two, &[&fresh_too, &theirs]).await })
+    };
+    // The second transaction is waiting on the first one's row (its key is not yet
+    // committed); it cannot finish before this commit.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !second.is_finished(),
+        "the second insert waits for the first"
+    );
+    tx.commit().await.unwrap();
+    assert_eq!(second.await.unwrap(), vec![true, false]);
+    let mut conn = two.pool.acquire().await.unwrap();
+    assert_eq!(
+        Db::report_of_token(&mut conn, c, &mine.nonce)
+            .await
+            .unwrap(),
+        Some(mine.report_id)
+    );
+    let engine = engine();
+    assert_eq!(
+        Db::load_tables(&mut conn, &engine, c).await.unwrap(),
+        reduce(&engine, &[&mine, &fresh, &fresh_too])
+    );
+    drop(conn);
+    one.close().await;
+    two.close().await;
+}

@@ -1036,9 +1036,12 @@ async fn write_group(
             .or_insert_with(|| (p.handle.clone(), BTreeMap::new(), Tables::new()));
         *e.1.entry(p.report.task_round).or_insert(0) += 1;
         let m = p.handle.mechanism(&p.report.key)?;
-        let stats =
-            e.2.entry(p.report.key.clone())
-                .or_insert_with(|| SufficientStatistics::new(&m));
+        // Looked up before inserting: cloning the key (two vectors) for every report cost an
+        // allocation each.
+        if !e.2.contains_key(&p.report.key) {
+            e.2.insert(p.report.key.clone(), SufficientStatistics::new(&m));
+        }
+        let stats = e.2.get_mut(&p.report.key).expect("inserted above");
         m.accumulate(&p.report.payload, stats)
             .map_err(|e| ApiError::Internal(e.to_string()))?;
     }

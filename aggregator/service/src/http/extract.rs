@@ -103,6 +103,11 @@ pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiErro
 /// (`root` and the path inside, e.g. `[0].id`), what was found and what was expected
 /// ([`json_error_in_words`]).
 pub fn from_json_slice<T: DeserializeOwned>(body: &[u8], root: &str) -> Result<T, String> {
+    // Most bodies parse: the path tracking that names where one goes wrong cost a batched
+    // upload ~5% of the server's CPU, so it only runs again on a body that failed.
+    if let Ok(value) = serde_json::from_slice(body) {
+        return Ok(value);
+    }
     let mut de = serde_json::Deserializer::from_slice(body);
     let value = serde_path_to_error::deserialize(&mut de)
         .map_err(|e| json_error_in_words(root, &e.path().to_string(), e.inner()))?;

@@ -108,9 +108,9 @@ pub struct TaskClaims {
 
 impl TaskClaims {
     /// A new nonce: issue time in Unix milliseconds (48 bits, big-endian) then 80 random bits
-    /// from the thread's CSPRNG. Time first makes the reports' unique index grow at its end
-    /// (a cheap insert) instead of at random pages; the time says nothing the token's
-    /// `expires_at` does not already say, and 80 random bits keep nonces from colliding
+    /// from the thread's CSPRNG. Time first makes the replay set's key (`report_tokens`) grow
+    /// at its end (a cheap insert) instead of at random pages; the time says nothing the
+    /// token's `expires_at` does not already say, and 80 random bits keep nonces from colliding
     /// across processes.
     pub fn fresh_nonce(now_ms: u64) -> [u8; 16] {
         let mut nonce = [0u8; 16];

@@ -527,8 +527,8 @@ fn randomize_csv(args: &UploadArgs, client: &PartyClient) -> Result<Vec<PartyRec
             .iter()
             .map(|&c| Value::from(row.get(c).unwrap_or_default()))
             .collect();
-        let codes = match r.randomize(&values, &mut rng) {
-            Ok(codes) => codes,
+        let record = match r.record(key.record_id(customer), &values, &mut rng) {
+            Ok(record) => record,
             // A value the schema refuses: this party does not report the record, as a
             // device would not (the record's other parties still may).
             Err(VerticalError::Record { source, .. }) => {
@@ -540,10 +540,7 @@ fn randomize_csv(args: &UploadArgs, client: &PartyClient) -> Result<Vec<PartyRec
             }
             Err(e) => return Err(PartyError::Input(format!("row {}: {e}", line + 2))),
         };
-        out.push(PartyRecord {
-            id: key.record_id(customer),
-            codes,
-        });
+        out.push(record);
     }
     if skipped_rows > 0 {
         eprintln!(

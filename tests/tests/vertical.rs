@@ -121,12 +121,15 @@ async fn two_parties(database_url: &str) {
         people
             .iter()
             .enumerate()
-            .map(|(i, p)| PartyRecord {
-                id: key.record_id(&format!("customer-{i}")),
-                codes: client
+            .map(|(i, p)| {
+                client
                     .randomizer()
-                    .randomize_codes(&attrs.iter().map(|&a| p[a]).collect::<Vec<_>>(), &mut rng)
-                    .unwrap(),
+                    .record_from_codes(
+                        key.record_id(&format!("customer-{i}")),
+                        &attrs.iter().map(|&a| p[a]).collect::<Vec<_>>(),
+                        &mut rng,
+                    )
+                    .unwrap()
             })
             .collect()
     };
@@ -162,6 +165,7 @@ async fn two_parties(database_url: &str) {
     forged.codes[0] = (forged.codes[0] + 1) % 4;
     let fresh = PartyRecord {
         id: key.record_id("customer-new"),
+        attribute: None,
         codes: vec![0, 0],
     };
     match bank.upload(&[fresh.clone(), forged]).await {

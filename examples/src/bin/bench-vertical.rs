@@ -389,7 +389,9 @@ fn markdown(out: &Value) -> String {
          `vertical-l1-locmrf` spends the same ε per party, part of it on the party's local \
          central-DP model (encoding `fo+locmrf`; its δ in the JSON); \
          `vertical-sampled-locmrf` the same model budget, each record reporting one attribute \
-         per party drawn at random, at the rest of the party's ε (encoding `sampled+locmrf`). 3-way TVD: over every \
+         per party drawn at random, at the rest of the party's ε (encoding `sampled+locmrf`; its \
+         edges count only pairs an LDP table measures: cross-party ones, the pairs within a \
+         party coming from the local models' graphs). 3-way TVD: over every \
          attribute triple, when run with `--tvd3`. \
          Non-private exact independence: 2-way TVD {:.4}, cross-party {:.4}.\n\n\
          | ε per party | total ε | method | seeds | 2-way TVD ± std | 3-way TVD ± std | cross-party 2-way | 1-way | edges (cross) |\n\

@@ -7,7 +7,10 @@
 //!   holds (the size of every intersection), nothing of the customer ids behind them.
 //! - **Reports**: [`PartyRandomizer`] encodes a party's values with the collection's schema
 //!   and randomizes each attribute with GRR at its own ε (VertiMRF §4.2, FO-based LocEnc,
-//!   eq. 6). A person's ε towards a party is the sum over its attributes.
+//!   eq. 6). A person's ε towards a party is the sum over its attributes. Under encoding
+//!   `sampled+locmrf` it randomizes one attribute per record, drawn uniformly and named in
+//!   the record ([`PartyRecord::attribute`]), at that attribute's ε, which is then the
+//!   person's ε for the party's reports ([`crate::protocol::Party::report_epsilon`]).
 //! - **Upload**: [`PartyUpload`] batches `(record id, codes)`; a party must resend the same
 //!   codes for an id (keep them, e.g. in a journal): the server acknowledges an identical
 //!   resend as a duplicate and refuses different codes for an id it holds (`409`), so
@@ -510,12 +513,13 @@ impl std::fmt::Debug for PartyClient {
 #[cfg(feature = "http")]
 impl PartyClient {
     /// Fetches the public config of `collection` from `base_url` and binds party `party`
-    /// with its upload `token`. The party's ε per person (Σ over its attributes) is bounded by
+    /// with its upload `token`. The party's ε per person (its reports' ε: Σ over its
+    /// attributes, or one attribute's under `sampled+locmrf`) is bounded by
     /// `options.max_epsilon` and by the collection's declared `epsilon` (a config asking a
     /// party for more than the collection declares is not trusted); with a local model
-    /// (`fo+locmrf`) the bound applies to the composed ε, reports and model together
+    /// the bound applies to the composed ε, reports and model together
     /// ([`crate::protocol::Party::composed_epsilon`]).
-    /// Errors: [`crate::client::ClientError::EpsilonTooLarge`] when the party's Σε is above
+    /// Errors: [`crate::client::ClientError::EpsilonTooLarge`] when the party's ε is above
     /// either; [`crate::client::ClientError::InvalidTask`] for a device collection or an
     /// unknown party; HTTP failures as the device client.
     pub async fn connect(

@@ -127,7 +127,7 @@ impl Engine {
             let want = v.max_party_epsilon();
             if (config.epsilon.get() - want).abs() > 1e-9 * want.max(1.0) {
                 return Err(EngineError::InvalidConfig(format!(
-                    "a vertical collection's epsilon is its largest party total Σε = {want} \
+                    "a vertical collection's epsilon is its largest party total ε = {want} \
                      (got {})",
                     config.epsilon
                 )));

@@ -141,8 +141,8 @@ pub(crate) async fn commit_party_records(
     })
 }
 
-/// Each party's ε per person (Σ of its attributes' ε, plus its local model's under
-/// `fo+locmrf`), for the collection view ([`super::http`]); `None` for a device collection.
+/// Each party's ε per person ([`ldpsyn_engine::protocols::vertical::Vertical::party_epsilon`]:
+/// its reports' ε plus its local model's), for the collection view ([`super::http`]); `None` for a device collection.
 pub fn party_epsilons(h: &CollectionHandle) -> Option<BTreeMap<String, f64>> {
     let v = h.engine.vertical()?;
     Some(

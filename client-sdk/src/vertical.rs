@@ -727,6 +727,45 @@ mod tests {
         ));
     }
 
+    /// `sampled+locmrf`: the model gets its share with δ, every attribute the whole rest
+    /// (one is reported per record), and the party composes back to its total under that
+    /// encoding (under `fo` the same ε per attribute would add up); bad shares, δ, and parts
+    /// below the collection minimum are refused.
+    #[cfg(feature = "locmrf")]
+    #[test]
+    fn sampled_budget_gives_every_attribute_the_whole_report_epsilon() {
+        use crate::protocol::{Party, PartyAttribute, VerticalEncoding};
+        let (reports, model) = sampled_party_budget(1.6, 1e-6, 3, 0.2).unwrap();
+        assert!((model.epsilon.get() - 0.32).abs() < 1e-12 && model.delta == 1e-6);
+        assert_eq!(reports.len(), 3);
+        assert!(reports.iter().all(|e| (e.get() - 1.28).abs() < 1e-12));
+        let party = Party {
+            name: "bank".into(),
+            attributes: reports
+                .iter()
+                .map(|&epsilon| PartyAttribute {
+                    name: "x".into(),
+                    epsilon,
+                })
+                .collect(),
+            locmrf: Some(model),
+        };
+        assert!((party.composed_epsilon(VerticalEncoding::SampledLocmrf) - 1.6).abs() < 1e-9);
+        assert!((party.composed_epsilon(VerticalEncoding::FoLocmrf) - 4.16).abs() < 1e-9);
+        for (eps, share, delta) in [
+            (1.6, 0.0, 1e-6),
+            (1.6, 1.0, 1e-6),
+            (1.6, 0.2, 0.0),
+            (1.6, 0.2, 1.0),
+            (0.02, 0.2, 1e-6),
+        ] {
+            assert!(matches!(
+                sampled_party_budget(eps, delta, 2, share),
+                Err(VerticalError::Budget { .. })
+            ));
+        }
+    }
+
     /// Each attribute is randomized by its own GRR at its own ε: at the true code with
     /// probability p = e^ε/(e^ε + k − 1) (α = 1e-6 normal bound), codes in range.
     #[test]

@@ -315,6 +315,15 @@ impl VerticalEncoding {
         *self == VerticalEncoding::Fo
     }
 
+    /// The encoding's name in configs (its serde name).
+    pub fn name(&self) -> &'static str {
+        match self {
+            VerticalEncoding::Fo => "fo",
+            VerticalEncoding::FoLocmrf => "fo+locmrf",
+            VerticalEncoding::SampledLocmrf => "sampled+locmrf",
+        }
+    }
+
     /// Whether parties upload local models (LocMRF) under this encoding: required under
     /// `sampled+locmrf` for every party, allowed under `fo+locmrf`.
     pub fn has_local_models(&self) -> bool {

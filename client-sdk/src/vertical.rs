@@ -889,6 +889,13 @@ mod tests {
         assert_eq!(bank.party().report_epsilon(bank.encoding()), 1.5);
         assert_eq!(bank.party().composed_epsilon(bank.encoding()), 2.0);
         assert_eq!(bank.party().report_epsilon(VerticalEncoding::Fo), 3.0);
+        for e in [
+            VerticalEncoding::Fo,
+            VerticalEncoding::FoLocmrf,
+            VerticalEncoding::SampledLocmrf,
+        ] {
+            assert_eq!(serde_json::json!(e), e.name());
+        }
         let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(11);
         let n = 30_000;
         // Outputs (j, y) at j·4 + y: age's 4 codes, then sex's 2.

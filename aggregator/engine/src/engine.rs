@@ -498,7 +498,7 @@ impl Engine {
                 return bad(format!(
                     "party `{}` has not uploaded its local model (encoding {})",
                     party.name,
-                    serde_json::json!(v.encoding()).as_str().unwrap_or_default()
+                    v.encoding().name()
                 ));
             }
         }

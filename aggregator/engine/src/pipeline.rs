@@ -65,8 +65,7 @@ pub(crate) fn finalize(
 }
 
 /// Stage 1: every table as a measurement against the population, and the number of people
-/// who reported: one report per person and collection, or per party when tables share
-/// records (a vertical collection). Errors: a table that does not fit its mechanism;
+/// who reported ([`CollectionProtocol::reporting_people`]). Errors: a table that does not fit its mechanism;
 /// [`EngineError::NoData`].
 pub fn measure(
     ctx: &Context,
@@ -79,12 +78,7 @@ pub fn measure(
     if ms.items().is_empty() {
         return Err(EngineError::NoData);
     }
-    let reports = ms.items().iter().map(|m| m.estimate.n);
-    let people = if rules.tables_share_records() {
-        reports.max().unwrap_or(0)
-    } else {
-        reports.sum()
-    };
+    let people = rules.reporting_people(&ms);
     Ok((ms, people))
 }
 

@@ -157,6 +157,18 @@ pub trait CollectionProtocol: Send + Sync + Debug {
         false
     }
 
+    /// How many people reported to the measurements `ms` (the clique cap's bound): by
+    /// default one report per person and table when tables do not share records (the sum of
+    /// the tables' reports), else the largest table's reports.
+    fn reporting_people(&self, ms: &Measurements) -> u64 {
+        let reports = ms.items().iter().map(|m| m.estimate.n);
+        if self.tables_share_records() {
+            reports.max().unwrap_or(0)
+        } else {
+            reports.sum()
+        }
+    }
+
     /// Whether the final fit observes `key`'s table once the model graph `edges` is chosen:
     /// by default every table (each holds reports of its own users).
     fn fit_table(&self, _key: &TableKey, _edges: &BTreeSet<Edge>) -> bool {

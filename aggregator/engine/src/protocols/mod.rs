@@ -149,6 +149,13 @@ pub trait CollectionProtocol: Send + Sync + Debug {
         DEVICE_GAIN_MARGIN
     }
 
+    /// The fit's cap on how much more precise a party's local-model measurement may be than
+    /// the LDP tables ([`crate::fit::observe::LOCAL_PRECISION_RATIO`]); only vertical
+    /// collections with local models have any.
+    fn local_precision_ratio(&self) -> f64 {
+        crate::fit::observe::LOCAL_PRECISION_RATIO
+    }
+
     /// Whether every table counts reports of the same records (a vertical collection), so
     /// that overlapping tables are one estimate rather than independent ones (standard
     /// errors: [`crate::fit::joint::FittedJoint::with_shared_records`]). By default `false`: each

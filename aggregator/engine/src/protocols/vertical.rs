@@ -512,6 +512,15 @@ impl CollectionProtocol for Vertical {
         VERTICAL_GAIN_MARGIN
     }
 
+    fn local_precision_ratio(&self) -> f64 {
+        match self.encoding {
+            VerticalEncoding::SampledLocmrf => crate::fit::observe::SAMPLED_LOCAL_PRECISION_RATIO,
+            VerticalEncoding::Fo | VerticalEncoding::FoLocmrf => {
+                crate::fit::observe::LOCAL_PRECISION_RATIO
+            }
+        }
+    }
+
     fn tables_share_records(&self) -> bool {
         true
     }

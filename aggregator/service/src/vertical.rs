@@ -25,7 +25,7 @@ use ldpsyn::vertical::{PartyRecord, PartyUploadResult};
 use super::error::ApiError;
 use super::ingest::CollectionHandle;
 use super::now_secs;
-use super::storage::{self, Db, IngestGate, Writer};
+use super::storage::{IngestGate, Transaction, Writer};
 use ldpsyn_engine::{Model, ModelDescription, Phase, Tables};
 
 /// The refusal of a party upload to a finalized collection.
@@ -48,19 +48,35 @@ pub(crate) fn finalized_model() -> ApiError {
 /// was finalized, an id already holds other codes of this party (nothing is stored), or
 /// the database failed.
 pub(crate) async fn commit_party_records(
-    db: &Db,
     writer: &mut Writer,
     handle: &Arc<CollectionHandle>,
     party: usize,
     records: &[PartyRecord],
 ) -> Result<PartyUploadResult, ApiError> {
+    let (accepted, duplicate, delta) = writer
+        .run_tx(|tx| Box::pin(write_party_records(tx, handle, party, records)))
+        .await?;
+    handle.apply_committed(&BTreeMap::from([(0, accepted)]), &delta);
+    Ok(PartyUploadResult {
+        accepted,
+        duplicate,
+    })
+}
+
+/// The transaction of [`commit_party_records`]: returns the records accepted and
+/// duplicate, and the statistics the accepted ones add.
+async fn write_party_records(
+    tx: &mut Transaction<'_>,
+    handle: &Arc<CollectionHandle>,
+    party: usize,
+    records: &[PartyRecord],
+) -> Result<(u64, u64, Tables), ApiError> {
     let v = handle
         .engine
         .vertical()
         .ok_or_else(|| ApiError::Internal("party upload to a device collection".into()))?;
     let name = v.parties()[party].name.clone();
-    let mut tx = writer.begin().await?;
-    match db.ingest_gate(&mut tx, handle.id).await? {
+    match tx.ingest_gate(handle.id).await? {
         IngestGate::Gone => {
             return Err(ApiError::problem(
                 ProblemType::UnknownCollection,
@@ -73,10 +89,10 @@ pub(crate) async fn commit_party_records(
         }
         IngestGate::Open => {}
     }
-    db.lock_collection(&mut tx, handle.id).await?;
+    tx.lock_collection(handle.id).await?;
     let ids: Vec<&str> = records.iter().map(|r| r.id.as_str()).collect();
     let mut stored: HashMap<String, Vec<(usize, Vec<u32>)>> = HashMap::new();
-    for (p, id, codes) in db.vertical_rows(&mut tx, handle.id, &ids).await? {
+    for (p, id, codes) in tx.vertical_rows(handle.id, &ids).await? {
         // Rows of parties the config no longer names cannot exist: the config is immutable.
         let q = v
             .party_index(&p)
@@ -120,17 +136,12 @@ pub(crate) async fn commit_party_records(
     }
     let accepted = new_rows.len() as u64;
     if accepted > 0 {
-        db.insert_vertical_records(&mut tx, handle.id, &name, &new_rows, now_secs())
+        tx.insert_vertical_records(handle.id, &name, &new_rows, now_secs())
             .await?;
-        db.add_table_counts(&mut tx, handle.id, &delta).await?;
-        Db::bump_round_count(&mut tx, handle.id, 0, accepted).await?;
+        tx.add_table_counts(handle.id, &delta).await?;
+        tx.bump_round_count(handle.id, 0, accepted).await?;
     }
-    storage::commit(tx).await?;
-    handle.apply_committed(&BTreeMap::from([(0, accepted)]), &delta);
-    Ok(PartyUploadResult {
-        accepted,
-        duplicate,
-    })
+    Ok((accepted, duplicate, delta))
 }
 
 /// Each party's ε per person (Σ of its attributes' ε, plus its local model's under

@@ -27,16 +27,49 @@ use ldpsyn::protocol::{CollectionConfig, PastTarget, Problem, ProblemType};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
-use super::error::ApiError;
 use super::metrics::Metrics;
 use super::provisional::ProvisionalCache;
 use super::storage::{
     Datastore, IngestGate, NewReport, Snapshot, StorageError, Transaction, Writer,
 };
+use super::vertical::VerticalError;
 use ldpsyn_engine::measure::local_model::LocalModel;
 use ldpsyn_engine::{
     CollectionState, Engine, EngineError, Model, Phase, TableKey, Tables, TaskSampler, Transition,
 };
+
+/// Errors of ingest: the committer's commands and the collections in memory. The HTTP layer
+/// wraps them (`ApiError::Ingest`) and maps each to its problem document.
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    /// Refused: a problem for the client (4xx) with its type and what went wrong.
+    #[error("{kind}: {detail}")]
+    Refused {
+        /// The problem type (gives the status).
+        kind: ProblemType,
+        /// What went wrong.
+        detail: String,
+    },
+    /// The storage layer failed (the database, or stored data it could not read).
+    #[error("storage: {0}")]
+    Storage(#[from] StorageError),
+    /// The engine refused or failed.
+    #[error("engine: {0}")]
+    Engine(#[from] EngineError),
+    /// Anything else internal (a panicked task, a stored row that cannot be).
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+impl IngestError {
+    /// A refusal of type `kind`.
+    pub fn refused(kind: ProblemType, detail: impl Into<String>) -> Self {
+        IngestError::Refused {
+            kind,
+            detail: detail.into(),
+        }
+    }
+}
 
 /// Most reports written in one transaction.
 const MAX_GROUP_REPORTS: usize = 16_384;
@@ -415,7 +448,7 @@ impl CollectionHandle {
         state: CollectionState,
         tables: Tables,
         local: Vec<LocalModel>,
-    ) -> Result<Arc<Model>, ApiError> {
+    ) -> Result<Arc<Model>, IngestError> {
         let _fit = self.fit.clone().lock_owned().await;
         if let Some(m) = self.model() {
             return Ok(m);
@@ -443,7 +476,7 @@ impl CollectionHandle {
     }
 
     /// The (cached) mechanism of a table. Errors: a factor outside the schema.
-    pub fn mechanism(&self, key: &TableKey) -> Result<Arc<Mechanism>, ApiError> {
+    pub fn mechanism(&self, key: &TableKey) -> Result<Arc<Mechanism>, EngineError> {
         if let Some(m) = self.mechanisms.get(key) {
             return Ok(m.clone());
         }
@@ -529,7 +562,7 @@ pub enum Command {
         /// The reports.
         items: Vec<PendingReport>,
         /// Where to answer.
-        reply: oneshot::Sender<Result<Vec<Outcome>, ApiError>>,
+        reply: oneshot::Sender<Result<Vec<Outcome>, IngestError>>,
     },
     /// Close the current round now.
     CloseRound {
@@ -538,7 +571,7 @@ pub enum Command {
         /// Close it even when it has no reports (else `round-empty`).
         force: bool,
         /// Where to answer.
-        reply: oneshot::Sender<Result<Vec<Transition>, ApiError>>,
+        reply: oneshot::Sender<Result<Vec<Transition>, IngestError>>,
     },
     /// Delete a collection's rows (reports, tables, counts, state) in one transaction, then
     /// mark its handle deleted; answers the number of reports (or vertical records) deleted,
@@ -549,7 +582,7 @@ pub enum Command {
         /// Its handle, when this process holds one (not for a collection it cannot load).
         handle: Option<Arc<CollectionHandle>>,
         /// Where to answer.
-        reply: oneshot::Sender<Result<u64, ApiError>>,
+        reply: oneshot::Sender<Result<u64, IngestError>>,
     },
     /// Commit one party upload of a vertical collection.
     PartyRecords {
@@ -560,7 +593,7 @@ pub enum Command {
         /// Its records (validated).
         records: Vec<ldpsyn::vertical::PartyRecord>,
         /// Where to answer.
-        reply: oneshot::Sender<Result<ldpsyn::vertical::PartyUploadResult, ApiError>>,
+        reply: oneshot::Sender<Result<ldpsyn::vertical::PartyUploadResult, VerticalError>>,
     },
     /// Replace collections' counts with the database's, and their state where it is newer
     /// (PostgreSQL: other processes' work). Through the committer because it is the one
@@ -570,7 +603,7 @@ pub enum Command {
         /// Per collection: its handle, its stored state and that state's version.
         items: Vec<(Arc<CollectionHandle>, CollectionState, i64)>,
         /// Where to answer.
-        reply: oneshot::Sender<Result<(), ApiError>>,
+        reply: oneshot::Sender<Result<(), IngestError>>,
     },
     /// The result of a round close computed off the committer (`start_close`): stored if
     /// the collection's state is still version `base`, else dropped.
@@ -582,14 +615,14 @@ pub enum Command {
         /// The collections to look at.
         handles: Vec<Arc<CollectionHandle>>,
         /// Where to answer.
-        reply: oneshot::Sender<Result<usize, ApiError>>,
+        reply: oneshot::Sender<Result<usize, IngestError>>,
     },
     /// Build the model and mark the collection finalized.
     Finalize {
         /// The collection.
         handle: Arc<CollectionHandle>,
         /// Where to answer.
-        reply: oneshot::Sender<Result<Arc<Model>, ApiError>>,
+        reply: oneshot::Sender<Result<Arc<Model>, IngestError>>,
     },
 }
 
@@ -611,10 +644,10 @@ pub struct ClosedRound {
 /// Runs `f` on the blocking pool (estimation can take a while).
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, ApiError> {
+) -> Result<T, IngestError> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| ApiError::Internal(format!("estimation task failed: {e}")))
+        .map_err(|e| IngestError::Internal(format!("estimation task failed: {e}")))
 }
 
 /// The committer task: runs until every sender is dropped.
@@ -690,7 +723,7 @@ pub async fn run_committer(
                 reply,
             } => {
                 let r = if handle.is_deleted() {
-                    Err(deleted_problem(handle.id))
+                    Err(VerticalError::DeletedBefore(handle.id))
                 } else {
                     super::vertical::commit_party_records(&mut writer, &handle, party, &records)
                         .await
@@ -710,7 +743,7 @@ async fn start_finalize(
     store: &Store,
     writer: &mut Writer,
     handle: Arc<CollectionHandle>,
-    reply: oneshot::Sender<Result<Arc<Model>, ApiError>>,
+    reply: oneshot::Sender<Result<Arc<Model>, IngestError>>,
 ) {
     match finalize(store, writer, &handle).await {
         Ok(Finalized::Ready(model)) => {
@@ -742,8 +775,8 @@ async fn start_finalize(
 }
 
 /// The answer to a request for a collection that was deleted meanwhile.
-fn deleted_problem(id: Uuid) -> ApiError {
-    ApiError::problem(
+fn deleted_problem(id: Uuid) -> IngestError {
+    IngestError::refused(
         ProblemType::UnknownCollection,
         format!("no collection {id} (it was deleted)"),
     )
@@ -759,7 +792,7 @@ async fn delete(
     writer: &mut Writer,
     id: Uuid,
     handle: Option<&CollectionHandle>,
-) -> Result<u64, ApiError> {
+) -> Result<u64, IngestError> {
     if handle.is_some_and(CollectionHandle::is_deleted) {
         return Err(deleted_problem(id));
     }
@@ -789,7 +822,7 @@ async fn delete(
 async fn refresh(
     datastore: &Datastore,
     items: Vec<(Arc<CollectionHandle>, CollectionState, i64)>,
-) -> Result<(), ApiError> {
+) -> Result<(), IngestError> {
     let mut counts = datastore.all_round_counts().await?;
     for (handle, state, version) in items {
         handle.refresh(
@@ -867,7 +900,7 @@ fn past_target(handle: &CollectionHandle) -> Outcome {
 
 type Group = Vec<(
     Vec<PendingReport>,
-    oneshot::Sender<Result<Vec<Outcome>, ApiError>>,
+    oneshot::Sender<Result<Vec<Outcome>, IngestError>>,
 )>;
 
 async fn commit_group(
@@ -976,7 +1009,7 @@ async fn commit_group(
         Err(e) => {
             tracing::error!(error = %e, "group commit failed; nothing of it is acknowledged");
             for (_, reply) in group {
-                let _ = reply.send(Err(ApiError::Internal(format!("commit failed: {e}"))));
+                let _ = reply.send(Err(IngestError::Internal(format!("commit failed: {e}"))));
             }
         }
     }
@@ -1006,7 +1039,7 @@ async fn write_group(
     group: &Group,
     to_insert: &[&NewReport],
     positions: &[(usize, usize)],
-) -> Result<Written, ApiError> {
+) -> Result<Written, IngestError> {
     // Another process may have finalized or deleted the collection since this one last
     // refreshed: ask the database, behind finalize's and delete's barrier, before inserting
     // anything.
@@ -1125,7 +1158,7 @@ async fn write_group(
         }
         let stats = e.2.get_mut(&p.report.key).expect("inserted above");
         m.accumulate(&p.report.payload, stats)
-            .map_err(|e| ApiError::Internal(e.to_string()))?;
+            .map_err(|e| IngestError::Internal(e.to_string()))?;
     }
     let mut due = Vec::new();
     for (id, (handle, rounds, delta)) in &per {
@@ -1154,7 +1187,7 @@ async fn write_group(
 }
 
 /// The refusal of an operator's close of round `round` of `state`, which has no reports.
-fn round_empty(id: Uuid, state: &CollectionState) -> ApiError {
+fn round_empty(id: Uuid, state: &CollectionState) -> IngestError {
     let (what, effect) = if state.phase == Phase::PairSampling {
         (
             "batch",
@@ -1170,7 +1203,7 @@ fn round_empty(id: Uuid, state: &CollectionState) -> ApiError {
         .round_quota
         .map(|q| format!(" (this one at {q} reports)"))
         .unwrap_or_default();
-    ApiError::problem(
+    IngestError::refused(
         ProblemType::RoundEmpty,
         format!(
             "{what} {} of collection {id} has no reports yet; closing it now {effect}. Nothing \
@@ -1224,7 +1257,7 @@ async fn close_in_tx(
     tx: &mut Transaction<'_>,
     handle: &Arc<CollectionHandle>,
     force: Option<bool>,
-) -> Result<(CollectionState, Vec<Transition>, Option<i64>), ApiError> {
+) -> Result<(CollectionState, Vec<Transition>, Option<i64>), IngestError> {
     let started = Instant::now();
     tx.lock_collection(handle.id).await?;
     let (state, tables, counts) = close_inputs(authority, tx, handle).await?;
@@ -1259,7 +1292,7 @@ async fn run_close(
     tables: Tables,
     counts: BTreeMap<u32, u64>,
     once: bool,
-) -> Result<(CollectionState, Vec<Transition>, f64), ApiError> {
+) -> Result<(CollectionState, Vec<Transition>, f64), IngestError> {
     let engine_started = Instant::now();
     let (state, transitions) = blocking(move || {
         let mut transitions = Vec::new();
@@ -1379,7 +1412,7 @@ async fn compute_close(
     handle: &Arc<CollectionHandle>,
     state: &CollectionState,
     version: i64,
-) -> Result<Option<(i64, CollectionState, Vec<Transition>, f64)>, ApiError> {
+) -> Result<Option<(i64, CollectionState, Vec<Transition>, f64)>, IngestError> {
     let Snapshot {
         state,
         version,
@@ -1454,12 +1487,12 @@ async fn admin_close(
     metrics: &Metrics,
     handle: &Arc<CollectionHandle>,
     force: bool,
-) -> Result<Vec<Transition>, ApiError> {
+) -> Result<Vec<Transition>, IngestError> {
     if handle.is_deleted() {
         return Err(deleted_problem(handle.id));
     }
     if handle.state().phase == Phase::Finalized {
-        return Err(ApiError::problem(
+        return Err(IngestError::refused(
             ProblemType::CollectionFinalized,
             "the collection is finalized",
         ));
@@ -1480,7 +1513,7 @@ pub async fn build_model(
     state: CollectionState,
     tables: Tables,
     local: Vec<LocalModel>,
-) -> Result<Arc<Model>, ApiError> {
+) -> Result<Arc<Model>, IngestError> {
     Ok(Arc::new(
         blocking(move || engine.finalize_with_local_models(&state, &tables, &local)).await??,
     ))
@@ -1505,7 +1538,7 @@ async fn finalize(
     store: &Store,
     writer: &mut Writer,
     handle: &Arc<CollectionHandle>,
-) -> Result<Finalized, ApiError> {
+) -> Result<Finalized, IngestError> {
     if handle.is_deleted() {
         return Err(deleted_problem(handle.id));
     }
@@ -1530,7 +1563,7 @@ async fn finalize(
                     Vec::new()
                 };
                 if let Err(e) = handle.engine.check_local_models(&local) {
-                    return Err(ApiError::problem(
+                    return Err(IngestError::refused(
                         ProblemType::Conflict,
                         format!("the collection cannot be finalized yet: {e}"),
                     ));

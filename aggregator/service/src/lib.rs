@@ -462,10 +462,10 @@ impl AppState {
         // Also when another process deleted it first (unknown-collection): forget it here.
         let gone = matches!(
             &r,
-            Err(ApiError::Problem {
+            Err(ApiError::Ingest(ingest::IngestError::Refused {
                 kind: ldpsyn::protocol::ProblemType::UnknownCollection,
                 ..
-            })
+            }))
         );
         if r.is_ok() || gone {
             self.forget(id);
@@ -484,19 +484,22 @@ impl AppState {
 
     /// Hands a command to the committer and waits for its answer. Errors: the committer
     /// stopped or dropped the command (500), or the command's own error.
-    pub async fn ask<T>(
+    pub async fn ask<T, E>(
         &self,
-        command: impl FnOnce(oneshot::Sender<Result<T, ApiError>>) -> Command,
-    ) -> Result<T, ApiError> {
+        command: impl FnOnce(oneshot::Sender<Result<T, E>>) -> Command,
+    ) -> Result<T, ApiError>
+    where
+        ApiError: From<E>,
+    {
         let (reply, answer) = oneshot::channel();
         self.inner
             .committer
             .send(command(reply))
             .await
             .map_err(|_| ApiError::Internal("committer stopped".into()))?;
-        answer
+        Ok(answer
             .await
-            .map_err(|_| ApiError::Internal("the committer dropped the command".into()))?
+            .map_err(|_| ApiError::Internal("the committer dropped the command".into()))??)
     }
 
     /// Whether the database said within [`NEGATIVE_TTL`] that it does not know `id`.

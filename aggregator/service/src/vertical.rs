@@ -22,26 +22,66 @@ use ldpsyn::mechanism::SufficientStatistics;
 use ldpsyn::protocol::ProblemType;
 use ldpsyn::vertical::{PartyRecord, PartyUploadResult};
 
-use super::error::ApiError;
 use super::ingest::CollectionHandle;
 use super::now_secs;
-use super::storage::{IngestGate, Transaction, Writer};
-use ldpsyn_engine::{Model, ModelDescription, Phase, Tables};
+use super::storage::{IngestGate, StorageError, Transaction, Writer};
+use ldpsyn_engine::{EngineError, Model, ModelDescription, Phase, Tables};
 
-/// The refusal of a party upload to a finalized collection.
-pub(crate) fn finalized() -> ApiError {
-    ApiError::problem(
-        ProblemType::CollectionFinalized,
-        "the collection is finalized and takes no more records",
-    )
+/// Errors of party uploads. The HTTP layer wraps them (`ApiError::Vertical`) and maps each to
+/// its problem document; the refusals' messages are their details.
+#[derive(Debug, thiserror::Error)]
+pub enum VerticalError {
+    /// The collection was deleted, as the upload's transaction found (`unknown-collection`).
+    #[error("collection {0} was deleted")]
+    Deleted(uuid::Uuid),
+    /// The collection was deleted before the upload's turn on the committer
+    /// (`unknown-collection`).
+    #[error("no collection {0} (it was deleted)")]
+    DeletedBefore(uuid::Uuid),
+    /// Records for a finalized collection (`collection-finalized`).
+    #[error("the collection is finalized and takes no more records")]
+    Finalized,
+    /// A local model for a finalized collection (`collection-finalized`).
+    #[error("the collection is finalized and takes no more local models")]
+    FinalizedModel,
+    /// A record id the party already uploaded with other codes (`record-id-conflict`).
+    #[error(
+        "party `{party}` already uploaded record {record} with other codes; a party resends \
+         the codes it first sent (nothing of this upload was stored)"
+    )]
+    RecordIdConflict {
+        /// The party's name.
+        party: String,
+        /// The record id.
+        record: String,
+    },
+    /// The storage layer failed.
+    #[error("storage: {0}")]
+    Storage(#[from] StorageError),
+    /// The engine failed.
+    #[error("engine: {0}")]
+    Engine(#[from] EngineError),
+    /// Anything else internal (a record or stored row that cannot be).
+    #[error("internal: {0}")]
+    Internal(String),
 }
 
-/// The refusal of a local model upload to a finalized collection.
-pub(crate) fn finalized_model() -> ApiError {
-    ApiError::problem(
-        ProblemType::CollectionFinalized,
-        "the collection is finalized and takes no more local models",
-    )
+impl VerticalError {
+    /// The problem type of a refusal; `None` for the internal errors.
+    pub fn problem_type(&self) -> Option<ProblemType> {
+        match self {
+            VerticalError::Deleted(_) | VerticalError::DeletedBefore(_) => {
+                Some(ProblemType::UnknownCollection)
+            }
+            VerticalError::Finalized | VerticalError::FinalizedModel => {
+                Some(ProblemType::CollectionFinalized)
+            }
+            VerticalError::RecordIdConflict { .. } => Some(ProblemType::RecordIdConflict),
+            VerticalError::Storage(_) | VerticalError::Engine(_) | VerticalError::Internal(_) => {
+                None
+            }
+        }
+    }
 }
 
 /// Commits one party upload (the committer's side; module docs). Errors: the collection
@@ -52,7 +92,7 @@ pub(crate) async fn commit_party_records(
     handle: &Arc<CollectionHandle>,
     party: usize,
     records: &[PartyRecord],
-) -> Result<PartyUploadResult, ApiError> {
+) -> Result<PartyUploadResult, VerticalError> {
     let (accepted, duplicate, delta) = writer
         .run_tx(|tx| Box::pin(write_party_records(tx, handle, party, records)))
         .await?;
@@ -70,22 +110,17 @@ async fn write_party_records(
     handle: &Arc<CollectionHandle>,
     party: usize,
     records: &[PartyRecord],
-) -> Result<(u64, u64, Tables), ApiError> {
+) -> Result<(u64, u64, Tables), VerticalError> {
     let v = handle
         .engine
         .vertical()
-        .ok_or_else(|| ApiError::Internal("party upload to a device collection".into()))?;
+        .ok_or_else(|| VerticalError::Internal("party upload to a device collection".into()))?;
     let name = v.parties()[party].name.clone();
     match tx.ingest_gate(handle.id).await? {
-        IngestGate::Gone => {
-            return Err(ApiError::problem(
-                ProblemType::UnknownCollection,
-                format!("collection {} was deleted", handle.id),
-            ));
-        }
-        IngestGate::Finalized => return Err(finalized()),
+        IngestGate::Gone => return Err(VerticalError::Deleted(handle.id)),
+        IngestGate::Finalized => return Err(VerticalError::Finalized),
         IngestGate::Open if handle.state().phase == Phase::Finalized => {
-            return Err(finalized());
+            return Err(VerticalError::Finalized);
         }
         IngestGate::Open => {}
     }
@@ -96,7 +131,7 @@ async fn write_party_records(
         // Rows of parties the config no longer names cannot exist: the config is immutable.
         let q = v
             .party_index(&p)
-            .ok_or_else(|| ApiError::Internal(format!("stored row of unknown party `{p}`")))?;
+            .ok_or_else(|| VerticalError::Internal(format!("stored row of unknown party `{p}`")))?;
         stored.entry(id).or_default().push((q, codes));
     }
     let mut delta = Tables::new();
@@ -109,17 +144,16 @@ async fn write_party_records(
                 duplicate += 1;
                 continue;
             }
-            return Err(ApiError::problem(
-                ProblemType::RecordIdConflict,
-                format!(
-                    "party `{name}` already uploaded record {} with other codes; a party \
-                     resends the codes it first sent (nothing of this upload was stored)",
-                    r.id
-                ),
-            ));
+            return Err(VerticalError::RecordIdConflict {
+                party: name,
+                record: r.id.clone(),
+            });
         }
         if !v.fits(party, &r.codes) || others.iter().any(|(q, c)| !v.fits(*q, c)) {
-            return Err(ApiError::Internal(format!("record {} does not fit", r.id)));
+            return Err(VerticalError::Internal(format!(
+                "record {} does not fit",
+                r.id
+            )));
         }
         for (key, cell) in v.record_cells(party, &r.codes, &others) {
             let stats = match delta.entry(key) {

@@ -6,9 +6,11 @@
 //! crate (`ldpsyn-sim`).
 //!
 //! - [`config`]: `serve` options (clap, every option also from the environment).
-//! - [`storage`]: the database (sqlx `Any`, shared migrations).
+//! - [`storage`]: the database (sqlx `Any`, shared migrations) behind
+//!   [`storage::Datastore::run_tx`] and typed transactions; the pool stays inside.
 //! - [`tokens`]: HMAC-SHA256 task tokens.
-//! - [`ingest`]: collections in memory and the group committer.
+//! - [`ingest`]: collections in memory and the group committer; [`ingest::Authority`] (memory
+//!   or the database holds the truth) is chosen at startup.
 //! - [`http`]: routes, handlers (one file per resource), extractors, layers ([`router`]).
 //! - [`listener`]: the accept loop (header-read and idle timeouts, graceful shutdown).
 //! - [`ui`]: the dashboard at `/ui/` (embedded static files).

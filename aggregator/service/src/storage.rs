@@ -50,7 +50,7 @@ pub enum StorageError {
 }
 
 /// The shared migrations (`migrations/` at the workspace root).
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
 
 /// Which database is behind the pool. Private: callers ask [`Datastore`] what they need
 /// ([`Datastore::is_shared`]), never which backend it is.

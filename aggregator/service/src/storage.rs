@@ -703,9 +703,9 @@ impl Datastore {
         self.pool.close().await;
     }
 
-    /// Whether several processes may share this database (PostgreSQL): then a collection
-    /// unknown here may have been created by another process, and memory must be refreshed
-    /// from the database. `false` for SQLite (one process).
+    /// Whether several processes may share this database (PostgreSQL); `false` for SQLite
+    /// (one process). What follows from it is decided outside storage, once at startup
+    /// (`ingest::Authority`).
     pub fn is_shared(&self) -> bool {
         self.backend == Backend::Postgres
     }

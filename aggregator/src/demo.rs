@@ -757,7 +757,7 @@ async fn upload_parties(
     seed: u64,
     bar: &ProgressBar,
 ) -> Result<u64, DemoError> {
-    use ldpsyn::vertical::{PartyClient, PartyRecord, RecordIdKey};
+    use ldpsyn::vertical::{PartyClient, RecordIdKey};
     let mut key = vec![0u8; 32];
     rand::rngs::StdRng::from_os_rng().fill(&mut key[..]);
     let key = RecordIdKey::new(key).map_err(|e| DemoError::Input(e.to_string()))?;
@@ -791,13 +791,10 @@ async fn upload_parties(
                 .map(|&i| {
                     let row = population.row(i);
                     let codes: Vec<u32> = attrs.iter().map(|&a| row[a]).collect();
-                    Ok(PartyRecord {
-                        id: key.record_id(&format!("person-{i}")),
-                        codes: client
-                            .randomizer()
-                            .randomize_codes(&codes, &mut rng)
-                            .map_err(|e| DemoError::Input(e.to_string()))?,
-                    })
+                    client
+                        .randomizer()
+                        .record_from_codes(key.record_id(&format!("person-{i}")), &codes, &mut rng)
+                        .map_err(|e| DemoError::Input(e.to_string()))
                 })
                 .collect::<Result<Vec<_>, DemoError>>()?;
             let r = client

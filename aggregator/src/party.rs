@@ -4,7 +4,8 @@
 //!   parties and never with the aggregator.
 //! - `upload`: reads the party's CSV, derives each row's record id from its customer id
 //!   (HMAC-SHA256 under the key), randomizes the party's attributes (one GRR per attribute at
-//!   its ε, OS-seeded CSPRNG), writes the randomized records to a **journal** (fsync'd,
+//!   its ε, OS-seeded CSPRNG; under encoding `sampled+locmrf` one attribute per row, drawn
+//!   with the same CSPRNG, and its index), writes the randomized records to a **journal** (fsync'd,
 //!   renamed into place) and only then uploads them in batches with a progress bar. A rerun
 //!   with an existing journal resends the journal's records byte for byte (the server counts
 //!   them as duplicates) instead of randomizing again: re-randomizing would let the noise be
@@ -14,7 +15,8 @@
 //!   `"on_invalid": "randomize"` reports a uniform code instead.
 //!
 //!
-//! Under encoding `fo+locmrf`, a party with a `locmrf` budget also measures its **local
+//! Under encoding `fo+locmrf` (and `sampled+locmrf`, where every party has one), a party
+//! with a `locmrf` budget also measures its **local
 //! model** (LocMRF, VertiMRF §4.1; [`crate::engine::measure::local_model`]): noisy marginals
 //! of its own attributes under central (ε, δ)-DP, its attribute graph and its accounting,
 //! measured on this machine from the CSV's encoded values (OS-seeded CSPRNG), written to
@@ -91,8 +93,8 @@ pub struct UploadArgs {
     /// Journal of randomized records (default: `<data>.<party>.journal.jsonl`).
     #[arg(long)]
     pub journal: Option<PathBuf>,
-    /// Largest ε per person this party accepts to spend (Σ of its attributes' ε, plus its
-    /// local model's under `fo+locmrf`). Default: the collection's declared ε, which also
+    /// Largest ε per person this party accepts to spend (its reports' ε, plus its local
+    /// model's under `fo+locmrf` and `sampled+locmrf`). Default: the collection's declared ε, which also
     /// bounds any value given here.
     #[arg(long)]
     pub max_epsilon: Option<f64>,
@@ -527,8 +529,8 @@ fn randomize_csv(args: &UploadArgs, client: &PartyClient) -> Result<Vec<PartyRec
             .iter()
             .map(|&c| Value::from(row.get(c).unwrap_or_default()))
             .collect();
-        let codes = match r.randomize(&values, &mut rng) {
-            Ok(codes) => codes,
+        let record = match r.record(key.record_id(customer), &values, &mut rng) {
+            Ok(record) => record,
             // A value the schema refuses: this party does not report the record, as a
             // device would not (the record's other parties still may).
             Err(VerticalError::Record { source, .. }) => {
@@ -540,10 +542,7 @@ fn randomize_csv(args: &UploadArgs, client: &PartyClient) -> Result<Vec<PartyRec
             }
             Err(e) => return Err(PartyError::Input(format!("row {}: {e}", line + 2))),
         };
-        out.push(PartyRecord {
-            id: key.record_id(customer),
-            codes,
-        });
+        out.push(record);
     }
     if skipped_rows > 0 {
         eprintln!(

@@ -481,3 +481,131 @@ async fn two_parties_upload_local_models_with_the_cli() {
     assert!(text.starts_with("sex,smoker,plan,lung"), "{text}");
     assert_eq!(text.lines().count(), 101);
 }
+
+/// Encoding `sampled+locmrf` end to end with two party processes: each `party upload`
+/// reports, per record, one of its attributes drawn at random (named in the journal and the
+/// upload) and its local model; the collection's ε per party is one attribute's ε plus the
+/// model's; a rerun resends the journal (all duplicates: the stored rows compare equal);
+/// finalize builds the model once both local models are in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_parties_upload_sampled_reports_with_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = common::serve(ADMIN, &[]);
+    let base = server.base.clone();
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    let schema = json!({"attributes": [
+        {"name": "sex", "type": "categorical", "labels": ["F", "M"]},
+        {"name": "smoker", "type": "categorical", "labels": ["no", "yes"]},
+        {"name": "plan", "type": "categorical", "labels": ["a", "b", "c"]},
+        {"name": "lung", "type": "categorical", "labels": ["ok", "ill"]}]});
+    std::fs::write(path("schema.json"), schema.to_string()).unwrap();
+    let parties = json!([
+        {"name": "bank", "attributes": [{"name": "sex", "epsilon": 1.5}, {"name": "smoker", "epsilon": 1.5}],
+         "locmrf": {"epsilon": 0.5, "delta": 1e-6}},
+        {"name": "clinic", "attributes": [{"name": "plan", "epsilon": 2.0}, {"name": "lung", "epsilon": 2.0}],
+         "locmrf": {"epsilon": 0.5, "delta": 1e-6}}]);
+    let created = create_vertical(
+        &base,
+        &path("schema.json"),
+        &parties,
+        N,
+        &["--param", "encoding=\"sampled+locmrf\""],
+    );
+    // One attribute's ε per record, not the sum: clinic 2 + 0.5.
+    assert_eq!(created["epsilon"], 2.5, "{created}");
+    assert_eq!(created["encoding"], "sampled+locmrf", "{created}");
+    assert_eq!(created["party_epsilon"]["bank"], 2.0, "{created}");
+    assert_eq!(created["composed_epsilon"], 4.5, "{created}");
+    let id = created["id"].as_str().unwrap().to_owned();
+    let token = |p: &str| created["party_tokens"][p].as_str().unwrap().to_owned();
+    let (mut bank, mut clinic) = (
+        String::from("customer_id,sex,smoker\n"),
+        String::from("customer_id,plan,lung\n"),
+    );
+    for i in 0..N {
+        let smoker = (i % 3 == 0) as usize;
+        let sex = if i % 5 == 0 { 1 - smoker } else { smoker };
+        bank.push_str(&format!(
+            "c{i},{},{}\n",
+            ["F", "M"][sex],
+            ["no", "yes"][smoker]
+        ));
+        let lung = if i % 7 == 0 { 1 - smoker } else { smoker };
+        clinic.push_str(&format!(
+            "c{i},{},{}\n",
+            ["a", "b", "c"][i % 3],
+            ["ok", "ill"][lung]
+        ));
+    }
+    std::fs::write(path("bank.csv"), bank).unwrap();
+    std::fs::write(path("clinic.csv"), clinic).unwrap();
+    let key = path("key.hex");
+    stdout_ok(&run(&base, &["party", "keygen", "--out", &key], &[]));
+    let upload = |party: &str| {
+        let data = path(&format!("{party}.csv"));
+        let args = [
+            "party",
+            "upload",
+            "--collection",
+            &id,
+            "--party",
+            party,
+            "--data",
+            &data,
+            "--id-column",
+            "customer_id",
+            "--key-file",
+            &key,
+            "--quiet",
+        ];
+        run(&base, &args, &[("LDPSYN_PARTY_TOKEN", &token(party))])
+    };
+    let out = stdout_ok(&upload("bank"));
+    assert!(out.contains(&format!("{N} records accepted")), "{out}");
+    assert!(out.contains("noisy marginals stored"), "{out}");
+    // The journal's records each name one attribute of two and carry one code.
+    let journal = std::fs::read_to_string(path("bank.csv.bank.journal.jsonl")).unwrap();
+    let mut drawn = [0usize; 2];
+    for line in journal.lines().skip(1) {
+        let r: Value = serde_json::from_str(line).unwrap();
+        drawn[r["attribute"].as_u64().unwrap() as usize] += 1;
+        assert_eq!(r["codes"].as_array().unwrap().len(), 1, "{r}");
+    }
+    // Uniform draws: 300 ± 5 sd (sd ≈ 12) each.
+    assert!(drawn.iter().all(|&d| d.abs_diff(N / 2) < 61), "{drawn:?}");
+    let e = stderr_failed(&run(&base, &["collections", "finalize", &id], &[]));
+    assert!(e.contains("clinic") && e.contains("local model"), "{e}");
+    let out = stdout_ok(&upload("clinic"));
+    assert!(out.contains(&format!("{N} records accepted")), "{out}");
+    let out = stdout_ok(&upload("bank"));
+    assert!(
+        out.contains(&format!("0 records accepted, {N} already held")),
+        "{out}"
+    );
+    let status: Value = serde_json::from_str(&stdout_ok(&run(
+        &base,
+        &["collections", "--json", "status", &id],
+        &[],
+    )))
+    .unwrap();
+    assert_eq!(status["status"]["reports_accepted"], json!(2 * N));
+    stdout_ok(&run(&base, &["collections", "finalize", &id], &[]));
+    let csv = path("synthetic.csv");
+    stdout_ok(&run(
+        &base,
+        &[
+            "collections",
+            "download",
+            &id,
+            "--out",
+            &csv,
+            "--rows",
+            "100",
+            "--quiet",
+        ],
+        &[],
+    ));
+    let text = std::fs::read_to_string(&csv).unwrap();
+    assert!(text.starts_with("sex,smoker,plan,lung"), "{text}");
+    assert_eq!(text.lines().count(), 101);
+}

@@ -237,16 +237,17 @@ pub struct Party {
     /// Its attributes, in the order of the codes of its uploads.
     pub attributes: Vec<PartyAttribute>,
     /// The party's central-DP budget for its local model of its own attributes (VertiMRF
-    /// §4.1, LocMRF), when the collection's encoding is [`VerticalEncoding::FoLocmrf`];
-    /// absent otherwise.
+    /// §4.1, LocMRF), when the collection's encoding is [`VerticalEncoding::FoLocmrf`] (at
+    /// least one party) or [`VerticalEncoding::SampledLocmrf`] (every party); absent
+    /// otherwise.
     #[cfg(feature = "locmrf")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub locmrf: Option<LocMrfBudget>,
 }
 
 impl Party {
-    /// ε of the party's reports about one person: the sum of its attributes' ε (sequential
-    /// composition of independent GRR reports on one record).
+    /// ε of the party's reports about one person under encoding `fo`: the sum of its
+    /// attributes' ε (sequential composition of independent GRR reports on one record).
     pub fn epsilon(&self) -> f64 {
         self.attributes.iter().map(|a| a.epsilon.get()).sum()
     }
@@ -254,11 +255,26 @@ impl Party {
 
 #[cfg(feature = "locmrf")]
 impl Party {
-    /// ε of everything the party releases about one person: its reports' ε plus its local
-    /// model's ε ([`Party::locmrf`]) by basic sequential composition; the δ is the local
-    /// model's (0 without one).
-    pub fn composed_epsilon(&self) -> f64 {
-        self.epsilon() + self.locmrf.as_ref().map_or(0.0, |b| b.epsilon.get())
+    /// ε of the party's reports about one person under `encoding`: the sum of its
+    /// attributes' ε under `fo` and `fo+locmrf` ([`Party::epsilon`]); under `sampled+locmrf`
+    /// the largest attribute ε, since one report carries one attribute drawn independently
+    /// of the data (see [`VerticalEncoding::SampledLocmrf`]).
+    pub fn report_epsilon(&self, encoding: VerticalEncoding) -> f64 {
+        match encoding {
+            VerticalEncoding::Fo | VerticalEncoding::FoLocmrf => self.epsilon(),
+            VerticalEncoding::SampledLocmrf => self
+                .attributes
+                .iter()
+                .map(|a| a.epsilon.get())
+                .fold(0.0, f64::max),
+        }
+    }
+
+    /// ε of everything the party releases about one person under `encoding`: its reports'
+    /// ε ([`Party::report_epsilon`]) plus its local model's ε ([`Party::locmrf`]) by basic
+    /// sequential composition; the δ is the local model's (0 without one).
+    pub fn composed_epsilon(&self, encoding: VerticalEncoding) -> f64 {
+        self.report_epsilon(encoding) + self.locmrf.as_ref().map_or(0.0, |b| b.epsilon.get())
     }
 }
 
@@ -277,6 +293,19 @@ pub enum VerticalEncoding {
     /// within its [`Party::locmrf`] budget; the server adds those measurements to the fit.
     #[serde(rename = "fo+locmrf")]
     FoLocmrf,
+    /// Each party reports, per record, ONE of its attributes drawn uniformly at random (on
+    /// the party's side, independently of the data), with GRR at that attribute's ε (set to
+    /// the party's whole report budget), and names the attribute in the report
+    /// ([`crate::vertical::PartyRecord::attribute`]); every party uploads its local model
+    /// as under `fo+locmrf`. The attribute's index does not depend on the record, so a
+    /// report is ε_a-LDP for the party's row (the mixture over attributes of ε_a-LDP
+    /// outputs, each tagged by its index, has likelihood ratio at most max_a e^{ε_a}).
+    /// A cross-party pair is estimated from the records whose two parties drew its two
+    /// attributes (VertiMRF §4.2's Kronecker inverse on ≈ n/(k_A·k_B) records, each at the
+    /// parties' whole ε); pairs within a party are not estimable from the reports and come
+    /// from the local models alone.
+    #[serde(rename = "sampled+locmrf")]
+    SampledLocmrf,
 }
 
 #[cfg(feature = "locmrf")]
@@ -284,6 +313,30 @@ impl VerticalEncoding {
     /// Whether this is [`VerticalEncoding::Fo`] (the default, left out of serialized configs).
     pub fn is_fo(&self) -> bool {
         *self == VerticalEncoding::Fo
+    }
+
+    /// The encoding's name in configs (its serde name).
+    pub fn name(&self) -> &'static str {
+        match self {
+            VerticalEncoding::Fo => "fo",
+            VerticalEncoding::FoLocmrf => "fo+locmrf",
+            VerticalEncoding::SampledLocmrf => "sampled+locmrf",
+        }
+    }
+
+    /// Whether parties upload local models (LocMRF) under this encoding: required under
+    /// `sampled+locmrf` for every party, allowed under `fo+locmrf`.
+    pub fn has_local_models(&self) -> bool {
+        matches!(
+            self,
+            VerticalEncoding::FoLocmrf | VerticalEncoding::SampledLocmrf
+        )
+    }
+
+    /// Whether each record's report carries one sampled attribute (`sampled+locmrf`)
+    /// rather than every attribute of the party.
+    pub fn is_sampled(&self) -> bool {
+        *self == VerticalEncoding::SampledLocmrf
     }
 }
 

@@ -7,7 +7,10 @@
 //!   holds (the size of every intersection), nothing of the customer ids behind them.
 //! - **Reports**: [`PartyRandomizer`] encodes a party's values with the collection's schema
 //!   and randomizes each attribute with GRR at its own ε (VertiMRF §4.2, FO-based LocEnc,
-//!   eq. 6). A person's ε towards a party is the sum over its attributes.
+//!   eq. 6). A person's ε towards a party is the sum over its attributes. Under encoding
+//!   `sampled+locmrf` it randomizes one attribute per record, drawn uniformly and named in
+//!   the record ([`PartyRecord::attribute`]), at that attribute's ε, which is then the
+//!   person's ε for the party's reports ([`crate::protocol::Party::report_epsilon`]).
 //! - **Upload**: [`PartyUpload`] batches `(record id, codes)`; a party must resend the same
 //!   codes for an id (keep them, e.g. in a journal): the server acknowledges an identical
 //!   resend as a duplicate and refuses different codes for an id it holds (`409`), so
@@ -245,13 +248,52 @@ pub fn split_party_budget(
     ))
 }
 
+/// Splits a party's budget per person, `epsilon` (and `delta` for its local model), for
+/// encoding `sampled+locmrf`: `locmrf_share · epsilon` with `delta` to the local model, and
+/// the rest, whole, to each of its `attributes` (a record reports one of them, drawn
+/// independently of the data, so the reports' ε is that of one attribute:
+/// [`crate::protocol::Party::report_epsilon`]). Returns the attributes' ε and the model's
+/// budget; they compose back to (`epsilon`, `delta`).
+/// Errors: [`VerticalError::Budget`] unless `0 < locmrf_share < 1`, `0 < delta < 1` and
+/// both parts are at least [`crate::MIN_COLLECTION_EPSILON`].
+#[cfg(feature = "locmrf")]
+pub fn sampled_party_budget(
+    epsilon: f64,
+    delta: f64,
+    attributes: usize,
+    locmrf_share: f64,
+) -> Result<(Vec<crate::Epsilon>, crate::protocol::LocMrfBudget), VerticalError> {
+    let bad = || VerticalError::Budget {
+        epsilon,
+        delta,
+        locmrf_share,
+    };
+    if !(locmrf_share > 0.0 && locmrf_share < 1.0 && delta > 0.0 && delta < 1.0) {
+        return Err(bad());
+    }
+    let model = crate::Epsilon::new(epsilon * locmrf_share).map_err(|_| bad())?;
+    let reports = epsilon - model.get();
+    let floor = crate::MIN_COLLECTION_EPSILON;
+    if model.get() < floor || reports < floor {
+        return Err(bad());
+    }
+    let each = crate::Epsilon::new(reports).map_err(|_| bad())?;
+    Ok((
+        vec![each; attributes],
+        crate::protocol::LocMrfBudget {
+            epsilon: model,
+            delta,
+        },
+    ))
+}
+
 /// Whether `id` has the form of a record id (64 lowercase hex digits).
 pub fn is_record_id(id: &str) -> bool {
     id.len() == RECORD_ID_LEN && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// One record of a party upload: its id and the randomized codes of the party's attributes
-/// (party order).
+/// (party order), or, under encoding `sampled+locmrf`, of the one attribute it reports.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -259,7 +301,13 @@ pub struct PartyRecord {
     /// Record id ([`RecordIdKey::record_id`]).
     #[cfg_attr(feature = "openapi", schema(pattern = "^[0-9a-f]{64}$"))]
     pub id: String,
-    /// GRR outputs, one per party attribute, each below the attribute's domain size.
+    /// Encoding `sampled+locmrf` only (absent otherwise): the party-order index of the one
+    /// attribute this record reports, drawn uniformly by the party independently of the
+    /// data (so it is sent in the clear).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attribute: Option<u32>,
+    /// GRR outputs, one per party attribute (party order), each below the attribute's
+    /// domain size; under `sampled+locmrf` the one output of attribute `attribute`.
     pub codes: Vec<u32>,
 }
 
@@ -282,13 +330,15 @@ pub struct PartyUploadResult {
     pub duplicate: u64,
 }
 
-/// A party's randomizer: its attributes' schema indices, encoders and GRRs.
+/// A party's randomizer: its attributes' schema indices, encoders and GRRs, and whether a
+/// record reports one attribute drawn at random (`sampled+locmrf`) or all of them.
 #[derive(Debug, Clone)]
 pub struct PartyRandomizer {
     party: Party,
     attributes: Vec<usize>,
     grrs: Vec<Grr>,
     config: CollectionConfig,
+    sampled: bool,
 }
 
 impl PartyRandomizer {
@@ -314,12 +364,32 @@ impl PartyRandomizer {
             attributes.push(a);
             grrs.push(Grr::new(pa.epsilon, config.schema.domain_sizes()[a])?);
         }
+        #[cfg(feature = "locmrf")]
+        let sampled = params.encoding.is_sampled();
+        #[cfg(not(feature = "locmrf"))]
+        let sampled = false;
         Ok(Self {
             party,
             attributes,
             grrs,
             config: config.clone(),
+            sampled,
         })
+    }
+
+    /// The collection's encoding.
+    #[cfg(feature = "locmrf")]
+    pub fn encoding(&self) -> crate::protocol::VerticalEncoding {
+        match &self.config.protocol {
+            Protocol::Vertical(p) => p.encoding,
+            // `new` accepts vertical configs only.
+            _ => crate::protocol::VerticalEncoding::Fo,
+        }
+    }
+
+    /// Whether a record reports one attribute drawn at random (`sampled+locmrf`).
+    pub fn sampled(&self) -> bool {
+        self.sampled
     }
 
     /// The party.
@@ -337,16 +407,20 @@ impl PartyRandomizer {
         &self.attributes
     }
 
-    /// Encodes the party's values (party order) with the schema and randomizes each with its
-    /// attribute's GRR (ε-LDP per attribute; Σ ε over the party's attributes per record).
-    /// `rng` must be a CSPRNG seeded from the OS outside tests and simulations. An invalid
-    /// value of an attribute with `on_invalid: "randomize"` is replaced by a uniform code
-    /// first, as on devices. Errors: wrong arity, or a value the schema cannot encode.
-    pub fn randomize<R: Rng + ?Sized>(
+    /// The record `id` of the party's values (party order): each encoded with the schema,
+    /// then randomized with its attribute's GRR (ε-LDP per attribute; Σ ε over the party's
+    /// attributes per record), or under `sampled+locmrf` one attribute drawn uniformly and
+    /// only its value randomized, at its ε (the record's ε; the draw does not depend on the
+    /// values). `rng` must be a CSPRNG seeded from the OS outside tests and simulations. An
+    /// invalid value of an attribute with `on_invalid: "randomize"` is replaced by a uniform
+    /// code first, as on devices. Errors: wrong arity, or a value the schema cannot encode
+    /// (every value is checked, whichever is drawn).
+    pub fn record<R: Rng + ?Sized>(
         &self,
+        id: String,
         values: &[Value],
         rng: &mut R,
-    ) -> Result<Vec<u32>, VerticalError> {
+    ) -> Result<PartyRecord, VerticalError> {
         if values.len() != self.attributes.len() {
             return Err(VerticalError::WrongArity {
                 expected: self.attributes.len(),
@@ -364,27 +438,53 @@ impl PartyRandomizer {
                     })?,
             );
         }
-        self.randomize_codes(&codes, rng)
+        self.record_from_codes(id, &codes, rng)
     }
 
-    /// As [`PartyRandomizer::randomize`] for values already encoded (schema codes, party
-    /// order). Errors: wrong arity, or a code outside its attribute's domain.
-    pub fn randomize_codes<R: Rng + ?Sized>(
+    /// As [`PartyRandomizer::record`] for values already encoded (schema codes, party
+    /// order). Errors: wrong arity, or a code outside its attribute's domain (every code is
+    /// checked, whichever is drawn).
+    pub fn record_from_codes<R: Rng + ?Sized>(
         &self,
+        id: String,
         codes: &[u32],
         rng: &mut R,
-    ) -> Result<Vec<u32>, VerticalError> {
+    ) -> Result<PartyRecord, VerticalError> {
         if codes.len() != self.attributes.len() {
             return Err(VerticalError::WrongArity {
                 expected: self.attributes.len(),
                 found: codes.len(),
             });
         }
-        codes
+        for (&c, grr) in codes.iter().zip(&self.grrs) {
+            if c as usize >= grr.domain_size() {
+                return Err(MechanismError::ValueOutOfDomain {
+                    value: c as usize,
+                    k: grr.domain_size(),
+                }
+                .into());
+            }
+        }
+        if self.sampled {
+            // Drawn before any randomization and from nothing but the RNG.
+            let j = rng.random_range(0..codes.len());
+            let y = self.grrs[j].randomize(codes[j] as usize, rng)? as u32;
+            return Ok(PartyRecord {
+                id,
+                attribute: Some(j as u32),
+                codes: vec![y],
+            });
+        }
+        let codes = codes
             .iter()
             .zip(&self.grrs)
             .map(|(&c, grr)| Ok(grr.randomize(c as usize, rng)? as u32))
-            .collect()
+            .collect::<Result<_, VerticalError>>()?;
+        Ok(PartyRecord {
+            id,
+            attribute: None,
+            codes,
+        })
     }
 }
 
@@ -413,12 +513,13 @@ impl std::fmt::Debug for PartyClient {
 #[cfg(feature = "http")]
 impl PartyClient {
     /// Fetches the public config of `collection` from `base_url` and binds party `party`
-    /// with its upload `token`. The party's ε per person (Σ over its attributes) is bounded by
+    /// with its upload `token`. The party's ε per person (its reports' ε: Σ over its
+    /// attributes, or one attribute's under `sampled+locmrf`) is bounded by
     /// `options.max_epsilon` and by the collection's declared `epsilon` (a config asking a
     /// party for more than the collection declares is not trusted); with a local model
-    /// (`fo+locmrf`) the bound applies to the composed ε, reports and model together
+    /// the bound applies to the composed ε, reports and model together
     /// ([`crate::protocol::Party::composed_epsilon`]).
-    /// Errors: [`crate::client::ClientError::EpsilonTooLarge`] when the party's Σε is above
+    /// Errors: [`crate::client::ClientError::EpsilonTooLarge`] when the party's ε is above
     /// either; [`crate::client::ClientError::InvalidTask`] for a device collection or an
     /// unknown party; HTTP failures as the device client.
     pub async fn connect(
@@ -438,7 +539,7 @@ impl PartyClient {
         let (config, upload_limits) = crate::client::fetch_config(&http, &options, &url).await?;
         let randomizer = PartyRandomizer::new(&config, party)
             .map_err(|e| ClientError::InvalidTask(e.to_string()))?;
-        let epsilon = randomizer.party().composed_epsilon();
+        let epsilon = randomizer.party().composed_epsilon(randomizer.encoding());
         let max = options.max_epsilon.get().min(config.epsilon.get());
         if epsilon > max * (1.0 + 1e-12) {
             return Err(ClientError::EpsilonTooLarge {
@@ -593,7 +694,10 @@ mod tests {
                 .collect(),
             locmrf: Some(model),
         };
-        assert!((party.composed_epsilon() - 1.6).abs() < 1e-9);
+        assert!(
+            (party.composed_epsilon(crate::protocol::VerticalEncoding::FoLocmrf) - 1.6).abs()
+                < 1e-9
+        );
         for (share, delta) in [(0.0, 1e-6), (1.0, 1e-6), (0.2, 0.0), (0.2, 1.0)] {
             assert!(matches!(
                 split_party_budget(1.6, delta, &[2], share),
@@ -623,6 +727,45 @@ mod tests {
         ));
     }
 
+    /// `sampled+locmrf`: the model gets its share with δ, every attribute the whole rest
+    /// (one is reported per record), and the party composes back to its total under that
+    /// encoding (under `fo` the same ε per attribute would add up); bad shares, δ, and parts
+    /// below the collection minimum are refused.
+    #[cfg(feature = "locmrf")]
+    #[test]
+    fn sampled_budget_gives_every_attribute_the_whole_report_epsilon() {
+        use crate::protocol::{Party, PartyAttribute, VerticalEncoding};
+        let (reports, model) = sampled_party_budget(1.6, 1e-6, 3, 0.2).unwrap();
+        assert!((model.epsilon.get() - 0.32).abs() < 1e-12 && model.delta == 1e-6);
+        assert_eq!(reports.len(), 3);
+        assert!(reports.iter().all(|e| (e.get() - 1.28).abs() < 1e-12));
+        let party = Party {
+            name: "bank".into(),
+            attributes: reports
+                .iter()
+                .map(|&epsilon| PartyAttribute {
+                    name: "x".into(),
+                    epsilon,
+                })
+                .collect(),
+            locmrf: Some(model),
+        };
+        assert!((party.composed_epsilon(VerticalEncoding::SampledLocmrf) - 1.6).abs() < 1e-9);
+        assert!((party.composed_epsilon(VerticalEncoding::FoLocmrf) - 4.16).abs() < 1e-9);
+        for (eps, share, delta) in [
+            (1.6, 0.0, 1e-6),
+            (1.6, 1.0, 1e-6),
+            (1.6, 0.2, 0.0),
+            (1.6, 0.2, 1.0),
+            (0.02, 0.2, 1e-6),
+        ] {
+            assert!(matches!(
+                sampled_party_budget(eps, delta, 2, share),
+                Err(VerticalError::Budget { .. })
+            ));
+        }
+    }
+
     /// Each attribute is randomized by its own GRR at its own ε: at the true code with
     /// probability p = e^ε/(e^ε + k − 1) (α = 1e-6 normal bound), codes in range.
     #[test]
@@ -634,10 +777,13 @@ mod tests {
         let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(3);
         let n = 40_000;
         let mut kept = [0u32; 2];
+        assert!(!bank.sampled());
         for _ in 0..n {
-            let codes = bank
-                .randomize(&[Value::from(60), Value::from("M")], &mut rng)
+            let r = bank
+                .record("x".into(), &[Value::from(60), Value::from("M")], &mut rng)
                 .unwrap();
+            assert_eq!(r.attribute, None);
+            let codes = r.codes;
             assert!(codes[0] < 4 && codes[1] < 2);
             kept[0] += u32::from(codes[0] == 2);
             kept[1] += u32::from(codes[1] == 1);
@@ -686,12 +832,95 @@ mod tests {
         let telco = PartyRandomizer::new(&c, "telco").unwrap();
         let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(1);
         assert!(matches!(
-            telco.randomize(&[], &mut rng),
+            telco.record("x".into(), &[], &mut rng),
             Err(VerticalError::WrongArity { .. })
         ));
         assert!(matches!(
-            telco.randomize(&[Value::from("z")], &mut rng),
+            telco.record("x".into(), &[Value::from("z")], &mut rng),
             Err(VerticalError::Record { .. })
         ));
+        // Under `sampled+locmrf` every value is checked, not only the one drawn.
+        let bank = PartyRandomizer::new(&sampled_config(), "bank").unwrap();
+        for _ in 0..20 {
+            assert!(matches!(
+                bank.record_from_codes("x".into(), &[0, 2], &mut rng),
+                Err(VerticalError::Mechanism(_))
+            ));
+            assert!(matches!(
+                bank.record("x".into(), &[Value::from(60), Value::from("X")], &mut rng),
+                Err(VerticalError::Record { .. })
+            ));
+        }
+    }
+
+    /// The config of [`config`] under encoding `sampled+locmrf`: each bank attribute at the
+    /// bank's whole report ε 1.5, a local model for each party.
+    fn sampled_config() -> CollectionConfig {
+        serde_json::from_str(
+            r#"{"version": 1, "id": "c0ffee00-0000-4000-8000-000000000000",
+            "schema": {"attributes": [
+              {"name": "age", "type": "numeric", "min": 0, "max": 100, "bins": 4},
+              {"name": "sex", "type": "categorical", "labels": ["F", "M"]},
+              {"name": "plan", "type": "categorical", "labels": ["a", "b", "c"]}]},
+            "epsilon": 2.0, "target_users": 10, "protocol": "vertical",
+            "encoding": "sampled+locmrf",
+            "parties": [
+              {"name": "bank", "attributes": [{"name": "age", "epsilon": 1.5},
+                                              {"name": "sex", "epsilon": 1.5}],
+               "locmrf": {"epsilon": 0.5, "delta": 1e-6}},
+              {"name": "telco", "attributes": [{"name": "plan", "epsilon": 1.5}],
+               "locmrf": {"epsilon": 0.5, "delta": 1e-6}}]}"#,
+        )
+        .unwrap()
+    }
+
+    /// Under `sampled+locmrf` a record names one attribute drawn uniformly and carries its
+    /// GRR output at the attribute's ε: the outputs `(j, y)` fit `GRR_j(y | x_j)/m` (χ² at
+    /// α = 1e-6, fixed seed), and the same statistic rejects the `fo` split (each attribute
+    /// at ε/m), so the test has power. The party's ε is the attribute's, not the sum.
+    #[test]
+    fn sampled_reports_draw_one_attribute_uniformly() {
+        use crate::mechanism::tests::{assert_fit_and_power, pearson};
+        use crate::protocol::VerticalEncoding;
+        let c = sampled_config();
+        let bank = PartyRandomizer::new(&c, "bank").unwrap();
+        assert!(bank.sampled());
+        assert_eq!(bank.encoding(), VerticalEncoding::SampledLocmrf);
+        assert_eq!(bank.party().report_epsilon(bank.encoding()), 1.5);
+        assert_eq!(bank.party().composed_epsilon(bank.encoding()), 2.0);
+        assert_eq!(bank.party().report_epsilon(VerticalEncoding::Fo), 3.0);
+        for e in [
+            VerticalEncoding::Fo,
+            VerticalEncoding::FoLocmrf,
+            VerticalEncoding::SampledLocmrf,
+        ] {
+            assert_eq!(serde_json::json!(e), e.name());
+        }
+        let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(11);
+        let n = 30_000;
+        // Outputs (j, y) at j·4 + y: age's 4 codes, then sex's 2.
+        let mut counts = vec![0u64; 6];
+        for _ in 0..n {
+            let r = bank
+                .record("x".into(), &[Value::from(60), Value::from("M")], &mut rng)
+                .unwrap();
+            let j = r.attribute.expect("sampled records name their attribute");
+            assert_eq!(r.codes.len(), 1);
+            counts[[0, 4][j as usize] + r.codes[0] as usize] += 1;
+        }
+        let theory = |e: f64| -> Vec<f64> {
+            let mut out = Vec::new();
+            for (k, v) in [(4usize, 2usize), (2, 1)] {
+                let p = e.exp() / (e.exp() + k as f64 - 1.0);
+                let q = (1.0 - p) / (k - 1) as f64;
+                out.extend((0..k).map(|y| if y == v { p / 2.0 } else { q / 2.0 }));
+            }
+            out
+        };
+        assert_fit_and_power(
+            "sampled party report",
+            pearson(&counts, &theory(1.5)),
+            pearson(&counts, &theory(0.75)),
+        );
     }
 }

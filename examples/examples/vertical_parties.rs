@@ -21,7 +21,7 @@ use clap::Parser;
 use ldpsyn::Epsilon;
 use ldpsyn::client::ClientOptions;
 use ldpsyn::schema::Value as Field;
-use ldpsyn::vertical::{PartyClient, PartyRecord, RecordIdKey};
+use ldpsyn::vertical::{PartyClient, RecordIdKey};
 use ldpsyn_service::Server;
 use ldpsyn_service::config::ServeConfig;
 use rand::{Rng, SeedableRng};
@@ -134,10 +134,11 @@ async fn main() -> anyhow::Result<()> {
         let mut records = people
             .iter()
             .map(|p| {
-                Ok(PartyRecord {
-                    id: key.record_id(&p.customer),
-                    codes: client.randomizer().randomize(&fields(p), &mut noise)?,
-                })
+                Ok(client.randomizer().record(
+                    key.record_id(&p.customer),
+                    &fields(p),
+                    &mut noise,
+                )?)
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         if party == "clinic" {

@@ -204,6 +204,7 @@ async fn a_party_upload_is_split_to_the_body_limit() {
     let records: Vec<PartyRecord> = (0..N)
         .map(|i| PartyRecord {
             id: key.record_id(&format!("c{i}")),
+            attribute: None,
             codes: vec![(i % 3) as u32],
         })
         .collect();

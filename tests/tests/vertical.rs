@@ -121,12 +121,15 @@ async fn two_parties(database_url: &str) {
         people
             .iter()
             .enumerate()
-            .map(|(i, p)| PartyRecord {
-                id: key.record_id(&format!("customer-{i}")),
-                codes: client
+            .map(|(i, p)| {
+                client
                     .randomizer()
-                    .randomize_codes(&attrs.iter().map(|&a| p[a]).collect::<Vec<_>>(), &mut rng)
-                    .unwrap(),
+                    .record_from_codes(
+                        key.record_id(&format!("customer-{i}")),
+                        &attrs.iter().map(|&a| p[a]).collect::<Vec<_>>(),
+                        &mut rng,
+                    )
+                    .unwrap()
             })
             .collect()
     };
@@ -162,6 +165,7 @@ async fn two_parties(database_url: &str) {
     forged.codes[0] = (forged.codes[0] + 1) % 4;
     let fresh = PartyRecord {
         id: key.record_id("customer-new"),
+        attribute: None,
         codes: vec![0, 0],
     };
     match bank.upload(&[fresh.clone(), forged]).await {
@@ -532,4 +536,204 @@ async fn local_model_uploads_are_checked_and_stored_once() {
         (409, Some(ProblemType::Conflict)),
         "{v}"
     );
+}
+
+/// Encoding `sampled+locmrf` over HTTP: each record names the one attribute it reports;
+/// records are counted once (resends are duplicates, another draw for a held id is a
+/// `409 record-id-conflict`), and malformed records — no `attribute`, an index past the
+/// party's attributes, not exactly one code, a code outside the attribute's domain — are
+/// refused whole with a 4xx problem document (the SDK's typed `Problem`), changing nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sampled_uploads_are_checked_and_counted_once() {
+    const M: usize = 2_000;
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(
+        &format!("sqlite://{}", dir.path().join("s.db").display()),
+        &[],
+    )
+    .await;
+    let base = base(&server);
+    let mut body = create_body();
+    body["target_users"] = json!(M);
+    body["encoding"] = json!("sampled+locmrf");
+    for p in body["parties"].as_array_mut().unwrap() {
+        p["locmrf"] = json!({"epsilon": 0.5, "delta": 1e-6});
+    }
+    let created: Value = reqwest::Client::new()
+        .post(format!("{base}/v1/collections"))
+        .bearer_auth(ADMIN)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id: uuid::Uuid = created["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("create failed: {created}"))
+        .parse()
+        .unwrap();
+    // One attribute's ε per record plus the model's: bank 2 + 0.5, clinic max(2, 1.5, 0.5) + 0.5.
+    assert_eq!(created["epsilon"], json!(2.5));
+    assert_eq!(created["party_epsilon"]["bank"], json!(2.5));
+    assert_eq!(created["composed_epsilon"], json!(5.0));
+    let tokens = created["party_tokens"].clone();
+    let (bank_token, clinic_token) = (
+        tokens["bank"].as_str().unwrap(),
+        tokens["clinic"].as_str().unwrap(),
+    );
+    let options = || ClientOptions::new(Epsilon::new(2.5).unwrap());
+    let bank = PartyClient::connect(&base, id, "bank", bank_token, options())
+        .await
+        .unwrap();
+    let clinic = PartyClient::connect(&base, id, "clinic", clinic_token, options())
+        .await
+        .unwrap();
+    assert!(bank.randomizer().sampled());
+    let key = RecordIdKey::new(b"shared-secret-of-bank-and-clinic!!".to_vec()).unwrap();
+    let people = population(M, 37);
+    let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(6);
+    let mut records = |client: &PartyClient, attrs: &[usize]| -> Vec<PartyRecord> {
+        people
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                client
+                    .randomizer()
+                    .record_from_codes(
+                        key.record_id(&format!("customer-{i}")),
+                        &attrs.iter().map(|&a| p[a]).collect::<Vec<_>>(),
+                        &mut rng,
+                    )
+                    .unwrap()
+            })
+            .collect()
+    };
+    let bank_records = records(&bank, &[0, 2]);
+    let clinic_records = records(&clinic, &[1, 3, 4]);
+    assert!(bank_records.iter().all(|r| r.codes.len() == 1));
+    // The clinic's first half, the bank, then the clinic's rest: order does not matter.
+    let (early, late) = clinic_records.split_at(M / 2);
+    assert_eq!(clinic.upload(early).await.unwrap().accepted, (M / 2) as u64);
+    assert_eq!(bank.upload(&bank_records).await.unwrap().accepted, M as u64);
+    assert_eq!(clinic.upload(late).await.unwrap().accepted, (M / 2) as u64);
+    let again = bank.upload(&bank_records[..50]).await.unwrap();
+    assert_eq!((again.accepted, again.duplicate), (0, 50));
+    // Another draw for a held id (the other attribute): a conflict, nothing stored.
+    let mut redrawn = bank_records[3].clone();
+    redrawn.attribute = redrawn.attribute.map(|j| 1 - j);
+    redrawn.codes = vec![0];
+    let fresh = PartyRecord {
+        id: key.record_id("customer-new"),
+        attribute: Some(1),
+        codes: vec![1],
+    };
+    match bank.upload(&[fresh.clone(), redrawn]).await {
+        Err(ClientError::Problem(p)) => assert_eq!(p.problem_type, ProblemType::RecordIdConflict),
+        other => panic!("expected record-id-conflict, got {other:?}"),
+    }
+    // A record without its attribute: the SDK's typed problem.
+    let unnamed = PartyRecord {
+        id: key.record_id("customer-unnamed"),
+        attribute: None,
+        codes: vec![1],
+    };
+    match bank.upload(&[fresh.clone(), unnamed.clone()]).await {
+        Err(ClientError::Problem(p)) => {
+            assert_eq!(p.problem_type, ProblemType::InvalidPayload);
+            assert!(
+                p.detail.contains("record 1") && p.detail.contains("`attribute`"),
+                "{p:?}"
+            );
+        }
+        other => panic!("expected invalid-payload, got {other:?}"),
+    }
+    let url = format!("{base}/v1/collections/{id}/parties/bank/records");
+    // Each bad record beside a valid one of another id: the whole upload is refused.
+    let other = unnamed.id.clone();
+    for (record, why) in [
+        (json!({"id": other, "codes": [1]}), "needs `attribute`"),
+        (
+            json!({"id": other, "attribute": 2, "codes": [1]}),
+            "not an index",
+        ),
+        (
+            json!({"id": other, "attribute": 0, "codes": [1, 0]}),
+            "one code",
+        ),
+        (
+            json!({"id": other, "attribute": 0, "codes": []}),
+            "one code",
+        ),
+        // bank's attribute 1 is smoker (2 values).
+        (
+            json!({"id": other, "attribute": 1, "codes": [2]}),
+            "domain size",
+        ),
+        (
+            json!({"id": other, "attribute": 0, "codes": [4294967295u32]}),
+            "domain size",
+        ),
+    ] {
+        let resp = reqwest::Client::new()
+            .post(&url)
+            .bearer_auth(bank_token)
+            .json(&json!({"records": [fresh, record]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 400, "{record}");
+        assert_eq!(
+            resp.headers()["content-type"],
+            ldpsyn::protocol::PROBLEM_CONTENT_TYPE,
+            "{record}"
+        );
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(problem_kind(&v), Some(ProblemType::InvalidPayload), "{v}");
+        assert!(v["detail"].as_str().unwrap().contains(why), "{why}: {v}");
+    }
+    // A negative index does not parse: the body is refused whole.
+    let (s, v) = post_raw(
+        &url,
+        bank_token,
+        json!({"records": [{"id": fresh.id, "attribute": -1, "codes": [0]}]}),
+    )
+    .await;
+    assert_eq!(
+        (s, problem_kind(&v)),
+        (400, Some(ProblemType::MalformedRequest))
+    );
+    let (_, after) = admin(&base, "GET", &format!("/v1/collections/{id}")).await;
+    assert_eq!(
+        after["status"]["reports_accepted"],
+        json!(2 * M),
+        "refused uploads changed nothing"
+    );
+    // Under `fo` a record may not name an attribute.
+    let created: Value = reqwest::Client::new()
+        .post(format!("{base}/v1/collections"))
+        .bearer_auth(ADMIN)
+        .json(&create_body())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let (s, v) = post_raw(
+        &format!(
+            "{base}/v1/collections/{}/parties/bank/records",
+            created["id"].as_str().unwrap()
+        ),
+        created["party_tokens"]["bank"].as_str().unwrap(),
+        json!({"records": [{"id": fresh.id, "attribute": 0, "codes": [0, 0]}]}),
+    )
+    .await;
+    assert_eq!(
+        (s, problem_kind(&v)),
+        (400, Some(ProblemType::InvalidPayload)),
+        "{v}"
+    );
+    server.shutdown().await.unwrap();
 }

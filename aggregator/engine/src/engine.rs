@@ -127,7 +127,7 @@ impl Engine {
             let want = v.max_party_epsilon();
             if (config.epsilon.get() - want).abs() > 1e-9 * want.max(1.0) {
                 return Err(EngineError::InvalidConfig(format!(
-                    "a vertical collection's epsilon is its largest party total Σε = {want} \
+                    "a vertical collection's epsilon is its largest party total ε = {want} \
                      (got {})",
                     config.epsilon
                 )));
@@ -447,7 +447,8 @@ impl Engine {
         self.finalize_with_local_models(state, tables, &[])
     }
 
-    /// As [`Engine::finalize`], for an `fo+locmrf` vertical collection with its parties'
+    /// As [`Engine::finalize`], for an `fo+locmrf` or `sampled+locmrf` vertical collection
+    /// with its parties'
     /// local models (LocMRF; [`crate::measure::local_model`]): one per party with a `locmrf`
     /// budget, each passing [`LocalModel::check`]; their graphs start the model graph and
     /// their measurements join the fit. Errors: as [`Engine::finalize`];
@@ -495,8 +496,9 @@ impl Engine {
         for (p, party) in v.parties().iter().enumerate() {
             if party.locmrf.is_some() && !seen[p] {
                 return bad(format!(
-                    "party `{}` has not uploaded its local model (encoding fo+locmrf)",
-                    party.name
+                    "party `{}` has not uploaded its local model (encoding {})",
+                    party.name,
+                    v.encoding().name()
                 ));
             }
         }

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::EngineError;
 use crate::fit::joint::FittedJoint;
-use crate::fit::observe::{LOCAL_PRECISION_RATIO, fit_model_with_local};
+use crate::fit::observe::fit_model_with_local;
 use crate::fit::pgm::{FitOptions, GraphicalModel};
 use crate::fit::residuals::{FitResiduals, fit_residuals};
 use crate::fit::smooth::{SMOOTHING_RELEASE_Z, smooth_numeric_one_ways};
@@ -50,7 +50,7 @@ pub(crate) fn finalize(
         .collect();
     let (gains, edges) = select(ctx, rules, state, &ms, people, &given);
     let ms = ms.retained(|m| rules.fit_table(&m.key, &edges));
-    let (fitted, residuals) = fit(ctx, &ms, local, &edges)?;
+    let (fitted, residuals) = fit(ctx, rules, &ms, local, &edges)?;
     // Cliques are within the cap: one conditional per clique (no Algorithm 2 split).
     let structure = build_structure(ctx.dims(), &edges, &[], u64::MAX);
     let recovery = Recovery::new(ctx.space(), &ms);
@@ -65,8 +65,7 @@ pub(crate) fn finalize(
 }
 
 /// Stage 1: every table as a measurement against the population, and the number of people
-/// who reported: one report per person and collection, or per party when tables share
-/// records (a vertical collection). Errors: a table that does not fit its mechanism;
+/// who reported ([`CollectionProtocol::reporting_people`]). Errors: a table that does not fit its mechanism;
 /// [`EngineError::NoData`].
 pub fn measure(
     ctx: &Context,
@@ -79,12 +78,7 @@ pub fn measure(
     if ms.items().is_empty() {
         return Err(EngineError::NoData);
     }
-    let reports = ms.items().iter().map(|m| m.estimate.n);
-    let people = if rules.tables_share_records() {
-        reports.max().unwrap_or(0)
-    } else {
-        reports.sum()
-    };
+    let people = rules.reporting_people(&ms);
     Ok((ms, people))
 }
 
@@ -138,6 +132,7 @@ pub fn select(
 /// ordered bins ([`smooth_numeric_one_ways`]). Errors: the fit failing.
 pub fn fit(
     ctx: &Context,
+    rules: &dyn CollectionProtocol,
     ms: &Measurements,
     local: &[LocalModel],
     edges: &BTreeSet<Edge>,
@@ -145,7 +140,7 @@ pub fn fit(
     let ratio = ctx
         .options()
         .local_precision_ratio
-        .unwrap_or(LOCAL_PRECISION_RATIO);
+        .unwrap_or_else(|| rules.local_precision_ratio());
     let fitted = fit_model_with_local(ms, local, ratio, edges, &FitOptions::default())?;
     let residuals = fit_residuals(ms, &fitted);
     let release_z = ctx

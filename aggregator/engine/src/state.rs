@@ -278,8 +278,9 @@ pub struct EngineOptions {
     pub smoothing_release_z: Option<f64>,
     /// Cap on how much more precise a party's local-model measurement may be than the most
     /// precise LDP table in the fit (default
-    /// [`LOCAL_PRECISION_RATIO`](crate::fit::observe::LOCAL_PRECISION_RATIO); `fo+locmrf`
-    /// vertical collections).
+    /// [`LOCAL_PRECISION_RATIO`](crate::fit::observe::LOCAL_PRECISION_RATIO), or
+    /// [`SAMPLED_LOCAL_PRECISION_RATIO`](crate::fit::observe::SAMPLED_LOCAL_PRECISION_RATIO)
+    /// under `sampled+locmrf`; vertical collections with local models).
     #[serde(default)]
     pub local_precision_ratio: Option<f64>,
 }

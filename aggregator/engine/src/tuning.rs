@@ -112,6 +112,25 @@ pub const KNOBS: &[Knob] = &[
         set: Some(|o, v| o.gain_margin = Some(v)),
     },
     Knob {
+        // Encodings `fo` and `fo+locmrf`; `sampled+locmrf` uses the next.
+        constant: "LOCAL_PRECISION_RATIO",
+        value: crate::fit::observe::LOCAL_PRECISION_RATIO,
+        option: Some("local_precision_ratio"),
+        env: Some("LDPSYN_LOCAL_PRECISION_RATIO"),
+        sweep: "local-precision-ratio.md",
+        status: Status::Swept,
+        set: Some(|o, v| o.local_precision_ratio = Some(v)),
+    },
+    Knob {
+        constant: "SAMPLED_LOCAL_PRECISION_RATIO",
+        value: crate::fit::observe::SAMPLED_LOCAL_PRECISION_RATIO,
+        option: Some("local_precision_ratio"),
+        env: Some("LDPSYN_LOCAL_PRECISION_RATIO"),
+        sweep: "local-precision-ratio.md",
+        status: Status::Swept,
+        set: Some(|o, v| o.local_precision_ratio = Some(v)),
+    },
+    Knob {
         constant: "MAX_CLIQUE_CELLS",
         value: crate::select::model_graph::MAX_CLIQUE_CELLS as f64,
         option: Some("max_clique_cells"),

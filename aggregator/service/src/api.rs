@@ -106,8 +106,8 @@ pub struct CollectionView {
     /// `--max-reports-per-upload`; the same for every collection): clients cut their
     /// uploads to fit them.
     pub upload_limits: ldpsyn::protocol::UploadLimits,
-    /// Vertical collections: each party's ε per person (the sum over its attributes, plus
-    /// its local model's ε under encoding `fo+locmrf`).
+    /// Vertical collections: each party's ε per person (its reports': the sum over its
+    /// attributes, or one attribute's under `sampled+locmrf`; plus its local model's ε).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub party_epsilon: Option<BTreeMap<String, f64>>,
     /// Vertical collections: ε spent on one person over every party, the sum of
@@ -115,7 +115,8 @@ pub struct CollectionView {
     /// compose; `epsilon` is only the largest party's share).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub composed_epsilon: Option<f64>,
-    /// Vertical collections with local models (`fo+locmrf`): δ of the composed guarantee
+    /// Vertical collections with local models (`fo+locmrf`, `sampled+locmrf`): δ of the
+    /// composed guarantee
     /// per person, the sum of the parties' `locmrf.delta` (absent otherwise: the GRR
     /// reports are pure ε-LDP).
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -10,8 +10,10 @@
 //! so finalize cannot read the tables between a commit and its merge), in one transaction
 //! behind the same barrier as device reports: the shared ingest lock and the finalized check
 //! (PostgreSQL), then the collection's lock, which serializes the uploads of every party so
-//! that the second party to upload a record id always sees the first's row. Per record: the
-//! same id with the same codes is a duplicate; with other codes the whole request is refused
+//! that the second party to upload a record id always sees the first's row. A record is
+//! stored as the party's row ([`ldpsyn_engine::protocols::vertical::Vertical::row`]: under
+//! `sampled+locmrf` the sampled attribute's code and `NOT_SAMPLED` elsewhere, in the same
+//! `codes` column). Per record: the same id with the same codes is a duplicate; with other codes the whole request is refused
 //! (`409 record-id-conflict`, nothing stored); a new id is stored and adds its table cells
 //! ([`ldpsyn_engine::protocols::vertical::Vertical::record_cells`]) to `table_counts`.
 
@@ -135,12 +137,16 @@ async fn write_party_records(
         stored.entry(id).or_default().push((q, codes));
     }
     let mut delta = Tables::new();
-    let mut new_rows: Vec<(&str, &[u32])> = Vec::new();
+    let mut new_rows: Vec<(&str, Vec<u32>)> = Vec::new();
     let mut duplicate = 0u64;
     for r in records {
+        // Validated by the handler: a failure here is the server's.
+        let row = v
+            .row(party, r.attribute, &r.codes)
+            .map_err(|e| VerticalError::Internal(format!("record {}: {e}", r.id)))?;
         let others = stored.remove(&r.id).unwrap_or_default();
         if let Some((_, mine)) = others.iter().find(|(q, _)| *q == party) {
-            if *mine == r.codes {
+            if *mine == row {
                 duplicate += 1;
                 continue;
             }
@@ -149,13 +155,13 @@ async fn write_party_records(
                 record: r.id.clone(),
             });
         }
-        if !v.fits(party, &r.codes) || others.iter().any(|(q, c)| !v.fits(*q, c)) {
+        if others.iter().any(|(q, c)| !v.fits(*q, c)) {
             return Err(VerticalError::Internal(format!(
                 "record {} does not fit",
                 r.id
             )));
         }
-        for (key, cell) in v.record_cells(party, &r.codes, &others) {
+        for (key, cell) in v.record_cells(party, &row, &others) {
             let stats = match delta.entry(key) {
                 std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::btree_map::Entry::Vacant(e) => {
@@ -166,11 +172,13 @@ async fn write_party_records(
             stats.counts[cell] += 1;
             stats.n += 1;
         }
-        new_rows.push((r.id.as_str(), r.codes.as_slice()));
+        new_rows.push((r.id.as_str(), row));
     }
     let accepted = new_rows.len() as u64;
     if accepted > 0 {
-        tx.insert_vertical_records(handle.id, &name, &new_rows, now_secs())
+        let rows: Vec<(&str, &[u32])> =
+            new_rows.iter().map(|(id, c)| (*id, c.as_slice())).collect();
+        tx.insert_vertical_records(handle.id, &name, &rows, now_secs())
             .await?;
         tx.add_table_counts(handle.id, &delta).await?;
         tx.bump_round_count(handle.id, 0, accepted).await?;
@@ -178,8 +186,8 @@ async fn write_party_records(
     Ok((accepted, duplicate, delta))
 }
 
-/// Each party's ε per person (Σ of its attributes' ε, plus its local model's under
-/// `fo+locmrf`), for the collection view ([`super::http`]); `None` for a device collection.
+/// Each party's ε per person ([`ldpsyn_engine::protocols::vertical::Vertical::party_epsilon`]:
+/// its reports' ε plus its local model's), for the collection view ([`super::http`]); `None` for a device collection.
 pub fn party_epsilons(h: &CollectionHandle) -> Option<BTreeMap<String, f64>> {
     let v = h.engine.vertical()?;
     Some(

@@ -14,14 +14,14 @@ use std::collections::{BTreeMap, HashMap};
 
 use ldpsyn::mechanism::{Mechanism, MechanismKind, Oracle, SufficientStatistics};
 use ldpsyn::protocol::Payload;
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
 use rand_distr::{Binomial, Distribution};
 
 use super::{Population, SimError};
 use ldpsyn_engine::{
     CollectionState, Engine, Model, TableKey, Tables, TaskSpec, Transition,
-    measure::tables::merge_into,
+    measure::tables::merge_into, protocols::vertical::NOT_SAMPLED,
 };
 
 /// A report as the service would receive it (for replay tests).
@@ -187,7 +187,8 @@ pub const LOCAL_MODEL_MAX_MARGINAL: usize = 3;
 
 impl Simulation<'_> {
     /// A vertical collection: every party randomizes its attributes of every person (one
-    /// GRR each at its ε) and uploads them in party order; the tables are what the service
+    /// GRR each at its ε; under `sampled+locmrf` one attribute drawn uniformly per person)
+    /// and uploads them in party order; the tables are what the service
     /// counts ([`ldpsyn_engine::protocols::vertical::Vertical::record_cells`]). Under
     /// `fo+locmrf` each party with a budget also measures its local model of every person's
     /// row of its attributes.
@@ -206,11 +207,20 @@ impl Simulation<'_> {
         for row in self.population.rows() {
             uploaded.clear();
             for (p, party) in v.parties().iter().enumerate() {
-                let codes = party
-                    .attributes
-                    .iter()
-                    .map(|&a| Ok(grrs[a].randomize(row[a] as usize, rng)? as u32))
-                    .collect::<Result<Vec<u32>, SimError>>()?;
+                let codes = if v.encoding().is_sampled() {
+                    // One attribute drawn uniformly, independently of the row.
+                    let j = rng.random_range(0..party.attributes.len());
+                    let a = party.attributes[j];
+                    let mut codes = vec![NOT_SAMPLED; party.attributes.len()];
+                    codes[j] = grrs[a].randomize(row[a] as usize, rng)? as u32;
+                    codes
+                } else {
+                    party
+                        .attributes
+                        .iter()
+                        .map(|&a| Ok(grrs[a].randomize(row[a] as usize, rng)? as u32))
+                        .collect::<Result<Vec<u32>, SimError>>()?
+                };
                 for (key, cell) in v.record_cells(p, &codes, &uploaded) {
                     if !mechs.contains_key(&key) {
                         mechs.insert(key.clone(), engine.mechanism(&key)?);

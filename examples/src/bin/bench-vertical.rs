@@ -10,6 +10,9 @@
 //! - `vertical-l1-locmrf`: encoding `fo+locmrf` at the same ε per party, split by
 //!   [`ldpsyn::vertical::split_party_budget`] (`--locmrf-share` of it, with δ = `--delta`, to
 //!   each party's local model, the rest as `l1`);
+//! - `vertical-sampled-locmrf`: encoding `sampled+locmrf` at the same ε per party, split by
+//!   [`ldpsyn::vertical::sampled_party_budget`] (`--locmrf-share` to the local model as
+//!   above, the rest to the one attribute each record reports);
 //! - `auto` and `independence`: a centralized device collection at the same total ε per
 //!   person (the sum over the parties), each person reporting once;
 //! - `exact-independence`: the non-private product of the data's 1-ways.
@@ -36,7 +39,9 @@ use ldpsyn::protocol::{
     CollectionConfig, PROTOCOL_VERSION, Party, PartyAttribute, Protocol, VerticalParams,
 };
 use ldpsyn::schema::Schema;
-use ldpsyn::vertical::{DEFAULT_LOCMRF_SHARE, split_epsilon, split_party_budget};
+use ldpsyn::vertical::{
+    DEFAULT_LOCMRF_SHARE, sampled_party_budget, split_epsilon, split_party_budget,
+};
 use ldpsyn_aggregator::engine::{Engine, EngineOptions, Model};
 use ldpsyn_aggregator::eval::{MarginalCounts, exact_independence_model};
 use ldpsyn_aggregator::sim::{Population, Simulation, load_csv};
@@ -187,49 +192,50 @@ fn main() -> Result<(), Error> {
     let dims = schema.domain_sizes();
     let delta = args.delta.unwrap_or(1.0 / (n as f64 * names.len() as f64));
     for &e in &args.party_epsilons {
-        let params_with = |optimal: bool, locmrf: bool| -> Result<VerticalParams, Error> {
-            Ok(VerticalParams {
-                parties: names
-                    .iter()
-                    .enumerate()
-                    .map(|(p, attrs)| {
-                        let k: Vec<usize> = attrs
-                            .iter()
-                            .map(|a| schema.index_of(a).map_or(2, |i| dims[i]))
-                            .collect();
-                        let (split, budget) = if locmrf {
-                            let (split, budget) =
-                                split_party_budget(e, delta, &k, args.locmrf_share)?;
-                            (split.iter().map(|x| x.get()).collect(), Some(budget))
-                        } else if optimal {
-                            (split_epsilon(e, &k), None)
-                        } else {
-                            (vec![e / attrs.len() as f64; attrs.len()], None)
-                        };
-                        Ok(Party {
-                            name: format!("party{p}"),
-                            attributes: attrs
+        let params_with =
+            |optimal: bool, encoding: VerticalEncoding| -> Result<VerticalParams, Error> {
+                Ok(VerticalParams {
+                    parties: names
+                        .iter()
+                        .enumerate()
+                        .map(|(p, attrs)| {
+                            let k: Vec<usize> = attrs
                                 .iter()
-                                .zip(split)
-                                .map(|(a, eps)| {
-                                    Ok(PartyAttribute {
-                                        name: a.clone(),
-                                        epsilon: Epsilon::new(eps)?,
+                                .map(|a| schema.index_of(a).map_or(2, |i| dims[i]))
+                                .collect();
+                            let (split, budget) = if encoding == VerticalEncoding::SampledLocmrf {
+                                let (split, budget) =
+                                    sampled_party_budget(e, delta, k.len(), args.locmrf_share)?;
+                                (split.iter().map(|x| x.get()).collect(), Some(budget))
+                            } else if encoding == VerticalEncoding::FoLocmrf {
+                                let (split, budget) =
+                                    split_party_budget(e, delta, &k, args.locmrf_share)?;
+                                (split.iter().map(|x| x.get()).collect(), Some(budget))
+                            } else if optimal {
+                                (split_epsilon(e, &k), None)
+                            } else {
+                                (vec![e / attrs.len() as f64; attrs.len()], None)
+                            };
+                            Ok(Party {
+                                name: format!("party{p}"),
+                                attributes: attrs
+                                    .iter()
+                                    .zip(split)
+                                    .map(|(a, eps)| {
+                                        Ok(PartyAttribute {
+                                            name: a.clone(),
+                                            epsilon: Epsilon::new(eps)?,
+                                        })
                                     })
-                                })
-                                .collect::<Result<_, Error>>()?,
-                            locmrf: budget,
+                                    .collect::<Result<_, Error>>()?,
+                                locmrf: budget,
+                            })
                         })
-                    })
-                    .collect::<Result<_, Error>>()?,
-                encoding: if locmrf {
-                    VerticalEncoding::FoLocmrf
-                } else {
-                    VerticalEncoding::Fo
-                },
-            })
-        };
-        let params = |optimal: bool| params_with(optimal, false);
+                        .collect::<Result<_, Error>>()?,
+                    encoding,
+                })
+            };
+        let params = |optimal: bool| params_with(optimal, VerticalEncoding::Fo);
         if let Some(path) = args.write_parties.take() {
             let mut params = params(true)?;
             for (party, given) in params
@@ -265,20 +271,26 @@ fn main() -> Result<(), Error> {
         let total = (e * names.len() as f64).min(ldpsyn::MAX_EPSILON);
         let mut rows: BTreeMap<&str, Vec<Scores>> = BTreeMap::new();
         for seed in 0..args.seeds {
-            for (label, optimal, cap, locmrf) in [
-                ("vertical-equal", false, None, false),
-                ("vertical-l1", true, None, false),
-                ("vertical-l1-1way", true, Some(1), false),
-                ("vertical-l1-locmrf", true, None, true),
+            for (label, optimal, cap, encoding) in [
+                ("vertical-equal", false, None, VerticalEncoding::Fo),
+                ("vertical-l1", true, None, VerticalEncoding::Fo),
+                ("vertical-l1-1way", true, Some(1), VerticalEncoding::Fo),
+                ("vertical-l1-locmrf", true, None, VerticalEncoding::FoLocmrf),
+                (
+                    "vertical-sampled-locmrf",
+                    true,
+                    None,
+                    VerticalEncoding::SampledLocmrf,
+                ),
             ] {
                 if !wanted(label) {
                     continue;
                 }
-                let params = params_with(optimal, locmrf)?;
+                let params = params_with(optimal, encoding)?;
                 let eps = params
                     .parties
                     .iter()
-                    .map(Party::composed_epsilon)
+                    .map(|p| p.composed_epsilon(encoding))
                     .fold(0.0, f64::max);
                 let vertical = config(&schema, n, eps, Protocol::Vertical(params))?;
                 let options = EngineOptions {
@@ -375,7 +387,11 @@ fn markdown(out: &Value) -> String {
          (cross-party ones in parentheses). `auto` and `independence` are centralized \
          collections (each person reports once to one aggregator) at the same total ε. \
          `vertical-l1-locmrf` spends the same ε per party, part of it on the party's local \
-         central-DP model (encoding `fo+locmrf`; its δ in the JSON). 3-way TVD: over every \
+         central-DP model (encoding `fo+locmrf`; its δ in the JSON); \
+         `vertical-sampled-locmrf` the same model budget, each record reporting one attribute \
+         per party drawn at random, at the rest of the party's ε (encoding `sampled+locmrf`; its \
+         edges count only pairs an LDP table measures: cross-party ones, the pairs within a \
+         party coming from the local models' graphs). 3-way TVD: over every \
          attribute triple, when run with `--tvd3`. \
          Non-private exact independence: 2-way TVD {:.4}, cross-party {:.4}.\n\n\
          | ε per party | total ε | method | seeds | 2-way TVD ± std | 3-way TVD ± std | cross-party 2-way | 1-way | edges (cross) |\n\

@@ -149,12 +149,31 @@ pub trait CollectionProtocol: Send + Sync + Debug {
         DEVICE_GAIN_MARGIN
     }
 
+    /// The fit's cap on how much more precise a party's local-model measurement may be than
+    /// the LDP tables ([`crate::fit::observe::LOCAL_PRECISION_RATIO`]); only vertical
+    /// collections with local models have any.
+    fn local_precision_ratio(&self) -> f64 {
+        crate::fit::observe::LOCAL_PRECISION_RATIO
+    }
+
     /// Whether every table counts reports of the same records (a vertical collection), so
     /// that overlapping tables are one estimate rather than independent ones (standard
     /// errors: [`crate::fit::joint::FittedJoint::with_shared_records`]). By default `false`: each
     /// device report is in one table.
     fn tables_share_records(&self) -> bool {
         false
+    }
+
+    /// How many people reported to the measurements `ms` (the clique cap's bound): by
+    /// default one report per person and table when tables do not share records (the sum of
+    /// the tables' reports), else the largest table's reports.
+    fn reporting_people(&self, ms: &Measurements) -> u64 {
+        let reports = ms.items().iter().map(|m| m.estimate.n);
+        if self.tables_share_records() {
+            reports.max().unwrap_or(0)
+        } else {
+            reports.sum()
+        }
     }
 
     /// Whether the final fit observes `key`'s table once the model graph `edges` is chosen:

@@ -320,15 +320,16 @@ pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine),
     if protocol == "vertical" && !obj.contains_key("epsilon") {
         // A vertical collection's ε is its largest party total (reports and local model):
         // filled in when omitted.
-        let parties: ldpsyn::protocol::VerticalParams = super::extract::from_json_value(
-            json!({"parties": obj.get("parties").cloned().unwrap_or(Value::Null)}),
-            "",
-        )
-        .map_err(|e| bad(ProblemType::InvalidParameter, e))?;
+        let mut params = json!({"parties": obj.get("parties").cloned().unwrap_or(Value::Null)});
+        if let Some(encoding) = obj.get("encoding") {
+            params["encoding"] = encoding.clone();
+        }
+        let parties: ldpsyn::protocol::VerticalParams = super::extract::from_json_value(params, "")
+            .map_err(|e| bad(ProblemType::InvalidParameter, e))?;
         let total = parties
             .parties
             .iter()
-            .map(ldpsyn::protocol::Party::composed_epsilon)
+            .map(|p| p.composed_epsilon(parties.encoding))
             .fold(0.0, f64::max);
         obj.insert("epsilon".into(), json!(total));
     }

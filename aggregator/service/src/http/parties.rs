@@ -101,7 +101,7 @@ pub async fn post_party_records(
     let upload: PartyUpload = super::extract::from_json_slice(&body, "").map_err(|e| {
         ApiError::problem(
             ProblemType::MalformedRequest,
-            format!("the body must be a party upload {{\"records\": [{{id, codes}}, …]}}: {e}"),
+            format!("the body must be a party upload {{\"records\": [{{id, codes}} or {{id, attribute, codes}}, …]}}: {e}"),
         )
     })?;
     let n = upload.records.len();
@@ -131,13 +131,10 @@ pub async fn post_party_records(
                 format!("record {i}: id {} appears twice in this upload", r.id),
             ));
         }
-        if !v.fits(p, &r.codes) {
+        if let Err(why) = v.row(p, r.attribute, &r.codes) {
             return Err(ApiError::problem(
                 ProblemType::InvalidPayload,
-                format!(
-                    "record {i}: `codes` must hold {} codes, each below its attribute's domain size",
-                    v.parties()[p].attributes.len()
-                ),
+                format!("record {i}: {why}"),
             ));
         }
     }

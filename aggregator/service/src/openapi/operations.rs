@@ -242,7 +242,9 @@ pub(crate) fn operations() -> Vec<OperationDoc> {
             summary: "Upload a party's randomized records",
             description: "A vertical collection's data party uploads its records: each a \
                 keyed record id and the randomized codes of the party's attributes, in the \
-                party's attribute order. Authorized by the party's own bearer token; an \
+                party's attribute order (under encoding `sampled+locmrf`: `attribute`, the \
+                party-order index of the one attribute drawn, and its one code). Authorized by \
+                the party's own bearer token; an \
                 identical resend counts as `duplicate`. Rate-limited per client address; \
                 bodies above `--max-body-bytes` are 413.",
             request: Some(json!({"records": [{"id":
@@ -254,7 +256,8 @@ pub(crate) fn operations() -> Vec<OperationDoc> {
             method: "post",
             path: "/v1/collections/{id}/parties/{party}/model",
             summary: "Upload a party's local model",
-            description: "Under encoding `fo+locmrf`, a party with a `locmrf` budget uploads \
+            description: "Under encoding `fo+locmrf` or `sampled+locmrf`, a party with a \
+                `locmrf` budget uploads \
                 its local central-DP model of its own attributes (VertiMRF LocMRF): noisy \
                 marginals with their noise, its attribute graph and its accounting, made by \
                 `ldpsyn-aggregator party upload`. Checked against the config (400); stored \

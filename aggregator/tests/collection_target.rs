@@ -17,7 +17,7 @@ use ldpsyn::ledger::MemoryLedger;
 use ldpsyn::protocol::ProblemType;
 use ldpsyn::schema::Schema;
 use ldpsyn_aggregator::service::maintenance::sweep_retention;
-use ldpsyn_aggregator::service::storage::Db;
+use ldpsyn_aggregator::service::storage::Datastore;
 use serde_json::{Value, json};
 use sqlx::{Connection, Row};
 use uuid::Uuid;
@@ -420,7 +420,7 @@ async fn retention_deletes_raw_reports(url: &str) {
     let before = synthetic(base.clone(), swept).await;
     let (_, status_before) = get(&http, format!("{base}/v1/collections/{swept}")).await;
 
-    let db = Db::connect(url, 2).await.unwrap();
+    let db = Datastore::connect(url, 2).await.unwrap();
     let done = sweep_retention(&db, t0 + 2 * DAY - 1).await.unwrap();
     assert!(!done.iter().any(|(id, _)| *id == swept), "{done:?}");
     assert_eq!(stored_reports(url, swept).await, TARGET as i64);

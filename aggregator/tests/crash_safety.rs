@@ -753,7 +753,7 @@ async fn healthz_is_503_until_the_state_is_loaded() {
     use ldpsyn::mechanism::MechanismKind;
     use ldpsyn::protocol::Payload;
     use ldpsyn_aggregator::engine::TableKey;
-    use ldpsyn_aggregator::service::storage::{CollectionRow, Db, NewReport};
+    use ldpsyn_aggregator::service::storage::{CollectionRow, Datastore, NewReport};
 
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("slow.db").display());
@@ -762,7 +762,7 @@ async fn healthz_is_503_until_the_state_is_loaded() {
     let config: CollectionConfig = serde_json::from_value(config).unwrap();
     let id = Uuid::new_v4();
     {
-        let db = Db::connect(&url, 2).await.unwrap();
+        let db = Datastore::connect(&url, 2).await.unwrap();
         let engine = Engine::new(&config).unwrap();
         let row = CollectionRow {
             id,
@@ -795,19 +795,17 @@ async fn healthz_is_503_until_the_state_is_loaded() {
                 payload: Payload::Grr(u64::from(i % 2)),
             })
             .collect();
-        let mut conn = db.pool.acquire().await.unwrap();
         for chunk in reports.chunks(4096) {
-            db.insert_reports(&mut conn, &chunk.iter().collect::<Vec<_>>())
+            let chunk: Vec<&NewReport> = chunk.iter().collect();
+            db.run_tx(|tx| Box::pin(async move { tx.insert_reports(&chunk).await }))
                 .await
                 .unwrap();
         }
         // As stored before table counts: their rebuild is the slow part of the start.
-        sqlx::query("DELETE FROM table_counts_ready")
-            .execute(&mut *conn)
+        db.run_tx(|tx| Box::pin(tx.execute_sql("DELETE FROM table_counts_ready")))
             .await
             .unwrap();
-        drop(conn);
-        db.pool.close().await;
+        db.close().await;
     }
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
@@ -844,21 +842,16 @@ async fn healthz_is_503_until_the_state_is_loaded() {
 /// Runs only with `LDPSYN_TEST_DATABASE_URL`.
 #[tokio::test]
 async fn postgres_sessions_pin_synchronous_commit() {
-    use ldpsyn_aggregator::service::storage::Db;
-    use sqlx::Row;
+    use ldpsyn_aggregator::service::storage::Datastore;
     let Some(url) = common::postgres_url("postgres_sessions_pin_synchronous_commit") else {
         return;
     };
     // The connection string asks for `off`; the session must say `on`.
     let sep = if url.contains('?') { '&' } else { '?' };
     let url = format!("{url}{sep}options=-c%20synchronous_commit%3Doff");
-    let db = Db::connect(&url, 2).await.unwrap();
+    let db = Datastore::connect(&url, 2).await.unwrap();
     for _ in 0..2 {
-        let row = sqlx::query("SHOW synchronous_commit")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-        let value: String = row.try_get(0).unwrap();
+        let value = db.fetch_text("SHOW synchronous_commit").await.unwrap();
         assert_eq!(value, "on");
     }
 }

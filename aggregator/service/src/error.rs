@@ -1,13 +1,16 @@
 //! The service's error type and its one mapping to `application/problem+json` (RFC 9457):
 //! [`ApiError::to_problem`], which also holds the one mapping of engine errors
-//! ([`EngineError`]) to problem types. Storage errors ([`StorageError`]) are 500, but for a
+//! ([`EngineError`]) to problem types. It wraps the errors of ingest ([`IngestError`]) and
+//! of party uploads ([`VerticalError`]). Storage errors ([`StorageError`]) are 500, but for a
 //! collection deleted meanwhile (404 `unknown-collection`).
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use ldpsyn::protocol::{PROBLEM_CONTENT_TYPE, Problem, ProblemType};
 
+use super::ingest::IngestError;
 use super::storage::StorageError;
+use super::vertical::VerticalError;
 use ldpsyn_engine::EngineError;
 
 /// Errors of the service. Every one becomes a problem document whose `type` comes from
@@ -35,6 +38,12 @@ pub enum ApiError {
     /// client's (4xx) and which are internal.
     #[error("engine: {0}")]
     Engine(#[from] EngineError),
+    /// Ingest (the committer, collections in memory) refused or failed.
+    #[error(transparent)]
+    Ingest(#[from] IngestError),
+    /// A party upload was refused or failed.
+    #[error(transparent)]
+    Vertical(#[from] VerticalError),
     /// Stored JSON could not be read.
     #[error("stored JSON: {0}")]
     Json(#[from] serde_json::Error),
@@ -69,13 +78,45 @@ impl ApiError {
                 format!("upload rate limit reached; retry after {retry_after_secs} s"),
             ),
             ApiError::Engine(e) => engine_problem(e).unwrap_or_else(internal),
-            // Deleted by another process (PostgreSQL) while this request used it.
-            ApiError::Storage(StorageError::MissingCollection(id)) => Problem::new(
-                ProblemType::UnknownCollection,
-                format!("no collection {id} (it was deleted)"),
-            ),
-            ApiError::Storage(_) | ApiError::Json(_) | ApiError::Internal(_) => internal(),
+            ApiError::Storage(e) => storage_problem(e).unwrap_or_else(internal),
+            ApiError::Ingest(e) => ingest_problem(e).unwrap_or_else(internal),
+            ApiError::Vertical(e) => vertical_problem(e).unwrap_or_else(internal),
+            ApiError::Json(_) | ApiError::Internal(_) => internal(),
         }
+    }
+}
+
+/// The storage error a request can meet: its collection deleted by another process
+/// (PostgreSQL) while it used it. `None` (500) for the rest.
+fn storage_problem(e: &StorageError) -> Option<Problem> {
+    match e {
+        StorageError::MissingCollection(id) => Some(Problem::new(
+            ProblemType::UnknownCollection,
+            format!("no collection {id} (it was deleted)"),
+        )),
+        _ => None,
+    }
+}
+
+/// Ingest's refusals, and the engine's and storage's errors it passes on.
+fn ingest_problem(e: &IngestError) -> Option<Problem> {
+    match e {
+        IngestError::Refused { kind, detail } => Some(Problem::new(*kind, detail.clone())),
+        IngestError::Engine(e) => engine_problem(e),
+        IngestError::Storage(e) => storage_problem(e),
+        IngestError::Internal(_) => None,
+    }
+}
+
+/// A party upload's refusals (their messages are the details), and the engine's and
+/// storage's errors it passes on.
+fn vertical_problem(e: &VerticalError) -> Option<Problem> {
+    match e {
+        VerticalError::Engine(e) => engine_problem(e),
+        VerticalError::Storage(e) => storage_problem(e),
+        _ => e
+            .problem_type()
+            .map(|kind| Problem::new(kind, e.to_string())),
     }
 }
 

@@ -27,17 +27,172 @@ use ldpsyn::protocol::{CollectionConfig, PastTarget, Problem, ProblemType};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
-use super::error::ApiError;
 use super::metrics::Metrics;
 use super::provisional::ProvisionalCache;
-use super::storage::{self, Db, IngestGate, MemoryView, NewReport, Writer};
+use super::storage::{
+    Datastore, IngestGate, NewReport, Snapshot, StorageError, Transaction, Writer,
+};
+use super::vertical::VerticalError;
 use ldpsyn_engine::measure::local_model::LocalModel;
 use ldpsyn_engine::{
     CollectionState, Engine, EngineError, Model, Phase, TableKey, Tables, TaskSampler, Transition,
 };
 
+/// Errors of ingest: the committer's commands and the collections in memory. The HTTP layer
+/// wraps them (`ApiError::Ingest`) and maps each to its problem document.
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    /// Refused: a problem for the client (4xx) with its type and what went wrong.
+    #[error("{kind}: {detail}")]
+    Refused {
+        /// The problem type (gives the status).
+        kind: ProblemType,
+        /// What went wrong.
+        detail: String,
+    },
+    /// The storage layer failed (the database, or stored data it could not read).
+    #[error("storage: {0}")]
+    Storage(#[from] StorageError),
+    /// The engine refused or failed.
+    #[error("engine: {0}")]
+    Engine(#[from] EngineError),
+    /// Anything else internal (a panicked task, a stored row that cannot be).
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+impl IngestError {
+    /// A refusal of type `kind`.
+    pub fn refused(kind: ProblemType, detail: impl Into<String>) -> Self {
+        IngestError::Refused {
+            kind,
+            detail: detail.into(),
+        }
+    }
+}
+
 /// Most reports written in one transaction.
 const MAX_GROUP_REPORTS: usize = 16_384;
+
+/// Which holds the truth of a collection's state, tables and round counts: chosen once at
+/// startup ([`Authority::for_datastore`]), outside storage, and handed to ingest with the
+/// datastore ([`Store`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Authority {
+    /// This process's memory: it is the database's one writer (SQLite, one process). Round
+    /// closes, finalize and estimates read the state and tables it holds; an id it does not
+    /// hold is unknown.
+    Memory,
+    /// The database, which several processes write (PostgreSQL): round closes, finalize and
+    /// estimates read it, so every process's reports count; an id unknown here is looked up
+    /// there, and a refresher brings other processes' work into memory.
+    Database,
+}
+
+impl Authority {
+    /// The authority over `datastore`: the database when several processes may share it,
+    /// else this process's memory.
+    pub fn for_datastore(datastore: &Datastore) -> Self {
+        if datastore.is_shared() {
+            Authority::Database
+        } else {
+            Authority::Memory
+        }
+    }
+}
+
+/// What ingest reads and writes through: the datastore and the [`Authority`] over it.
+#[derive(Debug, Clone)]
+pub struct Store {
+    /// The database.
+    pub datastore: Datastore,
+    /// Which holds the truth.
+    pub authority: Authority,
+}
+
+impl Store {
+    /// What a computation off the committer (a quota close, a provisional refit) starts
+    /// from: memory's `state` at `version` with this process's tables and counts, or
+    /// ([`Authority::Database`]) the stored collection in one consistent read. Errors: the
+    /// database's, stored data that cannot be read.
+    pub async fn snapshot(
+        &self,
+        handle: &CollectionHandle,
+        state: &CollectionState,
+        version: i64,
+    ) -> Result<Snapshot, StorageError> {
+        match self.authority {
+            Authority::Database => self.datastore.snapshot(&handle.engine, handle.id).await,
+            Authority::Memory => Ok(Snapshot {
+                state: state.clone(),
+                version,
+                tables: handle.tables_snapshot(),
+                round_counts: handle.round_counts_snapshot(),
+            }),
+        }
+    }
+
+    /// The tables to estimate `handle`'s model from (memory's, or every process's from the
+    /// database). Errors: the database's, stored data that cannot be read.
+    pub async fn tables(&self, handle: &CollectionHandle) -> Result<Tables, StorageError> {
+        match self.authority {
+            Authority::Database => self.datastore.tables(&handle.engine, handle.id).await,
+            Authority::Memory => Ok(handle.tables_snapshot()),
+        }
+    }
+}
+
+/// What a round close of `handle` reads in `tx` after the collection's lock: the state, the
+/// tables and the accepted reports per round. [`Authority::Database`]: all three from the
+/// database, so every process's reports count and a state another process advanced is seen;
+/// [`Authority::Memory`]: state and tables from memory, the per-round counts from memory
+/// overlaid with the database's.
+async fn close_inputs(
+    authority: Authority,
+    tx: &mut Transaction<'_>,
+    handle: &CollectionHandle,
+) -> Result<(CollectionState, Tables, BTreeMap<u32, u64>), StorageError> {
+    let id = handle.id;
+    match authority {
+        Authority::Database => {
+            let (state, _) = tx
+                .state(id)
+                .await?
+                .ok_or(StorageError::MissingCollection(id))?;
+            let tables = tx.tables(&handle.engine, id).await?;
+            let counts = tx.round_counts(id).await?.into_iter().collect();
+            Ok((state, tables, counts))
+        }
+        Authority::Memory => {
+            let mut counts = handle.round_counts_snapshot();
+            for (r, n) in tx.round_counts(id).await? {
+                counts.insert(r, n);
+            }
+            Ok(((*handle.state()).clone(), handle.tables_snapshot(), counts))
+        }
+    }
+}
+
+/// What finalize of `handle` reads in `tx` after the ingest barrier and the collection's
+/// lock: the state and the tables, from the database ([`Authority::Database`], every
+/// process's reports) or memory.
+async fn finalize_inputs(
+    authority: Authority,
+    tx: &mut Transaction<'_>,
+    handle: &CollectionHandle,
+) -> Result<(CollectionState, Tables), StorageError> {
+    let id = handle.id;
+    match authority {
+        Authority::Database => {
+            let (state, _) = tx
+                .state(id)
+                .await?
+                .ok_or(StorageError::MissingCollection(id))?;
+            Ok((state, tx.tables(&handle.engine, id).await?))
+        }
+        Authority::Memory => Ok(((*handle.state()).clone(), handle.tables_snapshot())),
+    }
+}
 
 /// A state and the task distribution built from it when it became current (`None`: a state
 /// without tasks, e.g. finalized). States are replaced, never changed in place, so the `Arc`
@@ -293,7 +448,7 @@ impl CollectionHandle {
         state: CollectionState,
         tables: Tables,
         local: Vec<LocalModel>,
-    ) -> Result<Arc<Model>, ApiError> {
+    ) -> Result<Arc<Model>, IngestError> {
         let _fit = self.fit.clone().lock_owned().await;
         if let Some(m) = self.model() {
             return Ok(m);
@@ -321,13 +476,21 @@ impl CollectionHandle {
     }
 
     /// The (cached) mechanism of a table. Errors: a factor outside the schema.
-    pub fn mechanism(&self, key: &TableKey) -> Result<Arc<Mechanism>, ApiError> {
+    pub fn mechanism(&self, key: &TableKey) -> Result<Arc<Mechanism>, EngineError> {
         if let Some(m) = self.mechanisms.get(key) {
             return Ok(m.clone());
         }
         let m = Arc::new(self.engine.mechanism(key)?);
         self.mechanisms.insert(key.clone(), m.clone());
         Ok(m)
+    }
+
+    /// Accepted reports per round as this process counts them.
+    pub fn round_counts_snapshot(&self) -> BTreeMap<u32, u64> {
+        self.round_counts
+            .iter()
+            .map(|e| (*e.key(), *e.value()))
+            .collect()
     }
 
     /// A copy of the in-memory tables.
@@ -371,33 +534,6 @@ fn build_current(engine: &Engine, state: CollectionState, builds: &AtomicU64) ->
     }
 }
 
-/// Memory is the truth on SQLite: [`Db::close_inputs`], [`Db::finalize_inputs`] and
-/// [`Db::estimation_tables`] read it through this view there.
-impl MemoryView for CollectionHandle {
-    fn id(&self) -> Uuid {
-        self.id
-    }
-
-    fn engine(&self) -> &Engine {
-        &self.engine
-    }
-
-    fn memory_state(&self) -> CollectionState {
-        (*self.state()).clone()
-    }
-
-    fn memory_tables(&self) -> Tables {
-        self.tables_snapshot()
-    }
-
-    fn memory_round_counts(&self) -> BTreeMap<u32, u64> {
-        self.round_counts
-            .iter()
-            .map(|e| (*e.key(), *e.value()))
-            .collect()
-    }
-}
-
 /// A validated report waiting for its commit.
 #[derive(Debug)]
 pub struct PendingReport {
@@ -426,7 +562,7 @@ pub enum Command {
         /// The reports.
         items: Vec<PendingReport>,
         /// Where to answer.
-        reply: oneshot::Sender<Result<Vec<Outcome>, ApiError>>,
+        reply: oneshot::Sender<Result<Vec<Outcome>, IngestError>>,
     },
     /// Close the current round now.
     CloseRound {
@@ -435,7 +571,7 @@ pub enum Command {
         /// Close it even when it has no reports (else `round-empty`).
         force: bool,
         /// Where to answer.
-        reply: oneshot::Sender<Result<Vec<Transition>, ApiError>>,
+        reply: oneshot::Sender<Result<Vec<Transition>, IngestError>>,
     },
     /// Delete a collection's rows (reports, tables, counts, state) in one transaction, then
     /// mark its handle deleted; answers the number of reports (or vertical records) deleted,
@@ -446,7 +582,7 @@ pub enum Command {
         /// Its handle, when this process holds one (not for a collection it cannot load).
         handle: Option<Arc<CollectionHandle>>,
         /// Where to answer.
-        reply: oneshot::Sender<Result<u64, ApiError>>,
+        reply: oneshot::Sender<Result<u64, IngestError>>,
     },
     /// Commit one party upload of a vertical collection.
     PartyRecords {
@@ -457,7 +593,7 @@ pub enum Command {
         /// Its records (validated).
         records: Vec<ldpsyn::vertical::PartyRecord>,
         /// Where to answer.
-        reply: oneshot::Sender<Result<ldpsyn::vertical::PartyUploadResult, ApiError>>,
+        reply: oneshot::Sender<Result<ldpsyn::vertical::PartyUploadResult, VerticalError>>,
     },
     /// Replace collections' counts with the database's, and their state where it is newer
     /// (PostgreSQL: other processes' work). Through the committer because it is the one
@@ -467,7 +603,7 @@ pub enum Command {
         /// Per collection: its handle, its stored state and that state's version.
         items: Vec<(Arc<CollectionHandle>, CollectionState, i64)>,
         /// Where to answer.
-        reply: oneshot::Sender<Result<(), ApiError>>,
+        reply: oneshot::Sender<Result<(), IngestError>>,
     },
     /// The result of a round close computed off the committer (`start_close`): stored if
     /// the collection's state is still version `base`, else dropped.
@@ -479,14 +615,14 @@ pub enum Command {
         /// The collections to look at.
         handles: Vec<Arc<CollectionHandle>>,
         /// Where to answer.
-        reply: oneshot::Sender<Result<usize, ApiError>>,
+        reply: oneshot::Sender<Result<usize, IngestError>>,
     },
     /// Build the model and mark the collection finalized.
     Finalize {
         /// The collection.
         handle: Arc<CollectionHandle>,
         /// Where to answer.
-        reply: oneshot::Sender<Result<Arc<Model>, ApiError>>,
+        reply: oneshot::Sender<Result<Arc<Model>, IngestError>>,
     },
 }
 
@@ -508,22 +644,22 @@ pub struct ClosedRound {
 /// Runs `f` on the blocking pool (estimation can take a while).
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, ApiError> {
+) -> Result<T, IngestError> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| ApiError::Internal(format!("estimation task failed: {e}")))
+        .map_err(|e| IngestError::Internal(format!("estimation task failed: {e}")))
 }
 
 /// The committer task: runs until every sender is dropped.
 /// `me` is a weak sender on its own channel, for the round closes it starts
 /// (`start_close`) to hand their results back without keeping it alive.
 pub async fn run_committer(
-    db: Db,
+    store: Store,
     metrics: Arc<Metrics>,
     mut rx: mpsc::Receiver<Command>,
     me: mpsc::WeakSender<Command>,
 ) {
-    let mut writer = Writer::new(db.clone());
+    let mut writer = Writer::new(store.datastore.clone());
     let mut deferred: Option<Command> = None;
     loop {
         let cmd = match deferred.take() {
@@ -550,33 +686,33 @@ pub async fn run_committer(
                         Err(_) => break,
                     }
                 }
-                commit_group(&db, &mut writer, &metrics, &me, group).await;
+                commit_group(&store, &mut writer, &metrics, &me, group).await;
             }
             Command::CloseRound {
                 handle,
                 force,
                 reply,
             } => {
-                let r = admin_close(&db, &mut writer, &metrics, &handle, force).await;
-                let _ = reply.send(keep_on_refusal(&mut writer, r));
+                let r = admin_close(&store, &mut writer, &metrics, &handle, force).await;
+                let _ = reply.send(r);
             }
             Command::Delete { id, handle, reply } => {
-                let r = delete(&db, &mut writer, id, handle.as_deref()).await;
-                let _ = reply.send(keep_on_refusal(&mut writer, r));
+                let r = delete(&mut writer, id, handle.as_deref()).await;
+                let _ = reply.send(r);
             }
             Command::Refresh { items, reply } => {
-                let _ = reply.send(refresh(&db, items).await);
+                let _ = reply.send(refresh(&store.datastore, items).await);
             }
             Command::Finalize { handle, reply } => {
-                start_finalize(&db, &mut writer, handle, reply).await;
+                start_finalize(&store, &mut writer, handle, reply).await;
             }
             Command::Closed(closed) => {
-                store_close(&db, &mut writer, &metrics, &me, *closed).await;
+                store_close(&store, &mut writer, &metrics, &me, *closed).await;
             }
             Command::CloseDue { handles, reply } => {
                 let started = handles
                     .iter()
-                    .filter(|h| h.close_due() && start_close(&db, &me, h))
+                    .filter(|h| h.close_due() && start_close(&store, &me, h))
                     .count();
                 let _ = reply.send(Ok(started));
             }
@@ -587,18 +723,12 @@ pub async fn run_committer(
                 reply,
             } => {
                 let r = if handle.is_deleted() {
-                    Err(deleted_problem(handle.id))
+                    Err(VerticalError::DeletedBefore(handle.id))
                 } else {
-                    super::vertical::commit_party_records(
-                        &db,
-                        &mut writer,
-                        &handle,
-                        party,
-                        &records,
-                    )
-                    .await
+                    super::vertical::commit_party_records(&mut writer, &handle, party, &records)
+                        .await
                 };
-                let _ = reply.send(keep_on_refusal(&mut writer, r));
+                let _ = reply.send(r);
             }
         }
     }
@@ -610,13 +740,12 @@ pub async fn run_committer(
 /// while the model is fit. Used by `POST …/finalize` and by the commit that reaches an
 /// `auto_finalize_at_target` collection's target.
 async fn start_finalize(
-    db: &Db,
+    store: &Store,
     writer: &mut Writer,
     handle: Arc<CollectionHandle>,
-    reply: oneshot::Sender<Result<Arc<Model>, ApiError>>,
+    reply: oneshot::Sender<Result<Arc<Model>, IngestError>>,
 ) {
-    let r = finalize(db, writer, &handle).await;
-    match writer.settle(r) {
+    match finalize(store, writer, &handle).await {
         Ok(Finalized::Ready(model)) => {
             let _ = reply.send(Ok(model));
         }
@@ -645,18 +774,9 @@ async fn start_finalize(
     }
 }
 
-/// [`Writer::settle`], except that a refusal (a problem for the client: conflict, finalized,
-/// round empty) is no reason to drop the connection.
-fn keep_on_refusal<T>(writer: &mut Writer, r: Result<T, ApiError>) -> Result<T, ApiError> {
-    match r {
-        Err(e @ ApiError::Problem { .. }) => Err(e),
-        other => writer.settle(other),
-    }
-}
-
 /// The answer to a request for a collection that was deleted meanwhile.
-fn deleted_problem(id: Uuid) -> ApiError {
-    ApiError::problem(
+fn deleted_problem(id: Uuid) -> IngestError {
+    IngestError::refused(
         ProblemType::UnknownCollection,
         format!("no collection {id} (it was deleted)"),
     )
@@ -664,24 +784,27 @@ fn deleted_problem(id: Uuid) -> ApiError {
 
 /// [`Command::Delete`]: behind the ingest barrier and the collection lock (PostgreSQL: every
 /// other process's ingest transaction in flight finishes first, and later ones find no row,
-/// [`Db::ingest_gate`]), deletes every row of collection `id` and commits; then marks its
+/// [`Transaction::ingest_gate`]), deletes every row of collection `id` and commits; then marks its
 /// handle deleted, so reports queued behind this command are refused. Returns the reports
 /// (or vertical records) deleted. Errors: `unknown-collection` when no row was stored, the
 /// database's.
 async fn delete(
-    db: &Db,
     writer: &mut Writer,
     id: Uuid,
     handle: Option<&CollectionHandle>,
-) -> Result<u64, ApiError> {
+) -> Result<u64, IngestError> {
     if handle.is_some_and(CollectionHandle::is_deleted) {
         return Err(deleted_problem(id));
     }
-    let mut tx = writer.begin().await?;
-    db.lock_ingest_exclusive(&mut tx, id).await?;
-    db.lock_collection(&mut tx, id).await?;
-    let deleted = db.delete_collection(&mut tx, id).await?;
-    storage::commit(tx).await?;
+    let deleted = writer
+        .run_tx(|tx| {
+            Box::pin(async move {
+                tx.lock_ingest_exclusive(id).await?;
+                tx.lock_collection(id).await?;
+                tx.delete_collection(id).await
+            })
+        })
+        .await?;
     if let Some(h) = handle {
         h.mark_deleted();
     }
@@ -697,10 +820,10 @@ async fn delete(
 /// [`Command::Refresh`]: no commit of this process is between its database commit and its
 /// [`CollectionHandle::apply_committed`] while the committer runs this.
 async fn refresh(
-    db: &Db,
+    datastore: &Datastore,
     items: Vec<(Arc<CollectionHandle>, CollectionState, i64)>,
-) -> Result<(), ApiError> {
-    let mut counts = db.all_round_counts().await?;
+) -> Result<(), IngestError> {
+    let mut counts = datastore.all_round_counts().await?;
     for (handle, state, version) in items {
         handle.refresh(
             state,
@@ -777,11 +900,11 @@ fn past_target(handle: &CollectionHandle) -> Outcome {
 
 type Group = Vec<(
     Vec<PendingReport>,
-    oneshot::Sender<Result<Vec<Outcome>, ApiError>>,
+    oneshot::Sender<Result<Vec<Outcome>, IngestError>>,
 )>;
 
 async fn commit_group(
-    db: &Db,
+    store: &Store,
     writer: &mut Writer,
     metrics: &Metrics,
     me: &mpsc::WeakSender<Command>,
@@ -822,8 +945,9 @@ async fn commit_group(
             }
         }
     }
-    let result = write_group(db, writer, &group, &to_insert, &positions).await;
-    let result = writer.settle(result);
+    let result = writer
+        .run_tx(|tx| Box::pin(write_group(tx, &group, &to_insert, &positions)))
+        .await;
     match result {
         Ok((inserted, classified, committed, due, reached)) => {
             for (k, &(j, i)) in positions.iter().enumerate() {
@@ -847,7 +971,7 @@ async fn commit_group(
             // The reports that reached a round's quota are committed; the close runs off the
             // committer and its result comes back as a `Command::Closed`.
             for handle in &due {
-                start_close(db, me, handle);
+                start_close(store, me, handle);
             }
             // Before the answers: a device told `accepted` for the report that made the
             // target finds the collection finalized.
@@ -857,11 +981,11 @@ async fn commit_group(
                 }
                 // Its last round closes first, here on the committer, as the finalize that
                 // follows would drop a close running off it: once in a collection's life.
-                close_before_finalize(db, writer, metrics, &handle).await;
+                close_before_finalize(store, writer, metrics, &handle).await;
                 tracing::info!(collection = %handle.id, target = handle.config.target_users,
                     "target reached: finalizing");
                 let (reply, _) = oneshot::channel();
-                start_finalize(db, writer, handle, reply).await;
+                start_finalize(store, writer, handle, reply).await;
             }
             let mut acc = 0;
             let mut dup = 0;
@@ -885,7 +1009,7 @@ async fn commit_group(
         Err(e) => {
             tracing::error!(error = %e, "group commit failed; nothing of it is acknowledged");
             for (_, reply) in group {
-                let _ = reply.send(Err(ApiError::Internal(format!("commit failed: {e}"))));
+                let _ = reply.send(Err(IngestError::Internal(format!("commit failed: {e}"))));
             }
         }
     }
@@ -907,24 +1031,22 @@ type Written = (
     Vec<Arc<CollectionHandle>>,
 );
 
-/// Writes `to_insert` (at `positions` of `group`) in one transaction and bumps the round
-/// counts; returns the collections whose open round's quota is now reached (their close runs
-/// after the commit, off the committer: [`start_close`]).
+/// Writes `to_insert` (at `positions` of `group`) in `tx` and bumps the round counts;
+/// returns the collections whose open round's quota is now reached (their close runs after
+/// the commit, off the committer: [`start_close`]).
 async fn write_group(
-    db: &Db,
-    writer: &mut Writer,
+    tx: &mut Transaction<'_>,
     group: &Group,
     to_insert: &[&NewReport],
     positions: &[(usize, usize)],
-) -> Result<Written, ApiError> {
-    let mut tx = writer.begin().await?;
+) -> Result<Written, IngestError> {
     // Another process may have finalized or deleted the collection since this one last
     // refreshed: ask the database, behind finalize's and delete's barrier, before inserting
     // anything.
     let mut gates = BTreeMap::new();
     for r in to_insert {
         if let std::collections::btree_map::Entry::Vacant(e) = gates.entry(r.collection) {
-            e.insert(db.ingest_gate(&mut tx, r.collection).await?);
+            e.insert(tx.ingest_gate(r.collection).await?);
         }
     }
     let handle_of = |k: usize| &group[positions[k].0].0[positions[k].1].handle;
@@ -947,15 +1069,12 @@ async fn write_group(
         // collection of the group is locked now, in id order (the round closes below take
         // the same locks, none new, so two processes cannot wait for each other).
         for id in gates.keys() {
-            db.lock_collection(&mut tx, *id).await?;
+            tx.lock_collection(*id).await?;
         }
     }
     let open_reports: Vec<&NewReport> = open.iter().map(|&k| to_insert[k]).collect();
     let mut inserted = vec![false; to_insert.len()];
-    for (&k, ok) in open
-        .iter()
-        .zip(db.insert_reports(&mut tx, &open_reports).await?)
-    {
+    for (&k, ok) in open.iter().zip(tx.insert_reports(&open_reports).await?) {
         inserted[k] = ok;
     }
     // A capped collection takes reports up to its target, in upload order; a duplicate
@@ -965,16 +1084,13 @@ async fn write_group(
     for (id, ks) in &capped {
         let handle = handle_of(ks[0]);
         let target = handle.config.target_users;
-        let mut total = Db::accepted_total(&mut tx, *id).await?;
+        let mut total = tx.accepted_total(*id).await?;
         let mut next = 0;
         while next < ks.len() && total < target {
             let room = usize::try_from(target - total).unwrap_or(usize::MAX);
             let batch = &ks[next..ks.len().min(next.saturating_add(room))];
             let reports: Vec<&NewReport> = batch.iter().map(|&k| to_insert[k]).collect();
-            for (&k, ok) in batch
-                .iter()
-                .zip(db.insert_reports(&mut tx, &reports).await?)
-            {
+            for (&k, ok) in batch.iter().zip(tx.insert_reports(&reports).await?) {
                 inserted[k] = ok;
                 total += u64::from(ok);
             }
@@ -998,8 +1114,7 @@ async fn write_group(
             let reached = match at_target.get(&r.collection) {
                 Some(&b) => b,
                 None if refuses => {
-                    let b =
-                        Db::accepted_total(&mut tx, r.collection).await? >= h.config.target_users;
+                    let b = tx.accepted_total(r.collection).await? >= h.config.target_users;
                     at_target.insert(r.collection, b);
                     b
                 }
@@ -1013,7 +1128,7 @@ async fn write_group(
         } else if gates[&r.collection] == IngestGate::Gone {
             classified[k] = deleted_before_commit(r.collection);
         } else if !inserted[k] {
-            let stored = Db::report_of_token(&mut tx, r.collection, &r.nonce).await?;
+            let stored = tx.report_of_token(r.collection, &r.nonce).await?;
             classified[k] = match stored {
                 Some(id) if id == r.report_id => Outcome::Duplicate,
                 None if excess[k] => past_target(handle_of(k)),
@@ -1043,14 +1158,14 @@ async fn write_group(
         }
         let stats = e.2.get_mut(&p.report.key).expect("inserted above");
         m.accumulate(&p.report.payload, stats)
-            .map_err(|e| ApiError::Internal(e.to_string()))?;
+            .map_err(|e| IngestError::Internal(e.to_string()))?;
     }
     let mut due = Vec::new();
     for (id, (handle, rounds, delta)) in &per {
-        db.add_table_counts(&mut tx, *id, delta).await?;
+        tx.add_table_counts(*id, delta).await?;
         let mut counts: BTreeMap<u32, u64> = BTreeMap::new();
         for (&round, &n) in rounds {
-            let total = Db::bump_round_count(&mut tx, *id, round, n).await?;
+            let total = tx.bump_round_count(*id, round, n).await?;
             counts.insert(round, total);
         }
         let state = handle.state();
@@ -1062,7 +1177,6 @@ async fn write_group(
             due.push(handle.clone());
         }
     }
-    storage::commit(tx).await?;
     Ok((
         inserted,
         classified,
@@ -1073,7 +1187,7 @@ async fn write_group(
 }
 
 /// The refusal of an operator's close of round `round` of `state`, which has no reports.
-fn round_empty(id: Uuid, state: &CollectionState) -> ApiError {
+fn round_empty(id: Uuid, state: &CollectionState) -> IngestError {
     let (what, effect) = if state.phase == Phase::PairSampling {
         (
             "batch",
@@ -1089,7 +1203,7 @@ fn round_empty(id: Uuid, state: &CollectionState) -> ApiError {
         .round_quota
         .map(|q| format!(" (this one at {q} reports)"))
         .unwrap_or_default();
-    ApiError::problem(
+    IngestError::refused(
         ProblemType::RoundEmpty,
         format!(
             "{what} {} of collection {id} has no reports yet; closing it now {effect}. Nothing \
@@ -1106,19 +1220,15 @@ fn round_empty(id: Uuid, state: &CollectionState) -> ApiError {
 /// follows the same closes as when the target is reached at another moment. A failure is
 /// logged; the finalize goes on.
 async fn close_before_finalize(
-    db: &Db,
+    store: &Store,
     writer: &mut Writer,
     metrics: &Metrics,
     handle: &Arc<CollectionHandle>,
 ) {
-    let r = async {
-        let mut tx = writer.begin().await?;
-        let closed = close_in_tx(db, &mut tx, handle, None).await?;
-        storage::commit(tx).await?;
-        Ok::<_, ApiError>(closed)
-    }
-    .await;
-    match writer.settle(r) {
+    let r = writer
+        .run_tx(|tx| Box::pin(close_in_tx(store.authority, tx, handle, None)))
+        .await;
+    match r {
         Ok((state, transitions, Some(version))) => {
             metrics.rounds_closed(transitions.len() as u64);
             handle.set_state(state, version);
@@ -1130,8 +1240,9 @@ async fn close_before_finalize(
 }
 
 /// Closes rounds for the operator (`close-round`), inside `tx`, on the committer: takes the
-/// collection's lock (PostgreSQL), reads the state and tables ([`Db::close_inputs`] —
-/// PostgreSQL: from the database, so every process's reports count; SQLite: memory), closes
+/// collection's lock (PostgreSQL), reads the state and tables ([`close_inputs`] —
+/// [`Authority::Database`]: from the database, so every process's reports count; else
+/// memory), closes
 /// once (`force`: `Some`), then while the quota is reached, and stores the new state if it
 /// changed (`force`: `None` is the close of a collection reaching its target,
 /// [`close_before_finalize`]: only while the quota is reached). This one stays synchronous
@@ -1142,14 +1253,14 @@ async fn close_before_finalize(
 /// version when they were stored. Errors: `round-empty` when the open round has no reports
 /// and not `force` (nothing is written), the engine's, the database's.
 async fn close_in_tx(
-    db: &Db,
-    conn: &mut sqlx::AnyConnection,
+    authority: Authority,
+    tx: &mut Transaction<'_>,
     handle: &Arc<CollectionHandle>,
     force: Option<bool>,
-) -> Result<(CollectionState, Vec<Transition>, Option<i64>), ApiError> {
+) -> Result<(CollectionState, Vec<Transition>, Option<i64>), IngestError> {
     let started = Instant::now();
-    db.lock_collection(conn, handle.id).await?;
-    let (state, tables, counts) = db.close_inputs(conn, handle.as_ref()).await?;
+    tx.lock_collection(handle.id).await?;
+    let (state, tables, counts) = close_inputs(authority, tx, handle).await?;
     // Only phases with rounds are refused: elsewhere the close changes nothing anyway.
     let has_rounds = matches!(state.phase, Phase::GraphConstruction | Phase::PairSampling);
     if force == Some(false) && has_rounds && counts.get(&state.round).copied().unwrap_or(0) == 0 {
@@ -1166,7 +1277,7 @@ async fn close_in_tx(
     let version = if transitions.is_empty() {
         None
     } else {
-        Some(Db::update_state(conn, handle.id, &serde_json::to_string(&state)?).await?)
+        Some(tx.update_state(handle.id, &state).await?)
     };
     log_transitions(handle, &transitions, started, engine_ms, None);
     Ok((state, transitions, version))
@@ -1181,7 +1292,7 @@ async fn run_close(
     tables: Tables,
     counts: BTreeMap<u32, u64>,
     once: bool,
-) -> Result<(CollectionState, Vec<Transition>, f64), ApiError> {
+) -> Result<(CollectionState, Vec<Transition>, f64), IngestError> {
     let engine_started = Instant::now();
     let (state, transitions) = blocking(move || {
         let mut transitions = Vec::new();
@@ -1240,22 +1351,26 @@ fn log_transitions(
 /// Starts a round close of `handle` off the committer, unless one is running: a task takes
 /// a snapshot (SQLite: the state and version the committer holds now, then the tables and
 /// counts in memory, the truth there; PostgreSQL: all of them from the database,
-/// [`Db::stored_close_inputs`]), runs the engine's close on the blocking pool, and hands the
+/// [`Store::snapshot`]), runs the engine's close on the blocking pool, and hands the
 /// result back to the committer ([`Command::Closed`], stored by [`store_close`] only if the
 /// state is still the snapshot's version). The caller checked that the quota is reached.
 /// Reports that arrive meanwhile carry the open round's tasks and count in that round (as
 /// late reports do after any close). Returns whether a close was started.
-fn start_close(db: &Db, me: &mpsc::WeakSender<Command>, handle: &Arc<CollectionHandle>) -> bool {
+fn start_close(
+    store: &Store,
+    me: &mpsc::WeakSender<Command>,
+    handle: &Arc<CollectionHandle>,
+) -> bool {
     if handle.is_deleted() || handle.closing.swap(true, Relaxed) {
         return false;
     }
     // Taken here, on the committer (the one writer of the state): a state change committed
     // after this point has a newer version, and drops this close's result.
     let (state, version) = handle.state_and_version();
-    let (db, me, handle) = (db.clone(), me.clone(), handle.clone());
+    let (store, me, handle) = (store.clone(), me.clone(), handle.clone());
     tokio::spawn(async move {
         let started = Instant::now();
-        match compute_close(&db, &handle, &state, version).await {
+        match compute_close(&store, &handle, &state, version).await {
             Ok(Some((base, state, transitions, engine_ms))) => {
                 let closed = ClosedRound {
                     handle: handle.clone(),
@@ -1293,20 +1408,17 @@ fn start_close(db: &Db, me: &mpsc::WeakSender<Command>, handle: &Arc<CollectionH
 /// it already). Errors: the engine's, the database's.
 #[allow(clippy::type_complexity)]
 async fn compute_close(
-    db: &Db,
+    store: &Store,
     handle: &Arc<CollectionHandle>,
     state: &CollectionState,
     version: i64,
-) -> Result<Option<(i64, CollectionState, Vec<Transition>, f64)>, ApiError> {
-    let (state, version, tables, counts) = match db.stored_close_inputs(handle.as_ref()).await? {
-        Some(stored) => stored,
-        None => (
-            state.clone(),
-            version,
-            handle.tables_snapshot(),
-            handle.memory_round_counts(),
-        ),
-    };
+) -> Result<Option<(i64, CollectionState, Vec<Transition>, f64)>, IngestError> {
+    let Snapshot {
+        state,
+        version,
+        tables,
+        round_counts: counts,
+    } = store.snapshot(handle, state, version).await?;
     let _hold = handle.close_hold.clone().lock_owned().await;
     let (state, transitions, engine_ms) =
         run_close(handle.engine.clone(), state, tables, counts, false).await?;
@@ -1318,7 +1430,7 @@ async fn compute_close(
 /// otherwise (a finalize, an operator's close, another process's close, a delete came
 /// between) drops it. Then starts the next close if the quota is (still) reached.
 async fn store_close(
-    db: &Db,
+    store: &Store,
     writer: &mut Writer,
     metrics: &Metrics,
     me: &mpsc::WeakSender<Command>,
@@ -1333,15 +1445,10 @@ async fn store_close(
         engine_ms,
     } = closed;
     let commit_started = Instant::now();
-    let r = async {
-        let json = serde_json::to_string(&state)?;
-        let mut tx = writer.begin().await?;
-        let version = Db::update_state_if(&mut tx, handle.id, &json, base).await?;
-        storage::commit(tx).await?;
-        Ok::<_, ApiError>(version)
-    }
-    .await;
-    let retry = match writer.settle(r) {
+    let r: Result<_, StorageError> = writer
+        .run_tx(|tx| Box::pin(tx.update_state_if(handle.id, &state, base)))
+        .await;
+    let retry = match r {
         Ok(Some(version)) => {
             handle.set_state(state, version);
             metrics.rounds_closed(transitions.len() as u64);
@@ -1368,31 +1475,31 @@ async fn store_close(
     };
     handle.closing.store(false, Relaxed);
     if retry && handle.close_due() {
-        start_close(db, me, &handle);
+        start_close(store, me, &handle);
     }
 }
 
 /// [`Command::CloseRound`]. Errors: `collection-finalized`, `unknown-collection` (deleted),
 /// `round-empty` (unless `force`), the engine's, the database's.
 async fn admin_close(
-    db: &Db,
+    store: &Store,
     writer: &mut Writer,
     metrics: &Metrics,
     handle: &Arc<CollectionHandle>,
     force: bool,
-) -> Result<Vec<Transition>, ApiError> {
+) -> Result<Vec<Transition>, IngestError> {
     if handle.is_deleted() {
         return Err(deleted_problem(handle.id));
     }
     if handle.state().phase == Phase::Finalized {
-        return Err(ApiError::problem(
+        return Err(IngestError::refused(
             ProblemType::CollectionFinalized,
             "the collection is finalized",
         ));
     }
-    let mut tx = writer.begin().await?;
-    let (state, transitions, version) = close_in_tx(db, &mut tx, handle, Some(force)).await?;
-    storage::commit(tx).await?;
+    let (state, transitions, version) = writer
+        .run_tx(|tx| Box::pin(close_in_tx(store.authority, tx, handle, Some(force))))
+        .await?;
     metrics.rounds_closed(transitions.len() as u64);
     if let Some(version) = version {
         handle.set_state(state, version);
@@ -1406,7 +1513,7 @@ pub async fn build_model(
     state: CollectionState,
     tables: Tables,
     local: Vec<LocalModel>,
-) -> Result<Arc<Model>, ApiError> {
+) -> Result<Arc<Model>, IngestError> {
     Ok(Arc::new(
         blocking(move || engine.finalize_with_local_models(&state, &tables, &local)).await??,
     ))
@@ -1428,51 +1535,59 @@ enum Finalized {
 /// the tables returned, none after. Errors: `conflict` (nothing collected yet; the
 /// collection stays open), the database's.
 async fn finalize(
-    db: &Db,
+    store: &Store,
     writer: &mut Writer,
     handle: &Arc<CollectionHandle>,
-) -> Result<Finalized, ApiError> {
+) -> Result<Finalized, IngestError> {
     if handle.is_deleted() {
         return Err(deleted_problem(handle.id));
     }
     if let Some(m) = handle.model() {
         return Ok(Finalized::Ready(m));
     }
-    let mut tx = writer.begin().await?;
-    // Waits for every ingest transaction in flight on any process; later ones see the
-    // finalized state (Db::ingest_gate).
-    db.lock_ingest_exclusive(&mut tx, handle.id).await?;
-    db.lock_collection(&mut tx, handle.id).await?;
-    let (mut state, tables) = db.finalize_inputs(&mut tx, handle.as_ref()).await?;
-    // An `fo+locmrf` vertical collection waits for every party's local model (409, the
-    // collection stays open); read in this transaction, behind the uploads' barrier.
-    let local = if handle.engine.vertical().is_some() {
-        db.party_models(&mut tx, handle.id).await?
-    } else {
-        Vec::new()
-    };
-    if let Err(e) = handle.engine.check_local_models(&local) {
-        return Err(ApiError::problem(
-            ProblemType::Conflict,
-            format!("the collection cannot be finalized yet: {e}"),
-        ));
-    }
-    // Finalized here, or by another process (PostgreSQL) whose version is read back.
-    let version = if state.phase != Phase::Finalized {
-        // The one refusal a fit can foresee is checked before the transition (as
-        // Engine::finalize checks it), so that it leaves the collection open.
-        if tables.values().all(|t| t.n == 0) {
-            return Err(EngineError::NoData.into());
-        }
-        handle.engine.mark_finalized(&mut state);
-        Db::set_finalized_at(&mut tx, handle.id, super::now_secs()).await?;
-        Db::update_state(&mut tx, handle.id, &serde_json::to_string(&state)?).await?
-    } else {
-        Db::state_of(&mut tx, handle.id)
-            .await?
-            .map_or(handle.state_version(), |(_, v)| v)
-    };
-    storage::commit(tx).await?;
+    let authority = store.authority;
+    let (state, tables, local, version) = writer
+        .run_tx(|tx| {
+            Box::pin(async move {
+                // Waits for every ingest transaction in flight on any process; later ones see
+                // the finalized state (Transaction::ingest_gate).
+                tx.lock_ingest_exclusive(handle.id).await?;
+                tx.lock_collection(handle.id).await?;
+                let (mut state, tables) = finalize_inputs(authority, tx, handle).await?;
+                // An `fo+locmrf` vertical collection waits for every party's local model
+                // (409, the collection stays open); read in this transaction, behind the
+                // uploads' barrier.
+                let local = if handle.engine.vertical().is_some() {
+                    tx.party_models(handle.id).await?
+                } else {
+                    Vec::new()
+                };
+                if let Err(e) = handle.engine.check_local_models(&local) {
+                    return Err(IngestError::refused(
+                        ProblemType::Conflict,
+                        format!("the collection cannot be finalized yet: {e}"),
+                    ));
+                }
+                // Finalized here, or by another process (PostgreSQL) whose version is read
+                // back.
+                let version = if state.phase != Phase::Finalized {
+                    // The one refusal a fit can foresee is checked before the transition (as
+                    // Engine::finalize checks it), so that it leaves the collection open.
+                    if tables.values().all(|t| t.n == 0) {
+                        return Err(EngineError::NoData.into());
+                    }
+                    handle.engine.mark_finalized(&mut state);
+                    tx.set_finalized_at(handle.id, super::now_secs()).await?;
+                    tx.update_state(handle.id, &state).await?
+                } else {
+                    tx.state(handle.id)
+                        .await?
+                        .map_or(handle.state_version(), |(_, v)| v)
+                };
+                Ok((state, tables, local, version))
+            })
+        })
+        .await?;
     handle.set_state(state.clone(), version);
     Ok(Finalized::Fit(Box::new((state, tables, local))))
 }

@@ -6,9 +6,11 @@
 //! crate (`ldpsyn-sim`).
 //!
 //! - [`config`]: `serve` options (clap, every option also from the environment).
-//! - [`storage`]: the database (sqlx `Any`, shared migrations).
+//! - [`storage`]: the database (sqlx `Any`, shared migrations) behind
+//!   [`storage::Datastore::run_tx`] and typed transactions; the pool stays inside.
 //! - [`tokens`]: HMAC-SHA256 task tokens.
-//! - [`ingest`]: collections in memory and the group committer.
+//! - [`ingest`]: collections in memory and the group committer; [`ingest::Authority`] (memory
+//!   or the database holds the truth) is chosen at startup.
 //! - [`http`]: routes, handlers (one file per resource), extractors, layers ([`router`]).
 //! - [`listener`]: the accept loop (header-read and idle timeouts, graceful shutdown).
 //! - [`ui`]: the dashboard at `/ui/` (embedded static files).
@@ -62,10 +64,10 @@ pub use http::router;
 
 use self::config::ServeConfig;
 use self::error::ApiError;
-use self::ingest::{CollectionHandle, Command};
+use self::ingest::{Authority, CollectionHandle, Command, Store};
 use self::metrics::Metrics;
 use self::ratelimit::RateLimiter;
-use self::storage::Db;
+use self::storage::Datastore;
 use self::tokens::TokenKey;
 use ldpsyn_engine::{CollectionState, Engine, Phase, TaskSampler, TaskSpec};
 
@@ -107,7 +109,8 @@ pub const MAX_NEGATIVE_ENTRIES: usize = 100_000;
 
 #[derive(Debug)]
 struct Inner {
-    db: Db,
+    /// The datastore, and whether it or this process's memory holds the truth.
+    store: Store,
     config: ServeConfig,
     admin_token_hash: [u8; 32],
     token_key: TokenKey,
@@ -141,13 +144,20 @@ impl AppState {
     pub async fn open(
         config: ServeConfig,
     ) -> Result<(Self, tokio::task::JoinHandle<()>), ApiError> {
-        let db = Db::connect(config.database_url.expose(), config.db_max_connections).await?;
+        let db =
+            Datastore::connect(config.database_url.expose(), config.db_max_connections).await?;
+        // Chosen once, here: memory is the truth when this process is the database's one
+        // writer (SQLite), the database when several processes share it (PostgreSQL).
+        let store = Store {
+            authority: Authority::for_datastore(&db),
+            datastore: db,
+        };
         let key = match &config.token_key {
             Some(k) => k.expose().as_bytes().to_vec(),
             None => {
                 let mut fresh = [0u8; 32];
                 rand::rng().fill_bytes(&mut fresh);
-                db.token_key(&fresh).await?
+                store.datastore.token_key(&fresh).await?
             }
         };
         let token_key = TokenKey::new(key).map_err(|e| ApiError::Internal(e.to_string()))?;
@@ -155,7 +165,7 @@ impl AppState {
         let metrics = Arc::new(Metrics::default());
         let (tx, rx) = mpsc::channel(config.commit_queue_len.max(1));
         let committer = tokio::spawn(ingest::run_committer(
-            db.clone(),
+            store.clone(),
             metrics.clone(),
             rx,
             tx.downgrade(),
@@ -169,7 +179,7 @@ impl AppState {
             .map(|s| std::sync::Mutex::new(rand::SeedableRng::seed_from_u64(s)));
         let state = Self {
             inner: Arc::new(Inner {
-                db,
+                store,
                 config,
                 admin_token_hash,
                 token_key,
@@ -193,7 +203,7 @@ impl AppState {
 
     async fn load_all(&self) -> Result<(), ApiError> {
         let started = std::time::Instant::now();
-        let rows = self.inner.db.collections().await?;
+        let rows = self.inner.store.datastore.collections().await?;
         let n = rows.len();
         for row in rows {
             // One unreadable row must not keep the others from being served.
@@ -219,8 +229,9 @@ impl AppState {
         let state: CollectionState = serde_json::from_str(&row.state)?;
         let engine = Engine::new(&config)?;
         // Table counts (rebuilt once from the reports for a collection older than them).
-        let tables = self.inner.db.rebuild_table_counts(&engine, row.id).await?;
-        let counts = self.inner.db.stored_round_counts(row.id).await?;
+        let db = &self.inner.store.datastore;
+        let tables = db.rebuild_table_counts(&engine, row.id).await?;
+        let counts = db.round_counts(row.id).await?;
         let finalized = state.phase == Phase::Finalized;
         let handle = Arc::new(CollectionHandle::new(
             config,
@@ -233,7 +244,7 @@ impl AppState {
         if finalized {
             // Deterministic given (state, tables): the same model as before the restart, also
             // when the process stopped during the fit after committing the finalized state.
-            let local = self.inner.db.stored_party_models(row.id).await?;
+            let local = db.party_models(row.id).await?;
             handle.ensure_model(state, tables, local).await?;
         }
         self.inner.collections.insert(row.id, handle.clone());
@@ -271,8 +282,13 @@ impl AppState {
     }
 
     /// The database.
-    pub fn db(&self) -> &Db {
-        &self.inner.db
+    pub fn db(&self) -> &Datastore {
+        &self.inner.store.datastore
+    }
+
+    /// The database and the authority chosen over it at startup ([`Authority`]).
+    pub fn store(&self) -> &Store {
+        &self.inner.store
     }
 
     /// Draws `n` task specs from `sampler`: from the seeded stream of
@@ -343,7 +359,8 @@ impl AppState {
                 format!("no collection {id}"),
             ))
         };
-        if !self.inner.db.is_shared() {
+        // Memory holds every collection when it is the truth.
+        if self.inner.store.authority == Authority::Memory {
             return unknown();
         }
         // Another process may have created it: ask the database, unless it said no lately.
@@ -361,7 +378,7 @@ impl AppState {
                 Ok(None)
             } else {
                 self.inner.metrics.collection_lookup();
-                match self.inner.db.collection(id).await {
+                match self.inner.store.datastore.collection(id).await {
                     Ok(Some(row)) => Ok(Some(self.load_row(row).await)),
                     Ok(None) => {
                         self.remember_unknown(id);
@@ -447,10 +464,10 @@ impl AppState {
         // Also when another process deleted it first (unknown-collection): forget it here.
         let gone = matches!(
             &r,
-            Err(ApiError::Problem {
+            Err(ApiError::Ingest(ingest::IngestError::Refused {
                 kind: ldpsyn::protocol::ProblemType::UnknownCollection,
                 ..
-            })
+            }))
         );
         if r.is_ok() || gone {
             self.forget(id);
@@ -469,19 +486,22 @@ impl AppState {
 
     /// Hands a command to the committer and waits for its answer. Errors: the committer
     /// stopped or dropped the command (500), or the command's own error.
-    pub async fn ask<T>(
+    pub async fn ask<T, E>(
         &self,
-        command: impl FnOnce(oneshot::Sender<Result<T, ApiError>>) -> Command,
-    ) -> Result<T, ApiError> {
+        command: impl FnOnce(oneshot::Sender<Result<T, E>>) -> Command,
+    ) -> Result<T, ApiError>
+    where
+        ApiError: From<E>,
+    {
         let (reply, answer) = oneshot::channel();
         self.inner
             .committer
             .send(command(reply))
             .await
             .map_err(|_| ApiError::Internal("committer stopped".into()))?;
-        answer
+        Ok(answer
             .await
-            .map_err(|_| ApiError::Internal("the committer dropped the command".into()))?
+            .map_err(|_| ApiError::Internal("the committer dropped the command".into()))??)
     }
 
     /// Whether the database said within [`NEGATIVE_TTL`] that it does not know `id`.
@@ -502,11 +522,11 @@ impl AppState {
     pub async fn refresh_from_db(&self) -> Result<(), ApiError> {
         let mut known = Vec::new();
         let mut finalized = Vec::new();
-        let rows = self.inner.db.collections().await?;
+        let rows = self.inner.store.datastore.collections().await?;
         let stored: std::collections::HashSet<Uuid> = rows.iter().map(|r| r.id).collect();
         for id in self.collections().iter().map(|h| h.id) {
             // Asked again: a collection created here after `rows` were read is not gone.
-            if !stored.contains(&id) && self.inner.db.collection(id).await?.is_none() {
+            if !stored.contains(&id) && self.inner.store.datastore.collection(id).await?.is_none() {
                 tracing::info!(collection = %id, "collection deleted by another process");
                 self.forget(id);
             }
@@ -548,8 +568,8 @@ impl AppState {
         })
         .await?;
         for (handle, state) in finalized {
-            let tables = self.inner.db.estimation_tables(handle.as_ref()).await?;
-            let local = self.inner.db.stored_party_models(handle.id).await?;
+            let tables = self.inner.store.tables(&handle).await?;
+            let local = self.inner.store.datastore.party_models(handle.id).await?;
             handle.ensure_model(state, tables, local).await?;
         }
         Ok(())
@@ -693,7 +713,7 @@ impl Server {
 }
 
 fn spawn_refresher(state: AppState) -> Option<tokio::task::JoinHandle<()>> {
-    if !state.db().is_shared() {
+    if state.store().authority == Authority::Memory {
         return None;
     }
     let period = Duration::from_millis(state.config().refresh_interval_ms.max(50));

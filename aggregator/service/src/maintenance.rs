@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::storage::{Db, StorageError};
+use super::storage::{Datastore, StorageError};
 use super::{AppState, ingest::Command};
 use ldpsyn_engine::Phase;
 
@@ -26,7 +26,7 @@ const SECS_PER_DAY: i64 = 86_400;
 /// startup as before. Collections finalized before finalize times were stored (no
 /// `finalized_at`) keep their reports. Returns the collections swept with the rows deleted.
 /// Errors: the database's (a config that does not parse is skipped: loading reports it).
-pub async fn sweep_retention(db: &Db, now: i64) -> Result<Vec<(Uuid, u64)>, StorageError> {
+pub async fn sweep_retention(db: &Datastore, now: i64) -> Result<Vec<(Uuid, u64)>, StorageError> {
     /// The one field the sweep reads of a stored config.
     #[derive(Deserialize)]
     struct Retention {

@@ -27,8 +27,9 @@ use ldpsyn::protocol::ProblemType;
 use ldpsyn_engine::{Model, Phase};
 
 use super::error::ApiError;
+use super::ingest::Store;
 use super::ingest::{CollectionHandle, build_model};
-use super::storage::{Db, MemoryView};
+use super::storage::Snapshot;
 
 /// A model refitted from the reports accepted so far, with what it saw.
 #[derive(Debug)]
@@ -75,7 +76,7 @@ fn is_fresh(m: &ProvisionalModel, h: &CollectionHandle, refresh: Duration) -> bo
 /// `conflict` before the first report, and for an `fo+locmrf` collection until every party
 /// with a budget has uploaded its local model; the database's; the engine's.
 pub async fn provisional_model(
-    db: &Db,
+    store: &Store,
     h: &Arc<CollectionHandle>,
     refresh: Duration,
 ) -> Result<Arc<ProvisionalModel>, ApiError> {
@@ -87,9 +88,9 @@ pub async fn provisional_model(
     }
     // The refit runs in a task of its own that holds the lock until its model is cached: a
     // request that goes away does not let a second refit start beside the first.
-    let (db, h) = (db.clone(), h.clone());
+    let (store, h) = (store.clone(), h.clone());
     tokio::spawn(async move {
-        let m = refit(&db, &h).await?;
+        let m = refit(&store, &h).await?;
         *slot = Some(m.clone());
         Ok(m)
     })
@@ -99,15 +100,17 @@ pub async fn provisional_model(
 
 /// One refit of `h` from a snapshot of what it collected (module docs). Errors: as
 /// [`provisional_model`].
-async fn refit(db: &Db, h: &Arc<CollectionHandle>) -> Result<Arc<ProvisionalModel>, ApiError> {
-    let (state, version, tables, counts) = match db.stored_close_inputs(h.as_ref()).await? {
-        Some(stored) => stored,
-        None => {
-            let (state, version) = h.state_and_version();
-            let tables = h.tables_snapshot();
-            ((*state).clone(), version, tables, h.memory_round_counts())
-        }
-    };
+async fn refit(
+    store: &Store,
+    h: &Arc<CollectionHandle>,
+) -> Result<Arc<ProvisionalModel>, ApiError> {
+    let (state, version) = h.state_and_version();
+    let Snapshot {
+        state,
+        version,
+        tables,
+        round_counts: counts,
+    } = store.snapshot(h, &state, version).await?;
     if state.phase == Phase::Finalized {
         return Err(ApiError::problem(
             ProblemType::ModelNotReady,
@@ -129,7 +132,7 @@ async fn refit(db: &Db, h: &Arc<CollectionHandle>) -> Result<Arc<ProvisionalMode
         ));
     }
     let local = if h.engine.vertical().is_some() {
-        db.stored_party_models(h.id).await?
+        store.datastore.party_models(h.id).await?
     } else {
         Vec::new()
     };

@@ -3,6 +3,8 @@
 //! shared migrations in `migrations/`, run at startup.
 
 use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::pin::Pin;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -11,7 +13,7 @@ use ldpsyn::mechanism::{MechanismKind, SufficientStatistics};
 use ldpsyn::protocol::Payload;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::pool::PoolConnection;
-use sqlx::{Any, AnyConnection, AnyPool, Connection, Executor, Row};
+use sqlx::{Any, AnyPool, Connection, Executor, Row};
 use uuid::Uuid;
 
 use ldpsyn_engine::measure::local_model::LocalModel;
@@ -48,10 +50,10 @@ pub enum StorageError {
 }
 
 /// The shared migrations (`migrations/` at the workspace root).
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
 
-/// Which database is behind the pool. Private: callers ask [`Db`] for what they need
-/// ([`Db::is_shared`], [`Db::close_inputs`], …), never which backend it is.
+/// Which database is behind the pool. Private: callers ask [`Datastore`] what they need
+/// ([`Datastore::is_shared`]), never which backend it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Backend {
     /// SQLite: one process only.
@@ -61,32 +63,108 @@ enum Backend {
 }
 
 /// The database: SQLite (one process) or PostgreSQL (several processes may share it). The
-/// difference stays inside this module: every method has one signature for both.
+/// difference stays inside this module: every method has one signature for both, and the
+/// connection pool never leaves it. Work that must be atomic goes through
+/// [`Datastore::run_tx`] (or [`Writer::run_tx`]), whose [`Transaction`] has one typed method
+/// per thing stored.
 #[derive(Debug, Clone)]
-pub struct Db {
-    /// The pool.
-    pub pool: AnyPool,
+pub struct Datastore {
+    pool: AnyPool,
     backend: Backend,
 }
 
-/// What this process holds in memory of a collection ([`super::ingest::CollectionHandle`]).
-/// On SQLite, whose one process is the only writer, memory is the truth and the methods of
-/// [`Db`] that read a collection's state or tables take them from here; on PostgreSQL they
-/// read the database, which other processes write too.
-pub trait MemoryView {
-    /// The collection id.
-    fn id(&self) -> Uuid;
-    /// The collection's engine.
-    fn engine(&self) -> &Engine;
-    /// The state this process holds.
-    fn memory_state(&self) -> CollectionState;
-    /// A copy of the sufficient statistics this process holds.
-    fn memory_tables(&self) -> Tables;
-    /// Accepted reports per round as this process counts them.
-    fn memory_round_counts(&self) -> BTreeMap<u32, u64>;
+/// The future a transaction's body returns ([`Datastore::run_tx`]): boxed, so that it may
+/// borrow the transaction it is given.
+pub type TxFuture<'a, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'a>>;
+
+/// A transaction on either backend, owned by [`Datastore::run_tx`] or [`Writer::run_tx`]:
+/// it commits when the body returns `Ok` and rolls back when it returns `Err`. Its methods
+/// read and write collections, reports and their replay tokens, table and round counts,
+/// party records and models; the connection stays inside.
+#[derive(Debug)]
+pub struct Transaction<'c> {
+    inner: sqlx::Transaction<'c, Any>,
+    backend: Backend,
 }
 
-/// What the ingest barrier found for a collection ([`Db::ingest_gate`]).
+impl Transaction<'_> {
+    /// Commits when `r` is `Ok`, else rolls back. Returns `r` (or the commit's error) and
+    /// whether the connection is still sound (its commit or rollback went through).
+    async fn finish<T, E: From<StorageError>>(self, r: Result<T, E>) -> (Result<T, E>, bool) {
+        match r {
+            Ok(v) => match self.inner.commit().await {
+                Ok(()) => (Ok(v), true),
+                Err(e) => (Err(StorageError::from(e).into()), false),
+            },
+            Err(e) => {
+                let healthy = self.inner.rollback().await.is_ok();
+                (Err(e), healthy)
+            }
+        }
+    }
+}
+
+/// A connection kept across transactions (the committer's): with SQLite, a pooled
+/// connection whose database another connection has written since its last use must reload
+/// its whole page cache, which made every group commit re-read the report indexes. Dropped
+/// after a failed begin, commit or rollback, and acquired again.
+#[derive(Debug)]
+pub struct Writer {
+    store: Datastore,
+    conn: Option<PoolConnection<Any>>,
+    /// The kept connection failed; dropped at the next [`Writer::run_tx`].
+    broken: bool,
+}
+
+impl Writer {
+    /// A writer on `store` (it acquires its connection at the first [`Writer::run_tx`]).
+    pub fn new(store: Datastore) -> Self {
+        Self {
+            store,
+            conn: None,
+            broken: false,
+        }
+    }
+
+    /// Runs `f` in a transaction on the kept connection (acquired first if there is none),
+    /// as [`Datastore::run_tx`] does on a pool connection: committed when `f` returns `Ok`,
+    /// rolled back when it returns `Err`. Not retried (see [`Datastore::run_tx`]). Errors:
+    /// `f`'s, the database's.
+    pub async fn run_tx<'s, T, E, F>(&'s mut self, f: F) -> Result<T, E>
+    where
+        F: for<'a> FnOnce(&'a mut Transaction<'s>) -> TxFuture<'a, T, E>,
+        E: From<StorageError>,
+    {
+        let broken = std::mem::take(&mut self.broken);
+        let conn = match self.conn.take() {
+            Some(c) if !broken => c,
+            _ => {
+                let acquired = self.store.pool.acquire().await;
+                acquired.map_err(StorageError::from)?
+            }
+        };
+        // Borrowed by the transaction for the whole call: a failure is recorded in `broken`
+        // (another field) and the connection dropped at the next call.
+        let conn = self.conn.insert(conn);
+        let inner = match conn.begin().await {
+            Ok(t) => t,
+            Err(e) => {
+                self.broken = true;
+                return Err(StorageError::from(e).into());
+            }
+        };
+        let mut tx = Transaction {
+            inner,
+            backend: self.store.backend,
+        };
+        let r = f(&mut tx).await;
+        let (r, healthy) = tx.finish(r).await;
+        self.broken = !healthy;
+        r
+    }
+}
+
+/// What the ingest barrier found for a collection ([`Transaction::ingest_gate`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IngestGate {
     /// Stored and open: its reports may be inserted.
@@ -97,7 +175,7 @@ pub enum IngestGate {
     Gone,
 }
 
-/// What [`Db::store_party_model`] did.
+/// What [`Datastore::store_party_model`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PartyModelStore {
     /// Stored: the party had none.
@@ -114,7 +192,7 @@ pub enum PartyModelStore {
 
 /// The tables that hold rows of a collection, keyed by `collection_id` (`collections` itself,
 /// keyed by `id`, is deleted last). A table added by a migration that stores per-collection
-/// rows belongs here, or [`Db::delete_collection`] leaves them behind (test
+/// rows belongs here, or [`Transaction::delete_collection`] leaves them behind (test
 /// `delete_leaves_nothing` in `aggregator/tests/collection_lifecycle.rs`).
 const COLLECTION_TABLES: &[&str] = &[
     "report_tokens",
@@ -125,49 +203,6 @@ const COLLECTION_TABLES: &[&str] = &[
     "table_counts_ready",
     "round_counts",
 ];
-
-/// A transaction on either backend.
-pub type Tx<'c> = sqlx::Transaction<'c, Any>;
-
-/// Commits `tx`. Errors: the database's.
-pub async fn commit(tx: Tx<'_>) -> Result<(), StorageError> {
-    Ok(tx.commit().await?)
-}
-
-/// A connection kept across transactions (the committer's): with SQLite, a pooled
-/// connection whose database another connection has written since its last use must reload
-/// its whole page cache, which made every group commit re-read the report indexes. Dropped
-/// after an error and acquired again.
-#[derive(Debug)]
-pub struct Writer {
-    db: Db,
-    conn: Option<PoolConnection<Any>>,
-}
-
-impl Writer {
-    /// A writer on `db` (it acquires its connection at the first [`Writer::begin`]).
-    pub fn new(db: Db) -> Self {
-        Self { db, conn: None }
-    }
-
-    /// Begins a transaction on the kept connection (acquired first if there is none).
-    /// Errors: the database's.
-    pub async fn begin(&mut self) -> Result<Tx<'_>, StorageError> {
-        let conn = match self.conn.take() {
-            Some(c) => c,
-            None => self.db.pool.acquire().await?,
-        };
-        Ok(self.conn.insert(conn).begin().await?)
-    }
-
-    /// Passes `r` through; keeps the connection after a success, drops it after an error.
-    pub fn settle<T, E>(&mut self, r: Result<T, E>) -> Result<T, E> {
-        if r.is_err() {
-            self.conn = None;
-        }
-        r
-    }
-}
 
 /// A stored collection row.
 #[derive(Debug, Clone)]
@@ -180,6 +215,19 @@ pub struct CollectionRow {
     pub state: String,
     /// Version of the state.
     pub state_version: i64,
+}
+
+/// A collection as stored, read in one consistent view ([`Datastore::snapshot`]).
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// Its state.
+    pub state: CollectionState,
+    /// The state's version.
+    pub version: i64,
+    /// Its sufficient statistics (every process's reports).
+    pub tables: Tables,
+    /// Accepted reports per round.
+    pub round_counts: BTreeMap<u32, u64>,
 }
 
 /// A report to insert (already validated).
@@ -296,7 +344,30 @@ fn push_group_entry(s: &mut String, r: &NewReport) -> Result<(), StorageError> {
 /// are prepared (and cached) whatever the batch size.
 const MAX_ROWS_PER_INSERT: usize = 512;
 
-impl Db {
+impl Datastore {
+    /// Runs `f` in a transaction on a connection of the pool, janus-style: committed when
+    /// `f` returns `Ok`, rolled back when it returns `Err` (or when the future is dropped).
+    /// `f` returns a boxed future so that it may borrow the transaction:
+    /// `store.run_tx(|tx| Box::pin(async move { tx.round_counts(id).await }))`.
+    ///
+    /// Not retried: no transaction here can fail to serialize. SQLite waits for its one
+    /// writer (`busy_timeout`, 30 s); PostgreSQL runs at READ COMMITTED, where conflicting
+    /// writers wait on row and advisory locks instead of failing (the one REPEATABLE READ
+    /// transaction, [`Datastore::snapshot`], only reads). Errors: `f`'s, the database's.
+    pub async fn run_tx<'s, T, E, F>(&'s self, f: F) -> Result<T, E>
+    where
+        F: for<'a> FnOnce(&'a mut Transaction<'s>) -> TxFuture<'a, T, E>,
+        E: From<StorageError>,
+    {
+        let inner = self.pool.begin().await.map_err(StorageError::from)?;
+        let mut tx = Transaction {
+            inner,
+            backend: self.backend,
+        };
+        let r = f(&mut tx).await;
+        tx.finish(r).await.0
+    }
+
     /// Connects to `url` (`sqlite://path` — the file is created if missing — or
     /// `postgres://…`) and runs the migrations.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StorageError> {
@@ -379,20 +450,22 @@ impl Db {
         row: &CollectionRow,
         now: i64,
     ) -> Result<(), StorageError> {
-        let mut tx = self.pool.begin().await?;
-        sqlx::query(
-            "INSERT INTO collections (id, config, state, state_version, created_at) VALUES ($1, $2, $3, $4, $5)",
-        )
-        .bind(row.id.to_string())
-        .bind(row.config.clone())
-        .bind(row.state.clone())
-        .bind(row.state_version)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
-        Self::mark_counts_ready(&mut tx, row.id).await?;
-        tx.commit().await?;
-        Ok(())
+        self.run_tx(|tx| {
+            Box::pin(async move {
+                sqlx::query(
+                    "INSERT INTO collections (id, config, state, state_version, created_at) VALUES ($1, $2, $3, $4, $5)",
+                )
+                .bind(row.id.to_string())
+                .bind(row.config.clone())
+                .bind(row.state.clone())
+                .bind(row.state_version)
+                .bind(now)
+                .execute(&mut *tx.inner)
+                .await?;
+                tx.mark_counts_ready(row.id).await
+            })
+        })
+        .await
     }
 
     /// Every collection whose id parses, oldest first (a row whose id does not is logged and
@@ -422,95 +495,6 @@ impl Db {
                 .fetch_optional(&self.pool)
                 .await?;
         row.as_ref().map(collection_row).transpose()
-    }
-
-    /// One collection's state and version.
-    pub async fn state_of(
-        conn: &mut AnyConnection,
-        id: Uuid,
-    ) -> Result<Option<(String, i64)>, StorageError> {
-        let row = sqlx::query("SELECT state, state_version FROM collections WHERE id = $1")
-            .bind(id.to_string())
-            .fetch_optional(&mut *conn)
-            .await?;
-        Ok(match row {
-            Some(r) => Some((r.try_get(0)?, r.try_get(1)?)),
-            None => None,
-        })
-    }
-
-    /// Stores a new state (version + 1) and returns its version.
-    pub async fn update_state(
-        conn: &mut AnyConnection,
-        id: Uuid,
-        state: &str,
-    ) -> Result<i64, StorageError> {
-        let row = sqlx::query(
-            "UPDATE collections SET state = $1, state_version = state_version + 1 WHERE id = $2 \
-             RETURNING state_version",
-        )
-        .bind(state.to_owned())
-        .bind(id.to_string())
-        .fetch_one(&mut *conn)
-        .await?;
-        Ok(row.try_get(0)?)
-    }
-
-    /// Stores a new state (version + 1) only if the stored state is still version `base`;
-    /// returns the new version, or `None` when the state changed since (or the collection is
-    /// gone). A round close computed off the committer stores its result with this.
-    pub async fn update_state_if(
-        conn: &mut AnyConnection,
-        id: Uuid,
-        state: &str,
-        base: i64,
-    ) -> Result<Option<i64>, StorageError> {
-        let row = sqlx::query(
-            "UPDATE collections SET state = $1, state_version = state_version + 1 \
-             WHERE id = $2 AND state_version = $3 RETURNING state_version",
-        )
-        .bind(state.to_owned())
-        .bind(id.to_string())
-        .bind(base)
-        .fetch_optional(&mut *conn)
-        .await?;
-        Ok(match row {
-            Some(r) => Some(r.try_get(0)?),
-            None => None,
-        })
-    }
-
-    /// Accepted reports per round of a collection.
-    pub async fn round_counts(
-        conn: &mut AnyConnection,
-        id: Uuid,
-    ) -> Result<Vec<(u32, u64)>, StorageError> {
-        let rows = sqlx::query("SELECT round, accepted FROM round_counts WHERE collection_id = $1")
-            .bind(id.to_string())
-            .fetch_all(&mut *conn)
-            .await?;
-        rows.iter()
-            .map(|r| {
-                let round: i64 = r.try_get(0)?;
-                let n: i64 = r.try_get(1)?;
-                Ok((round as u32, n as u64))
-            })
-            .collect()
-    }
-
-    /// Records when collection `id` was finalized (`now`, Unix seconds), in the finalize's
-    /// transaction; the retention sweep counts from it.
-    pub async fn set_finalized_at(
-        conn: &mut AnyConnection,
-        id: Uuid,
-        now: i64,
-    ) -> Result<(), StorageError> {
-        sqlx::query("UPDATE collections SET finalized_at = $1 WHERE id = $2")
-            .bind(now)
-            .bind(id.to_string())
-            .execute(&mut *conn)
-            .await?;
-        Ok(())
     }
 
     /// Finalized collections whose raw reports are still stored: id, config JSON and
@@ -575,13 +559,298 @@ impl Db {
         Ok(Some(deleted))
     }
 
+    /// For a collection stored before table counts existed: rebuilds them from its reports
+    /// in one transaction behind the ingest barrier (no report commits meanwhile), marks them
+    /// complete, and returns the tables. A no-op read when they already are.
+    pub async fn rebuild_table_counts(
+        &self,
+        engine: &Engine,
+        id: Uuid,
+    ) -> Result<Tables, StorageError> {
+        // Complete counts (the usual case) are read without stopping anyone's ingest.
+        let ready = self
+            .run_tx(|tx| {
+                Box::pin(async move {
+                    if tx.counts_ready(id).await? {
+                        tx.load_table_counts(engine, id).await.map(Some)
+                    } else {
+                        Ok(None)
+                    }
+                })
+            })
+            .await?;
+        if let Some(tables) = ready {
+            return Ok(tables);
+        }
+        self.run_tx(|tx| {
+            Box::pin(async move {
+                tx.lock_ingest_exclusive(id).await?;
+                if tx.counts_ready(id).await? {
+                    // Another process rebuilt them meanwhile.
+                    return tx.load_table_counts(engine, id).await;
+                }
+                let tables = tx.scan_reports(engine, id).await?;
+                sqlx::query("DELETE FROM table_counts WHERE collection_id = $1")
+                    .bind(id.to_string())
+                    .execute(&mut *tx.inner)
+                    .await?;
+                tx.add_table_counts(id, &tables).await?;
+                tx.mark_counts_ready(id).await?;
+                Ok(tables)
+            })
+        })
+        .await
+    }
+
+    /// As [`Transaction::party_models`], in a transaction of its own.
+    pub async fn party_models(&self, id: Uuid) -> Result<Vec<LocalModel>, StorageError> {
+        self.run_tx(|tx| Box::pin(tx.party_models(id))).await
+    }
+
+    /// Stores party `party`'s local model (JSON `model`) of collection `id` in one
+    /// transaction behind the ingest barrier ([`Transaction::ingest_gate`], then the collection's
+    /// lock), unless one is stored: then it is compared. Errors: the database's.
+    pub async fn store_party_model(
+        &self,
+        id: Uuid,
+        party: &str,
+        model: &LocalModel,
+        now: i64,
+    ) -> Result<PartyModelStore, StorageError> {
+        self.run_tx(|tx| {
+            Box::pin(async move {
+                match tx.ingest_gate(id).await? {
+                    IngestGate::Gone => return Ok(PartyModelStore::Gone),
+                    IngestGate::Finalized => return Ok(PartyModelStore::Finalized),
+                    IngestGate::Open => {}
+                }
+                tx.lock_collection(id).await?;
+                let stored = sqlx::query(
+                    "SELECT model FROM party_models WHERE collection_id = $1 AND party = $2",
+                )
+                .bind(id.to_string())
+                .bind(party.to_owned())
+                .fetch_optional(&mut *tx.inner)
+                .await?;
+                if let Some(row) = stored {
+                    let json: String = row.try_get(0)?;
+                    let old: LocalModel = serde_json::from_str(&json)?;
+                    return Ok(if old == *model {
+                        PartyModelStore::Identical
+                    } else {
+                        PartyModelStore::Different
+                    });
+                }
+                sqlx::query(
+                    "INSERT INTO party_models (collection_id, party, model, received_at) \
+                     VALUES ($1, $2, $3, $4)",
+                )
+                .bind(id.to_string())
+                .bind(party.to_owned())
+                .bind(serde_json::to_string(model)?)
+                .bind(now)
+                .execute(&mut *tx.inner)
+                .await?;
+                Ok(PartyModelStore::Stored)
+            })
+        })
+        .await
+    }
+
+    /// Number of stored reports of a collection. Feature `test-util`.
+    #[cfg(feature = "test-util")]
+    pub async fn count_reports(&self, collection: Uuid) -> Result<u64, StorageError> {
+        let row = sqlx::query("SELECT COUNT(*) FROM report_tokens WHERE collection_id = $1")
+            .bind(collection.to_string())
+            .fetch_one(&self.pool)
+            .await?;
+        let n: i64 = row.try_get(0)?;
+        Ok(n as u64)
+    }
+
+    /// The first column of the first row of one raw SQL query, as text, on a connection of
+    /// the pool. Tests only (feature `test-util`): e.g. a session setting.
+    #[cfg(feature = "test-util")]
+    pub async fn fetch_text(&self, sql: &str) -> Result<String, StorageError> {
+        Ok(sqlx::query(sql).fetch_one(&self.pool).await?.try_get(0)?)
+    }
+
+    /// As [`Transaction::round_counts`], in a transaction of its own.
+    pub async fn round_counts(&self, id: Uuid) -> Result<Vec<(u32, u64)>, StorageError> {
+        self.run_tx(|tx| Box::pin(tx.round_counts(id))).await
+    }
+
+    /// Accepted reports per round of every collection, in one query (the periodic refresh
+    /// of a shared database). Errors: the database's, a stored id that is not a UUID.
+    pub async fn all_round_counts(&self) -> Result<HashMap<Uuid, Vec<(u32, u64)>>, StorageError> {
+        let rows = sqlx::query("SELECT collection_id, round, accepted FROM round_counts")
+            .fetch_all(&self.pool)
+            .await?;
+        let mut out: HashMap<Uuid, Vec<(u32, u64)>> = HashMap::new();
+        for r in &rows {
+            let id: String = r.try_get(0)?;
+            let id = Uuid::parse_str(&id)
+                .map_err(|_| StorageError::Corrupt(format!("stored collection id `{id}`")))?;
+            let round: i64 = r.try_get(1)?;
+            let n: i64 = r.try_get(2)?;
+            out.entry(id).or_default().push((round as u32, n as u64));
+        }
+        Ok(out)
+    }
+
+    /// Closes the pool (waits for its connections to be returned).
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    /// Whether several processes may share this database (PostgreSQL); `false` for SQLite
+    /// (one process). What follows from it is decided outside storage, once at startup
+    /// (`ingest::Authority`).
+    pub fn is_shared(&self) -> bool {
+        self.backend == Backend::Postgres
+    }
+
+    /// Collection `id` as stored, read in one repeatable-read transaction (one consistent
+    /// view of every process's commits): its state and version, its tables and its round
+    /// counts. Errors: the database's, [`StorageError::MissingCollection`], stored data that
+    /// cannot be read.
+    pub async fn snapshot(&self, engine: &Engine, id: Uuid) -> Result<Snapshot, StorageError> {
+        self.run_tx(|tx| {
+            Box::pin(async move {
+                if tx.backend == Backend::Postgres {
+                    // SQLite's transactions are serializable already.
+                    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                        .execute(&mut *tx.inner)
+                        .await?;
+                }
+                let (state, version) = tx
+                    .state(id)
+                    .await?
+                    .ok_or(StorageError::MissingCollection(id))?;
+                Ok(Snapshot {
+                    state,
+                    version,
+                    tables: tx.tables(engine, id).await?,
+                    round_counts: tx.round_counts(id).await?.into_iter().collect(),
+                })
+            })
+        })
+        .await
+    }
+
+    /// As [`Transaction::tables`], in a transaction of its own.
+    pub async fn tables(&self, engine: &Engine, id: Uuid) -> Result<Tables, StorageError> {
+        self.run_tx(|tx| Box::pin(tx.tables(engine, id))).await
+    }
+
+    /// Checks that the database answers.
+    pub async fn ping(&self) -> Result<(), StorageError> {
+        let mut conn = self.pool.acquire().await?;
+        conn.ping().await?;
+        Ok(())
+    }
+}
+
+impl Transaction<'_> {
+    /// Collection `id`'s stored state and its version, parsed; `None` when it is not stored.
+    pub async fn state(
+        &mut self,
+        id: Uuid,
+    ) -> Result<Option<(CollectionState, i64)>, StorageError> {
+        match self.state_json(id).await? {
+            Some((json, version)) => Ok(Some((serde_json::from_str(&json)?, version))),
+            None => Ok(None),
+        }
+    }
+
+    /// One collection's state (JSON) and version.
+    async fn state_json(&mut self, id: Uuid) -> Result<Option<(String, i64)>, StorageError> {
+        let row = sqlx::query("SELECT state, state_version FROM collections WHERE id = $1")
+            .bind(id.to_string())
+            .fetch_optional(&mut *self.inner)
+            .await?;
+        Ok(match row {
+            Some(r) => Some((r.try_get(0)?, r.try_get(1)?)),
+            None => None,
+        })
+    }
+
+    /// Stores a new state (version + 1) and returns its version.
+    pub async fn update_state(
+        &mut self,
+        id: Uuid,
+        state: &CollectionState,
+    ) -> Result<i64, StorageError> {
+        let state = serde_json::to_string(state)?;
+        let row = sqlx::query(
+            "UPDATE collections SET state = $1, state_version = state_version + 1 WHERE id = $2 \
+             RETURNING state_version",
+        )
+        .bind(state)
+        .bind(id.to_string())
+        .fetch_one(&mut *self.inner)
+        .await?;
+        Ok(row.try_get(0)?)
+    }
+
+    /// Stores a new state (version + 1) only if the stored state is still version `base`;
+    /// returns the new version, or `None` when the state changed since (or the collection is
+    /// gone). A round close computed off the committer stores its result with this.
+    pub async fn update_state_if(
+        &mut self,
+        id: Uuid,
+        state: &CollectionState,
+        base: i64,
+    ) -> Result<Option<i64>, StorageError> {
+        let state = serde_json::to_string(state)?;
+        let row = sqlx::query(
+            "UPDATE collections SET state = $1, state_version = state_version + 1 \
+             WHERE id = $2 AND state_version = $3 RETURNING state_version",
+        )
+        .bind(state)
+        .bind(id.to_string())
+        .bind(base)
+        .fetch_optional(&mut *self.inner)
+        .await?;
+        Ok(match row {
+            Some(r) => Some(r.try_get(0)?),
+            None => None,
+        })
+    }
+
+    /// Accepted reports per round of a collection.
+    pub async fn round_counts(&mut self, id: Uuid) -> Result<Vec<(u32, u64)>, StorageError> {
+        let rows = sqlx::query("SELECT round, accepted FROM round_counts WHERE collection_id = $1")
+            .bind(id.to_string())
+            .fetch_all(&mut *self.inner)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                let round: i64 = r.try_get(0)?;
+                let n: i64 = r.try_get(1)?;
+                Ok((round as u32, n as u64))
+            })
+            .collect()
+    }
+
+    /// Records when collection `id` was finalized (`now`, Unix seconds), in the finalize's
+    /// transaction; the retention sweep counts from it.
+    pub async fn set_finalized_at(&mut self, id: Uuid, now: i64) -> Result<(), StorageError> {
+        sqlx::query("UPDATE collections SET finalized_at = $1 WHERE id = $2")
+            .bind(now)
+            .bind(id.to_string())
+            .execute(&mut *self.inner)
+            .await?;
+        Ok(())
+    }
+
     /// Accepted reports of a collection, all rounds (the sum of its round counts).
-    pub async fn accepted_total(conn: &mut AnyConnection, id: Uuid) -> Result<u64, StorageError> {
+    pub async fn accepted_total(&mut self, id: Uuid) -> Result<u64, StorageError> {
         let row = sqlx::query(
             "SELECT CAST(COALESCE(SUM(accepted), 0) AS BIGINT) FROM round_counts WHERE collection_id = $1",
         )
         .bind(id.to_string())
-        .fetch_one(&mut *conn)
+        .fetch_one(&mut *self.inner)
         .await?;
         let n: i64 = row.try_get(0)?;
         Ok(u64::try_from(n).unwrap_or(0))
@@ -589,7 +858,7 @@ impl Db {
 
     /// Adds `n` accepted reports to a round's count; returns the new count.
     pub async fn bump_round_count(
-        conn: &mut AnyConnection,
+        &mut self,
         id: Uuid,
         round: u32,
         n: u64,
@@ -602,16 +871,17 @@ impl Db {
         .bind(id.to_string())
         .bind(round as i64)
         .bind(n as i64)
-        .fetch_one(&mut *conn)
+        .fetch_one(&mut *self.inner)
         .await?;
         let total: i64 = row.try_get(0)?;
         Ok(total as u64)
     }
 
     /// Rebuilds a collection's sufficient statistics from its stored reports (its
-    /// `report_groups` rows), validating each again with its mechanism.
-    pub async fn load_tables(
-        conn: &mut AnyConnection,
+    /// `report_groups` rows), validating each again with its mechanism: a full scan, where
+    /// [`Transaction::tables`] reads the table counts.
+    pub async fn scan_reports(
+        &mut self,
         engine: &Engine,
         id: Uuid,
     ) -> Result<Tables, StorageError> {
@@ -621,7 +891,7 @@ impl Db {
         let mut mechanisms = std::collections::BTreeMap::new();
         let mut rows = sqlx::query("SELECT reports FROM report_groups WHERE collection_id = $1")
             .bind(id.to_string())
-            .fetch(&mut *conn);
+            .fetch(&mut *self.inner);
         while let Some(row) = rows.try_next().await? {
             let text: String = row.try_get(0)?;
             let entries: Vec<Entry<'_>> = serde_json::from_str(&text)?;
@@ -668,12 +938,7 @@ impl Db {
 
     /// Adds `delta` (one group's statistics of collection `id`) to its stored table counts,
     /// in the caller's transaction: an additive upsert per nonzero cell and per table's n.
-    pub async fn add_table_counts(
-        &self,
-        conn: &mut AnyConnection,
-        id: Uuid,
-        delta: &Tables,
-    ) -> Result<(), StorageError> {
+    pub async fn add_table_counts(&mut self, id: Uuid, delta: &Tables) -> Result<(), StorageError> {
         let mut rows: Vec<(i64, String, &'static str, String, i64, i64)> = Vec::new();
         for (key, stats) in delta {
             let (factor, mech, bins) = (
@@ -722,83 +987,45 @@ impl Db {
                     .bind(*cell)
                     .bind(*total);
             }
-            q.execute(&mut *conn).await?;
+            q.execute(&mut *self.inner).await?;
         }
         Ok(())
     }
 
     /// A collection's sufficient statistics: from its table counts when they are complete
-    /// (O(tables × cells) rows), else rebuilt from its reports ([`Db::load_tables`]).
-    pub async fn tables_of(
-        conn: &mut AnyConnection,
-        engine: &Engine,
-        id: Uuid,
-    ) -> Result<Tables, StorageError> {
-        if Self::counts_ready(conn, id).await? {
-            Self::load_table_counts(conn, engine, id).await
+    /// (O(tables × cells) rows), else rebuilt from its reports ([`Transaction::scan_reports`]).
+    pub async fn tables(&mut self, engine: &Engine, id: Uuid) -> Result<Tables, StorageError> {
+        if self.counts_ready(id).await? {
+            self.load_table_counts(engine, id).await
         } else {
-            Self::load_tables(conn, engine, id).await
+            self.scan_reports(engine, id).await
         }
     }
 
-    async fn counts_ready(conn: &mut AnyConnection, id: Uuid) -> Result<bool, StorageError> {
+    async fn counts_ready(&mut self, id: Uuid) -> Result<bool, StorageError> {
         Ok(
             sqlx::query("SELECT 1 FROM table_counts_ready WHERE collection_id = $1")
                 .bind(id.to_string())
-                .fetch_optional(&mut *conn)
+                .fetch_optional(&mut *self.inner)
                 .await?
                 .is_some(),
         )
     }
 
     /// Marks collection `id`'s table counts complete (a new collection, or after
-    /// [`Db::rebuild_table_counts`]).
-    pub async fn mark_counts_ready(conn: &mut AnyConnection, id: Uuid) -> Result<(), StorageError> {
+    /// [`Datastore::rebuild_table_counts`]).
+    async fn mark_counts_ready(&mut self, id: Uuid) -> Result<(), StorageError> {
         sqlx::query(
             "INSERT INTO table_counts_ready (collection_id) VALUES ($1) ON CONFLICT DO NOTHING",
         )
         .bind(id.to_string())
-        .execute(&mut *conn)
+        .execute(&mut *self.inner)
         .await?;
         Ok(())
     }
 
-    /// For a collection stored before table counts existed: rebuilds them from its reports
-    /// in one transaction behind the ingest barrier (no report commits meanwhile), marks them
-    /// complete, and returns the tables. A no-op read when they already are.
-    pub async fn rebuild_table_counts(
-        &self,
-        engine: &Engine,
-        id: Uuid,
-    ) -> Result<Tables, StorageError> {
-        {
-            // Complete counts (the usual case) are read without stopping anyone's ingest.
-            let mut conn = self.pool.acquire().await?;
-            if Self::counts_ready(&mut conn, id).await? {
-                return Self::load_table_counts(&mut conn, engine, id).await;
-            }
-        }
-        let mut tx = self.pool.begin().await?;
-        self.lock_ingest_exclusive(&mut tx, id).await?;
-        if Self::counts_ready(&mut tx, id).await? {
-            // Another process rebuilt them meanwhile.
-            let t = Self::load_table_counts(&mut tx, engine, id).await?;
-            tx.commit().await?;
-            return Ok(t);
-        }
-        let tables = Self::load_tables(&mut tx, engine, id).await?;
-        sqlx::query("DELETE FROM table_counts WHERE collection_id = $1")
-            .bind(id.to_string())
-            .execute(&mut *tx)
-            .await?;
-        self.add_table_counts(&mut tx, id, &tables).await?;
-        Self::mark_counts_ready(&mut tx, id).await?;
-        tx.commit().await?;
-        Ok(tables)
-    }
-
     async fn load_table_counts(
-        conn: &mut AnyConnection,
+        &mut self,
         engine: &Engine,
         id: Uuid,
     ) -> Result<Tables, StorageError> {
@@ -807,7 +1034,7 @@ impl Db {
             "SELECT round, factor, mechanism, bins, cell, total FROM table_counts WHERE collection_id = $1",
         )
         .bind(id.to_string())
-        .fetch(&mut *conn);
+        .fetch(&mut *self.inner);
         while let Some(row) = rows.try_next().await? {
             let round: i64 = row.try_get(0)?;
             let key = TableKey {
@@ -848,8 +1075,7 @@ impl Db {
     /// bind the whole collection's share as one JSON text, so their SQL is constant (prepared
     /// once per connection) whatever the group's size. Errors: the database's.
     pub async fn insert_reports(
-        &self,
-        conn: &mut AnyConnection,
+        &mut self,
         reports: &[&NewReport],
     ) -> Result<Vec<bool>, StorageError> {
         let mut inserted = vec![false; reports.len()];
@@ -865,7 +1091,7 @@ impl Db {
         }
         for (id, ks) in by_collection {
             let share: Vec<&NewReport> = ks.iter().map(|&k| reports[k]).collect();
-            let fresh = self.insert_tokens(conn, id, &share).await?;
+            let fresh = self.insert_tokens(id, &share).await?;
             let mut group = String::with_capacity(2 + share.len() * 32);
             group.push('[');
             for (r, _) in share.iter().zip(&fresh).filter(|(_, f)| **f) {
@@ -879,7 +1105,7 @@ impl Db {
                 sqlx::query("INSERT INTO report_groups (collection_id, reports) VALUES ($1, $2)")
                     .bind(id.to_string())
                     .bind(group)
-                    .execute(&mut *conn)
+                    .execute(&mut *self.inner)
                     .await?;
             }
             for (&k, f) in ks.iter().zip(fresh) {
@@ -900,8 +1126,7 @@ impl Db {
     /// `ON CONFLICT DO NOTHING` and returns only the tokens it did not insert. Errors: the
     /// database's.
     async fn insert_tokens(
-        &self,
-        conn: &mut AnyConnection,
+        &mut self,
         id: Uuid,
         reports: &[&NewReport],
     ) -> Result<Vec<bool>, StorageError> {
@@ -914,7 +1139,7 @@ impl Db {
                 let first = sqlx::query(INSERT)
                     .bind(id.to_string())
                     .bind(tokens)
-                    .execute(&mut *conn)
+                    .execute(&mut *self.inner)
                     .await;
                 match first {
                     Ok(_) => return Ok(vec![true; reports.len()]),
@@ -928,7 +1153,7 @@ impl Db {
                 )
                 .bind(id.to_string())
                 .bind(serde_json::to_string(&nonces)?)
-                .fetch_all(&mut *conn)
+                .fetch_all(&mut *self.inner)
                 .await?;
                 let stored: std::collections::HashSet<String> = rows
                     .iter()
@@ -946,7 +1171,7 @@ impl Db {
                     sqlx::query(INSERT)
                         .bind(id.to_string())
                         .bind(tokens_json(rest.into_iter()))
-                        .execute(&mut *conn)
+                        .execute(&mut *self.inner)
                         .await?;
                 }
                 Ok(fresh)
@@ -963,7 +1188,7 @@ impl Db {
                 )
                 .bind(id.to_string())
                 .bind(tokens)
-                .fetch_all(&mut *conn)
+                .fetch_all(&mut *self.inner)
                 .await?;
                 if rows.is_empty() {
                     return Ok(vec![true; reports.len()]);
@@ -982,7 +1207,7 @@ impl Db {
 
     /// The report id of the stored report that answered a token, if any.
     pub async fn report_of_token(
-        conn: &mut AnyConnection,
+        &mut self,
         collection: Uuid,
         nonce: &str,
     ) -> Result<Option<Uuid>, StorageError> {
@@ -991,7 +1216,7 @@ impl Db {
         )
         .bind(collection.to_string())
         .bind(nonce.to_owned())
-        .fetch_optional(&mut *conn)
+        .fetch_optional(&mut *self.inner)
         .await?;
         match row {
             None => Ok(None),
@@ -1007,8 +1232,7 @@ impl Db {
     /// The stored party rows of collection `id` for `record_ids`: `(party, record id,
     /// codes)` (vertical collections), in the caller's transaction.
     pub async fn vertical_rows(
-        &self,
-        conn: &mut AnyConnection,
+        &mut self,
         id: Uuid,
         record_ids: &[&str],
     ) -> Result<Vec<(String, String, Vec<u32>)>, StorageError> {
@@ -1029,7 +1253,7 @@ impl Db {
             for r in chunk {
                 q = q.bind(r.to_string());
             }
-            for row in q.fetch_all(&mut *conn).await? {
+            for row in q.fetch_all(&mut *self.inner).await? {
                 let codes: String = row.try_get(2)?;
                 out.push((
                     row.try_get(0)?,
@@ -1044,8 +1268,7 @@ impl Db {
     /// Stores party `party`'s `records` (record id, codes) of collection `id` in the
     /// caller's transaction; the caller has checked that none is stored yet.
     pub async fn insert_vertical_records(
-        &self,
-        conn: &mut AnyConnection,
+        &mut self,
         id: Uuid,
         party: &str,
         records: &[(&str, &[u32])],
@@ -1065,7 +1288,7 @@ impl Db {
                     .bind(serde_json::to_string(codes)?)
                     .bind(now);
             }
-            q.execute(&mut *conn).await?;
+            q.execute(&mut *self.inner).await?;
         }
         Ok(())
     }
@@ -1073,15 +1296,11 @@ impl Db {
     /// The stored local models of collection `id` (`fo+locmrf` vertical collections), in
     /// party-name order, in the caller's transaction. Errors: the database's; a stored model
     /// that cannot be read ([`StorageError::Json`]).
-    pub async fn party_models(
-        &self,
-        conn: &mut AnyConnection,
-        id: Uuid,
-    ) -> Result<Vec<LocalModel>, StorageError> {
+    pub async fn party_models(&mut self, id: Uuid) -> Result<Vec<LocalModel>, StorageError> {
         let rows =
             sqlx::query("SELECT model FROM party_models WHERE collection_id = $1 ORDER BY party")
                 .bind(id.to_string())
-                .fetch_all(&mut *conn)
+                .fetch_all(&mut *self.inner)
                 .await?;
         rows.iter()
             .map(|row| {
@@ -1091,80 +1310,14 @@ impl Db {
             .collect()
     }
 
-    /// As [`Db::party_models`] on a connection of its own.
-    pub async fn stored_party_models(&self, id: Uuid) -> Result<Vec<LocalModel>, StorageError> {
-        let mut conn = self.pool.acquire().await?;
-        self.party_models(&mut conn, id).await
-    }
-
-    /// Stores party `party`'s local model (JSON `model`) of collection `id` in one
-    /// transaction behind the ingest barrier ([`Db::ingest_gate`], then the collection's
-    /// lock), unless one is stored: then it is compared. Errors: the database's.
-    pub async fn store_party_model(
-        &self,
-        id: Uuid,
-        party: &str,
-        model: &LocalModel,
-        now: i64,
-    ) -> Result<PartyModelStore, StorageError> {
-        let mut tx = self.pool.begin().await?;
-        match self.ingest_gate(&mut tx, id).await? {
-            IngestGate::Gone => return Ok(PartyModelStore::Gone),
-            IngestGate::Finalized => return Ok(PartyModelStore::Finalized),
-            IngestGate::Open => {}
-        }
-        self.lock_collection(&mut tx, id).await?;
-        let stored =
-            sqlx::query("SELECT model FROM party_models WHERE collection_id = $1 AND party = $2")
-                .bind(id.to_string())
-                .bind(party.to_owned())
-                .fetch_optional(&mut *tx)
-                .await?;
-        if let Some(row) = stored {
-            let json: String = row.try_get(0)?;
-            let old: LocalModel = serde_json::from_str(&json)?;
-            return Ok(if old == *model {
-                PartyModelStore::Identical
-            } else {
-                PartyModelStore::Different
-            });
-        }
-        sqlx::query(
-            "INSERT INTO party_models (collection_id, party, model, received_at) \
-             VALUES ($1, $2, $3, $4)",
-        )
-        .bind(id.to_string())
-        .bind(party.to_owned())
-        .bind(serde_json::to_string(model)?)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(PartyModelStore::Stored)
-    }
-
-    /// Number of stored reports of a collection.
-    pub async fn count_reports(&self, collection: Uuid) -> Result<u64, StorageError> {
-        let row = sqlx::query("SELECT COUNT(*) FROM report_tokens WHERE collection_id = $1")
-            .bind(collection.to_string())
-            .fetch_one(&self.pool)
-            .await?;
-        let n: i64 = row.try_get(0)?;
-        Ok(n as u64)
-    }
-
     /// Takes the transaction-scoped PostgreSQL advisory lock of a collection (round closing);
     /// a no-op on SQLite, which has one writer anyway.
-    pub async fn lock_collection(
-        &self,
-        conn: &mut AnyConnection,
-        id: Uuid,
-    ) -> Result<(), StorageError> {
+    pub async fn lock_collection(&mut self, id: Uuid) -> Result<(), StorageError> {
         if self.backend == Backend::Postgres {
             let key = i64::from_be_bytes(id.as_bytes()[..8].try_into().unwrap_or([0; 8]));
             sqlx::query("SELECT pg_advisory_xact_lock($1)")
                 .bind(key)
-                .execute(&mut *conn)
+                .execute(&mut *self.inner)
                 .await?;
         }
         Ok(())
@@ -1174,23 +1327,19 @@ impl Db {
     /// [`IngestGate::Open`] on SQLite, whose one process serializes ingest, finalize and
     /// delete in its committer): a shared transaction-level advisory lock on the
     /// collection's ingest key, then whether the database says the collection is finalized,
-    /// or no longer stores it. [`Db::lock_ingest_exclusive`] (taken by finalize and delete
+    /// or no longer stores it. [`Transaction::lock_ingest_exclusive`] (taken by finalize and delete
     /// before anything else) waits for every transaction holding it, and a transaction
     /// arriving after their commit reads the finalized state or finds no row: no report
     /// commits after finalize read its tables, or after delete removed them.
-    pub async fn ingest_gate(
-        &self,
-        conn: &mut AnyConnection,
-        id: Uuid,
-    ) -> Result<IngestGate, StorageError> {
+    pub async fn ingest_gate(&mut self, id: Uuid) -> Result<IngestGate, StorageError> {
         if self.backend != Backend::Postgres {
             return Ok(IngestGate::Open);
         }
         sqlx::query("SELECT pg_advisory_xact_lock_shared($1)")
             .bind(ingest_key(id))
-            .execute(&mut *conn)
+            .execute(&mut *self.inner)
             .await?;
-        let Some((json, _)) = Self::state_of(conn, id).await? else {
+        let Some((json, _)) = self.state_json(id).await? else {
             return Ok(IngestGate::Gone);
         };
         // Only the phase: this runs in every group commit, and a state can hold thousands of
@@ -1209,15 +1358,11 @@ impl Db {
 
     /// Deletes every row of collection `id` (its reports, vertical records, table counts,
     /// round counts and finally its row with config and state) in the caller's transaction,
-    /// which has taken [`Db::lock_ingest_exclusive`] and [`Db::lock_collection`]. Returns the
+    /// which has taken [`Transaction::lock_ingest_exclusive`] and [`Transaction::lock_collection`]. Returns the
     /// number of reports and vertical records deleted, or `None` when no collection `id` was
     /// stored (nothing is deleted then). Errors: the database's.
-    pub async fn delete_collection(
-        &self,
-        conn: &mut AnyConnection,
-        id: Uuid,
-    ) -> Result<Option<u64>, StorageError> {
-        if Self::state_of(conn, id).await?.is_none() {
+    pub async fn delete_collection(&mut self, id: Uuid) -> Result<Option<u64>, StorageError> {
+        if self.state_json(id).await?.is_none() {
             return Ok(None);
         }
         let mut reports = 0;
@@ -1225,7 +1370,7 @@ impl Db {
             // The table names are the constants above, never input.
             let done = sqlx::query(&format!("DELETE FROM {table} WHERE collection_id = $1"))
                 .bind(id.to_string())
-                .execute(&mut *conn)
+                .execute(&mut *self.inner)
                 .await?;
             // A report is one row of report_tokens (its group row holds many).
             if matches!(*table, "report_tokens" | "vertical_records") {
@@ -1234,172 +1379,33 @@ impl Db {
         }
         sqlx::query("DELETE FROM collections WHERE id = $1")
             .bind(id.to_string())
-            .execute(&mut *conn)
+            .execute(&mut *self.inner)
             .await?;
         Ok(Some(reports))
     }
 
-    /// Finalize's and delete's side of the barrier of [`Db::ingest_gate`]: the exclusive lock
+    /// Finalize's and delete's side of the barrier of [`Transaction::ingest_gate`]: the exclusive lock
     /// on the ingest key (PostgreSQL), taken before the collection lock so that no transaction
     /// waits for both in opposite orders.
-    pub async fn lock_ingest_exclusive(
-        &self,
-        conn: &mut AnyConnection,
-        id: Uuid,
-    ) -> Result<(), StorageError> {
+    pub async fn lock_ingest_exclusive(&mut self, id: Uuid) -> Result<(), StorageError> {
         if self.backend == Backend::Postgres {
             sqlx::query("SELECT pg_advisory_xact_lock($1)")
                 .bind(ingest_key(id))
-                .execute(&mut *conn)
+                .execute(&mut *self.inner)
                 .await?;
         }
         Ok(())
     }
 
-    /// Accepted reports per round of collection `id`, on a connection of the pool.
-    pub async fn stored_round_counts(&self, id: Uuid) -> Result<Vec<(u32, u64)>, StorageError> {
-        let mut conn = self.pool.acquire().await?;
-        Self::round_counts(&mut conn, id).await
-    }
-
-    /// Accepted reports per round of every collection, in one query (the periodic refresh
-    /// of a shared database). Errors: the database's, a stored id that is not a UUID.
-    pub async fn all_round_counts(&self) -> Result<HashMap<Uuid, Vec<(u32, u64)>>, StorageError> {
-        let rows = sqlx::query("SELECT collection_id, round, accepted FROM round_counts")
-            .fetch_all(&self.pool)
-            .await?;
-        let mut out: HashMap<Uuid, Vec<(u32, u64)>> = HashMap::new();
-        for r in &rows {
-            let id: String = r.try_get(0)?;
-            let id = Uuid::parse_str(&id)
-                .map_err(|_| StorageError::Corrupt(format!("stored collection id `{id}`")))?;
-            let round: i64 = r.try_get(1)?;
-            let n: i64 = r.try_get(2)?;
-            out.entry(id).or_default().push((round as u32, n as u64));
-        }
-        Ok(out)
-    }
-
-    /// Closes the pool (waits for its connections to be returned).
-    pub async fn close(&self) {
-        self.pool.close().await;
-    }
-
-    /// Whether several processes may share this database (PostgreSQL): then a collection
-    /// unknown here may have been created by another process, and memory must be refreshed
-    /// from the database. `false` for SQLite (one process).
-    pub fn is_shared(&self) -> bool {
-        self.backend == Backend::Postgres
-    }
-
-    /// What a round close of collection `mem` reads, in the caller's transaction after
-    /// [`Db::lock_collection`]: the state, the tables and the accepted reports per round.
-    ///
-    /// PostgreSQL (several processes): all three from the database, so every process's
-    /// reports count and a state another process advanced is seen. SQLite (one process, the
-    /// only writer): state and tables from memory, per-round counts from memory overlaid with
-    /// the database's. Errors: the database's, stored data that cannot be read.
-    pub async fn close_inputs(
-        &self,
-        conn: &mut AnyConnection,
-        mem: &impl MemoryView,
-    ) -> Result<(CollectionState, Tables, BTreeMap<u32, u64>), StorageError> {
-        let id = mem.id();
-        match self.backend {
-            Backend::Postgres => {
-                let state = Self::stored_state(conn, id).await?;
-                let tables = Self::tables_of(conn, mem.engine(), id).await?;
-                let counts = Self::round_counts(conn, id).await?.into_iter().collect();
-                Ok((state, tables, counts))
-            }
-            Backend::Sqlite => {
-                let mut counts = mem.memory_round_counts();
-                for (r, n) in Self::round_counts(conn, id).await? {
-                    counts.insert(r, n);
-                }
-                Ok((mem.memory_state(), mem.memory_tables(), counts))
-            }
-        }
-    }
-
-    /// What a round close off the committer reads on PostgreSQL: the stored state, its
-    /// version, the tables and the round counts (every process's reports), in one
-    /// repeatable-read transaction of a pool connection. `None` on SQLite, where memory is
-    /// the truth and the caller snapshots it. Errors: the database's, stored data that cannot
-    /// be read.
-    #[allow(clippy::type_complexity)]
-    pub async fn stored_close_inputs(
-        &self,
-        mem: &impl MemoryView,
-    ) -> Result<Option<(CollectionState, i64, Tables, BTreeMap<u32, u64>)>, StorageError> {
-        if self.backend != Backend::Postgres {
-            return Ok(None);
-        }
-        let id = mem.id();
-        let mut conn = self.pool.acquire().await?;
-        let mut tx = conn.begin().await?;
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            .execute(&mut *tx)
-            .await?;
-        let (json, version) = Self::state_of(&mut tx, id)
+    /// Runs one raw SQL statement in this transaction; returns the rows it changed. Tests
+    /// only (feature `test-util`): e.g. to put a database in the shape an earlier release
+    /// left.
+    #[cfg(feature = "test-util")]
+    pub async fn execute_sql(&mut self, sql: &str) -> Result<u64, StorageError> {
+        Ok(sqlx::query(sql)
+            .execute(&mut *self.inner)
             .await?
-            .ok_or(StorageError::MissingCollection(id))?;
-        let state = serde_json::from_str(&json)?;
-        let tables = Self::tables_of(&mut tx, mem.engine(), id).await?;
-        let counts = Self::round_counts(&mut tx, id).await?.into_iter().collect();
-        tx.rollback().await?;
-        Ok(Some((state, version, tables, counts)))
-    }
-
-    /// What finalize of collection `mem` reads, in the caller's transaction after
-    /// [`Db::lock_ingest_exclusive`] and [`Db::lock_collection`]: the state and the tables
-    /// (PostgreSQL: from the database, every process's reports; SQLite: from memory).
-    /// Errors: the database's, stored data that cannot be read.
-    pub async fn finalize_inputs(
-        &self,
-        conn: &mut AnyConnection,
-        mem: &impl MemoryView,
-    ) -> Result<(CollectionState, Tables), StorageError> {
-        let id = mem.id();
-        match self.backend {
-            Backend::Postgres => {
-                let state = Self::stored_state(conn, id).await?;
-                let tables = Self::tables_of(conn, mem.engine(), id).await?;
-                Ok((state, tables))
-            }
-            Backend::Sqlite => Ok((mem.memory_state(), mem.memory_tables())),
-        }
-    }
-
-    /// The tables to estimate collection `mem`'s model from: memory (SQLite) or the database
-    /// (PostgreSQL, every process's reports). Errors: the database's, stored data that cannot
-    /// be read.
-    pub async fn estimation_tables(&self, mem: &impl MemoryView) -> Result<Tables, StorageError> {
-        match self.backend {
-            Backend::Sqlite => Ok(mem.memory_tables()),
-            Backend::Postgres => {
-                let mut conn = self.pool.acquire().await?;
-                Self::tables_of(&mut conn, mem.engine(), mem.id()).await
-            }
-        }
-    }
-
-    /// Collection `id`'s stored state, parsed.
-    async fn stored_state(
-        conn: &mut AnyConnection,
-        id: Uuid,
-    ) -> Result<CollectionState, StorageError> {
-        let (json, _) = Self::state_of(conn, id)
-            .await?
-            .ok_or(StorageError::MissingCollection(id))?;
-        Ok(serde_json::from_str(&json)?)
-    }
-
-    /// Checks that the database answers.
-    pub async fn ping(&self) -> Result<(), StorageError> {
-        let mut conn = self.pool.acquire().await?;
-        conn.ping().await?;
-        Ok(())
+            .rows_affected())
     }
 }
 

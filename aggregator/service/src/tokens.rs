@@ -383,7 +383,7 @@ pub fn validate_report(
     let key: TableKey = h.engine.table_key(&claims.task_spec());
     let m = h
         .mechanism(&key)
-        .map_err(|e| Problem::new(ProblemType::InvalidToken, e.to_string()))?;
+        .map_err(|e| Problem::new(ProblemType::InvalidToken, format!("engine: {e}")))?;
     m.validate(&report.payload)
         .map_err(|e| Problem::new(ProblemType::InvalidPayload, e.to_string()))?;
     Ok(NewReport {

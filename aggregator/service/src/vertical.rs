@@ -24,65 +24,116 @@ use ldpsyn::mechanism::SufficientStatistics;
 use ldpsyn::protocol::ProblemType;
 use ldpsyn::vertical::{PartyRecord, PartyUploadResult};
 
-use super::error::ApiError;
 use super::ingest::CollectionHandle;
 use super::now_secs;
-use super::storage::{self, Db, IngestGate, Writer};
-use ldpsyn_engine::{Model, ModelDescription, Phase, Tables};
+use super::storage::{IngestGate, StorageError, Transaction, Writer};
+use ldpsyn_engine::{EngineError, Model, ModelDescription, Phase, Tables};
 
-/// The refusal of a party upload to a finalized collection.
-pub(crate) fn finalized() -> ApiError {
-    ApiError::problem(
-        ProblemType::CollectionFinalized,
-        "the collection is finalized and takes no more records",
-    )
+/// Errors of party uploads. The HTTP layer wraps them (`ApiError::Vertical`) and maps each to
+/// its problem document; the refusals' messages are their details.
+#[derive(Debug, thiserror::Error)]
+pub enum VerticalError {
+    /// The collection was deleted, as the upload's transaction found (`unknown-collection`).
+    #[error("collection {0} was deleted")]
+    Deleted(uuid::Uuid),
+    /// The collection was deleted before the upload's turn on the committer
+    /// (`unknown-collection`).
+    #[error("no collection {0} (it was deleted)")]
+    DeletedBefore(uuid::Uuid),
+    /// Records for a finalized collection (`collection-finalized`).
+    #[error("the collection is finalized and takes no more records")]
+    Finalized,
+    /// A local model for a finalized collection (`collection-finalized`).
+    #[error("the collection is finalized and takes no more local models")]
+    FinalizedModel,
+    /// A record id the party already uploaded with other codes (`record-id-conflict`).
+    #[error(
+        "party `{party}` already uploaded record {record} with other codes; a party resends \
+         the codes it first sent (nothing of this upload was stored)"
+    )]
+    RecordIdConflict {
+        /// The party's name.
+        party: String,
+        /// The record id.
+        record: String,
+    },
+    /// The storage layer failed.
+    #[error("storage: {0}")]
+    Storage(#[from] StorageError),
+    /// The engine failed.
+    #[error("engine: {0}")]
+    Engine(#[from] EngineError),
+    /// Anything else internal (a record or stored row that cannot be).
+    #[error("internal: {0}")]
+    Internal(String),
 }
 
-/// The refusal of a local model upload to a finalized collection.
-pub(crate) fn finalized_model() -> ApiError {
-    ApiError::problem(
-        ProblemType::CollectionFinalized,
-        "the collection is finalized and takes no more local models",
-    )
+impl VerticalError {
+    /// The problem type of a refusal; `None` for the internal errors.
+    pub fn problem_type(&self) -> Option<ProblemType> {
+        match self {
+            VerticalError::Deleted(_) | VerticalError::DeletedBefore(_) => {
+                Some(ProblemType::UnknownCollection)
+            }
+            VerticalError::Finalized | VerticalError::FinalizedModel => {
+                Some(ProblemType::CollectionFinalized)
+            }
+            VerticalError::RecordIdConflict { .. } => Some(ProblemType::RecordIdConflict),
+            VerticalError::Storage(_) | VerticalError::Engine(_) | VerticalError::Internal(_) => {
+                None
+            }
+        }
+    }
 }
 
 /// Commits one party upload (the committer's side; module docs). Errors: the collection
 /// was finalized, an id already holds other codes of this party (nothing is stored), or
 /// the database failed.
 pub(crate) async fn commit_party_records(
-    db: &Db,
     writer: &mut Writer,
     handle: &Arc<CollectionHandle>,
     party: usize,
     records: &[PartyRecord],
-) -> Result<PartyUploadResult, ApiError> {
+) -> Result<PartyUploadResult, VerticalError> {
+    let (accepted, duplicate, delta) = writer
+        .run_tx(|tx| Box::pin(write_party_records(tx, handle, party, records)))
+        .await?;
+    handle.apply_committed(&BTreeMap::from([(0, accepted)]), &delta);
+    Ok(PartyUploadResult {
+        accepted,
+        duplicate,
+    })
+}
+
+/// The transaction of [`commit_party_records`]: returns the records accepted and
+/// duplicate, and the statistics the accepted ones add.
+async fn write_party_records(
+    tx: &mut Transaction<'_>,
+    handle: &Arc<CollectionHandle>,
+    party: usize,
+    records: &[PartyRecord],
+) -> Result<(u64, u64, Tables), VerticalError> {
     let v = handle
         .engine
         .vertical()
-        .ok_or_else(|| ApiError::Internal("party upload to a device collection".into()))?;
+        .ok_or_else(|| VerticalError::Internal("party upload to a device collection".into()))?;
     let name = v.parties()[party].name.clone();
-    let mut tx = writer.begin().await?;
-    match db.ingest_gate(&mut tx, handle.id).await? {
-        IngestGate::Gone => {
-            return Err(ApiError::problem(
-                ProblemType::UnknownCollection,
-                format!("collection {} was deleted", handle.id),
-            ));
-        }
-        IngestGate::Finalized => return Err(finalized()),
+    match tx.ingest_gate(handle.id).await? {
+        IngestGate::Gone => return Err(VerticalError::Deleted(handle.id)),
+        IngestGate::Finalized => return Err(VerticalError::Finalized),
         IngestGate::Open if handle.state().phase == Phase::Finalized => {
-            return Err(finalized());
+            return Err(VerticalError::Finalized);
         }
         IngestGate::Open => {}
     }
-    db.lock_collection(&mut tx, handle.id).await?;
+    tx.lock_collection(handle.id).await?;
     let ids: Vec<&str> = records.iter().map(|r| r.id.as_str()).collect();
     let mut stored: HashMap<String, Vec<(usize, Vec<u32>)>> = HashMap::new();
-    for (p, id, codes) in db.vertical_rows(&mut tx, handle.id, &ids).await? {
+    for (p, id, codes) in tx.vertical_rows(handle.id, &ids).await? {
         // Rows of parties the config no longer names cannot exist: the config is immutable.
         let q = v
             .party_index(&p)
-            .ok_or_else(|| ApiError::Internal(format!("stored row of unknown party `{p}`")))?;
+            .ok_or_else(|| VerticalError::Internal(format!("stored row of unknown party `{p}`")))?;
         stored.entry(id).or_default().push((q, codes));
     }
     let mut delta = Tables::new();
@@ -92,24 +143,23 @@ pub(crate) async fn commit_party_records(
         // Validated by the handler: a failure here is the server's.
         let row = v
             .row(party, r.attribute, &r.codes)
-            .map_err(|e| ApiError::Internal(format!("record {}: {e}", r.id)))?;
+            .map_err(|e| VerticalError::Internal(format!("record {}: {e}", r.id)))?;
         let others = stored.remove(&r.id).unwrap_or_default();
         if let Some((_, mine)) = others.iter().find(|(q, _)| *q == party) {
             if *mine == row {
                 duplicate += 1;
                 continue;
             }
-            return Err(ApiError::problem(
-                ProblemType::RecordIdConflict,
-                format!(
-                    "party `{name}` already uploaded record {} with other codes; a party \
-                     resends the codes it first sent (nothing of this upload was stored)",
-                    r.id
-                ),
-            ));
+            return Err(VerticalError::RecordIdConflict {
+                party: name,
+                record: r.id.clone(),
+            });
         }
         if others.iter().any(|(q, c)| !v.fits(*q, c)) {
-            return Err(ApiError::Internal(format!("record {} does not fit", r.id)));
+            return Err(VerticalError::Internal(format!(
+                "record {} does not fit",
+                r.id
+            )));
         }
         for (key, cell) in v.record_cells(party, &row, &others) {
             let stats = match delta.entry(key) {
@@ -128,17 +178,12 @@ pub(crate) async fn commit_party_records(
     if accepted > 0 {
         let rows: Vec<(&str, &[u32])> =
             new_rows.iter().map(|(id, c)| (*id, c.as_slice())).collect();
-        db.insert_vertical_records(&mut tx, handle.id, &name, &rows, now_secs())
+        tx.insert_vertical_records(handle.id, &name, &rows, now_secs())
             .await?;
-        db.add_table_counts(&mut tx, handle.id, &delta).await?;
-        Db::bump_round_count(&mut tx, handle.id, 0, accepted).await?;
+        tx.add_table_counts(handle.id, &delta).await?;
+        tx.bump_round_count(handle.id, 0, accepted).await?;
     }
-    storage::commit(tx).await?;
-    handle.apply_committed(&BTreeMap::from([(0, accepted)]), &delta);
-    Ok(PartyUploadResult {
-        accepted,
-        duplicate,
-    })
+    Ok((accepted, duplicate, delta))
 }
 
 /// Each party's ε per person ([`ldpsyn_engine::protocols::vertical::Vertical::party_epsilon`]:

@@ -1,13 +1,13 @@
 //! Upgrading a database written by an earlier release keeps every stored report: a SQLite
 //! file migrated to the first schema only, with reports in it, then opened by the current
-//! `Db::connect` (which runs the remaining migrations).
+//! `Datastore::connect` (which runs the remaining migrations).
 
 use std::path::PathBuf;
 
 use ldpsyn::mechanism::MechanismKind;
 use ldpsyn::protocol::Payload;
 use ldpsyn_engine::TableKey;
-use ldpsyn_service::storage::{Db, NewReport};
+use ldpsyn_service::storage::{Datastore, NewReport, StorageError};
 use sqlx::migrate::Migrator;
 use uuid::Uuid;
 
@@ -55,11 +55,12 @@ async fn upgrade_keeps_reports_and_token_identity() {
         pool.close().await;
     }
 
-    let db = Db::connect(&url, 2).await.unwrap();
+    let db = Datastore::connect(&url, 2).await.unwrap();
     assert_eq!(db.count_reports(collection).await.unwrap(), 3);
-    let mut conn = db.pool.acquire().await.unwrap();
     for (i, id) in ids.iter().enumerate() {
-        let stored = Db::report_of_token(&mut conn, collection, &format!("{i:032x}"))
+        let nonce = format!("{i:032x}");
+        let stored = db
+            .run_tx(|tx| Box::pin(tx.report_of_token(collection, &nonce)))
             .await
             .unwrap();
         assert_eq!(stored, Some(*id), "report {i} kept with its token");
@@ -73,7 +74,8 @@ async fn upgrade_keeps_reports_and_token_identity() {
         ldpsyn_engine::EngineOptions::default(),
     )
     .unwrap();
-    let scanned = Db::load_tables(&mut conn, &engine, collection)
+    let scanned = db
+        .run_tx(|tx| Box::pin(tx.scan_reports(&engine, collection)))
         .await
         .unwrap();
     let grr0 = TableKey {
@@ -103,14 +105,14 @@ async fn upgrade_keeps_reports_and_token_identity() {
         payload: Payload::Grr(1),
     };
     let (again, fresh) = (report(format!("{:032x}", 0)), report(format!("{:032x}", 9)));
+    let both = [&again, &fresh];
     let inserted = db
-        .insert_reports(&mut conn, &[&again, &fresh])
+        .run_tx(|tx| Box::pin(tx.insert_reports(&both)))
         .await
         .unwrap();
     assert_eq!(inserted, vec![false, true]);
     assert_eq!(db.count_reports(collection).await.unwrap(), 4);
-    drop(conn);
-    db.pool.close().await;
+    db.close().await;
 }
 
 /// A collection stored by an earlier release keeps its state: the flat state JSON (every
@@ -156,7 +158,7 @@ async fn upgrade_keeps_stored_collection_state() {
         .unwrap();
         pool.close().await;
     }
-    let db = Db::connect(&url, 2).await.unwrap();
+    let db = Datastore::connect(&url, 2).await.unwrap();
     let row = db.collection(id).await.unwrap().expect("collection kept");
     assert_eq!(row.state_version, 7);
     let state: CollectionState = serde_json::from_str(&row.state).unwrap();
@@ -165,7 +167,7 @@ async fn upgrade_keeps_stored_collection_state() {
     assert!(matches!(state.protocol, ProtocolState::Privincr(_)));
     assert_eq!(state.edges().len(), 1);
     assert_eq!(state.edges()[0].pruned_in, Some(1));
-    db.pool.close().await;
+    db.close().await;
 }
 
 /// Table counts: a collection stored before they existed (reports, no counts) gets them
@@ -184,7 +186,7 @@ async fn table_counts_rebuild_and_track_the_reports() {
         "sqlite://{}?mode=rwc",
         scratch.path().join("c.db").display()
     );
-    let db = Db::connect(&url, 2).await.unwrap();
+    let db = Datastore::connect(&url, 2).await.unwrap();
     let engine = Engine::from_parts(
         vec![3, 4],
         Epsilon::new(1.0).unwrap(),
@@ -216,24 +218,30 @@ async fn table_counts_rebuild_and_track_the_reports() {
     };
     // Reports as an earlier release stored them: no counts, no marker.
     let old: Vec<NewReport> = (0..40).map(|i| report(i, (i % 2) as usize)).collect();
-    let mut conn = db.pool.acquire().await.unwrap();
-    db.insert_reports(&mut conn, &old.iter().collect::<Vec<_>>())
-        .await
-        .unwrap();
-    sqlx::query("DELETE FROM table_counts_ready")
-        .execute(&mut *conn)
-        .await
-        .unwrap();
-    drop(conn);
+    let old: Vec<&NewReport> = old.iter().collect();
+    db.run_tx(|tx| {
+        Box::pin(async move {
+            tx.insert_reports(&old).await?;
+            tx.execute_sql("DELETE FROM table_counts_ready").await
+        })
+    })
+    .await
+    .unwrap();
     let rebuilt = db.rebuild_table_counts(&engine, id).await.unwrap();
-    let mut conn = db.pool.acquire().await.unwrap();
-    let scanned = Db::load_tables(&mut conn, &engine, id).await.unwrap();
+    // A full scan of the group rows, and the tables as read (from the table counts).
+    let (db, engine) = (&db, &engine);
+    let read = || {
+        db.run_tx(|tx| {
+            Box::pin(async move {
+                let scanned = tx.scan_reports(engine, id).await?;
+                Ok::<_, StorageError>((scanned, tx.tables(engine, id).await?))
+            })
+        })
+    };
+    let (scanned, tables) = read().await.unwrap();
     assert_eq!(rebuilt, scanned);
     assert_eq!(rebuilt.values().map(|s| s.n).sum::<u64>(), 40);
-    assert_eq!(
-        Db::tables_of(&mut conn, &engine, id).await.unwrap(),
-        scanned
-    );
+    assert_eq!(tables, scanned);
 
     // New reports with their counts, as the ingest path writes them.
     let new: Vec<NewReport> = (40..100).map(|i| report(i, (i % 2) as usize)).collect();
@@ -245,16 +253,18 @@ async fn table_counts_rebuild_and_track_the_reports() {
             .or_insert_with(|| SufficientStatistics::new(&m));
         m.accumulate(&r.payload, s).unwrap();
     }
-    db.insert_reports(&mut conn, &new.iter().collect::<Vec<_>>())
-        .await
-        .unwrap();
-    db.add_table_counts(&mut conn, id, &delta).await.unwrap();
-    let scanned = Db::load_tables(&mut conn, &engine, id).await.unwrap();
+    let new: Vec<&NewReport> = new.iter().collect();
+    let delta = &delta;
+    db.run_tx(|tx| {
+        Box::pin(async move {
+            tx.insert_reports(&new).await?;
+            tx.add_table_counts(id, delta).await
+        })
+    })
+    .await
+    .unwrap();
+    let (scanned, tables) = read().await.unwrap();
     assert_eq!(scanned.values().map(|s| s.n).sum::<u64>(), 100);
-    assert_eq!(
-        Db::tables_of(&mut conn, &engine, id).await.unwrap(),
-        scanned
-    );
-    drop(conn);
-    db.pool.close().await;
+    assert_eq!(tables, scanned);
+    db.close().await;
 }

@@ -9,7 +9,7 @@ use ldpsyn::Epsilon;
 use ldpsyn::mechanism::{MechanismKind, SufficientStatistics};
 use ldpsyn::protocol::{Payload, Protocol};
 use ldpsyn_engine::{Engine, EngineOptions, TableKey, Tables};
-use ldpsyn_service::storage::{CollectionRow, Db, NewReport};
+use ldpsyn_service::storage::{CollectionRow, Datastore, NewReport, StorageError};
 use uuid::Uuid;
 
 /// Attributes of 3 and 4 values, one-way GRR reports.
@@ -56,7 +56,7 @@ fn reduce(engine: &Engine, reports: &[&NewReport]) -> Tables {
     t
 }
 
-async fn collection(db: &Db) -> Uuid {
+async fn collection(db: &Datastore) -> Uuid {
     let id = Uuid::new_v4();
     let row = CollectionRow {
         id,
@@ -69,18 +69,29 @@ async fn collection(db: &Db) -> Uuid {
 }
 
 /// Inserts `reports` in one transaction of `db`; returns which were inserted.
-async fn insert(db: &Db, reports: &[&NewReport]) -> Vec<bool> {
-    let mut tx = db.pool.begin().await.unwrap();
-    let inserted = db.insert_reports(&mut tx, reports).await.unwrap();
-    tx.commit().await.unwrap();
-    inserted
+async fn insert(db: &Datastore, reports: &[&NewReport]) -> Vec<bool> {
+    db.run_tx(|tx| Box::pin(tx.insert_reports(reports)))
+        .await
+        .unwrap()
+}
+
+/// The report that answered token `nonce` of collection `c`, and a scan of `c`'s group rows.
+async fn stored(db: &Datastore, engine: &Engine, c: Uuid, nonce: &str) -> (Option<Uuid>, Tables) {
+    db.run_tx(|tx| {
+        Box::pin(async move {
+            let report = tx.report_of_token(c, nonce).await?;
+            Ok::<_, StorageError>((report, tx.scan_reports(engine, c).await?))
+        })
+    })
+    .await
+    .unwrap()
 }
 
 /// Replays in later groups, mixed with fresh reports of two collections, then after a
 /// reconnect: the replayed tokens keep their first report, the fresh ones are stored once.
 async fn replays_across_groups(url: &str) {
     let engine = engine();
-    let db = Db::connect(url, 2).await.unwrap();
+    let db = Datastore::connect(url, 2).await.unwrap();
     let (a, b) = (collection(&db).await, collection(&db).await);
     // Nonces apart from other runs on the same PostgreSQL database: the collections are new.
     let first: Vec<NewReport> = (0..5)
@@ -102,11 +113,9 @@ async fn replays_across_groups(url: &str) {
         insert(&db, &second).await,
         vec![false, false, true, false, true]
     );
-    let mut conn = db.pool.acquire().await.unwrap();
+    let (answered, scanned) = stored(&db, &engine, a, &first[2].nonce).await;
     assert_eq!(
-        Db::report_of_token(&mut conn, a, &first[2].nonce)
-            .await
-            .unwrap(),
+        answered,
         Some(first[2].report_id),
         "the token keeps the report it answered first"
     );
@@ -114,15 +123,14 @@ async fn replays_across_groups(url: &str) {
     assert_eq!(db.count_reports(b).await.unwrap(), 3);
     let accepted_a: Vec<&NewReport> = first[..5].iter().chain([&fresh_a]).collect();
     assert_eq!(
-        Db::load_tables(&mut conn, &engine, a).await.unwrap(),
+        scanned,
         reduce(&engine, &accepted_a),
         "the group rows hold exactly the inserted reports"
     );
-    drop(conn);
     db.close().await;
 
     // After a restart, every stored token is still refused; a new one is stored.
-    let db = Db::connect(url, 2).await.unwrap();
+    let db = Datastore::connect(url, 2).await.unwrap();
     let again: Vec<&NewReport> = first.iter().chain([&fresh_a, &fresh_b]).collect();
     assert_eq!(insert(&db, &again).await, vec![false; 9]);
     let after = report(a, 6, 0);
@@ -171,17 +179,31 @@ async fn concurrent_replay_across_two_postgres_processes() {
         return;
     };
     let (one, two) = (
-        Db::connect(&url, 2).await.unwrap(),
-        Db::connect(&url, 2).await.unwrap(),
+        Datastore::connect(&url, 2).await.unwrap(),
+        Datastore::connect(&url, 2).await.unwrap(),
     );
     let c = collection(&one).await;
     let (mine, theirs) = (report(c, 1, 0), report(c, 1, 1));
     let (fresh, fresh_too) = (report(c, 2, 2), report(c, 3, 3));
-    let mut tx = one.pool.begin().await.unwrap();
-    assert_eq!(
-        one.insert_reports(&mut tx, &[&mine, &fresh]).await.unwrap(),
-        vec![true, true]
-    );
+    // The first transaction inserts, says so, and commits when told to.
+    let (inserted_tx, inserted) = tokio::sync::oneshot::channel();
+    let (commit_tx, commit) = tokio::sync::oneshot::channel::<()>();
+    let first = {
+        let (one, mine, fresh) = (one.clone(), mine.clone(), fresh.clone());
+        tokio::spawn(async move {
+            one.run_tx(|tx| {
+                Box::pin(async move {
+                    let r = tx.insert_reports(&[&mine, &fresh]).await?;
+                    let _ = inserted_tx.send(r);
+                    let _ = commit.await;
+                    Ok::<_, StorageError>(())
+                })
+            })
+            .await
+            .unwrap()
+        })
+    };
+    assert_eq!(inserted.await.unwrap(), vec![true, true]);
     let second = {
         let (two, theirs, fresh_too) = (two.clone(), theirs.clone(), fresh_too.clone());
         tokio::spawn(async move { insert(&two, &[&fresh_too, &theirs]).await })
@@ -193,21 +215,13 @@ async fn concurrent_replay_across_two_postgres_processes() {
         !second.is_finished(),
         "the second insert waits for the first"
     );
-    tx.commit().await.unwrap();
+    commit_tx.send(()).unwrap();
+    first.await.unwrap();
     assert_eq!(second.await.unwrap(), vec![true, false]);
-    let mut conn = two.pool.acquire().await.unwrap();
-    assert_eq!(
-        Db::report_of_token(&mut conn, c, &mine.nonce)
-            .await
-            .unwrap(),
-        Some(mine.report_id)
-    );
     let engine = engine();
-    assert_eq!(
-        Db::load_tables(&mut conn, &engine, c).await.unwrap(),
-        reduce(&engine, &[&mine, &fresh, &fresh_too])
-    );
-    drop(conn);
+    let (answered, scanned) = stored(&two, &engine, c, &mine.nonce).await;
+    assert_eq!(answered, Some(mine.report_id));
+    assert_eq!(scanned, reduce(&engine, &[&mine, &fresh, &fresh_too]));
     one.close().await;
     two.close().await;
 }

@@ -11,11 +11,12 @@ use axum::http::{HeaderMap, header};
 use ldpsyn::protocol::ProblemType;
 use ldpsyn::vertical::{MAX_RECORDS_PER_UPLOAD, PartyUpload, PartyUploadResult, is_record_id};
 
+use super::super::AppState;
 use super::super::api::PartyTokens;
 use super::super::error::ApiError;
 use super::super::ingest::{CollectionHandle, Command};
 use super::super::storage::PartyModelStore;
-use super::super::{AppState, vertical};
+use super::super::vertical::VerticalError;
 use super::extract::{Admin, handle_of, read_body};
 use ldpsyn_engine::Phase;
 use ldpsyn_engine::measure::local_model::LocalModel;
@@ -138,7 +139,7 @@ pub async fn post_party_records(
         }
     }
     if h.state().phase == Phase::Finalized {
-        return Err(vertical::finalized());
+        return Err(VerticalError::Finalized.into());
     }
     let result = state
         .ask(|reply| Command::PartyRecords {
@@ -213,7 +214,7 @@ pub async fn post_party_model(
         )
         .map_err(|e| ApiError::problem(ProblemType::InvalidParameter, e))?;
     if h.state().phase == Phase::Finalized {
-        return Err(vertical::finalized_model());
+        return Err(VerticalError::FinalizedModel.into());
     }
     let stored = state
         .db()
@@ -240,11 +241,8 @@ pub async fn post_party_model(
                  model once (a second one would spend its budget again)"
             ),
         )),
-        PartyModelStore::Finalized => Err(vertical::finalized_model()),
-        PartyModelStore::Gone => Err(ApiError::problem(
-            ProblemType::UnknownCollection,
-            format!("collection {} was deleted", h.id),
-        )),
+        PartyModelStore::Finalized => Err(VerticalError::FinalizedModel.into()),
+        PartyModelStore::Gone => Err(VerticalError::Deleted(h.id).into()),
     }
 }
 

@@ -193,7 +193,7 @@ async fn answering(
         ));
     }
     let refresh = Duration::from_millis(state.config().provisional_refresh_ms);
-    let p = provisional_model(state.db(), h, refresh).await?;
+    let p = provisional_model(state.store(), h, refresh).await?;
     Ok(Answering {
         model: p.model.clone(),
         fitted: api::FittedFrom {

@@ -203,10 +203,7 @@ pub fn split_party_budget(
         delta,
         locmrf_share,
     };
-    if !(locmrf_share > 0.0 && locmrf_share < 1.0 && delta > 0.0 && delta < 1.0) {
-        return Err(bad());
-    }
-    let model = crate::Epsilon::new(epsilon * locmrf_share).map_err(|_| bad())?;
+    let model = local_model_epsilon(epsilon, delta, locmrf_share)?;
     let fo = epsilon - model.get();
     let floor = crate::MIN_COLLECTION_EPSILON;
     if fo < floor * domain_sizes.len() as f64 {
@@ -268,10 +265,7 @@ pub fn sampled_party_budget(
         delta,
         locmrf_share,
     };
-    if !(locmrf_share > 0.0 && locmrf_share < 1.0 && delta > 0.0 && delta < 1.0) {
-        return Err(bad());
-    }
-    let model = crate::Epsilon::new(epsilon * locmrf_share).map_err(|_| bad())?;
+    let model = local_model_epsilon(epsilon, delta, locmrf_share)?;
     let reports = epsilon - model.get();
     let floor = crate::MIN_COLLECTION_EPSILON;
     if model.get() < floor || reports < floor {
@@ -285,6 +279,26 @@ pub fn sampled_party_budget(
             delta,
         },
     ))
+}
+
+/// The local model's ε, `locmrf_share · epsilon`, of a party's budget (`epsilon`, `delta`).
+/// Errors: [`VerticalError::Budget`] unless `0 < locmrf_share < 1`, `0 < delta < 1` and the
+/// model's ε is a valid ε.
+#[cfg(feature = "locmrf")]
+fn local_model_epsilon(
+    epsilon: f64,
+    delta: f64,
+    locmrf_share: f64,
+) -> Result<crate::Epsilon, VerticalError> {
+    let bad = VerticalError::Budget {
+        epsilon,
+        delta,
+        locmrf_share,
+    };
+    if !(locmrf_share > 0.0 && locmrf_share < 1.0 && delta > 0.0 && delta < 1.0) {
+        return Err(bad);
+    }
+    crate::Epsilon::new(epsilon * locmrf_share).map_err(|_| bad)
 }
 
 /// Whether `id` has the form of a record id (64 lowercase hex digits).

@@ -15,7 +15,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use ldpsyn::Epsilon;
 use ldpsyn::client::{Client, ClientOptions, SimulatedPerson};
 use ldpsyn::ledger::MemoryLedger;
+use ldpsyn::protocol::{LocMrfBudget, Party, PartyAttribute, VerticalEncoding};
 use ldpsyn::schema::{AttributeKind, Schema};
+use ldpsyn::vertical::{DEFAULT_LOCMRF_SHARE, sampled_party_budget, split_party_budget};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use uuid::Uuid;
@@ -82,11 +84,32 @@ pub struct DemoConfig {
     #[arg(long)]
     pub drift_column: Option<String>,
     /// A vertical collection instead (VertiMRF): a JSON file with its `parties` (each with its
-    /// attributes and their ε, e.g. `examples/adult/parties.json`). Each party randomizes
-    /// its columns of every person and uploads them over HTTP under a pseudonymous record
-    /// id; `--epsilon` and `--protocol` are ignored (ε is the largest party's Σε).
+    /// attributes and their ε, e.g. `examples/adult/parties.json`) and optionally its
+    /// `encoding`. Each party randomizes its columns of every person and uploads them over
+    /// HTTP under a pseudonymous record id, and under `fo+locmrf` or `sampled+locmrf` its
+    /// local model as `party upload` does; `--epsilon` and `--protocol` are ignored (ε is the
+    /// largest party's total).
     #[arg(long)]
     pub vertical: Option<PathBuf>,
+    /// Encoding of the `--vertical` collection: `fo`, `fo+locmrf` or `sampled+locmrf`
+    /// (default: the file's `"encoding"`, else `fo`; a different one in the file is refused).
+    /// When no party of the file has a `locmrf` budget and the encoding needs local models,
+    /// each party's ε (the sum of its attributes') is split as `party upload` users split it
+    /// (`ldpsyn::vertical::split_party_budget` or `sampled_party_budget`, `--locmrf-share`
+    /// to the local model, δ = 1/(people × parties)), so every encoding runs at the same ε
+    /// per party.
+    #[arg(long, requires = "vertical", value_parser = parse_encoding)]
+    pub encoding: Option<VerticalEncoding>,
+    /// Share of a party's ε given to its local model when the demo splits the budget (see
+    /// `--encoding`).
+    #[arg(long, requires = "vertical", default_value_t = DEFAULT_LOCMRF_SHARE)]
+    pub locmrf_share: f64,
+}
+
+/// An encoding by its config name (`fo`, `fo+locmrf`, `sampled+locmrf`).
+fn parse_encoding(name: &str) -> Result<VerticalEncoding, String> {
+    serde_json::from_value(serde_json::Value::from(name))
+        .map_err(|_| format!("`{name}` is not an encoding: fo, fo+locmrf or sampled+locmrf"))
 }
 
 /// Errors of the demo.
@@ -181,9 +204,23 @@ pub struct DemoReport {
     /// different parties.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cross_party_tvd2: Option<f64>,
-    /// Vertical collections: each party's ε per person (Σ of its attributes' ε).
+    /// Vertical collections: each party's ε per person (its reports' ε plus its local
+    /// model's, as the server states it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub party_epsilon: Option<serde_json::Value>,
+    /// Vertical collections: the encoding (`fo`, `fo+locmrf` or `sampled+locmrf`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub encoding: Option<String>,
+    /// Vertical collections: each party's budget in its parts, by party name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub party_budgets: Option<std::collections::BTreeMap<String, PartyBudget>>,
+    /// Vertical collections: ε spent on one person over every party (the sum of
+    /// `party_epsilon`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub composed_epsilon: Option<f64>,
+    /// Vertical collections with local models: δ of the composed guarantee.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub composed_delta: Option<f64>,
     /// Raw-value fidelity of every numeric attribute of `--data` (KS, W1/(max − min), 1-D
     /// range queries, the real mode's share), against the file's kept rows.
     pub numeric: Vec<NumericFidelity>,
@@ -211,6 +248,108 @@ pub struct DemoReport {
     pub seconds_by_phase: std::collections::BTreeMap<String, f64>,
     /// Peak resident memory of this process (the aggregator runs in it), bytes.
     pub peak_rss_bytes: u64,
+}
+
+/// One party's budget per person in a vertical demo, in its parts.
+#[derive(Debug, Clone, Serialize)]
+pub struct PartyBudget {
+    /// Each attribute's GRR ε (party order).
+    pub attributes: Vec<PartyAttribute>,
+    /// ε of the party's reports about one person: the sum of `attributes`' ε, or under
+    /// `sampled+locmrf` one attribute's ([`Party::report_epsilon`]).
+    pub report_epsilon: f64,
+    /// The local model's central (ε, δ) budget, if the party has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub locmrf: Option<LocMrfBudget>,
+    /// Noisy marginals in the local model the party uploaded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub local_model_measurements: Option<usize>,
+    /// `report_epsilon` plus the local model's ε ([`Party::composed_epsilon`]).
+    pub composed_epsilon: f64,
+}
+
+/// A `--vertical` file: its parties and the encoding it names, if any.
+struct VerticalFile {
+    parties: Vec<Party>,
+    encoding: Option<VerticalEncoding>,
+}
+
+/// Reads a `--vertical` file: `{"parties": [...], "encoding": ...}` or the bare list.
+fn read_vertical(path: &Path) -> Result<VerticalFile, DemoError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| DemoError::Input(format!("cannot read {}: {e}", path.display())))?;
+    let bad = |e: serde_json::Error| DemoError::Input(format!("{}: {e}", path.display()));
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(bad)?;
+    let encoding = v
+        .get("encoding")
+        .map(|e| serde_json::from_value(e.clone()).map_err(bad))
+        .transpose()?;
+    let parties = serde_json::from_value(v.get("parties").cloned().unwrap_or(v)).map_err(bad)?;
+    Ok(VerticalFile { parties, encoding })
+}
+
+/// The encoding of the vertical demo and its parties: `flag` (`--encoding`) or the file's,
+/// else `fo`. Under an encoding with local models, when no party has a `locmrf` budget,
+/// each party's ε (the sum of its attributes') is split between its reports and its local
+/// model by the SDK's split for that encoding, `share` to the model with δ = 1/(`people` ×
+/// parties); otherwise the parties are taken as written (the server checks them).
+/// Errors: the flag and the file disagree, an attribute is not in `schema`, or a budget
+/// does not split.
+fn vertical_parties(
+    file: VerticalFile,
+    flag: Option<VerticalEncoding>,
+    schema: &Schema,
+    people: usize,
+    share: f64,
+) -> Result<(VerticalEncoding, Vec<Party>), DemoError> {
+    let encoding = match (flag, file.encoding) {
+        (Some(f), Some(g)) if f != g => {
+            return Err(DemoError::Input(format!(
+                "--encoding {} and the --vertical file's \"encoding\": \"{}\" differ; give one",
+                f.name(),
+                g.name()
+            )));
+        }
+        (f, g) => f.or(g).unwrap_or_default(),
+    };
+    let mut parties = file.parties;
+    if !encoding.has_local_models() || parties.iter().any(|p| p.locmrf.is_some()) {
+        return Ok((encoding, parties));
+    }
+    let delta = 1.0 / (people.max(1) * parties.len().max(1)) as f64;
+    let dims = schema.domain_sizes();
+    for party in &mut parties {
+        let k = party
+            .attributes
+            .iter()
+            .map(|a| {
+                schema.index_of(&a.name).map(|i| dims[i]).ok_or_else(|| {
+                    DemoError::Input(format!(
+                        "party `{}`: attribute `{}` is not in the schema",
+                        party.name, a.name
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let total = party.epsilon();
+        let split = if encoding.is_sampled() {
+            sampled_party_budget(total, delta, k.len(), share)
+        } else {
+            split_party_budget(total, delta, &k, share)
+        };
+        let (reports, model) = split.map_err(|e| {
+            DemoError::Input(format!(
+                "party `{}` (ε {total}) under {}: {e}",
+                party.name,
+                encoding.name()
+            ))
+        })?;
+        for (a, e) in party.attributes.iter_mut().zip(reports) {
+            a.epsilon = e;
+        }
+        party.locmrf = Some(model);
+    }
+    Ok((encoding, parties))
 }
 
 struct Input {
@@ -375,20 +514,13 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
     let started = Instant::now();
     let mut phases = std::collections::BTreeMap::new();
     let epsilon = Epsilon::new(cfg.epsilon).map_err(|e| DemoError::Input(e.to_string()))?;
-    let parties: Option<serde_json::Value> = cfg
-        .vertical
-        .as_ref()
-        .map(|p| {
-            let text = std::fs::read_to_string(p)
-                .map_err(|e| DemoError::Input(format!("cannot read {}: {e}", p.display())))?;
-            let v: serde_json::Value = serde_json::from_str(&text)
-                .map_err(|e| DemoError::Input(format!("{}: {e}", p.display())))?;
-            Ok::<_, DemoError>(v.get("parties").cloned().unwrap_or(v))
-        })
-        .transpose()?;
+    let vertical = cfg.vertical.as_deref().map(read_vertical).transpose()?;
     let input = load_input(&cfg)?;
     let n = input.population.len();
     let d = input.population.d();
+    let parties = vertical
+        .map(|file| vertical_parties(file, cfg.encoding, &input.schema, n, cfg.locmrf_share))
+        .transpose()?;
     phases.insert("load".to_owned(), started.elapsed().as_secs_f64());
 
     // 1. The aggregator, in-process, on SQLite in a temporary folder.
@@ -426,9 +558,9 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
 
     // 2. The collection.
     let create = match &parties {
-        Some(parties) => serde_json::json!({
+        Some((encoding, parties)) => serde_json::json!({
             "schema": input.schema, "protocol": "vertical", "parties": parties,
-            "target_users": n,
+            "encoding": encoding.name(), "target_users": n,
         }),
         // Finalized by hand below, so that the report times the finalize as its own phase.
         None => serde_json::json!({
@@ -466,9 +598,12 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
     } else {
         cfg.streams.clamp(1, 64)
     };
+    let mut local_models = std::collections::BTreeMap::new();
     if parties.is_some() {
-        let n = upload_parties(&base, collection, &created, &population, cfg.seed, &bar).await?;
-        accepted.fetch_add(n, Ordering::Relaxed);
+        let (uploaded, models) =
+            upload_parties(&base, collection, &created, &population, cfg.seed, &bar).await?;
+        accepted.fetch_add(uploaded, Ordering::Relaxed);
+        local_models = models;
     }
     let schedule = Arc::new(tokio::sync::Mutex::new(Schedule {
         next: 0,
@@ -728,6 +863,15 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
         tvd3: tvd[2],
         cross_party_tvd2,
         party_epsilon: created.get("party_epsilon").cloned(),
+        encoding: parties.as_ref().map(|_| {
+            created["encoding"]
+                .as_str()
+                .unwrap_or(VerticalEncoding::Fo.name())
+                .to_owned()
+        }),
+        party_budgets: party_budgets(&created, &local_models)?,
+        composed_epsilon: created["composed_epsilon"].as_f64(),
+        composed_delta: created["composed_delta"].as_f64(),
         numeric,
         edges,
         drift_warning,
@@ -745,10 +889,45 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
     Ok(report)
 }
 
+/// Each party's budget in parts, from the collection the server created (`None` for a
+/// device collection), with the measurements of the local model it uploaded.
+fn party_budgets(
+    created: &serde_json::Value,
+    local_models: &std::collections::BTreeMap<String, usize>,
+) -> Result<Option<std::collections::BTreeMap<String, PartyBudget>>, DemoError> {
+    if created["protocol"] != "vertical" {
+        return Ok(None);
+    }
+    let parties: Vec<Party> = serde_json::from_value(created["parties"].clone())
+        .map_err(|e| DemoError::Service(format!("create answered unreadable parties: {e}")))?;
+    let encoding: VerticalEncoding = match created.get("encoding") {
+        Some(e) => serde_json::from_value(e.clone())
+            .map_err(|e| DemoError::Service(format!("create answered an unknown encoding: {e}")))?,
+        None => VerticalEncoding::Fo,
+    };
+    Ok(Some(
+        parties
+            .into_iter()
+            .map(|p| {
+                let budget = PartyBudget {
+                    report_epsilon: p.report_epsilon(encoding),
+                    composed_epsilon: p.composed_epsilon(encoding),
+                    locmrf: p.locmrf,
+                    local_model_measurements: local_models.get(&p.name).copied(),
+                    attributes: p.attributes,
+                };
+                (p.name, budget)
+            })
+            .collect(),
+    ))
+}
+
 /// The vertical demo's parties: each connects with its token from the create answer,
-/// randomizes its columns of every person (one GRR per attribute; seeded, as a simulation)
-/// and uploads them under record ids derived with a key the aggregator never sees. Returns
-/// the records accepted.
+/// randomizes its columns of every person (one GRR per attribute, or under `sampled+locmrf`
+/// one attribute drawn per record; seeded, as a simulation) and uploads them under record
+/// ids derived with a key the aggregator never sees; a party with a `locmrf` budget then
+/// measures its local model on its columns and uploads it, as `party upload` does (seeded
+/// too). Returns the records accepted and each local model's measurement count.
 async fn upload_parties(
     base: &str,
     collection: Uuid,
@@ -756,7 +935,7 @@ async fn upload_parties(
     population: &Population,
     seed: u64,
     bar: &ProgressBar,
-) -> Result<u64, DemoError> {
+) -> Result<(u64, std::collections::BTreeMap<String, usize>), DemoError> {
     use ldpsyn::vertical::{PartyClient, RecordIdKey};
     let mut key = vec![0u8; 32];
     rand::rngs::StdRng::from_os_rng().fill(&mut key[..]);
@@ -766,19 +945,15 @@ async fn upload_parties(
         .ok_or_else(|| DemoError::Service("create answered no party tokens".into()))?;
     bar.set_length((population.len() * tokens.len()) as u64);
     let mut accepted = 0;
+    let mut models = std::collections::BTreeMap::new();
     for (p, (party, token)) in tokens.iter().enumerate() {
+        let token = token.as_str().unwrap_or_default();
         let options = ClientOptions::new(
             Epsilon::new(ldpsyn::MAX_EPSILON).map_err(|e| DemoError::Input(e.to_string()))?,
         );
-        let client = PartyClient::connect(
-            base,
-            collection,
-            party,
-            token.as_str().unwrap_or_default(),
-            options,
-        )
-        .await
-        .map_err(|e| DemoError::Http(e.to_string()))?;
+        let client = PartyClient::connect(base, collection, party, token, options)
+            .await
+            .map_err(|e| DemoError::Http(e.to_string()))?;
         // Not private: seeded so the demo reproduces (a real party uses an OS-seeded RNG).
         let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(
             seed.wrapping_mul(7_919).wrapping_add(p as u64),
@@ -804,9 +979,35 @@ async fn upload_parties(
             accepted += r.accepted;
             bar.inc(chunk.len() as u64);
         }
+        if client.randomizer().party().locmrf.is_some() {
+            let codes: Vec<u32> = (0..population.len())
+                .flat_map(|i| {
+                    let row = population.row(i);
+                    attrs.iter().map(move |&a| row[a])
+                })
+                .collect();
+            // Its own stream: the model's noise is independent of the reports'.
+            let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(
+                seed.wrapping_mul(7_919).wrapping_add(p as u64) ^ LOCAL_MODEL_STREAM,
+            );
+            let model = crate::party::local_model_of_codes(
+                client.randomizer(),
+                &codes,
+                crate::party::DEFAULT_MAX_MARGINAL as usize,
+                &mut rng,
+            )
+            .map_err(|e| DemoError::Input(format!("party `{party}`: {e}")))?;
+            crate::party::upload_model(base, collection, party, token, &model)
+                .await
+                .map_err(|e| DemoError::Http(format!("party `{party}`: {e}")))?;
+            models.insert(party.clone(), model.measurements().len());
+        }
     }
-    Ok(accepted)
+    Ok((accepted, models))
 }
+
+/// Mixed into a party's seed for its local model's randomness.
+const LOCAL_MODEL_STREAM: u64 = 0x4C6F_634D_5246_0001;
 
 fn write_json(path: &Path, report: &DemoReport) -> Result<(), DemoError> {
     let text = serde_json::to_string_pretty(report)

@@ -37,7 +37,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use ldpsyn::Epsilon;
 use ldpsyn::client::{ClientError, ClientOptions};
 use ldpsyn::schema::Value;
-use ldpsyn::vertical::{PartyClient, PartyRecord, RecordIdKey, VerticalError};
+use ldpsyn::vertical::{PartyClient, PartyRandomizer, PartyRecord, RecordIdKey, VerticalError};
 use ldpsyn_engine::central::measure_local_model;
 use ldpsyn_engine::measure::local_model::LocalModel;
 use ldpsyn_engine::protocols::vertical::ResolvedParty;
@@ -110,9 +110,13 @@ pub struct UploadArgs {
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Largest marginal the local model measures: 2 (pairs) or 3 (pairs and triples).
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(2..=3))]
+    #[arg(long, default_value_t = DEFAULT_MAX_MARGINAL, value_parser = clap::value_parser!(u8).range(2..=3))]
     pub max_marginal: u8,
 }
+
+/// Largest marginal a local model measures by default (`party upload --max-marginal`; the
+/// demo's parties use it too): pairs and triples.
+pub(crate) const DEFAULT_MAX_MARGINAL: u8 = 3;
 
 /// Why a `party` command failed.
 #[derive(Debug, thiserror::Error)]
@@ -316,7 +320,10 @@ async fn upload(
     }
     bar.finish_and_clear();
     let model = match model {
-        Some(m) => Some((m.measurements().len(), upload_model(args, token, &m).await?)),
+        Some(m) => Some((
+            m.measurements().len(),
+            upload_model(&args.server, args.collection, &args.party, token, &m).await?,
+        )),
         None => None,
     };
     Ok((accepted, duplicate, model))
@@ -361,19 +368,26 @@ fn measure_model(args: &UploadArgs, client: &PartyClient) -> Result<LocalModel, 
             codes.extend_from_slice(&row_codes);
         }
     }
+    local_model_of_codes(r, &codes, args.max_marginal as usize, &mut rng)
+}
+
+/// The local model (LocMRF) of party `r` measured on `codes`: its attributes' schema codes,
+/// row-major in party order, one row per person the party reports. `max_marginal`: 2 or 3
+/// (the largest marginal measured). `rng` must be OS-seeded outside simulations (the demo
+/// seeds it so that a run reproduces). Errors: no `locmrf` budget, or the measurement failed.
+pub(crate) fn local_model_of_codes<R: rand::Rng + rand::CryptoRng + ?Sized>(
+    r: &PartyRandomizer,
+    codes: &[u32],
+    max_marginal: usize,
+    rng: &mut R,
+) -> Result<LocalModel, PartyError> {
     let party = ResolvedParty {
         name: r.party().name.clone(),
         attributes: r.attributes().to_vec(),
         locmrf: r.party().locmrf,
     };
-    measure_local_model(
-        &party,
-        &schema.domain_sizes(),
-        &codes,
-        args.max_marginal as usize,
-        &mut rng,
-    )
-    .map_err(|e| PartyError::Input(e.to_string()))
+    measure_local_model(&party, &r.schema().domain_sizes(), codes, max_marginal, rng)
+        .map_err(|e| PartyError::Input(e.to_string()))
 }
 
 /// Writes the model next to its final place, fsyncs it and renames it into place.
@@ -404,16 +418,16 @@ fn read_model(path: &Path, party: &str) -> Result<LocalModel, PartyError> {
 /// Uploads `model` (`POST …/parties/{party}/model`), retrying connection failures and 5xx
 /// up to 3 times with identical bytes. `true` when stored, `false` when the server held the
 /// same model. Errors: [`PartyError::Model`] with the server's problem detail.
-async fn upload_model(
-    args: &UploadArgs,
+pub(crate) async fn upload_model(
+    server: &str,
+    collection: Uuid,
+    party: &str,
     token: &str,
     model: &LocalModel,
 ) -> Result<bool, PartyError> {
     let url = format!(
-        "{}/v1/collections/{}/parties/{}/model",
-        args.server.trim_end_matches('/'),
-        args.collection,
-        args.party
+        "{}/v1/collections/{collection}/parties/{party}/model",
+        server.trim_end_matches('/'),
     );
     let http = reqwest::Client::builder()
         .timeout(std::time::Duration::from_secs(60))
@@ -453,8 +467,7 @@ async fn upload_model(
         }
     }
     Err(PartyError::Model(format!(
-        "no answer from {} after 3 attempts: {last}",
-        args.server
+        "no answer from {server} after 3 attempts: {last}"
     )))
 }
 

@@ -24,14 +24,14 @@
 //
 // usage: node dashboard.mjs <dashboard URL> <finalized collection id> <collecting collection id>
 //        <drifted collection id> <independence collection id> <admin token> <screenshot.png>
-//        <profile dir>
+//        <profile dir> <vertical collection id (sampled+locmrf)>
 import { createRequire } from "node:module";
 import { readFileSync } from "node:fs";
 
 const require = createRequire(process.env.LDPSYN_NPM_DIR + "/");
 const { chromium } = require("playwright-core");
 
-const [url, collection, live, drifted, independent, token, screenshot, profile] = process.argv.slice(2);
+const [url, collection, live, drifted, independent, token, screenshot, profile, vertical] = process.argv.slice(2);
 const log = (...a) => console.log("[dashboard]", ...a);
 const fail = (msg) => { console.log("[dashboard] FAIL:", msg); process.exitCode = 1; throw new Error(msg); };
 
@@ -126,6 +126,10 @@ try {
   log("collections list:", rowText);
   // The collection's name beside its id (dashboard.rs names it "<protocol> survey").
   if (!rowText.includes(`${collection.slice(0, 8)} auto survey`)) fail(`no name beside the id: ${rowText}`);
+  // A vertical collection's row names its encoding beside the protocol.
+  const verticalRow = (await page.textContent(`#collections tr[data-collection="${vertical}"]`)).replace(/\s+/g, " ").trim();
+  log("vertical collection:", verticalRow);
+  if (!verticalRow.includes("vertical (sampled+locmrf)")) fail(`no encoding in the vertical row: ${verticalRow}`);
   await page.click(`${row} a`);
 
   await page.waitForSelector("#detail[data-ready=true]", { timeout: 30000 });

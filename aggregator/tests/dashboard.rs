@@ -7,7 +7,8 @@
 //! page (its people arrived sorted by region: the drift warning), the independence model's
 //! heat map says why it has no standard errors, a collection still collecting shows its open
 //! round, "k of n pairs still active" with only the dependent ones drawn, and provisional
-//! estimates from the reports so far (labelled "provisional (1,000 reports)"); at 1400 and
+//! estimates from the reports so far (labelled "provisional (1,000 reports)"), a vertical
+//! collection's row names its encoding ("vertical (sampled+locmrf)"); at 1400 and
 //! 1024 px no text overflows its box; the token never appears in a URL, and the console stays
 //! free of errors. The status's `rounds` are checked here against the protocols' rules and
 //! the finalized model's round summaries.
@@ -60,6 +61,36 @@ async fn create(
         .json()
         .await
         .unwrap();
+    created["id"].as_str().expect("an id").parse().unwrap()
+}
+
+/// Creates a vertical collection of [`schema_json`] in two parties, each with a local-model
+/// budget, under `encoding`; returns its id.
+async fn create_vertical(http: &reqwest::Client, base: &str, encoding: &str) -> uuid::Uuid {
+    let locmrf = json!({"epsilon": 0.5, "delta": 1e-6});
+    let parties = json!([
+        {"name": "survey", "attributes": [{"name": "region", "epsilon": 1.0},
+            {"name": "spoken-language", "epsilon": 1.0}], "locmrf": locmrf},
+        {"name": "clinic", "attributes": [{"name": "age", "epsilon": 1.0},
+            {"name": "income", "epsilon": 1.0}, {"name": "smoking-status", "epsilon": 1.0}],
+         "locmrf": locmrf}]);
+    let created = http
+        .post(format!("{base}/v1/collections"))
+        .bearer_auth(ADMIN)
+        .json(
+            &json!({"schema": schema_json(), "protocol": "vertical", "parties": parties,
+                      "encoding": encoding, "target_users": 1000}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        created.status().is_success(),
+        "{}",
+        created.text().await.unwrap()
+    );
+    let created: Value = created.json().await.unwrap();
+    assert_eq!(created["encoding"], encoding, "{created}");
     created["id"].as_str().expect("an id").parse().unwrap()
 }
 
@@ -330,6 +361,7 @@ async fn dashboard_renders_a_finalized_collection_in_headless_chromium() {
     // errors (finalized by itself at its target).
     let independent = create(&http, &base, "independence", 2.0, 1000, false).await;
     feed(&base, independent, population(1000, 6), 2.0, 10).await;
+    let vertical = create_vertical(&http, &base, "sampled+locmrf").await;
 
     let dir = tempfile::tempdir().unwrap();
     let screenshot = match std::env::var_os("LDPSYN_DASHBOARD_SCREENSHOT") {
@@ -348,6 +380,7 @@ async fn dashboard_renders_a_finalized_collection_in_headless_chromium() {
         .arg(ADMIN)
         .arg(&screenshot)
         .arg(dir.path().join("profile"))
+        .arg(vertical.to_string())
         .env("LDPSYN_NPM_DIR", &npm)
         .stdout(std::fs::File::create(&log).unwrap())
         .stderr(Stdio::inherit())

@@ -77,3 +77,214 @@ fn demo_quiet_is_quiet() {
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
     assert_eq!(report["users"], 2000);
 }
+
+/// People of the vertical demos: `bank` holds sex and smoker, `clinic` plan and lung; smoker
+/// drives sex (within bank) and lung (across the parties). Writes `data.csv`, `schema.json`
+/// and `parties.json` (no `locmrf` budget, no encoding: 2 per party) into `dir`.
+const VERTICAL_PEOPLE: usize = 3_000;
+
+fn vertical_files(dir: &std::path::Path) {
+    let schema = serde_json::json!({"attributes": [
+        {"name": "sex", "type": "categorical", "labels": ["F", "M"]},
+        {"name": "smoker", "type": "categorical", "labels": ["no", "yes"]},
+        {"name": "plan", "type": "categorical", "labels": ["a", "b", "c"]},
+        {"name": "lung", "type": "categorical", "labels": ["ok", "ill"]}]});
+    std::fs::write(dir.join("schema.json"), schema.to_string()).unwrap();
+    let mut csv = String::from("sex,smoker,plan,lung\n");
+    for i in 0..VERTICAL_PEOPLE {
+        let smoker = (i % 3 == 0) as usize;
+        let sex = if i % 5 == 0 { 1 - smoker } else { smoker };
+        let lung = if i % 7 == 0 { 1 - smoker } else { smoker };
+        csv.push_str(&format!(
+            "{},{},{},{}\n",
+            ["F", "M"][sex],
+            ["no", "yes"][smoker],
+            ["a", "b", "c"][i % 3],
+            ["ok", "ill"][lung]
+        ));
+    }
+    std::fs::write(dir.join("data.csv"), csv).unwrap();
+    let parties = serde_json::json!({"parties": [
+        {"name": "bank", "attributes": [{"name": "sex", "epsilon": 1.0}, {"name": "smoker", "epsilon": 1.0}]},
+        {"name": "clinic", "attributes": [{"name": "plan", "epsilon": 1.0}, {"name": "lung", "epsilon": 1.0}]}]});
+    std::fs::write(dir.join("parties.json"), parties.to_string()).unwrap();
+}
+
+/// `demo --vertical` over [`vertical_files`] with `extra` arguments, into `dir/<name>.*`.
+fn vertical_demo(
+    dir: &std::path::Path,
+    name: &str,
+    parties: &str,
+    extra: &[&str],
+) -> (Vec<u8>, serde_json::Value) {
+    let path = |f: &str| dir.join(f).display().to_string();
+    let (data, schema, parties) = (path("data.csv"), path("schema.json"), path(parties));
+    let mut args = vec!["--data", &data, "--schema", &schema, "--vertical", &parties];
+    args.extend(extra);
+    demo(dir, name, &args)
+}
+
+/// The synthetic CSV of a vertical demo: the schema's header and one line per person.
+fn check_synthetic(csv: &[u8]) {
+    let text = String::from_utf8(csv.to_vec()).unwrap();
+    assert!(
+        text.starts_with("sex,smoker,plan,lung\n"),
+        "{}",
+        &text[..40]
+    );
+    assert_eq!(text.lines().count(), VERTICAL_PEOPLE + 1);
+}
+
+/// Issue 37 item 5: `demo --vertical --encoding sampled+locmrf` runs over HTTP with each
+/// party's ε (2, the sum of its file's attributes) split between its one sampled report and
+/// its local model, which each party measures and uploads (finalize refuses the collection
+/// until both are in); the report names the encoding and every budget part.
+#[test]
+fn vertical_demo_runs_sampled_reports_with_local_models() {
+    let dir = tempfile::tempdir().unwrap();
+    vertical_files(dir.path());
+    let (csv, r) = vertical_demo(
+        dir.path(),
+        "sampled",
+        "parties.json",
+        &["--encoding", "sampled+locmrf"],
+    );
+    check_synthetic(&csv);
+    assert_eq!(r["encoding"], "sampled+locmrf", "{r}");
+    // One record per person and party.
+    assert_eq!(r["reports_accepted"], 2 * VERTICAL_PEOPLE, "{r}");
+    for party in ["bank", "clinic"] {
+        let b = &r["party_budgets"][party];
+        // 20% of 2 to the local model, the rest to each attribute (one is reported).
+        let model = b["locmrf"]["epsilon"].as_f64().unwrap();
+        assert!((model - 0.4).abs() < 1e-9, "{b}");
+        for a in b["attributes"].as_array().unwrap() {
+            assert!((a["epsilon"].as_f64().unwrap() - 1.6).abs() < 1e-9, "{b}");
+        }
+        assert!(
+            (b["report_epsilon"].as_f64().unwrap() - 1.6).abs() < 1e-9,
+            "{b}"
+        );
+        assert!(
+            (b["composed_epsilon"].as_f64().unwrap() - 2.0).abs() < 1e-9,
+            "{b}"
+        );
+        assert!(b["local_model_measurements"].as_u64().unwrap() >= 1, "{b}");
+        assert!(
+            (r["party_epsilon"][party].as_f64().unwrap() - 2.0).abs() < 1e-9,
+            "{r}"
+        );
+    }
+    assert!(
+        (r["composed_epsilon"].as_f64().unwrap() - 4.0).abs() < 1e-9,
+        "{r}"
+    );
+    // δ = 1/(people × parties) each: 1/people composed.
+    let delta = r["composed_delta"].as_f64().unwrap();
+    assert!((delta * VERTICAL_PEOPLE as f64 - 1.0).abs() < 1e-9, "{r}");
+}
+
+/// `demo --vertical --encoding fo+locmrf`: every attribute reported, each party's ε split by
+/// `split_party_budget` (its reports sum to 80% of 2), local models measured and uploaded.
+#[test]
+fn vertical_demo_runs_fo_reports_with_local_models() {
+    let dir = tempfile::tempdir().unwrap();
+    vertical_files(dir.path());
+    let (csv, r) = vertical_demo(
+        dir.path(),
+        "fo-locmrf",
+        "parties.json",
+        &["--encoding", "fo+locmrf", "--locmrf-share", "0.25"],
+    );
+    check_synthetic(&csv);
+    assert_eq!(r["encoding"], "fo+locmrf", "{r}");
+    assert_eq!(r["reports_accepted"], 2 * VERTICAL_PEOPLE, "{r}");
+    for party in ["bank", "clinic"] {
+        let b = &r["party_budgets"][party];
+        assert!(
+            (b["locmrf"]["epsilon"].as_f64().unwrap() - 0.5).abs() < 1e-9,
+            "{b}"
+        );
+        let sum: f64 = b["attributes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["epsilon"].as_f64().unwrap())
+            .sum();
+        assert!((sum - 1.5).abs() < 1e-9, "{b}");
+        assert!(
+            (b["report_epsilon"].as_f64().unwrap() - 1.5).abs() < 1e-9,
+            "{b}"
+        );
+        assert!(b["local_model_measurements"].as_u64().unwrap() >= 1, "{b}");
+    }
+}
+
+/// The encoding comes from the `--vertical` file when no flag names one, with the file's
+/// budgets as written; without either it is `fo` (no local model); a flag that contradicts
+/// the file is refused before anything runs.
+#[test]
+fn vertical_demo_takes_the_encoding_of_its_file() {
+    let dir = tempfile::tempdir().unwrap();
+    vertical_files(dir.path());
+    let parties = serde_json::json!({"encoding": "fo+locmrf", "parties": [
+        {"name": "bank", "attributes": [{"name": "sex", "epsilon": 1.0}, {"name": "smoker", "epsilon": 1.0}],
+         "locmrf": {"epsilon": 0.5, "delta": 1e-5}},
+        {"name": "clinic", "attributes": [{"name": "plan", "epsilon": 1.0}, {"name": "lung", "epsilon": 1.0}]}]});
+    std::fs::write(dir.path().join("locmrf.json"), parties.to_string()).unwrap();
+    let (csv, r) = vertical_demo(dir.path(), "file", "locmrf.json", &[]);
+    check_synthetic(&csv);
+    assert_eq!(r["encoding"], "fo+locmrf", "{r}");
+    let bank = &r["party_budgets"]["bank"];
+    assert_eq!(
+        bank["locmrf"],
+        serde_json::json!({"epsilon": 0.5, "delta": 1e-5}),
+        "{r}"
+    );
+    assert_eq!(bank["report_epsilon"], 2.0, "{r}");
+    assert_eq!(bank["composed_epsilon"], 2.5, "{r}");
+    assert!(
+        bank["local_model_measurements"].as_u64().unwrap() >= 1,
+        "{r}"
+    );
+    // Clinic has no budget under fo+locmrf: it uploads reports only.
+    let clinic = &r["party_budgets"]["clinic"];
+    assert!(clinic.get("locmrf").is_none() && clinic.get("local_model_measurements").is_none());
+    assert_eq!(clinic["composed_epsilon"], 2.0, "{r}");
+
+    let (_, r) = vertical_demo(dir.path(), "plain", "parties.json", &[]);
+    assert_eq!(r["encoding"], "fo", "{r}");
+    assert_eq!(r["party_budgets"]["bank"]["report_epsilon"], 2.0, "{r}");
+    assert!(r["party_budgets"]["bank"].get("locmrf").is_none(), "{r}");
+    assert!(r.get("composed_delta").is_none(), "{r}");
+
+    let out = Command::new(BIN)
+        .args(["demo", "--quiet", "--data"])
+        .arg(dir.path().join("data.csv"))
+        .arg("--schema")
+        .arg(dir.path().join("schema.json"))
+        .arg("--vertical")
+        .arg(dir.path().join("locmrf.json"))
+        .args(["--encoding", "sampled+locmrf", "--out"])
+        .arg(dir.path().join("refused.csv"))
+        .output()
+        .expect("the demo runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("--encoding sampled+locmrf") && err.contains("fo+locmrf"),
+        "{err}"
+    );
+    assert!(!dir.path().join("refused.csv").exists());
+}
+
+/// A device collection's report names no encoding and no party budget.
+#[test]
+fn device_demo_report_has_no_encoding() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, r) = demo(dir.path(), "device", &["--users", "2000"]);
+    assert!(
+        r.get("encoding").is_none() && r.get("party_budgets").is_none(),
+        "{r}"
+    );
+}

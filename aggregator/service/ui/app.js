@@ -104,7 +104,7 @@ function renderList(list) {
       name.textContent = c.name;
       idCell.append(" ", name);
     }
-    const cells = [idCell, c.protocol, epsilonText(c), c.status.phase.replaceAll("_", " ")];
+    const cells = [idCell, protocolText(c), epsilonText(c), c.status.phase.replaceAll("_", " ")];
     for (const v of cells) tr.insertCell().append(v);
     tr.appendChild(progressCell(c));
     tr.insertCell().textContent = fmtRate(rate(c.id));
@@ -455,6 +455,13 @@ async function drawProvisional(c) {
   $("#detail").dataset.provisional = String(desc.reports);
 }
 
+// A vertical collection's encoding changes what its parties send (local models, one sampled
+// attribute per record); the config leaves out the default, `fo`.
+function protocolText(c) {
+  if (c.protocol !== "vertical") return c.protocol;
+  return `vertical (${c.encoding ?? "fo"})`;
+}
+
 // ε per person: a vertical collection's parties' reports are joined by record id, so they
 // compose (the sum over parties); `epsilon` is only the largest party's share there.
 function epsilonText(c) {
@@ -506,7 +513,7 @@ function renderDetail(c) {
   const detail = $("#detail");
   detail.hidden = false;
   $("#detail-title").textContent =
-    `${c.name ? `${c.name} · ` : ""}${c.protocol} at ε = ${epsilonText(c)} · ${c.id}`;
+    `${c.name ? `${c.name} · ` : ""}${protocolText(c)} at ε = ${epsilonText(c)} · ${c.id}`;
   const st = c.status;
   $("#progress-bar").style.width = `${pct(st.reports_accepted, c.target_users)}%`;
   $("#progress-text").textContent =

@@ -3,7 +3,9 @@
 //! `ldpsyn` client identity with its own budget ledger, talking to the aggregator over real
 //! HTTP; then finalizes, downloads synthetic rows over HTTP and writes a fidelity report
 //! (mean TVD over all 1- and 2-way marginals and a seeded sample of 3-way ones against the
-//! simulated population).
+//! simulated population). With `--vertical` the people's columns are held by parties of a
+//! vertical collection under any encoding (`--encoding`), each party uploading its records
+//! and, under `fo+locmrf` and `sampled+locmrf`, its local model as `party upload` does.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -42,8 +42,9 @@
 //! its own; the stratified estimate's variance is larger where a round is thinly measured.
 //! `auto` designs its rounds for this (`protocols::auto`): its screening round gives a slice
 //! of its people to 1-ways, and a drift found at the screening close makes phase 2 measure
-//! every attribute alone again and repeat the screening design, so that each round holds
-//! each 1-way and, from the screening round on, each screened pair.
+//! every attribute alone again and, where the predicted error says it pays, repeat the
+//! screening design, so that each round holds each 1-way and, from the screening round on,
+//! each screened pair.
 
 use std::collections::{BTreeMap, BTreeSet};
 

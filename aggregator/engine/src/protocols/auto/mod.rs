@@ -13,9 +13,10 @@
 //! phase 2 measures the selected pairs and every attribute alone, allocated to minimize that
 //! prediction. Round 0's reports are not spent on structure only: they enter the final fit
 //! as 1-way measurements like phase 2's. When the rounds' people differ beyond noise
-//! ([`crate::measure::drift`]), phase 2 counts no earlier 1-way reports and also repeats the
-//! screening design (`repeat_screening`), so that every round measures what the model uses
-//! and the fit can treat rounds as strata. With too few users nothing is screened and the
+//! ([`crate::measure::drift`]), phase 2 counts no earlier 1-way reports, and it also repeats
+//! the screening design (`repeat_screening`) when that lowers the predicted error
+//! (`repeat_pays`), so that every round measures what the model uses and the fit can treat
+//! rounds as strata. With too few users nothing is screened and the
 //! collection is the independence model from the start, or nothing is selected and phase 2
 //! measures 1-ways only. The model graph may keep any measured pair. A state stored by a
 //! release without round 0 (screening in round 0) closes straight into phase 2.
@@ -310,6 +311,86 @@ mod tests {
                 (vec![2, 3], 200.0)
             ]
         );
+    }
+
+    /// Binary attributes drifting linearly in arrival position (`P_r(x = 1) = p + β·t_r` at
+    /// each round's mid-position `t_r`): the population's between-round dependence is the
+    /// rounds seen so far times `drift_extrapolation`, exactly (`4|β_a β_b|·Var(t)` both).
+    #[test]
+    fn linear_drift_extrapolates_the_between_round_dependence_exactly() {
+        use crate::measure::drift::RoundOneWays;
+        use crate::protocols::auto::screening::{drift_extrapolation, mixture_dependence};
+        let shares = [0.2, 0.3, 0.5];
+        let mids = [0.1, 0.35, 0.75];
+        let strata = |p: f64, beta: f64| -> RoundOneWays {
+            (0..3u32)
+                .map(|r| {
+                    let q = p + beta * mids[r as usize];
+                    (r, vec![1.0 - q, q])
+                })
+                .collect()
+        };
+        let (x, y) = (strata(0.2, 0.6), strata(0.7, -0.5));
+        let all: Vec<(u32, f64)> = (0..3u32).map(|r| (r, shares[r as usize])).collect();
+        let seen = &all[..2];
+        let whole = mixture_dependence(&all, Some(&x), Some(&y), &[]);
+        let early = mixture_dependence(seen, Some(&x), Some(&y), &[]);
+        let ratio = drift_extrapolation(&shares[..2], shares[2]);
+        assert!((ratio - 14.0 / 3.0).abs() < 1e-12, "{ratio}");
+        assert!(
+            (whole - ratio * early).abs() < 1e-12,
+            "{whole} vs {ratio} × {early}"
+        );
+        // No drift, no between-round dependence; nothing to come, nothing to extrapolate.
+        let flat = strata(0.3, 0.0);
+        assert_eq!(mixture_dependence(&all, Some(&flat), Some(&y), &[]), 0.0);
+        assert_eq!(drift_extrapolation(&[0.2, 0.3], 0.0), 1.0);
+        // Empty bin maps are full resolution.
+        let whole_bin = mixture_dependence(&all, Some(&x), Some(&y), &[vec![], vec![]]);
+        assert!((whole_bin - whole).abs() < 1e-12);
+    }
+
+    /// The repeat is made when the pairs' between-round dependence, less their noise at the
+    /// repeat's reports, exceeds what the repeat costs the selected design; not when the
+    /// rounds' 1-ways agree, nor when the pairs' noise at the repeat's reports hides it.
+    #[test]
+    fn the_screening_design_is_repeated_only_when_that_lowers_the_predicted_error() {
+        use crate::measure::drift::RoundOneWays;
+        use crate::protocols::auto::screening::repeat_pays;
+        use crate::protocols::auto::selection::Selection;
+        let engine = auto_engine(vec![2; 4], 4.0, 100_000);
+        let ctx = engine.context();
+        let factor = |f: Vec<usize>, n: f64| PlannedFactor {
+            mechanism: ctx.best_oracle(&f, &[]),
+            factor: f,
+            bins: Vec::new(),
+            weight: n,
+        };
+        let factors: Vec<PlannedFactor> = (0..4).map(|a| factor(vec![a], 10_000.0)).collect();
+        let pairs_all = pairs(4);
+        let edges: Vec<EdgeState> = Auto::new(PrivIncrParams::default())
+            .screening_state(ctx, None)
+            .edges()
+            .to_vec();
+        let selection = |a_pair: f64| Selection {
+            pruned: pairs_all.clone(),
+            factors: factors.clone(),
+            noise_weights: vec![1.0; 4],
+            screened_noise_weights: pairs_all.iter().map(|&p| (p, a_pair)).collect(),
+        };
+        let weights = [(0u32, 0.4), (1u32, 0.6)];
+        let strata = |q0: f64, q1: f64| -> Option<RoundOneWays> {
+            Some([(0u32, vec![1.0 - q0, q0]), (1u32, vec![1.0 - q1, q1])].into())
+        };
+        let drifting: Vec<Option<RoundOneWays>> = (0..4).map(|_| strata(0.1, 0.9)).collect();
+        let still: Vec<Option<RoundOneWays>> = (0..4).map(|_| strata(0.5, 0.5)).collect();
+        let pays = |sel: &Selection, strata: &[Option<RoundOneWays>]| {
+            repeat_pays(sel, &edges, &weights, strata, 6, 0.3, 1.0)
+        };
+        assert!(pays(&selection(0.01), &drifting));
+        assert!(!pays(&selection(0.01), &still));
+        // Pairs so noisy at the repeat's reports that no dependence shows above it.
+        assert!(!pays(&selection(1e6), &drifting));
     }
 
     /// Round 0's shares minimize `Σ_a g_a/√n_a`: they sum to one, follow `g^(2/3)`, give an

@@ -9,7 +9,8 @@ use crate::measure::drift::one_way_drift;
 use crate::measure::one_way::one_way_estimates;
 use crate::measure::tables::{Measurements, Tables};
 use crate::protocols::auto::Auto;
-use crate::protocols::auto::screening::repeat_screening;
+use crate::protocols::auto::screening::{drift_extrapolation, repeat_pays, repeat_screening};
+use crate::protocols::auto::selection::Selection;
 use crate::protocols::context::Context;
 use crate::protocols::{
     CollectionProtocol, TaskChoices, active_edges, adapted_working_bins, common_choices,
@@ -121,11 +122,30 @@ impl CollectionProtocol for Auto {
                 pruned: Vec::new(),
             });
         }
-        let drifted = one_way_drift(&ms).0.population_changed;
+        let (drift, strata) = one_way_drift(&ms);
+        let drifted = drift.population_changed;
         let screening = self.screening_tasks(ctx, state.edges());
         let share = self.screening_share(ctx, Self::block_fraction(&screening, state.edges()));
-        let (pruned, mut factors) = self.select(ctx, state, &ms, drifted, share);
-        if drifted {
+        let selection = self.select(ctx, state, &ms, drifted, share);
+        let repeat = drifted
+            && repeat_pays(
+                &selection,
+                state.edges(),
+                &drift.round_weights,
+                &strata,
+                screening.len(),
+                share,
+                drift_extrapolation(
+                    &[self.round0_share(ctx), share],
+                    (1.0 - self.round0_share(ctx) - share).max(0.0),
+                ),
+            );
+        let Selection {
+            pruned,
+            mut factors,
+            ..
+        } = selection;
+        if repeat {
             repeat_screening(ctx, &mut factors, screening, share);
         }
         let sigma = self.params.sigma;

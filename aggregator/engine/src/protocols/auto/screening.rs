@@ -11,6 +11,9 @@ use rand_chacha::ChaCha12Rng;
 
 use crate::domain::space::{equal_mass_cuts, equal_width_cuts};
 use crate::graph::{Edge, EdgeState};
+use crate::measure::drift::RoundOneWays;
+use crate::numeric::index::coarsen;
+use crate::protocols::auto::selection::Selection;
 use crate::protocols::auto::{
     AUTO_BLOCK_SCREENING_SHARE, AUTO_PHASE1_SHARE, Auto, MAX_SCREENING_FACTOR_CELLS,
 };
@@ -137,6 +140,149 @@ pub(super) fn repeat_screening(
             }),
         }
     }
+}
+
+/// Whether phase 2 under drift should repeat the screening design ([`repeat_screening`]),
+/// by the selection's predicted 2-way error ([`Auto::select`], summed L1 over the pairs),
+/// both ways.
+///
+/// The repeat costs the selected design `share` of its reports: each factor's noise term
+/// `a_f^{3/2}/√n_f` becomes `a_f^{3/2}/√((1 − share)·n_f)`. What it buys: the final fit
+/// treats rounds as strata ([`crate::measure::drift`]), and a stratum that did not measure a
+/// table borrows its interactions from the strata that did, so without the repeat phase 2's
+/// people get the screening round's interactions for every screened table phase 2 does not
+/// measure itself (left-out pairs, and the blocks' higher orders). How wrong that is shows
+/// in how much the rounds differ: with `P̃_r` the rounds' shrunk 1-ways
+/// ([`one_way_drift`](crate::measure::drift::one_way_drift)) and `w_r` their shares, a
+/// screened pair's between-round dependence is
+/// `M_p = ‖Σ_r w_r P̃_r(a) ⊗ P̃_r(b) − P̄(a) ⊗ P̄(b)‖₁` (`P̄ = Σ_r w_r P̃_r`, over the pair's
+/// bin maps), from the rounds seen so far; phase 2's people, still to come, are assumed to
+/// continue a linear drift ([`drift_extrapolation`], `extrapolation`). A pair is worth
+/// measuring in phase 2's stratum by `extrapolation·M_p` less its noise at the repeat's
+/// reports, `a_p^{3/2}/√(share·N₂/T)` over the design's `T` tasks; the repeat is made when
+/// these gains exceed its cost. In file order NLTCS (rows grouped by their answers) repeats
+/// at ε ≥ 4, where a report is worth most, and UCI bank (a few attributes drift with the
+/// campaign) at ε = 2 and 4; at ε = 1 bank never does (the repeat's reports per pair are too
+/// few to show its drift above their noise) and NLTCS in some seeds (`benchmarks/sweeps/arrival-design.md`, "Repeat
+/// by prediction").
+pub(super) fn repeat_pays(
+    selection: &Selection,
+    edges: &[EdgeState],
+    weights: &[(u32, f64)],
+    strata: &[Option<RoundOneWays>],
+    tasks: usize,
+    share: f64,
+    extrapolation: f64,
+) -> bool {
+    let n2: f64 = selection.factors.iter().map(|f| f.weight).sum();
+    if n2 <= 0.0 || tasks == 0 || share <= 0.0 || share >= 1.0 {
+        return false;
+    }
+    let cost: f64 = selection
+        .factors
+        .iter()
+        .zip(&selection.noise_weights)
+        .filter(|(f, _)| f.weight > 0.0)
+        .map(|(f, a)| {
+            a.powf(1.5) * (1.0 / ((1.0 - share) * f.weight).sqrt() - 1.0 / f.weight.sqrt())
+        })
+        .sum();
+    let each = share * n2 / tasks as f64;
+    let gain: f64 = selection
+        .screened_noise_weights
+        .iter()
+        .map(|&((a, b), ap)| {
+            let bins = edges
+                .iter()
+                .find(|e| (e.a, e.b) == (a, b))
+                .map(|e| e.bins.clone())
+                .unwrap_or_default();
+            let m = mixture_dependence(weights, strata[a].as_ref(), strata[b].as_ref(), &bins);
+            (extrapolation * m - ap.powf(1.5) / each.sqrt()).max(0.0)
+        })
+        .sum();
+    gain > cost
+}
+
+/// How much more between-round dependence the whole population holds than the rounds seen
+/// so far, if each attribute drifts linearly in arrival position: a pair's mixture
+/// dependence is then `β_a β_b·Var(t)`, with `t` a round's mid-position in the arrival order
+/// and `Var` over the rounds weighted by their shares. `seen` are the shares of the rounds
+/// measured so far, in arrival order; `rest` the share of the users still to come (one
+/// round). 1 when nothing is to come or the rounds seen do not spread.
+pub(super) fn drift_extrapolation(seen: &[f64], rest: f64) -> f64 {
+    let mut rounds = Vec::new();
+    let mut start = 0.0;
+    for &w in seen.iter().chain(std::iter::once(&rest)) {
+        rounds.push((w, start + w / 2.0));
+        start += w;
+    }
+    let variance = |rounds: &[(f64, f64)]| {
+        let total: f64 = rounds.iter().map(|r| r.0).sum();
+        if total <= 0.0 {
+            return 0.0;
+        }
+        let mean: f64 = rounds.iter().map(|r| r.0 * r.1).sum::<f64>() / total;
+        rounds
+            .iter()
+            .map(|r| r.0 * (r.1 - mean).powi(2))
+            .sum::<f64>()
+            / total
+    };
+    let seen_var = variance(&rounds[..seen.len()]);
+    if seen_var <= 0.0 || rest <= 0.0 {
+        return 1.0;
+    }
+    variance(&rounds) / seen_var
+}
+
+/// `‖Σ_r w_r x_r ⊗ y_r − x̄ ⊗ ȳ‖₁` over the rounds of `weights` that hold both 1-ways (`w_r`
+/// normalized over them, `x̄ = Σ_r w_r x_r`), each 1-way coarsened by its attribute's bin map
+/// in `bins` (`[map of a, map of b]`, empty: full resolution): the dependence a pair's
+/// population table holds because its rounds differ (0 without per-round 1-ways).
+pub(super) fn mixture_dependence(
+    weights: &[(u32, f64)],
+    x: Option<&RoundOneWays>,
+    y: Option<&RoundOneWays>,
+    bins: &[Vec<u32>],
+) -> f64 {
+    let (Some(x), Some(y)) = (x, y) else {
+        return 0.0;
+    };
+    let coarse = |v: &Vec<f64>, i: usize| match bins.get(i) {
+        Some(cuts) if !cuts.is_empty() => coarsen(v, &[v.len()], std::slice::from_ref(cuts)),
+        _ => v.clone(),
+    };
+    // Per round holding both: (share, x_r, y_r).
+    let rounds: Vec<(f64, Vec<f64>, Vec<f64>)> = weights
+        .iter()
+        .filter_map(|(r, w)| Some((*w, coarse(x.get(r)?, 0), coarse(y.get(r)?, 1))))
+        .collect();
+    let total: f64 = rounds.iter().map(|r| r.0).sum();
+    let (Some(first), true) = (rounds.first(), total > 0.0) else {
+        return 0.0;
+    };
+    let mut xbar = vec![0.0; first.1.len()];
+    let mut ybar = vec![0.0; first.2.len()];
+    for (w, xr, yr) in &rounds {
+        xbar.iter_mut()
+            .zip(xr)
+            .for_each(|(m, v)| *m += w / total * v);
+        ybar.iter_mut()
+            .zip(yr)
+            .for_each(|(m, v)| *m += w / total * v);
+    }
+    let mut l1 = 0.0;
+    for (i, xb) in xbar.iter().enumerate() {
+        for (j, yb) in ybar.iter().enumerate() {
+            let mixed: f64 = rounds
+                .iter()
+                .map(|(w, xr, yr)| w / total * xr[i] * yr[j])
+                .sum();
+            l1 += (mixed - xb * yb).abs();
+        }
+    }
+    l1
 }
 
 impl Auto {

@@ -44,8 +44,9 @@ impl Auto {
     /// holds from earlier rounds count towards its total (none when `drifted`: the rounds'
     /// people differed): phase 2 tops the totals up to `∝ a_f` ([`top_up`]), and the
     /// prediction's noise part is `A^{3/2}/√(N₂ + M)` with M those reports; `N₂` is what
-    /// round 0 and the screening round (`screening_share` of the users) leave. Returns the pairs not selected (pruned) and the phase-2 factors with their
-    /// task weights (expected phase-2 reports).
+    /// round 0 and the screening round (`screening_share` of the users) leave. Returns the
+    /// pairs not selected (pruned), the phase-2 factors with their task weights (expected
+    /// phase-2 reports) and the prediction's noise weights ([`Selection`]).
     pub(super) fn select(
         &self,
         ctx: &Context,
@@ -53,7 +54,7 @@ impl Auto {
         ms: &Measurements,
         drifted: bool,
         screening_share: f64,
-    ) -> (Vec<Edge>, Vec<PlannedFactor>) {
+    ) -> Selection {
         let d = ctx.dims().len();
         let round = state.round;
         let one = one_way_estimates(ms);
@@ -88,7 +89,14 @@ impl Auto {
         let mut screened: Vec<(usize, PairGain, f64)> = Vec::new();
         let edges = match state.pair_rounds_mut() {
             Some(r) => &mut r.edges,
-            None => return (Vec::new(), factors),
+            None => {
+                return Selection {
+                    noise_weights: factors.iter().map(|f| f.weight).collect(),
+                    factors,
+                    pruned: Vec::new(),
+                    screened_noise_weights: Vec::new(),
+                };
+            }
         };
         for (i, e) in edges.iter_mut().enumerate() {
             if !e.active {
@@ -116,6 +124,10 @@ impl Auto {
             let a = (g.interaction_share * shrink * k).powf(2.0 / 3.0);
             screened.push((i, g, a));
         }
+        let screened_noise_weights: Vec<(Edge, f64)> = screened
+            .iter()
+            .map(|(i, _, a)| ((edges[*i].a, edges[*i].b), *a))
+            .collect();
         // D̂: the larger of a pair's own debiased estimate and its posterior under a prior
         // pooled over every screened pair, which does not vanish when a pair's noise exceeds
         // its dependence (many weak pairs at small ε).
@@ -199,6 +211,24 @@ impl Auto {
                 pruned.push((e.a, e.b));
             }
         }
-        (pruned, factors)
+        Selection {
+            pruned,
+            factors,
+            noise_weights: a,
+            screened_noise_weights,
+        }
     }
+}
+
+/// What [`Auto::select`] decided, with the terms of its error prediction.
+pub(super) struct Selection {
+    /// The screened pairs left out (`(a, b)`, a < b).
+    pub pruned: Vec<Edge>,
+    /// Phase 2's factors, each with its expected reports as its weight.
+    pub factors: Vec<PlannedFactor>,
+    /// Per factor of `factors`, `a_f = (w_f K_f)^{2/3}`: measured by `n_f` reports it adds
+    /// `a_f^{3/2}/√n_f` to the predicted 2-way error (summed L1).
+    pub noise_weights: Vec<f64>,
+    /// Every screened pair with a screening estimate, with its `a_p` likewise.
+    pub screened_noise_weights: Vec<(Edge, f64)>,
 }

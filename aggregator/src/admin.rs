@@ -442,7 +442,7 @@ async fn refusal(resp: reqwest::Response) -> AdminError {
         status,
         kind: text("type")
             .map(|t| {
-                t.trim_start_matches(ldpsyn::protocol::PROBLEM_TYPE_PREFIX)
+                t.trim_start_matches(ldpsyn::wire::PROBLEM_TYPE_PREFIX)
                     .to_owned()
             })
             .unwrap_or_else(|| "unknown".into()),

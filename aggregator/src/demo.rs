@@ -17,7 +17,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use ldpsyn::Epsilon;
 use ldpsyn::client::{Client, ClientOptions, SimulatedPerson};
 use ldpsyn::ledger::MemoryLedger;
-use ldpsyn::protocol::{LocMrfBudget, Party, PartyAttribute, VerticalEncoding};
+use ldpsyn::wire::{LocMrfBudget, Party, PartyAttribute, VerticalEncoding};
 use ldpsyn::schema::{AttributeKind, Schema};
 use ldpsyn::vertical::{DEFAULT_LOCMRF_SHARE, sampled_party_budget, split_party_budget};
 use rand::{Rng, SeedableRng};

@@ -16,7 +16,7 @@ use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use ldpsyn::client::{Client, ClientError, ClientOptions, Receipt};
 use ldpsyn::ledger::FileLedger;
-use ldpsyn::protocol::{CollectionConfig, Problem, ReportStatus};
+use ldpsyn::wire::{CollectionConfig, Problem, ReportStatus};
 use ldpsyn::schema::{EncodedRecord, Schema};
 use ldpsyn::{Epsilon, MAX_EPSILON};
 use rand::SeedableRng;
@@ -471,7 +471,7 @@ pub async fn run(cfg: &DevicesConfig, out: &mut impl Write) -> Result<Tally, Dev
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ldpsyn::protocol::ProblemType;
+    use ldpsyn::wire::ProblemType;
 
     /// A row refused by a `reject` attribute is invalid with its line; a bad value of a
     /// `randomize` attribute is replaced (a uniform draw) and the row is sent; `--limit`

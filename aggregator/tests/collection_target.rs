@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use ldpsyn::Epsilon;
 use ldpsyn::client::{Client, ClientError, ClientOptions, SimulatedPerson};
 use ldpsyn::ledger::MemoryLedger;
-use ldpsyn::protocol::ProblemType;
+use ldpsyn::wire::ProblemType;
 use ldpsyn::schema::Schema;
 use ldpsyn_aggregator::service::maintenance::sweep_retention;
 use ldpsyn_aggregator::service::storage::Datastore;

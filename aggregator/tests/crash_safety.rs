@@ -14,7 +14,7 @@ use ldpsyn::Epsilon;
 use ldpsyn::client::{Client, ClientError, ClientOptions, SimulatedPerson};
 use ldpsyn::ledger::{BudgetLedger, MemoryLedger, ReportState};
 use ldpsyn::mechanism::SufficientStatistics;
-use ldpsyn::protocol::{CollectionConfig, Report};
+use ldpsyn::wire::{CollectionConfig, Report};
 use ldpsyn::schema::Schema;
 use ldpsyn_aggregator::engine::{Engine, Tables};
 use ldpsyn_aggregator::service::tokens::TokenKey;
@@ -751,7 +751,7 @@ async fn sigkill_one_of_two_postgres_processes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthz_is_503_until_the_state_is_loaded() {
     use ldpsyn::mechanism::MechanismKind;
-    use ldpsyn::protocol::Payload;
+    use ldpsyn::wire::Payload;
     use ldpsyn_aggregator::engine::TableKey;
     use ldpsyn_aggregator::service::storage::{CollectionRow, Datastore, NewReport};
 
@@ -768,7 +768,7 @@ async fn healthz_is_503_until_the_state_is_loaded() {
             id,
             config: serde_json::to_string(&CollectionConfig {
                 auto_finalize_at_target: false,
-                past_target: ldpsyn::protocol::PastTarget::Accept,
+                past_target: ldpsyn::wire::PastTarget::Accept,
                 retain_reports_days: None,
                 name: None,
                 description: None,

@@ -29,7 +29,7 @@ use crate::Epsilon;
 use crate::ledger::{
     BudgetLedger, DeviceBudget, NextStep, next_step_within, remaining_budget_within,
 };
-use crate::protocol::{
+use crate::wire::{
     CollectionConfig, MAX_TASKS_PER_REQUEST, Problem, ProblemType, Report, ReportAnswer, Task,
     UploadLimits,
 };

@@ -36,7 +36,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::protocol::Report;
+use crate::wire::Report;
 
 /// Errors of a ledger's storage.
 #[derive(Debug, thiserror::Error)]
@@ -442,7 +442,7 @@ impl BudgetLedger for FileLedger {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::Payload;
+    use crate::wire::Payload;
 
     fn entry(state: ReportState) -> LedgerEntry {
         LedgerEntry {

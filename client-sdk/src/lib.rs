@@ -2,7 +2,7 @@
 //!
 //! Collects one person's record under local differential privacy (LDP): the record is
 //! encoded with a [`schema::Schema`], randomized on the device by a [`mechanism`] (GRR, OUE
-//! or the SamPrivSyn pair report) and sent as a [`protocol::Report`]. The
+//! or the SamPrivSyn pair report) and sent as a [`wire::Report`]. The
 //! [`ledger`] records the ε spent before anything leaves the device. The aggregator uses
 //! the same [`mechanism`] types to validate, accumulate and estimate, so both sides agree on
 //! p, q and encodings.
@@ -31,7 +31,7 @@ pub mod ledger;
 pub mod mechanism;
 #[cfg(feature = "openapi")]
 mod openapi;
-pub mod protocol;
+pub mod wire;
 pub mod schema;
 pub mod submission;
 pub mod upload;

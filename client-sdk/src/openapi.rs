@@ -9,7 +9,7 @@ use utoipa::openapi::{KnownFormat, Ref, RefOr, SchemaFormat};
 use utoipa::{PartialSchema, ToSchema};
 
 use crate::epsilon::{Epsilon, MAX_EPSILON};
-use crate::protocol::{OueBits, ProblemType};
+use crate::wire::{OueBits, ProblemType};
 use crate::schema::{Attribute, Schema};
 
 impl PartialSchema for Epsilon {

@@ -12,7 +12,7 @@ use crate::ledger::{
     update,
 };
 use crate::mechanism::{Mechanism, MechanismError};
-use crate::protocol::{
+use crate::wire::{
     CollectionConfig, PROTOCOL_VERSION, Problem, ProblemType, Report, ReportAnswer, ReportStatus,
     Task,
 };
@@ -75,7 +75,7 @@ pub enum ClientError {
         last_error: String,
     },
     /// A report (or a party's record) is larger, alone in an upload, than the server's
-    /// published body limit allows ([`crate::protocol::UploadLimits`], less the clients'
+    /// published body limit allows ([`crate::wire::UploadLimits`], less the clients'
     /// margin): it is not sent, since no upload could carry it. A randomized report stays
     /// pending in the ledger (its budget is spent); it goes out once the server takes larger
     /// bodies. Problem type `payload-too-large`.
@@ -369,7 +369,7 @@ mod tests {
 
     use super::*;
     use crate::mechanism::MechanismKind;
-    use crate::protocol::{CollectionConfig, Payload, Protocol};
+    use crate::wire::{CollectionConfig, Payload, Protocol};
     use crate::schema::Schema;
 
     fn config() -> CollectionConfig {
@@ -379,7 +379,7 @@ mod tests {
         .unwrap();
         CollectionConfig {
             auto_finalize_at_target: false,
-            past_target: crate::protocol::PastTarget::Accept,
+            past_target: crate::wire::PastTarget::Accept,
             retain_reports_days: None,
             name: None,
             description: None,

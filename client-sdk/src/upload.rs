@@ -20,7 +20,7 @@ use std::ops::Range;
 
 use serde::Serialize;
 
-use crate::protocol::UploadLimits;
+use crate::wire::UploadLimits;
 
 /// The bytes around the comma-separated items of a body: its compact JSON before the first
 /// item and after the last.

@@ -10,7 +10,7 @@
 //!   eq. 6). A person's ε towards a party is the sum over its attributes. Under encoding
 //!   `sampled+locmrf` it randomizes one attribute per record, drawn uniformly and named in
 //!   the record ([`PartyRecord::attribute`]), at that attribute's ε, which is then the
-//!   person's ε for the party's reports ([`crate::protocol::Party::report_epsilon`]).
+//!   person's ε for the party's reports ([`crate::wire::Party::report_epsilon`]).
 //! - **Upload**: [`PartyUpload`] batches `(record id, codes)`; a party must resend the same
 //!   codes for an id (keep them, e.g. in a journal): the server acknowledges an identical
 //!   resend as a duplicate and refuses different codes for an id it holds (`409`), so
@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
 use crate::mechanism::{Grr, MechanismError};
-use crate::protocol::{CollectionConfig, Party, Protocol};
+use crate::wire::{CollectionConfig, Party, Protocol};
 use crate::schema::{RecordError, Value};
 
 /// Shortest record-id key: 32 bytes (the HMAC-SHA256 output size).
@@ -187,7 +187,7 @@ pub const DEFAULT_LOCMRF_SHARE: f64 = 0.2;
 /// its GRR reports and its local model (LocMRF): `locmrf_share · epsilon` with `delta` to the
 /// model, the rest over the attributes of `domain_sizes` by [`split_epsilon`], each attribute
 /// at least [`crate::MIN_COLLECTION_EPSILON`] (the water-filling rerun over the others). The parts
-/// compose sequentially back to (`epsilon`, `delta`) ([`crate::protocol::Party::composed_epsilon`]).
+/// compose sequentially back to (`epsilon`, `delta`) ([`crate::wire::Party::composed_epsilon`]).
 /// Returns the attributes' ε (in `domain_sizes` order) and the model's budget.
 /// Errors: [`VerticalError::Budget`] unless `0 < locmrf_share < 1`, `epsilon` splits into
 /// valid ε and `0 < delta < 1`. Panics if `domain_sizes` is empty.
@@ -197,7 +197,7 @@ pub fn split_party_budget(
     delta: f64,
     domain_sizes: &[usize],
     locmrf_share: f64,
-) -> Result<(Vec<crate::Epsilon>, crate::protocol::LocMrfBudget), VerticalError> {
+) -> Result<(Vec<crate::Epsilon>, crate::wire::LocMrfBudget), VerticalError> {
     let bad = || VerticalError::Budget {
         epsilon,
         delta,
@@ -238,7 +238,7 @@ pub fn split_party_budget(
         .collect::<Result<Vec<_>, _>>()?;
     Ok((
         reports,
-        crate::protocol::LocMrfBudget {
+        crate::wire::LocMrfBudget {
             epsilon: model,
             delta,
         },
@@ -249,7 +249,7 @@ pub fn split_party_budget(
 /// encoding `sampled+locmrf`: `locmrf_share · epsilon` with `delta` to the local model, and
 /// the rest, whole, to each of its `attributes` (a record reports one of them, drawn
 /// independently of the data, so the reports' ε is that of one attribute:
-/// [`crate::protocol::Party::report_epsilon`]). Returns the attributes' ε and the model's
+/// [`crate::wire::Party::report_epsilon`]). Returns the attributes' ε and the model's
 /// budget; they compose back to (`epsilon`, `delta`).
 /// Errors: [`VerticalError::Budget`] unless `0 < locmrf_share < 1`, `0 < delta < 1` and
 /// both parts are at least [`crate::MIN_COLLECTION_EPSILON`].
@@ -259,7 +259,7 @@ pub fn sampled_party_budget(
     delta: f64,
     attributes: usize,
     locmrf_share: f64,
-) -> Result<(Vec<crate::Epsilon>, crate::protocol::LocMrfBudget), VerticalError> {
+) -> Result<(Vec<crate::Epsilon>, crate::wire::LocMrfBudget), VerticalError> {
     let bad = || VerticalError::Budget {
         epsilon,
         delta,
@@ -274,7 +274,7 @@ pub fn sampled_party_budget(
     let each = crate::Epsilon::new(reports).map_err(|_| bad())?;
     Ok((
         vec![each; attributes],
-        crate::protocol::LocMrfBudget {
+        crate::wire::LocMrfBudget {
             epsilon: model,
             delta,
         },
@@ -393,11 +393,11 @@ impl PartyRandomizer {
 
     /// The collection's encoding.
     #[cfg(feature = "locmrf")]
-    pub fn encoding(&self) -> crate::protocol::VerticalEncoding {
+    pub fn encoding(&self) -> crate::wire::VerticalEncoding {
         match &self.config.protocol {
             Protocol::Vertical(p) => p.encoding,
             // `new` accepts vertical configs only.
-            _ => crate::protocol::VerticalEncoding::Fo,
+            _ => crate::wire::VerticalEncoding::Fo,
         }
     }
 
@@ -512,7 +512,7 @@ pub struct PartyClient {
     url: String,
     token: String,
     randomizer: PartyRandomizer,
-    upload_limits: crate::protocol::UploadLimits,
+    upload_limits: crate::wire::UploadLimits,
 }
 
 #[cfg(feature = "http")]
@@ -532,7 +532,7 @@ impl PartyClient {
     /// `options.max_epsilon` and by the collection's declared `epsilon` (a config asking a
     /// party for more than the collection declares is not trusted); with a local model
     /// the bound applies to the composed ε, reports and model together
-    /// ([`crate::protocol::Party::composed_epsilon`]).
+    /// ([`crate::wire::Party::composed_epsilon`]).
     /// Errors: [`crate::client::ClientError::EpsilonTooLarge`] when the party's ε is above
     /// either; [`crate::client::ClientError::InvalidTask`] for a device collection or an
     /// unknown party; HTTP failures as the device client.
@@ -577,13 +577,13 @@ impl PartyClient {
     }
 
     /// The server's upload limits, as published with the collection's config.
-    pub fn upload_limits(&self) -> &crate::protocol::UploadLimits {
+    pub fn upload_limits(&self) -> &crate::wire::UploadLimits {
         &self.upload_limits
     }
 
     /// Uploads `records` (any number, distinct ids) in as many requests as the server's
     /// limits need: at most [`MAX_RECORDS_PER_UPLOAD`] records and the published body budget
-    /// ([`crate::protocol::UploadLimits::body_budget`]) per request, in order. Returns the
+    /// ([`crate::wire::UploadLimits::body_budget`]) per request, in order. Returns the
     /// sums of the requests' answers.
     ///
     /// Errors: [`crate::client::ClientError::ReportTooLarge`] when a record cannot fit any
@@ -689,7 +689,7 @@ mod tests {
     #[cfg(feature = "locmrf")]
     #[test]
     fn party_budget_splits_and_composes_back() {
-        use crate::protocol::{Party, PartyAttribute};
+        use crate::wire::{Party, PartyAttribute};
         let (reports, model) =
             split_party_budget(1.6, 1e-6, &[2, 9, 41], DEFAULT_LOCMRF_SHARE).unwrap();
         assert!((model.epsilon.get() - 0.32).abs() < 1e-12 && model.delta == 1e-6);
@@ -709,7 +709,7 @@ mod tests {
             locmrf: Some(model),
         };
         assert!(
-            (party.composed_epsilon(crate::protocol::VerticalEncoding::FoLocmrf) - 1.6).abs()
+            (party.composed_epsilon(crate::wire::VerticalEncoding::FoLocmrf) - 1.6).abs()
                 < 1e-9
         );
         for (share, delta) in [(0.0, 1e-6), (1.0, 1e-6), (0.2, 0.0), (0.2, 1.0)] {
@@ -748,7 +748,7 @@ mod tests {
     #[cfg(feature = "locmrf")]
     #[test]
     fn sampled_budget_gives_every_attribute_the_whole_report_epsilon() {
-        use crate::protocol::{Party, PartyAttribute, VerticalEncoding};
+        use crate::wire::{Party, PartyAttribute, VerticalEncoding};
         let (reports, model) = sampled_party_budget(1.6, 1e-6, 3, 0.2).unwrap();
         assert!((model.epsilon.get() - 0.32).abs() < 1e-12 && model.delta == 1e-6);
         assert_eq!(reports.len(), 3);
@@ -895,7 +895,7 @@ mod tests {
     #[test]
     fn sampled_reports_draw_one_attribute_uniformly() {
         use crate::mechanism::tests::{assert_fit_and_power, pearson};
-        use crate::protocol::VerticalEncoding;
+        use crate::wire::VerticalEncoding;
         let c = sampled_config();
         let bank = PartyRandomizer::new(&c, "bank").unwrap();
         assert!(bank.sampled());

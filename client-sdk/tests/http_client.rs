@@ -14,7 +14,7 @@ use ldpsyn::Epsilon;
 use ldpsyn::client::{Client, ClientError, ClientOptions, SimulatedPerson};
 use ldpsyn::ledger::{BudgetLedger, FileLedger, MemoryLedger, ReportState};
 use ldpsyn::mechanism::{Mechanism, MechanismKind};
-use ldpsyn::protocol::{
+use ldpsyn::wire::{
     CollectionConfig, PROBLEM_CONTENT_TYPE, Problem, ProblemType, Protocol, Report, ReportAnswer,
     ReportStatus, Task,
 };
@@ -202,7 +202,7 @@ async fn start_with(schema: Schema, epsilon: f64, behaviour: Behaviour) -> (Stri
     let fake = Arc::new(Fake {
         config: CollectionConfig {
             auto_finalize_at_target: false,
-            past_target: ldpsyn::protocol::PastTarget::Accept,
+            past_target: ldpsyn::wire::PastTarget::Accept,
             retain_reports_days: None,
             name: None,
             description: None,
@@ -737,7 +737,7 @@ async fn device_budget_caps_epsilon_across_collections() {
         report: Report {
             id: Uuid::new_v4(),
             token: "old".into(),
-            payload: ldpsyn::protocol::Payload::Grr(0),
+            payload: ldpsyn::wire::Payload::Grr(0),
         },
         state: ReportState::Acknowledged,
         spent_at_unix_ms: Some(now_ms - 2 * 86_400_000),

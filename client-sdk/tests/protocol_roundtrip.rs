@@ -4,7 +4,7 @@
 
 use ldpsyn::Epsilon;
 use ldpsyn::mechanism::MechanismKind;
-use ldpsyn::protocol::{
+use ldpsyn::wire::{
     OueBits, Payload, Problem, ProblemType, Report, ReportAnswer, ReportStatus, Task,
 };
 use proptest::prelude::*;

@@ -21,7 +21,7 @@ use clap::Parser;
 use ldpsyn::Epsilon;
 use ldpsyn::client::{Client, ClientOptions};
 use ldpsyn::ledger::MemoryLedger;
-use ldpsyn::protocol::ReportStatus;
+use ldpsyn::wire::ReportStatus;
 use ldpsyn_service::Server;
 use ldpsyn_service::config::ServeConfig;
 use rand::{Rng, SeedableRng};

@@ -16,7 +16,7 @@
 use anyhow::Context;
 use ldpsyn::Epsilon;
 use ldpsyn::mechanism::SufficientStatistics;
-use ldpsyn::protocol::{PrivIncrParams, Protocol};
+use ldpsyn::wire::{PrivIncrParams, Protocol};
 use ldpsyn::schema::{AttributeKind, NumericDecoding, Schema};
 use ldpsyn_engine::{Engine, EngineOptions, Tables, Transition};
 use rand::SeedableRng;

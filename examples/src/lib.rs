@@ -6,7 +6,7 @@
 pub mod load;
 
 use ldpsyn::Epsilon;
-use ldpsyn::protocol::{CollectionConfig, PROTOCOL_VERSION, Protocol};
+use ldpsyn::wire::{CollectionConfig, PROTOCOL_VERSION, Protocol};
 use ldpsyn::schema::{AttributeKind, DecodedValue, NumericDecoding, Schema};
 use ldpsyn_aggregator::engine::{Engine, EngineOptions, Expansion};
 use ldpsyn_aggregator::eval::{
@@ -72,7 +72,7 @@ pub fn simulate_numeric(
     let pop = &loaded.population;
     let config = CollectionConfig {
         auto_finalize_at_target: false,
-        past_target: ldpsyn::protocol::PastTarget::Accept,
+        past_target: ldpsyn::wire::PastTarget::Accept,
         retain_reports_days: None,
         name: None,
         description: None,

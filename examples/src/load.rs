@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ldpsyn::protocol::{
+use ldpsyn::wire::{
     CollectionConfig, Problem, Report, ReportAnswer, ReportStatus, Task, UploadLimits,
 };
 use ldpsyn::submission::randomize_task;

@@ -9,7 +9,7 @@ use clap::Parser;
 use ldpsyn::client::SimulatedPerson;
 use ldpsyn::ledger::{BudgetLedger, MemoryLedger};
 use ldpsyn::mechanism::SufficientStatistics;
-use ldpsyn::protocol::Report;
+use ldpsyn::wire::Report;
 use ldpsyn::schema::Schema;
 use ldpsyn_engine::{Engine, TableKey, Tables};
 use ldpsyn_service::Server;

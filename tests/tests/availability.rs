@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use ldpsyn::protocol::{Problem, ProblemType};
+use ldpsyn::wire::{Problem, ProblemType};
 use ldpsyn_engine::Engine;
 use ldpsyn_service::storage::CollectionRow;
 use ldpsyn_tests::*;
@@ -281,7 +281,7 @@ async fn a_remembered_unknown_id_is_dropped_when_the_collection_appears() {
         fields.remove(k);
     }
     config["id"] = json!(id);
-    let parsed: ldpsyn::protocol::CollectionConfig =
+    let parsed: ldpsyn::wire::CollectionConfig =
         serde_json::from_value(config.clone()).unwrap();
     let engine = Engine::new(&parsed).unwrap();
     let row = CollectionRow {

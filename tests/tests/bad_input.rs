@@ -3,7 +3,7 @@
 use base64::Engine as _;
 use ldpsyn::Epsilon;
 use ldpsyn::mechanism::MechanismKind;
-use ldpsyn::protocol::{PROBLEM_CONTENT_TYPE, Problem, ProblemType, Task};
+use ldpsyn::wire::{PROBLEM_CONTENT_TYPE, Problem, ProblemType, Task};
 use ldpsyn_service::tokens::{TaskClaims, TokenKey};
 use ldpsyn_tests::*;
 use serde_json::{Value, json};

@@ -6,7 +6,7 @@
 use ldpsyn::Epsilon;
 use ldpsyn::client::{Client, ClientOptions};
 use ldpsyn::ledger::MemoryLedger;
-use ldpsyn::protocol::{CollectionConfig, ReportStatus};
+use ldpsyn::wire::{CollectionConfig, ReportStatus};
 use ldpsyn_engine::{Engine, Phase};
 use ldpsyn_tests::*;
 use serde_json::{Value, json};
@@ -226,7 +226,7 @@ async fn samprivsyn_batches_reweight() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_bin_maps_over_http() {
     use ldpsyn::client::SimulatedPerson;
-    use ldpsyn::protocol::{Report, Task};
+    use ldpsyn::wire::{Report, Task};
     use ldpsyn::schema::Schema;
     use rand::{Rng, SeedableRng};
 
@@ -437,7 +437,7 @@ const SPIKE_SHARE: f64 = 0.4 + 0.6 / 30.0;
 /// `numeric=uniform`; a bad `numeric` is a 400 problem.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn numeric_auto_bins_over_http() {
-    use ldpsyn::protocol::Task;
+    use ldpsyn::wire::Task;
 
     let dir = tempfile::tempdir().unwrap();
     let n = 20_000;
@@ -491,7 +491,7 @@ async fn numeric_auto_bins_over_http() {
     assert_eq!(bad.status(), 400);
     assert_eq!(
         bad.headers()["content-type"],
-        ldpsyn::protocol::PROBLEM_CONTENT_TYPE
+        ldpsyn::wire::PROBLEM_CONTENT_TYPE
     );
     server.shutdown().await.unwrap();
 }

@@ -10,7 +10,7 @@
 use ldpsyn::Epsilon;
 use ldpsyn::client::{Client, ClientError, ClientOptions};
 use ldpsyn::ledger::MemoryLedger;
-use ldpsyn::protocol::{CollectionConfig, ProblemType, ReportStatus};
+use ldpsyn::wire::{CollectionConfig, ProblemType, ReportStatus};
 use ldpsyn_engine::Engine;
 use ldpsyn_tests::*;
 use serde_json::{Value, json};

@@ -6,7 +6,7 @@
 use ldpsyn::Epsilon;
 use ldpsyn::client::{Client, ClientError, ClientOptions, SimulatedPerson};
 use ldpsyn::ledger::{BudgetLedger, MemoryLedger, ReportState};
-use ldpsyn::protocol::{Payload, ReportStatus, UploadLimits};
+use ldpsyn::wire::{Payload, ReportStatus, UploadLimits};
 use ldpsyn::vertical::{PartyClient, PartyRecord, RecordIdKey};
 use ldpsyn_tests::{ADMIN, acknowledged, admin, base, create, start};
 use rand::{Rng, SeedableRng};
@@ -130,7 +130,7 @@ async fn a_report_larger_than_the_body_limit_is_a_typed_error_and_stays_pending(
     );
     assert_eq!(
         err.problem_type(),
-        ldpsyn::protocol::ProblemType::PayloadTooLarge
+        ldpsyn::wire::ProblemType::PayloadTooLarge
     );
     let entry = client.ledger().get(id).unwrap().expect("recorded");
     assert_eq!(entry.state, ReportState::Pending);

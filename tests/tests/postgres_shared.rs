@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use ldpsyn::Epsilon;
 use ldpsyn::client::{Client, ClientOptions};
 use ldpsyn::ledger::MemoryLedger;
-use ldpsyn::protocol::CollectionConfig;
+use ldpsyn::wire::CollectionConfig;
 use ldpsyn_engine::Engine;
 use ldpsyn_tests::*;
 use serde_json::json;

@@ -10,7 +10,7 @@
 use ldpsyn::Epsilon;
 use ldpsyn::client::{Client, ClientOptions};
 use ldpsyn::ledger::MemoryLedger;
-use ldpsyn::protocol::{PROBLEM_CONTENT_TYPE, ProblemType};
+use ldpsyn::wire::{PROBLEM_CONTENT_TYPE, ProblemType};
 use ldpsyn_service::Server;
 use ldpsyn_tests::*;
 use serde_json::{Value, json};

@@ -12,7 +12,7 @@
 use ldpsyn::Epsilon;
 use ldpsyn::client::{Client, ClientOptions};
 use ldpsyn::ledger::MemoryLedger;
-use ldpsyn::protocol::ReportStatus;
+use ldpsyn::wire::ReportStatus;
 use ldpsyn_tests::*;
 use serde_json::{Value, json};
 use uuid::Uuid;

@@ -4,7 +4,7 @@
 
 use ldpsyn::Epsilon;
 use ldpsyn::client::{ClientError, ClientOptions};
-use ldpsyn::protocol::ProblemType;
+use ldpsyn::wire::ProblemType;
 use ldpsyn::vertical::{PartyClient, PartyRecord, RecordIdKey};
 use ldpsyn_tests::{ADMIN, admin, base, population, schema_json, start};
 use rand::SeedableRng;
@@ -341,7 +341,7 @@ async fn local_model_uploads_are_checked_and_stored_once() {
     let url = |p: &str| format!("{base}/v1/collections/{id}/parties/{p}/model");
 
     // Bank's model of its columns (region, smoker: schema 0 and 2).
-    let budget = ldpsyn::protocol::LocMrfBudget {
+    let budget = ldpsyn::wire::LocMrfBudget {
         epsilon: Epsilon::new(0.5).unwrap(),
         delta: 1e-6,
     };
@@ -686,7 +686,7 @@ async fn sampled_uploads_are_checked_and_counted_once() {
         assert_eq!(resp.status(), 400, "{record}");
         assert_eq!(
             resp.headers()["content-type"],
-            ldpsyn::protocol::PROBLEM_CONTENT_TYPE,
+            ldpsyn::wire::PROBLEM_CONTENT_TYPE,
             "{record}"
         );
         let v: Value = resp.json().await.unwrap();

@@ -3,7 +3,7 @@
 //! seconds) with exponential, jittered backoff; the body is the same bytes on every attempt;
 //! any other non-2xx answer is a [`Problem`] and is not retried.
 
-use ldpsyn::protocol::{Problem, ProblemType};
+use ldpsyn::wire::{Problem, ProblemType};
 use ldpsyn::submission::ClientError;
 use rand::Rng;
 use rand::rngs::StdRng;

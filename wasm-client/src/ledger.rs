@@ -331,7 +331,7 @@ pub async fn with_origin_lock<T: 'static, F: Future<Output = T> + 'static>(
         if required {
             let detail = LedgerUnavailable::NoWebLocks.to_string();
             return Err(crate::usage_error(
-                ldpsyn::protocol::ProblemType::LedgerUnavailable,
+                ldpsyn::wire::ProblemType::LedgerUnavailable,
                 detail,
             ));
         }

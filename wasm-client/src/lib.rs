@@ -16,7 +16,7 @@
 //! ```
 //!
 //! Errors are `LdpError`s (`instanceof Error`, `name === "LdpError"`) with `code`, the slug of
-//! the shared problem type ([`ldpsyn::protocol::ProblemType::slug`]), `detail` (the server's
+//! the shared problem type ([`ldpsyn::wire::ProblemType::slug`]), `detail` (the server's
 //! detail for server problems) and, for server problems, `status`.
 #![warn(missing_docs)]
 
@@ -32,7 +32,7 @@ use ldpsyn::Epsilon;
 use ldpsyn::ledger::{
     BudgetLedger, DeviceBudget, ReportState, next_step_within, remaining_budget_within,
 };
-use ldpsyn::protocol::{CollectionConfig, ProblemType, ReportAnswer, ReportStatus, Task};
+use ldpsyn::wire::{CollectionConfig, ProblemType, ReportAnswer, ReportStatus, Task};
 use ldpsyn::submission::{
     ClientError, Receipt, SpendLimits, check_config, decision, randomize_and_record, settle_upload,
 };

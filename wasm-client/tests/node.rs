@@ -6,7 +6,7 @@ use js_sys::Reflect;
 use ldpsyn::Epsilon;
 use ldpsyn::ledger::{BudgetLedger, LedgerEntry, ReportState};
 use ldpsyn::mechanism::{Mechanism, MechanismKind};
-use ldpsyn::protocol::{Payload, ProblemType, Report};
+use ldpsyn::wire::{Payload, ProblemType, Report};
 use ldpsyn_wasm::LdpClient;
 use ldpsyn_wasm::ledger::{DeviceLedger, Storage};
 use rand::SeedableRng;

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use ldpsyn::Epsilon;
-use ldpsyn::protocol::{PrivIncrParams, Protocol, SamPrivSynParams};
+use ldpsyn::wire::{PrivIncrParams, Protocol, SamPrivSynParams};
 use ldpsyn_engine::{Engine, EngineOptions};
 use rand::SeedableRng;
 use rand::rngs::StdRng;

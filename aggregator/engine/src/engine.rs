@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use ldpsyn::Epsilon;
 use ldpsyn::mechanism::Mechanism;
-use ldpsyn::protocol::{CollectionConfig, Protocol};
+use ldpsyn::wire::{CollectionConfig, Protocol};
 use rand::Rng;
 
 use crate::EngineError;
@@ -630,7 +630,7 @@ mod tests {
     /// protocols that measure pairs as they are (not `auto`, which bins them).
     #[test]
     fn domains_are_bounded_at_creation() {
-        use ldpsyn::protocol::{PrivIncrParams, SamPrivSynParams};
+        use ldpsyn::wire::{PrivIncrParams, SamPrivSynParams};
         let eps = Epsilon::new(1.0).unwrap();
         let make = |dims: Vec<usize>, p: Protocol| {
             Engine::from_parts(dims, eps, 100, p, EngineOptions::default())

@@ -41,7 +41,7 @@
 //! ```
 //! use ldpsyn::Epsilon;
 //! use ldpsyn::mechanism::SufficientStatistics;
-//! use ldpsyn::protocol::Protocol;
+//! use ldpsyn::wire::Protocol;
 //! use ldpsyn_engine::{Engine, EngineOptions, Tables};
 //! use rand::{Rng, SeedableRng};
 //!

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use ldpsyn::mechanism::MechanismKind;
-use ldpsyn::protocol::Protocol;
+use ldpsyn::wire::Protocol;
 use serde::{Deserialize, Serialize};
 
 use crate::graph::{Edge, EdgeState};

@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 
 use ldpsyn::Epsilon;
 use ldpsyn::mechanism::{Mechanism, MechanismKind, SufficientStatistics};
-use ldpsyn::protocol::{Payload, ProblemType};
+use ldpsyn::wire::{Payload, ProblemType};
 use ldpsyn_service::error::ApiError;
 use ldpsyn_service::http::parse_upload;
 use ldpsyn_service::tokens::TokenKey;

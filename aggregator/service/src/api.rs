@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use ldpsyn::protocol::CollectionConfig;
+use ldpsyn::wire::CollectionConfig;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use utoipa::ToSchema;
@@ -105,7 +105,7 @@ pub struct CollectionView {
     /// This server's limits on one upload (`serve --max-body-bytes`,
     /// `--max-reports-per-upload`; the same for every collection): clients cut their
     /// uploads to fit them.
-    pub upload_limits: ldpsyn::protocol::UploadLimits,
+    pub upload_limits: ldpsyn::wire::UploadLimits,
     /// Vertical collections: each party's ε per person (its reports': the sum over its
     /// attributes, or one attribute's under `sampled+locmrf`; plus its local model's ε).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -284,14 +284,14 @@ pub struct CreateCollection {
     pub auto_finalize_at_target: Option<bool>,
     /// Optional, default `refuse` (device collections; a vertical one takes only `accept`):
     /// what happens to reports past `target_users`.
-    pub past_target: Option<ldpsyn::protocol::PastTarget>,
+    pub past_target: Option<ldpsyn::wire::PastTarget>,
     /// Optional, 0..=36500: days the raw reports are kept after finalize (tables and model
     /// are kept); absent: until the collection is deleted.
     #[schema(minimum = 0, maximum = 36500)]
     pub retain_reports_days: Option<u32>,
     /// The protocol (`protocol` key) and its parameters.
     #[serde(flatten)]
-    pub protocol: ldpsyn::protocol::Protocol,
+    pub protocol: ldpsyn::wire::Protocol,
 }
 
 /// The schema of [`Phase`]: its wire names.
@@ -506,9 +506,9 @@ pub(crate) fn schema_ref(name: &str) -> RefOr<Schema> {
 #[serde(untagged)]
 pub enum TaskAnswer {
     /// Without `count`.
-    One(ldpsyn::protocol::Task),
+    One(ldpsyn::wire::Task),
     /// With `count`: that many independently drawn tasks.
-    Many(Vec<ldpsyn::protocol::Task>),
+    Many(Vec<ldpsyn::wire::Task>),
 }
 
 /// A file as bytes (the body of a Parquet download), in the OpenAPI document: a string of

@@ -81,10 +81,10 @@ pub struct ServeConfig {
     #[arg(long, env = "LDPSYN_TASK_TTL_SECS", default_value_t = 86_400)]
     pub task_ttl_secs: i64,
     /// Most reports in one upload (413 above).
-    #[arg(long, env = "LDPSYN_MAX_REPORTS_PER_UPLOAD", default_value_t = ldpsyn::protocol::DEFAULT_MAX_REPORTS_PER_UPLOAD)]
+    #[arg(long, env = "LDPSYN_MAX_REPORTS_PER_UPLOAD", default_value_t = ldpsyn::wire::DEFAULT_MAX_REPORTS_PER_UPLOAD)]
     pub max_reports_per_upload: usize,
     /// Largest request body, bytes (413 above).
-    #[arg(long, env = "LDPSYN_MAX_BODY_BYTES", default_value_t = ldpsyn::protocol::DEFAULT_MAX_BODY_BYTES)]
+    #[arg(long, env = "LDPSYN_MAX_BODY_BYTES", default_value_t = ldpsyn::wire::DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
     /// Request timeout until the response starts, milliseconds.
     #[arg(long, env = "LDPSYN_REQUEST_TIMEOUT_MS", default_value_t = 30_000)]

@@ -6,7 +6,7 @@
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use ldpsyn::protocol::{PROBLEM_CONTENT_TYPE, Problem, ProblemType};
+use ldpsyn::wire::{PROBLEM_CONTENT_TYPE, Problem, ProblemType};
 
 use super::ingest::IngestError;
 use super::storage::StorageError;

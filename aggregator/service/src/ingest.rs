@@ -23,7 +23,7 @@ use std::time::Instant;
 
 use dashmap::DashMap;
 use ldpsyn::mechanism::{Mechanism, SufficientStatistics};
-use ldpsyn::protocol::{CollectionConfig, PastTarget, Problem, ProblemType};
+use ldpsyn::wire::{CollectionConfig, PastTarget, Problem, ProblemType};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
@@ -1595,7 +1595,7 @@ async fn finalize(
 #[cfg(test)]
 mod tests {
     use ldpsyn::Epsilon;
-    use ldpsyn::protocol::{PROTOCOL_VERSION, PrivIncrParams, Protocol};
+    use ldpsyn::wire::{PROTOCOL_VERSION, PrivIncrParams, Protocol};
 
     use super::*;
 
@@ -1608,7 +1608,7 @@ mod tests {
         .unwrap();
         let config = CollectionConfig {
             auto_finalize_at_target: false,
-            past_target: ldpsyn::protocol::PastTarget::Accept,
+            past_target: ldpsyn::wire::PastTarget::Accept,
             retain_reports_days: None,
             name: None,
             description: None,

@@ -54,7 +54,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use dashmap::DashMap;
-use ldpsyn::protocol::CollectionConfig;
+use ldpsyn::wire::CollectionConfig;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, oneshot};
@@ -271,7 +271,7 @@ impl AppState {
     /// The answer for a stored collection this process could not load.
     fn unavailable_problem(id: Uuid) -> ApiError {
         ApiError::problem(
-            ldpsyn::protocol::ProblemType::CollectionUnavailable,
+            ldpsyn::wire::ProblemType::CollectionUnavailable,
             format!(
                 "collection {id} is stored but this server could not load it (its stored \
                  config or state is unreadable); the other collections are served. Ask the \
@@ -355,7 +355,7 @@ impl AppState {
         }
         let unknown = || {
             Err(ApiError::problem(
-                ldpsyn::protocol::ProblemType::UnknownCollection,
+                ldpsyn::wire::ProblemType::UnknownCollection,
                 format!("no collection {id}"),
             ))
         };
@@ -465,7 +465,7 @@ impl AppState {
         let gone = matches!(
             &r,
             Err(ApiError::Ingest(ingest::IngestError::Refused {
-                kind: ldpsyn::protocol::ProblemType::UnknownCollection,
+                kind: ldpsyn::wire::ProblemType::UnknownCollection,
                 ..
             }))
         );
@@ -623,7 +623,7 @@ impl Server {
                         Some(router) => router.clone().oneshot(req).await,
                         None => Ok(axum::response::IntoResponse::into_response(
                             ApiError::problem(
-                                ldpsyn::protocol::ProblemType::Unavailable,
+                                ldpsyn::wire::ProblemType::Unavailable,
                                 "the aggregator is loading its state; retry shortly",
                             ),
                         )),

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use ldpsyn::protocol::ProblemType;
+use ldpsyn::wire::ProblemType;
 
 /// Upper bounds of the commit-latency histogram buckets, seconds.
 const BUCKETS_S: [f64; 12] = [

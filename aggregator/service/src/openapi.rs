@@ -18,7 +18,7 @@ use std::sync::OnceLock;
 
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
-use ldpsyn::protocol::{PROBLEM_CONTENT_TYPE, Problem, ProblemType};
+use ldpsyn::wire::{PROBLEM_CONTENT_TYPE, Problem, ProblemType};
 use utoipa::openapi::response::{ResponseBuilder, ResponsesBuilder};
 use utoipa::openapi::schema::{AllOfBuilder, ObjectBuilder, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};

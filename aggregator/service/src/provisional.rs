@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use ldpsyn::protocol::ProblemType;
+use ldpsyn::wire::ProblemType;
 use ldpsyn_engine::{Model, Phase};
 
 use super::error::ApiError;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use futures_util::TryStreamExt;
 use ldpsyn::mechanism::{MechanismKind, SufficientStatistics};
-use ldpsyn::protocol::Payload;
+use ldpsyn::wire::Payload;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::pool::PoolConnection;
 use sqlx::{Any, AnyPool, Connection, Executor, Row};

@@ -39,7 +39,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use hmac::{Hmac, Mac};
 use ldpsyn::Epsilon;
 use ldpsyn::mechanism::MechanismKind;
-use ldpsyn::protocol::{Problem, ProblemType, Report};
+use ldpsyn::wire::{Problem, ProblemType, Report};
 use sha2::Sha256;
 use uuid::Uuid;
 

@@ -14,7 +14,7 @@
 use axum::extract::Path;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Redirect, Response};
-use ldpsyn::protocol::ProblemType;
+use ldpsyn::wire::ProblemType;
 
 use super::error::ApiError;
 

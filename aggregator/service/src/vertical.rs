@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use ldpsyn::mechanism::SufficientStatistics;
-use ldpsyn::protocol::ProblemType;
+use ldpsyn::wire::ProblemType;
 use ldpsyn::vertical::{PartyRecord, PartyUploadResult};
 
 use super::ingest::CollectionHandle;

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use ldpsyn::mechanism::MechanismKind;
-use ldpsyn::protocol::Payload;
+use ldpsyn::wire::Payload;
 use ldpsyn_engine::TableKey;
 use ldpsyn_service::storage::{Datastore, NewReport, StorageError};
 use sqlx::migrate::Migrator;
@@ -70,7 +70,7 @@ async fn upgrade_keeps_reports_and_token_identity() {
         vec![3],
         ldpsyn::Epsilon::new(1.0).unwrap(),
         100,
-        ldpsyn::protocol::Protocol::Independence {},
+        ldpsyn::wire::Protocol::Independence {},
         ldpsyn_engine::EngineOptions::default(),
     )
     .unwrap();
@@ -177,7 +177,7 @@ async fn upgrade_keeps_stored_collection_state() {
 async fn table_counts_rebuild_and_track_the_reports() {
     use ldpsyn::Epsilon;
     use ldpsyn::mechanism::SufficientStatistics;
-    use ldpsyn::protocol::Protocol;
+    use ldpsyn::wire::Protocol;
     use ldpsyn_engine::{Engine, EngineOptions, Tables};
     use ldpsyn_service::storage::CollectionRow;
 

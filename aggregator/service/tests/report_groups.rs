@@ -7,7 +7,7 @@
 
 use ldpsyn::Epsilon;
 use ldpsyn::mechanism::{MechanismKind, SufficientStatistics};
-use ldpsyn::protocol::{Payload, Protocol};
+use ldpsyn::wire::{Payload, Protocol};
 use ldpsyn_engine::{Engine, EngineOptions, TableKey, Tables};
 use ldpsyn_service::storage::{CollectionRow, Datastore, NewReport, StorageError};
 use uuid::Uuid;

@@ -12,7 +12,7 @@
 //!
 //! ```
 //! use ldpsyn::Epsilon;
-//! use ldpsyn::protocol::{PrivIncrParams, Protocol};
+//! use ldpsyn::wire::{PrivIncrParams, Protocol};
 //! use ldpsyn_engine::{Engine, EngineOptions};
 //! use ldpsyn_sim::{BayesNet, Simulation};
 //!

@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 
 use ldpsyn::Epsilon;
-use ldpsyn::protocol::{PrivIncrParams, Protocol, SamPrivSynParams};
+use ldpsyn::wire::{PrivIncrParams, Protocol, SamPrivSynParams};
 
 use super::{BayesNet, Dependence, Population, Simulation};
 use crate::eval::MarginalCounts;

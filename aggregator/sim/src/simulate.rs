@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use ldpsyn::mechanism::{Mechanism, MechanismKind, Oracle, SufficientStatistics};
-use ldpsyn::protocol::Payload;
+use ldpsyn::wire::Payload;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
 use rand_distr::{Binomial, Distribution};
@@ -301,7 +301,7 @@ mod tests {
     use std::collections::{BTreeSet, HashMap};
 
     use ldpsyn::Epsilon;
-    use ldpsyn::protocol::{PrivIncrParams, Protocol};
+    use ldpsyn::wire::{PrivIncrParams, Protocol};
     use rand::Rng;
 
     use super::*;
@@ -359,14 +359,14 @@ mod tests {
         eps: f64,
         n: usize,
         protocol: Protocol,
-    ) -> ldpsyn::protocol::CollectionConfig {
-        ldpsyn::protocol::CollectionConfig {
+    ) -> ldpsyn::wire::CollectionConfig {
+        ldpsyn::wire::CollectionConfig {
             auto_finalize_at_target: false,
-            past_target: ldpsyn::protocol::PastTarget::Accept,
+            past_target: ldpsyn::wire::PastTarget::Accept,
             retain_reports_days: None,
             name: None,
             description: None,
-            version: ldpsyn::protocol::PROTOCOL_VERSION,
+            version: ldpsyn::wire::PROTOCOL_VERSION,
             id: uuid::Uuid::nil(),
             schema: schema.clone(),
             epsilon: Epsilon::new(eps).unwrap(),
@@ -564,7 +564,7 @@ mod tests {
     /// 1-ways (the whole download's and the first chunk's agree to 1%).
     #[test]
     fn samprivsyn_synthesis_streams_in_chunks() {
-        use ldpsyn::protocol::SamPrivSynParams;
+        use ldpsyn::wire::SamPrivSynParams;
         use ldpsyn_engine::synth::sampler::SAMPRIVSYN_CHUNK_ROWS;
         let net = BayesNet::standard();
         let pop = net.sample(20_000, 4);
@@ -605,7 +605,7 @@ mod tests {
     #[test]
     #[ignore = "slow in debug; .ci/run runs it with --release --ignored"]
     fn two_hundred_attributes_every_protocol() {
-        use ldpsyn::protocol::SamPrivSynParams;
+        use ldpsyn::wire::SamPrivSynParams;
         let dims = vec![4usize; 200];
         let mut rng = ChaCha12Rng::seed_from_u64(6);
         let rows: Vec<Vec<u32>> = (0..3000)
@@ -884,7 +884,7 @@ mod tests {
     /// `fo`'s, and the local models' graphs are in the model graph.
     #[test]
     fn local_models_beat_the_fo_encoding() {
-        use ldpsyn::protocol::{
+        use ldpsyn::wire::{
             CollectionConfig, PROTOCOL_VERSION, Party, PartyAttribute, VerticalEncoding,
             VerticalParams,
         };
@@ -923,7 +923,7 @@ mod tests {
             };
             Engine::new(&CollectionConfig {
                 auto_finalize_at_target: false,
-                past_target: ldpsyn::protocol::PastTarget::Accept,
+                past_target: ldpsyn::wire::PastTarget::Accept,
                 retain_reports_days: None,
                 name: None,
                 description: None,
@@ -989,7 +989,7 @@ mod tests {
     fn marginal_error_bars_cover() {
         /// (protocol, marginal order) whose bars are known to be too wide (see above).
         const OVER_WIDE: [(&str, usize); 2] = [("privincr", 2), ("auto", 2)];
-        use ldpsyn::protocol::{CollectionConfig, PROTOCOL_VERSION, Party, PartyAttribute};
+        use ldpsyn::wire::{CollectionConfig, PROTOCOL_VERSION, Party, PartyAttribute};
         let n = 100_000;
         let net = BayesNet::standard();
         let schema = net.schema();
@@ -1012,7 +1012,7 @@ mod tests {
         ];
         let vertical = Engine::new(&CollectionConfig {
             auto_finalize_at_target: false,
-            past_target: ldpsyn::protocol::PastTarget::Accept,
+            past_target: ldpsyn::wire::PastTarget::Accept,
             retain_reports_days: None,
             name: None,
             description: None,
@@ -1021,7 +1021,7 @@ mod tests {
             schema,
             epsilon: Epsilon::new((names.len() - half) as f64).unwrap(),
             target_users: n as u64,
-            protocol: Protocol::Vertical(ldpsyn::protocol::VerticalParams {
+            protocol: Protocol::Vertical(ldpsyn::wire::VerticalParams {
                 parties,
                 encoding: Default::default(),
             }),
@@ -1031,7 +1031,7 @@ mod tests {
         for (name, e) in [
             Protocol::Auto(PrivIncrParams::default()),
             Protocol::Privincr(PrivIncrParams::default()),
-            Protocol::Samprivsyn(ldpsyn::protocol::SamPrivSynParams { batch_size: 5000 }),
+            Protocol::Samprivsyn(ldpsyn::wire::SamPrivSynParams { batch_size: 5000 }),
             Protocol::Independence {},
         ]
         .into_iter()
@@ -1125,7 +1125,7 @@ mod tests {
             Protocol::Privincr(PrivIncrParams::default()),
             Protocol::Noincremental(PrivIncrParams::default()),
             Protocol::Auto(PrivIncrParams::default()),
-            Protocol::Samprivsyn(ldpsyn::protocol::SamPrivSynParams { batch_size: 2000 }),
+            Protocol::Samprivsyn(ldpsyn::wire::SamPrivSynParams { batch_size: 2000 }),
             Protocol::Independence {},
         ] {
             let e = engine(p.clone(), 2.0, n as u64);

@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 
 use ldpsyn::Epsilon;
 use ldpsyn::mechanism::{Mechanism, MechanismKind, SufficientStatistics};
-use ldpsyn::protocol::{Payload, Report};
+use ldpsyn::wire::{Payload, Report};
 use libfuzzer_sys::fuzz_target;
 
 fn mechanisms() -> &'static [Mechanism] {

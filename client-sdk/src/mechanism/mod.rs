@@ -30,7 +30,7 @@ pub use oue::Oue;
 pub use pair::GrrPair;
 
 use crate::Epsilon;
-use crate::protocol::{OueBits, Payload};
+use crate::wire::{OueBits, Payload};
 
 /// Errors of mechanism construction, randomization and estimation.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use ldpsyn::protocol::{CollectionConfig, ReportAnswer, Task, UploadLimits};
+use ldpsyn::wire::{CollectionConfig, ReportAnswer, Task, UploadLimits};
 use ldpsyn::submission::randomize_task;
 use ldpsyn::upload::{Piece, published_limits, split_reports};
 use rand::{Rng, SeedableRng};

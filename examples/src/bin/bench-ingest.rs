@@ -28,7 +28,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use ldpsyn::protocol::CollectionConfig;
+use ldpsyn::wire::CollectionConfig;
 use ldpsyn::upload::published_limits;
 use ldpsyn_examples::load::{self, Load, Mode, cpu_seconds};
 use serde::Serialize;
@@ -162,7 +162,7 @@ struct Target {
     database: &'static str,
     collection: Uuid,
     config: Arc<CollectionConfig>,
-    limits: ldpsyn::protocol::UploadLimits,
+    limits: ldpsyn::wire::UploadLimits,
 }
 
 /// One measured run.

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use ldpsyn::Epsilon;
-use ldpsyn::protocol::{CollectionConfig, PROTOCOL_VERSION, Protocol};
+use ldpsyn::wire::{CollectionConfig, PROTOCOL_VERSION, Protocol};
 use ldpsyn::schema::{AttributeKind, DecodedValue, NumericDecoding, Schema};
 use ldpsyn_aggregator::engine::{Engine, Expansion};
 use ldpsyn_aggregator::eval::numeric_fidelity;
@@ -259,7 +259,7 @@ fn main() -> Result<(), Error> {
                     // The engine: independence on the one attribute.
                     let config = CollectionConfig {
                         auto_finalize_at_target: false,
-                        past_target: ldpsyn::protocol::PastTarget::Accept,
+                        past_target: ldpsyn::wire::PastTarget::Accept,
                         retain_reports_days: None,
                         name: None,
                         description: None,

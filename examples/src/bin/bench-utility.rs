@@ -25,7 +25,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use ldpsyn::Epsilon;
-use ldpsyn::protocol::{PrivIncrParams, Protocol, SamPrivSynParams};
+use ldpsyn::wire::{PrivIncrParams, Protocol, SamPrivSynParams};
 use ldpsyn::schema::Schema;
 use ldpsyn_aggregator::demo;
 use ldpsyn_aggregator::engine::{Engine, Model};

@@ -34,8 +34,8 @@ use std::sync::Arc;
 
 use clap::Parser;
 use ldpsyn::Epsilon;
-use ldpsyn::protocol::VerticalEncoding;
-use ldpsyn::protocol::{
+use ldpsyn::wire::VerticalEncoding;
+use ldpsyn::wire::{
     CollectionConfig, PROTOCOL_VERSION, Party, PartyAttribute, Protocol, VerticalParams,
 };
 use ldpsyn::schema::Schema;
@@ -138,7 +138,7 @@ fn config(
 ) -> Result<CollectionConfig, Error> {
     Ok(CollectionConfig {
         auto_finalize_at_target: false,
-        past_target: ldpsyn::protocol::PastTarget::Accept,
+        past_target: ldpsyn::wire::PastTarget::Accept,
         retain_reports_days: None,
         name: None,
         description: None,

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use ldpsyn::protocol::CollectionConfig;
+use ldpsyn::wire::CollectionConfig;
 use ldpsyn::upload::published_limits;
 use ldpsyn_examples::load::{self, Load, Mode, cpu_seconds, rss};
 use uuid::Uuid;

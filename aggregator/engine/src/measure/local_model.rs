@@ -3,7 +3,7 @@
 //! `fo+locmrf` vertical collection uploads beside its GRR reports.
 //!
 //! The party is the curator of its own columns, so it measures marginals of its attributes
-//! under central DP at a fraction of its budget ([`ldpsyn::protocol::LocMrfBudget`]), with
+//! under central DP at a fraction of its budget ([`ldpsyn::wire::LocMrfBudget`]), with
 //! the engine's central select–measure loop ([`crate::central`]: every 1-way, then marginals
 //! chosen by the exponential mechanism by their expected contribution net of the noise they
 //! add, measured with the discrete Gaussian mechanism, zCDP accounting converted exactly to
@@ -38,7 +38,7 @@
 
 use std::collections::BTreeSet;
 
-use ldpsyn::protocol::LocMrfBudget;
+use ldpsyn::wire::LocMrfBudget;
 use serde::{Deserialize, Serialize};
 
 use crate::graph::Edge;
@@ -279,7 +279,7 @@ mod tests {
     use super::*;
     use crate::central::{LocalModelError, measure_local_model};
     use crate::protocols::vertical::Vertical;
-    use ldpsyn::protocol::{Protocol, VerticalParams};
+    use ldpsyn::wire::{Protocol, VerticalParams};
     use ldpsyn::schema::Schema;
     use rand::SeedableRng;
     use rand_chacha::ChaCha12Rng;

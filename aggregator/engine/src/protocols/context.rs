@@ -7,7 +7,7 @@ use std::borrow::Cow;
 
 use ldpsyn::Epsilon;
 use ldpsyn::mechanism::{Mechanism, MechanismKind};
-use ldpsyn::protocol::Protocol;
+use ldpsyn::wire::Protocol;
 
 use crate::EngineError;
 use crate::domain::space::Space;

@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 
 use ldpsyn::mechanism::{Mechanism, MechanismError};
-use ldpsyn::protocol::PrivIncrParams;
+use ldpsyn::wire::PrivIncrParams;
 
 use crate::EngineError;
 use crate::domain::key::TableKey;
@@ -527,7 +527,7 @@ pub(crate) fn check_privincr(p: &PrivIncrParams) -> Result<(), EngineError> {
 mod tests {
     use ldpsyn::Epsilon;
     use ldpsyn::mechanism::{MechanismKind, SufficientStatistics};
-    use ldpsyn::protocol::{PrivIncrParams, Protocol, SamPrivSynParams};
+    use ldpsyn::wire::{PrivIncrParams, Protocol, SamPrivSynParams};
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha12Rng;
 

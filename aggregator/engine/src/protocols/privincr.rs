@@ -17,7 +17,7 @@
 //! their domain size. The final model graph may keep the edges phase 1 left active.
 
 use ldpsyn::mechanism::{MechanismKind, norm_sub};
-use ldpsyn::protocol::PrivIncrParams;
+use ldpsyn::wire::PrivIncrParams;
 
 use super::{
     CollectionProtocol, TaskChoices, active_edges, adapted_working_bins, binned_one_way_choices,

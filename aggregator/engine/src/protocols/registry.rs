@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use ldpsyn::protocol::Protocol;
+use ldpsyn::wire::Protocol;
 
 use crate::EngineError;
 use crate::protocols::auto::Auto;

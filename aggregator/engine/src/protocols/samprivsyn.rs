@@ -11,7 +11,7 @@
 //! ([`crate::synth::samprivsyn`]).
 
 use ldpsyn::mechanism::{MechanismKind, norm_sub};
-use ldpsyn::protocol::SamPrivSynParams;
+use ldpsyn::wire::SamPrivSynParams;
 
 use super::{
     CollectionProtocol, TaskChoices, binned_one_way_choices, common_choices, numeric_round0_share,

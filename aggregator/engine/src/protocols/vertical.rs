@@ -15,7 +15,7 @@
 //!
 //! **Sampled reports (`sampled+locmrf`).** Each party reports, per record, one attribute it
 //! drew uniformly at random, with GRR at the party's whole report ε
-//! ([`ldpsyn::protocol::VerticalEncoding::SampledLocmrf`]). A party's row is then held in
+//! ([`ldpsyn::wire::VerticalEncoding::SampledLocmrf`]). A party's row is then held in
 //! party order with [`NOT_SAMPLED`] in every other slot ([`Vertical::row`]); the same tables
 //! and mechanisms apply, each over the records that sampled its attributes (a 1-way over
 //! ≈ n/k_A records, a cross-party pair over ≈ n/(k_A·k_B)), and pairs within a party have
@@ -32,7 +32,7 @@ use std::collections::BTreeSet;
 
 use ldpsyn::Epsilon;
 use ldpsyn::mechanism::{Mechanism, MechanismError, MechanismKind};
-use ldpsyn::protocol::{LocMrfBudget, Protocol, VerticalEncoding, VerticalParams};
+use ldpsyn::wire::{LocMrfBudget, Protocol, VerticalEncoding, VerticalParams};
 use ldpsyn::schema::Schema;
 
 use super::{CollectionProtocol, TaskChoices, pairs};
@@ -568,7 +568,7 @@ pub fn resolve(protocol: &Protocol, schema: &Schema) -> Result<Option<Vertical>,
 mod tests {
     use super::*;
     use ldpsyn::mechanism::SufficientStatistics;
-    use ldpsyn::protocol::{Party, PartyAttribute};
+    use ldpsyn::wire::{Party, PartyAttribute};
     use rand::{Rng, SeedableRng};
 
     use crate::engine::Engine;
@@ -1083,7 +1083,7 @@ mod tests {
         )
         .unwrap();
         let p = params(&[("p", &[("x", 0.5)]), ("q", &[("y", 0.5)])]);
-        let config: ldpsyn::protocol::CollectionConfig =
+        let config: ldpsyn::wire::CollectionConfig =
             serde_json::from_value(serde_json::json!({
                 "version": 1, "id": "c0ffee00-0000-4000-8000-000000000000",
                 "schema": schema, "epsilon": 0.5, "target_users": 45_000,
@@ -1167,7 +1167,7 @@ mod tests {
     #[test]
     fn fit_is_consistent_and_no_worse_than_two_step() {
         let p = params(&[("p", &[("a", 1.0)]), ("q", &[("c", 1.0), ("b", 1.0)])]);
-        let config: ldpsyn::protocol::CollectionConfig =
+        let config: ldpsyn::wire::CollectionConfig =
             serde_json::from_value(serde_json::json!({
                 "version": 1, "id": "c0ffee00-0000-4000-8000-000000000000",
                 "schema": schema(), "epsilon": 2.0, "target_users": 20_000,

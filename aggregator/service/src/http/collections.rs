@@ -7,7 +7,7 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use ldpsyn::protocol::{CollectionConfig, PROTOCOL_VERSION, ProblemType, Protocol};
+use ldpsyn::wire::{CollectionConfig, PROTOCOL_VERSION, ProblemType, Protocol};
 use ldpsyn::schema::Schema;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -114,7 +114,7 @@ fn view_of(state: &AppState, h: &CollectionHandle) -> api::CollectionView {
     api::CollectionView {
         config: h.config.clone(),
         status: status_of(h),
-        upload_limits: ldpsyn::protocol::UploadLimits {
+        upload_limits: ldpsyn::wire::UploadLimits {
             max_body_bytes: c.max_body_bytes as u64,
             max_reports_per_upload: c.max_reports_per_upload as u64,
         },
@@ -188,7 +188,7 @@ fn check_lifecycle(
         }
     }
     if let Some(v) = obj.get("retain_reports_days") {
-        let max = ldpsyn::protocol::MAX_RETAIN_REPORTS_DAYS;
+        let max = ldpsyn::wire::MAX_RETAIN_REPORTS_DAYS;
         if v.as_u64().is_none_or(|d| d > u64::from(max)) {
             return Err(bad(format!(
                 "`retain_reports_days` must be a whole number of days from 0 to {max}, \
@@ -291,12 +291,12 @@ pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine),
     check_text(
         &mut obj,
         "name",
-        ldpsyn::protocol::MAX_COLLECTION_NAME_CHARS,
+        ldpsyn::wire::MAX_COLLECTION_NAME_CHARS,
     )?;
     check_text(
         &mut obj,
         "description",
-        ldpsyn::protocol::MAX_COLLECTION_DESCRIPTION_CHARS,
+        ldpsyn::wire::MAX_COLLECTION_DESCRIPTION_CHARS,
     )?;
     check_lifecycle(&mut obj, protocol == "vertical")?;
     let schema_v = obj
@@ -324,7 +324,7 @@ pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine),
         if let Some(encoding) = obj.get("encoding") {
             params["encoding"] = encoding.clone();
         }
-        let parties: ldpsyn::protocol::VerticalParams = super::extract::from_json_value(params, "")
+        let parties: ldpsyn::wire::VerticalParams = super::extract::from_json_value(params, "")
             .map_err(|e| bad(ProblemType::InvalidParameter, e))?;
         let total = parties
             .parties

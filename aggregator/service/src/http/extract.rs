@@ -8,7 +8,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, header};
-use ldpsyn::protocol::ProblemType;
+use ldpsyn::wire::ProblemType;
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
 

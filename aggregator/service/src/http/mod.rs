@@ -54,7 +54,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, delete, get, post};
 use axum::{BoxError, Json, Router};
-use ldpsyn::protocol::{Problem, ProblemType};
+use ldpsyn::wire::{Problem, ProblemType};
 use tower::ServiceBuilder;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::trace::TraceLayer;

@@ -8,7 +8,7 @@ use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, header};
-use ldpsyn::protocol::ProblemType;
+use ldpsyn::wire::ProblemType;
 use ldpsyn::vertical::{MAX_RECORDS_PER_UPLOAD, PartyUpload, PartyUploadResult, is_record_id};
 
 use super::super::AppState;

@@ -11,7 +11,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use ldpsyn::protocol::ProblemType;
+use ldpsyn::wire::ProblemType;
 use ldpsyn::schema::{NumericDecoding, Schema};
 use serde::Deserialize;
 use utoipa::IntoParams;

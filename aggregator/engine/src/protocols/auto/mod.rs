@@ -26,7 +26,7 @@ mod rules;
 mod screening;
 mod selection;
 
-use ldpsyn::protocol::PrivIncrParams;
+use ldpsyn::wire::PrivIncrParams;
 
 use crate::protocols::context::Context;
 
@@ -152,7 +152,7 @@ mod tests {
             dims,
             ldpsyn::Epsilon::new(epsilon).unwrap(),
             users,
-            ldpsyn::protocol::Protocol::Auto(PrivIncrParams::default()),
+            ldpsyn::wire::Protocol::Auto(PrivIncrParams::default()),
             crate::state::EngineOptions::default(),
         )
         .unwrap()

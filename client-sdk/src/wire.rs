@@ -1,11 +1,11 @@
-//! Wire protocol v1: the JSON shapes exchanged between the SDK and the aggregator, and the
+//! Wire format v1: the JSON shapes exchanged between the SDK and the aggregator, and the
 //! one list of problem types (RFC 9457) used by the server, the SDK's typed errors and the
 //! WASM client's `code`.
 //!
 //! Report payloads (docs/design.md "Wire formats"):
 //!
 //! ```
-//! use ldpsyn::protocol::{Payload, OueBits};
+//! use ldpsyn::wire::{Payload, OueBits};
 //! assert_eq!(serde_json::to_string(&Payload::Grr(17)).unwrap(), r#"{"grr":17}"#);
 //! assert_eq!(serde_json::to_string(&Payload::GrrPair([3, 5])).unwrap(), r#"{"grr_pair":[3,5]}"#);
 //! // OUE: base64url without padding, ⌈k/8⌉ bytes, bit i in byte i/8, LSB first.
@@ -16,7 +16,7 @@
 //! A task and a report:
 //!
 //! ```
-//! use ldpsyn::protocol::{Task, Report};
+//! use ldpsyn::wire::{Task, Report};
 //! let task: Task = serde_json::from_str(r#"{
 //!   "collection_id": "c0ffee00-0000-4000-8000-000000000000", "round": 2, "factor": [0, 3],
 //!   "mechanism": "oue", "epsilon": 4.0, "token": "opaque", "expires_at": 1790000000
@@ -55,7 +55,7 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 /// them. A view without them (an older server) means [`UploadLimits::default`].
 ///
 /// ```
-/// use ldpsyn::protocol::UploadLimits;
+/// use ldpsyn::wire::UploadLimits;
 /// let l: UploadLimits = serde_json::from_str(
 ///     r#"{"max_body_bytes": 4194304, "max_reports_per_upload": 1000}"#).unwrap();
 /// assert_eq!(l, UploadLimits::default());
@@ -406,7 +406,7 @@ impl Protocol {
 /// The public configuration of a collection, as served by `GET /v1/collections/{id}`.
 ///
 /// ```
-/// use ldpsyn::protocol::{CollectionConfig, Protocol};
+/// use ldpsyn::wire::{CollectionConfig, Protocol};
 /// let c: CollectionConfig = serde_json::from_str(r#"{
 ///   "version": 1, "id": "c0ffee00-0000-4000-8000-000000000000",
 ///   "schema": {"attributes": [{"name": "sex", "type": "categorical", "labels": ["F", "M"]},
@@ -416,7 +416,7 @@ impl Protocol {
 /// assert!(matches!(c.protocol, Protocol::Privincr(ref p) if p.rounds == 6 && p.omega == 0.5));
 /// // Stored before the lifecycle options: no finalize at the target, reports past it taken.
 /// assert!(!c.auto_finalize_at_target);
-/// assert_eq!(c.past_target, ldpsyn::protocol::PastTarget::Accept);
+/// assert_eq!(c.past_target, ldpsyn::wire::PastTarget::Accept);
 /// assert_eq!(c.retain_reports_days, None);
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -691,7 +691,7 @@ impl<'de> Deserialize<'de> for ProblemType {
 /// An RFC 9457 problem document (`application/problem+json`).
 ///
 /// ```
-/// use ldpsyn::protocol::{Problem, ProblemType};
+/// use ldpsyn::wire::{Problem, ProblemType};
 /// let p = Problem::new(ProblemType::TokenExpired, "token expired at 1790000000");
 /// assert_eq!(serde_json::to_value(&p).unwrap(), serde_json::json!({
 ///   "type": "urn:ldpsyn:problem:token-expired", "title": "Task token expired",

@@ -29,10 +29,6 @@ use crate::Epsilon;
 use crate::ledger::{
     BudgetLedger, DeviceBudget, NextStep, next_step_within, remaining_budget_within,
 };
-use crate::wire::{
-    CollectionConfig, MAX_TASKS_PER_REQUEST, Problem, ProblemType, Report, ReportAnswer, Task,
-    UploadLimits,
-};
 use crate::schema::{EncodedRecord, Schema};
 pub use crate::submission::{ClientError, Receipt, randomize_task};
 use crate::submission::{
@@ -40,6 +36,10 @@ use crate::submission::{
     settle_upload,
 };
 use crate::upload::{Piece, published_limits, split_reports};
+use crate::wire::{
+    CollectionConfig, MAX_TASKS_PER_REQUEST, Problem, ProblemType, Report, ReportAnswer, Task,
+    UploadLimits,
+};
 
 /// Client settings. [`ClientOptions::new`] gives the defaults.
 #[derive(Debug, Clone)]

@@ -31,11 +31,11 @@ pub mod ledger;
 pub mod mechanism;
 #[cfg(feature = "openapi")]
 mod openapi;
-pub mod wire;
 pub mod schema;
 pub mod submission;
 pub mod upload;
 pub mod vertical;
+pub mod wire;
 
 #[cfg(feature = "http")]
 pub mod client;

@@ -9,8 +9,8 @@ use utoipa::openapi::{KnownFormat, Ref, RefOr, SchemaFormat};
 use utoipa::{PartialSchema, ToSchema};
 
 use crate::epsilon::{Epsilon, MAX_EPSILON};
-use crate::wire::{OueBits, ProblemType};
 use crate::schema::{Attribute, Schema};
+use crate::wire::{OueBits, ProblemType};
 
 impl PartialSchema for Epsilon {
     fn schema() -> RefOr<OaSchema> {

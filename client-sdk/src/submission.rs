@@ -12,11 +12,11 @@ use crate::ledger::{
     update,
 };
 use crate::mechanism::{Mechanism, MechanismError};
+use crate::schema::{EncodedRecord, RecordError};
 use crate::wire::{
     CollectionConfig, PROTOCOL_VERSION, Problem, ProblemType, Report, ReportAnswer, ReportStatus,
     Task,
 };
-use crate::schema::{EncodedRecord, RecordError};
 
 /// Errors of a submission (native or WASM client). [`ClientError::problem_type`] maps each to the shared list.
 #[derive(Debug, thiserror::Error)]
@@ -369,8 +369,8 @@ mod tests {
 
     use super::*;
     use crate::mechanism::MechanismKind;
-    use crate::wire::{CollectionConfig, Payload, Protocol};
     use crate::schema::Schema;
+    use crate::wire::{CollectionConfig, Payload, Protocol};
 
     fn config() -> CollectionConfig {
         let schema: Schema = serde_json::from_value(serde_json::json!({"attributes": [

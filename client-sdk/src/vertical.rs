@@ -31,8 +31,8 @@ use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
 use crate::mechanism::{Grr, MechanismError};
-use crate::wire::{CollectionConfig, Party, Protocol};
 use crate::schema::{RecordError, Value};
+use crate::wire::{CollectionConfig, Party, Protocol};
 
 /// Shortest record-id key: 32 bytes (the HMAC-SHA256 output size).
 pub const MIN_KEY_BYTES: usize = 32;
@@ -709,8 +709,7 @@ mod tests {
             locmrf: Some(model),
         };
         assert!(
-            (party.composed_epsilon(crate::wire::VerticalEncoding::FoLocmrf) - 1.6).abs()
-                < 1e-9
+            (party.composed_epsilon(crate::wire::VerticalEncoding::FoLocmrf) - 1.6).abs() < 1e-9
         );
         for (share, delta) in [(0.0, 1e-6), (1.0, 1e-6), (0.2, 0.0), (0.2, 1.0)] {
             assert!(matches!(

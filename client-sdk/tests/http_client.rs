@@ -14,11 +14,11 @@ use ldpsyn::Epsilon;
 use ldpsyn::client::{Client, ClientError, ClientOptions, SimulatedPerson};
 use ldpsyn::ledger::{BudgetLedger, FileLedger, MemoryLedger, ReportState};
 use ldpsyn::mechanism::{Mechanism, MechanismKind};
+use ldpsyn::schema::Schema;
 use ldpsyn::wire::{
     CollectionConfig, PROBLEM_CONTENT_TYPE, Problem, ProblemType, Protocol, Report, ReportAnswer,
     ReportStatus, Task,
 };
-use ldpsyn::schema::Schema;
 use uuid::Uuid;
 
 #[derive(Default)]

@@ -16,8 +16,8 @@
 use anyhow::Context;
 use ldpsyn::Epsilon;
 use ldpsyn::mechanism::SufficientStatistics;
-use ldpsyn::wire::{PrivIncrParams, Protocol};
 use ldpsyn::schema::{AttributeKind, NumericDecoding, Schema};
+use ldpsyn::wire::{PrivIncrParams, Protocol};
 use ldpsyn_engine::{Engine, EngineOptions, Tables, Transition};
 use rand::SeedableRng;
 

@@ -6,8 +6,8 @@
 pub mod load;
 
 use ldpsyn::Epsilon;
-use ldpsyn::wire::{CollectionConfig, PROTOCOL_VERSION, Protocol};
 use ldpsyn::schema::{AttributeKind, DecodedValue, NumericDecoding, Schema};
+use ldpsyn::wire::{CollectionConfig, PROTOCOL_VERSION, Protocol};
 use ldpsyn_aggregator::engine::{Engine, EngineOptions, Expansion};
 use ldpsyn_aggregator::eval::{
     MarginalCounts, NumericFidelity, evaluation_schema, numeric_fidelity, regrid,

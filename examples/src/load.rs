@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ldpsyn::submission::randomize_task;
+use ldpsyn::upload::{Piece, split_reports};
 use ldpsyn::wire::{
     CollectionConfig, Problem, Report, ReportAnswer, ReportStatus, Task, UploadLimits,
 };
-use ldpsyn::submission::randomize_task;
-use ldpsyn::upload::{Piece, split_reports};
 use rand::{Rng, SeedableRng};
 use uuid::Uuid;
 

@@ -281,8 +281,7 @@ async fn a_remembered_unknown_id_is_dropped_when_the_collection_appears() {
         fields.remove(k);
     }
     config["id"] = json!(id);
-    let parsed: ldpsyn::wire::CollectionConfig =
-        serde_json::from_value(config.clone()).unwrap();
+    let parsed: ldpsyn::wire::CollectionConfig = serde_json::from_value(config.clone()).unwrap();
     let engine = Engine::new(&parsed).unwrap();
     let row = CollectionRow {
         id,

@@ -226,8 +226,8 @@ async fn samprivsyn_batches_reweight() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_bin_maps_over_http() {
     use ldpsyn::client::SimulatedPerson;
-    use ldpsyn::wire::{Report, Task};
     use ldpsyn::schema::Schema;
+    use ldpsyn::wire::{Report, Task};
     use rand::{Rng, SeedableRng};
 
     let dir = tempfile::tempdir().unwrap();

@@ -6,8 +6,8 @@
 use ldpsyn::Epsilon;
 use ldpsyn::client::{Client, ClientError, ClientOptions, SimulatedPerson};
 use ldpsyn::ledger::{BudgetLedger, MemoryLedger, ReportState};
-use ldpsyn::wire::{Payload, ReportStatus, UploadLimits};
 use ldpsyn::vertical::{PartyClient, PartyRecord, RecordIdKey};
+use ldpsyn::wire::{Payload, ReportStatus, UploadLimits};
 use ldpsyn_tests::{ADMIN, acknowledged, admin, base, create, start};
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};

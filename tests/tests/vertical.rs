@@ -4,8 +4,8 @@
 
 use ldpsyn::Epsilon;
 use ldpsyn::client::{ClientError, ClientOptions};
-use ldpsyn::wire::ProblemType;
 use ldpsyn::vertical::{PartyClient, PartyRecord, RecordIdKey};
+use ldpsyn::wire::ProblemType;
 use ldpsyn_tests::{ADMIN, admin, base, population, schema_json, start};
 use rand::SeedableRng;
 use serde_json::{Value, json};

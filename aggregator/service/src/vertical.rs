@@ -21,8 +21,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use ldpsyn::mechanism::SufficientStatistics;
-use ldpsyn::wire::ProblemType;
 use ldpsyn::vertical::{PartyRecord, PartyUploadResult};
+use ldpsyn::wire::ProblemType;
 
 use super::ingest::CollectionHandle;
 use super::now_secs;

@@ -884,11 +884,11 @@ mod tests {
     /// `fo`'s, and the local models' graphs are in the model graph.
     #[test]
     fn local_models_beat_the_fo_encoding() {
+        use ldpsyn::vertical::{DEFAULT_LOCMRF_SHARE, split_epsilon, split_party_budget};
         use ldpsyn::wire::{
             CollectionConfig, PROTOCOL_VERSION, Party, PartyAttribute, VerticalEncoding,
             VerticalParams,
         };
-        use ldpsyn::vertical::{DEFAULT_LOCMRF_SHARE, split_epsilon, split_party_budget};
         let n = 10_000;
         let net = BayesNet::standard();
         let schema = net.schema();

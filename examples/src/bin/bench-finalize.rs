@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use ldpsyn::wire::{CollectionConfig, ReportAnswer, Task, UploadLimits};
 use ldpsyn::submission::randomize_task;
 use ldpsyn::upload::{Piece, published_limits, split_reports};
+use ldpsyn::wire::{CollectionConfig, ReportAnswer, Task, UploadLimits};
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use uuid::Uuid;

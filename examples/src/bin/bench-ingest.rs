@@ -28,8 +28,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use ldpsyn::wire::CollectionConfig;
 use ldpsyn::upload::published_limits;
+use ldpsyn::wire::CollectionConfig;
 use ldpsyn_examples::load::{self, Load, Mode, cpu_seconds};
 use serde::Serialize;
 use serde_json::{Value, json};

@@ -19,8 +19,8 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use ldpsyn::Epsilon;
-use ldpsyn::wire::{CollectionConfig, PROTOCOL_VERSION, Protocol};
 use ldpsyn::schema::{AttributeKind, DecodedValue, NumericDecoding, Schema};
+use ldpsyn::wire::{CollectionConfig, PROTOCOL_VERSION, Protocol};
 use ldpsyn_aggregator::engine::{Engine, Expansion};
 use ldpsyn_aggregator::eval::numeric_fidelity;
 use ldpsyn_aggregator::sim::{Population, Simulation, load_csv};

@@ -25,8 +25,8 @@ use std::time::Instant;
 
 use clap::Parser;
 use ldpsyn::Epsilon;
-use ldpsyn::wire::{PrivIncrParams, Protocol, SamPrivSynParams};
 use ldpsyn::schema::Schema;
+use ldpsyn::wire::{PrivIncrParams, Protocol, SamPrivSynParams};
 use ldpsyn_aggregator::demo;
 use ldpsyn_aggregator::engine::{Engine, Model};
 use ldpsyn_aggregator::eval::{

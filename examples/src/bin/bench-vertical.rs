@@ -34,13 +34,13 @@ use std::sync::Arc;
 
 use clap::Parser;
 use ldpsyn::Epsilon;
-use ldpsyn::wire::VerticalEncoding;
-use ldpsyn::wire::{
-    CollectionConfig, PROTOCOL_VERSION, Party, PartyAttribute, Protocol, VerticalParams,
-};
 use ldpsyn::schema::Schema;
 use ldpsyn::vertical::{
     DEFAULT_LOCMRF_SHARE, sampled_party_budget, split_epsilon, split_party_budget,
+};
+use ldpsyn::wire::VerticalEncoding;
+use ldpsyn::wire::{
+    CollectionConfig, PROTOCOL_VERSION, Party, PartyAttribute, Protocol, VerticalParams,
 };
 use ldpsyn_aggregator::engine::{Engine, EngineOptions, Model};
 use ldpsyn_aggregator::eval::{MarginalCounts, exact_independence_model};

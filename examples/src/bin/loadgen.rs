@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use ldpsyn::wire::CollectionConfig;
 use ldpsyn::upload::published_limits;
+use ldpsyn::wire::CollectionConfig;
 use ldpsyn_examples::load::{self, Load, Mode, cpu_seconds, rss};
 use uuid::Uuid;
 

@@ -279,8 +279,8 @@ mod tests {
     use super::*;
     use crate::central::{LocalModelError, measure_local_model};
     use crate::protocols::vertical::Vertical;
-    use ldpsyn::wire::{Protocol, VerticalParams};
     use ldpsyn::schema::Schema;
+    use ldpsyn::wire::{Protocol, VerticalParams};
     use rand::SeedableRng;
     use rand_chacha::ChaCha12Rng;
 

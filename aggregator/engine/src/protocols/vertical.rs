@@ -32,8 +32,8 @@ use std::collections::BTreeSet;
 
 use ldpsyn::Epsilon;
 use ldpsyn::mechanism::{Mechanism, MechanismError, MechanismKind};
-use ldpsyn::wire::{LocMrfBudget, Protocol, VerticalEncoding, VerticalParams};
 use ldpsyn::schema::Schema;
+use ldpsyn::wire::{LocMrfBudget, Protocol, VerticalEncoding, VerticalParams};
 
 use super::{CollectionProtocol, TaskChoices, pairs};
 use crate::EngineError;
@@ -1083,13 +1083,12 @@ mod tests {
         )
         .unwrap();
         let p = params(&[("p", &[("x", 0.5)]), ("q", &[("y", 0.5)])]);
-        let config: ldpsyn::wire::CollectionConfig =
-            serde_json::from_value(serde_json::json!({
-                "version": 1, "id": "c0ffee00-0000-4000-8000-000000000000",
-                "schema": schema, "epsilon": 0.5, "target_users": 45_000,
-                "protocol": "vertical", "parties": p.parties,
-            }))
-            .unwrap();
+        let config: ldpsyn::wire::CollectionConfig = serde_json::from_value(serde_json::json!({
+            "version": 1, "id": "c0ffee00-0000-4000-8000-000000000000",
+            "schema": schema, "epsilon": 0.5, "target_users": 45_000,
+            "protocol": "vertical", "parties": p.parties,
+        }))
+        .unwrap();
         let engine = Engine::new(&config).unwrap();
         let v = engine.vertical().unwrap().clone();
         let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(4);
@@ -1167,13 +1166,12 @@ mod tests {
     #[test]
     fn fit_is_consistent_and_no_worse_than_two_step() {
         let p = params(&[("p", &[("a", 1.0)]), ("q", &[("c", 1.0), ("b", 1.0)])]);
-        let config: ldpsyn::wire::CollectionConfig =
-            serde_json::from_value(serde_json::json!({
-                "version": 1, "id": "c0ffee00-0000-4000-8000-000000000000",
-                "schema": schema(), "epsilon": 2.0, "target_users": 20_000,
-                "protocol": "vertical", "parties": p.parties,
-            }))
-            .unwrap();
+        let config: ldpsyn::wire::CollectionConfig = serde_json::from_value(serde_json::json!({
+            "version": 1, "id": "c0ffee00-0000-4000-8000-000000000000",
+            "schema": schema(), "epsilon": 2.0, "target_users": 20_000,
+            "protocol": "vertical", "parties": p.parties,
+        }))
+        .unwrap();
         let engine = Engine::new(&config).unwrap();
         let v = engine.vertical().unwrap().clone();
         let (mut fit_err, mut two_err, mut inconsistency) = (0.0, 0.0, 0.0f64);

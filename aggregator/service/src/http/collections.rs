@@ -7,8 +7,8 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use ldpsyn::wire::{CollectionConfig, PROTOCOL_VERSION, ProblemType, Protocol};
 use ldpsyn::schema::Schema;
+use ldpsyn::wire::{CollectionConfig, PROTOCOL_VERSION, ProblemType, Protocol};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use utoipa::IntoParams;
@@ -288,11 +288,7 @@ pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine),
             ));
         }
     }
-    check_text(
-        &mut obj,
-        "name",
-        ldpsyn::wire::MAX_COLLECTION_NAME_CHARS,
-    )?;
+    check_text(&mut obj, "name", ldpsyn::wire::MAX_COLLECTION_NAME_CHARS)?;
     check_text(
         &mut obj,
         "description",

@@ -8,8 +8,8 @@ use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, header};
-use ldpsyn::wire::ProblemType;
 use ldpsyn::vertical::{MAX_RECORDS_PER_UPLOAD, PartyUpload, PartyUploadResult, is_record_id};
+use ldpsyn::wire::ProblemType;
 
 use super::super::AppState;
 use super::super::api::PartyTokens;

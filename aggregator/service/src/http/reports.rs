@@ -4,9 +4,7 @@ use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
-use ldpsyn::wire::{
-    MAX_TASKS_PER_REQUEST, ProblemType, Report, ReportAnswer, ReportStatus, Task,
-};
+use ldpsyn::wire::{MAX_TASKS_PER_REQUEST, ProblemType, Report, ReportAnswer, ReportStatus, Task};
 use serde::Deserialize;
 use utoipa::IntoParams;
 

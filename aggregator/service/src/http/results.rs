@@ -11,8 +11,8 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use ldpsyn::wire::ProblemType;
 use ldpsyn::schema::{NumericDecoding, Schema};
+use ldpsyn::wire::ProblemType;
 use serde::Deserialize;
 use utoipa::IntoParams;
 

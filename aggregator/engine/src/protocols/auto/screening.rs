@@ -12,7 +12,7 @@ use rand_chacha::ChaCha12Rng;
 use crate::domain::space::{equal_mass_cuts, equal_width_cuts};
 use crate::graph::{Edge, EdgeState};
 use crate::measure::drift::RoundOneWays;
-use crate::numeric::index::coarsen;
+use crate::numeric::index::{coarsen, outer};
 use crate::protocols::auto::selection::Selection;
 use crate::protocols::auto::{
     AUTO_BLOCK_SCREENING_SHARE, AUTO_PHASE1_SHARE, Auto, MAX_SCREENING_FACTOR_CELLS,
@@ -163,8 +163,8 @@ pub(super) fn repeat_screening(
 /// these gains exceed its cost. In file order NLTCS (rows grouped by their answers) repeats
 /// at ε ≥ 4, where a report is worth most, and UCI bank (a few attributes drift with the
 /// campaign) at ε = 2 and 4; at ε = 1 bank never does (the repeat's reports per pair are too
-/// few to show its drift above their noise) and NLTCS in some seeds (`benchmarks/sweeps/arrival-design.md`, "Repeat
-/// by prediction").
+/// few to show its drift above their noise) and NLTCS in some seeds
+/// (`benchmarks/sweeps/arrival-design.md`, "Repeat by prediction").
 pub(super) fn repeat_pays(
     selection: &Selection,
     edges: &[EdgeState],
@@ -264,6 +264,7 @@ pub(super) fn mixture_dependence(
     };
     let mut xbar = vec![0.0; first.1.len()];
     let mut ybar = vec![0.0; first.2.len()];
+    let mut mixed = vec![0.0; xbar.len() * ybar.len()];
     for (w, xr, yr) in &rounds {
         xbar.iter_mut()
             .zip(xr)
@@ -271,17 +272,16 @@ pub(super) fn mixture_dependence(
         ybar.iter_mut()
             .zip(yr)
             .for_each(|(m, v)| *m += w / total * v);
+        mixed
+            .iter_mut()
+            .zip(outer(xr, yr))
+            .for_each(|(m, v)| *m += w / total * v);
     }
-    let mut l1 = 0.0;
-    for (i, xb) in xbar.iter().enumerate() {
-        for (j, yb) in ybar.iter().enumerate() {
-            let mixed: f64 = rounds
-                .iter()
-                .map(|(w, xr, yr)| w / total * xr[i] * yr[j])
-                .sum();
-            l1 += (mixed - xb * yb).abs();
-        }
-    }
+    let l1: f64 = mixed
+        .iter()
+        .zip(outer(&xbar, &ybar))
+        .map(|(m, p)| (m - p).abs())
+        .sum();
     l1
 }
 

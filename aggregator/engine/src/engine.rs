@@ -376,16 +376,13 @@ impl Engine {
         self.space().task_to_codes(task, sub_bins, self.epsilon())
     }
 
-    /// The table a report answering `task` is counted in. SamPrivSyn and independence pool
-    /// all batches in round 0 (same mechanism and ε, so pooling is exact by eq. 5 of
-    /// PrivIncr); PrivIncr/auto keep one table per round.
+    /// The table a report answering `task` is counted in: its round is the protocol's
+    /// stratum of the task's round ([`CollectionProtocol::stratum`]: independence pools
+    /// every report in round 0, SamPrivSyn its batches into strata by arrival, PrivIncr and
+    /// auto keep one table per round).
     pub fn table_key(&self, task: &TaskSpec) -> TableKey {
         TableKey {
-            round: if self.rules.pools_rounds() {
-                0
-            } else {
-                task.round
-            },
+            round: self.rules.stratum(&self.context, task.round),
             factor: task.factor.clone(),
             mechanism: task.mechanism,
             bins: task.bins.clone(),

@@ -264,6 +264,10 @@ pub struct EngineOptions {
     /// Standard deviations of its dependence estimate a pair's expected gain must exceed to
     /// enter the model graph (default: the protocol's, `CollectionProtocol::gain_margin`).
     pub gain_margin: Option<f64>,
+    /// SamPrivSyn: strata of the population by arrival position (default
+    /// [`SAMPRIVSYN_ARRIVAL_STRATA`](crate::protocols::samprivsyn::SAMPRIVSYN_ARRIVAL_STRATA)).
+    #[serde(default)]
+    pub samprivsyn_strata: Option<u32>,
     /// Sub-bins per working bin of those 1-ways (default [`SUB_BINS`](crate::domain::task::SUB_BINS)).
     #[serde(default)]
     pub sub_bins: Option<usize>,

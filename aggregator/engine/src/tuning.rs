@@ -149,6 +149,15 @@ pub const KNOBS: &[Knob] = &[
         set: Some(|o, v| o.sub_bin_share = Some(v)),
     },
     Knob {
+        constant: "SAMPRIVSYN_ARRIVAL_STRATA",
+        value: crate::protocols::samprivsyn::SAMPRIVSYN_ARRIVAL_STRATA as f64,
+        option: Some("samprivsyn_strata"),
+        env: Some("LDPSYN_SAMPRIVSYN_STRATA"),
+        sweep: "samprivsyn-strata.md",
+        status: Status::Swept,
+        set: Some(|o, v| o.samprivsyn_strata = Some(v as u32)),
+    },
+    Knob {
         constant: "SUB_BINS",
         value: crate::domain::task::SUB_BINS as f64,
         option: Some("sub_bins"),

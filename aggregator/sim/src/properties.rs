@@ -9,8 +9,8 @@
 //! - **the fit agrees with its measurements**: no table beyond noise
 //!   ([`ldpsyn_engine::FitResiduals`]) unless the model reports that the population changed
 //!   between rounds; with i.i.d. arrivals it never reports that. Under drift a model of one
-//!   round (`samprivsyn` records its sequential batches as one round) has no strata to
-//!   compare: its tables beyond noise are printed, not asserted;
+//!   round (`independence` pools every report) has no strata to compare: its tables beyond
+//!   noise are printed, not asserted;
 //! - **error does not rise with ε** beyond the seeds' noise;
 //! - **`auto` is within noise of the best other protocol** in both arrivals at ε ≥ 4 (at
 //!   ε = 1 it can lose to independence when dependence is weak: printed, not asserted).
@@ -112,8 +112,7 @@ fn run_arrival(
                     model.drift()
                 );
                 if let Some(r) = model.residuals() {
-                    // A model of one round (samprivsyn's batches, independence) has no
-                    // strata to compare: under drift its residuals may show the change
+                    // A model of one round (independence) has no strata to compare: under drift its residuals may show the change
                     // (printed) without a drift report.
                     if drifting && model.drift().is_none() {
                         if r.beyond_noise > 0 {

@@ -30,8 +30,8 @@ impl CollectionProtocol for Independence {
         })
     }
 
-    fn pools_rounds(&self) -> bool {
-        true
+    fn stratum(&self, _ctx: &Context, _round: u32) -> u32 {
+        0
     }
 
     fn close_round(

@@ -66,10 +66,12 @@ pub trait CollectionProtocol: Send + Sync + Debug {
         state: &CollectionState,
     ) -> Result<TaskChoices, EngineError>;
 
-    /// Whether every round's reports go into one table per factor (round 0): exact pooling
-    /// for protocols whose mechanism and ε never change (eq. 5 of PrivIncr).
-    fn pools_rounds(&self) -> bool {
-        false
+    /// The table round (stratum of the population) a report answering a task of `round` is
+    /// counted in: by default its own round. Protocols whose mechanism and ε never change
+    /// may pool rounds into one table per factor (eq. 5 of PrivIncr); the final fit treats
+    /// the table rounds as strata ([`crate::measure::drift`]).
+    fn stratum(&self, _ctx: &Context, round: u32) -> u32 {
+        round
     }
 
     /// Closes the current round (deterministic given the tables of rounds ≤ the current
@@ -702,6 +704,44 @@ mod tests {
         assert_eq!(t, Transition::Reweighted { batch: 1 });
         let w = state.pair_weights();
         assert!(w[0] > 5.0 * w[1] && w[0] > 5.0 * w[2], "{w:?}");
+    }
+
+    #[test]
+    fn samprivsyn_pools_batches_within_arrival_strata() {
+        let task = |round| TaskSpec {
+            round,
+            factor: vec![0, 1],
+            mechanism: MechanismKind::GrrPair,
+            bins: vec![],
+        };
+        let with_strata = |strata| {
+            Engine::from_parts(
+                vec![3, 3, 3],
+                Epsilon::new(4.0).unwrap(),
+                50_000,
+                Protocol::Samprivsyn(SamPrivSynParams { batch_size: 6_000 }),
+                EngineOptions {
+                    samprivsyn_strata: strata,
+                    ..EngineOptions::default()
+                },
+            )
+            .unwrap()
+        };
+        let strata =
+            |e: &Engine| -> Vec<u32> { (0..12).map(|r| e.table_key(&task(r)).round).collect() };
+        // 50,000 people in batches of 6,000 and 4 strata of 12,500 arrivals: batches 0–2
+        // start in the first stratum, 3–4 in the second, 5–6 in the third, 7–8 in the last,
+        // and batches past the target stay in the last.
+        assert_eq!(
+            strata(&with_strata(Some(4))),
+            [0, 0, 0, 1, 1, 2, 2, 3, 3, 3, 3, 3]
+        );
+        // By default 16 strata of 3,125: each batch starts in its own.
+        assert_eq!(
+            strata(&with_strata(None)),
+            [0, 1, 3, 5, 7, 9, 11, 13, 15, 15, 15, 15]
+        );
+        assert_eq!(strata(&with_strata(Some(1))), [0; 12]);
     }
 
     #[test]

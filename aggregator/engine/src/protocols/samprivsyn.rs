@@ -5,8 +5,9 @@
 //! start (line 4). With `bins: "auto"` numeric attributes (not in the paper), a fixed share
 //! of the users (`numeric_round0_share` in `protocols`) reports one of them alone in
 //! sub-bins instead, for the shape within its working bins (docs/design.md "Numeric
-//! attributes"); the pair weights share the rest. All batches pool into round-0 tables (same
-//! mechanism and ε). The model graph may keep any pair; with `samprivsyn_lasso` set the
+//! attributes"); the pair weights share the rest. Batches pool (same mechanism and ε, eq. 5
+//! of PrivIncr) within strata by arrival position, so that drift between early and late
+//! arrivals is a difference between strata, not a bias of the pairs measured late. The model graph may keep any pair; with `samprivsyn_lasso` set the
 //! synthetic rows come from the paper's own estimator and data generation
 //! ([`crate::synth::samprivsyn`]).
 
@@ -31,6 +32,13 @@ use crate::synth::samprivsyn::build_model;
 
 /// Floor of every SamPrivSyn pair weight, as a fraction of the mean weight.
 pub const SAMPRIVSYN_WEIGHT_FLOOR: f64 = 0.05;
+
+/// Strata of the population by arrival position: batch `r` of `B` reports is counted in
+/// table round `⌊r·B·S/N⌋` (`N` the target users, the last stratum taking any surplus).
+/// Swept over every suite table in both arrival orders (`benchmarks/sweeps/samprivsyn-strata.md`):
+/// in file order 16 strata are within 0.5% of one stratum per batch, which stores a table per
+/// pair and batch; shuffled, every count gives the same figures.
+pub const SAMPRIVSYN_ARRIVAL_STRATA: u32 = 16;
 
 /// SamPrivSyn's rules.
 #[derive(Debug, Clone)]
@@ -74,6 +82,15 @@ impl SamPrivSyn {
             .map(|m| m.unwrap_or(mean).max(0.0) + floor)
             .collect())
     }
+}
+
+/// The stratum of batch `round` (`batch_size` reports each) among `strata` equal spans of
+/// `target_users` arrivals, by the position of the batch's first report; arrivals past the
+/// target fall in the last stratum.
+fn arrival_stratum(round: u32, batch_size: u64, target_users: u64, strata: u32) -> u32 {
+    let first = u128::from(round) * u128::from(batch_size);
+    let s = first * u128::from(strata) / u128::from(target_users.max(1));
+    s.min(u128::from(strata - 1)) as u32
 }
 
 impl CollectionProtocol for SamPrivSyn {
@@ -140,8 +157,18 @@ impl CollectionProtocol for SamPrivSyn {
         })
     }
 
-    fn pools_rounds(&self) -> bool {
-        true
+    /// The pair weights change every batch, so a pooled pair table would describe the people
+    /// of the batches that favoured the pair: when arrival correlates with the data, the
+    /// pooled tables describe different populations and the fit can agree with none of them.
+    /// Batches pool within [`SAMPRIVSYN_ARRIVAL_STRATA`] strata by arrival position instead,
+    /// which the fit treats as strata of the population ([`crate::measure::drift`]).
+    fn stratum(&self, ctx: &Context, round: u32) -> u32 {
+        let strata = ctx
+            .options()
+            .samprivsyn_strata
+            .unwrap_or(SAMPRIVSYN_ARRIVAL_STRATA)
+            .max(1);
+        arrival_stratum(round, self.params.batch_size, ctx.target_users(), strata)
     }
 
     fn close_round(

@@ -471,8 +471,8 @@ impl CollectionProtocol for Vertical {
         })
     }
 
-    fn pools_rounds(&self) -> bool {
-        true
+    fn stratum(&self, _ctx: &Context, _round: u32) -> u32 {
+        0
     }
 
     fn close_round(

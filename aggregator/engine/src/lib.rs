@@ -10,7 +10,8 @@
 //! - [`numeric`]: information measures (PrivIncr eqs. 14–18), index maps over product
 //!   domains, χ² tails.
 //! - [`graph`]: triangulation, maximal cliques, junction tree.
-//! - [`domain`]: schema codes ↔ working bins ([`Space`]), tasks ([`TaskSpec`]), the key of a
+//! - [`domain`]: schema codes ↔ working bins ([`Space`]), the working [`Domain`] (sizes) and
+//!   its [`Clique`]s, tasks ([`TaskSpec`]), the key of a
 //!   table ([`TableKey`]).
 //! - [`measure`]: [`TableKey`] → `SufficientStatistics` (additive); every table becomes a
 //!   measurement with per-cell variances from one model (randomizer + sampling); rounds as
@@ -92,6 +93,7 @@ pub mod synth;
 pub mod tuning;
 
 pub use domain::key::TableKey;
+pub use domain::sizes::{Clique, Domain};
 pub use domain::space::Space;
 pub use domain::task::TaskSpec;
 pub use engine::{Engine, MAX_ATTRIBUTES, TaskSampler};

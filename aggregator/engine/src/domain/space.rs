@@ -15,6 +15,7 @@ use ldpsyn::schema::Schema;
 
 use crate::EngineError;
 use crate::domain::key::TableKey;
+use crate::domain::sizes::Domain;
 use crate::domain::task::TaskSpec;
 
 /// Most bin-map cuts one task may carry (the task token binds them).
@@ -134,7 +135,7 @@ pub struct Space {
     /// ([`Space::with_adapted_cuts`]), the cells that estimate was measured on: its sub-bin
     /// 1-ways keep them, so that every sub-bin table shares one grid.
     sub_cuts: Vec<Option<Vec<u32>>>,
-    dims: Vec<usize>,
+    dims: Domain,
     /// Per attribute, how many leading codes are ordered grid cells (the rest: point masses
     /// and "missing", each a bin of its own).
     grid: Vec<usize>,
@@ -165,7 +166,7 @@ impl Space {
             cuts: vec![Vec::new(); code_dims.len()],
             sub_cuts: vec![None; code_dims.len()],
             points: vec![None; code_dims.len()],
-            dims: code_dims.clone(),
+            dims: Domain::new(code_dims.clone()),
             grid: code_dims.clone(),
             code_dims,
         }
@@ -235,7 +236,7 @@ impl Space {
             points: vec![None; code_dims.len()],
             code_dims,
             cuts,
-            dims,
+            dims: Domain::new(dims),
         })
     }
 
@@ -276,7 +277,7 @@ impl Space {
         }
         let mut space = self.clone();
         space.cuts[a] = cuts;
-        space.dims[a] = bins;
+        space.dims.set_size(a, bins);
         space.sub_cuts[a] = Some(sub_cuts);
         Ok(space)
     }
@@ -435,6 +436,11 @@ impl Space {
 
     /// Working domain sizes (what protocols and the model see).
     pub fn dims(&self) -> &[usize] {
+        self.dims.sizes()
+    }
+
+    /// The working domain ([`Space::dims`] as a [`Domain`]).
+    pub fn domain(&self) -> &Domain {
         &self.dims
     }
 

@@ -41,6 +41,7 @@ use rand::{CryptoRng, Rng};
 use serde::{Deserialize, Serialize};
 
 use crate::EngineError;
+use crate::domain::sizes::Domain;
 use crate::fit::joint::{JointSource, clique_joint};
 use crate::fit::pgm::{FitOptions, GraphicalModel, Observation, fit};
 use crate::graph::{Edge, EdgeState, JunctionTree, build_junction_tree, edge, triangulate};
@@ -261,7 +262,7 @@ fn counts(codes: &[u32], d: usize, dims: &[usize], attrs: &[usize]) -> Vec<f64> 
 
 /// State of the loop: measurements, the chordal graph they need, the current fit.
 struct Fitting {
-    dims: Vec<usize>,
+    dims: Domain,
     observations: Vec<Observation>,
     /// Chordal completion of every measured set (old cliques stay complete, so the last
     /// fit's potentials carry over to the next tree exactly).
@@ -349,11 +350,11 @@ impl Fitting {
 
 /// The potentials of `m` moved onto `tree`, whose cliques contain every clique of `m`'s tree:
 /// each old clique's log-potential added to one new clique holding it (the same distribution).
-fn carry_potentials(dims: &[usize], m: &GraphicalModel, tree: &JunctionTree) -> Vec<Vec<f64>> {
+fn carry_potentials(domain: &Domain, m: &GraphicalModel, tree: &JunctionTree) -> Vec<Vec<f64>> {
     let mut start: Vec<Vec<f64>> = tree
         .cliques
         .iter()
-        .map(|c| vec![0.0; c.iter().map(|&a| dims[a]).product()])
+        .map(|c| vec![0.0; domain.table_len(c)])
         .collect();
     for (old, theta) in m.tree().cliques.iter().zip(m.potentials()) {
         let Some(c) = (0..tree.cliques.len())
@@ -363,7 +364,7 @@ fn carry_potentials(dims: &[usize], m: &GraphicalModel, tree: &JunctionTree) -> 
             continue;
         };
         let clique = &tree.cliques[c];
-        let cdims: Vec<usize> = clique.iter().map(|&a| dims[a]).collect();
+        let cdims = domain.project(clique);
         let map = projection_map(clique, &cdims, old);
         for (t, &i) in start[c].iter_mut().zip(&map) {
             *t += theta[i];
@@ -501,7 +502,7 @@ fn select_and_measure<R: Rng + CryptoRng + ?Sized>(
         bins: Vec::new(),
     };
     let mut state = Fitting {
-        dims: dims.to_vec(),
+        dims: Domain::from(dims),
         observations: one_ways
             .into_iter()
             .enumerate()
@@ -558,7 +559,7 @@ fn select_and_measure<R: Rng + CryptoRng + ?Sized>(
                     continue;
                 }
                 let cells = truth[w].len() as f64;
-                if largest_clique_cells(dims, &state.with_edges(w)) > cap {
+                if largest_clique_cells(&state.dims, &state.with_edges(w)) > cap {
                     continue;
                 }
                 let p = state.marginal(w, &mut outside)?;

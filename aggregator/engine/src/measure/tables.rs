@@ -25,6 +25,7 @@ use ldpsyn::mechanism::{Mechanism, MechanismError, SufficientStatistics, norm_su
 use serde::{Deserialize, Serialize};
 
 use crate::domain::key::TableKey;
+use crate::domain::sizes::Domain;
 use crate::domain::space::{Space, WorkingKey};
 use crate::measure::measurement::{Measurement, Refined};
 use crate::measure::variance::sampling_variance;
@@ -89,7 +90,7 @@ pub type MechanismOf<'a> = dyn Fn(&TableKey, &[usize]) -> Result<Mechanism, Mech
 #[derive(Debug, Clone)]
 pub struct Measurements {
     items: Vec<Measurement>,
-    domain_sizes: Vec<usize>,
+    domain: Domain,
     population: u64,
     /// Per attribute, the items whose factor holds it (ascending): a marginal's tables are
     /// found among those of its rarest attribute, not by scanning every table (19,900 pair
@@ -186,11 +187,11 @@ impl Measurements {
             });
         }
         let population = items.iter().map(|m| m.estimate.n).sum();
-        Ok(Self::indexed(items, space.dims().to_vec(), population))
+        Ok(Self::indexed(items, space.domain().clone(), population))
     }
 
-    fn indexed(items: Vec<Measurement>, domain_sizes: Vec<usize>, population: u64) -> Self {
-        let mut by_attr = vec![Vec::new(); domain_sizes.len()];
+    fn indexed(items: Vec<Measurement>, domain: Domain, population: u64) -> Self {
+        let mut by_attr = vec![Vec::new(); domain.len()];
         for (i, m) in items.iter().enumerate() {
             for &a in &m.key.factor {
                 by_attr[a].push(i);
@@ -198,7 +199,7 @@ impl Measurements {
         }
         Self {
             items,
-            domain_sizes,
+            domain,
             population,
             by_attr,
         }
@@ -214,7 +215,7 @@ impl Measurements {
     /// Only the measurements for which `keep` holds (same population).
     pub fn retained(self, keep: impl Fn(&Measurement) -> bool) -> Self {
         let items = self.items.into_iter().filter(|m| keep(m)).collect();
-        Self::indexed(items, self.domain_sizes, self.population)
+        Self::indexed(items, self.domain, self.population)
     }
 
     /// The unbiased estimate of attribute `a`'s distribution over the cells of its finest
@@ -299,7 +300,12 @@ impl Measurements {
     /// Domain sizes of the space the measurements were read in (the schema's for
     /// [`Measurements::new`]; working ones for [`Measurements::filtered_in`]).
     pub fn domain_sizes(&self) -> &[usize] {
-        &self.domain_sizes
+        self.domain.sizes()
+    }
+
+    /// [`Measurements::domain_sizes`] as a [`Domain`].
+    pub fn domain(&self) -> &Domain {
+        &self.domain
     }
 
     /// Combined estimate of the marginal of `attrs` (cells row-major in `attrs` order) from
@@ -347,7 +353,7 @@ impl Measurements {
         keep: impl Fn(&TableKey) -> bool,
         plug: Option<&[f64]>,
     ) -> Option<Combined> {
-        let sizes = binned_domain_sizes(&self.domain_sizes, attrs, bins).ok()?;
+        let sizes = binned_domain_sizes(self.domain.sizes(), attrs, bins).ok()?;
         let dims: Vec<usize> = attrs.iter().map(|&a| sizes[a]).collect();
         let cells: usize = dims.iter().product();
         let uniform = vec![1.0 / cells as f64; cells];

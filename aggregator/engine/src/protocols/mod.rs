@@ -194,7 +194,7 @@ pub trait CollectionProtocol: Send + Sync + Debug {
     ) -> Result<Model, EngineError> {
         Ok(Model::graphical(
             ctx.protocol().name(),
-            ctx.dims().to_vec(),
+            ctx.domain().clone(),
             state.edges().to_vec(),
             structure,
             source,
@@ -461,7 +461,7 @@ pub(crate) fn plan_structure(
         mi[e.a][e.b] = v;
         mi[e.b][e.a] = v;
     }
-    build_structure(ctx.dims(), &edges, &mi, sigma)
+    build_structure(ctx.domain(), &edges, &mi, sigma)
 }
 
 /// Ends a phase-1 round: the next round opens while `state.round + 1 < rounds`; after the

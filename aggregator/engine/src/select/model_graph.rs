@@ -11,6 +11,7 @@
 pub const MAX_CLIQUE_CELLS: u64 = 100_000;
 use std::collections::BTreeSet;
 
+use crate::domain::sizes::Domain;
 use crate::graph::{Edge, build_junction_tree, edge};
 use crate::select::gain::PairGain;
 
@@ -28,14 +29,11 @@ pub fn clique_cap(option: Option<u64>, people: u64) -> u64 {
 }
 
 /// Largest clique (cells) of the junction tree of `edges`.
-pub fn largest_clique_cells(dims: &[usize], edges: &BTreeSet<Edge>) -> u64 {
-    build_junction_tree(dims.len(), edges)
+pub fn largest_clique_cells(domain: &Domain, edges: &BTreeSet<Edge>) -> u64 {
+    build_junction_tree(domain.len(), edges)
         .cliques
         .iter()
-        .map(|c| {
-            c.iter()
-                .fold(1u64, |acc, &a| acc.saturating_mul(dims[a] as u64))
-        })
+        .map(|c| domain.cells(c))
         .max()
         .unwrap_or(1)
 }
@@ -45,25 +43,31 @@ pub fn largest_clique_cells(dims: &[usize], edges: &BTreeSet<Edge>) -> u64 {
 /// clique has at most `max_clique_cells` cells. Ties by pair order, so the result depends
 /// only on the inputs.
 pub fn select_model_graph(
-    dims: &[usize],
+    domain: &Domain,
     candidates: &[(Edge, PairGain)],
     max_clique_cells: u64,
     margin: f64,
 ) -> BTreeSet<Edge> {
-    select_model_graph_from(dims, &BTreeSet::new(), candidates, max_clique_cells, margin)
+    select_model_graph_from(
+        domain,
+        &BTreeSet::new(),
+        candidates,
+        max_clique_cells,
+        margin,
+    )
 }
 
 /// As [`select_model_graph`], starting from the edges `given` (kept whatever their gain: the
 /// parties' local graphs of an `fo+locmrf` vertical collection, VertiMRF §5.1 GraphCom), the
 /// cap raised to `given`'s own largest clique if that is larger.
 pub fn select_model_graph_from(
-    dims: &[usize],
+    domain: &Domain,
     given: &BTreeSet<Edge>,
     candidates: &[(Edge, PairGain)],
     max_clique_cells: u64,
     margin: f64,
 ) -> BTreeSet<Edge> {
-    let max_clique_cells = max_clique_cells.max(largest_clique_cells(dims, given));
+    let max_clique_cells = max_clique_cells.max(largest_clique_cells(domain, given));
     let mut ranked: Vec<(f64, Edge)> = candidates
         .iter()
         .map(|(e, g)| (g.cautious_gain(margin), edge(e.0, e.1)))
@@ -75,7 +79,7 @@ pub fn select_model_graph_from(
         if !chosen.insert(e) {
             continue;
         }
-        if largest_clique_cells(dims, &chosen) > max_clique_cells {
+        if largest_clique_cells(domain, &chosen) > max_clique_cells {
             chosen.remove(&e);
         }
     }
@@ -88,7 +92,7 @@ mod tests {
 
     #[test]
     fn model_graph_respects_gain_and_cap() {
-        let dims = [10usize, 10, 10, 10];
+        let dims = Domain::from([10usize, 10, 10, 10]);
         let g = |o: f64| PairGain {
             observed_l1: o,
             noise_l1: 0.1,

@@ -15,6 +15,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha12Rng;
 
 use crate::EngineError;
+use crate::domain::sizes::Domain;
 use crate::fit::joint::JointSource;
 use crate::fit::residuals::FitResiduals;
 use crate::graph::EdgeState;
@@ -39,7 +40,7 @@ enum ModelKind {
 #[derive(Debug, Clone)]
 pub struct Model {
     protocol: String,
-    dims: Vec<usize>,
+    dims: Domain,
     /// Working bins → schema codes (`None`: the working space is the schema's).
     recovery: Option<Arc<Recovery>>,
     edges: Vec<EdgeState>,
@@ -55,7 +56,7 @@ impl Model {
     /// A graphical model: each conditional of `structure` estimated from `source`.
     pub fn graphical(
         protocol: &str,
-        dims: Vec<usize>,
+        dims: Domain,
         edges: Vec<EdgeState>,
         structure: Structure,
         source: impl JointSource + 'static,
@@ -85,7 +86,7 @@ impl Model {
     pub(crate) fn samprivsyn(model: SamPrivSynModel, source: impl JointSource + 'static) -> Self {
         Self {
             protocol: "samprivsyn".into(),
-            dims: model.dims().to_vec(),
+            dims: Domain::from(model.dims()),
             recovery: None,
             edges: Vec::new(),
             gains: Vec::new(),
@@ -142,6 +143,11 @@ impl Model {
 
     /// Working domain sizes (the model's; [`crate::domain::space`]).
     pub fn dims(&self) -> &[usize] {
+        self.dims.sizes()
+    }
+
+    /// The working domain ([`Model::dims`] as a [`Domain`]).
+    pub fn domain(&self) -> &Domain {
         &self.dims
     }
 
@@ -149,7 +155,7 @@ impl Model {
     pub fn schema_dims(&self) -> &[usize] {
         self.recovery
             .as_ref()
-            .map_or(&self.dims, |r| r.space.code_dims())
+            .map_or(self.dims.sizes(), |r| r.space.code_dims())
     }
 
     /// The dependency-graph edges of the model (attribute pairs), sorted.
@@ -172,7 +178,7 @@ impl Model {
     pub fn describe(&self) -> ModelDescription {
         ModelDescription {
             protocol: self.protocol.clone(),
-            domain_sizes: self.dims.clone(),
+            domain_sizes: self.dims.sizes().to_vec(),
             edges: self.edges.clone(),
             structure: match &self.kind {
                 ModelKind::Graphical { structure, .. } => Some(structure.clone()),

@@ -80,16 +80,16 @@
 
 pub mod central;
 pub mod domain;
-pub mod engine;
-pub mod fit;
+pub(crate) mod engine;
+pub(crate) mod fit;
 pub mod graph;
 pub mod measure;
 pub mod numeric;
-pub mod pipeline;
+pub(crate) mod pipeline;
 pub mod protocols;
 pub mod select;
-pub mod state;
-pub mod synth;
+pub(crate) mod state;
+pub(crate) mod synth;
 pub mod tuning;
 
 pub use domain::key::TableKey;
@@ -115,7 +115,7 @@ pub use synth::description::{
 pub use synth::inference::MAX_ELIMINATION_CELLS;
 pub use synth::model::Model;
 pub use synth::recovery::{Expansion, Recovery};
-pub use synth::sampler::Synthesizer;
+pub use synth::sampler::{SAMPRIVSYN_CHUNK_ROWS, Synthesizer};
 
 use ldpsyn::mechanism::MechanismError;
 

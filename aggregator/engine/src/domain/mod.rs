@@ -2,9 +2,9 @@
 //! the working domain's sizes and cliques of attributes ([`sizes`]), tasks ([`task`]) and
 //! the key of a table ([`key`]).
 
-pub mod key;
-pub mod sizes;
+pub(crate) mod key;
+pub(crate) mod sizes;
 pub mod space;
-pub mod task;
+pub(crate) mod task;
 
 pub use sizes::{Clique, Domain};

@@ -134,17 +134,8 @@ pub fn local_observations(
 }
 
 /// Fits the graphical model over the junction tree of `edges` to every measurement (module
-/// docs). Errors: [`EngineError::NoData`] without measurements.
-pub fn fit_model(
-    ms: &Measurements,
-    edges: &BTreeSet<Edge>,
-    options: &FitOptions,
-) -> Result<GraphicalModel, EngineError> {
-    fit_model_with_local(ms, &[], LOCAL_PRECISION_RATIO, edges, options)
-}
-
-/// As [`fit_model`], with the parties' local models (`fo+locmrf` vertical collections) as
-/// further observations ([`local_observations`]), their variances floored at the smallest
+/// docs), with the parties' local models (`fo+locmrf` vertical collections; none for the
+/// others) as further observations ([`local_observations`]), their variances floored at the smallest
 /// mean cell variance of the LDP observations over `precision_ratio`
 /// ([`LOCAL_PRECISION_RATIO`]; `f64::INFINITY`: no floor).
 /// Every measured set of a local model must be complete in `edges` to be observed whole.

@@ -112,7 +112,7 @@ impl Measurements {
     }
 
     /// As [`Measurements::new`] with only the tables for which `keep` is true.
-    pub fn filtered(
+    pub(crate) fn filtered(
         epsilon: Epsilon,
         domain_sizes: &[usize],
         tables: &Tables,
@@ -132,7 +132,7 @@ impl Measurements {
     /// 1-way finer than its attribute's working bins is summed into them
     /// ([`Measurement::refined`] keeps its cells). A table of several attributes that cuts
     /// through a working bin (no task asks for one) is skipped.
-    pub fn filtered_in(
+    pub(crate) fn filtered_in(
         mechanism: &MechanismOf<'_>,
         space: &Space,
         tables: &Tables,
@@ -213,7 +213,7 @@ impl Measurements {
     }
 
     /// Only the measurements for which `keep` holds (same population).
-    pub fn retained(self, keep: impl Fn(&Measurement) -> bool) -> Self {
+    pub(crate) fn retained(self, keep: impl Fn(&Measurement) -> bool) -> Self {
         let items = self.items.into_iter().filter(|m| keep(m)).collect();
         Self::indexed(items, self.domain, self.population)
     }
@@ -225,7 +225,7 @@ impl Measurements {
     /// standard error (the one variance model at the estimate's Norm-Sub projection). `None`
     /// without such a 1-way. Used to draw a code within a working bin (VertiMRF §6.1's
     /// histogram recovery; [`crate::synth::recovery::Recovery`]).
-    pub fn sub_bin_distribution(&self, a: usize) -> Option<(Vec<u32>, Vec<f64>, Vec<f64>)> {
+    pub(crate) fn sub_bin_distribution(&self, a: usize) -> Option<(Vec<u32>, Vec<f64>, Vec<f64>)> {
         let refined = || {
             self.containing(std::slice::from_ref(&a))
                 .filter_map(|m| Some((m, m.refined.as_ref()?)))
@@ -267,7 +267,7 @@ impl Measurements {
 
     /// Sets the population of the sampling term (the collection's target users N; never
     /// below the reports received).
-    pub fn with_population(mut self, population: u64) -> Self {
+    pub(crate) fn with_population(mut self, population: u64) -> Self {
         let reports: u64 = self.items.iter().map(|m| m.estimate.n).sum();
         self.population = population.max(reports);
         self
@@ -312,12 +312,12 @@ impl Measurements {
     /// every table whose factor contains all of `attrs`, with inverse-variance weights
     /// (module docs); standard errors at the Norm-Sub projection of the combination. `None`
     /// if no table contains them.
-    pub fn combined(&self, attrs: &[usize]) -> Option<Combined> {
+    pub(crate) fn combined(&self, attrs: &[usize]) -> Option<Combined> {
         self.combined_where(attrs, |_| true)
     }
 
     /// As [`Measurements::combined`], using only tables for which `keep` is true.
-    pub fn combined_where(
+    pub(crate) fn combined_where(
         &self,
         attrs: &[usize],
         keep: impl Fn(&TableKey) -> bool,
@@ -333,7 +333,7 @@ impl Measurements {
     /// uniform frequency — data-independent, so
     /// the combination stays linear and unbiased; for tables of one factor, mechanism and ε
     /// they are `∝ n_j` (eq. 5 of PrivIncr, pooling).
-    pub fn combined_at(
+    pub(crate) fn combined_at(
         &self,
         attrs: &[usize],
         keep: impl Fn(&TableKey) -> bool,
@@ -346,7 +346,7 @@ impl Measurements {
     /// attribute of `attrs`, `[]` for full resolution; an empty list: none binned): only the
     /// tables whose maps of `attrs` are exactly these contribute, and the cells are the
     /// product of the bins. `None` if no table fits or a map is invalid.
-    pub fn combined_binned(
+    pub(crate) fn combined_binned(
         &self,
         attrs: &[usize],
         bins: &[Vec<u32>],

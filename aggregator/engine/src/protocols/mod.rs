@@ -39,12 +39,12 @@ use crate::state::{
 };
 use crate::synth::model::Model;
 
-pub mod auto;
-pub mod context;
-pub mod independence;
-pub mod privincr;
-pub mod registry;
-pub mod samprivsyn;
+pub(crate) mod auto;
+pub(crate) mod context;
+pub(crate) mod independence;
+pub(crate) mod privincr;
+pub(crate) mod registry;
+pub(crate) mod samprivsyn;
 pub mod vertical;
 
 /// The device protocols' gain margin ([`CollectionProtocol::gain_margin`]): 0, a pair

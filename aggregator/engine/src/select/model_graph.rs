@@ -41,7 +41,8 @@ pub fn largest_clique_cells(domain: &Domain, edges: &BTreeSet<Edge>) -> u64 {
 /// The model graph (module docs): `candidates` (pairs with their gain) whose
 /// [`PairGain::cautious_gain`] at `margin` is positive, added best first while the largest
 /// clique has at most `max_clique_cells` cells. Ties by pair order, so the result depends
-/// only on the inputs.
+/// only on the inputs. (The engine starts from given edges, [`select_model_graph_from`].)
+#[cfg(test)]
 pub fn select_model_graph(
     domain: &Domain,
     candidates: &[(Edge, PairGain)],

@@ -59,7 +59,7 @@ pub struct Structure {
 
 /// mRMR redundancy elimination (see the module docs for the stopping rule).
 /// `mi[a][b]` is the phase-1 MI matrix (nats). Returns `S` in selection order.
-pub fn mrmr(
+pub(crate) fn mrmr(
     target: usize,
     candidates: &[usize],
     mi: &[Vec<f64>],
@@ -95,7 +95,7 @@ pub fn mrmr(
 
 /// Conditionals for one clique given its separator with the parent clique (Algorithm 2 when
 /// the clique's domain exceeds `sigma`), in sampling order.
-pub fn clique_conditionals(
+pub(crate) fn clique_conditionals(
     clique: &Clique,
     separator: &[usize],
     mi: &[Vec<f64>],

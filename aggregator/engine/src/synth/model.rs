@@ -100,26 +100,26 @@ impl Model {
 
     /// The model with the model graph's candidate pairs and their gains (for
     /// [`Model::describe`]).
-    pub fn with_gains(mut self, gains: Vec<EdgeGain>) -> Self {
+    pub(crate) fn with_gains(mut self, gains: Vec<EdgeGain>) -> Self {
         self.gains = gains;
         self
     }
 
     /// The model with its per-round summary (for [`Model::describe`]).
-    pub fn with_rounds(mut self, rounds: Vec<RoundSummary>) -> Self {
+    pub(crate) fn with_rounds(mut self, rounds: Vec<RoundSummary>) -> Self {
         self.rounds = rounds;
         self
     }
 
     /// The model with the heterogeneity of its rounds (for [`Model::describe`]; `None` for
     /// one round).
-    pub fn with_drift(mut self, drift: Option<DriftReport>) -> Self {
+    pub(crate) fn with_drift(mut self, drift: Option<DriftReport>) -> Self {
         self.drift = drift;
         self
     }
 
     /// The model with its fit's residuals (for [`Model::describe`]).
-    pub fn with_residuals(mut self, residuals: Option<FitResiduals>) -> Self {
+    pub(crate) fn with_residuals(mut self, residuals: Option<FitResiduals>) -> Self {
         self.residuals = residuals;
         self
     }
@@ -136,7 +136,7 @@ impl Model {
 
     /// The model with the way back from its working bins to schema codes (see
     /// [`Recovery`]; `None` keeps the model's codes).
-    pub fn with_recovery(mut self, recovery: Option<Recovery>) -> Self {
+    pub(crate) fn with_recovery(mut self, recovery: Option<Recovery>) -> Self {
         self.recovery = recovery.map(Arc::new);
         self
     }

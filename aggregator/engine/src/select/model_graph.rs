@@ -28,7 +28,8 @@ pub fn clique_cap(option: Option<u64>, people: u64) -> u64 {
     option.unwrap_or(MAX_CLIQUE_CELLS.min(people.max(1)))
 }
 
-/// Largest clique (cells) of the junction tree of `edges`.
+/// Cells of the largest clique of the junction tree of `edges` over `domain` (saturating at
+/// `u64::MAX`; 1 without attributes).
 pub fn largest_clique_cells(domain: &Domain, edges: &BTreeSet<Edge>) -> u64 {
     build_junction_tree(domain.len(), edges)
         .cliques
@@ -38,10 +39,7 @@ pub fn largest_clique_cells(domain: &Domain, edges: &BTreeSet<Edge>) -> u64 {
         .unwrap_or(1)
 }
 
-/// The model graph (module docs): `candidates` (pairs with their gain) whose
-/// [`PairGain::cautious_gain`] at `margin` is positive, added best first while the largest
-/// clique has at most `max_clique_cells` cells. Ties by pair order, so the result depends
-/// only on the inputs. (The engine starts from given edges, [`select_model_graph_from`].)
+/// [`select_model_graph_from`] with no given edges (tests).
 #[cfg(test)]
 pub fn select_model_graph(
     domain: &Domain,
@@ -58,9 +56,13 @@ pub fn select_model_graph(
     )
 }
 
-/// As [`select_model_graph`], starting from the edges `given` (kept whatever their gain: the
-/// parties' local graphs of an `fo+locmrf` vertical collection, VertiMRF §5.1 GraphCom), the
-/// cap raised to `given`'s own largest clique if that is larger.
+/// The model graph (module docs) over the working `domain`: the edges `given` (kept whatever
+/// their gain: the parties' local graphs of an `fo+locmrf` vertical collection, VertiMRF §5.1
+/// GraphCom; none otherwise), then `candidates` (pairs with their gain) whose
+/// [`PairGain::cautious_gain`] at `margin` is positive, added best first while the largest
+/// clique has at most `max_clique_cells` cells ([`largest_clique_cells`]), the cap raised to
+/// `given`'s own largest clique if that is larger. Ties by pair order, so the result depends
+/// only on the inputs.
 pub fn select_model_graph_from(
     domain: &Domain,
     given: &BTreeSet<Edge>,

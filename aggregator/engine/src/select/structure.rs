@@ -149,8 +149,11 @@ pub(crate) fn clique_conditionals(
     reversed
 }
 
-/// Builds the structure from a dependency graph: junction tree, then the conditionals of
-/// each clique root-first (Algorithm 2 for cliques above `sigma`).
+/// Builds the structure from a dependency graph over the working `domain`: junction tree of
+/// `edges`, then the conditionals of each clique root-first (Algorithm 2 for cliques of more
+/// than `sigma` cells, which reads `mi`, the `d × d` phase-1 MI matrix in nats; with
+/// `sigma = u64::MAX` no clique is split and `mi` may be empty). Panics on an edge or MI
+/// index outside the domain.
 pub fn build_structure(
     domain: &Domain,
     edges: &BTreeSet<Edge>,

@@ -53,7 +53,8 @@ pub struct Model {
 }
 
 impl Model {
-    /// A graphical model: each conditional of `structure` estimated from `source`.
+    /// A graphical model over the working `dims` (one size per attribute): each conditional
+    /// of `structure` estimated from `source`.
     pub fn graphical(
         protocol: &str,
         dims: Domain,

@@ -41,6 +41,7 @@ use rand::{CryptoRng, Rng};
 use serde::{Deserialize, Serialize};
 
 use crate::EngineError;
+use crate::domain::sizes::Domain;
 use crate::fit::joint::{JointSource, clique_joint};
 use crate::fit::pgm::{FitOptions, GraphicalModel, Observation, fit};
 use crate::graph::{Edge, EdgeState, JunctionTree, build_junction_tree, edge, triangulate};
@@ -52,18 +53,18 @@ use crate::select::structure::build_structure;
 use crate::synth::model::Model;
 
 /// Share of ρ spent on the 1-ways before the rounds (PPSyn Alg. 1 line 1).
-pub const ONE_WAY_SHARE: f64 = 0.1;
+pub(crate) const ONE_WAY_SHARE: f64 = 0.1;
 
 /// Share of ρ spent on selecting marginals, over all rounds (PPSyn Alg. 1 line 4).
-pub const SELECTION_SHARE: f64 = 0.1;
+pub(crate) const SELECTION_SHARE: f64 = 0.1;
 
 /// Planned rounds per attribute (AIM's `T = 16 d`): the scale of the first rounds; annealing
 /// spends the budget faster when measurements stop teaching the model.
-pub const ROUNDS_PER_ATTRIBUTE: usize = 16;
+pub(crate) const ROUNDS_PER_ATTRIBUTE: usize = 16;
 
 /// Most mirror-descent steps of the fit after each round (from the previous potentials); the
 /// final fit runs [`FitOptions::default`].
-pub const ROUND_FIT_ITERS: usize = 100;
+pub(crate) const ROUND_FIT_ITERS: usize = 100;
 
 /// Errors of the central synthesizer.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -91,7 +92,7 @@ pub use crate::numeric::zcdp::delta_for;
 /// The largest ρ whose ρ-zCDP implies (ε, δ)-DP ([`delta_for`];
 /// [`crate::numeric::zcdp::rho_for`]).
 /// Errors: [`CentralError::Budget`] unless ε > 0 is finite and 0 < δ < 1.
-pub fn rho_for(epsilon: f64, delta: f64) -> Result<f64, CentralError> {
+pub(crate) fn rho_for(epsilon: f64, delta: f64) -> Result<f64, CentralError> {
     crate::numeric::zcdp::rho_for(epsilon, delta).ok_or(CentralError::Budget { epsilon, delta })
 }
 
@@ -100,7 +101,7 @@ pub fn rho_for(epsilon: f64, delta: f64) -> Result<f64, CentralError> {
 /// Algorithm 3). The Bernoulli trials use `f64` probabilities (not exact rationals): the
 /// output is an integer, so the low bits of a floating-point sample cannot leak the count.
 /// `sigma` must be finite and > 0.
-pub fn discrete_gaussian<R: Rng + CryptoRng + ?Sized>(sigma: f64, rng: &mut R) -> i64 {
+pub(crate) fn discrete_gaussian<R: Rng + CryptoRng + ?Sized>(sigma: f64, rng: &mut R) -> i64 {
     debug_assert!(sigma > 0.0 && sigma.is_finite());
     let s2 = sigma * sigma;
     let t = sigma.floor() + 1.0;
@@ -131,7 +132,7 @@ pub fn discrete_gaussian<R: Rng + CryptoRng + ?Sized>(sigma: f64, rng: &mut R) -
 /// The exponential mechanism's output distribution: `Pr[i] ∝ exp(ε s_i / (2Δ))` (McSherry &
 /// Talwar, FOCS 2007) for scores `s` of sensitivity `Δ`. Its worst-case probability ratio
 /// between neighbouring score vectors is `e^ε`; it is `ε²/8`-zCDP.
-pub fn exponential_mechanism_probabilities(
+pub(crate) fn exponential_mechanism_probabilities(
     scores: &[f64],
     epsilon: f64,
     sensitivity: f64,
@@ -146,7 +147,7 @@ pub fn exponential_mechanism_probabilities(
 }
 
 /// One draw of the exponential mechanism ([`exponential_mechanism_probabilities`]).
-pub fn exponential_mechanism<R: Rng + CryptoRng + ?Sized>(
+pub(crate) fn exponential_mechanism<R: Rng + CryptoRng + ?Sized>(
     scores: &[f64],
     epsilon: f64,
     sensitivity: f64,
@@ -261,7 +262,7 @@ fn counts(codes: &[u32], d: usize, dims: &[usize], attrs: &[usize]) -> Vec<f64> 
 
 /// State of the loop: measurements, the chordal graph they need, the current fit.
 struct Fitting {
-    dims: Vec<usize>,
+    dims: Domain,
     observations: Vec<Observation>,
     /// Chordal completion of every measured set (old cliques stay complete, so the last
     /// fit's potentials carry over to the next tree exactly).
@@ -349,11 +350,11 @@ impl Fitting {
 
 /// The potentials of `m` moved onto `tree`, whose cliques contain every clique of `m`'s tree:
 /// each old clique's log-potential added to one new clique holding it (the same distribution).
-fn carry_potentials(dims: &[usize], m: &GraphicalModel, tree: &JunctionTree) -> Vec<Vec<f64>> {
+fn carry_potentials(domain: &Domain, m: &GraphicalModel, tree: &JunctionTree) -> Vec<Vec<f64>> {
     let mut start: Vec<Vec<f64>> = tree
         .cliques
         .iter()
-        .map(|c| vec![0.0; c.iter().map(|&a| dims[a]).product()])
+        .map(|c| vec![0.0; domain.table_len(c)])
         .collect();
     for (old, theta) in m.tree().cliques.iter().zip(m.potentials()) {
         let Some(c) = (0..tree.cliques.len())
@@ -363,7 +364,7 @@ fn carry_potentials(dims: &[usize], m: &GraphicalModel, tree: &JunctionTree) -> 
             continue;
         };
         let clique = &tree.cliques[c];
-        let cdims: Vec<usize> = clique.iter().map(|&a| dims[a]).collect();
+        let cdims = domain.project(clique);
         let map = projection_map(clique, &cdims, old);
         for (t, &i) in start[c].iter_mut().zip(&map) {
             *t += theta[i];
@@ -408,7 +409,7 @@ pub struct ReleasedMarginal {
 /// complete, triangulated: the model's attribute graph) and the privacy accounting. The
 /// party side of a vertical collection (LocMRF, [`crate::measure::local_model`]) uploads
 /// these. Errors: as [`synthesize_central`].
-pub fn measure_central<R: Rng + CryptoRng + ?Sized>(
+pub(crate) fn measure_central<R: Rng + CryptoRng + ?Sized>(
     dims: &[usize],
     codes: &[u32],
     options: &CentralOptions,
@@ -501,7 +502,7 @@ fn select_and_measure<R: Rng + CryptoRng + ?Sized>(
         bins: Vec::new(),
     };
     let mut state = Fitting {
-        dims: dims.to_vec(),
+        dims: Domain::from(dims),
         observations: one_ways
             .into_iter()
             .enumerate()
@@ -558,7 +559,7 @@ fn select_and_measure<R: Rng + CryptoRng + ?Sized>(
                     continue;
                 }
                 let cells = truth[w].len() as f64;
-                if largest_clique_cells(dims, &state.with_edges(w)) > cap {
+                if largest_clique_cells(&state.dims, &state.with_edges(w)) > cap {
                     continue;
                 }
                 let p = state.marginal(w, &mut outside)?;

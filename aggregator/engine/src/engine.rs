@@ -164,7 +164,7 @@ impl Engine {
     /// The engine over the working space `space` ([`crate::domain::space`]). Errors: as
     /// [`Engine::new`]; a vertical protocol (its parties name schema attributes: build it
     /// with [`Engine::new`]).
-    pub fn from_space(
+    pub(crate) fn from_space(
         space: Space,
         epsilon: Epsilon,
         target_users: u64,

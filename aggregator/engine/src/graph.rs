@@ -61,7 +61,7 @@ fn adjacency(d: usize, edges: &BTreeSet<Edge>) -> Vec<BTreeSet<usize>> {
 /// whose elimination adds the fewest fill edges (ties: fewer neighbours, then lowest index),
 /// connecting its remaining neighbours. Returns the chordal supergraph's edges and the
 /// elimination order.
-pub fn triangulate(d: usize, edges: &BTreeSet<Edge>) -> (BTreeSet<Edge>, Vec<usize>) {
+pub(crate) fn triangulate(d: usize, edges: &BTreeSet<Edge>) -> (BTreeSet<Edge>, Vec<usize>) {
     let mut adj = adjacency(d, edges);
     let mut chordal = edges.clone();
     let mut eliminated = vec![false; d];
@@ -109,7 +109,11 @@ pub fn triangulate(d: usize, edges: &BTreeSet<Edge>) -> (BTreeSet<Edge>, Vec<usi
 /// Maximal cliques of a chordal graph given a perfect elimination order (as returned by
 /// [`triangulate`]): each vertex with its neighbours eliminated after it, minus the
 /// non-maximal ones. Cliques are sorted attribute lists, in sorted order.
-pub fn maximal_cliques(d: usize, chordal: &BTreeSet<Edge>, order: &[usize]) -> Vec<Vec<usize>> {
+pub(crate) fn maximal_cliques(
+    d: usize,
+    chordal: &BTreeSet<Edge>,
+    order: &[usize],
+) -> Vec<Vec<usize>> {
     let adj = adjacency(d, chordal);
     let mut pos = vec![0usize; d];
     for (i, &v) in order.iter().enumerate() {
@@ -160,7 +164,7 @@ impl JunctionTree {
 
     /// Cliques in breadth-first order from each component's root (the lowest clique index of
     /// the component), with each clique's parent (`None` for roots).
-    pub fn traversal(&self) -> Vec<(usize, Option<usize>)> {
+    pub(crate) fn traversal(&self) -> Vec<(usize, Option<usize>)> {
         let k = self.cliques.len();
         let mut nb = vec![Vec::new(); k];
         for &(a, b) in &self.edges {
@@ -190,8 +194,9 @@ impl JunctionTree {
     }
 
     /// Whether the running-intersection property holds: for every attribute, the cliques
-    /// containing it form a connected subtree.
-    pub fn has_running_intersection(&self) -> bool {
+    /// containing it form a connected subtree (tests).
+    #[cfg(test)]
+    pub(crate) fn has_running_intersection(&self) -> bool {
         let attrs: BTreeSet<usize> = self.cliques.iter().flatten().copied().collect();
         for a in attrs {
             let holders: Vec<usize> = (0..self.cliques.len())
@@ -294,7 +299,7 @@ pub fn maximum_spanning_forest(d: usize, mut weighted: Vec<(f64, usize, usize)>)
 }
 
 /// Triangulates the graph and builds its junction tree (forest).
-pub fn build_junction_tree(d: usize, edges: &BTreeSet<Edge>) -> JunctionTree {
+pub(crate) fn build_junction_tree(d: usize, edges: &BTreeSet<Edge>) -> JunctionTree {
     let (chordal, order) = triangulate(d, edges);
     junction_tree(maximal_cliques(d, &chordal, &order))
 }

@@ -10,7 +10,8 @@
 //! - [`numeric`]: information measures (PrivIncr eqs. 14–18), index maps over product
 //!   domains, χ² tails.
 //! - [`graph`]: triangulation, maximal cliques, junction tree.
-//! - [`domain`]: schema codes ↔ working bins ([`Space`]), tasks ([`TaskSpec`]), the key of a
+//! - [`domain`]: schema codes ↔ working bins ([`Space`]), the working [`Domain`] (sizes) and
+//!   its [`Clique`]s, tasks ([`TaskSpec`]), the key of a
 //!   table ([`TableKey`]).
 //! - [`measure`]: [`TableKey`] → `SufficientStatistics` (additive); every table becomes a
 //!   measurement with per-cell variances from one model (randomizer + sampling); rounds as
@@ -76,22 +77,27 @@
 //! assert_eq!(rows.len(), 3);
 //! ```
 #![warn(missing_docs)]
+// The module and item docs are the engine's design reference and link the crate-private
+// items they describe (the public API is cut to what other crates use); read them with
+// `cargo doc --document-private-items`, where every such link resolves.
+#![allow(rustdoc::private_intra_doc_links)]
 
 pub mod central;
 pub mod domain;
-pub mod engine;
-pub mod fit;
+pub(crate) mod engine;
+pub(crate) mod fit;
 pub mod graph;
 pub mod measure;
 pub mod numeric;
-pub mod pipeline;
+pub(crate) mod pipeline;
 pub mod protocols;
 pub mod select;
-pub mod state;
-pub mod synth;
+pub(crate) mod state;
+pub(crate) mod synth;
 pub mod tuning;
 
 pub use domain::key::TableKey;
+pub use domain::sizes::{Clique, Domain};
 pub use domain::space::Space;
 pub use domain::task::TaskSpec;
 pub use engine::{Engine, MAX_ATTRIBUTES, TaskSampler};
@@ -113,7 +119,7 @@ pub use synth::description::{
 pub use synth::inference::MAX_ELIMINATION_CELLS;
 pub use synth::model::Model;
 pub use synth::recovery::{Expansion, Recovery};
-pub use synth::sampler::Synthesizer;
+pub use synth::sampler::{SAMPRIVSYN_CHUNK_ROWS, Synthesizer};
 
 use ldpsyn::mechanism::MechanismError;
 

@@ -52,7 +52,7 @@ pub(crate) fn finalize(
     let ms = ms.retained(|m| rules.fit_table(&m.key, &edges));
     let (fitted, residuals) = fit(ctx, rules, &ms, local, &edges)?;
     // Cliques are within the cap: one conditional per clique (no Algorithm 2 split).
-    let structure = build_structure(ctx.dims(), &edges, &[], u64::MAX);
+    let structure = build_structure(ctx.domain(), &edges, &[], u64::MAX);
     let recovery = Recovery::new(ctx.space(), &ms);
     let source = FittedJoint::new(ms, fitted).with_shared_records(rules.tables_share_records());
     let model = rules.final_model(ctx, state, structure, source)?;
@@ -122,7 +122,7 @@ pub fn select(
         .options()
         .gain_margin
         .unwrap_or_else(|| rules.gain_margin());
-    let edges = select_model_graph_from(ctx.dims(), given, &gains, cap, margin);
+    let edges = select_model_graph_from(ctx.domain(), given, &gains, cap, margin);
     (gains, edges)
 }
 

@@ -171,7 +171,7 @@ impl CollectionState {
     }
 
     /// As [`CollectionState::pair_rounds`], mutable.
-    pub fn pair_rounds_mut(&mut self) -> Option<&mut PairRounds> {
+    pub(crate) fn pair_rounds_mut(&mut self) -> Option<&mut PairRounds> {
         match &mut self.protocol {
             ProtocolState::Privincr(r)
             | ProtocolState::Noincremental(r)

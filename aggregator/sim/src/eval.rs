@@ -403,23 +403,24 @@ pub fn noprivacy_model(
             });
         }
     }
-    let structure = ldpsyn_engine::select::structure::build_structure(&dims, &edges, &mi, sigma);
-    ldpsyn_engine::Model::graphical("noprivjtree", dims, states, structure, source)
+    let domain = ldpsyn_engine::Domain::new(dims);
+    let structure = ldpsyn_engine::select::structure::build_structure(&domain, &edges, &mi, sigma);
+    ldpsyn_engine::Model::graphical("noprivjtree", domain, states, structure, source)
 }
 
 /// The exact independence model (`exact-independence` in the benchmark, a non-private
 /// reference): every attribute sampled from its exact 1-way marginal.
 pub fn exact_independence_model(pop: std::sync::Arc<Population>) -> ldpsyn_engine::Model {
-    let dims = pop.dims().to_vec();
+    let domain = ldpsyn_engine::Domain::from(pop.dims());
     let structure = ldpsyn_engine::select::structure::build_structure(
-        &dims,
+        &domain,
         &std::collections::BTreeSet::new(),
         &[],
         u64::MAX,
     );
     ldpsyn_engine::Model::graphical(
         "exact-independence",
-        dims,
+        domain,
         Vec::new(),
         structure,
         ExactJoint::new(pop),
@@ -443,8 +444,10 @@ pub fn chow_liu_model(pop: std::sync::Arc<Population>) -> ldpsyn_engine::Model {
         }
     }
     let edges = ldpsyn_engine::graph::maximum_spanning_forest(d, weighted);
-    let structure = ldpsyn_engine::select::structure::build_structure(&dims, &edges, &[], u64::MAX);
-    ldpsyn_engine::Model::graphical("chow-liu", dims, Vec::new(), structure, source)
+    let domain = ldpsyn_engine::Domain::new(dims);
+    let structure =
+        ldpsyn_engine::select::structure::build_structure(&domain, &edges, &[], u64::MAX);
+    ldpsyn_engine::Model::graphical("chow-liu", domain, Vec::new(), structure, source)
 }
 
 /// The schema binned TVDs are measured on: `schema` with every `bins: "auto"` numeric

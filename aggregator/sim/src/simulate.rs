@@ -565,7 +565,7 @@ mod tests {
     #[test]
     fn samprivsyn_synthesis_streams_in_chunks() {
         use ldpsyn::wire::SamPrivSynParams;
-        use ldpsyn_engine::synth::sampler::SAMPRIVSYN_CHUNK_ROWS;
+        use ldpsyn_engine::SAMPRIVSYN_CHUNK_ROWS;
         let net = BayesNet::standard();
         let pop = net.sample(20_000, 4);
         let e = Engine::from_parts(

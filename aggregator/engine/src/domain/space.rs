@@ -15,6 +15,7 @@ use ldpsyn::schema::Schema;
 
 use crate::EngineError;
 use crate::domain::key::TableKey;
+use crate::domain::sizes::Domain;
 use crate::domain::task::TaskSpec;
 
 /// Most bin-map cuts one task may carry (the task token binds them).
@@ -23,11 +24,11 @@ pub const MAX_TASK_CUTS: usize = 512;
 /// Most working cuts of one attribute: half of what a task carries, so that the task of any
 /// pair fits one token. A larger factor fits when its cells are within the clique caps (with
 /// the default caps the worst case is a pair of attributes at this limit).
-pub const MAX_ATTRIBUTE_CUTS: usize = MAX_TASK_CUTS / 2;
+pub(crate) const MAX_ATTRIBUTE_CUTS: usize = MAX_TASK_CUTS / 2;
 
 /// Most cells of a sub-bin 1-way ([`Space::sub_bin_cuts`]), so that its bin map stays
 /// within [`MAX_TASK_CUTS`] with room for point masses.
-pub const MAX_SUB_BIN_CELLS: usize = 256;
+pub(crate) const MAX_SUB_BIN_CELLS: usize = 256;
 
 /// The first attribute whose working cuts a task must carry exceed [`MAX_ATTRIBUTE_CUTS`],
 /// with their count (a full cut list is the identity and carries none).
@@ -42,7 +43,7 @@ fn oversized(cuts: &[Vec<u32>], code_dims: &[usize]) -> Option<(usize, usize)> {
 /// Interior cuts of `bins` equal-width contiguous bins over `k` codes (`[]` when
 /// `bins ≥ k`: full resolution); cut i at `round(i·k/bins)`. Data-independent, as VertiMRF
 /// §6.1's attribute binning.
-pub fn equal_width_cuts(k: usize, bins: usize) -> Vec<u32> {
+pub(crate) fn equal_width_cuts(k: usize, bins: usize) -> Vec<u32> {
     if bins >= k {
         return Vec::new();
     }
@@ -57,7 +58,7 @@ pub fn equal_width_cuts(k: usize, bins: usize) -> Vec<u32> {
 /// to be split, so a code heavier than a share becomes a bin of its own and the rest is
 /// shared among the others (`[]` when `bins ≥ p.len()`: full resolution). The maps depend on
 /// the data only through `p`, an earlier LDP estimate (docs/design.md "Tasks with bin maps").
-pub fn equal_mass_cuts(p: &[f64], bins: usize) -> Vec<u32> {
+pub(crate) fn equal_mass_cuts(p: &[f64], bins: usize) -> Vec<u32> {
     let k = p.len();
     if bins >= k {
         return Vec::new();
@@ -102,7 +103,7 @@ pub(crate) fn cell_range(cuts: &[u32], k: usize, i: usize) -> Range<u32> {
 /// at most [`MAX_SUB_BIN_CELLS`] cells of a grid a cell without mass is taken for a point
 /// mass with probability below 1% (a union bound), and a false one only costs its attribute
 /// one working bin.
-pub const POINT_MASS_Z: f64 = 4.0;
+pub(crate) const POINT_MASS_Z: f64 = 4.0;
 
 /// Fewest measured cells a working bin must have for [`Space::point_masses`] to take a
 /// point mass out of it. Splitting a bin of two cells is its full resolution, which the
@@ -111,7 +112,7 @@ pub const POINT_MASS_Z: f64 = 4.0;
 /// (`benchmarks/sweeps/point-masses.md`): without this rule temporal-match2's ordinal
 /// columns (21–26 codes in 16 bins) had single codes split from two-code bins and a 2-way
 /// TVD 8% above no point masses at ε = 8; with it, at most equal at every ε.
-pub const MIN_POINT_BIN_CELLS: usize = 3;
+pub(crate) const MIN_POINT_BIN_CELLS: usize = 3;
 
 /// Standard errors of its estimated mass a run of numeric working bins must reach to stay
 /// apart ([`Space::merged_unresolved_cuts`]). Derived, not tuned: splitting a run of mass
@@ -121,7 +122,7 @@ pub const MIN_POINT_BIN_CELLS: usize = 3;
 /// `m/2 > σ`, i.e. `m > 2σ`. A sweep of 0.5, 1, 2 and 4 over Adult, temporal-match2 and the
 /// generated bank table at ε = 1, 2, 4 and 8 (`benchmarks/sweeps/unresolved-bins.md`)
 /// confirmed 2.
-pub const UNRESOLVED_BIN_Z: f64 = 2.0;
+pub(crate) const UNRESOLVED_BIN_Z: f64 = 2.0;
 
 /// Schema codes ↔ working bins, per attribute.
 #[derive(Debug, Clone, PartialEq)]
@@ -134,7 +135,7 @@ pub struct Space {
     /// ([`Space::with_adapted_cuts`]), the cells that estimate was measured on: its sub-bin
     /// 1-ways keep them, so that every sub-bin table shares one grid.
     sub_cuts: Vec<Option<Vec<u32>>>,
-    dims: Vec<usize>,
+    dims: Domain,
     /// Per attribute, how many leading codes are ordered grid cells (the rest: point masses
     /// and "missing", each a bin of its own).
     grid: Vec<usize>,
@@ -165,7 +166,7 @@ impl Space {
             cuts: vec![Vec::new(); code_dims.len()],
             sub_cuts: vec![None; code_dims.len()],
             points: vec![None; code_dims.len()],
-            dims: code_dims.clone(),
+            dims: Domain::new(code_dims.clone()),
             grid: code_dims.clone(),
             code_dims,
         }
@@ -176,7 +177,7 @@ impl Space {
     /// every point mass and "missing" a bin of its own); every other attribute as it is.
     /// Errors: an attribute with more working bins than a pair's task carries (as
     /// [`Space::new`]).
-    pub fn from_schema(schema: &Schema) -> Result<Self, EngineError> {
+    pub(crate) fn from_schema(schema: &Schema) -> Result<Self, EngineError> {
         let cuts = schema
             .attributes()
             .iter()
@@ -235,7 +236,7 @@ impl Space {
             points: vec![None; code_dims.len()],
             code_dims,
             cuts,
-            dims,
+            dims: Domain::new(dims),
         })
     }
 
@@ -244,7 +245,7 @@ impl Space {
     /// be a subset. Errors: not a bin map of the attribute, a cut that is not a cell
     /// boundary of `sub_cuts`, a bin past the grid (a point mass, "missing") merged, or more
     /// cuts than a pair's task carries per attribute ([`MAX_ATTRIBUTE_CUTS`]).
-    pub fn with_adapted_cuts(
+    pub(crate) fn with_adapted_cuts(
         &self,
         a: usize,
         cuts: Vec<u32>,
@@ -276,7 +277,7 @@ impl Space {
         }
         let mut space = self.clone();
         space.cuts[a] = cuts;
-        space.dims[a] = bins;
+        space.dims.set_size(a, bins);
         space.sub_cuts[a] = Some(sub_cuts);
         Ok(space)
     }
@@ -334,7 +335,12 @@ impl Space {
 
     /// `cuts` of attribute `a` with both sides of every range of `points` added (sorted,
     /// inside the codes).
-    pub fn with_point_cuts(&self, a: usize, cuts: &[u32], points: &[Range<u32>]) -> Vec<u32> {
+    pub(crate) fn with_point_cuts(
+        &self,
+        a: usize,
+        cuts: &[u32],
+        points: &[Range<u32>],
+    ) -> Vec<u32> {
         let k = self.code_dims[a] as u32;
         let mut out: Vec<u32> = cuts
             .iter()
@@ -349,7 +355,7 @@ impl Space {
 
     /// Marks the working bins of attribute `a` starting at `codes` as point masses found
     /// by [`Space::point_masses`] ([`Space::is_point_mass`]).
-    pub fn with_point_mass_codes(mut self, a: usize, codes: Vec<u32>) -> Self {
+    pub(crate) fn with_point_mass_codes(mut self, a: usize, codes: Vec<u32>) -> Self {
         self.points[a] = Some(codes);
         self
     }
@@ -359,7 +365,7 @@ impl Space {
     /// [`Space::with_point_mass_codes`], or, for bins adapted without that mark (states
     /// stored before it), a one-code bin among in-grid bins of which one has at least
     /// [`MIN_POINT_BIN_CELLS`] codes.
-    pub fn is_point_mass(&self, a: usize, b: usize) -> bool {
+    pub(crate) fn is_point_mass(&self, a: usize, b: usize) -> bool {
         let r = self.code_range(a, b);
         match &self.points[a] {
             Some(codes) => codes.contains(&r.start),
@@ -435,11 +441,16 @@ impl Space {
 
     /// Working domain sizes (what protocols and the model see).
     pub fn dims(&self) -> &[usize] {
+        self.dims.sizes()
+    }
+
+    /// The working domain ([`Space::dims`] as a [`Domain`]).
+    pub fn domain(&self) -> &Domain {
         &self.dims
     }
 
     /// Schema domain sizes (what devices encode to).
-    pub fn code_dims(&self) -> &[usize] {
+    pub(crate) fn code_dims(&self) -> &[usize] {
         &self.code_dims
     }
 
@@ -449,18 +460,18 @@ impl Space {
     }
 
     /// Whether every attribute's working bins are its codes.
-    pub fn is_identity(&self) -> bool {
+    pub(crate) fn is_identity(&self) -> bool {
         self.cuts.iter().all(Vec::is_empty)
     }
 
     /// The codes of attribute `a` in working bin `bin`.
-    pub fn code_range(&self, a: usize, bin: usize) -> Range<u32> {
+    pub(crate) fn code_range(&self, a: usize, bin: usize) -> Range<u32> {
         cell_range(&self.cuts[a], self.code_dims[a], bin)
     }
 
     /// Whether `task` (in working codes) is a 1-way at full working resolution of an
     /// attribute with working bins: one that [`Space::task_to_codes`] may measure on the grid.
-    pub fn refinable(&self, task: &TaskSpec) -> bool {
+    pub(crate) fn refinable(&self, task: &TaskSpec) -> bool {
         matches!(task.factor[..], [a] if !self.cuts[a].is_empty())
             && task.bins.iter().all(Vec::is_empty)
     }
@@ -470,7 +481,7 @@ impl Space {
     /// exceed [`MAX_SUB_BIN_CELLS`] in all). `[]` (every code) when that is every code.
     /// Working bins placed by an earlier estimate keep that estimate's cells instead
     /// ([`Space::with_adapted_cuts`]).
-    pub fn sub_bin_cuts(&self, a: usize, per_bin: usize) -> Vec<u32> {
+    pub(crate) fn sub_bin_cuts(&self, a: usize, per_bin: usize) -> Vec<u32> {
         if let Some(cuts) = &self.sub_cuts[a] {
             return cuts.clone();
         }
@@ -502,7 +513,7 @@ impl Space {
     /// over schema codes. With `sub_bins` a [`Space::refinable`] 1-way is measured in that
     /// many sub-bins of each working bin ([`Space::sub_bin_cuts`]), with the better oracle
     /// for that many cells.
-    pub fn task_to_codes(
+    pub(crate) fn task_to_codes(
         &self,
         task: TaskSpec,
         sub_bins: Option<usize>,

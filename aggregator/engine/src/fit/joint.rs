@@ -23,7 +23,7 @@ pub trait JointSource: Send + Sync + std::fmt::Debug {
     }
 }
 
-/// The graphical model fitted to every measurement ([`crate::fit::observe::fit_model`]), with
+/// The graphical model fitted to every measurement ([`crate::fit::observe::fit_model_with_local`]), with
 /// the measurements kept for standard errors.
 #[derive(Debug, Clone)]
 pub struct FittedJoint {
@@ -46,7 +46,7 @@ impl FittedJoint {
     /// collection): a 1-way and every pair containing it are then one estimate, not
     /// independent ones, and a marginal's standard errors are those of the table over
     /// exactly its attributes.
-    pub fn with_shared_records(mut self, shared: bool) -> Self {
+    pub(crate) fn with_shared_records(mut self, shared: bool) -> Self {
         self.shared_records = shared;
         self
     }

@@ -16,6 +16,7 @@ pub const PILOT_ITERS: usize = 100;
 use std::collections::BTreeSet;
 
 use crate::EngineError;
+use crate::domain::sizes::Domain;
 use crate::fit::pgm::{FitOptions, GraphicalModel, Observation, fit};
 use crate::graph::{Edge, JunctionTree, build_junction_tree};
 use crate::measure::local_model::LocalModel;
@@ -51,7 +52,7 @@ fn observations(
     tree: &JunctionTree,
     model_marginal: &dyn Fn(&[usize]) -> Vec<f64>,
 ) -> Vec<Observation> {
-    let dims = ms.domain_sizes();
+    let domain = ms.domain();
     let mut out = Vec::new();
     for m in ms.items() {
         for part in fitting_parts(&m.key.factor, tree) {
@@ -60,7 +61,7 @@ fn observations(
             } else {
                 part.iter().map(|&a| m.key.bins_of(a).to_vec()).collect()
             };
-            let pdims: Vec<usize> = part.iter().map(|&a| dims[a]).collect();
+            let pdims = domain.project(&part);
             let at = coarsen(&model_marginal(&part), &pdims, &bins);
             let variances = m.fit_variances(&part, &at, ms.population());
             out.push(Observation {
@@ -103,17 +104,17 @@ pub const SAMPLED_LOCAL_PRECISION_RATIO: f64 = 5.0;
 pub fn local_observations(
     local: &[LocalModel],
     tree: &JunctionTree,
-    dims: &[usize],
+    domain: &Domain,
     floor: f64,
 ) -> Vec<Observation> {
     let mut out = Vec::new();
     for model in local {
         let n = model.noisy_records();
         for m in model.measurements() {
-            let mdims: Vec<usize> = m.attrs().iter().map(|&a| dims[a]).collect();
+            let mdims = domain.project(m.attrs());
             for part in fitting_parts(m.attrs(), tree) {
                 let map = crate::numeric::index::projection_map(m.attrs(), &mdims, &part);
-                let cells: usize = part.iter().map(|&a| dims[a]).product();
+                let cells = domain.table_len(&part);
                 let summed = m.counts().len() / cells;
                 let mut values = vec![0.0; cells];
                 for (i, &t) in map.iter().enumerate() {
@@ -133,17 +134,8 @@ pub fn local_observations(
 }
 
 /// Fits the graphical model over the junction tree of `edges` to every measurement (module
-/// docs). Errors: [`EngineError::NoData`] without measurements.
-pub fn fit_model(
-    ms: &Measurements,
-    edges: &BTreeSet<Edge>,
-    options: &FitOptions,
-) -> Result<GraphicalModel, EngineError> {
-    fit_model_with_local(ms, &[], LOCAL_PRECISION_RATIO, edges, options)
-}
-
-/// As [`fit_model`], with the parties' local models (`fo+locmrf` vertical collections) as
-/// further observations ([`local_observations`]), their variances floored at the smallest
+/// docs), with the parties' local models (`fo+locmrf` vertical collections; none for the
+/// others) as further observations ([`local_observations`]), their variances floored at the smallest
 /// mean cell variance of the LDP observations over `precision_ratio`
 /// ([`LOCAL_PRECISION_RATIO`]; `f64::INFINITY`: no floor).
 /// Every measured set of a local model must be complete in `edges` to be observed whole.
@@ -158,8 +150,8 @@ pub fn fit_model_with_local(
     if ms.items().is_empty() {
         return Err(EngineError::NoData);
     }
-    let dims = ms.domain_sizes();
-    let tree = build_junction_tree(dims.len(), edges);
+    let domain = ms.domain();
+    let tree = build_junction_tree(domain.len(), edges);
     let one_way = one_way_estimates(ms);
     let independent = |attrs: &[usize]| -> Vec<f64> {
         attrs
@@ -171,14 +163,14 @@ pub fn fit_model_with_local(
     let mut start: Vec<Vec<f64>> = tree
         .cliques
         .iter()
-        .map(|c| vec![0.0; c.iter().map(|&a| dims[a]).product()])
+        .map(|c| vec![0.0; domain.table_len(c)])
         .collect();
     for (a, marg) in one_way.iter().enumerate() {
         let Some(ci) = tree.cliques.iter().position(|c| c.contains(&a)) else {
             continue;
         };
         let clique = &tree.cliques[ci];
-        let cdims: Vec<usize> = clique.iter().map(|&x| dims[x]).collect();
+        let cdims = domain.project(clique);
         let map = crate::numeric::index::projection_map(clique, &cdims, &[a]);
         for (t, &v) in start[ci].iter_mut().zip(&map) {
             *t += marg[v].max(1e-9).ln();
@@ -196,12 +188,12 @@ pub fn fit_model_with_local(
                 .fold(f64::INFINITY, f64::min)
                 / precision_ratio;
             let floor = if floor.is_finite() { floor } else { 0.0 };
-            obs.extend(local_observations(local, &tree, dims, floor));
+            obs.extend(local_observations(local, &tree, domain, floor));
         }
         obs
     };
     let first = fit(
-        dims,
+        domain,
         &tree,
         &with_local(observations(ms, &tree, &independent)),
         Some(start),
@@ -214,7 +206,7 @@ pub fn fit_model_with_local(
             .unwrap_or_else(|| independent(attrs))
     };
     fit(
-        dims,
+        domain,
         &tree,
         &with_local(observations(ms, &tree, &at_model)),
         Some(first.potentials().to_vec()),

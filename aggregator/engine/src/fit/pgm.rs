@@ -17,6 +17,7 @@
 //!
 //! Everything iterates in a fixed order, so the same inputs give the same bits.
 
+use crate::domain::sizes::Domain;
 use crate::graph::JunctionTree;
 use crate::numeric::index::{coarsen_map, projection_map};
 
@@ -92,7 +93,7 @@ struct Pooled {
 /// A fitted model: junction tree, log-potentials θ and clique marginals μ(θ).
 #[derive(Debug, Clone, PartialEq)]
 pub struct GraphicalModel {
-    dims: Vec<usize>,
+    domain: Domain,
     tree: JunctionTree,
     potentials: Vec<Vec<f64>>,
     marginals: Vec<Vec<f64>>,
@@ -115,14 +116,14 @@ struct Schedule {
 }
 
 impl Schedule {
-    fn new(dims: &[usize], tree: &JunctionTree) -> Self {
+    fn new(domain: &Domain, tree: &JunctionTree) -> Self {
         let order = tree.traversal();
-        let cdims = |c: usize| -> Vec<usize> { tree.cliques[c].iter().map(|&a| dims[a]).collect() };
+        let cdims = |c: usize| domain.project(&tree.cliques[c]);
         let mut links = vec![None; tree.cliques.len()];
         for &(c, parent) in &order {
             if let Some(p) = parent {
                 let sep = tree.separator(c, p);
-                let cells = sep.iter().map(|&a| dims[a]).product();
+                let cells = domain.table_len(&sep);
                 links[c] = Some((
                     projection_map(&tree.cliques[c], &cdims(c), &sep),
                     projection_map(&tree.cliques[p], &cdims(p), &sep),
@@ -321,30 +322,30 @@ pub enum FitError {
     Malformed(Vec<usize>),
 }
 
-/// Fits the MRF over the cliques of `tree` (domain sizes `dims`) to `observations` (module
+/// Fits the MRF over the cliques of `tree` (attribute sizes `domain`) to `observations` (module
 /// docs). `start`: log-potentials to start from (one vector per clique, row-major over the
 /// clique's sorted attributes), e.g. a previous fit's; uniform otherwise.
 /// Errors: [`FitError`] for an observation outside every clique or malformed.
 pub fn fit(
-    dims: &[usize],
+    domain: &Domain,
     tree: &JunctionTree,
     observations: &[Observation],
     start: Option<Vec<Vec<f64>>>,
     options: &FitOptions,
 ) -> Result<GraphicalModel, FitError> {
-    let schedule = Schedule::new(dims, tree);
-    let cdims = |c: usize| -> Vec<usize> { tree.cliques[c].iter().map(|&a| dims[a]).collect() };
+    let schedule = Schedule::new(domain, tree);
+    let cdims = |c: usize| domain.project(&tree.cliques[c]);
     // Pool observations by (clique, attribute list).
     let mut pooled: Vec<Pooled> = Vec::new();
     let mut keys: Vec<(usize, Vec<usize>, Vec<Vec<u32>>)> = Vec::new();
     for o in observations {
-        // Every attribute inside `dims` and valid bin maps (a list matching `attrs`).
-        let bins_ok = o.attrs.iter().all(|&a| a < dims.len())
-            && ldpsyn::factor::binned_domain_sizes(dims, &o.attrs, &o.bins).is_ok();
+        // Every attribute inside `domain` and valid bin maps (a list matching `attrs`).
+        let bins_ok = o.attrs.iter().all(|&a| a < domain.len())
+            && ldpsyn::factor::binned_domain_sizes(domain.sizes(), &o.attrs, &o.bins).is_ok();
         if !bins_ok {
             return Err(FitError::Malformed(o.attrs.clone()));
         }
-        let odims: Vec<usize> = o.attrs.iter().map(|&a| dims[a]).collect();
+        let odims = domain.project(&o.attrs);
         let (coarse, cells) = coarsen_map(&odims, &o.bins);
         if o.values.len() != cells
             || o.variances.len() != cells
@@ -441,7 +442,7 @@ pub fn fit(
         }
     }
     Ok(GraphicalModel {
-        dims: dims.to_vec(),
+        domain: domain.clone(),
         tree: tree.clone(),
         potentials: theta,
         marginals: mu,
@@ -488,17 +489,17 @@ impl GraphicalModel {
         let Some(c) = self.smallest_clique(&[a]) else {
             return self;
         };
-        if ratio.len() != self.dims[a] || ratio.iter().any(|r| !(*r >= 0.0 && r.is_finite())) {
+        if ratio.len() != self.domain[a] || ratio.iter().any(|r| !(*r >= 0.0 && r.is_finite())) {
             return self;
         }
         let clique = &self.tree.cliques[c];
-        let cdims: Vec<usize> = clique.iter().map(|&x| self.dims[x]).collect();
+        let cdims = self.domain.project(clique);
         let map = projection_map(clique, &cdims, &[a]);
         for (t, &v) in self.potentials[c].iter_mut().zip(&map) {
             // A zero factor: a cell the model gives (almost) nothing, as the fit's own zeros.
             *t += ratio[v].max(f64::MIN_POSITIVE).ln();
         }
-        self.marginals = Schedule::new(&self.dims, &self.tree).marginals(&self.potentials);
+        self.marginals = Schedule::new(&self.domain, &self.tree).marginals(&self.potentials);
         self
     }
 
@@ -551,9 +552,9 @@ impl GraphicalModel {
     pub fn marginal_in_clique(&self, attrs: &[usize]) -> Option<Vec<f64>> {
         let c = self.smallest_clique(attrs)?;
         let clique = &self.tree.cliques[c];
-        let cdims: Vec<usize> = clique.iter().map(|&a| self.dims[a]).collect();
+        let cdims = self.domain.project(clique);
         let map = projection_map(clique, &cdims, attrs);
-        let cells: usize = attrs.iter().map(|&a| self.dims[a]).product();
+        let cells = self.domain.table_len(attrs);
         let mut out = vec![0.0; cells];
         for (v, &t) in self.marginals[c].iter().zip(&map) {
             out[t] += v;
@@ -632,7 +633,7 @@ mod tests {
         let joint = decomposable(dims, seed);
         let tree = build_junction_tree(dims.len(), &edges());
         let obs = exact_clique_observations(&joint, dims, &tree);
-        fit(dims, &tree, &obs, None, &FitOptions::default()).unwrap()
+        fit(&dims.into(), &tree, &obs, None, &FitOptions::default()).unwrap()
     }
 
     fn edges() -> BTreeSet<(usize, usize)> {
@@ -652,7 +653,7 @@ mod tests {
             tol: 0.0,
             window: 1,
         };
-        let m = fit(&dims, &tree, &obs, None, &exact).unwrap();
+        let m = fit(&dims.into(), &tree, &obs, None, &exact).unwrap();
         for c in &tree.cliques {
             let truth = marginal(&joint, &dims, c);
             let got = m.marginal_in_clique(c).unwrap();
@@ -807,8 +808,8 @@ mod tests {
             let ones: Vec<Observation> = (0..5).map(|a| noisy(&[a], 0.01)).collect();
             let mut all = ones.clone();
             all.extend(tree.cliques.iter().map(|c| noisy(c, 0.01)));
-            let a = fit(&dims, &tree, &ones, None, &FitOptions::default()).unwrap();
-            let b = fit(&dims, &tree, &all, None, &FitOptions::default()).unwrap();
+            let a = fit(&dims.into(), &tree, &ones, None, &FitOptions::default()).unwrap();
+            let b = fit(&dims.into(), &tree, &all, None, &FitOptions::default()).unwrap();
             for (i, c) in tree.cliques.iter().enumerate() {
                 let truth = marginal(&joint, &dims, c);
                 let tvd = |m: &GraphicalModel| {
@@ -846,7 +847,7 @@ mod tests {
             variances: vec![1.0; 4],
         };
         assert_eq!(
-            fit(&dims, &tree, &[bad], None, &FitOptions::default()).unwrap_err(),
+            fit(&dims.into(), &tree, &[bad], None, &FitOptions::default()).unwrap_err(),
             FitError::NoClique(vec![0, 2])
         );
         let short = Observation {
@@ -856,7 +857,7 @@ mod tests {
             variances: vec![1.0, 1.0],
         };
         assert!(matches!(
-            fit(&dims, &tree, &[short], None, &FitOptions::default()),
+            fit(&dims.into(), &tree, &[short], None, &FitOptions::default()),
             Err(FitError::Malformed(_))
         ));
     }
@@ -902,7 +903,7 @@ mod tests {
             tol: 1e-12,
             ..FitOptions::default()
         };
-        let model = fit(&dims, &tree, &observations, None, &options).unwrap();
+        let model = fit(&dims.into(), &tree, &observations, None, &options).unwrap();
         let fitted = model.marginal_in_clique(&[0, 1]).unwrap();
         // Histogram recovery: the bin cell's mass spread by each attribute's within-bin share.
         let (a, b) = (marginal(0), marginal(1));
@@ -928,7 +929,7 @@ mod tests {
         // Malformed bin maps are refused.
         let bad = obs(vec![0, 1], coarse, vec![vec![4], vec![]]);
         assert!(matches!(
-            fit(&dims, &tree, &[bad], None, &options),
+            fit(&dims.into(), &tree, &[bad], None, &options),
             Err(FitError::Malformed(_))
         ));
     }
@@ -992,7 +993,7 @@ mod tests {
             lone(vec![0.7, 0.35, -0.05, 0.0], 1e-4),
             lone(vec![0.5, 0.35, 0.1, 0.05], 3e-4),
         ];
-        let model = fit(&dims, &tree, &obs, None, &FitOptions::default()).unwrap();
+        let model = fit(&dims.into(), &tree, &obs, None, &FitOptions::default()).unwrap();
         let mean: Vec<f64> = (0..4)
             .map(|i| (obs[1].values[i] * 3.0 + obs[2].values[i]) / 4.0)
             .collect();

@@ -38,7 +38,7 @@ pub struct Refined {
 impl Measurement {
     /// The table's unbiased estimate marginalized to `target ⊆ factor` (cells row-major in
     /// `target` order). Panics if `target` is not a subset of the factor.
-    pub fn marginalized(&self, target: &[usize]) -> Vec<f64> {
+    pub(crate) fn marginalized(&self, target: &[usize]) -> Vec<f64> {
         let map = projection_map(&self.key.factor, &self.dims, target);
         let cells = self.estimate.frequencies.len() / self.cells_summed(target);
         let mut out = vec![0.0; cells];
@@ -66,7 +66,7 @@ impl Measurement {
     /// population of `population` (finite-population corrected). Evaluate `f` at a model, not
     /// at the noisy cells. Frequencies, per cell; panics if `target ⊄ factor` or
     /// `f.len()` is not the target's cell count.
-    pub fn cell_variances(&self, target: &[usize], f: &[f64], population: u64) -> Vec<f64> {
+    pub(crate) fn cell_variances(&self, target: &[usize], f: &[f64], population: u64) -> Vec<f64> {
         let n = self.estimate.n;
         let c = self.cells_summed(target);
         let randomizer: Vec<f64> = if let Some(r) = &self.refined {
@@ -111,7 +111,7 @@ impl Measurement {
     /// sampling variance `f(1−f)/n` is what separates a rare cell from a common one where the
     /// randomizer is weak (large ε): there per-cell weights fit better
     /// (`benchmarks/sweeps/fit-weights.md`). Frequencies², per cell, > 0.
-    pub fn fit_variances(&self, target: &[usize], f: &[f64], population: u64) -> Vec<f64> {
+    pub(crate) fn fit_variances(&self, target: &[usize], f: &[f64], population: u64) -> Vec<f64> {
         let sampling: Vec<f64> = f
             .iter()
             .map(|&x| sampling_variance(x, self.estimate.n, population))

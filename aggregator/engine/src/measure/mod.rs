@@ -3,10 +3,10 @@
 //! ([`one_way`]), rounds as strata of the population ([`drift`]) and VertiMRF's party
 //! sketches ([`sketch`]).
 
-pub mod drift;
+pub(crate) mod drift;
 pub mod local_model;
-pub mod measurement;
-pub mod one_way;
+pub(crate) mod measurement;
+pub(crate) mod one_way;
 pub mod sketch;
 pub mod tables;
-pub mod variance;
+pub(crate) mod variance;

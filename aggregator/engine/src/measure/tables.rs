@@ -25,6 +25,7 @@ use ldpsyn::mechanism::{Mechanism, MechanismError, SufficientStatistics, norm_su
 use serde::{Deserialize, Serialize};
 
 use crate::domain::key::TableKey;
+use crate::domain::sizes::Domain;
 use crate::domain::space::{Space, WorkingKey};
 use crate::measure::measurement::{Measurement, Refined};
 use crate::measure::variance::sampling_variance;
@@ -89,7 +90,7 @@ pub type MechanismOf<'a> = dyn Fn(&TableKey, &[usize]) -> Result<Mechanism, Mech
 #[derive(Debug, Clone)]
 pub struct Measurements {
     items: Vec<Measurement>,
-    domain_sizes: Vec<usize>,
+    domain: Domain,
     population: u64,
     /// Per attribute, the items whose factor holds it (ascending): a marginal's tables are
     /// found among those of its rarest attribute, not by scanning every table (19,900 pair
@@ -111,7 +112,7 @@ impl Measurements {
     }
 
     /// As [`Measurements::new`] with only the tables for which `keep` is true.
-    pub fn filtered(
+    pub(crate) fn filtered(
         epsilon: Epsilon,
         domain_sizes: &[usize],
         tables: &Tables,
@@ -131,7 +132,7 @@ impl Measurements {
     /// 1-way finer than its attribute's working bins is summed into them
     /// ([`Measurement::refined`] keeps its cells). A table of several attributes that cuts
     /// through a working bin (no task asks for one) is skipped.
-    pub fn filtered_in(
+    pub(crate) fn filtered_in(
         mechanism: &MechanismOf<'_>,
         space: &Space,
         tables: &Tables,
@@ -186,11 +187,11 @@ impl Measurements {
             });
         }
         let population = items.iter().map(|m| m.estimate.n).sum();
-        Ok(Self::indexed(items, space.dims().to_vec(), population))
+        Ok(Self::indexed(items, space.domain().clone(), population))
     }
 
-    fn indexed(items: Vec<Measurement>, domain_sizes: Vec<usize>, population: u64) -> Self {
-        let mut by_attr = vec![Vec::new(); domain_sizes.len()];
+    fn indexed(items: Vec<Measurement>, domain: Domain, population: u64) -> Self {
+        let mut by_attr = vec![Vec::new(); domain.len()];
         for (i, m) in items.iter().enumerate() {
             for &a in &m.key.factor {
                 by_attr[a].push(i);
@@ -198,7 +199,7 @@ impl Measurements {
         }
         Self {
             items,
-            domain_sizes,
+            domain,
             population,
             by_attr,
         }
@@ -212,9 +213,9 @@ impl Measurements {
     }
 
     /// Only the measurements for which `keep` holds (same population).
-    pub fn retained(self, keep: impl Fn(&Measurement) -> bool) -> Self {
+    pub(crate) fn retained(self, keep: impl Fn(&Measurement) -> bool) -> Self {
         let items = self.items.into_iter().filter(|m| keep(m)).collect();
-        Self::indexed(items, self.domain_sizes, self.population)
+        Self::indexed(items, self.domain, self.population)
     }
 
     /// The unbiased estimate of attribute `a`'s distribution over the cells of its finest
@@ -224,7 +225,7 @@ impl Measurements {
     /// standard error (the one variance model at the estimate's Norm-Sub projection). `None`
     /// without such a 1-way. Used to draw a code within a working bin (VertiMRF §6.1's
     /// histogram recovery; [`crate::synth::recovery::Recovery`]).
-    pub fn sub_bin_distribution(&self, a: usize) -> Option<(Vec<u32>, Vec<f64>, Vec<f64>)> {
+    pub(crate) fn sub_bin_distribution(&self, a: usize) -> Option<(Vec<u32>, Vec<f64>, Vec<f64>)> {
         let refined = || {
             self.containing(std::slice::from_ref(&a))
                 .filter_map(|m| Some((m, m.refined.as_ref()?)))
@@ -266,7 +267,7 @@ impl Measurements {
 
     /// Sets the population of the sampling term (the collection's target users N; never
     /// below the reports received).
-    pub fn with_population(mut self, population: u64) -> Self {
+    pub(crate) fn with_population(mut self, population: u64) -> Self {
         let reports: u64 = self.items.iter().map(|m| m.estimate.n).sum();
         self.population = population.max(reports);
         self
@@ -299,19 +300,24 @@ impl Measurements {
     /// Domain sizes of the space the measurements were read in (the schema's for
     /// [`Measurements::new`]; working ones for [`Measurements::filtered_in`]).
     pub fn domain_sizes(&self) -> &[usize] {
-        &self.domain_sizes
+        self.domain.sizes()
+    }
+
+    /// [`Measurements::domain_sizes`] as a [`Domain`].
+    pub fn domain(&self) -> &Domain {
+        &self.domain
     }
 
     /// Combined estimate of the marginal of `attrs` (cells row-major in `attrs` order) from
     /// every table whose factor contains all of `attrs`, with inverse-variance weights
     /// (module docs); standard errors at the Norm-Sub projection of the combination. `None`
     /// if no table contains them.
-    pub fn combined(&self, attrs: &[usize]) -> Option<Combined> {
+    pub(crate) fn combined(&self, attrs: &[usize]) -> Option<Combined> {
         self.combined_where(attrs, |_| true)
     }
 
     /// As [`Measurements::combined`], using only tables for which `keep` is true.
-    pub fn combined_where(
+    pub(crate) fn combined_where(
         &self,
         attrs: &[usize],
         keep: impl Fn(&TableKey) -> bool,
@@ -327,7 +333,7 @@ impl Measurements {
     /// uniform frequency — data-independent, so
     /// the combination stays linear and unbiased; for tables of one factor, mechanism and ε
     /// they are `∝ n_j` (eq. 5 of PrivIncr, pooling).
-    pub fn combined_at(
+    pub(crate) fn combined_at(
         &self,
         attrs: &[usize],
         keep: impl Fn(&TableKey) -> bool,
@@ -340,14 +346,14 @@ impl Measurements {
     /// attribute of `attrs`, `[]` for full resolution; an empty list: none binned): only the
     /// tables whose maps of `attrs` are exactly these contribute, and the cells are the
     /// product of the bins. `None` if no table fits or a map is invalid.
-    pub fn combined_binned(
+    pub(crate) fn combined_binned(
         &self,
         attrs: &[usize],
         bins: &[Vec<u32>],
         keep: impl Fn(&TableKey) -> bool,
         plug: Option<&[f64]>,
     ) -> Option<Combined> {
-        let sizes = binned_domain_sizes(&self.domain_sizes, attrs, bins).ok()?;
+        let sizes = binned_domain_sizes(self.domain.sizes(), attrs, bins).ok()?;
         let dims: Vec<usize> = attrs.iter().map(|&a| sizes[a]).collect();
         let cells: usize = dims.iter().product();
         let uniform = vec![1.0 / cells as f64; cells];

@@ -40,14 +40,14 @@ pub fn tau(k1: usize, k2: usize, phi: f64) -> f64 {
 }
 
 /// Binary entropy `H(x) = −x ln x − (1−x) ln(1−x)` in nats (0 at x ∈ {0, 1}).
-pub fn binary_entropy(x: f64) -> f64 {
+pub(crate) fn binary_entropy(x: f64) -> f64 {
     let term = |p: f64| if p > 0.0 { -p * p.ln() } else { 0.0 };
     term(x) + term(1.0 - x)
 }
 
 /// `ln((2^{M} − 2) / (2α))` with `M = m1·m2`, computed in log space
 /// (`2^M` overflows f64 for `M > 1023`): `M ln 2 + ln(1 − 2^{1−M}) − ln(2α)`.
-pub fn ln_eta_argument(m1: usize, m2: usize, alpha: f64) -> f64 {
+pub(crate) fn ln_eta_argument(m1: usize, m2: usize, alpha: f64) -> f64 {
     let m = (m1 * m2) as f64;
     m * std::f64::consts::LN_2 + (-(1.0 - m).exp2()).ln_1p() - (2.0 * alpha).ln()
 }
@@ -64,7 +64,7 @@ pub fn eta(m1: usize, m2: usize, n: u64, alpha: f64) -> f64 {
 
 /// ΔI(η) of Theorem 5.2 of PrivIncr (nats), with `M_i ≤ M_j` the smaller and larger domain:
 /// `η/2 · ln[(M_i M_j − 1)(M_i − 1)(M_j − 1)] + 3 H(η/2)` if `η ≤ 2 − 2/M_i`, else `ln M_i`.
-pub fn delta_i(eta: f64, m1: usize, m2: usize) -> f64 {
+pub(crate) fn delta_i(eta: f64, m1: usize, m2: usize) -> f64 {
     let (mi, mj) = (m1.min(m2) as f64, m1.max(m2) as f64);
     if eta.is_finite() && eta <= 2.0 - 2.0 / mi {
         let log_term = ((mi * mj - 1.0) * (mi - 1.0) * (mj - 1.0)).ln();
@@ -76,7 +76,7 @@ pub fn delta_i(eta: f64, m1: usize, m2: usize) -> f64 {
 
 /// The relaxed threshold `ℓ = τ − ΔI(η)` of eq. 18 of PrivIncr for a pair with domains
 /// `k1, k2` reported by `n` users; an edge is pruned when its MI is below ℓ.
-pub fn relaxed_threshold(k1: usize, k2: usize, n: u64, phi: f64, alpha: f64) -> f64 {
+pub(crate) fn relaxed_threshold(k1: usize, k2: usize, n: u64, phi: f64, alpha: f64) -> f64 {
     tau(k1, k2, phi) - delta_i(eta(k1, k2, n, alpha), k1, k2)
 }
 

@@ -1,7 +1,7 @@
 //! Layer 0: maths with no notion of a collection: information measures, index maps over
 //! row-major product domains, and the zCDP → (ε, δ) conversion.
 
-pub mod index;
+pub(crate) mod index;
 pub mod info;
-pub mod stats;
-pub mod zcdp;
+pub(crate) mod stats;
+pub(crate) mod zcdp;

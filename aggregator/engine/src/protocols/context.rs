@@ -10,6 +10,7 @@ use ldpsyn::mechanism::{Mechanism, MechanismKind};
 use ldpsyn::wire::Protocol;
 
 use crate::EngineError;
+use crate::domain::sizes::Domain;
 use crate::domain::space::Space;
 use crate::domain::task::{SUB_BINS, factor_dims_in};
 use crate::measure::variance::summed_randomizer_variance;
@@ -49,6 +50,11 @@ impl Context {
     /// `bins: "auto"` attribute in its working bins; [`crate::domain::space`]).
     pub fn dims(&self) -> &[usize] {
         self.space.dims()
+    }
+
+    /// The working domain ([`Context::dims`] as a [`Domain`]).
+    pub fn domain(&self) -> &Domain {
+        self.space.domain()
     }
 
     /// Domain sizes of the schema (the codes devices encode to).

@@ -39,12 +39,12 @@ use crate::state::{
 };
 use crate::synth::model::Model;
 
-pub mod auto;
-pub mod context;
-pub mod independence;
-pub mod privincr;
-pub mod registry;
-pub mod samprivsyn;
+pub(crate) mod auto;
+pub(crate) mod context;
+pub(crate) mod independence;
+pub(crate) mod privincr;
+pub(crate) mod registry;
+pub(crate) mod samprivsyn;
 pub mod vertical;
 
 /// The device protocols' gain margin ([`CollectionProtocol::gain_margin`]): 0, a pair
@@ -196,7 +196,7 @@ pub trait CollectionProtocol: Send + Sync + Debug {
     ) -> Result<Model, EngineError> {
         Ok(Model::graphical(
             ctx.protocol().name(),
-            ctx.dims().to_vec(),
+            ctx.domain().clone(),
             state.edges().to_vec(),
             structure,
             source,
@@ -463,7 +463,7 @@ pub(crate) fn plan_structure(
         mi[e.a][e.b] = v;
         mi[e.b][e.a] = v;
     }
-    build_structure(ctx.dims(), &edges, &mi, sigma)
+    build_structure(ctx.domain(), &edges, &mi, sigma)
 }
 
 /// Ends a phase-1 round: the next round opens while `state.round + 1 < rounds`; after the

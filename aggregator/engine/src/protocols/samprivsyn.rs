@@ -206,7 +206,7 @@ impl CollectionProtocol for SamPrivSyn {
             }
             None => Ok(Model::graphical(
                 ctx.protocol().name(),
-                ctx.dims().to_vec(),
+                ctx.domain().clone(),
                 state.edges().to_vec(),
                 structure,
                 source,

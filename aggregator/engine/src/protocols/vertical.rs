@@ -51,10 +51,10 @@ use crate::state::{CollectionState, Phase, ProtocolState, Transition};
 /// Adult, nist-taxi and temporal-match2 at ε 4 and 8 per party
 /// (`benchmarks/sweeps/gain-margin.md`); on temporal-match2 the model is still up to 3%
 /// worse than its own 1-ways.
-pub const VERTICAL_GAIN_MARGIN: f64 = 1.0;
+pub(crate) const VERTICAL_GAIN_MARGIN: f64 = 1.0;
 
 /// Longest party name.
-pub const MAX_PARTY_NAME: usize = 64;
+pub(crate) const MAX_PARTY_NAME: usize = 64;
 
 /// The code of an attribute a party did not report for a record (`sampled+locmrf`: every
 /// attribute but the one drawn), in the party rows [`Vertical::row`] builds, stores and
@@ -254,7 +254,7 @@ impl Vertical {
 
     /// The largest ε a party spends on one person ([`Vertical::party_epsilon`]): the
     /// collection's `epsilon`.
-    pub fn max_party_epsilon(&self) -> f64 {
+    pub(crate) fn max_party_epsilon(&self) -> f64 {
         (0..self.parties.len())
             .map(|p| self.party_epsilon(p))
             .fold(0.0, f64::max)

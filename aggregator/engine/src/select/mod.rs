@@ -2,6 +2,6 @@
 //! graph within a clique cap ([`model_graph`]) and the conditionals of its junction tree
 //! ([`structure`], PrivIncr Algorithm 2).
 
-pub mod gain;
-pub mod model_graph;
+pub(crate) mod gain;
+pub(crate) mod model_graph;
 pub mod structure;

@@ -11,6 +11,7 @@
 pub const MAX_CLIQUE_CELLS: u64 = 100_000;
 use std::collections::BTreeSet;
 
+use crate::domain::sizes::Domain;
 use crate::graph::{Edge, build_junction_tree, edge};
 use crate::select::gain::PairGain;
 
@@ -27,43 +28,49 @@ pub fn clique_cap(option: Option<u64>, people: u64) -> u64 {
     option.unwrap_or(MAX_CLIQUE_CELLS.min(people.max(1)))
 }
 
-/// Largest clique (cells) of the junction tree of `edges`.
-pub fn largest_clique_cells(dims: &[usize], edges: &BTreeSet<Edge>) -> u64 {
-    build_junction_tree(dims.len(), edges)
+/// Cells of the largest clique of the junction tree of `edges` over `domain` (saturating at
+/// `u64::MAX`; 1 without attributes).
+pub fn largest_clique_cells(domain: &Domain, edges: &BTreeSet<Edge>) -> u64 {
+    build_junction_tree(domain.len(), edges)
         .cliques
         .iter()
-        .map(|c| {
-            c.iter()
-                .fold(1u64, |acc, &a| acc.saturating_mul(dims[a] as u64))
-        })
+        .map(|c| domain.cells(c))
         .max()
         .unwrap_or(1)
 }
 
-/// The model graph (module docs): `candidates` (pairs with their gain) whose
-/// [`PairGain::cautious_gain`] at `margin` is positive, added best first while the largest
-/// clique has at most `max_clique_cells` cells. Ties by pair order, so the result depends
-/// only on the inputs.
+/// [`select_model_graph_from`] with no given edges (tests).
+#[cfg(test)]
 pub fn select_model_graph(
-    dims: &[usize],
+    domain: &Domain,
     candidates: &[(Edge, PairGain)],
     max_clique_cells: u64,
     margin: f64,
 ) -> BTreeSet<Edge> {
-    select_model_graph_from(dims, &BTreeSet::new(), candidates, max_clique_cells, margin)
+    select_model_graph_from(
+        domain,
+        &BTreeSet::new(),
+        candidates,
+        max_clique_cells,
+        margin,
+    )
 }
 
-/// As [`select_model_graph`], starting from the edges `given` (kept whatever their gain: the
-/// parties' local graphs of an `fo+locmrf` vertical collection, VertiMRF §5.1 GraphCom), the
-/// cap raised to `given`'s own largest clique if that is larger.
+/// The model graph (module docs) over the working `domain`: the edges `given` (kept whatever
+/// their gain: the parties' local graphs of an `fo+locmrf` vertical collection, VertiMRF §5.1
+/// GraphCom; none otherwise), then `candidates` (pairs with their gain) whose
+/// [`PairGain::cautious_gain`] at `margin` is positive, added best first while the largest
+/// clique has at most `max_clique_cells` cells ([`largest_clique_cells`]), the cap raised to
+/// `given`'s own largest clique if that is larger. Ties by pair order, so the result depends
+/// only on the inputs.
 pub fn select_model_graph_from(
-    dims: &[usize],
+    domain: &Domain,
     given: &BTreeSet<Edge>,
     candidates: &[(Edge, PairGain)],
     max_clique_cells: u64,
     margin: f64,
 ) -> BTreeSet<Edge> {
-    let max_clique_cells = max_clique_cells.max(largest_clique_cells(dims, given));
+    let max_clique_cells = max_clique_cells.max(largest_clique_cells(domain, given));
     let mut ranked: Vec<(f64, Edge)> = candidates
         .iter()
         .map(|(e, g)| (g.cautious_gain(margin), edge(e.0, e.1)))
@@ -75,7 +82,7 @@ pub fn select_model_graph_from(
         if !chosen.insert(e) {
             continue;
         }
-        if largest_clique_cells(dims, &chosen) > max_clique_cells {
+        if largest_clique_cells(domain, &chosen) > max_clique_cells {
             chosen.remove(&e);
         }
     }
@@ -88,7 +95,7 @@ mod tests {
 
     #[test]
     fn model_graph_respects_gain_and_cap() {
-        let dims = [10usize, 10, 10, 10];
+        let dims = Domain::from([10usize, 10, 10, 10]);
         let g = |o: f64| PairGain {
             observed_l1: o,
             noise_l1: 0.1,

@@ -22,6 +22,7 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
+use crate::domain::sizes::{Clique, Domain};
 use crate::graph::{Edge, JunctionTree, build_junction_tree};
 
 /// One factor of the model: `Pr(targets | parents)`. Its *scope* is `parents ++ targets`
@@ -56,21 +57,13 @@ pub struct Structure {
     pub conditionals: Vec<Conditional>,
 }
 
-/// Cells of the product domain of `attrs`, saturating (200 attributes of 4 values overflow
-/// even u128).
-fn cells(dims: &[usize], attrs: impl IntoIterator<Item = usize>) -> u128 {
-    attrs
-        .into_iter()
-        .fold(1u128, |acc, a| acc.saturating_mul(dims[a] as u128))
-}
-
 /// mRMR redundancy elimination (see the module docs for the stopping rule).
 /// `mi[a][b]` is the phase-1 MI matrix (nats). Returns `S` in selection order.
-pub fn mrmr(
+pub(crate) fn mrmr(
     target: usize,
     candidates: &[usize],
     mi: &[Vec<f64>],
-    dims: &[usize],
+    domain: &Domain,
     sigma: u64,
 ) -> Vec<usize> {
     let mut selected: Vec<usize> = Vec::new();
@@ -90,7 +83,7 @@ pub fn mrmr(
             }
         }
         let Some((score, c)) = best else { break };
-        let size = cells(dims, selected.iter().copied().chain([target, c]));
+        let size = domain.cells_wide(selected.iter().copied().chain([target, c]));
         if score <= 0.0 || size > sigma as u128 {
             break;
         }
@@ -102,14 +95,14 @@ pub fn mrmr(
 
 /// Conditionals for one clique given its separator with the parent clique (Algorithm 2 when
 /// the clique's domain exceeds `sigma`), in sampling order.
-pub fn clique_conditionals(
-    clique: &[usize],
+pub(crate) fn clique_conditionals(
+    clique: &Clique,
     separator: &[usize],
     mi: &[Vec<f64>],
-    dims: &[usize],
+    domain: &Domain,
     sigma: u64,
 ) -> Vec<Conditional> {
-    let mut q: Vec<usize> = clique.to_vec();
+    let mut q: Vec<usize> = clique.attrs().to_vec();
     let mut reversed = Vec::new();
     loop {
         let new: Vec<usize> = q
@@ -120,7 +113,7 @@ pub fn clique_conditionals(
         if new.is_empty() {
             break;
         }
-        if cells(dims, q.iter().copied()) <= sigma as u128 || new.len() == 1 && q.len() == 1 {
+        if domain.cells_wide(q.iter().copied()) <= sigma as u128 || new.len() == 1 && q.len() == 1 {
             reversed.push(Conditional {
                 targets: new,
                 parents: q
@@ -135,8 +128,8 @@ pub fn clique_conditionals(
         let mut best: Option<(u128, usize, Vec<usize>)> = None;
         for &a in &new {
             let rest: Vec<usize> = q.iter().copied().filter(|&x| x != a).collect();
-            let s = mrmr(a, &rest, mi, dims, sigma);
-            let size = cells(dims, s.iter().copied().chain([a]));
+            let s = mrmr(a, &rest, mi, domain, sigma);
+            let size = domain.cells_wide(s.iter().copied().chain([a]));
             if best
                 .as_ref()
                 .is_none_or(|(b, ba, _)| size < *b || (size == *b && a < *ba))
@@ -156,20 +149,24 @@ pub fn clique_conditionals(
     reversed
 }
 
-/// Builds the structure from a dependency graph: junction tree, then the conditionals of
-/// each clique root-first (Algorithm 2 for cliques above `sigma`).
+/// Builds the structure from a dependency graph over the working `domain`: junction tree of
+/// `edges`, then the conditionals of each clique root-first (Algorithm 2 for cliques of more
+/// than `sigma` cells, which reads `mi`, the `d × d` phase-1 MI matrix in nats; with
+/// `sigma = u64::MAX` no clique is split and `mi` may be empty). Panics on an edge or MI
+/// index outside the domain.
 pub fn build_structure(
-    dims: &[usize],
+    domain: &Domain,
     edges: &BTreeSet<Edge>,
     mi: &[Vec<f64>],
     sigma: u64,
 ) -> Structure {
-    let d = dims.len();
+    let d = domain.len();
     let jt = build_junction_tree(d, edges);
     let mut conditionals = Vec::new();
     for (c, parent) in jt.traversal() {
         let sep = parent.map(|p| jt.separator(c, p)).unwrap_or_default();
-        conditionals.extend(clique_conditionals(&jt.cliques[c], &sep, mi, dims, sigma));
+        let clique = Clique::new(jt.cliques[c].iter().copied());
+        conditionals.extend(clique_conditionals(&clique, &sep, mi, domain, sigma));
     }
     Structure {
         d,
@@ -202,7 +199,7 @@ mod tests {
                 }
             }
         }
-        let s = build_structure(&dims, &edges, &mi, 600);
+        let s = build_structure(&dims.clone().into(), &edges, &mi, 600);
         let mut seen = BTreeSet::new();
         for c in &s.conditionals {
             assert!(c.parents.iter().all(|p| seen.contains(p)), "{c:?}");
@@ -228,7 +225,7 @@ mod tests {
         set(&mut mi, 0, 2, 0.49);
         set(&mut mi, 1, 2, 1.0);
         set(&mut mi, 0, 3, 0.2);
-        let s = mrmr(0, &[1, 2, 3], &mi, &[4; 4], 1 << 20);
+        let s = mrmr(0, &[1, 2, 3], &mi, &[4; 4].into(), 1 << 20);
         assert_eq!(s, vec![1, 3]);
     }
 }

@@ -1,6 +1,7 @@
 //! Exact marginals of a model by variable elimination over its conditionals.
 
 use crate::EngineError;
+use crate::domain::sizes::Domain;
 use crate::numeric::index::projection_map;
 use crate::synth::sampler::EstimatedConditional;
 
@@ -97,11 +98,12 @@ pub const MAX_ELIMINATION_CELLS: usize = 1 << 24;
 /// Errors: a table of more than `max_cells` cells would be built (nothing that large is
 /// allocated).
 pub(crate) fn infer(
-    dims: &[usize],
+    domain: &Domain,
     factors: &[EstimatedConditional],
     query: &[usize],
     max_cells: usize,
 ) -> Result<Vec<f64>, EngineError> {
+    let dims = domain.sizes();
     // The variables a product of factors spans.
     let union = |fs: &mut dyn Iterator<Item = &Potential>| {
         let mut vars: Vec<usize> = fs.flat_map(|f| f.vars.iter().copied()).collect();
@@ -110,9 +112,7 @@ pub(crate) fn infer(
         vars
     };
     let too_large = |vars: Vec<usize>| {
-        let cells = vars
-            .iter()
-            .try_fold(1usize, |acc, &x| acc.checked_mul(dims[x]));
+        let cells = domain.checked_cells(&vars);
         match cells {
             Some(c) if c <= max_cells => Ok(()),
             _ => Err(EngineError::BadAttributes(format!(
@@ -229,11 +229,11 @@ mod tests {
                 .collect(),
         );
         let factors = [pa, ph, pb];
-        let e = infer(&dims, &factors, &[0, 2], 100)
+        let e = infer(&dims.into(), &factors, &[0, 2], 100)
             .unwrap_err()
             .to_string();
         assert!(e.contains("200 cells") && e.contains("bound of 100"), "{e}");
-        let m = infer(&dims, &factors, &[0, 2], 200).unwrap();
+        let m = infer(&dims.into(), &factors, &[0, 2], 200).unwrap();
         let want = [0.3, 0.0, 0.0, 0.7];
         assert!(
             m.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-12),

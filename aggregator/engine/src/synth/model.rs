@@ -15,6 +15,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha12Rng;
 
 use crate::EngineError;
+use crate::domain::sizes::Domain;
 use crate::fit::joint::JointSource;
 use crate::fit::residuals::FitResiduals;
 use crate::graph::EdgeState;
@@ -39,7 +40,7 @@ enum ModelKind {
 #[derive(Debug, Clone)]
 pub struct Model {
     protocol: String,
-    dims: Vec<usize>,
+    dims: Domain,
     /// Working bins → schema codes (`None`: the working space is the schema's).
     recovery: Option<Arc<Recovery>>,
     edges: Vec<EdgeState>,
@@ -52,10 +53,11 @@ pub struct Model {
 }
 
 impl Model {
-    /// A graphical model: each conditional of `structure` estimated from `source`.
+    /// A graphical model over the working `dims` (one size per attribute): each conditional
+    /// of `structure` estimated from `source`.
     pub fn graphical(
         protocol: &str,
-        dims: Vec<usize>,
+        dims: Domain,
         edges: Vec<EdgeState>,
         structure: Structure,
         source: impl JointSource + 'static,
@@ -85,7 +87,7 @@ impl Model {
     pub(crate) fn samprivsyn(model: SamPrivSynModel, source: impl JointSource + 'static) -> Self {
         Self {
             protocol: "samprivsyn".into(),
-            dims: model.dims().to_vec(),
+            dims: Domain::from(model.dims()),
             recovery: None,
             edges: Vec::new(),
             gains: Vec::new(),
@@ -99,26 +101,26 @@ impl Model {
 
     /// The model with the model graph's candidate pairs and their gains (for
     /// [`Model::describe`]).
-    pub fn with_gains(mut self, gains: Vec<EdgeGain>) -> Self {
+    pub(crate) fn with_gains(mut self, gains: Vec<EdgeGain>) -> Self {
         self.gains = gains;
         self
     }
 
     /// The model with its per-round summary (for [`Model::describe`]).
-    pub fn with_rounds(mut self, rounds: Vec<RoundSummary>) -> Self {
+    pub(crate) fn with_rounds(mut self, rounds: Vec<RoundSummary>) -> Self {
         self.rounds = rounds;
         self
     }
 
     /// The model with the heterogeneity of its rounds (for [`Model::describe`]; `None` for
     /// one round).
-    pub fn with_drift(mut self, drift: Option<DriftReport>) -> Self {
+    pub(crate) fn with_drift(mut self, drift: Option<DriftReport>) -> Self {
         self.drift = drift;
         self
     }
 
     /// The model with its fit's residuals (for [`Model::describe`]).
-    pub fn with_residuals(mut self, residuals: Option<FitResiduals>) -> Self {
+    pub(crate) fn with_residuals(mut self, residuals: Option<FitResiduals>) -> Self {
         self.residuals = residuals;
         self
     }
@@ -135,13 +137,18 @@ impl Model {
 
     /// The model with the way back from its working bins to schema codes (see
     /// [`Recovery`]; `None` keeps the model's codes).
-    pub fn with_recovery(mut self, recovery: Option<Recovery>) -> Self {
+    pub(crate) fn with_recovery(mut self, recovery: Option<Recovery>) -> Self {
         self.recovery = recovery.map(Arc::new);
         self
     }
 
     /// Working domain sizes (the model's; [`crate::domain::space`]).
     pub fn dims(&self) -> &[usize] {
+        self.dims.sizes()
+    }
+
+    /// The working domain ([`Model::dims`] as a [`Domain`]).
+    pub fn domain(&self) -> &Domain {
         &self.dims
     }
 
@@ -149,7 +156,7 @@ impl Model {
     pub fn schema_dims(&self) -> &[usize] {
         self.recovery
             .as_ref()
-            .map_or(&self.dims, |r| r.space.code_dims())
+            .map_or(self.dims.sizes(), |r| r.space.code_dims())
     }
 
     /// The dependency-graph edges of the model (attribute pairs), sorted.
@@ -172,7 +179,7 @@ impl Model {
     pub fn describe(&self) -> ModelDescription {
         ModelDescription {
             protocol: self.protocol.clone(),
-            domain_sizes: self.dims.clone(),
+            domain_sizes: self.dims.sizes().to_vec(),
             edges: self.edges.clone(),
             structure: match &self.kind {
                 ModelKind::Graphical { structure, .. } => Some(structure.clone()),

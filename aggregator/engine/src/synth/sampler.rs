@@ -9,6 +9,7 @@ use rand::Rng;
 use rand_chacha::ChaCha12Rng;
 use serde::{Deserialize, Serialize};
 
+use crate::domain::sizes::Domain;
 use crate::fit::joint::JointSource;
 use crate::select::structure::Conditional;
 use crate::synth::recovery::{Expansion, Recovery};
@@ -28,11 +29,11 @@ pub struct EstimatedConditional {
 }
 
 impl EstimatedConditional {
-    pub(crate) fn new(conditional: Conditional, dims: &[usize], source: &dyn JointSource) -> Self {
+    pub(crate) fn new(conditional: Conditional, domain: &Domain, source: &dyn JointSource) -> Self {
         let scope = conditional.scope();
-        let scope_dims: Vec<usize> = scope.iter().map(|&a| dims[a]).collect();
+        let scope_dims = domain.project(&scope);
         let joint = source.joint(&scope);
-        let tc: usize = conditional.targets.iter().map(|&a| dims[a]).product();
+        let tc = domain.table_len(&conditional.targets);
         let pc = joint.len() / tc;
         // Marginal of the targets, for parent configurations with no mass.
         let mut tmarg = vec![0.0; tc];

@@ -202,11 +202,6 @@ impl SamPrivSynModel {
             .collect()
     }
 
-    /// The eq. 11 1-way marginal of `a`.
-    pub fn one_way(&self, a: usize) -> &[f64] {
-        &self.one_way[a]
-    }
-
     /// Algorithm 2 of SamPrivSyn: a random table of `rows × d` codes (row-major), one-way
     /// updated to eq. 11's marginals, then for every pair `(A_i, A_j)`, `i < j` in order,
     /// `A_j` is updated by eq. 12 swaps.

@@ -140,6 +140,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
+    use crate::domain::sizes::Domain;
     use crate::engine::Engine;
     use crate::graph::{Edge, EdgeState};
     use crate::protocols::auto::allocation::top_up;
@@ -175,7 +176,7 @@ mod tests {
 
     #[test]
     fn blocks_cover_every_wanted_pair_within_the_cell_cap() {
-        let dims = vec![2usize; 12];
+        let dims = Domain::new(vec![2usize; 12]);
         let attrs: Vec<usize> = (0..12).collect();
         let wanted: BTreeSet<Edge> = pairs(12).into_iter().collect();
         for m in [3, 5, 8] {

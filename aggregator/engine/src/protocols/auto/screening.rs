@@ -9,6 +9,7 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha12Rng;
 
+use crate::domain::sizes::Domain;
 use crate::domain::space::{equal_mass_cuts, equal_width_cuts};
 use crate::graph::{Edge, EdgeState};
 use crate::measure::drift::RoundOneWays;
@@ -35,7 +36,7 @@ pub(super) type ScreeningTask = (Vec<usize>, Vec<Vec<u32>>);
 /// until every pair is covered, a block would exceed `max_cells`, or [`MAX_PARTITIONS`]
 /// partitions were tried. Returns the blocks and the pairs left uncovered. Deterministic.
 pub(super) fn cover_by_blocks(
-    dims: &[usize],
+    domain: &Domain,
     attrs: &[usize],
     wanted: &BTreeSet<Edge>,
     m: usize,
@@ -61,9 +62,7 @@ pub(super) fn cover_by_blocks(
                 }
             }
             block.sort_unstable();
-            let cells = block
-                .iter()
-                .try_fold(1usize, |acc, &a| acc.checked_mul(dims[a]));
+            let cells = domain.checked_cells(&block);
             if cells.is_none_or(|c| c > max_cells) {
                 continue;
             }
@@ -409,7 +408,6 @@ impl Auto {
     /// ties go to the smaller m. At small ε the randomizer's noise grows with the cells
     /// merged, and the pairs win.
     pub(super) fn screening_tasks(&self, ctx: &Context, edges: &[EdgeState]) -> Vec<ScreeningTask> {
-        let dims = ctx.dims();
         let active: Vec<&EdgeState> = edges.iter().filter(|e| e.active).collect();
         let pair_task = |e: &EdgeState| (vec![e.a, e.b], e.bins.clone());
         let full: BTreeSet<Edge> = active
@@ -462,7 +460,7 @@ impl Auto {
         let mut best = (objective(&pairs_only), pairs_only);
         for m in 3..=attrs.len() {
             let (blocks, left) =
-                cover_by_blocks(dims, &attrs, &full, m, MAX_SCREENING_FACTOR_CELLS);
+                cover_by_blocks(ctx.domain(), &attrs, &full, m, MAX_SCREENING_FACTOR_CELLS);
             if blocks.is_empty() {
                 break;
             }

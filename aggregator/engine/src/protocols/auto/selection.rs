@@ -178,7 +178,7 @@ impl Auto {
             let (i, _, a) = candidates.remove(j);
             let e = edge(edges[i].a, edges[i].b);
             graph.insert(e);
-            if largest_clique_cells(ctx.dims(), &graph) > cap {
+            if largest_clique_cells(ctx.domain(), &graph) > cap {
                 graph.remove(&e);
                 continue;
             }

@@ -7,8 +7,9 @@
 //! sub-bins instead, for the shape within its working bins (docs/design.md "Numeric
 //! attributes"); the pair weights share the rest. Batches pool (same mechanism and ε, eq. 5
 //! of PrivIncr) within strata by arrival position, so that drift between early and late
-//! arrivals is a difference between strata, not a bias of the pairs measured late. The model graph may keep any pair; with `samprivsyn_lasso` set the
-//! synthetic rows come from the paper's own estimator and data generation
+//! arrivals is a difference between strata, not a bias of the pairs measured late. The
+//! model graph may keep any pair; with `samprivsyn_lasso` set the synthetic rows come from
+//! the paper's own estimator and data generation
 //! ([`crate::synth::samprivsyn`]).
 
 use ldpsyn::mechanism::{MechanismKind, norm_sub};
@@ -35,9 +36,10 @@ pub const SAMPRIVSYN_WEIGHT_FLOOR: f64 = 0.05;
 
 /// Strata of the population by arrival position: batch `r` of `B` reports is counted in
 /// table round `⌊r·B·S/N⌋` (`N` the target users, the last stratum taking any surplus).
-/// Swept over every suite table in both arrival orders (`benchmarks/sweeps/samprivsyn-strata.md`):
-/// in file order 16 strata are within 0.5% of one stratum per batch, which stores a table per
-/// pair and batch; shuffled, every count gives the same figures.
+/// Swept over every suite table in both arrival orders
+/// (`benchmarks/sweeps/samprivsyn-strata.md`): in file order 16 strata are within 0.5% of one
+/// stratum per batch, which stores a table per pair and batch; shuffled, every count gives the
+/// same figures.
 pub const SAMPRIVSYN_ARRIVAL_STRATA: u32 = 16;
 
 /// SamPrivSyn's rules.

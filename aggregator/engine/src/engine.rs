@@ -38,6 +38,7 @@ use crate::pipeline::finalize;
 use crate::protocols::CollectionProtocol;
 use crate::protocols::context::Context;
 use crate::protocols::registry::registry;
+use crate::protocols::rounds::RoundPlan;
 use crate::protocols::vertical::{Vertical, resolve};
 use crate::state::{CollectionState, EngineOptions, Phase, Transition};
 use crate::synth::model::Model;
@@ -425,6 +426,15 @@ impl Engine {
     ) -> Result<Transition, EngineError> {
         let engine = self.at(state)?;
         engine.rules.close_round(&engine.context, state, tables)
+    }
+
+    /// The collection's rounds in `state`, first to last (closed, open, planned; a
+    /// finalized collection's only up to the round open at finalize), each with what it
+    /// measures and how many pairs its close dropped. Empty for protocols without rounds of
+    /// their own (SamPrivSyn, independence, vertical) and for `auto` with no pair worth
+    /// screening. A pure function of the state; never fails.
+    pub fn rounds(&self, state: &CollectionState) -> Vec<RoundPlan> {
+        self.rules.rounds(&self.context, state)
     }
 
     /// Marks the state finalized (no more tasks).

@@ -108,6 +108,7 @@ pub use measure::drift::{AttributeDrift, DriftReport};
 pub use measure::measurement::Measurement;
 pub use measure::tables::{Combined, Measurements, Tables, TablesError};
 pub use protocols::context::Context;
+pub use protocols::rounds::{RoundKind, RoundPlan, RoundState};
 pub use select::structure::{Conditional, Structure};
 pub use state::{
     CollectionState, EngineOptions, PairRounds, PairSampling, Phase, Phase2Plan, PlannedFactor,

@@ -1,6 +1,7 @@
 //! Protocols as plug-ins: each protocol is one module behind [`CollectionProtocol`]: its
 //! initial state, how it draws a task, which round a report's table belongs to, how it
-//! closes a round, which pairs its final model graph may keep, and (SamPrivSyn with its
+//! closes a round, how it lays out its rounds, which pairs its final model graph may keep,
+//! and (SamPrivSyn with its
 //! paper's estimator only) its own final model. A protocol sees its collection through a
 //! [`context::Context`], never the engine; [`registry`] maps a config's protocol to its rules,
 //! once, when [`crate::engine::Engine`] is built, and every engine call delegates to them.
@@ -14,7 +15,7 @@
 //! - [`vertical`]: parties' per-attribute GRR reports joined by record id (VertiMRF).
 //!
 //! The two-phase machinery PrivIncr and `auto` share (the phase-1 state, the phase-2 plan
-//! and its tasks) lives here.
+//! and its tasks) lives here, the layout of their rounds in [`rounds`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
@@ -31,6 +32,7 @@ use crate::graph::{Edge, EdgeState, edge};
 use crate::measure::tables::{Measurements, Tables};
 use crate::numeric::info::tau;
 use crate::protocols::context::Context;
+use crate::protocols::rounds::RoundPlan;
 use crate::select::gain::{Null, PairGain, best_pair_gain};
 use crate::select::structure::{Structure, build_structure};
 use crate::state::{
@@ -44,6 +46,7 @@ pub(crate) mod context;
 pub(crate) mod independence;
 pub(crate) mod privincr;
 pub(crate) mod registry;
+pub(crate) mod rounds;
 pub(crate) mod samprivsyn;
 pub mod vertical;
 
@@ -85,6 +88,14 @@ pub trait CollectionProtocol: Send + Sync + Debug {
 
     /// Pairs the final model graph may keep (only measured pairs can score).
     fn model_candidates(&self, ctx: &Context, state: &CollectionState) -> Vec<Edge>;
+
+    /// The collection's rounds in `state`, in order: closed, open or planned, what each
+    /// measures and the pairs its close dropped ([`rounds::two_phase_rounds`]). By default
+    /// none: only protocols that run in rounds of their own describe them (SamPrivSyn's
+    /// batches are counted in [`CollectionState::round`]).
+    fn rounds(&self, _ctx: &Context, _state: &CollectionState) -> Vec<RoundPlan> {
+        Vec::new()
+    }
 
     /// The mechanism of a table over the (binned) domain sizes `dims` of its factor: by
     /// default its kind at the collection's ε. Errors: an invalid mechanism.
@@ -535,6 +546,7 @@ mod tests {
 
     use super::*;
     use crate::engine::Engine;
+    use crate::protocols::rounds::{RoundKind, RoundState};
     use crate::state::EngineOptions;
 
     /// Three attributes of 3 values: 0 and 1 equal for 90% of people, 2 independent.
@@ -688,6 +700,224 @@ mod tests {
         e.close_round(&mut state, &tables).unwrap();
         assert_eq!((state.phase, state.round), (Phase::CliqueMeasurement, 1));
         assert_eq!(planned(&state), (vec![vec![0, 1]], 3));
+    }
+
+    /// `(round, kind, state, pruned)` of every round [`Engine::rounds`] describes.
+    fn round_list(e: &Engine, state: &CollectionState) -> Vec<(u32, RoundKind, RoundState, u64)> {
+        e.rounds(state)
+            .into_iter()
+            .map(|p| (p.round, p.kind, p.state, p.pruned))
+            .collect()
+    }
+
+    /// Pairs whose `pruned_in` is `round`.
+    fn pruned_in(state: &CollectionState, round: u32) -> u64 {
+        state
+            .edges()
+            .iter()
+            .filter(|e| e.pruned_in == Some(round))
+            .count() as u64
+    }
+
+    #[test]
+    fn privincr_rounds_are_its_pair_rounds_then_phase_two() {
+        use RoundKind::{Pairs, Phase2};
+        use RoundState::{Closed, Open, Planned};
+        let params = PrivIncrParams {
+            rounds: 2,
+            phi: 0.9,
+            ..PrivIncrParams::default()
+        };
+        let e = engine(Protocol::Privincr(params), 60_000);
+        let mut state = e.initial_state();
+        // Categorical attributes: no round of 1-ways; phase-1 pair rounds 0 and 1, phase 2.
+        assert_eq!(
+            round_list(&e, &state),
+            [
+                (0, Pairs, Open, 0),
+                (1, Pairs, Planned, 0),
+                (2, Phase2, Planned, 0)
+            ]
+        );
+        let mut tables = collect(&e, &state, &people(15_000, 1), 2);
+        e.close_round(&mut state, &tables).unwrap();
+        let p0 = pruned_in(&state, 0);
+        assert_eq!(p0, 2, "the independent pairs are pruned in round 0");
+        assert_eq!(
+            round_list(&e, &state),
+            [
+                (0, Pairs, Closed, p0),
+                (1, Pairs, Open, 0),
+                (2, Phase2, Planned, 0)
+            ]
+        );
+        tables.extend(collect(&e, &state, &people(15_000, 3), 4));
+        e.close_round(&mut state, &tables).unwrap();
+        assert!(state.plan().is_some());
+        let p1 = pruned_in(&state, 1);
+        assert_eq!(
+            round_list(&e, &state),
+            [
+                (0, Pairs, Closed, p0),
+                (1, Pairs, Closed, p1),
+                (2, Phase2, Open, 0)
+            ]
+        );
+        e.mark_finalized(&mut state);
+        assert_eq!(
+            round_list(&e, &state),
+            [
+                (0, Pairs, Closed, p0),
+                (1, Pairs, Closed, p1),
+                (2, Phase2, Closed, 0)
+            ]
+        );
+    }
+
+    /// NoIncremental has one pair round; finalized in it, only that round ran.
+    #[test]
+    fn noincremental_rounds_stop_at_the_round_open_at_finalize() {
+        use RoundKind::{Pairs, Phase2};
+        use RoundState::{Closed, Open, Planned};
+        let e = engine(Protocol::Noincremental(PrivIncrParams::default()), 60_000);
+        let mut state = e.initial_state();
+        assert_eq!(
+            round_list(&e, &state),
+            [(0, Pairs, Open, 0), (1, Phase2, Planned, 0)]
+        );
+        e.mark_finalized(&mut state);
+        assert_eq!(round_list(&e, &state), [(0, Pairs, Closed, 0)]);
+    }
+
+    /// A schema with a `bins: "auto"` numeric attribute: PrivIncr's numeric round 0 of
+    /// 1-ways comes first and its pair rounds follow (`first_round` 1).
+    #[test]
+    fn privincr_numeric_round_zero_precedes_its_pair_rounds() {
+        use RoundKind::{OneWays, Pairs, Phase2};
+        use RoundState::{Closed, Open, Planned};
+        let config: ldpsyn::wire::CollectionConfig = serde_json::from_value(serde_json::json!({
+            "version": 1, "id": "c0ffee00-0000-4000-8000-000000000000",
+            "schema": {"attributes": [
+                {"name": "h", "type": "numeric", "min": 0, "max": 1000, "bins": "auto",
+                 "integer": true},
+                {"name": "c", "type": "categorical", "labels": ["a", "b", "c"]},
+                {"name": "k", "type": "categorical", "labels": ["x", "y"]}]},
+            "epsilon": 4.0, "target_users": 50_000, "protocol": "privincr", "rounds": 2,
+        }))
+        .unwrap();
+        let e = Engine::new(&config).unwrap();
+        let mut state = e.initial_state();
+        assert!(state.edges().is_empty());
+        let expected = |open: u32| -> Vec<_> {
+            let kinds = [OneWays, Pairs, Pairs, Phase2];
+            (0..4)
+                .map(|r| {
+                    let st = match r.cmp(&open) {
+                        std::cmp::Ordering::Less => Closed,
+                        std::cmp::Ordering::Equal => Open,
+                        std::cmp::Ordering::Greater => Planned,
+                    };
+                    (r, kinds[r as usize], st, 0)
+                })
+                .collect()
+        };
+        assert_eq!(round_list(&e, &state), expected(0));
+        // Closing round 0 (nothing reported: no bins move) starts phase 1 in round 1.
+        e.close_round(&mut state, &Tables::new()).unwrap();
+        assert_eq!(state.pair_rounds().unwrap().first_round, 1);
+        assert_eq!(round_list(&e, &state), expected(1));
+        // Finalized in round 0: the round of 1-ways alone ran.
+        let mut early = e.initial_state();
+        e.mark_finalized(&mut early);
+        assert_eq!(round_list(&e, &early), [(0, OneWays, Closed, 0)]);
+    }
+
+    #[test]
+    fn auto_rounds_are_round_zero_screening_then_phase_two() {
+        use RoundKind::{OneWays, Phase2, Screening};
+        use RoundState::{Closed, Open, Planned};
+        // No pair worth screening: 1-ways in no round.
+        let e = engine(Protocol::Auto(PrivIncrParams::default()), 3);
+        assert!(e.rounds(&e.initial_state()).is_empty());
+        let e = engine(Protocol::Auto(PrivIncrParams::default()), 50_000);
+        let mut state = e.initial_state();
+        assert_eq!(
+            round_list(&e, &state),
+            [
+                (0, OneWays, Open, 0),
+                (1, Screening, Planned, 0),
+                (2, Phase2, Planned, 0)
+            ]
+        );
+        let mut tables = collect(&e, &state, &people(10_000, 3), 4);
+        e.close_round(&mut state, &tables).unwrap();
+        assert_eq!(
+            round_list(&e, &state),
+            [
+                (0, OneWays, Closed, 0),
+                (1, Screening, Open, 0),
+                (2, Phase2, Planned, 0)
+            ]
+        );
+        tables.extend(collect(&e, &state, &people(30_000, 5), 6));
+        e.close_round(&mut state, &tables).unwrap();
+        // The screening round selects the dependent pair and drops the other two.
+        assert_eq!(pruned_in(&state, 1), 2);
+        let ran = [
+            (0, OneWays, Closed, 0),
+            (1, Screening, Closed, 2),
+            (2, Phase2, Open, 0),
+        ];
+        assert_eq!(round_list(&e, &state), ran);
+        e.mark_finalized(&mut state);
+        let ran = ran.map(|(r, k, _, p)| (r, k, Closed, p));
+        assert_eq!(round_list(&e, &state), ran);
+    }
+
+    /// Without round 0 the screening round is round 0, and the pairs never screened count
+    /// among those it dropped.
+    #[test]
+    fn auto_without_round_zero_screens_in_round_zero() {
+        use RoundKind::{Phase2, Screening};
+        use RoundState::{Closed, Open, Planned};
+        let e = Engine::from_parts(
+            vec![3, 3, 3],
+            Epsilon::new(4.0).unwrap(),
+            50_000,
+            Protocol::Auto(PrivIncrParams::default()),
+            EngineOptions {
+                auto_round0_share: Some(0.0),
+                ..EngineOptions::default()
+            },
+        )
+        .unwrap();
+        let mut state = e.initial_state();
+        assert_eq!(
+            round_list(&e, &state),
+            [(0, Screening, Open, 0), (1, Phase2, Planned, 0)]
+        );
+        let tables = collect(&e, &state, &people(15_000, 3), 4);
+        e.close_round(&mut state, &tables).unwrap();
+        let p0 = pruned_in(&state, 0);
+        assert_eq!(p0, 2);
+        assert_eq!(
+            round_list(&e, &state),
+            [(0, Screening, Closed, p0), (1, Phase2, Open, 0)]
+        );
+    }
+
+    #[test]
+    fn protocols_without_rounds_describe_none() {
+        for protocol in [
+            Protocol::Independence {},
+            Protocol::Samprivsyn(SamPrivSynParams { batch_size: 6_000 }),
+        ] {
+            let e = engine(protocol, 50_000);
+            let mut state = e.initial_state();
+            assert!(e.rounds(&state).is_empty());
+            e.mark_finalized(&mut state);
+            assert!(e.rounds(&state).is_empty());
+        }
     }
 
     #[test]

@@ -30,6 +30,7 @@ use crate::graph::{Edge, edge};
 use crate::measure::tables::Tables;
 use crate::numeric::info::{mutual_information, relaxed_threshold};
 use crate::protocols::context::Context;
+use crate::protocols::rounds::{RoundKind, RoundPlan, before_pairs, two_phase_rounds};
 use crate::state::{CollectionState, Phase, PlannedFactor, Transition};
 
 /// PrivIncr's rules (NoIncremental: one phase-1 round).
@@ -207,6 +208,20 @@ impl CollectionProtocol for PrivIncr {
             },
             |s| plan_structure(ctx, s, sigma, false),
         ))
+    }
+
+    /// The numeric round 0 of 1-ways if the schema has one, phase 1's `rounds` pair rounds
+    /// (NoIncremental: one), then phase 2.
+    fn rounds(&self, ctx: &Context, state: &CollectionState) -> Vec<RoundPlan> {
+        let first_pairs = if before_pairs(ctx, state) {
+            state.round + 1
+        } else if state.plan().is_some() {
+            // Phase 2's round follows the last pair round.
+            state.round.saturating_sub(self.rounds)
+        } else {
+            state.pair_rounds().map_or(0, |r| r.first_round)
+        };
+        two_phase_rounds(state, first_pairs, self.rounds, RoundKind::Pairs)
     }
 
     fn model_candidates(&self, _ctx: &Context, state: &CollectionState) -> Vec<Edge> {

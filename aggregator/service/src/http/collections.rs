@@ -43,66 +43,28 @@ pub(super) fn status_of(h: &CollectionHandle) -> api::CollectionStatus {
     }
 }
 
-/// The rounds of a two-phase collection as its state holds them (api::CollectionStatus's
-/// `rounds`). Phase 1 may start with a round of 1-ways (`auto`'s round 0, PrivIncr's numeric
-/// round 0); its pair rounds follow (PrivIncr: `rounds` of them, NoIncremental one, `auto`
-/// its one screening round); phase 2 is the round after them.
+/// The rounds of the collection as its engine describes them from `s`
+/// ([`Engine::rounds`]), with the reports accepted in each (api::CollectionStatus's `rounds`).
 fn rounds_of(h: &CollectionHandle, s: &ldpsyn_engine::CollectionState) -> Vec<api::RoundStatus> {
-    use api::{RoundKind, RoundState};
-    use ldpsyn_engine::Phase;
-    let (pair_rounds, pairs_kind) = match &h.config.protocol {
-        Protocol::Privincr(p) => (p.rounds, RoundKind::Pairs),
-        Protocol::Noincremental(_) => (1, RoundKind::Pairs),
-        Protocol::Auto(_) => (1, RoundKind::Screening),
-        _ => return Vec::new(),
-    };
-    // `auto` with no pair worth screening collects 1-ways only, in no round.
-    let Some(pr) = s.pair_rounds().filter(|_| s.phase != Phase::OneWay) else {
-        return Vec::new();
-    };
-    let finalized = s.phase == Phase::Finalized;
-    // Before its pairs exist the state is in its round of 1-ways; once phase 2 has a plan,
-    // `round` is phase 2's.
-    let before_pairs = pr.edges.is_empty() && h.config.schema.attributes().len() >= 2;
-    let first_pairs = match (before_pairs, pr.plan.is_some()) {
-        (true, _) => s.round + 1,
-        (false, true) => s.round.saturating_sub(pair_rounds),
-        (false, false) if matches!(h.config.protocol, Protocol::Auto(_)) => s.round,
-        (false, false) => pr.first_round,
-    };
-    let phase2 = first_pairs + pair_rounds;
-    // A finalized collection: the rounds that ran (up to the one open at finalize).
-    let last = if finalized { s.round } else { phase2 };
-    let pruned_in = |r: u32| pr.edges.iter().filter(|e| e.pruned_in == Some(r)).count() as u64;
-    (0..=last)
-        .map(|r| {
-            let kind = if r < first_pairs {
-                RoundKind::OneWays
-            } else if r < phase2 {
-                pairs_kind
-            } else {
-                RoundKind::Phase2
-            };
-            let state = if r < s.round || finalized {
-                RoundState::Closed
-            } else if r == s.round {
-                RoundState::Open
-            } else {
-                RoundState::Planned
-            };
-            api::RoundStatus {
-                round: r,
-                kind,
-                state,
-                reports: h.round_count(r),
-                // `auto` marks the pairs it never screens as dropped in round 0; they count
-                // with no round of 1-ways.
-                pruned: if kind == RoundKind::OneWays || state != RoundState::Closed {
-                    0
-                } else {
-                    pruned_in(r)
-                },
-            }
+    use ldpsyn_engine::{RoundKind, RoundState};
+    h.engine
+        .rounds(s)
+        .into_iter()
+        .map(|p| api::RoundStatus {
+            round: p.round,
+            kind: match p.kind {
+                RoundKind::OneWays => api::RoundKind::OneWays,
+                RoundKind::Pairs => api::RoundKind::Pairs,
+                RoundKind::Screening => api::RoundKind::Screening,
+                RoundKind::Phase2 => api::RoundKind::Phase2,
+            },
+            state: match p.state {
+                RoundState::Closed => api::RoundState::Closed,
+                RoundState::Open => api::RoundState::Open,
+                RoundState::Planned => api::RoundState::Planned,
+            },
+            reports: h.round_count(p.round),
+            pruned: p.pruned,
         })
         .collect()
 }

@@ -12,6 +12,7 @@ use crate::protocols::auto::Auto;
 use crate::protocols::auto::screening::{drift_extrapolation, repeat_pays, repeat_screening};
 use crate::protocols::auto::selection::Selection;
 use crate::protocols::context::Context;
+use crate::protocols::rounds::{RoundKind, RoundPlan, before_pairs, two_phase_rounds};
 use crate::protocols::{
     CollectionProtocol, TaskChoices, active_edges, adapted_working_bins, common_choices,
     end_phase1_round, one_way_choices, one_way_state, pairs, plan_structure, round_quota,
@@ -156,6 +157,19 @@ impl CollectionProtocol for Auto {
             |_| factors,
             |s| plan_structure(ctx, s, sigma, true),
         ))
+    }
+
+    /// Round 0 of 1-ways (unless its share is 0), the one screening round, then phase 2; none
+    /// when no pair is worth screening.
+    fn rounds(&self, ctx: &Context, state: &CollectionState) -> Vec<RoundPlan> {
+        let first_pairs = if before_pairs(ctx, state) {
+            state.round + 1
+        } else if state.plan().is_some() {
+            state.round.saturating_sub(1)
+        } else {
+            state.round
+        };
+        two_phase_rounds(state, first_pairs, 1, RoundKind::Screening)
     }
 
     fn model_candidates(&self, ctx: &Context, _state: &CollectionState) -> Vec<Edge> {

@@ -1,10 +1,10 @@
 //! Protocols as plug-ins: each protocol is one module behind [`CollectionProtocol`]: its
 //! initial state, how it draws a task, which round a report's table belongs to, how it
 //! closes a round, how it lays out its rounds, which pairs its final model graph may keep,
-//! and (SamPrivSyn with its
-//! paper's estimator only) its own final model. A protocol sees its collection through a
-//! [`context::Context`], never the engine; [`registry`] maps a config's protocol to its rules,
-//! once, when [`crate::engine::Engine`] is built, and every engine call delegates to them.
+//! and (SamPrivSyn with its paper's estimator only) its own final model. A protocol sees its
+//! collection through a [`context::Context`], never the engine; [`registry`] maps a config's
+//! protocol to its rules, once, when [`crate::engine::Engine`] is built, and every engine call
+//! delegates to them.
 //!
 //! - [`privincr`]: PrivIncr and NoIncremental (EDBT 2023, Algorithms 1–2).
 //! - [`auto`]: 1-ways, a screening round of pairs binned by their estimated mass, then

@@ -566,12 +566,17 @@ mod tests {
     }
 
     fn engine(protocol: Protocol, n: u64) -> Engine {
+        engine_with(protocol, n, EngineOptions::default())
+    }
+
+    /// As [`engine`] with these engine options.
+    fn engine_with(protocol: Protocol, n: u64, options: EngineOptions) -> Engine {
         Engine::from_parts(
             vec![3, 3, 3],
             Epsilon::new(4.0).unwrap(),
             n,
             protocol,
-            EngineOptions::default(),
+            options,
         )
         .unwrap()
     }
@@ -682,17 +687,14 @@ mod tests {
     fn auto_state_stored_before_round_zero_closes_into_phase_two() {
         // A collection created by a release without round 0 is in its screening round 0;
         // this release closes it straight into phase 2, as that release would have.
-        let old = Engine::from_parts(
-            vec![3, 3, 3],
-            Epsilon::new(4.0).unwrap(),
-            50_000,
+        let old = engine_with(
             Protocol::Auto(PrivIncrParams::default()),
+            50_000,
             EngineOptions {
                 auto_round0_share: Some(0.0),
                 ..EngineOptions::default()
             },
-        )
-        .unwrap();
+        );
         let mut state = old.initial_state();
         assert_eq!((state.round, active_edges(&state).len()), (0, 3));
         let e = engine(Protocol::Auto(PrivIncrParams::default()), 50_000);
@@ -880,17 +882,14 @@ mod tests {
     fn auto_without_round_zero_screens_in_round_zero() {
         use RoundKind::{Phase2, Screening};
         use RoundState::{Closed, Open, Planned};
-        let e = Engine::from_parts(
-            vec![3, 3, 3],
-            Epsilon::new(4.0).unwrap(),
-            50_000,
+        let e = engine_with(
             Protocol::Auto(PrivIncrParams::default()),
+            50_000,
             EngineOptions {
                 auto_round0_share: Some(0.0),
                 ..EngineOptions::default()
             },
-        )
-        .unwrap();
+        );
         let mut state = e.initial_state();
         assert_eq!(
             round_list(&e, &state),
@@ -945,17 +944,14 @@ mod tests {
             bins: vec![],
         };
         let with_strata = |strata| {
-            Engine::from_parts(
-                vec![3, 3, 3],
-                Epsilon::new(4.0).unwrap(),
-                50_000,
+            engine_with(
                 Protocol::Samprivsyn(SamPrivSynParams { batch_size: 6_000 }),
+                50_000,
                 EngineOptions {
                     samprivsyn_strata: strata,
                     ..EngineOptions::default()
                 },
             )
-            .unwrap()
         };
         let strata =
             |e: &Engine| -> Vec<u32> { (0..12).map(|r| e.table_key(&task(r)).round).collect() };

@@ -15,8 +15,8 @@
 //!    every triple when [`CentralOptions::max_marginal_attrs`] is 3) of the largest
 //!    `‖c_w(D) − n̂ p̂_w‖₁ − √(2/π) σ_t |w|` (AIM's score: the model's error on `w` minus the
 //!    noise a measurement at σ_t would add; sensitivity 1), among candidates that keep every
-//!    clique of the model within the cap; the Gaussian mechanism measures it; the model is
-//!    refitted from its last potentials.
+//!    clique of the model within the cap; the Gaussian mechanism measures it over a cell
+//!    partition (below); the model is refitted from its last potentials.
 //! 3. When a measurement moved the model's `w` by less than its expected noise, σ halves and
 //!    the selection ε doubles (AIM's annealing: the model learns little at this noise). The
 //!    last round spends what is left.
@@ -25,6 +25,14 @@
 //! from the true marginal, and measures it with that `ρ_w`; a noise scale that depends on the
 //! data is not covered by the exponential mechanism's guarantee, so here every round has a
 //! fixed scale and the cost of noise enters the score instead (AIM's form).
+//!
+//! **Cell partitions** (PPSyn §4.2.2, Algorithms 3–4): a candidate's cells that can hold
+//! fewer than `τ = c·σ_t` people by the model's 1-ways ([`CentralOptions::cell_merge`]) are
+//! measured in groups of about `τ` such people ([`crate::measure::partition`]); the
+//! partition depends on the model only, so it is post-processing. The score and the annealing
+//! test count the groups, `‖Σ_G c_w(D) − n̂ Σ_G p̂_w‖₁ − √(2/π) σ_t |P_w|` (still of
+//! sensitivity 1: one record moves one group's count by one), so a large marginal whose mass
+//! sits in few cells costs what those cells cost.
 //!
 //! **Privacy** is accounted in zero-concentrated DP (Bun & Steinke, TCC 2016): neighbours
 //! differ by adding or removing one record, so a marginal's counts have L2 sensitivity 1; the
@@ -46,6 +54,7 @@ use crate::fit::joint::{JointSource, clique_joint};
 use crate::fit::pgm::{FitOptions, GraphicalModel, Observation, fit};
 use crate::graph::{Edge, EdgeState, JunctionTree, build_junction_tree, edge, triangulate};
 use crate::measure::local_model::{LocalModel, LocalPrivacy};
+use crate::measure::partition::{cell_partition, group_sums};
 use crate::numeric::index::projection_map;
 use crate::protocols::vertical::ResolvedParty;
 use crate::select::model_graph::{MAX_CLIQUE_CELLS, largest_clique_cells};
@@ -65,6 +74,13 @@ pub(crate) const ROUNDS_PER_ATTRIBUTE: usize = 16;
 /// Most mirror-descent steps of the fit after each round (from the previous potentials); the
 /// final fit runs [`FitOptions::default`].
 pub(crate) const ROUND_FIT_ITERS: usize = 100;
+
+/// Cell-merging threshold in noise standard deviations: a cell that can hold fewer than
+/// `CELL_MERGE_SIGMAS · σ` people (by its rarest value) is measured in a group of such cells
+/// ([`crate::measure::partition`]). 0, off: on the coded Adult and BR2000 (at most 16 values
+/// per attribute) merging at 1 or 2 σ moved the 2- and 3-way TVD by less than their standard
+/// deviations over seeds, and slowed each run (`benchmarks/sweeps/central-cell-merge.md`).
+pub const CELL_MERGE_SIGMAS: f64 = 0.0;
 
 /// Errors of the central synthesizer.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -180,6 +196,10 @@ pub struct CentralOptions {
     pub max_clique_cells: u64,
     /// Planned rounds (default [`ROUNDS_PER_ATTRIBUTE`] per attribute).
     pub rounds: Option<usize>,
+    /// Cell merging: cells whose rarest value the model's 1-ways give fewer than
+    /// `cell_merge · σ` people are measured in groups (module docs; default
+    /// [`CELL_MERGE_SIGMAS`]; 0 measures every cell alone).
+    pub cell_merge: f64,
 }
 
 impl CentralOptions {
@@ -191,6 +211,7 @@ impl CentralOptions {
             max_marginal_attrs: 3,
             max_clique_cells: MAX_CLIQUE_CELLS,
             rounds: None,
+            cell_merge: CELL_MERGE_SIGMAS,
         }
     }
 }
@@ -202,6 +223,10 @@ pub struct CentralMeasurement {
     pub attrs: Vec<usize>,
     /// Standard deviation of the discrete Gaussian noise on each count.
     pub sigma: f64,
+    /// Noisy counts released: the marginal's cells, or its groups of cells when it was
+    /// measured over a partition.
+    #[serde(default)]
+    pub counts: usize,
     /// ρ of the measurement (`1/(2σ²)`).
     pub rho_measure: f64,
     /// ρ of the exponential mechanism that chose it (0 for the initial 1-ways).
@@ -373,6 +398,36 @@ fn carry_potentials(domain: &Domain, m: &GraphicalModel, tree: &JunctionTree) ->
     start
 }
 
+/// Upper bounds on the counts of `attrs`'s cells (row-major): a cell holds at most as many
+/// people as its rarest value, `n̂ · min_a p̂_a(x_a)` under the model's 1-ways (every 1-way
+/// is measured first). The bound, not the model's estimate of the cell, decides what
+/// [`cell_partition`] merges: the estimate of a cell the model has not yet learned is
+/// independence's, which can miss a dependent cell's mass entirely (1.08× the 2-way TVD on
+/// Adult at ε = 0.2, `benchmarks/sweeps/central-cell-merge.md`).
+fn cell_bounds(
+    state: &Fitting,
+    attrs: &[usize],
+    n_hat: f64,
+    outside: &mut Option<Model>,
+) -> Result<Vec<f64>, CentralError> {
+    let ones: Vec<Vec<f64>> = attrs
+        .iter()
+        .map(|&a| state.marginal(&[a], outside))
+        .collect::<Result<_, _>>()?;
+    let sizes: Vec<usize> = ones.iter().map(Vec::len).collect();
+    let cells: usize = sizes.iter().product();
+    Ok((0..cells)
+        .map(|mut i| {
+            let mut m = f64::INFINITY;
+            for (one, &k) in ones.iter().zip(&sizes).rev() {
+                m = m.min(one[i % k]);
+                i /= k;
+            }
+            n_hat * m
+        })
+        .collect())
+}
+
 /// Fits a central-DP graphical model to `codes` (`n × d` row-major, codes below `dims`) under
 /// (ε, δ)-DP (module docs), noise from `rng` (a CSPRNG; seeded only in tests and
 /// simulations). Errors: [`CentralError::Budget`], [`CentralError::Data`] for codes out of
@@ -392,8 +447,8 @@ pub fn synthesize_central<R: Rng + CryptoRng + ?Sized>(
 }
 
 /// One released measurement with its values: the noisy counts of the marginal over `attrs`
-/// (row-major in `attrs` order) and the standard deviation `sigma` of the discrete Gaussian
-/// noise on each count.
+/// (row-major in `attrs` order, or one per group of `groups`) and the standard deviation
+/// `sigma` of the discrete Gaussian noise on each count.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReleasedMarginal {
     /// Attributes (sorted, indices into the table's columns).
@@ -402,6 +457,8 @@ pub struct ReleasedMarginal {
     pub counts: Vec<f64>,
     /// Noise standard deviation per count.
     pub sigma: f64,
+    /// The group of each cell (empty: one count per cell; [`crate::measure::partition`]).
+    pub groups: Vec<u32>,
 }
 
 /// The measurements [`synthesize_central`] fits, without the fit: every released marginal
@@ -479,14 +536,16 @@ fn select_and_measure<R: Rng + CryptoRng + ?Sized>(
             attrs: vec![a],
             counts: y.clone(),
             sigma,
+            groups: Vec::new(),
         });
-        one_ways.push((y, sigma));
         report.measurements.push(CentralMeasurement {
             attrs: vec![a],
             sigma,
+            counts: y.len(),
             rho_measure: r,
             rho_select: 0.0,
         });
+        one_ways.push((y, sigma));
     }
     // n̂: precision-weighted mean of the 1-ways' totals.
     let (num, den) = one_ways.iter().fold((0.0, 0.0), |(n, p), (y, s)| {
@@ -495,18 +554,19 @@ fn select_and_measure<R: Rng + CryptoRng + ?Sized>(
     });
     let n_hat = (num / den).max(1.0);
     report.noisy_records = n_hat;
-    let observation = |attrs: Vec<usize>, y: Vec<f64>, sigma: f64| Observation {
+    let observation = |attrs: Vec<usize>, y: Vec<f64>, sigma: f64, groups: Vec<u32>| Observation {
         values: y.iter().map(|v| v / n_hat).collect(),
         variances: vec![(sigma / n_hat).powi(2); y.len()],
         attrs,
         bins: Vec::new(),
+        groups,
     };
     let mut state = Fitting {
         dims: Domain::from(dims),
         observations: one_ways
             .into_iter()
             .enumerate()
-            .map(|(a, (y, s))| observation(vec![a], y, s))
+            .map(|(a, (y, s))| observation(vec![a], y, s, Vec::new()))
             .collect(),
         chordal: BTreeSet::new(),
         model: None,
@@ -549,8 +609,9 @@ fn select_and_measure<R: Rng + CryptoRng + ?Sized>(
         let cap = (options.max_clique_cells as f64 * (spent + rho_select + rho_measure) / rho)
             .max(dims.iter().copied().max().unwrap_or(1) as f64) as u64;
         let mut outside = None;
-        let mut pool = Vec::new();
+        let mut pool: Vec<(Vec<usize>, Vec<u32>)> = Vec::new();
         let mut scores = Vec::new();
+        let noise_l1 = (2.0 / std::f64::consts::PI).sqrt() * sigma;
         // Marginals not yet measured first; once every one within the cap is, the measured
         // ones again (as AIM, whose candidates stay in its pool), so the budget is spent.
         for again in [false, true] {
@@ -558,18 +619,28 @@ fn select_and_measure<R: Rng + CryptoRng + ?Sized>(
                 if measured.contains(w) != again {
                     continue;
                 }
-                let cells = truth[w].len() as f64;
                 if largest_clique_cells(&state.dims, &state.with_edges(w)) > cap {
                     continue;
                 }
-                let p = state.marginal(w, &mut outside)?;
-                let err: f64 = truth[w]
+                let expected: Vec<f64> = state
+                    .marginal(w, &mut outside)?
                     .iter()
-                    .zip(&p)
-                    .map(|(c, q)| (c - n_hat * q).abs())
+                    .map(|q| n_hat * q)
+                    .collect();
+                let groups = if options.cell_merge > 0.0 {
+                    let bound = cell_bounds(&state, w, n_hat, &mut outside)?;
+                    cell_partition(&bound, options.cell_merge * sigma).unwrap_or_default()
+                } else {
+                    Vec::new()
+                };
+                let expected = group_sums(&expected, &groups);
+                let err: f64 = group_sums(&truth[w], &groups)
+                    .iter()
+                    .zip(&expected)
+                    .map(|(c, e)| (c - e).abs())
                     .sum();
-                scores.push(err - (2.0 / std::f64::consts::PI).sqrt() * sigma * cells);
-                pool.push(w.clone());
+                scores.push(err - noise_l1 * expected.len() as f64);
+                pool.push((w.clone(), groups));
             }
             if !pool.is_empty() {
                 break;
@@ -579,12 +650,16 @@ fn select_and_measure<R: Rng + CryptoRng + ?Sized>(
         if pool.is_empty() {
             break;
         }
-        let w = pool[exponential_mechanism(&scores, eps_select, 1.0, rng)].clone();
-        let before = state.marginal(&w, &mut outside)?;
-        let y = noisy(&w, sigma, rng);
+        let (w, groups) = pool[exponential_mechanism(&scores, eps_select, 1.0, rng)].clone();
+        let before = group_sums(&state.marginal(&w, &mut outside)?, &groups);
+        let y: Vec<f64> = group_sums(&truth[&w], &groups)
+            .into_iter()
+            .map(|c| c + discrete_gaussian(sigma, rng) as f64)
+            .collect();
         report.measurements.push(CentralMeasurement {
             attrs: w.clone(),
             sigma,
+            counts: y.len(),
             rho_measure,
             rho_select,
         });
@@ -593,18 +668,21 @@ fn select_and_measure<R: Rng + CryptoRng + ?Sized>(
             attrs: w.clone(),
             counts: y.clone(),
             sigma,
+            groups: groups.clone(),
         });
-        state.observations.push(observation(w.clone(), y, sigma));
+        state
+            .observations
+            .push(observation(w.clone(), y.clone(), sigma, groups.clone()));
         state.refit(ROUND_FIT_ITERS)?;
         measured.insert(w.clone());
-        let after = state.marginal(&w, &mut None)?;
+        let after = group_sums(&state.marginal(&w, &mut None)?, &groups);
         let moved: f64 = before
             .iter()
             .zip(&after)
             .map(|(x, y)| (x - y).abs())
             .sum::<f64>()
             * n_hat;
-        if moved <= (2.0 / std::f64::consts::PI).sqrt() * sigma * truth[&w].len() as f64 {
+        if moved <= noise_l1 * y.len() as f64 {
             rho_select *= 4.0;
             rho_measure *= 4.0;
         }
@@ -649,9 +727,12 @@ pub fn measure_local_model<R: Rng + CryptoRng + ?Sized>(
         ))
     })?;
     let dims: Vec<usize> = p.attributes.iter().map(|&a| schema_dims[a]).collect();
-    // A party of one attribute spends its whole budget on its 1-way.
+    // A party of one attribute spends its whole budget on its 1-way. No cell partitions:
+    // the aggregator sums a local measurement down to the parts of it its cliques hold
+    // (`crate::fit::observe::local_observations`), which a group of cells does not allow.
     let options = CentralOptions {
         max_marginal_attrs: max_marginal_attrs.min(dims.len()),
+        cell_merge: 0.0,
         ..CentralOptions::new(budget.epsilon.get(), budget.delta)
     };
     let (released, chordal, report) = measure_central(&dims, codes, &options, rng)?;
@@ -661,6 +742,7 @@ pub fn measure_local_model<R: Rng + CryptoRng + ?Sized>(
         released
             .into_iter()
             .map(|r| {
+                debug_assert!(r.groups.is_empty(), "local models measure whole marginals");
                 (
                     r.attrs.into_iter().map(to_schema).collect(),
                     r.counts,
@@ -837,6 +919,77 @@ mod tests {
 
     /// A chain 0 → 1 → 2 → 3 of strongly dependent attributes: the synthesizer spends
     /// exactly its ρ, and its model's pairs beat the independence model's by far.
+    /// On a table with rare values, at a small ε and `cell_merge = 1`, some marginals are
+    /// released over cell groups: one noisy count per group, a group for every cell, groups formed only of cells
+    /// whose rarest value's 1-way is below the threshold; with `cell_merge = 0` none is.
+    #[test]
+    fn rare_cells_are_measured_in_groups() {
+        let dims = vec![8usize, 8, 2];
+        let mut rng = ChaCha12Rng::seed_from_u64(3);
+        let n = 5_000;
+        let mut codes = Vec::with_capacity(n * 3);
+        for _ in 0..n {
+            // Values 0 and 1 hold ~94% of each of the first two attributes.
+            let a = if rng.random_bool(0.94) {
+                rng.random_range(0..2)
+            } else {
+                rng.random_range(2..8)
+            };
+            let b = if rng.random_bool(0.9) {
+                a % 2
+            } else {
+                rng.random_range(0..8)
+            };
+            codes.extend([a, b, (a + b) % 2]);
+        }
+        let run = |cell_merge: f64| {
+            let options = CentralOptions {
+                cell_merge,
+                ..CentralOptions::new(0.5, 1e-6)
+            };
+            let (released, _, report) =
+                measure_central(&dims, &codes, &options, &mut ChaCha12Rng::seed_from_u64(4))
+                    .unwrap();
+            assert!((report.rho_spent - report.rho).abs() < 1e-9 * report.rho);
+            (released, report)
+        };
+        let (released, report) = run(1.0);
+        let grouped: Vec<&ReleasedMarginal> =
+            released.iter().filter(|r| !r.groups.is_empty()).collect();
+        assert!(!grouped.is_empty(), "no marginal was measured in groups");
+        for r in &grouped {
+            let cells: usize = r.attrs.iter().map(|&a| dims[a]).product();
+            assert_eq!(r.groups.len(), cells);
+            let k = *r.groups.iter().max().unwrap() as usize + 1;
+            assert_eq!(r.counts.len(), k);
+            assert!(k < cells);
+            let m = report
+                .measurements
+                .iter()
+                .find(|m| m.attrs == r.attrs && m.sigma == r.sigma)
+                .unwrap();
+            assert_eq!(m.counts, k);
+        }
+        // A cell whose every value is common (codes 0 and 1 of the first two attributes, and
+        // both of the third, hold over 1,000 people each, far above any threshold here) is
+        // never merged: only a rare value makes a cell's bound small.
+        for r in &grouped {
+            let attrs_dims: Vec<usize> = r.attrs.iter().map(|&a| dims[a]).collect();
+            for (cell, &g) in r.groups.iter().enumerate() {
+                let shared = r.groups.iter().filter(|&&x| x == g).count() > 1;
+                let mut i = cell;
+                let mut common = true;
+                for (&a, &k) in r.attrs.iter().zip(&attrs_dims).rev() {
+                    common &= a == 2 || i % k < 2;
+                    i /= k;
+                }
+                assert!(!(shared && common), "{:?} cell {cell}", r.attrs);
+            }
+        }
+        let (released, _) = run(0.0);
+        assert!(released.iter().all(|r| r.groups.is_empty()));
+    }
+
     #[test]
     fn learns_a_chain_and_spends_exactly_its_budget() {
         let dims = vec![4usize, 3, 5, 2, 3];

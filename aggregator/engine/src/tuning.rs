@@ -220,6 +220,15 @@ pub const KNOBS: &[Knob] = &[
         status: Status::Swept,
         set: None,
     },
+    Knob {
+        constant: "CELL_MERGE_SIGMAS",
+        value: crate::central::CELL_MERGE_SIGMAS,
+        option: None,
+        env: None,
+        sweep: "central-cell-merge.md",
+        status: Status::Swept,
+        set: None,
+    },
 ];
 
 /// An override that could not be read.

@@ -75,6 +75,10 @@ struct Args {
     /// Clique cap in cells (`CentralOptions::max_clique_cells`; default the engine's).
     #[arg(long)]
     max_clique_cells: Option<u64>,
+    /// Cell-merging threshold in noise SDs (`CentralOptions::cell_merge`; default the
+    /// engine's `CELL_MERGE_SIGMAS`; 0: every cell measured alone).
+    #[arg(long)]
+    cell_merge: Option<f64>,
     /// Write the results as JSON here.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -150,6 +154,9 @@ fn main() -> Result<(), Error> {
                     if let Some(cap) = args.max_clique_cells {
                         options.max_clique_cells = cap;
                     }
+                    if let Some(c) = args.cell_merge {
+                        options.cell_merge = c;
+                    }
                     options.max_marginal_attrs = match method.as_str() {
                         "central" => 3,
                         "central-pairs" => 2,
@@ -167,8 +174,14 @@ fn main() -> Result<(), Error> {
                     let (t2, t3) = tvds(&real, &synth)?;
                     let secs = started.elapsed().as_secs_f64();
                     eprintln!(
-                        "  {method} ε {eps} seed {seed}: tvd2 {t2:.4} tvd3 {t3:.4} ({secs:.1} s, {} measurements)",
-                        fitted.report.measurements.len()
+                        "  {method} ε {eps} seed {seed}: tvd2 {t2:.4} tvd3 {t3:.4} ({secs:.1} s, {} measurements, {} counts)",
+                        fitted.report.measurements.len(),
+                        fitted
+                            .report
+                            .measurements
+                            .iter()
+                            .map(|m| m.counts)
+                            .sum::<usize>()
                     );
                     runs.push((t2, t3, secs));
                 }
@@ -208,7 +221,7 @@ fn main() -> Result<(), Error> {
             );
             results.push(json!({
                 "dataset": name, "method": method, "epsilon": eps, "delta": args.delta,
-                "runs": runs.len(), "tvd2": t2, "tvd2_std": t2sd, "tvd3": t3, "tvd3_std": t3sd,
+                "cell_merge": args.cell_merge, "runs": runs.len(), "tvd2": t2, "tvd2_std": t2sd, "tvd3": t3, "tvd3_std": t3sd,
                 "seconds": if secs.is_finite() { json!(secs) } else { Value::Null },
             }));
         }

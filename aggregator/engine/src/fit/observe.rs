@@ -69,6 +69,7 @@ fn observations(
                 variances,
                 attrs: part,
                 bins,
+                groups: Vec::new(),
             });
         }
     }
@@ -126,6 +127,7 @@ pub fn local_observations(
                     variances: vec![var; cells],
                     attrs: part,
                     bins: Vec::new(),
+                    groups: Vec::new(),
                 });
             }
         }

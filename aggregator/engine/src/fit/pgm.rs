@@ -49,6 +49,11 @@ pub struct Observation {
     /// the cells are then the product of the bins, and the model's marginal enters the loss
     /// summed within bins (cell merging, PPSyn §4.2.2; binned attributes, VertiMRF §6.1).
     pub bins: Vec<Vec<u32>>,
+    /// Cell groups (empty: none): the group of each cell of the (binned) marginal, numbered
+    /// `0..k`; `values` and `variances` then hold one entry per group, and the model's
+    /// marginal enters the loss summed within groups (PPSyn's partitions, §4.2.2;
+    /// [`crate::measure::partition`]).
+    pub groups: Vec<u32>,
 }
 
 /// Options of [`fit`].
@@ -76,6 +81,9 @@ impl Default for FitOptions {
         }
     }
 }
+
+/// What observations pool by: clique, attributes, bin maps and cell groups.
+type PoolKey = (usize, Vec<usize>, Vec<Vec<u32>>, Vec<u32>);
 
 /// Observations of one clique, pooled by attribute set (the loss is a sum over cells, so
 /// measurements of the same cells combine exactly by precision weighting, up to a constant).
@@ -337,7 +345,7 @@ pub fn fit(
     let cdims = |c: usize| domain.project(&tree.cliques[c]);
     // Pool observations by (clique, attribute list).
     let mut pooled: Vec<Pooled> = Vec::new();
-    let mut keys: Vec<(usize, Vec<usize>, Vec<Vec<u32>>)> = Vec::new();
+    let mut keys: Vec<PoolKey> = Vec::new();
     for o in observations {
         // Every attribute inside `domain` and valid bin maps (a list matching `attrs`).
         let bins_ok = o.attrs.iter().all(|&a| a < domain.len())
@@ -346,7 +354,17 @@ pub fn fit(
             return Err(FitError::Malformed(o.attrs.clone()));
         }
         let odims = domain.project(&o.attrs);
-        let (coarse, cells) = coarsen_map(&odims, &o.bins);
+        let (mut coarse, mut cells) = coarsen_map(&odims, &o.bins);
+        if !o.groups.is_empty() {
+            let k = o.groups.iter().map(|&g| g as usize + 1).max().unwrap_or(0);
+            let mut seen = vec![false; k];
+            o.groups.iter().for_each(|&g| seen[g as usize] = true);
+            if o.groups.len() != cells || seen.contains(&false) {
+                return Err(FitError::Malformed(o.attrs.clone()));
+            }
+            coarse = coarse.iter().map(|&c| o.groups[c] as usize).collect();
+            cells = k;
+        }
         if o.values.len() != cells
             || o.variances.len() != cells
             || o.variances.iter().any(|v| !(*v > 0.0 && v.is_finite()))
@@ -359,7 +377,7 @@ pub fn fit(
             .filter(|&c| o.attrs.iter().all(|a| tree.cliques[c].contains(a)))
             .min_by_key(|&c| (schedule.cells[c], c))
             .ok_or_else(|| FitError::NoClique(o.attrs.clone()))?;
-        let key = (clique, o.attrs.clone(), o.bins.clone());
+        let key = (clique, o.attrs.clone(), o.bins.clone(), o.groups.clone());
         let idx = match keys.iter().position(|k| *k == key) {
             Some(i) => i,
             None => {
@@ -620,6 +638,7 @@ mod tests {
             .iter()
             .map(|c| Observation {
                 bins: vec![],
+                groups: Vec::new(),
                 attrs: c.clone(),
                 values: marginal(joint, dims, c),
                 variances: vec![1e-4; c.iter().map(|&a| dims[a]).product()],
@@ -796,6 +815,7 @@ mod tests {
             let truth = marginal(&joint, &dims, attrs);
             Observation {
                 bins: vec![],
+                groups: Vec::new(),
                 attrs: attrs.to_vec(),
                 values: truth.iter().map(|t| t + sd * gauss()).collect(),
                 variances: vec![sd * sd; truth.len()],
@@ -842,6 +862,7 @@ mod tests {
         let dims = [2usize, 2, 2];
         let bad = Observation {
             bins: vec![],
+            groups: Vec::new(),
             attrs: vec![0, 2],
             values: vec![0.25; 4],
             variances: vec![1.0; 4],
@@ -852,6 +873,7 @@ mod tests {
         );
         let short = Observation {
             bins: vec![],
+            groups: Vec::new(),
             attrs: vec![0],
             values: vec![0.5],
             variances: vec![1.0, 1.0],
@@ -891,6 +913,7 @@ mod tests {
             attrs,
             values,
             bins,
+            groups: Vec::new(),
         };
         let observations = [
             obs(vec![0, 1], coarse.clone(), bins.clone()),
@@ -932,6 +955,69 @@ mod tests {
             fit(&dims.into(), &tree, &[bad], None, &options),
             Err(FitError::Malformed(_))
         ));
+    }
+
+    /// A pair measured over a partition of its cells (PPSyn's groups: two cells alone, the
+    /// other ten in two groups), with both 1-ways, all noiseless: the fit meets every group
+    /// sum and 1-way, and the cells alone come back exactly. Malformed group maps (a group
+    /// with no cell, a map of the wrong length) are refused.
+    #[test]
+    fn grouped_pair_fit_meets_the_group_sums() {
+        let dims = [3usize, 4];
+        let mut rng = ChaCha12Rng::seed_from_u64(9);
+        let mut truth: Vec<f64> = (0..12).map(|_| rng.random::<f64>() + 0.05).collect();
+        truth[0] += 3.0;
+        truth[7] += 2.0;
+        let total: f64 = truth.iter().sum();
+        truth.iter_mut().for_each(|t| *t /= total);
+        let groups: Vec<u32> = vec![0, 1, 1, 2, 2, 1, 2, 3, 1, 2, 2, 1];
+        let sums = crate::measure::partition::group_sums(&truth, &groups);
+        let marginal = |attr: usize| -> Vec<f64> {
+            let mut m = vec![0.0; dims[attr]];
+            for (i, t) in truth.iter().enumerate() {
+                m[if attr == 0 { i / 4 } else { i % 4 }] += t;
+            }
+            m
+        };
+        let obs = |attrs: Vec<usize>, values: Vec<f64>, groups: Vec<u32>| Observation {
+            variances: vec![1e-6; values.len()],
+            attrs,
+            values,
+            bins: Vec::new(),
+            groups,
+        };
+        let observations = [
+            obs(vec![0, 1], sums.clone(), groups.clone()),
+            obs(vec![0], marginal(0), vec![]),
+            obs(vec![1], marginal(1), vec![]),
+        ];
+        let tree = build_junction_tree(2, &[(0, 1)].into_iter().collect());
+        let options = FitOptions {
+            max_iters: 5000,
+            tol: 1e-12,
+            ..FitOptions::default()
+        };
+        let model = fit(&dims.into(), &tree, &observations, None, &options).unwrap();
+        let fitted = model.marginal_in_clique(&[0, 1]).unwrap();
+        let got = crate::measure::partition::group_sums(&fitted, &groups);
+        for (g, (x, y)) in got.iter().zip(&sums).enumerate() {
+            assert!((x - y).abs() < 1e-4, "group {g}: {x} vs {y}");
+        }
+        assert!((fitted[0] - truth[0]).abs() < 1e-4);
+        assert!((fitted[7] - truth[7]).abs() < 1e-4);
+        for bad in [
+            obs(
+                vec![0, 1],
+                vec![0.5, 0.5, 0.0],
+                vec![0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2],
+            ),
+            obs(vec![0, 1], vec![0.5, 0.5], vec![0, 1]),
+        ] {
+            assert!(matches!(
+                fit(&dims.into(), &tree, &[bad], None, &options),
+                Err(FitError::Malformed(_))
+            ));
+        }
     }
 
     /// The exact solve of lone cliques: Norm-Sub for equal weights, the KKT point otherwise
@@ -978,12 +1064,14 @@ mod tests {
         let tree = build_junction_tree(3, &[(0, 1)].into_iter().collect());
         let pair = Observation {
             bins: vec![],
+            groups: Vec::new(),
             attrs: vec![0, 1],
             values: vec![0.4, 0.1, 0.1, 0.4],
             variances: vec![1e-4; 4],
         };
         let lone = |values: Vec<f64>, variance: f64| Observation {
             bins: vec![],
+            groups: Vec::new(),
             attrs: vec![2],
             values,
             variances: vec![variance; 4],

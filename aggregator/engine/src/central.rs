@@ -15,8 +15,9 @@
 //!    every triple when [`CentralOptions::max_marginal_attrs`] is 3) of the largest
 //!    `‖c_w(D) − n̂ p̂_w‖₁ − √(2/π) σ_t |w|` (AIM's score: the model's error on `w` minus the
 //!    noise a measurement at σ_t would add; sensitivity 1), among candidates that keep every
-//!    clique of the model within the cap; the Gaussian mechanism measures it over a cell
-//!    partition (below); the model is refitted from its last potentials.
+//!    clique of the model within the cap; the Gaussian mechanism measures it (over a cell
+//!    partition when [`CentralOptions::cell_merge`] > 0, below); the model is refitted from
+//!    its last potentials.
 //! 3. When a measurement moved the model's `w` by less than its expected noise, σ halves and
 //!    the selection ε doubles (AIM's annealing: the model learns little at this noise). The
 //!    last round spends what is left.
@@ -32,7 +33,7 @@
 //! partition depends on the model only, so it is post-processing. The score and the annealing
 //! test count the groups, `‖Σ_G c_w(D) − n̂ Σ_G p̂_w‖₁ − √(2/π) σ_t |P_w|` (still of
 //! sensitivity 1: one record moves one group's count by one), so a large marginal whose mass
-//! sits in few cells costs what those cells cost.
+//! sits in few cells costs what those cells cost. Off by default ([`CELL_MERGE_SIGMAS`]).
 //!
 //! **Privacy** is accounted in zero-concentrated DP (Bun & Steinke, TCC 2016): neighbours
 //! differ by adding or removing one record, so a marginal's counts have L2 sensitivity 1; the

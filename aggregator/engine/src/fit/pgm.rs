@@ -884,6 +884,54 @@ mod tests {
         ));
     }
 
+    /// The junction tree of one clique over attributes 0 and 1.
+    fn pair_tree() -> JunctionTree {
+        build_junction_tree(2, &[(0, 1)].into_iter().collect())
+    }
+
+    /// Fit options that run a noiseless fit to convergence.
+    fn exact_options() -> FitOptions {
+        FitOptions {
+            max_iters: 5000,
+            tol: 1e-12,
+            ..FitOptions::default()
+        }
+    }
+
+    /// The 1-ways of a table `truth` over two attributes (row-major, sizes `dims`).
+    fn one_ways(dims: [usize; 2], truth: &[f64]) -> [Vec<f64>; 2] {
+        let mut m = [vec![0.0; dims[0]], vec![0.0; dims[1]]];
+        for (i, t) in truth.iter().enumerate() {
+            m[0][i / dims[1]] += t;
+            m[1][i % dims[1]] += t;
+        }
+        m
+    }
+
+    /// Fits `pair` (an observation over attributes 0 and 1) with both exact 1-ways of `truth`
+    /// ([`one_ways`], variance 1e-6) on [`pair_tree`]; the fitted pair marginal.
+    fn fit_pair_with_one_ways(dims: [usize; 2], truth: &[f64], pair: Observation) -> Vec<f64> {
+        let [a, b] = one_ways(dims, truth);
+        let one = |attr: usize, values: Vec<f64>| Observation {
+            variances: vec![1e-6; values.len()],
+            attrs: vec![attr],
+            values,
+            bins: Vec::new(),
+            groups: Vec::new(),
+        };
+        let observations = [pair, one(0, a), one(1, b)];
+        fit(
+            &dims.into(),
+            &pair_tree(),
+            &observations,
+            None,
+            &exact_options(),
+        )
+        .unwrap()
+        .marginal_in_clique(&[0, 1])
+        .unwrap()
+    }
+
     /// A pair measured only over bins (2 × 3 bins of a 4 × 6 domain), with both 1-ways at
     /// full resolution, all noiseless: the fit matches every observation, and, started from
     /// the uniform model, lands on the maximum-entropy table with those sums, which is
@@ -896,40 +944,21 @@ mod tests {
         let mut truth: Vec<f64> = (0..24).map(|_| rng.random::<f64>() + 0.05).collect();
         let total: f64 = truth.iter().sum();
         truth.iter_mut().for_each(|t| *t /= total);
-        let marginal = |attr: usize| -> Vec<f64> {
-            let mut m = vec![0.0; dims[attr]];
-            for (i, t) in truth.iter().enumerate() {
-                m[if attr == 0 { i / 6 } else { i % 6 }] += t;
-            }
-            m
-        };
         let (coarse_map, coarse_cells) = coarsen_map(&dims, &bins);
         let mut coarse = vec![0.0; coarse_cells];
         for (t, &c) in truth.iter().zip(&coarse_map) {
             coarse[c] += t;
         }
-        let obs = |attrs: Vec<usize>, values: Vec<f64>, bins: Vec<Vec<u32>>| Observation {
+        let obs = |values: Vec<f64>, bins: Vec<Vec<u32>>| Observation {
             variances: vec![1e-6; values.len()],
-            attrs,
+            attrs: vec![0, 1],
             values,
             bins,
             groups: Vec::new(),
         };
-        let observations = [
-            obs(vec![0, 1], coarse.clone(), bins.clone()),
-            obs(vec![0], marginal(0), vec![]),
-            obs(vec![1], marginal(1), vec![]),
-        ];
-        let tree = build_junction_tree(2, &[(0, 1)].into_iter().collect());
-        let options = FitOptions {
-            max_iters: 5000,
-            tol: 1e-12,
-            ..FitOptions::default()
-        };
-        let model = fit(&dims.into(), &tree, &observations, None, &options).unwrap();
-        let fitted = model.marginal_in_clique(&[0, 1]).unwrap();
+        let fitted = fit_pair_with_one_ways(dims, &truth, obs(coarse.clone(), bins.clone()));
         // Histogram recovery: the bin cell's mass spread by each attribute's within-bin share.
-        let (a, b) = (marginal(0), marginal(1));
+        let [a, b] = one_ways(dims, &truth);
         let bin_mass = |m: &[f64], cuts: &[u32], code: usize| -> f64 {
             let bin = ldpsyn::factor::bin_of(code as u32, cuts);
             (0..m.len())
@@ -950,9 +979,9 @@ mod tests {
             }
         }
         // Malformed bin maps are refused.
-        let bad = obs(vec![0, 1], coarse, vec![vec![4], vec![]]);
+        let bad = obs(coarse, vec![vec![4], vec![]]);
         assert!(matches!(
-            fit(&dims.into(), &tree, &[bad], None, &options),
+            fit(&dims.into(), &pair_tree(), &[bad], None, &exact_options()),
             Err(FitError::Malformed(_))
         ));
     }
@@ -972,33 +1001,14 @@ mod tests {
         truth.iter_mut().for_each(|t| *t /= total);
         let groups: Vec<u32> = vec![0, 1, 1, 2, 2, 1, 2, 3, 1, 2, 2, 1];
         let sums = crate::measure::partition::group_sums(&truth, &groups);
-        let marginal = |attr: usize| -> Vec<f64> {
-            let mut m = vec![0.0; dims[attr]];
-            for (i, t) in truth.iter().enumerate() {
-                m[if attr == 0 { i / 4 } else { i % 4 }] += t;
-            }
-            m
-        };
-        let obs = |attrs: Vec<usize>, values: Vec<f64>, groups: Vec<u32>| Observation {
+        let obs = |values: Vec<f64>, groups: Vec<u32>| Observation {
             variances: vec![1e-6; values.len()],
-            attrs,
+            attrs: vec![0, 1],
             values,
             bins: Vec::new(),
             groups,
         };
-        let observations = [
-            obs(vec![0, 1], sums.clone(), groups.clone()),
-            obs(vec![0], marginal(0), vec![]),
-            obs(vec![1], marginal(1), vec![]),
-        ];
-        let tree = build_junction_tree(2, &[(0, 1)].into_iter().collect());
-        let options = FitOptions {
-            max_iters: 5000,
-            tol: 1e-12,
-            ..FitOptions::default()
-        };
-        let model = fit(&dims.into(), &tree, &observations, None, &options).unwrap();
-        let fitted = model.marginal_in_clique(&[0, 1]).unwrap();
+        let fitted = fit_pair_with_one_ways(dims, &truth, obs(sums.clone(), groups.clone()));
         let got = crate::measure::partition::group_sums(&fitted, &groups);
         for (g, (x, y)) in got.iter().zip(&sums).enumerate() {
             assert!((x - y).abs() < 1e-4, "group {g}: {x} vs {y}");
@@ -1007,14 +1017,13 @@ mod tests {
         assert!((fitted[7] - truth[7]).abs() < 1e-4);
         for bad in [
             obs(
-                vec![0, 1],
                 vec![0.5, 0.5, 0.0],
                 vec![0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2],
             ),
-            obs(vec![0, 1], vec![0.5, 0.5], vec![0, 1]),
+            obs(vec![0.5, 0.5], vec![0, 1]),
         ] {
             assert!(matches!(
-                fit(&dims.into(), &tree, &[bad], None, &options),
+                fit(&dims.into(), &pair_tree(), &[bad], None, &exact_options()),
                 Err(FitError::Malformed(_))
             ));
         }

@@ -29,9 +29,7 @@ use rand::Rng;
 use crate::EngineError;
 use crate::domain::key::TableKey;
 use crate::domain::space::Space;
-use crate::domain::task::{
-    MAX_ATTRIBUTE_DOMAIN, MAX_PAIR_CELLS, SUB_BIN_ONE_WAY_SHARE, TaskSpec, factor_dims_in,
-};
+use crate::domain::task::{MAX_ATTRIBUTE_DOMAIN, MAX_PAIR_CELLS, SUB_BIN_ONE_WAY_SHARE, TaskSpec};
 use crate::measure::local_model::LocalModel;
 use crate::measure::tables::{Measurements, Tables};
 use crate::pipeline::finalize;
@@ -394,7 +392,7 @@ impl Engine {
     /// the factor's (binned) schema domains.
     /// Errors: an invalid factor or bin map for the schema.
     pub fn mechanism(&self, key: &TableKey) -> Result<Mechanism, EngineError> {
-        let dims = factor_dims_in(self.schema_dims(), &key.factor, &key.bins).ok_or_else(|| {
+        let dims = key.binned().sizes_in(self.schema_dims()).ok_or_else(|| {
             EngineError::InvalidState(format!(
                 "factor {:?} with bins {:?} does not fit the schema",
                 key.factor, key.bins

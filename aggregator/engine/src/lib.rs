@@ -11,8 +11,8 @@
 //!   domains, χ² tails.
 //! - [`graph`]: triangulation, maximal cliques, junction tree.
 //! - [`domain`]: schema codes ↔ working bins ([`Space`]), the working [`Domain`] (sizes) and
-//!   its [`Clique`]s, tasks ([`TaskSpec`]), the key of a
-//!   table ([`TableKey`]).
+//!   its [`Clique`]s, tasks ([`TaskSpec`]), the key of a table ([`TableKey`]), a factor with
+//!   its bin maps ([`BinnedFactor`]).
 //! - [`measure`]: [`TableKey`] → `SufficientStatistics` (additive); every table becomes a
 //!   measurement with per-cell variances from one model (randomizer + sampling); rounds as
 //!   strata of the population ([`measure::drift`]); VertiMRF's party sketches
@@ -96,6 +96,7 @@ pub(crate) mod state;
 pub(crate) mod synth;
 pub mod tuning;
 
+pub use domain::binned::BinnedFactor;
 pub use domain::key::TableKey;
 pub use domain::sizes::{Clique, Domain};
 pub use domain::space::Space;

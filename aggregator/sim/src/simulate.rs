@@ -1054,7 +1054,8 @@ mod tests {
                     // An edge measured only over bins has no full-resolution error bars
                     // (within a bin the model's split is the 1-ways', not a measurement).
                     let full = run.tables.keys().any(|k| {
-                        attrs.iter().all(|a| k.factor.contains(a)) && k.bins_are(&attrs, &[])
+                        attrs.iter().all(|a| k.factor.contains(a))
+                            && k.bins_are(ldpsyn_engine::BinnedFactor::full(&attrs))
                     });
                     assert_eq!(
                         m.std_errors.is_some(),

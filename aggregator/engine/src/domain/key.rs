@@ -4,6 +4,8 @@ use ldpsyn::factor::cuts_of;
 use ldpsyn::mechanism::MechanismKind;
 use serde::{Deserialize, Serialize};
 
+use crate::domain::binned::BinnedFactor;
+
 /// Identifies one table of sufficient statistics: the round (PrivIncr round, or 0 for
 /// protocols whose tables are pooled across batches), the factor (attribute indices in
 /// report order) and the mechanism. Ordered (round, factor, mechanism name) so reductions
@@ -24,6 +26,11 @@ pub struct TableKey {
 }
 
 impl TableKey {
+    /// The table's factor with its bin maps.
+    pub fn binned(&self) -> BinnedFactor<'_> {
+        BinnedFactor::new(&self.factor, &self.bins)
+    }
+
     /// The bin map of factor attribute `attr` (`[]`: full resolution or not in the factor).
     pub fn bins_of(&self, attr: usize) -> &[u32] {
         self.factor
@@ -32,13 +39,13 @@ impl TableKey {
             .map_or(&[], |i| cuts_of(&self.bins, i))
     }
 
-    /// Whether the table holds `attrs` under exactly the bin maps `bins` (one per attribute
-    /// of `attrs`, `[]` for full resolution; an empty list: none binned).
-    pub fn bins_are(&self, attrs: &[usize], bins: &[Vec<u32>]) -> bool {
-        attrs
+    /// Whether the table holds the attributes of `f` under exactly `f`'s bin maps (it may
+    /// hold other attributes too).
+    pub fn bins_are(&self, f: BinnedFactor<'_>) -> bool {
+        f.attrs()
             .iter()
             .enumerate()
-            .all(|(i, &a)| self.bins_of(a) == cuts_of(bins, i))
+            .all(|(i, &a)| self.bins_of(a) == f.cuts(i))
     }
 }
 

@@ -1,8 +1,10 @@
 //! A task: the factor (and mechanism, and bin maps) one device randomizes its record over.
 
-use ldpsyn::factor::{binned_codes, binned_domain_sizes};
+use ldpsyn::factor::binned_codes;
 use ldpsyn::mechanism::MechanismKind;
 use serde::{Deserialize, Serialize};
+
+use crate::domain::binned::BinnedFactor;
 
 /// Share of a `bins: "auto"` attribute's 1-way tasks measured in sub-bins of its working
 /// bins rather than in the working bins ([`crate::domain::space`]): the sub-bin 1-ways give the
@@ -43,24 +45,15 @@ pub struct TaskSpec {
 }
 
 impl TaskSpec {
+    /// The task's factor with its bin maps.
+    pub fn binned(&self) -> BinnedFactor<'_> {
+        BinnedFactor::new(&self.factor, &self.bins)
+    }
+
     /// The codes a device holding `record` (one code per schema attribute) randomizes: its
     /// factor's codes, mapped to bins where the task bins an attribute
     /// ([`ldpsyn::factor::binned_codes`]).
     pub fn codes<'a>(&'a self, record: &'a [u32]) -> impl Iterator<Item = u32> + 'a {
         binned_codes(record, &self.factor, &self.bins)
     }
-}
-
-/// Domain sizes of `factor`'s attributes among `dims` under the bin maps `bins` (factor
-/// order); `None` for an attribute outside `dims` or an invalid map.
-pub(crate) fn factor_dims_in(
-    dims: &[usize],
-    factor: &[usize],
-    bins: &[Vec<u32>],
-) -> Option<Vec<usize>> {
-    if factor.iter().any(|&a| a >= dims.len()) {
-        return None;
-    }
-    let sizes = binned_domain_sizes(dims, factor, bins).ok()?;
-    Some(factor.iter().map(|&a| sizes[a]).collect())
 }

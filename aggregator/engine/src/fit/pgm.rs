@@ -17,6 +17,7 @@
 //!
 //! Everything iterates in a fixed order, so the same inputs give the same bits.
 
+use crate::domain::binned::BinnedFactor;
 use crate::domain::sizes::Domain;
 use crate::graph::JunctionTree;
 use crate::numeric::index::{coarsen_map, projection_map};
@@ -348,8 +349,9 @@ pub fn fit(
     let mut keys: Vec<PoolKey> = Vec::new();
     for o in observations {
         // Every attribute inside `domain` and valid bin maps (a list matching `attrs`).
-        let bins_ok = o.attrs.iter().all(|&a| a < domain.len())
-            && ldpsyn::factor::binned_domain_sizes(domain.sizes(), &o.attrs, &o.bins).is_ok();
+        let bins_ok = BinnedFactor::new(&o.attrs, &o.bins)
+            .sizes_in(domain.sizes())
+            .is_some();
         if !bins_ok {
             return Err(FitError::Malformed(o.attrs.clone()));
         }

@@ -48,10 +48,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use ldpsyn::factor::cuts_of;
 use ldpsyn::mechanism::norm_sub;
 use serde::{Deserialize, Serialize};
 
+use crate::domain::binned::BinnedFactor;
 use crate::measure::tables::Measurements;
 use crate::numeric::index::{coarsen, coarsen_map, projection_map};
 use crate::numeric::stats::chi2_upper;
@@ -316,7 +316,7 @@ fn shrunk(prior: &[f64], p: &RoundEstimate, kappa: f64) -> Vec<f64> {
         .collect()
 }
 
-/// Per round of `rounds` that measured it, the estimate of `f` (under `bins`) from every
+/// Per round of `rounds` that measured it, the estimate of `f` (under its bin maps) from every
 /// table of the round that holds it under those bin maps (a pair from the round's blocks
 /// too), with the variances its cells would have at the rounds' pooled estimate: the
 /// distribution all rounds share when they do not differ (the null of the heterogeneity
@@ -325,18 +325,17 @@ fn shrunk(prior: &[f64], p: &RoundEstimate, kappa: f64) -> Vec<f64> {
 /// shuffled arrivals at ε = 8.
 fn round_estimates(
     ms: &Measurements,
-    f: &[usize],
-    bins: &[Vec<u32>],
+    f: BinnedFactor<'_>,
     rounds: impl IntoIterator<Item = u32>,
 ) -> Vec<RoundEstimate> {
-    let Some(all) = ms.combined_binned(f, bins, |_| true, None) else {
+    let Some(all) = ms.combined_binned(f, |_| true, None) else {
         return Vec::new();
     };
     let pooled = norm_sub(&all.frequencies);
     rounds
         .into_iter()
         .filter_map(|r| {
-            let c = ms.combined_binned(f, bins, |k| k.round == r, Some(&pooled))?;
+            let c = ms.combined_binned(f, |k| k.round == r, Some(&pooled))?;
             Some(RoundEstimate {
                 round: r,
                 variances: c.std_errors.iter().map(|s| (s * s).max(1e-12)).collect(),
@@ -372,7 +371,11 @@ pub fn one_way_drift(ms: &Measurements) -> (DriftReport, Vec<Option<RoundOneWays
     }
     // Step 1–3: per attribute, every round's shrunk 1-way P̃_r (`None`: no drift seen).
     for (a, slot) in one_ways.iter_mut().enumerate() {
-        let per_round = round_estimates(ms, &[a], &[], weights.iter().map(|&(r, _)| r));
+        let per_round = round_estimates(
+            ms,
+            BinnedFactor::full(&[a]),
+            weights.iter().map(|&(r, _)| r),
+        );
         if per_round.len() < 2 {
             continue;
         }
@@ -449,7 +452,7 @@ fn binned_one_way(ms: &Measurements, a: usize, r: u32, pooled: &[f64], kappa: f6
         return pooled.to_vec();
     };
     let bins = [cuts];
-    let Some(round) = round_estimates(ms, &[a], &bins, [r]).pop() else {
+    let Some(round) = round_estimates(ms, BinnedFactor::new(&[a], &bins), [r]).pop() else {
         return pooled.to_vec();
     };
     let coarse = coarsen(pooled, &[pooled.len()], &bins);
@@ -492,8 +495,8 @@ pub fn post_stratify(ms: Measurements) -> (Measurements, DriftReport) {
     }
     let mut moves: BTreeMap<GroupRound, Vec<f64>> = BTreeMap::new();
     for ((f, bins), (dims, rounds)) in groups {
-        let group = (f.as_slice(), bins.as_slice(), dims.as_slice());
-        for (r, delta) in group_moves(&ms, group, &rounds, &weights, &one_ways) {
+        let group = BinnedFactor::new(&f, &bins);
+        for (r, delta) in group_moves(&ms, (group, &dims), &rounds, &weights, &one_ways) {
             moves.insert((f.clone(), bins.clone(), r), delta);
         }
     }
@@ -508,18 +511,19 @@ pub fn post_stratify(ms: Measurements) -> (Measurements, DriftReport) {
     (ms, report)
 }
 
-/// Per measured round, the move of table group `(f, bins)`'s tables of that round from the
-/// round's (shrunk) estimate to the population's (module docs, step 4); empty when the group
-/// does not move.
+/// Per measured round, the move of the tables of table group `group` (a factor under its bin
+/// maps, tables of shape `dims`) of that round from the round's (shrunk) estimate to the
+/// population's (module docs, step 4); empty when the group does not move.
 fn group_moves(
     ms: &Measurements,
-    (f, bins, dims): (&[usize], &[Vec<u32>], &[usize]),
+    (group, dims): (BinnedFactor<'_>, &[usize]),
     rounds: &BTreeSet<u32>,
     weights: &[(u32, f64)],
     one_ways: &[Option<BTreeMap<u32, Vec<f64>>>],
 ) -> Vec<(u32, Vec<f64>)> {
+    let f = group.attrs();
     let drifting: Vec<usize> = (0..f.len()).filter(|&i| one_ways[f[i]].is_some()).collect();
-    let per_round = round_estimates(ms, f, bins, weights.iter().map(|&(r, _)| r));
+    let per_round = round_estimates(ms, group, weights.iter().map(|&(r, _)| r));
     if per_round.is_empty() || drifting.is_empty() {
         return Vec::new();
     }
@@ -548,7 +552,7 @@ fn group_moves(
                 let reference = references[i].as_ref()?;
                 let tilde = &one_ways[f[i]].as_ref()?[&r];
                 let s: Vec<f64> = tilde.iter().zip(reference).map(|(t, x)| t - x).collect();
-                let cuts = cuts_of(bins, i);
+                let cuts = group.cuts(i);
                 Some(if cuts.is_empty() {
                     s
                 } else {

@@ -1,11 +1,13 @@
 //! The collection's 1-ways: each attribute's Norm-Sub'd combination of every table that
 //! holds it.
 
-/// Norm-Sub'd combination of every table containing each attribute at full resolution;
 use ldpsyn::factor::cuts_of;
 use ldpsyn::mechanism::norm_sub;
 
+use crate::domain::binned::BinnedFactor;
 use crate::measure::tables::Measurements;
+
+/// Norm-Sub'd combination of every table containing each attribute at full resolution;
 /// without one, the binned estimate with the most reports spread evenly within its bins;
 /// uniform if no table contains the attribute.
 pub fn one_way_estimates(ms: &Measurements) -> Vec<Vec<f64>> {
@@ -17,7 +19,10 @@ pub fn one_way_estimates(ms: &Measurements) -> Vec<Vec<f64>> {
             }
             let best = binnings(ms, &[a])
                 .into_iter()
-                .filter_map(|b| Some((ms.combined_binned(&[a], &b, |_| true, None)?, b)))
+                .filter_map(|b| {
+                    let c = ms.combined_binned(BinnedFactor::new(&[a], &b), |_| true, None)?;
+                    Some((c, b))
+                })
                 .max_by_key(|(c, _)| c.reports);
             match best {
                 Some((c, b)) => {
@@ -60,10 +65,8 @@ pub fn binnings(ms: &Measurements, attrs: &[usize]) -> Vec<Vec<Vec<u32>>> {
             out.push(b);
         }
     }
-    let cells = |b: &Vec<Vec<u32>>| -> usize {
-        ldpsyn::factor::binned_domain_sizes(dims, attrs, b)
-            .map_or(0, |s| attrs.iter().map(|&a| s[a]).product())
-    };
+    let cells =
+        |b: &Vec<Vec<u32>>| -> usize { BinnedFactor::new(attrs, b).cells_in(dims).unwrap_or(0) };
     out.sort_by(|x, y| cells(y).cmp(&cells(x)).then(x.cmp(y)));
     out
 }

@@ -20,10 +20,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use ldpsyn::Epsilon;
-use ldpsyn::factor::binned_domain_sizes;
 use ldpsyn::mechanism::{Mechanism, MechanismError, SufficientStatistics, norm_sub};
 use serde::{Deserialize, Serialize};
 
+use crate::domain::binned::BinnedFactor;
 use crate::domain::key::TableKey;
 use crate::domain::sizes::Domain;
 use crate::domain::space::{Space, WorkingKey};
@@ -145,13 +145,10 @@ impl Measurements {
                 continue;
             }
             let set: BTreeSet<usize> = key.factor.iter().copied().collect();
-            if set.len() != key.factor.len() || key.factor.iter().any(|&a| a >= domain_sizes.len())
-            {
-                return Err(TablesError::BadFactor(key.clone()));
-            }
-            let sizes = binned_domain_sizes(domain_sizes, &key.factor, &key.bins)
-                .map_err(|_| TablesError::BadFactor(key.clone()))?;
-            let dims: Vec<usize> = key.factor.iter().map(|&a| sizes[a]).collect();
+            let dims = match key.binned().sizes_in(domain_sizes) {
+                Some(dims) if set.len() == key.factor.len() => dims,
+                _ => return Err(TablesError::BadFactor(key.clone())),
+            };
             let err = |source| TablesError::Mechanism {
                 key: key.clone(),
                 source,
@@ -339,27 +336,25 @@ impl Measurements {
         keep: impl Fn(&TableKey) -> bool,
         plug: Option<&[f64]>,
     ) -> Option<Combined> {
-        self.combined_binned(attrs, &[], keep, plug)
+        self.combined_binned(BinnedFactor::full(attrs), keep, plug)
     }
 
-    /// As [`Measurements::combined_at`] for `attrs` under the bin maps `bins` (one per
-    /// attribute of `attrs`, `[]` for full resolution; an empty list: none binned): only the
-    /// tables whose maps of `attrs` are exactly these contribute, and the cells are the
-    /// product of the bins. `None` if no table fits or a map is invalid.
+    /// As [`Measurements::combined_at`] for the attributes of `f` under its bin maps: only
+    /// the tables whose maps of those attributes are exactly these contribute, and the cells
+    /// are the product of the bins. `None` if no table fits or a map is invalid.
     pub(crate) fn combined_binned(
         &self,
-        attrs: &[usize],
-        bins: &[Vec<u32>],
+        f: BinnedFactor<'_>,
         keep: impl Fn(&TableKey) -> bool,
         plug: Option<&[f64]>,
     ) -> Option<Combined> {
-        let sizes = binned_domain_sizes(self.domain.sizes(), attrs, bins).ok()?;
-        let dims: Vec<usize> = attrs.iter().map(|&a| sizes[a]).collect();
+        let attrs = f.attrs();
+        let dims = f.sizes_in(self.domain.sizes())?;
         let cells: usize = dims.iter().product();
         let uniform = vec![1.0 / cells as f64; cells];
         let mut parts: Vec<(f64, Vec<f64>, &Measurement)> = Vec::new();
         for m in self.containing(attrs) {
-            if !keep(&m.key) || !m.key.bins_are(attrs, bins) {
+            if !keep(&m.key) || !m.key.bins_are(f) {
                 continue;
             }
             // Without the finite-population correction, so that tables of one factor and

@@ -10,9 +10,10 @@ use ldpsyn::mechanism::{Mechanism, MechanismKind};
 use ldpsyn::wire::Protocol;
 
 use crate::EngineError;
+use crate::domain::binned::BinnedFactor;
 use crate::domain::sizes::Domain;
 use crate::domain::space::Space;
-use crate::domain::task::{SUB_BINS, factor_dims_in};
+use crate::domain::task::SUB_BINS;
 use crate::measure::variance::summed_randomizer_variance;
 use crate::state::{CollectionState, EngineOptions};
 
@@ -87,16 +88,15 @@ impl Context {
         &self.options
     }
 
-    /// Cells of a factor's product domain under the bin maps `bins` (empty: none binned).
-    pub(crate) fn cells(&self, factor: &[usize], bins: &[Vec<u32>]) -> usize {
-        self.factor_dims(factor, bins)
-            .map_or(usize::MAX, |d| d.iter().product())
+    /// Cells of `f`'s table in the working domain (`usize::MAX` for a factor or map that does
+    /// not fit).
+    pub(crate) fn cells(&self, f: BinnedFactor<'_>) -> usize {
+        f.cells_in(self.dims()).unwrap_or(usize::MAX)
     }
 
-    /// The lower-variance single-report oracle for a factor under the bin maps `bins`
-    /// (`MechanismKind::choose`).
-    pub(crate) fn best_oracle(&self, factor: &[usize], bins: &[Vec<u32>]) -> MechanismKind {
-        MechanismKind::choose(self.epsilon, self.cells(factor, bins))
+    /// The lower-variance single-report oracle for `f` (`MechanismKind::choose`).
+    pub(crate) fn best_oracle(&self, f: BinnedFactor<'_>) -> MechanismKind {
+        MechanismKind::choose(self.epsilon, self.cells(f))
     }
 
     /// This context in the working space of `state`: the schema's, with the working bins an
@@ -123,31 +123,25 @@ impl Context {
         self.options.sub_bins.unwrap_or(SUB_BINS).max(1)
     }
 
-    /// Domain sizes of `factor`'s attributes under the bin maps `bins` (factor order); `None`
-    /// for an attribute outside the schema or an invalid map.
-    pub(crate) fn factor_dims(&self, factor: &[usize], bins: &[Vec<u32>]) -> Option<Vec<usize>> {
-        factor_dims_in(self.dims(), factor, bins)
+    /// Shape of `f`'s table in the working domain (factor order); `None` for an attribute
+    /// outside the schema or an invalid map ([`BinnedFactor::sizes_in`]).
+    pub(crate) fn factor_dims(&self, f: BinnedFactor<'_>) -> Option<Vec<usize>> {
+        f.sizes_in(self.dims())
     }
 
-    /// The mechanism a report of factor `f` under the bin maps `bins` uses (its best oracle),
-    /// with the factor's binned domain sizes; `None` for a factor or map that does not fit.
-    fn best_mechanism(&self, f: &[usize], bins: &[Vec<u32>]) -> Option<(Mechanism, Vec<usize>)> {
-        let dims = self.factor_dims(f, bins)?;
-        let m = Mechanism::new(self.best_oracle(f, bins), self.epsilon, &dims).ok()?;
+    /// The mechanism a report of `f` uses (its best oracle), with the shape of its table;
+    /// `None` for a factor or map that does not fit.
+    fn best_mechanism(&self, f: BinnedFactor<'_>) -> Option<(Mechanism, Vec<usize>)> {
+        let dims = self.factor_dims(f)?;
+        let m = Mechanism::new(self.best_oracle(f), self.epsilon, &dims).ok()?;
         Some((m, dims))
     }
 
-    /// Standard error of every cell of factor `f` measured by `n` reports with its best
+    /// Standard error of every cell of `f`'s table measured by `n` reports with its best
     /// oracle, when its marginal is `at` (one variance model: randomizer + sampling).
-    pub(crate) fn cell_std_errors(
-        &self,
-        f: &[usize],
-        bins: &[Vec<u32>],
-        at: &[f64],
-        n: f64,
-    ) -> Vec<f64> {
+    pub(crate) fn cell_std_errors(&self, f: BinnedFactor<'_>, at: &[f64], n: f64) -> Vec<f64> {
         let n = n.max(1.0);
-        let Some((m, _)) = self.best_mechanism(f, bins) else {
+        let Some((m, _)) = self.best_mechanism(f) else {
             return vec![f64::INFINITY; at.len()];
         };
         // Exact randomizer variances are linear in 1/n: evaluate at one report and scale.
@@ -161,39 +155,24 @@ impl Context {
             .collect()
     }
 
-    /// Expected L1 error `√(2/π)·Σ_cells σ` of factor `f` under the bin maps `bins`
-    /// measured by `n` reports with its best oracle, when its (binned) marginal is `at`
-    /// (before any projection).
-    pub(crate) fn expected_noise_l1(
-        &self,
-        f: &[usize],
-        bins: &[Vec<u32>],
-        at: &[f64],
-        n: f64,
-    ) -> f64 {
-        (2.0 / std::f64::consts::PI).sqrt()
-            * self.cell_std_errors(f, bins, at, n).iter().sum::<f64>()
+    /// Expected L1 error `√(2/π)·Σ_cells σ` of `f`'s table measured by `n` reports with its
+    /// best oracle, when its (binned) marginal is `at` (before any projection).
+    pub(crate) fn expected_noise_l1(&self, f: BinnedFactor<'_>, at: &[f64], n: f64) -> f64 {
+        (2.0 / std::f64::consts::PI).sqrt() * self.cell_std_errors(f, at, n).iter().sum::<f64>()
     }
 
-    /// Expected L1 error `√(2/π)·Σ_cells σ` of the marginal of `target` (attributes of
-    /// `factor`) when it is summed from one table of `factor` under the bin maps `bins`
-    /// (factor order) measured by `n` reports with the factor's best oracle, at a uniform
-    /// marginal of `target`: the one variance model (the randomizer's variance summed over
-    /// the factor's cells that merge into one target cell, plus sampling). Infinite for a
-    /// factor or target that does not fit the schema.
-    pub(crate) fn marginal_noise_l1(
-        &self,
-        factor: &[usize],
-        bins: &[Vec<u32>],
-        target: &[usize],
-        n: f64,
-    ) -> f64 {
-        let Some((m, dims)) = self.best_mechanism(factor, bins) else {
+    /// Expected L1 error `√(2/π)·Σ_cells σ` of the marginal of `target` (attributes of `f`)
+    /// when it is summed from one table of `f` measured by `n` reports with its best oracle,
+    /// at a uniform marginal of `target`: the one variance model (the randomizer's variance
+    /// summed over the table's cells that merge into one target cell, plus sampling).
+    /// Infinite for a factor or target that does not fit the schema.
+    pub(crate) fn marginal_noise_l1(&self, f: BinnedFactor<'_>, target: &[usize], n: f64) -> f64 {
+        let Some((m, dims)) = self.best_mechanism(f) else {
             return f64::INFINITY;
         };
         let mut target_cells = 1usize;
         for t in target {
-            match factor.iter().position(|a| a == t) {
+            match f.attrs().iter().position(|a| a == t) {
                 Some(i) => target_cells *= dims[i],
                 None => return f64::INFINITY,
             }

@@ -24,6 +24,7 @@ use ldpsyn::mechanism::{Mechanism, MechanismError};
 use ldpsyn::wire::PrivIncrParams;
 
 use crate::EngineError;
+use crate::domain::binned::BinnedFactor;
 use crate::domain::key::TableKey;
 use crate::domain::space::UNRESOLVED_BIN_Z;
 use crate::domain::task::TaskSpec;
@@ -257,7 +258,7 @@ pub(crate) fn one_way_choices(ctx: &Context, state: &CollectionState) -> TaskCho
             .map(|a| TaskSpec {
                 round: state.round,
                 factor: vec![a],
-                mechanism: ctx.best_oracle(&[a], &[]),
+                mechanism: ctx.best_oracle(BinnedFactor::full(&[a])),
                 bins: vec![],
             })
             .collect(),

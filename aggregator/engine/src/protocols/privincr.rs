@@ -25,6 +25,7 @@ use super::{
     one_way_choices, one_way_state, plan_structure, round_quota,
 };
 use crate::EngineError;
+use crate::domain::binned::BinnedFactor;
 use crate::domain::task::{MAX_PAIR_CELLS, TaskSpec};
 use crate::graph::{Edge, edge};
 use crate::measure::tables::Tables;
@@ -199,7 +200,7 @@ impl CollectionProtocol for PrivIncr {
                 conditional_scopes(&plan_structure(ctx, s, sigma, false))
                     .into_iter()
                     .map(|f| PlannedFactor {
-                        weight: ctx.cells(&f, &[]) as f64,
+                        weight: ctx.cells(BinnedFactor::full(&f)) as f64,
                         factor: f,
                         mechanism: MechanismKind::Oue,
                         bins: vec![],

@@ -13,11 +13,11 @@
 const NULL_MAGNITUDE: f64 = 0.342_624;
 use std::collections::BTreeSet;
 
-use ldpsyn::factor::cuts_of;
 use ldpsyn::mechanism::norm_sub;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
 
+use crate::domain::binned::BinnedFactor;
 use crate::domain::key::TableKey;
 use crate::measure::one_way::binnings;
 use crate::measure::tables::{Combined, Measurements};
@@ -213,16 +213,15 @@ pub fn best_pair_gain(
     binnings(ms, &[a, b])
         .into_iter()
         .filter_map(|bins| {
-            Some((
-                pair_gain_binned(ms, one_way, a, b, &bins, null, judge)?,
-                bins,
-            ))
+            let ab = [a, b];
+            let pair = BinnedFactor::new(&ab, &bins);
+            Some((pair_gain_binned(ms, one_way, pair, null, judge)?, bins))
         })
         .max_by(|x, y| x.0.gain().total_cmp(&y.0.gain()))
 }
 
-/// [`PairGain`] of `(a, b)` under the bin maps `bins` (`[map of a, map of b]`, or empty for
-/// full resolution), from the tables that measured the pair under exactly these maps: the
+/// [`PairGain`] of a pair `(a, b)` under its bin maps (`pair`, `a < b`; `None` for a factor
+/// of another length), from the tables that measured the pair under exactly these maps: the
 /// dependence and noise of the binned pair, against the binned product of the 1-ways (a
 /// binned pair shows at most the dependence of the full one). The dependence comes from the
 /// tables `judge` accepts, the noise of the kept pair from all of them (the fit sees them
@@ -241,14 +240,15 @@ pub fn best_pair_gain(
 pub fn pair_gain_binned(
     ms: &Measurements,
     one_way: &[Vec<f64>],
-    a: usize,
-    b: usize,
-    bins: &[Vec<u32>],
+    pair: BinnedFactor<'_>,
     null: Null,
     judge: impl Fn(&TableKey) -> bool,
 ) -> Option<PairGain> {
+    let &[a, b] = pair.attrs() else {
+        return None;
+    };
     let dims = ms.domain_sizes();
-    let fits = |k: &TableKey| k.bins_are(&[a, b], bins);
+    let fits = |k: &TableKey| k.bins_are(pair);
     let mut rounds: BTreeSet<u32> = ms
         .containing(&[a, b])
         .filter(|m| fits(&m.key) && judge(&m.key))
@@ -267,15 +267,15 @@ pub fn pair_gain_binned(
             .then(|| same_people_one_way(ms, x, &rounds))
             .flatten();
         let p = same.as_deref().unwrap_or(&one_way[x]);
-        coarsen(p, &[dims[x]], &[cuts_of(bins, i).to_vec()])
+        coarsen(p, &[dims[x]], &[pair.cuts(i).to_vec()])
     };
     let (one_a, one_b) = (one(a, 0), one(b, 1));
     let interaction_share = interaction_share(one_a.len(), one_b.len());
     let null = outer(&one_a, &one_b);
     let c = if judged {
-        ms.combined_binned(&[a, b], bins, judge, Some(&null))?
+        ms.combined_binned(pair, judge, Some(&null))?
     } else {
-        ms.combined_binned(&[a, b], bins, |_| true, Some(&null))?
+        ms.combined_binned(pair, |_| true, Some(&null))?
     };
     let projected = norm_sub(&c.frequencies);
     let observed_l1 = projected
@@ -293,7 +293,7 @@ pub fn pair_gain_binned(
         .map(|((y, x), s)| ((y - x).powi(2) - s * s).max(0.0).sqrt() - NULL_MAGNITUDE * s)
         .sum::<f64>();
     let dependence_sd = dependence_sd(c.std_errors.iter().copied());
-    let noise_l1 = kept_noise_l1(ms, a, b, bins, &projected)?;
+    let noise_l1 = kept_noise_l1(ms, pair, &projected)?;
     let raw_cells: Vec<NullCell> = (c.frequencies.iter().zip(&null).zip(&c.std_errors))
         .map(|((y, x), s)| NullCell {
             null: *x,
@@ -353,16 +353,14 @@ pub fn same_people_one_way(
     Some(norm_sub(&pooled))
 }
 
-/// The error a kept pair `(a, b)` brings: the L1 noise around its projected estimate
-/// `projected`, with standard errors evaluated there. `None` if no table holds the pair.
-fn kept_noise_l1(
-    ms: &Measurements,
-    a: usize,
-    b: usize,
-    bins: &[Vec<u32>],
-    projected: &[f64],
-) -> Option<f64> {
-    let at_estimate = ms.combined_binned(&[a, b], bins, |_| true, Some(projected))?;
+/// The error a kept pair `(a, b)` (under its bin maps) brings: the L1 noise around its
+/// projected estimate `projected`, with standard errors evaluated there. `None` if no table
+/// holds the pair.
+fn kept_noise_l1(ms: &Measurements, pair: BinnedFactor<'_>, projected: &[f64]) -> Option<f64> {
+    let &[a, b] = pair.attrs() else {
+        return None;
+    };
+    let at_estimate = ms.combined_binned(pair, |_| true, Some(projected))?;
     Some(projected_noise_l1(
         projected,
         &at_estimate.std_errors,
@@ -413,7 +411,7 @@ pub fn pair_gain_own_margins(ms: &Measurements, a: usize, b: usize) -> Option<Pa
         .zip(outer(&pa, &pb))
         .map(|(p, x)| (p - x).abs())
         .sum::<f64>();
-    let noise_l1 = kept_noise_l1(ms, a, b, &[], &projected)?;
+    let noise_l1 = kept_noise_l1(ms, BinnedFactor::full(&[a, b]), &projected)?;
     // Against the table's own margins the residual has no margin component: its cells are
     // the interaction already, with their null variances.
     let cells = (y.iter().zip(&raw_null).zip(&null_var))
@@ -729,7 +727,14 @@ mod tests {
         // The collection's 1-ways, as the callers pass them: `a` is half early, half late.
         let one = one_way_estimates(&ms);
         assert!((one[0][0] - 0.4).abs() < 0.05, "{:?}", one[0]);
-        let g = pair_gain_binned(&ms, &one, 0, 1, &[], Null::SamePeople, |_| true).unwrap();
+        let g = pair_gain_binned(
+            &ms,
+            &one,
+            BinnedFactor::full(&[0, 1]),
+            Null::SamePeople,
+            |_| true,
+        )
+        .unwrap();
         assert!(
             g.dependence < 2.0 * g.dependence_sd,
             "an independent pair gains {} (sd {})",
@@ -737,7 +742,14 @@ mod tests {
             g.dependence_sd
         );
         // Against the collection's 1-ways the drift reads as a dependence of ~0.6.
-        let c = pair_gain_binned(&ms, &one, 0, 1, &[], Null::Collection, |_| true).unwrap();
+        let c = pair_gain_binned(
+            &ms,
+            &one,
+            BinnedFactor::full(&[0, 1]),
+            Null::Collection,
+            |_| true,
+        )
+        .unwrap();
         assert!(c.dependence > 0.4, "{}", c.dependence);
         // A pair measured in the same round as the 1-ways is still judged against them.
         let mut same = Tables::new();
@@ -747,7 +759,14 @@ mod tests {
         same.insert(key(0, vec![0, 1]), grr_table(&dims, &joint, 20_000, 6));
         let ms = Measurements::new(Epsilon::new(6.0).unwrap(), &dims, &same).unwrap();
         let one = one_way_estimates(&ms);
-        let g = pair_gain_binned(&ms, &one, 0, 1, &[], Null::SamePeople, |_| true).unwrap();
+        let g = pair_gain_binned(
+            &ms,
+            &one,
+            BinnedFactor::full(&[0, 1]),
+            Null::SamePeople,
+            |_| true,
+        )
+        .unwrap();
         assert!(
             g.dependence > 0.3,
             "a dependent pair gains {}",

@@ -1,6 +1,7 @@
 //! `auto`'s phase-2 allocation: reports per factor in proportion to its weight in the
 //! predicted error, counting what earlier rounds already measured.
 
+use crate::domain::binned::BinnedFactor;
 use crate::measure::measurement::Measurement;
 use crate::measure::tables::Measurements;
 use crate::protocols::context::Context;
@@ -55,7 +56,10 @@ pub(super) fn equivalent_reports(
         .iter()
         .map(|v| v.max(0.0).sqrt())
         .sum();
-    let working: f64 = ctx.cell_std_errors(&[a], &[], at, n).iter().sum();
+    let working: f64 = ctx
+        .cell_std_errors(BinnedFactor::full(&[a]), at, n)
+        .iter()
+        .sum();
     if own > 0.0 && working.is_finite() {
         n * (working / own).powi(2).min(1.0)
     } else {

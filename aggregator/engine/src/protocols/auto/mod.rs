@@ -140,6 +140,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
+    use crate::domain::binned::BinnedFactor;
     use crate::domain::sizes::Domain;
     use crate::engine::Engine;
     use crate::graph::{Edge, EdgeState};
@@ -292,7 +293,7 @@ mod tests {
     fn repeating_the_screening_design_keeps_the_total() {
         let engine = auto_engine(vec![2; 4], 2.0, 10_000);
         let planned = |factor: Vec<usize>, weight: f64| PlannedFactor {
-            mechanism: engine.context().best_oracle(&factor, &[]),
+            mechanism: engine.context().best_oracle(BinnedFactor::full(&factor)),
             factor,
             bins: Vec::new(),
             weight,
@@ -334,8 +335,9 @@ mod tests {
         let (x, y) = (strata(0.2, 0.6), strata(0.7, -0.5));
         let all: Vec<(u32, f64)> = (0..3u32).map(|r| (r, shares[r as usize])).collect();
         let seen = &all[..2];
-        let whole = mixture_dependence(&all, Some(&x), Some(&y), &[]);
-        let early = mixture_dependence(seen, Some(&x), Some(&y), &[]);
+        let full = BinnedFactor::full(&[0, 1]);
+        let whole = mixture_dependence(&all, Some(&x), Some(&y), full);
+        let early = mixture_dependence(seen, Some(&x), Some(&y), full);
         let ratio = drift_extrapolation(&shares[..2], shares[2]);
         assert!((ratio - 14.0 / 3.0).abs() < 1e-12, "{ratio}");
         assert!(
@@ -344,10 +346,15 @@ mod tests {
         );
         // No drift, no between-round dependence; nothing to come, nothing to extrapolate.
         let flat = strata(0.3, 0.0);
-        assert_eq!(mixture_dependence(&all, Some(&flat), Some(&y), &[]), 0.0);
+        assert_eq!(mixture_dependence(&all, Some(&flat), Some(&y), full), 0.0);
         assert_eq!(drift_extrapolation(&[0.2, 0.3], 0.0), 1.0);
         // Empty bin maps are full resolution.
-        let whole_bin = mixture_dependence(&all, Some(&x), Some(&y), &[vec![], vec![]]);
+        let whole_bin = mixture_dependence(
+            &all,
+            Some(&x),
+            Some(&y),
+            BinnedFactor::new(&[0, 1], &[vec![], vec![]]),
+        );
         assert!((whole_bin - whole).abs() < 1e-12);
     }
 
@@ -362,7 +369,7 @@ mod tests {
         let engine = auto_engine(vec![2; 4], 4.0, 100_000);
         let ctx = engine.context();
         let factor = |f: Vec<usize>, n: f64| PlannedFactor {
-            mechanism: ctx.best_oracle(&f, &[]),
+            mechanism: ctx.best_oracle(BinnedFactor::full(&f)),
             factor: f,
             bins: Vec::new(),
             weight: n,
@@ -406,7 +413,7 @@ mod tests {
         assert!((w.iter().sum::<f64>() - 1.0).abs() < 1e-12, "{w:?}");
         assert!(w[2] > w[3] && w[3] > w[1] && w[1] > w[0], "{w:?}");
         let g: Vec<f64> = (0..4)
-            .map(|a| ctx.marginal_noise_l1(&[a], &[], &[a], 1.0))
+            .map(|a| ctx.marginal_noise_l1(BinnedFactor::full(&[a]), &[a], 1.0))
             .collect();
         let cost = |w: &[f64]| g.iter().zip(w).map(|(g, n)| g / n.sqrt()).sum::<f64>();
         for (a, b) in [(0, 2), (1, 3), (2, 1)] {

@@ -3,6 +3,7 @@
 //! [`super::screening`], [`super::selection`] and [`super::allocation`].
 
 use crate::EngineError;
+use crate::domain::binned::BinnedFactor;
 use crate::domain::task::TaskSpec;
 use crate::graph::Edge;
 use crate::measure::drift::one_way_drift;
@@ -74,7 +75,7 @@ impl CollectionProtocol for Auto {
             .into_iter()
             .map(|(factor, bins)| TaskSpec {
                 round: state.round,
-                mechanism: ctx.best_oracle(&factor, &bins),
+                mechanism: ctx.best_oracle(BinnedFactor::new(&factor, &bins)),
                 factor,
                 bins,
             })
@@ -239,7 +240,10 @@ fn selected_for_phase2(state: &CollectionState, pair: Edge) -> bool {
 /// (`benchmarks/sweeps/one-way-shares.md`).
 pub(super) fn one_way_weights(ctx: &Context) -> Vec<f64> {
     let g: Vec<f64> = (0..ctx.dims().len())
-        .map(|a| ctx.marginal_noise_l1(&[a], &[], &[a], 1.0).powf(2.0 / 3.0))
+        .map(|a| {
+            ctx.marginal_noise_l1(BinnedFactor::full(&[a]), &[a], 1.0)
+                .powf(2.0 / 3.0)
+        })
         .collect();
     let total: f64 = g.iter().sum();
     g.iter().map(|x| x / total).collect()

@@ -4,11 +4,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use ldpsyn::factor::cuts_of;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha12Rng;
 
+use crate::domain::binned::BinnedFactor;
 use crate::domain::sizes::Domain;
 use crate::domain::space::{equal_mass_cuts, equal_width_cuts};
 use crate::graph::{Edge, EdgeState};
@@ -132,7 +132,7 @@ pub(super) fn repeat_screening(
         {
             Some(f) => f.weight += each,
             None => factors.push(PlannedFactor {
-                mechanism: ctx.best_oracle(&factor, &bins),
+                mechanism: ctx.best_oracle(BinnedFactor::new(&factor, &bins)),
                 factor,
                 bins,
                 weight: each,
@@ -196,7 +196,9 @@ pub(super) fn repeat_pays(
                 .find(|e| (e.a, e.b) == (a, b))
                 .map(|e| e.bins.clone())
                 .unwrap_or_default();
-            let m = mixture_dependence(weights, strata[a].as_ref(), strata[b].as_ref(), &bins);
+            let ab = [a, b];
+            let pair = BinnedFactor::new(&ab, &bins);
+            let m = mixture_dependence(weights, strata[a].as_ref(), strata[b].as_ref(), pair);
             (extrapolation * m - ap.powf(1.5) / each.sqrt()).max(0.0)
         })
         .sum();
@@ -236,21 +238,21 @@ pub(super) fn drift_extrapolation(seen: &[f64], rest: f64) -> f64 {
 }
 
 /// `‖Σ_r w_r x_r ⊗ y_r − x̄ ⊗ ȳ‖₁` over the rounds of `weights` that hold both 1-ways (`w_r`
-/// normalized over them, `x̄ = Σ_r w_r x_r`), each 1-way coarsened by its attribute's bin map
-/// in `bins` (`[map of a, map of b]`, empty: full resolution): the dependence a pair's
-/// population table holds because its rounds differ (0 without per-round 1-ways).
+/// normalized over them, `x̄ = Σ_r w_r x_r`; `x`, `y` the per-round 1-ways of the pair
+/// `(a, b)`), each 1-way coarsened by its attribute's bin map in `pair`: the dependence a
+/// pair's population table holds because its rounds differ (0 without per-round 1-ways).
 pub(super) fn mixture_dependence(
     weights: &[(u32, f64)],
     x: Option<&RoundOneWays>,
     y: Option<&RoundOneWays>,
-    bins: &[Vec<u32>],
+    pair: BinnedFactor<'_>,
 ) -> f64 {
     let (Some(x), Some(y)) = (x, y) else {
         return 0.0;
     };
-    let coarse = |v: &Vec<f64>, i: usize| match bins.get(i) {
-        Some(cuts) if !cuts.is_empty() => coarsen(v, &[v.len()], std::slice::from_ref(cuts)),
-        _ => v.clone(),
+    let coarse = |v: &Vec<f64>, i: usize| match pair.cuts(i) {
+        [] => v.clone(),
+        cuts => coarsen(v, &[v.len()], &[cuts.to_vec()]),
     };
     // Per round holding both: (share, x_r, y_r).
     let rounds: Vec<(f64, Vec<f64>, Vec<f64>)> = weights
@@ -361,7 +363,7 @@ impl Auto {
             let bins = pair_bins(one_way, (a, dims[a], ka), (b, dims[b], kb));
             let uniform = vec![1.0 / (ka * kb) as f64; ka * kb];
             let ceiling = 2.0 * (1.0 - 1.0 / ka.min(kb) as f64);
-            let noise = ctx.expected_noise_l1(&[a, b], &bins, &uniform, n_ref);
+            let noise = ctx.expected_noise_l1(BinnedFactor::new(&[a, b], &bins), &uniform, n_ref);
             if noise < budget.min(ceiling) {
                 return Some(bins);
             }
@@ -428,6 +430,7 @@ impl Auto {
             let share = 1.0 / tasks.len() as f64;
             let mut precision: BTreeMap<Edge, f64> = BTreeMap::new();
             for (f, bins) in tasks {
+                let task = BinnedFactor::new(f, bins);
                 for e in &active {
                     let (Some(i), Some(j)) = (
                         f.iter().position(|&x| x == e.a),
@@ -435,7 +438,7 @@ impl Auto {
                     ) else {
                         continue;
                     };
-                    let of = |k: usize| cuts_of(bins, k);
+                    let of = |k: usize| task.cuts(k);
                     let same_bins = if e.bins.is_empty() {
                         of(i).is_empty() && of(j).is_empty()
                     } else {
@@ -444,7 +447,7 @@ impl Auto {
                     if !same_bins {
                         continue;
                     }
-                    let k = ctx.marginal_noise_l1(f, bins, &[e.a, e.b], 1.0);
+                    let k = ctx.marginal_noise_l1(task, &[e.a, e.b], 1.0);
                     *precision.entry((e.a, e.b)).or_default() += share / (k * k);
                 }
             }

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeSet;
 
+use crate::domain::binned::BinnedFactor;
 use crate::graph::{Edge, edge};
 use crate::measure::one_way::one_way_estimates;
 use crate::measure::tables::Measurements;
@@ -62,9 +63,9 @@ impl Auto {
         let n_ref = (n2 / d as f64).max(1.0);
         // The share of a table's noise that its simplex projection keeps, at a tree-sized
         // phase-2 allocation (sparse and skewed tables lose much of their noise to it).
-        let kept_share = |f: &[usize], bins: &[Vec<u32>], at: &[f64], seed: u64| {
-            let sigma = ctx.cell_std_errors(f, bins, at, n_ref);
-            let raw = ctx.expected_noise_l1(f, bins, at, n_ref);
+        let kept_share = |f: BinnedFactor<'_>, at: &[f64], seed: u64| {
+            let sigma = ctx.cell_std_errors(f, at, n_ref);
+            let raw = ctx.expected_noise_l1(f, at, n_ref);
             let kept = projected_noise_l1(at, &sigma, seed);
             if raw > 0.0 {
                 (kept / raw).min(1.0)
@@ -73,15 +74,16 @@ impl Auto {
             }
         };
         // A 1-way's seed apart from every pair's (pair indices are below 2^32).
-        let allocation = |f: &[usize], at: &[f64], w: f64| {
-            let share = kept_share(f, &[], at, u64::MAX - f[0] as u64);
-            (w * share * ctx.expected_noise_l1(f, &[], at, 1.0)).powf(2.0 / 3.0)
+        let allocation = |a: usize, at: &[f64], w: f64| {
+            let f = BinnedFactor::full(std::slice::from_ref(&a));
+            let share = kept_share(f, at, u64::MAX - a as u64);
+            (w * share * ctx.expected_noise_l1(f, at, 1.0)).powf(2.0 / 3.0)
         };
         let mut factors: Vec<PlannedFactor> = (0..d)
             .map(|a| PlannedFactor {
                 factor: vec![a],
-                mechanism: ctx.best_oracle(&[a], &[]),
-                weight: allocation(&[a], &one[a], (d - 1).max(1) as f64),
+                mechanism: ctx.best_oracle(BinnedFactor::full(&[a])),
+                weight: allocation(a, &one[a], (d - 1).max(1) as f64),
                 bins: Vec::new(),
             })
             .collect();
@@ -102,14 +104,15 @@ impl Auto {
             if !e.active {
                 continue;
             }
-            let Some(g) = pair_gain_binned(ms, &one, e.a, e.b, &e.bins, Null::SamePeople, |_| true)
-            else {
+            let ab = [e.a, e.b];
+            let pair = BinnedFactor::new(&ab, &e.bins);
+            let Some(g) = pair_gain_binned(ms, &one, pair, Null::SamePeople, |_| true) else {
                 continue;
             };
             e.reports = ms
-                .combined_binned(&[e.a, e.b], &e.bins, |_| true, None)
+                .combined_binned(pair, |_| true, None)
                 .map_or(0, |c| c.reports);
-            let Some(pdims) = ctx.factor_dims(&[e.a, e.b], &e.bins) else {
+            let Some(pdims) = ctx.factor_dims(pair) else {
                 continue;
             };
             e.mi = Some(mutual_information(&g.projected, pdims[0], pdims[1]));
@@ -117,10 +120,9 @@ impl Auto {
             // simplex projection leaves at a tree-sized phase-2 allocation (sparse tables
             // lose much of their noise to it), times its interaction's share (the fit pins
             // the pair's margins with every table of its attributes).
-            let f = [e.a, e.b];
             let at = &g.projected;
-            let k = ctx.expected_noise_l1(&f, &e.bins, at, 1.0);
-            let shrink = kept_share(&f, &e.bins, at, i as u64);
+            let k = ctx.expected_noise_l1(pair, at, 1.0);
+            let shrink = kept_share(pair, at, i as u64);
             let a = (g.interaction_share * shrink * k).powf(2.0 / 3.0);
             screened.push((i, g, a));
         }
@@ -187,7 +189,7 @@ impl Auto {
             let bins = edges[i].bins.clone();
             factors.push(PlannedFactor {
                 factor: vec![e.0, e.1],
-                mechanism: ctx.best_oracle(&[e.0, e.1], &bins),
+                mechanism: ctx.best_oracle(BinnedFactor::new(&[e.0, e.1], &bins)),
                 weight: a,
                 bins,
             });

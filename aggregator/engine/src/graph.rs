@@ -7,8 +7,53 @@
 //! the edge set.
 
 use std::collections::BTreeSet;
+use std::ops::Deref;
 
 use serde::{Deserialize, Serialize};
+
+/// A set of attributes whose joint table the model keeps (a maximal clique of the
+/// triangulated dependency graph, or a part of one): attribute indices, sorted and without
+/// repeats. Its table is row-major over the attributes in this order; it reads as the sorted
+/// slice of its attributes (`Deref<Target = [usize]>`) and is stored as that list.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[serde(from = "Vec<usize>", into = "Vec<usize>")]
+pub struct Clique(Vec<usize>);
+
+impl Clique {
+    /// The clique of `attrs` (sorted, repeats dropped).
+    pub fn new(attrs: impl IntoIterator<Item = usize>) -> Self {
+        let mut v: Vec<usize> = attrs.into_iter().collect();
+        v.sort_unstable();
+        v.dedup();
+        Self(v)
+    }
+
+    /// The attributes, sorted.
+    pub fn attrs(&self) -> &[usize] {
+        &self.0
+    }
+}
+
+impl Deref for Clique {
+    type Target = [usize];
+
+    fn deref(&self) -> &[usize] {
+        &self.0
+    }
+}
+
+impl From<Vec<usize>> for Clique {
+    /// Sorts and drops repeats ([`Clique::new`]): a stored list is a clique whatever its order.
+    fn from(attrs: Vec<usize>) -> Self {
+        Self::new(attrs)
+    }
+}
+
+impl From<Clique> for Vec<usize> {
+    fn from(c: Clique) -> Self {
+        c.0
+    }
+}
 
 /// One attribute pair and what phase 1 decided about it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -108,12 +153,8 @@ pub(crate) fn triangulate(d: usize, edges: &BTreeSet<Edge>) -> (BTreeSet<Edge>, 
 
 /// Maximal cliques of a chordal graph given a perfect elimination order (as returned by
 /// [`triangulate`]): each vertex with its neighbours eliminated after it, minus the
-/// non-maximal ones. Cliques are sorted attribute lists, in sorted order.
-pub(crate) fn maximal_cliques(
-    d: usize,
-    chordal: &BTreeSet<Edge>,
-    order: &[usize],
-) -> Vec<Vec<usize>> {
+/// non-maximal ones, in sorted order.
+pub(crate) fn maximal_cliques(d: usize, chordal: &BTreeSet<Edge>, order: &[usize]) -> Vec<Clique> {
     let adj = adjacency(d, chordal);
     let mut pos = vec![0usize; d];
     for (i, &v) in order.iter().enumerate() {
@@ -138,7 +179,7 @@ pub(crate) fn maximal_cliques(
             out.push(c);
         }
     }
-    let mut cliques: Vec<Vec<usize>> = out.into_iter().map(|c| c.into_iter().collect()).collect();
+    let mut cliques: Vec<Clique> = out.into_iter().map(Clique::new).collect();
     cliques.sort();
     cliques
 }
@@ -146,8 +187,8 @@ pub(crate) fn maximal_cliques(
 /// A junction tree (forest) over cliques.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JunctionTree {
-    /// Maximal cliques (sorted attribute lists).
-    pub cliques: Vec<Vec<usize>>,
+    /// Maximal cliques.
+    pub cliques: Vec<Clique>,
     /// Tree edges between clique indices `(i, j)`, `i < j`, each with a non-empty separator.
     pub edges: Vec<(usize, usize)>,
 }
@@ -197,7 +238,12 @@ impl JunctionTree {
     /// containing it form a connected subtree (tests).
     #[cfg(test)]
     pub(crate) fn has_running_intersection(&self) -> bool {
-        let attrs: BTreeSet<usize> = self.cliques.iter().flatten().copied().collect();
+        let attrs: BTreeSet<usize> = self
+            .cliques
+            .iter()
+            .flat_map(|c| c.iter())
+            .copied()
+            .collect();
         for a in attrs {
             let holders: Vec<usize> = (0..self.cliques.len())
                 .filter(|&i| self.cliques[i].contains(&a))
@@ -229,7 +275,7 @@ impl JunctionTree {
 
 /// Junction tree of the cliques: Kruskal's maximum spanning forest on separator size
 /// (candidate edges with an empty separator are never used; ties by clique indices).
-pub fn junction_tree(cliques: Vec<Vec<usize>>) -> JunctionTree {
+pub fn junction_tree(cliques: Vec<Clique>) -> JunctionTree {
     let k = cliques.len();
     let mut cand = Vec::new();
     for i in 0..k {
@@ -370,7 +416,19 @@ mod tests {
         assert!(jt.cliques.iter().all(|c| c.len() == 3));
         assert_eq!(jt.edges.len(), 1);
         let empty = build_junction_tree(3, &BTreeSet::new());
-        assert_eq!(empty.cliques, vec![vec![0], vec![1], vec![2]]);
+        assert_eq!(empty.cliques, [0, 1, 2].map(|a| Clique::new([a])));
         assert!(empty.edges.is_empty());
+    }
+
+    /// A junction tree is stored with its cliques as plain lists (the states and model
+    /// descriptions written before `Clique` load), and a stored list is read as a clique.
+    #[test]
+    fn cliques_are_stored_as_lists() {
+        let jt = build_junction_tree(3, &[(0, 1), (1, 2)].into_iter().collect());
+        let text = serde_json::to_string(&jt).unwrap();
+        assert_eq!(text, r#"{"cliques":[[0,1],[1,2]],"edges":[[0,1]]}"#);
+        assert_eq!(serde_json::from_str::<JunctionTree>(&text).unwrap(), jt);
+        let unsorted: Clique = serde_json::from_str("[2, 0, 2]").unwrap();
+        assert_eq!(unsorted.attrs(), &[0, 2]);
     }
 }

@@ -98,13 +98,13 @@ pub mod tuning;
 
 pub use domain::binned::BinnedFactor;
 pub use domain::key::TableKey;
-pub use domain::sizes::{Clique, Domain};
+pub use domain::sizes::Domain;
 pub use domain::space::Space;
 pub use domain::task::TaskSpec;
 pub use engine::{Engine, MAX_ATTRIBUTES, TaskSampler};
 pub use fit::joint::{FittedJoint, JointSource};
 pub use fit::residuals::{FitResiduals, TableResidual};
-pub use graph::{Edge, EdgeState, JunctionTree};
+pub use graph::{Clique, Edge, EdgeState, JunctionTree};
 pub use measure::drift::{AttributeDrift, DriftReport};
 pub use measure::measurement::Measurement;
 pub use measure::tables::{Combined, Measurements, Tables, TablesError};

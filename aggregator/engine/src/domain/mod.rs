@@ -1,5 +1,5 @@
 //! Layer 2: what a collection's attributes are: schema codes and working bins ([`space`]),
-//! the working domain's sizes and cliques of attributes ([`sizes`]), tasks ([`task`]),
+//! the working domain's sizes ([`sizes`]), tasks ([`task`]),
 //! the key of a table ([`key`]) and a factor with its bin maps ([`binned`]).
 
 pub(crate) mod binned;
@@ -9,4 +9,4 @@ pub mod space;
 pub(crate) mod task;
 
 pub use binned::BinnedFactor;
-pub use sizes::{Clique, Domain};
+pub use sizes::Domain;

@@ -1,11 +1,12 @@
 //! The working domain as a value: every attribute's number of working bins ([`Domain`]),
-//! and a set of attributes whose joint table the model keeps ([`Clique`]).
+//! and the cells of a [`Clique`]'s table in it.
 //!
 //! Layers below this one ([`crate::numeric`], [`crate::graph`]) take the same sizes as a
-//! plain `&[usize]` ([`Domain::sizes`]) and cliques as sorted `Vec<usize>`
-//! ([`crate::graph::JunctionTree::cliques`]).
+//! plain `&[usize]` ([`Domain::sizes`]).
 
 use std::ops::Index;
+
+use crate::graph::Clique;
 
 /// The attributes' sizes in the working space: per attribute (by index, in schema order) its
 /// number of working bins, i.e. of codes when it is not binned ([`crate::Space::dims`]).
@@ -111,50 +112,10 @@ impl Index<usize> for Domain {
     }
 }
 
-/// A set of attributes whose joint table the model keeps (a maximal clique of the
-/// triangulated dependency graph, or a part of one): attribute indices, sorted and without
-/// repeats. Its table is row-major over the attributes in this order.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct Clique(Vec<usize>);
-
 impl Clique {
-    /// The clique of `attrs` (sorted, repeats dropped).
-    pub fn new(attrs: impl IntoIterator<Item = usize>) -> Self {
-        let mut v: Vec<usize> = attrs.into_iter().collect();
-        v.sort_unstable();
-        v.dedup();
-        Self(v)
-    }
-
-    /// The attributes, sorted.
-    pub fn attrs(&self) -> &[usize] {
-        &self.0
-    }
-
-    /// Number of attributes.
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// Whether it holds no attribute.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// Whether attribute `a` is in it.
-    pub fn contains(&self, a: usize) -> bool {
-        self.0.binary_search(&a).is_ok()
-    }
-
     /// Cells of its table in `domain` ([`Domain::cells`], saturating).
     pub fn cells(&self, domain: &Domain) -> u64 {
-        domain.cells(&self.0)
-    }
-}
-
-impl From<Clique> for Vec<usize> {
-    fn from(c: Clique) -> Self {
-        c.0
+        domain.cells(self.attrs())
     }
 }
 
@@ -175,7 +136,7 @@ mod tests {
         assert_eq!(big.checked_cells(&[0, 1]), None);
         let c = Clique::new([2, 0, 2]);
         assert_eq!(c.attrs(), &[0, 2]);
-        assert!(c.contains(2) && !c.contains(1));
+        assert!(c.contains(&2) && !c.contains(&1));
         assert_eq!(c.cells(&d), 15);
     }
 }

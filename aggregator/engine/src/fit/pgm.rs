@@ -641,7 +641,7 @@ mod tests {
             .map(|c| Observation {
                 bins: vec![],
                 groups: Vec::new(),
-                attrs: c.clone(),
+                attrs: c.to_vec(),
                 values: marginal(joint, dims, c),
                 variances: vec![1e-4; c.iter().map(|&a| dims[a]).product()],
             })

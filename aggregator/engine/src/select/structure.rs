@@ -22,8 +22,8 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
-use crate::domain::sizes::{Clique, Domain};
-use crate::graph::{Edge, JunctionTree, build_junction_tree};
+use crate::domain::sizes::Domain;
+use crate::graph::{Clique, Edge, JunctionTree, build_junction_tree};
 
 /// One factor of the model: `Pr(targets | parents)`. Its *scope* is `parents ++ targets`
 /// (the order of the joint table it is estimated from, row-major, last fastest).
@@ -165,8 +165,7 @@ pub fn build_structure(
     let mut conditionals = Vec::new();
     for (c, parent) in jt.traversal() {
         let sep = parent.map(|p| jt.separator(c, p)).unwrap_or_default();
-        let clique = Clique::new(jt.cliques[c].iter().copied());
-        conditionals.extend(clique_conditionals(&clique, &sep, mi, domain, sigma));
+        conditionals.extend(clique_conditionals(&jt.cliques[c], &sep, mi, domain, sigma));
     }
     Structure {
         d,

@@ -724,17 +724,13 @@ mod tests {
             grr_table(&dims, &outer(&late, &b), 20_000, 3),
         );
         let ms = Measurements::new(Epsilon::new(6.0).unwrap(), &dims, &tables).unwrap();
+        let gain_of = |ms: &Measurements, one: &[Vec<f64>], null| {
+            pair_gain_binned(ms, one, BinnedFactor::full(&[0, 1]), null, |_| true).unwrap()
+        };
         // The collection's 1-ways, as the callers pass them: `a` is half early, half late.
         let one = one_way_estimates(&ms);
         assert!((one[0][0] - 0.4).abs() < 0.05, "{:?}", one[0]);
-        let g = pair_gain_binned(
-            &ms,
-            &one,
-            BinnedFactor::full(&[0, 1]),
-            Null::SamePeople,
-            |_| true,
-        )
-        .unwrap();
+        let g = gain_of(&ms, &one, Null::SamePeople);
         assert!(
             g.dependence < 2.0 * g.dependence_sd,
             "an independent pair gains {} (sd {})",
@@ -742,14 +738,7 @@ mod tests {
             g.dependence_sd
         );
         // Against the collection's 1-ways the drift reads as a dependence of ~0.6.
-        let c = pair_gain_binned(
-            &ms,
-            &one,
-            BinnedFactor::full(&[0, 1]),
-            Null::Collection,
-            |_| true,
-        )
-        .unwrap();
+        let c = gain_of(&ms, &one, Null::Collection);
         assert!(c.dependence > 0.4, "{}", c.dependence);
         // A pair measured in the same round as the 1-ways is still judged against them.
         let mut same = Tables::new();
@@ -759,14 +748,7 @@ mod tests {
         same.insert(key(0, vec![0, 1]), grr_table(&dims, &joint, 20_000, 6));
         let ms = Measurements::new(Epsilon::new(6.0).unwrap(), &dims, &same).unwrap();
         let one = one_way_estimates(&ms);
-        let g = pair_gain_binned(
-            &ms,
-            &one,
-            BinnedFactor::full(&[0, 1]),
-            Null::SamePeople,
-            |_| true,
-        )
-        .unwrap();
+        let g = gain_of(&ms, &one, Null::SamePeople);
         assert!(
             g.dependence > 0.3,
             "a dependent pair gains {}",

@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::EngineError;
+use crate::fit::bootstrap::Refit;
 use crate::fit::joint::FittedJoint;
 use crate::fit::observe::fit_model_with_local;
 use crate::fit::pgm::{FitOptions, GraphicalModel};
@@ -54,7 +55,15 @@ pub(crate) fn finalize(
     // Cliques are within the cap: one conditional per clique (no Algorithm 2 split).
     let structure = build_structure(ctx.domain(), &edges, &[], u64::MAX);
     let recovery = Recovery::new(ctx.space(), &ms);
-    let source = FittedJoint::new(ms, fitted).with_shared_records(rules.tables_share_records());
+    let mut source = FittedJoint::new(ms, fitted).with_shared_records(rules.tables_share_records());
+    // Replicates draw each table on its own people, and do not redraw local models.
+    if !rules.tables_share_records() && local.is_empty() {
+        source = source.with_bootstrap(Refit {
+            space: ctx.space().clone(),
+            release_z: release_z(ctx),
+            options: FitOptions::default(),
+        });
+    }
     let model = rules.final_model(ctx, state, structure, source)?;
     Ok(model
         .with_gains(release_gains(gains, &edges))
@@ -143,12 +152,15 @@ pub fn fit(
         .unwrap_or_else(|| rules.local_precision_ratio());
     let fitted = fit_model_with_local(ms, local, ratio, edges, &FitOptions::default())?;
     let residuals = fit_residuals(ms, &fitted);
-    let release_z = ctx
-        .options()
-        .smoothing_release_z
-        .unwrap_or(SMOOTHING_RELEASE_Z);
-    let fitted = smooth_numeric_one_ways(ctx.space(), ms, fitted, release_z);
+    let fitted = smooth_numeric_one_ways(ctx.space(), ms, fitted, release_z(ctx));
     Ok((fitted, residuals))
+}
+
+/// The numeric 1-way smoother's release threshold.
+fn release_z(ctx: &Context) -> f64 {
+    ctx.options()
+        .smoothing_release_z
+        .unwrap_or(SMOOTHING_RELEASE_Z)
 }
 
 /// Every candidate pair's gain as the model describes it, marked kept when in `edges`.

@@ -195,8 +195,11 @@ pub struct MarginalsAnswer {
     /// Frequencies, row-major in `attributes` order, non-negative, sum 1; length = the
     /// product of `dims`.
     pub frequencies: Vec<f64>,
-    /// Standard errors of `frequencies` where some measured table holds all the attributes;
-    /// `null` otherwise.
+    /// Standard errors of `frequencies`: from the tables where some table measured all the
+    /// attributes at full resolution, else from a parametric bootstrap of the fit (the
+    /// estimate's error under the model's graph); `null` where neither applies (the model
+    /// links them through a pair measured only in bins; a vertical collection's unmeasured
+    /// marginal; more than 65,536 cells).
     pub std_errors: Option<Vec<f64>>,
     /// Which model answered and what it saw.
     #[serde(flatten)]

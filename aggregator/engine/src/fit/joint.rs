@@ -1,11 +1,15 @@
 //! The graphical model fitted to every measurement, as the source of the joint tables the
 //! released model's conditionals and marginals are read from, with standard errors from the
-//! measurements it was fitted to.
+//! measurements it was fitted to, or from a parametric bootstrap of the fit
+//! ([`crate::fit::bootstrap`]) for marginals no table measured.
+
+use std::sync::Arc;
 
 use linfa_linalg::cholesky::InverseC;
 use ndarray::Array2;
 
 use crate::domain::key::TableKey;
+use crate::fit::bootstrap::{BootstrapInputs, Refit};
 use crate::fit::pgm::GraphicalModel;
 use crate::measure::tables::Measurements;
 
@@ -21,6 +25,14 @@ pub trait JointSource: Send + Sync + std::fmt::Debug {
         let _ = (attrs, frequencies);
         None
     }
+    /// What a parametric bootstrap of the source's fit needs, for standard errors of the
+    /// marginal of `attrs` when [`JointSource::std_errors`] has none
+    /// ([`crate::fit::bootstrap`]); `None` if the source has no bootstrap or it would not
+    /// answer `attrs`.
+    fn bootstrap(&self, attrs: &[usize]) -> Option<BootstrapInputs<'_>> {
+        let _ = attrs;
+        None
+    }
 }
 
 /// The graphical model fitted to every measurement ([`crate::fit::observe::fit_model_with_local`]), with
@@ -30,6 +42,8 @@ pub struct FittedJoint {
     ms: Measurements,
     model: GraphicalModel,
     shared_records: bool,
+    /// How to refit a bootstrap replicate (`None`: no bootstrap standard errors).
+    refit: Option<Arc<Refit>>,
 }
 
 impl FittedJoint {
@@ -39,7 +53,17 @@ impl FittedJoint {
             ms,
             model,
             shared_records: false,
+            refit: None,
         }
+    }
+
+    /// The same, with standard errors from a parametric bootstrap of the fit for marginals
+    /// no table measured at full resolution ([`crate::fit::bootstrap`]; replicates refitted
+    /// as `refit` says). Not for tables that share records or fits with local models: the
+    /// replicates draw each table on its own people.
+    pub(crate) fn with_bootstrap(mut self, refit: Refit) -> Self {
+        self.refit = Some(Arc::new(refit));
+        self
     }
 
     /// The same, for tables that all count reports of the same records (a vertical
@@ -93,7 +117,93 @@ impl JointSource for FittedJoint {
     /// tables over all of `attrs`, which bounds the model's error where the model holds.
     /// With shared records ([`FittedJoint::with_shared_records`]) only the table over
     /// exactly `attrs` counts: the others hold the same reports.
+    ///
+    /// A marginal no table measured at full resolution (a pair measured only in bins or not
+    /// at all, a 3-way): `None` here; [`JointSource::bootstrap`] answers it.
     fn std_errors(&self, attrs: &[usize], frequencies: &[f64]) -> Option<Vec<f64>> {
+        self.measured_std_errors(attrs, frequencies)
+    }
+
+    /// The fit, its measurements and how it was fitted ([`FittedJoint::with_bootstrap`]),
+    /// unless the tables share records or the model links two of `attrs` through a pair
+    /// measured only in bins (`splits_binned_pair`).
+    fn bootstrap(&self, attrs: &[usize]) -> Option<BootstrapInputs<'_>> {
+        let refit = self.refit.as_deref().filter(|_| !self.shared_records)?;
+        (!self.splits_binned_pair(attrs)).then_some(BootstrapInputs {
+            ms: &self.ms,
+            model: &self.model,
+            refit,
+        })
+    }
+}
+
+impl FittedJoint {
+    /// Whether the model's marginal of `attrs` links two of them through a clique in which
+    /// some pair was measured only over bins (a table holds both, none at full resolution).
+    /// Within those bins the fit has nothing to go on, so the split of each bin among its
+    /// cells is the maximum-entropy one: an assumption, whose error no replicate varies
+    /// (bootstrap bars of such pairs covered 0.67 of the cells of the standard network's
+    /// dependent pairs under `auto`). The cliques that link them are those left when leaf
+    /// cliques holding no attribute of `attrs` that no other clique holds are pruned from
+    /// the junction tree, in components holding two or more of `attrs`.
+    fn splits_binned_pair(&self, attrs: &[usize]) -> bool {
+        let tree = self.model.tree();
+        let k = tree.cliques.len();
+        let mut alive = vec![true; k];
+        let degree = |alive: &[bool], c: usize| {
+            tree.edges
+                .iter()
+                .filter(|&&(a, b)| (a == c && alive[b]) || (b == c && alive[a]))
+                .count()
+        };
+        loop {
+            let leaf = (0..k).find(|&c| {
+                alive[c]
+                    && degree(&alive, c) <= 1
+                    && tree.cliques[c].iter().all(|a| {
+                        !attrs.contains(a)
+                            || (0..k).any(|o| o != c && alive[o] && tree.cliques[o].contains(a))
+                    })
+            });
+            match leaf {
+                Some(c) => alive[c] = false,
+                None => break,
+            }
+        }
+        // Component of each clique among the kept ones.
+        let mut comp: Vec<usize> = (0..k).collect();
+        for _ in 0..k {
+            for &(a, b) in &tree.edges {
+                if alive[a] && alive[b] {
+                    let m = comp[a].min(comp[b]);
+                    comp[a] = m;
+                    comp[b] = m;
+                }
+            }
+        }
+        let held = |c: usize| {
+            attrs
+                .iter()
+                .filter(|a| {
+                    (0..k).any(|o| alive[o] && comp[o] == comp[c] && tree.cliques[o].contains(a))
+                })
+                .count()
+        };
+        (0..k).filter(|&c| alive[c] && held(c) >= 2).any(|c| {
+            let clique = &tree.cliques[c];
+            clique.iter().enumerate().any(|(i, &x)| {
+                clique[i + 1..].iter().any(|&y| {
+                    let pair = [x, y];
+                    self.ms.containing(&pair).next().is_some()
+                        && self.ms.combined_at(&pair, |_| true, None).is_none()
+                })
+            })
+        })
+    }
+
+    /// [`JointSource::std_errors`] from the tables that measured all of `attrs` at full
+    /// resolution; `None` if none did.
+    fn measured_std_errors(&self, attrs: &[usize], frequencies: &[f64]) -> Option<Vec<f64>> {
         let exact = |k: &TableKey| {
             k.factor.len() == attrs.len() && attrs.iter().all(|a| k.factor.contains(a))
         };

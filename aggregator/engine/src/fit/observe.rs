@@ -217,6 +217,31 @@ pub fn fit_model_with_local(
     .map_err(|e| EngineError::Estimation(e.to_string()))
 }
 
+/// `model` (fitted by [`fit_model_with_local`] without local models) fitted again to `ms`, a
+/// replicate of the tables it was fitted to ([`crate::fit::bootstrap`]): the fit's variances
+/// at `model`'s marginals, started from its potentials (no pilot: the start is the fit the
+/// pilot led to). Errors: the fit failing.
+pub(crate) fn refit(
+    ms: &Measurements,
+    model: &GraphicalModel,
+    options: &FitOptions,
+) -> Result<GraphicalModel, EngineError> {
+    let tree = model.tree();
+    let at = |part: &[usize]| {
+        model
+            .marginal_in_clique(part)
+            .expect("observed parts lie in cliques")
+    };
+    fit(
+        ms.domain(),
+        tree,
+        &observations(ms, tree, &at),
+        Some(model.potentials().to_vec()),
+        options,
+    )
+    .map_err(|e| EngineError::Estimation(e.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

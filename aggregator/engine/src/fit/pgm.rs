@@ -471,6 +471,11 @@ pub fn fit(
 }
 
 impl GraphicalModel {
+    /// The attributes' domain sizes.
+    pub fn domain(&self) -> &Domain {
+        &self.domain
+    }
+
     /// The junction tree the model is defined on.
     pub fn tree(&self) -> &JunctionTree {
         &self.tree

@@ -210,6 +210,12 @@ impl Measurements {
     }
 
     /// Only the measurements for which `keep` holds (same population).
+    /// The same tables with other estimates (`items` in [`Measurements::items`]'s order, same
+    /// keys): a bootstrap replicate ([`crate::fit::bootstrap`]).
+    pub(crate) fn with_items(&self, items: Vec<Measurement>) -> Self {
+        Self::indexed(items, self.domain.clone(), self.population)
+    }
+
     pub(crate) fn retained(self, keep: impl Fn(&Measurement) -> bool) -> Self {
         let items = self.items.into_iter().filter(|m| keep(m)).collect();
         Self::indexed(items, self.domain, self.population)

@@ -18,8 +18,10 @@ pub struct MarginalEstimate {
     pub dims: Vec<usize>,
     /// Frequencies, row-major in `attrs` order, non-negative, sum 1.
     pub frequencies: Vec<f64>,
-    /// Standard errors of the cells where some table measured all of `attrs` (the one
-    /// variance model at the model's frequencies); `None` otherwise.
+    /// Standard errors of the cells (frequencies): where some table measured all of `attrs`,
+    /// the one variance model at the model's frequencies; else the spread across the
+    /// parametric bootstrap's replicates ([`crate::synth::bootstrap`]); `None` where neither
+    /// answers ([`crate::synth::model::Model::marginal`]).
     pub std_errors: Option<Vec<f64>>,
 }
 

@@ -1,7 +1,9 @@
-//! Layer 6: the released model: marginals with standard errors ([`model`]), what it was
+//! Layer 6: the released model: marginals with standard errors ([`model`]; of unmeasured
+//! marginals from the bootstrap's replicates, [`bootstrap`]), what it was
 //! built from ([`description`]), within-bin recovery of numeric attributes ([`recovery`]),
 //! streaming synthesis ([`sampler`]) and SamPrivSyn's own generator ([`samprivsyn`]).
 
+pub mod bootstrap;
 pub mod description;
 pub mod inference;
 pub mod model;

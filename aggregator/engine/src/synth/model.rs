@@ -9,7 +9,7 @@
 //! order ([`crate::synth::sampler`]); marginals are exact, by variable elimination
 //! ([`crate::synth::inference`]), with standard errors from the fit ([`crate::fit::joint`]).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use rand::SeedableRng;
 use rand_chacha::ChaCha12Rng;
@@ -21,6 +21,7 @@ use crate::fit::residuals::FitResiduals;
 use crate::graph::EdgeState;
 use crate::measure::drift::DriftReport;
 use crate::select::structure::Structure;
+use crate::synth::bootstrap::Replicates;
 use crate::synth::description::{EdgeGain, MarginalEstimate, ModelDescription, RoundSummary};
 use crate::synth::inference::{MAX_ELIMINATION_CELLS, infer};
 use crate::synth::recovery::{Expansion, Recovery};
@@ -50,6 +51,9 @@ pub struct Model {
     residuals: Option<FitResiduals>,
     kind: ModelKind,
     source: Arc<dyn JointSource>,
+    /// The parametric bootstrap's replicates of the source's fit, drawn on the first marginal
+    /// that needs them and shared by clones (`None` inside: they could not be drawn).
+    replicates: Arc<OnceLock<Option<Replicates>>>,
 }
 
 impl Model {
@@ -81,6 +85,7 @@ impl Model {
                 factors: Arc::new(factors),
             },
             source: Arc::new(source),
+            replicates: Arc::default(),
         }
     }
 
@@ -96,6 +101,7 @@ impl Model {
             residuals: None,
             kind: ModelKind::SamPrivSyn(Arc::new(model)),
             source: Arc::new(source),
+            replicates: Arc::default(),
         }
     }
 
@@ -206,10 +212,53 @@ impl Model {
 
     /// The marginal of `attrs` (distinct attribute indices, cells row-major in this order)
     /// under the model (exact variable elimination over the conditionals), with standard
-    /// errors where some table contains all of `attrs` ([`JointSource::std_errors`]).
+    /// errors where some table contains all of `attrs` ([`JointSource::std_errors`]), else
+    /// from the parametric bootstrap of the fit ([`JointSource::bootstrap`],
+    /// [`crate::synth::bootstrap`]: the first such call draws and refits the replicates, up
+    /// to 64 fits; later calls one elimination per replicate); `None` where neither answers.
     /// Errors: empty, repeated or unknown attributes; more than 2^22 cells; an elimination
     /// that would build a table of more than [`MAX_ELIMINATION_CELLS`] cells on the way.
     pub fn marginal(&self, attrs: &[usize]) -> Result<MarginalEstimate, EngineError> {
+        let (dims, frequencies) = self.working_marginal(attrs)?;
+        let std_errors = self.source.std_errors(attrs, &frequencies).or_else(|| {
+            let input = self.source.bootstrap(attrs)?;
+            self.replicates
+                .get_or_init(|| Replicates::draw(input))
+                .as_ref()?
+                .std_errors(&self.dims, attrs)
+                .filter(|s| s.len() == frequencies.len())
+        });
+        let (frequencies, std_errors) = match &self.recovery {
+            // Within a working bin, shares follow the code distribution: the bin's standard
+            // error is split the same way (the recovery's own error is not in it).
+            Some(r) => (
+                r.expand(attrs, &frequencies),
+                std_errors.map(|s| r.expand(attrs, &s)),
+            ),
+            None => (frequencies, std_errors),
+        };
+        Ok(MarginalEstimate {
+            std_errors,
+            attrs: attrs.to_vec(),
+            dims,
+            frequencies,
+        })
+    }
+
+    /// The marginal of `attrs` as [`Model::marginal`] gives it, without standard errors (so
+    /// never drawing the bootstrap's replicates): for callers that want the frequencies only.
+    /// Errors: as [`Model::marginal`].
+    pub fn frequencies(&self, attrs: &[usize]) -> Result<Vec<f64>, EngineError> {
+        let (_, frequencies) = self.working_marginal(attrs)?;
+        Ok(match &self.recovery {
+            Some(r) => r.expand(attrs, &frequencies),
+            None => frequencies,
+        })
+    }
+
+    /// The schema domain sizes of `attrs` and their marginal over the working bins, checked
+    /// as [`Model::marginal`] says.
+    fn working_marginal(&self, attrs: &[usize]) -> Result<(Vec<usize>, Vec<f64>), EngineError> {
         let d = self.dims.len();
         if attrs.is_empty()
             || attrs.iter().any(|&a| a >= d)
@@ -228,22 +277,7 @@ impl Model {
             }
             ModelKind::SamPrivSyn(_) => self.source.joint(attrs),
         };
-        let std_errors = self.source.std_errors(attrs, &frequencies);
-        let (frequencies, std_errors) = match &self.recovery {
-            // Within a working bin, shares follow the code distribution: the bin's standard
-            // error is split the same way (the recovery's own error is not in it).
-            Some(r) => (
-                r.expand(attrs, &frequencies),
-                std_errors.map(|s| r.expand(attrs, &s)),
-            ),
-            None => (frequencies, std_errors),
-        };
-        Ok(MarginalEstimate {
-            std_errors,
-            attrs: attrs.to_vec(),
-            dims,
-            frequencies,
-        })
+        Ok((dims, frequencies))
     }
 
     /// Streams `rows` synthetic records (schema codes, one per attribute) from `seed`, each

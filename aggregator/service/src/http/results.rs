@@ -254,7 +254,7 @@ pub(crate) fn labels(schema: &Schema, a: usize) -> Vec<String> {
     security(("admin" = [])),
     params(("id" = uuid::Uuid, Path, description = "The collection id."), MarginalsQuery),
     responses(
-        (status = 200, description = "The marginal of `attrs` under the model (final, or provisional with `provisional=true` before finalize), with standard errors where measured.", body = api::MarginalsAnswer),
+        (status = 200, description = "The marginal of `attrs` under the model (final, or provisional with `provisional=true` before finalize), with standard errors from the tables where some table measured all of `attrs`, else from a parametric bootstrap of the fit (null where neither applies).", body = api::MarginalsAnswer),
         (status = 400, response = super::super::openapi::BadRequest),
         (status = 401, response = super::super::openapi::Unauthorized),
         (status = 404, response = super::super::openapi::NotFound),
@@ -272,7 +272,12 @@ pub(crate) async fn get_marginals(
     // Checked before any refit, which a bad request should not cost.
     let idx = marginal_attributes(schema, &attrs)?;
     let Answering { model, fitted } = answering(&state, &h, provisional).await?;
-    let est = model.marginal(&idx)?;
+    // On the blocking pool: the first marginal no table measured draws the model's bootstrap
+    // replicates (up to 64 refits).
+    let attrs_idx = idx.clone();
+    let est = tokio::task::spawn_blocking(move || model.marginal(&attrs_idx))
+        .await
+        .map_err(|e| ApiError::Internal(format!("marginal task failed: {e}")))??;
     Ok(Json(api::MarginalsAnswer {
         attributes: idx
             .iter()

@@ -127,7 +127,7 @@ pub(crate) fn replicate_fits(
         else {
             return 0;
         };
-        let rep = ms.with_items(items);
+        let rep = Measurements::indexed(items, ms.domain().clone(), ms.population());
         let Ok(fitted) = refit(&rep, model, &how.options) else {
             continue;
         };

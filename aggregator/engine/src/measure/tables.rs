@@ -187,7 +187,8 @@ impl Measurements {
         Ok(Self::indexed(items, space.domain().clone(), population))
     }
 
-    fn indexed(items: Vec<Measurement>, domain: Domain, population: u64) -> Self {
+    /// `items` (measurements of `population` people over `domain`), indexed by attribute.
+    pub(crate) fn indexed(items: Vec<Measurement>, domain: Domain, population: u64) -> Self {
         let mut by_attr = vec![Vec::new(); domain.len()];
         for (i, m) in items.iter().enumerate() {
             for &a in &m.key.factor {
@@ -210,12 +211,6 @@ impl Measurements {
     }
 
     /// Only the measurements for which `keep` holds (same population).
-    /// The same tables with other estimates (`items` in [`Measurements::items`]'s order, same
-    /// keys): a bootstrap replicate ([`crate::fit::bootstrap`]).
-    pub(crate) fn with_items(&self, items: Vec<Measurement>) -> Self {
-        Self::indexed(items, self.domain.clone(), self.population)
-    }
-
     pub(crate) fn retained(self, keep: impl Fn(&Measurement) -> bool) -> Self {
         let items = self.items.into_iter().filter(|m| keep(m)).collect();
         Self::indexed(items, self.domain, self.population)

@@ -182,7 +182,7 @@ try {
     await page.waitForTimeout(300);
   }
   if ((await page.$$eval("#heatmaps figure", (l) => l.length)) !== heatmaps + 1) fail("a pair asked for twice was drawn twice");
-  const seNotes = await page.$$eval("#heatmaps figure", (l) => l.map((f) => [f.querySelector("figcaption").textContent, f.querySelector(".se-none")?.textContent ?? "± in the cells"]));
+  const seNotes = await page.$$eval("#heatmaps figure", (l) => l.map((f) => [f.querySelector("figcaption").textContent, f.querySelector(".se-none, .se-model")?.textContent ?? "± in the cells"]));
   log("heat maps:", JSON.stringify(seNotes));
 
   // A CSV download: 50 rows with a seed.
@@ -220,15 +220,16 @@ try {
   log("drifted:", warning);
   if (!/population changed between rounds/.test(warning) || !/region/.test(warning)) fail(`drift warning: ${warning}`);
 
-  // The independence model measured no pair together: its heat map says so, in words.
+  // The independence model measured no pair together: its heat map's bars come from the
+  // bootstrap of the fit, and it says what they are, in words.
   await page.click(`#collections tr[data-collection="${independent}"] a`);
   await page.waitForFunction((id) => document.querySelector("#detail-title")?.textContent.includes(id), independent);
   await page.waitForSelector("#detail[data-ready=true]", { timeout: 30000 });
   await page.waitForSelector("#heatmaps svg.heatmap");
-  const why = (await page.textContent("#heatmaps .se-none")).trim();
+  const why = (await page.textContent("#heatmaps .se-model")).trim();
   const independentSteps = await page.$$eval("#timeline ol.timeline li.step", (l) => l.map((li) => li.textContent));
   log(`independence: ${why}; timeline ${independentSteps.join(" | ")}`);
-  if (why !== "No standard errors: no table measured region and spoken-language together; the model infers this pair from its other tables.") fail(`no-standard-error note: ${why}`);
+  if (why !== "± from a bootstrap of the model's fit: no table measured region and spoken-language together, so these bars are the estimate's error if the model's graph is right (a dependence it leaves out is not in them).") fail(`standard-error note: ${why}`);
   if (independentSteps.length !== 2 || (await view(page, independent)).status.rounds.length) fail(`independence timeline: ${independentSteps}`);
   await noOverflow(page, "independence, 1400 px");
 

@@ -5,8 +5,9 @@
 //! bars, the model check, the rounds of its state and no more), a CSV download works, a
 //! collection at its target and finalized by hand calls for finalize and is finalized from the
 //! page (its people arrived sorted by region: the drift warning), the independence model's
-//! heat map says why it has no standard errors, a collection still collecting shows its open
-//! round, "k of n pairs still active" with only the dependent ones drawn, and provisional
+//! heat map says its standard errors come from a bootstrap of the fit and what they mean, a
+//! collection still collecting shows its open round, "k of n pairs still active" with only
+//! the dependent ones drawn, and provisional
 //! estimates from the reports so far (labelled "provisional (1,000 reports)"), a vertical
 //! collection's row names its encoding ("vertical (sampled+locmrf)"); at 1400 and
 //! 1024 px no text overflows its box; the token never appears in a URL, and the console stays

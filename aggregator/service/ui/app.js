@@ -180,21 +180,35 @@ function modelEdges(desc) {
 /** One key for a pair in either order: the heat map of a × b is that of b × a. */
 const pairKey = (a, b) => [a, b].sort().join("\u0000");
 
-/**
- * Why the model's marginal of `a × b` has no standard errors, from what the rounds of `desc`
- * (the model description) measured: the engine gives them where a table holds both
- * attributes at full resolution.
- */
-function noStdErrorsReason(desc, a, b) {
+/** The tables of model description `desc` that hold both attributes `a` and `b` (by name). */
+function tablesHolding(desc, a, b) {
   const ia = desc?.attributes.indexOf(a), ib = desc?.attributes.indexOf(b);
-  const holding = (desc?.model.rounds ?? []).flatMap((r) => r.factors)
-    .filter((f) => f.factor.includes(ia) && f.factor.includes(ib));
-  if (desc && !holding.length) {
-    return `No standard errors: no table measured ${a} and ${b} together; the model infers this pair from its other tables.`;
-  }
+  return (desc?.model.rounds ?? []).flatMap((r) => r.factors)
+    .filter((f) => f.factor.includes(ia) && f.factor.includes(ib))
+    .map((f) => ({ ...f, ia, ib }));
+}
+
+/**
+ * What the standard errors of the model's marginal of `a × b` are, or why there are none,
+ * from what the rounds of `desc` (the model description) measured. The engine gives them from
+ * the tables where a table holds both attributes at full resolution, else from a parametric
+ * bootstrap of the fit, except where the model's split of the pair rests on bins no table
+ * resolves (or, in a vertical collection, on tables of the same records).
+ */
+function stdErrorsNote(desc, a, b, has) {
+  const holding = tablesHolding(desc, a, b);
   const binned = (f, i) => (f.bins?.[f.factor.indexOf(i)] ?? []).length > 0;
-  if (holding.length && holding.every((f) => binned(f, ia) || binned(f, ib))) {
+  const onlyBinned = holding.length && holding.every((f) => binned(f, f.ia) || binned(f, f.ib));
+  if (has) {
+    return desc && !holding.length
+      ? `± from a bootstrap of the model's fit: no table measured ${a} and ${b} together, so these bars are the estimate's error if the model's graph is right (a dependence it leaves out is not in them).`
+      : null;
+  }
+  if (onlyBinned) {
     return `No standard errors: ${a} × ${b} was measured only in coarser bins than these cells.`;
+  }
+  if (desc && !holding.length) {
+    return `No standard errors: no table measured ${a} and ${b} together, and the model's split of them rests on bins no table resolves (or on tables of the same records).`;
   }
   return "No standard errors for these cells.";
 }
@@ -213,7 +227,8 @@ function heatmapFigure(a, b, m, desc) {
     box.append(`${m.dims[0]} × ${m.dims[1]} cells: too many to draw`);
   } else {
     box.appendChild(heatmap(m));
-    if (!m.std_errors) box.append(para(noStdErrorsReason(desc, a, b), "note se-none"));
+    const note = stdErrorsNote(desc, a, b, Boolean(m.std_errors));
+    if (note) box.append(para(note, m.std_errors ? "note se-model" : "note se-none"));
   }
   return box;
 }

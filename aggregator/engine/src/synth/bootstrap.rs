@@ -9,7 +9,7 @@ use crate::fit::bootstrap::{
 };
 use crate::fit::joint::{JointSource, clique_joint};
 use crate::fit::pgm::GraphicalModel;
-use crate::select::structure::Conditional;
+use crate::select::structure::clique_conditionals;
 use crate::synth::inference::{MAX_ELIMINATION_CELLS, infer};
 use crate::synth::sampler::EstimatedConditional;
 
@@ -83,25 +83,18 @@ impl JointSource for Bare<'_> {
     }
 }
 
-/// The model's conditionals over its junction tree, root-first: each clique's attributes
-/// beyond its parent's separator given the separator (their product is the model).
+/// The model's conditionals over its junction tree, root-first: one per clique, its
+/// attributes beyond its parent's separator given the separator (their product is the
+/// model), as the pipeline's structure has them ([`clique_conditionals`] with no split).
 fn conditionals(model: &GraphicalModel) -> Vec<EstimatedConditional> {
     let tree = model.tree();
     tree.traversal()
         .into_iter()
-        .map(|(c, parent)| {
-            let parents = parent.map_or_else(Vec::new, |p| tree.separator(c, p));
-            let targets = tree.cliques[c]
-                .iter()
-                .copied()
-                .filter(|a| !parents.contains(a))
-                .collect();
-            EstimatedConditional::new(
-                Conditional { targets, parents },
-                model.domain(),
-                &Bare(model),
-            )
+        .flat_map(|(c, parent)| {
+            let separator = parent.map(|p| tree.separator(c, p)).unwrap_or_default();
+            clique_conditionals(&tree.cliques[c], &separator, &[], model.domain(), u64::MAX)
         })
+        .map(|c| EstimatedConditional::new(c, model.domain(), &Bare(model)))
         .collect()
 }
 

@@ -18,11 +18,10 @@ use crate::fit::smooth::{SMOOTHING_RELEASE_Z, smooth_numeric_one_ways};
 use crate::graph::Edge;
 use crate::measure::drift::{DriftReport, post_stratify};
 use crate::measure::local_model::LocalModel;
-use crate::measure::one_way::one_way_estimates;
 use crate::measure::tables::{Measurements, Tables};
 use crate::protocols::CollectionProtocol;
 use crate::protocols::context::Context;
-use crate::select::gain::PairGain;
+use crate::select::gain::{NullOneWays, PairGain};
 use crate::select::model_graph::{clique_cap, select_model_graph_from};
 use crate::select::structure::build_structure;
 use crate::state::CollectionState;
@@ -119,11 +118,11 @@ pub fn select(
     people: u64,
     given: &BTreeSet<Edge>,
 ) -> (Vec<(Edge, PairGain)>, BTreeSet<Edge>) {
-    let one_way = one_way_estimates(ms);
+    let nulls = NullOneWays::new(ms);
     let mut gains: Vec<(Edge, PairGain)> = rules
         .model_candidates(ctx, state)
         .into_iter()
-        .filter_map(|(a, b)| Some(((a, b), rules.pair_gain(state, ms, &one_way, a, b)?)))
+        .filter_map(|(a, b)| Some(((a, b), rules.pair_gain(state, &nulls, a, b)?)))
         .collect();
     rules.pool_gains(ctx, state, &mut gains);
     let cap = clique_cap(ctx.options().max_clique_cells, people);

@@ -91,8 +91,9 @@ type PoolKey = (usize, Vec<usize>, Vec<Vec<u32>>, Vec<u32>);
 #[derive(Debug, Clone)]
 struct Pooled {
     clique: usize,
-    /// Clique cell → observation cell.
-    map: Vec<usize>,
+    /// Clique cell → observation cell (`u32`: half the memory the loss streams per step;
+    /// an observation has far fewer than 2³² cells).
+    map: Vec<u32>,
     /// Precision-weighted mean per cell.
     values: Vec<f64>,
     /// Summed precision per cell.
@@ -151,22 +152,25 @@ impl Schedule {
     }
 
     /// Clique marginals of `p_θ`: sum-product with an upward pass in log space (messages
-    /// `log Σ exp` over the clique minus the separator) and a downward pass in probability
-    /// space (a child's message is its parent's marginal on the separator divided by the
-    /// child's own upward message), so each clique cell costs two `exp` per pass.
+    /// `log Σ exp` over the clique minus the separator, each group shifted by its own
+    /// maximum) and a downward pass in probability space. The upward pass keeps each cell's
+    /// shifted weight `e(x) = exp(acc(x) − max_s)` and each separator cell's sum
+    /// `S(s) = Σ_{x∈s} e(x) ≥ 1`; a child's marginal is then `e(x) · μ_parent(s) / S(s)`,
+    /// so each clique cell costs one `exp` per evaluation, and no ratio can overflow.
     fn marginals(&self, theta: &[Vec<f64>]) -> Vec<Vec<f64>> {
         let k = theta.len();
-        // up[c]: message from c to its parent (log, over their separator).
-        let mut up: Vec<Vec<f64>> = vec![Vec::new(); k];
-        // acc[c]: θ_c plus the messages from its children.
+        // sums[c]: S over the separator of c and its parent.
+        let mut sums: Vec<Vec<f64>> = vec![Vec::new(); k];
+        // acc[c]: θ_c plus the messages from its children (log); after c's upward message,
+        // its shifted weights e.
         let mut acc: Vec<Vec<f64>> = theta.to_vec();
         for &(c, parent) in self.order.iter().rev() {
             if let (Some(p), Some((cmap, pmap, scells))) = (parent, &self.links[c]) {
-                let m = log_sum_to(&acc[c], cmap, *scells);
+                let (message, sum) = shifted_sums(&mut acc[c], cmap, *scells);
                 for (v, &s) in acc[p].iter_mut().zip(pmap) {
-                    *v += m[s];
+                    *v += message[s];
                 }
-                up[c] = m;
+                sums[c] = sum;
             }
         }
         let mut mu: Vec<Vec<f64>> = vec![Vec::new(); k];
@@ -177,16 +181,17 @@ impl Schedule {
                 for (v, &s) in mu[p].iter().zip(pmap) {
                     sep[s] += v;
                 }
-                for (v, &s) in b.iter_mut().zip(cmap) {
-                    *v += sep[s].max(f64::MIN_POSITIVE).ln() - up[c][s];
+                for (s, total) in sep.iter_mut().zip(&sums[c]) {
+                    *s /= total;
                 }
+                for (v, &s) in b.iter_mut().zip(cmap) {
+                    *v *= sep[s];
+                }
+            } else {
+                let max = b.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                b.iter_mut().for_each(|v| *v = (*v - max).exp());
             }
-            let max = b.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let mut total = 0.0;
-            for v in b.iter_mut() {
-                *v = (*v - max).exp();
-                total += *v;
-            }
+            let total: f64 = b.iter().sum();
             b.iter_mut().for_each(|v| *v /= total);
             mu[c] = b;
         }
@@ -194,8 +199,10 @@ impl Schedule {
     }
 }
 
-/// `log Σ exp` of `values` grouped by `map` into `cells` groups (max-shifted per group).
-fn log_sum_to(values: &[f64], map: &[usize], cells: usize) -> Vec<f64> {
+/// For `values` (log weights) grouped by `map` into `cells` groups: each group's `log Σ exp`
+/// (the message), and its sum of `exp(v − max)` over the group (`≥ 1`); `values` become
+/// those shifted weights `exp(v − max)`.
+fn shifted_sums(values: &mut [f64], map: &[usize], cells: usize) -> (Vec<f64>, Vec<f64>) {
     let mut max = vec![f64::NEG_INFINITY; cells];
     for (v, &t) in values.iter().zip(map) {
         if *v > max[t] {
@@ -203,29 +210,33 @@ fn log_sum_to(values: &[f64], map: &[usize], cells: usize) -> Vec<f64> {
         }
     }
     let mut sum = vec![0.0; cells];
-    for (v, &t) in values.iter().zip(map) {
-        sum[t] += (v - max[t]).exp();
+    for (v, &t) in values.iter_mut().zip(map) {
+        *v = (*v - max[t]).exp();
+        sum[t] += *v;
     }
-    sum.iter().zip(&max).map(|(s, m)| m + s.ln()).collect()
+    let message = sum.iter().zip(&max).map(|(s, m)| m + s.ln()).collect();
+    (message, sum)
 }
 
 /// Loss and gradient (per clique cell) at clique marginals `mu`.
 fn loss_and_gradient(pooled: &[Pooled], mu: &[Vec<f64>]) -> (f64, Vec<Vec<f64>>) {
     let mut grad: Vec<Vec<f64>> = mu.iter().map(|m| vec![0.0; m.len()]).collect();
     let mut loss = 0.0;
+    // One buffer for every observation's projection, then its gradient.
+    let mut cell = Vec::new();
     for p in pooled {
-        let mut proj = vec![0.0; p.values.len()];
+        cell.clear();
+        cell.resize(p.values.len(), 0.0);
         for (v, &t) in mu[p.clique].iter().zip(&p.map) {
-            proj[t] += v;
+            cell[t as usize] += v;
         }
-        let mut g = vec![0.0; proj.len()];
-        for (i, x) in proj.iter().enumerate() {
-            let r = x - p.values[i];
-            loss += p.precision[i] * r * r;
-            g[i] = 2.0 * p.precision[i] * r;
+        for ((x, value), precision) in cell.iter_mut().zip(&p.values).zip(&p.precision) {
+            let r = *x - value;
+            loss += precision * r * r;
+            *x = 2.0 * precision * r;
         }
         for (gc, &t) in grad[p.clique].iter_mut().zip(&p.map) {
-            *gc += g[t];
+            *gc += cell[t as usize];
         }
     }
     (loss, grad)
@@ -275,7 +286,7 @@ fn solve_lone_cliques(
             continue;
         }
         let (v, w) = (&mut values[p.clique], &mut precision[p.clique]);
-        for (cell, &t) in p.map.iter().enumerate() {
+        for (cell, t) in p.map.iter().map(|&t| t as usize).enumerate() {
             let total = w[cell] + p.precision[t];
             v[cell] = (v[cell] * w[cell] + p.values[t] * p.precision[t]) / total;
             w[cell] = total;
@@ -388,7 +399,7 @@ pub fn fit(
                     clique,
                     map: projection_map(&tree.cliques[clique], &cdims(clique), &o.attrs)
                         .into_iter()
-                        .map(|t| coarse[t])
+                        .map(|t| u32::try_from(coarse[t]).expect("observation cells < 2^32"))
                         .collect(),
                     values: vec![0.0; cells],
                     precision: vec![0.0; cells],

@@ -34,7 +34,7 @@ use crate::measure::tables::{Measurements, Tables};
 use crate::numeric::info::tau;
 use crate::protocols::context::Context;
 use crate::protocols::rounds::RoundPlan;
-use crate::select::gain::{Null, PairGain, best_pair_gain};
+use crate::select::gain::{Null, NullOneWays, PairGain, best_pair_gain};
 use crate::select::structure::{Structure, build_structure};
 use crate::state::{
     AdaptedBins, CollectionState, PairRounds, Phase, Phase2Plan, PlannedFactor, ProtocolState,
@@ -127,7 +127,7 @@ pub trait CollectionProtocol: Send + Sync + Debug {
     }
 
     /// The evidence for keeping pair `(a, b)` in the final model graph of a collection in
-    /// `state`, from the measurements and the Norm-Sub'd 1-ways: by default
+    /// `state`, from the measurements and their 1-ways (`nulls`): by default
     /// [`best_pair_gain`] over every table (1-ways and pairs from different users), against
     /// the collection's 1-ways ([`Null::Collection`]; judging against the 1-ways of the
     /// pair's own rounds, as `auto` does, cost `noincremental` 7% on nist-taxi at ε = 8,
@@ -135,12 +135,11 @@ pub trait CollectionProtocol: Send + Sync + Debug {
     fn pair_gain(
         &self,
         _state: &CollectionState,
-        ms: &Measurements,
-        one_way: &[Vec<f64>],
+        nulls: &NullOneWays<'_>,
         a: usize,
         b: usize,
     ) -> Option<PairGain> {
-        best_pair_gain(ms, one_way, a, b, Null::Collection, |_| true).map(|(g, _)| g)
+        best_pair_gain(nulls, a, b, Null::Collection, |_| true).map(|(g, _)| g)
     }
 
     /// Adjusts the model graph's candidate gains jointly, once each pair's own is known

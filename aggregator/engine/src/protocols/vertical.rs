@@ -41,7 +41,7 @@ use crate::domain::key::TableKey;
 use crate::graph::Edge;
 use crate::measure::tables::{Measurements, Tables};
 use crate::protocols::context::Context;
-use crate::select::gain::{PairGain, pair_gain_own_margins};
+use crate::select::gain::{NullOneWays, PairGain, pair_gain_own_margins};
 use crate::state::{CollectionState, Phase, ProtocolState, Transition};
 
 /// [`CollectionProtocol::gain_margin`] of vertical collections: every pair is measured, all
@@ -500,12 +500,11 @@ impl CollectionProtocol for Vertical {
     fn pair_gain(
         &self,
         _state: &CollectionState,
-        ms: &Measurements,
-        _one_way: &[Vec<f64>],
+        nulls: &NullOneWays<'_>,
         a: usize,
         b: usize,
     ) -> Option<PairGain> {
-        pair_gain_own_margins(ms, a.min(b), a.max(b))
+        pair_gain_own_margins(nulls.measurements(), a.min(b), a.max(b))
     }
 
     fn gain_margin(&self) -> f64 {

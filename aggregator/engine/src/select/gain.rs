@@ -11,7 +11,8 @@
 /// `E[√max(z² − 1, 0)]` for a standard normal z: the mean of one cell's debiased
 /// magnitude when the cell is pure noise (numerical integral).
 const NULL_MAGNITUDE: f64 = 0.342_624;
-use std::collections::BTreeSet;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
 
 use ldpsyn::mechanism::norm_sub;
 use rand::{Rng, SeedableRng};
@@ -19,7 +20,7 @@ use rand_chacha::ChaCha12Rng;
 
 use crate::domain::binned::BinnedFactor;
 use crate::domain::key::TableKey;
-use crate::measure::one_way::binnings;
+use crate::measure::one_way::{binnings, one_way_estimates};
 use crate::measure::tables::{Combined, Measurements};
 use crate::numeric::index::{coarsen, outer};
 use crate::numeric::stats::erfc;
@@ -191,11 +192,59 @@ fn standard_normal<R: Rng + ?Sized>(rng: &mut R) -> f64 {
 /// The independence model a pair's dependence is measured against ([`pair_gain_binned`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Null {
-    /// The product of the collection's 1-ways (`one_way`, every round pooled).
+    /// The product of the collection's 1-ways ([`NullOneWays::collection`], every round
+    /// pooled).
     Collection,
     /// The product of the 1-ways of the people the pair's tables come from
     /// ([`same_people_one_way`]): `auto`'s, whose rounds see the people in arrival order.
     SamePeople,
+}
+
+/// The 1-ways of measurements `ms` that the independence models of [`Null`] are built from:
+/// the collection's ([`one_way_estimates`]) and, computed once per attribute and round set,
+/// those of the people of given rounds ([`same_people_one_way`]). A model graph's candidates
+/// share them: the 4,950 pairs of 100 attributes ask for 100 attributes' 1-ways, each over
+/// every table that holds the attribute, so computing them per pair made that lookup most
+/// of a wide collection's finalize (`bench-fit`, `benchmarks/results/fit.md`). Not `Sync`
+/// (the memo is a `RefCell`): one per selection.
+#[derive(Debug)]
+pub struct NullOneWays<'a> {
+    ms: &'a Measurements,
+    collection: Vec<Vec<f64>>,
+    same_people: RefCell<BTreeMap<(usize, BTreeSet<u32>), Option<Vec<f64>>>>,
+}
+
+impl<'a> NullOneWays<'a> {
+    /// The collection's 1-ways of `ms` (one per attribute, Norm-Sub'd), the rounds' to come.
+    pub fn new(ms: &'a Measurements) -> Self {
+        Self {
+            ms,
+            collection: one_way_estimates(ms),
+            same_people: RefCell::new(BTreeMap::new()),
+        }
+    }
+
+    /// The measurements.
+    pub fn measurements(&self) -> &'a Measurements {
+        self.ms
+    }
+
+    /// The collection's 1-ways, one per attribute ([`one_way_estimates`]).
+    pub fn collection(&self) -> &[Vec<f64>] {
+        &self.collection
+    }
+
+    /// [`same_people_one_way`]`(ms, x, rounds)`, from the memo after its first call.
+    pub fn same_people(&self, x: usize, rounds: &BTreeSet<u32>) -> Option<Vec<f64>> {
+        if let Some(hit) = self.same_people.borrow().get(&(x, rounds.clone())) {
+            return hit.clone();
+        }
+        let one = same_people_one_way(self.ms, x, rounds);
+        self.same_people
+            .borrow_mut()
+            .insert((x, rounds.clone()), one.clone());
+        one
+    }
 }
 
 /// The best [`PairGain`] of `(a, b)` over every binning it was measured under
@@ -203,19 +252,18 @@ pub enum Null {
 /// estimated from the tables `judge` accepts (all of them, or those measured after the pair
 /// was selected: [`pair_gain_binned`]).
 pub fn best_pair_gain(
-    ms: &Measurements,
-    one_way: &[Vec<f64>],
+    nulls: &NullOneWays<'_>,
     a: usize,
     b: usize,
     null: Null,
     judge: impl Fn(&TableKey) -> bool + Copy,
 ) -> Option<(PairGain, Vec<Vec<u32>>)> {
-    binnings(ms, &[a, b])
+    binnings(nulls.measurements(), &[a, b])
         .into_iter()
         .filter_map(|bins| {
             let ab = [a, b];
             let pair = BinnedFactor::new(&ab, &bins);
-            Some((pair_gain_binned(ms, one_way, pair, null, judge)?, bins))
+            Some((pair_gain_binned(nulls, pair, null, judge)?, bins))
         })
         .max_by(|x, y| x.0.gain().total_cmp(&y.0.gain()))
 }
@@ -231,15 +279,14 @@ pub fn best_pair_gain(
 /// when `judge` accepts none. `None` if no table fits.
 ///
 /// `null` picks the independence model the dependence is measured against: the product of
-/// the collection's 1-ways `one_way`, or of the 1-ways of the people of the rounds the
-/// judged tables come from ([`Null::SamePeople`]; `one_way` for an attribute those rounds
-/// hold no full-resolution table of). Rounds run in arrival order: when the people drift
+/// the collection's 1-ways ([`NullOneWays::collection`]), or of the 1-ways of the people of
+/// the rounds the judged tables come from ([`Null::SamePeople`]; the collection's for an
+/// attribute those rounds hold no full-resolution table of). Rounds run in arrival order: when the people drift
 /// during a collection, a pair measured in a later round differs from the product of
 /// earlier people's 1-ways by their drift, not by a dependence the pair could add
 /// (`benchmarks/sweeps/arrival-order.md`).
 pub fn pair_gain_binned(
-    ms: &Measurements,
-    one_way: &[Vec<f64>],
+    nulls: &NullOneWays<'_>,
     pair: BinnedFactor<'_>,
     null: Null,
     judge: impl Fn(&TableKey) -> bool,
@@ -247,6 +294,7 @@ pub fn pair_gain_binned(
     let &[a, b] = pair.attrs() else {
         return None;
     };
+    let ms = nulls.measurements();
     let dims = ms.domain_sizes();
     let fits = |k: &TableKey| k.bins_are(pair);
     let mut rounds: BTreeSet<u32> = ms
@@ -264,9 +312,9 @@ pub fn pair_gain_binned(
     }
     let one = |x: usize, i: usize| {
         let same = (null == Null::SamePeople)
-            .then(|| same_people_one_way(ms, x, &rounds))
+            .then(|| nulls.same_people(x, &rounds))
             .flatten();
-        let p = same.as_deref().unwrap_or(&one_way[x]);
+        let p = same.as_deref().unwrap_or(&nulls.collection()[x]);
         coarsen(p, &[dims[x]], &[pair.cuts(i).to_vec()])
     };
     let (one_a, one_b) = (one(a, 0), one(b, 1));
@@ -724,13 +772,14 @@ mod tests {
             grr_table(&dims, &outer(&late, &b), 20_000, 3),
         );
         let ms = Measurements::new(Epsilon::new(6.0).unwrap(), &dims, &tables).unwrap();
-        let gain_of = |ms: &Measurements, one: &[Vec<f64>], null| {
-            pair_gain_binned(ms, one, BinnedFactor::full(&[0, 1]), null, |_| true).unwrap()
+        let gain_of = |ms: &Measurements, null| {
+            let nulls = NullOneWays::new(ms);
+            pair_gain_binned(&nulls, BinnedFactor::full(&[0, 1]), null, |_| true).unwrap()
         };
-        // The collection's 1-ways, as the callers pass them: `a` is half early, half late.
+        // The collection's 1-ways: `a` is half early, half late.
         let one = one_way_estimates(&ms);
         assert!((one[0][0] - 0.4).abs() < 0.05, "{:?}", one[0]);
-        let g = gain_of(&ms, &one, Null::SamePeople);
+        let g = gain_of(&ms, Null::SamePeople);
         assert!(
             g.dependence < 2.0 * g.dependence_sd,
             "an independent pair gains {} (sd {})",
@@ -738,7 +787,7 @@ mod tests {
             g.dependence_sd
         );
         // Against the collection's 1-ways the drift reads as a dependence of ~0.6.
-        let c = gain_of(&ms, &one, Null::Collection);
+        let c = gain_of(&ms, Null::Collection);
         assert!(c.dependence > 0.4, "{}", c.dependence);
         // A pair measured in the same round as the 1-ways is still judged against them.
         let mut same = Tables::new();
@@ -747,8 +796,7 @@ mod tests {
         let joint = [0.5, 0.1, 0.1, 0.0, 0.1, 0.1, 0.0, 0.0, 0.1];
         same.insert(key(0, vec![0, 1]), grr_table(&dims, &joint, 20_000, 6));
         let ms = Measurements::new(Epsilon::new(6.0).unwrap(), &dims, &same).unwrap();
-        let one = one_way_estimates(&ms);
-        let g = gain_of(&ms, &one, Null::SamePeople);
+        let g = gain_of(&ms, Null::SamePeople);
         assert!(
             g.dependence > 0.3,
             "a dependent pair gains {}",

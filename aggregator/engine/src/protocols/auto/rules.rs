@@ -8,7 +8,7 @@ use crate::domain::task::TaskSpec;
 use crate::graph::Edge;
 use crate::measure::drift::one_way_drift;
 use crate::measure::one_way::one_way_estimates;
-use crate::measure::tables::{Measurements, Tables};
+use crate::measure::tables::Tables;
 use crate::protocols::auto::Auto;
 use crate::protocols::auto::screening::{drift_extrapolation, repeat_pays, repeat_screening};
 use crate::protocols::auto::selection::Selection;
@@ -18,7 +18,7 @@ use crate::protocols::{
     CollectionProtocol, TaskChoices, active_edges, adapted_working_bins, common_choices,
     end_phase1_round, one_way_choices, one_way_state, pairs, plan_structure, round_quota,
 };
-use crate::select::gain::{Null, PairGain, best_pair_gain, lift_weak_dependence};
+use crate::select::gain::{Null, NullOneWays, PairGain, best_pair_gain, lift_weak_dependence};
 use crate::state::{CollectionState, Phase, Transition};
 
 impl CollectionProtocol for Auto {
@@ -187,14 +187,13 @@ impl CollectionProtocol for Auto {
     fn pair_gain(
         &self,
         state: &CollectionState,
-        ms: &Measurements,
-        one_way: &[Vec<f64>],
+        nulls: &NullOneWays<'_>,
         a: usize,
         b: usize,
     ) -> Option<PairGain> {
         let selected = selected_for_phase2(state, (a, b));
         let phase2 = state.round;
-        best_pair_gain(ms, one_way, a, b, Null::SamePeople, |k| {
+        best_pair_gain(nulls, a, b, Null::SamePeople, |k| {
             !selected || k.factor != [a, b] || k.round >= phase2
         })
         .map(|(g, _)| g)

@@ -5,14 +5,13 @@ use std::collections::BTreeSet;
 
 use crate::domain::binned::BinnedFactor;
 use crate::graph::{Edge, edge};
-use crate::measure::one_way::one_way_estimates;
 use crate::measure::tables::Measurements;
 use crate::numeric::info::mutual_information;
 use crate::protocols::auto::Auto;
 use crate::protocols::auto::allocation::{equivalent_reports, top_up};
 use crate::protocols::context::Context;
 use crate::select::gain::{
-    Null, PairGain, pair_gain_binned, pooled_dependence, projected_noise_l1,
+    Null, NullOneWays, PairGain, pair_gain_binned, pooled_dependence, projected_noise_l1,
 };
 use crate::select::model_graph::{clique_cap, largest_clique_cells};
 use crate::state::{CollectionState, PlannedFactor};
@@ -58,7 +57,8 @@ impl Auto {
     ) -> Selection {
         let d = ctx.dims().len();
         let round = state.round;
-        let one = one_way_estimates(ms);
+        let nulls = NullOneWays::new(ms);
+        let one = nulls.collection();
         let n2 = self.phase2_users_after(ctx, screening_share).max(1.0);
         let n_ref = (n2 / d as f64).max(1.0);
         // The share of a table's noise that its simplex projection keeps, at a tree-sized
@@ -106,7 +106,7 @@ impl Auto {
             }
             let ab = [e.a, e.b];
             let pair = BinnedFactor::new(&ab, &e.bins);
-            let Some(g) = pair_gain_binned(ms, &one, pair, Null::SamePeople, |_| true) else {
+            let Some(g) = pair_gain_binned(&nulls, pair, Null::SamePeople, |_| true) else {
                 continue;
             };
             e.reports = ms

@@ -281,6 +281,49 @@ pub fn sampled_party_budget(
     ))
 }
 
+/// Default share of a party's ε per person for its local model under `sketch+locmrf`
+/// ([`sketch_party_budget`]): 0.5. VertiMRF §7.1 gives 40% to LocMRF, 40% to LocEnc (10% of
+/// it to n̂) and 20% to binning; here binning costs nothing (§6.1's equal-width bins depend
+/// on the domain only, and the value distributions within bins come from the local model's
+/// own noisy 1-ways, post-processing), so its 20% is split evenly between the other two.
+#[cfg(feature = "locmrf")]
+pub const DEFAULT_SKETCH_LOCMRF_SHARE: f64 = 0.5;
+
+/// Splits a party's budget per person, `epsilon` (and `delta` for its local model), for
+/// encoding `sketch+locmrf`: `locmrf_share · epsilon` with `delta` to the local model, the
+/// rest to its one sketch report, written as equal shares over its `attributes` (the
+/// report's ε is their sum, [`crate::wire::Party::report_epsilon`]; Theorem 2 spends it
+/// evenly over every sketch). Returns the attributes' ε and the model's budget; they compose
+/// back to `epsilon` (the report's own δ is the collection's `sketch.delta`).
+/// Errors: [`VerticalError::Budget`] unless `0 < locmrf_share < 1`, `0 < delta < 1` and
+/// every part is at least [`crate::MIN_COLLECTION_EPSILON`].
+#[cfg(feature = "locmrf")]
+pub fn sketch_party_budget(
+    epsilon: f64,
+    delta: f64,
+    attributes: usize,
+    locmrf_share: f64,
+) -> Result<(Vec<crate::Epsilon>, crate::wire::LocMrfBudget), VerticalError> {
+    let bad = || VerticalError::Budget {
+        epsilon,
+        delta,
+        locmrf_share,
+    };
+    let model = local_model_epsilon(epsilon, delta, locmrf_share)?;
+    let each = (epsilon - model.get()) / attributes.max(1) as f64;
+    if model.get() < crate::MIN_COLLECTION_EPSILON || each < crate::MIN_COLLECTION_EPSILON {
+        return Err(bad());
+    }
+    let each = crate::Epsilon::new(each).map_err(|_| bad())?;
+    Ok((
+        vec![each; attributes],
+        crate::wire::LocMrfBudget {
+            epsilon: model,
+            delta,
+        },
+    ))
+}
+
 /// The local model's ε, `locmrf_share · epsilon`, of a party's budget (`epsilon`, `delta`).
 /// Errors: [`VerticalError::Budget`] unless `0 < locmrf_share < 1`, `0 < delta < 1` and the
 /// model's ε is a valid ε.

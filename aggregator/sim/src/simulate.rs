@@ -191,7 +191,9 @@ impl Simulation<'_> {
     /// and uploads them in party order; the tables are what the service
     /// counts ([`ldpsyn_engine::protocols::vertical::Vertical::record_cells`]). Under
     /// `fo+locmrf` each party with a budget also measures its local model of every person's
-    /// row of its attributes.
+    /// row of its attributes. Under `sketch+locmrf` no party reports per person: each
+    /// measures its local model and makes its sketch report ([`Simulation::sketch_reports`]),
+    /// and the engine finalizes from those ([`Engine::finalize_with_sketches`]).
     fn run_vertical(self, rng: &mut ChaCha12Rng) -> Result<SimRun, SimError> {
         let engine = self.engine;
         let v = engine
@@ -204,7 +206,12 @@ impl Simulation<'_> {
         let mut tables = Tables::new();
         let mut mechs: HashMap<TableKey, Mechanism> = HashMap::new();
         let mut uploaded: Vec<(usize, Vec<u32>)> = Vec::new();
-        for row in self.population.rows() {
+        // `sketch+locmrf`: no per-record report (the parties' sketch reports below).
+        let rows = (!v.encoding().is_sketch())
+            .then(|| self.population.rows())
+            .into_iter()
+            .flatten();
+        for row in rows {
             uploaded.clear();
             for (p, party) in v.parties().iter().enumerate() {
                 let codes = if v.encoding().is_sampled() {
@@ -258,7 +265,12 @@ impl Simulation<'_> {
             );
         }
         let mut state = engine.initial_state();
-        let model = engine.finalize_with_local_models(&state, &tables, &local)?;
+        let model = if v.encoding().is_sketch() {
+            let sketches = self.sketch_reports(v, rng)?;
+            engine.finalize_with_sketches(&state, &tables, &local, &sketches)?
+        } else {
+            engine.finalize_with_local_models(&state, &tables, &local)?
+        };
         engine.mark_finalized(&mut state);
         Ok(SimRun {
             model,
@@ -268,6 +280,50 @@ impl Simulation<'_> {
             states: Vec::new(),
             reports: Vec::new(),
         })
+    }
+}
+
+impl Simulation<'_> {
+    /// `sketch+locmrf`: each party's sketch report (VertiMRF Algorithm 3 with n̂, as a party's
+    /// machine makes it) over its people's (record id, sketch-binned codes), record ids the
+    /// row indices, under one sketch key the parties share; the key, the phantoms and n̂'s
+    /// noise come from a ChaCha12 seeded from the simulation's rng (seeds only here: a
+    /// party's machine uses the OS CSPRNG).
+    fn sketch_reports(
+        &self,
+        v: &ldpsyn_engine::protocols::vertical::Vertical,
+        rng: &mut ChaCha12Rng,
+    ) -> Result<Vec<ldpsyn_engine::measure::cross_party::SketchUpload>, SimError> {
+        use ldpsyn_engine::measure::sketch::{SketchKey, encode_party};
+        let mut party_rng = ChaCha12Rng::seed_from_u64(rng.random());
+        let key = SketchKey::generate(&mut party_rng);
+        let ids: Vec<String> = (0..self.population.len()).map(|i| i.to_string()).collect();
+        let mut out = Vec::with_capacity(v.parties().len());
+        for (p, party) in v.parties().iter().enumerate() {
+            let params = v.sketch_params(p).map_err(SimError::Population)?;
+            let cuts: Vec<Vec<u32>> = party.attributes.iter().map(|&a| v.sketch_cuts(a)).collect();
+            let sizes: Vec<u32> = party
+                .attributes
+                .iter()
+                .map(|&a| v.sketch_bin_count(a) as u32)
+                .collect();
+            let records = self.population.rows().zip(&ids).map(|(row, id)| {
+                let codes: Vec<u32> = party
+                    .attributes
+                    .iter()
+                    .zip(&cuts)
+                    .map(|(&a, c)| ldpsyn::factor::bin_of(row[a], c))
+                    .collect();
+                (id.as_bytes(), codes)
+            });
+            let report = encode_party(&params, &key, &sizes, records, &mut party_rng)
+                .map_err(|e| SimError::Population(e.to_string()))?;
+            out.push(ldpsyn_engine::measure::cross_party::SketchUpload {
+                party: party.name.clone(),
+                report,
+            });
+        }
+        Ok(out)
     }
 }
 
@@ -939,6 +995,7 @@ mod tests {
                     } else {
                         VerticalEncoding::Fo
                     },
+                    sketch: None,
                 }),
             })
             .unwrap()
@@ -1033,6 +1090,7 @@ mod tests {
             protocol: Protocol::Vertical(ldpsyn::wire::VerticalParams {
                 parties,
                 encoding: Default::default(),
+                sketch: None,
             }),
         })
         .unwrap();

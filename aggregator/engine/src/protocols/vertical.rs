@@ -721,6 +721,86 @@ mod tests {
         }
     }
 
+    /// Encoding `sketch+locmrf`: a party's sketch report spends its attributes' ε summed, by
+    /// Theorem 2 of VertiMRF with n̂: `4ε′√(t·d·ln(1/δ)) + ε_n` at the party's t, d, ε′ and δ
+    /// equals that sum (the count share of it on n̂), and the party's composed ε adds its
+    /// local model's; the collection's δ adds every model's and every report's. Settings
+    /// out of range, settings under another encoding and a party without a model are
+    /// refused; an attribute of more values than `bins` is cut into equal-width bins.
+    #[test]
+    fn sketch_encoding_accounts_by_theorem_2() {
+        let mut p = params(&[("x", &[("a", 0.3), ("b", 0.3)]), ("y", &[("c", 0.4)])]);
+        p.encoding = VerticalEncoding::SketchLocmrf;
+        for party in &mut p.parties {
+            party.locmrf = Some(LocMrfBudget {
+                epsilon: Epsilon::new(0.5).unwrap(),
+                delta: 1e-6,
+            });
+        }
+        p.sketch = Some(SketchSettings {
+            delta: Some(1e-5),
+            repetitions: 2000,
+            bins: 3,
+            count_share: 0.1,
+        });
+        let v = Vertical::new(&p, &schema()).unwrap();
+        for (i, (d, report)) in [(2usize, 0.6f64), (1, 0.4)].into_iter().enumerate() {
+            let sp = v.sketch_params(i).unwrap();
+            assert_eq!(sp.repetitions(), 2000);
+            // Theorem 2 by hand: ε′ from Algorithm 3 line 2 back to ε.
+            let theorem = 4.0 * sp.sketch_epsilon() * (2000.0 * d as f64 * 1e5f64.ln()).sqrt();
+            assert!((theorem - 0.9 * report).abs() < 1e-12, "{theorem}");
+            assert!((sp.count_epsilon() - 0.1 * report).abs() < 1e-12);
+            let (eps, delta) = sp.guarantee(d, 1e-5).unwrap();
+            assert!((eps - report).abs() < 1e-12 && delta == 1e-5, "{eps}");
+            assert!((v.party_epsilon(i) - (report + 0.5)).abs() < 1e-12);
+        }
+        assert!((v.composed_epsilon() - 2.0).abs() < 1e-12);
+        assert!((v.composed_delta() - 2.0 * (1e-6 + 1e-5)).abs() < 1e-18);
+        // Domain 4 > 3 bins: cuts ⌈4/3⌉ = 2, ⌈8/3⌉ = 3; 3 values ≤ 3 bins: unbinned.
+        let c = v.parties()[1].attributes[0];
+        assert_eq!((v.sketch_cuts(c), v.sketch_bin_count(c)), (vec![2, 3], 3));
+        assert_eq!(v.sketch_cuts(0), Vec::<u32>::new());
+        // Per-record uploads have no place in a sketch collection.
+        assert!(v.row(0, None, &[0, 1]).is_err());
+        // Without `delta` the sketches take the party's model δ.
+        p.sketch = Some(SketchSettings::default());
+        let v = Vertical::new(&p, &schema()).unwrap();
+        assert_eq!(v.sketch_delta(0), Some(1e-6));
+        let refused = |p: &VerticalParams, needle: &str| {
+            let e = Vertical::new(p, &schema()).unwrap_err().to_string();
+            assert!(e.contains(needle), "{e}");
+        };
+        for bad in [
+            SketchSettings {
+                repetitions: 0,
+                ..SketchSettings::default()
+            },
+            SketchSettings {
+                bins: 1,
+                ..SketchSettings::default()
+            },
+            SketchSettings {
+                count_share: 1.0,
+                ..SketchSettings::default()
+            },
+            SketchSettings {
+                delta: Some(0.0),
+                ..SketchSettings::default()
+            },
+        ] {
+            let mut q = p.clone();
+            q.sketch = Some(bad);
+            refused(&q, "`sketch` needs");
+        }
+        let mut q = p.clone();
+        q.parties[1].locmrf = None;
+        refused(&q, "for every party");
+        let mut q = p.clone();
+        q.encoding = VerticalEncoding::SampledLocmrf;
+        refused(&q, "are for encoding `sketch+locmrf`");
+    }
+
     /// Issue 33 item 2: an attribute ε below the collection minimum is refused (at 1e-17 GRR's
     /// p and q are one float and every estimate NaN); the minimum itself is accepted.
     #[test]

@@ -437,7 +437,10 @@ pub fn pair_gain_own_margins(ms: &Measurements, a: usize, b: usize) -> Option<Pa
 /// margins): `y` the raw frequencies (row-major `rows × cols`, possibly negative, summing
 /// near 1) and `variances` their per-cell variances. Each cell's null standard error is its
 /// own (the sketch noise of a cell is its union estimate's, present under independence
-/// too), the noise the model takes on is [`projected_noise_l1`] at the projected estimate.
+/// too). The noise the model takes on is [`projected_noise_l1`] at the projected estimate
+/// times [`PairGain::interaction_share`]: the fit pins the pair's margins to the parties'
+/// local models' 1-ways, measured centrally and far more precisely than the sketched cells,
+/// so only the table's interaction noise is taken on.
 /// `seed` fixes that bootstrap. Panics if the lengths are not `rows · cols`.
 pub fn pair_gain_from_cells(
     y: &[f64],
@@ -475,13 +478,14 @@ pub fn pair_gain_from_cells(
             std_error: *s,
         })
         .collect();
+    let share = interaction_share(rows, cols);
     PairGain {
         observed_l1,
-        noise_l1: projected_noise_l1(&projected, &sigma, seed),
+        noise_l1: share * projected_noise_l1(&projected, &sigma, seed),
         dependence,
         dependence_sd: dependence_sd(sigma.iter().copied()),
         projected,
-        interaction_share: interaction_share(rows, cols),
+        interaction_share: share,
         cells,
     }
 }

@@ -55,6 +55,12 @@ pub enum VerticalError {
     /// The collection has no party of this name.
     #[error("the collection has no party `{0}`")]
     UnknownParty(String),
+    /// The collection's encoding (`sketch+locmrf`) takes no per-record reports.
+    #[error(
+        "encoding `sketch+locmrf` takes no per-record reports: each party uploads one sketch \
+         report (simulator and benchmarks only for now)"
+    )]
+    NoRecordReports,
     /// A party attribute is not in the schema.
     #[error("party attribute `{0}` is not in the schema")]
     UnknownAttribute(String),
@@ -400,11 +406,16 @@ pub struct PartyRandomizer {
 
 impl PartyRandomizer {
     /// The randomizer of party `name` in the vertical collection `config`.
-    /// Errors: not vertical, unknown party or attribute, or an invalid mechanism.
+    /// Errors: not vertical, an encoding without per-record reports (`sketch+locmrf`),
+    /// unknown party or attribute, or an invalid mechanism.
     pub fn new(config: &CollectionConfig, name: &str) -> Result<Self, VerticalError> {
         let Protocol::Vertical(params) = &config.protocol else {
             return Err(VerticalError::NotVertical(config.protocol.name()));
         };
+        #[cfg(feature = "locmrf")]
+        if params.encoding.is_sketch() {
+            return Err(VerticalError::NoRecordReports);
+        }
         let party = params
             .parties
             .iter()
@@ -928,6 +939,41 @@ mod tests {
                "locmrf": {"epsilon": 0.5, "delta": 1e-6}}]}"#,
         )
         .unwrap()
+    }
+
+    /// Encoding `sketch+locmrf` by its config name: a party's report ε is its attributes'
+    /// sum (the ε of its one sketch report) plus its model's, the sketch settings default to
+    /// §7.1's (t = 2000, 4 bins, 10% of the report's ε to n̂, δ from the model), and the
+    /// per-record randomizer refuses the collection (no per-record report exists);
+    /// `sketch_party_budget` splits a party's ε back to its total.
+    #[test]
+    fn sketch_encoding_config_and_budget() {
+        use crate::wire::{SketchSettings, VerticalEncoding};
+        let mut c = sampled_config();
+        let Protocol::Vertical(p) = &mut c.protocol else {
+            unreachable!()
+        };
+        p.encoding = serde_json::from_value(serde_json::json!("sketch+locmrf")).unwrap();
+        assert_eq!(p.encoding, VerticalEncoding::SketchLocmrf);
+        assert_eq!(serde_json::json!(p.encoding), p.encoding.name());
+        assert!(p.encoding.has_local_models() && p.encoding.needs_every_local_model());
+        assert_eq!(p.parties[0].report_epsilon(p.encoding), 3.0);
+        assert_eq!(p.parties[0].composed_epsilon(p.encoding), 3.5);
+        let p2: crate::wire::VerticalParams = serde_json::from_value(serde_json::json!({
+            "parties": [], "encoding": "sketch+locmrf", "sketch": {"bins": 8}}))
+        .unwrap();
+        let s = p2.sketch.unwrap();
+        assert_eq!((s.bins, s.repetitions, s.delta), (8, 2000, None));
+        assert_eq!(s.count_share, SketchSettings::default().count_share);
+        assert!(matches!(
+            PartyRandomizer::new(&c, "bank"),
+            Err(VerticalError::NoRecordReports)
+        ));
+        let (eps, model) = sketch_party_budget(0.8, 1e-6, 4, DEFAULT_SKETCH_LOCMRF_SHARE).unwrap();
+        assert_eq!(eps.len(), 4);
+        let total: f64 = eps.iter().map(|e| e.get()).sum::<f64>() + model.epsilon.get();
+        assert!((total - 0.8).abs() < 1e-12 && (model.epsilon.get() - 0.4).abs() < 1e-12);
+        assert!(sketch_party_budget(0.8, 1e-6, 4, 1.0).is_err());
     }
 
     /// Under `sampled+locmrf` a record names one attribute drawn uniformly and carries its

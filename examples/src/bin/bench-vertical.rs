@@ -17,7 +17,8 @@
 //!   plus one DP Flajolet–Martin sketch report per party, cross-party pairs by CarEst) at the
 //!   same ε per party, split by [`ldpsyn::vertical::sketch_party_budget`]
 //!   (`--sketch-locmrf-share` to the local model, the rest to the sketch report, 10% of that
-//!   to n̂), δ = `--delta` for the model and again for the sketches, `t = --repetitions`,
+//!   to n̂), half of `--delta` for the model and half for the sketches (the same composed δ
+//!   as the other encodings), `t = --repetitions`,
 //!   `--sketch-bins` equal-width bins per attribute;
 //! - `auto` and `independence`: a centralized device collection at the same total ε per
 //!   person (the sum over the parties), each person reporting once;
@@ -209,60 +210,65 @@ fn main() -> Result<(), Error> {
     let dims = schema.domain_sizes();
     let delta = args.delta.unwrap_or(1.0 / (n as f64 * names.len() as f64));
     for &e in &args.party_epsilons {
-        let params_with = |optimal: bool,
-                           encoding: VerticalEncoding|
-         -> Result<VerticalParams, Error> {
-            Ok(VerticalParams {
-                parties: names
-                    .iter()
-                    .enumerate()
-                    .map(|(p, attrs)| {
-                        let k: Vec<usize> = attrs
-                            .iter()
-                            .map(|a| schema.index_of(a).map_or(2, |i| dims[i]))
-                            .collect();
-                        let (split, budget) = if encoding == VerticalEncoding::SketchLocmrf {
-                            let (split, budget) =
-                                sketch_party_budget(e, delta, k.len(), args.sketch_locmrf_share)?;
-                            (split.iter().map(|x| x.get()).collect(), Some(budget))
-                        } else if encoding == VerticalEncoding::SampledLocmrf {
-                            let (split, budget) =
-                                sampled_party_budget(e, delta, k.len(), args.locmrf_share)?;
-                            (split.iter().map(|x| x.get()).collect(), Some(budget))
-                        } else if encoding == VerticalEncoding::FoLocmrf {
-                            let (split, budget) =
-                                split_party_budget(e, delta, &k, args.locmrf_share)?;
-                            (split.iter().map(|x| x.get()).collect(), Some(budget))
-                        } else if optimal {
-                            (split_epsilon(e, &k), None)
-                        } else {
-                            (vec![e / attrs.len() as f64; attrs.len()], None)
-                        };
-                        Ok(Party {
-                            name: format!("party{p}"),
-                            attributes: attrs
+        let params_with =
+            |optimal: bool, encoding: VerticalEncoding| -> Result<VerticalParams, Error> {
+                Ok(VerticalParams {
+                    parties: names
+                        .iter()
+                        .enumerate()
+                        .map(|(p, attrs)| {
+                            let k: Vec<usize> = attrs
                                 .iter()
-                                .zip(split)
-                                .map(|(a, eps)| {
-                                    Ok(PartyAttribute {
-                                        name: a.clone(),
-                                        epsilon: Epsilon::new(eps)?,
+                                .map(|a| schema.index_of(a).map_or(2, |i| dims[i]))
+                                .collect();
+                            let (split, budget) = if encoding == VerticalEncoding::SketchLocmrf {
+                                // Half of δ to the model, half to the sketches: the same
+                                // composed δ as the other encodings.
+                                let (split, budget) = sketch_party_budget(
+                                    e,
+                                    delta / 2.0,
+                                    k.len(),
+                                    args.sketch_locmrf_share,
+                                )?;
+                                (split.iter().map(|x| x.get()).collect(), Some(budget))
+                            } else if encoding == VerticalEncoding::SampledLocmrf {
+                                let (split, budget) =
+                                    sampled_party_budget(e, delta, k.len(), args.locmrf_share)?;
+                                (split.iter().map(|x| x.get()).collect(), Some(budget))
+                            } else if encoding == VerticalEncoding::FoLocmrf {
+                                let (split, budget) =
+                                    split_party_budget(e, delta, &k, args.locmrf_share)?;
+                                (split.iter().map(|x| x.get()).collect(), Some(budget))
+                            } else if optimal {
+                                (split_epsilon(e, &k), None)
+                            } else {
+                                (vec![e / attrs.len() as f64; attrs.len()], None)
+                            };
+                            Ok(Party {
+                                name: format!("party{p}"),
+                                attributes: attrs
+                                    .iter()
+                                    .zip(split)
+                                    .map(|(a, eps)| {
+                                        Ok(PartyAttribute {
+                                            name: a.clone(),
+                                            epsilon: Epsilon::new(eps)?,
+                                        })
                                     })
-                                })
-                                .collect::<Result<_, Error>>()?,
-                            locmrf: budget,
+                                    .collect::<Result<_, Error>>()?,
+                                locmrf: budget,
+                            })
                         })
-                    })
-                    .collect::<Result<_, Error>>()?,
-                encoding,
-                sketch: (encoding == VerticalEncoding::SketchLocmrf).then(|| SketchSettings {
-                    delta: Some(delta),
-                    repetitions: args.repetitions,
-                    bins: args.sketch_bins,
-                    ..SketchSettings::default()
-                }),
-            })
-        };
+                        .collect::<Result<_, Error>>()?,
+                    encoding,
+                    sketch: (encoding == VerticalEncoding::SketchLocmrf).then(|| SketchSettings {
+                        delta: Some(delta / 2.0),
+                        repetitions: args.repetitions,
+                        bins: args.sketch_bins,
+                        ..SketchSettings::default()
+                    }),
+                })
+            };
         let params = |optimal: bool| params_with(optimal, VerticalEncoding::Fo);
         if let Some(path) = args.write_parties.take() {
             let mut params = params(true)?;
@@ -399,7 +405,8 @@ fn main() -> Result<(), Error> {
         "exact_independence": {"tvd2": exact.tvd2, "tvd3": exact.tvd3, "cross_party_tvd2": exact.cross_tvd2},
         "locmrf": {"share": args.locmrf_share, "delta_per_party": delta},
         "sketch": {"locmrf_share": args.sketch_locmrf_share, "count_share": SketchSettings::default().count_share,
-                   "repetitions": args.repetitions, "bins": args.sketch_bins, "delta_per_party": delta},
+                   "repetitions": args.repetitions, "bins": args.sketch_bins,
+                   "model_delta_per_party": delta / 2.0, "sketch_delta_per_party": delta / 2.0},
         "results": results,
     });
     let text = serde_json::to_string_pretty(&out)?;
@@ -429,8 +436,9 @@ fn markdown(out: &Value) -> String {
          edges count only pairs an LDP table measures: cross-party ones, the pairs within a \
          party coming from the local models' graphs). `vertical-sketch-locmrf` is VertiMRF as \
          published (encoding `sketch+locmrf`): the local model plus one DP Flajolet–Martin \
-         sketch report per party at the rest of its ε (settings under `sketch` in the JSON; the \
-         party's composed δ is the model's plus the sketches'), cross-party pairs from CarEst; \
+         sketch report per party at the rest of its ε (settings under `sketch` in the JSON; \
+         the party's δ is split evenly between model and sketches, so every encoding has the \
+         same composed δ), cross-party pairs from CarEst; \
          its edges count the cross-party pairs kept. 3-way TVD: over every \
          attribute triple, when run with `--tvd3`. \
          Non-private exact independence: 2-way TVD {:.4}, cross-party {:.4}.\n\n\

@@ -205,3 +205,113 @@ pub fn cross_observations(
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::measure::sketch::{SketchKey, SketchParams, encode_party};
+    use ldpsyn::Epsilon;
+    use ldpsyn::schema::Schema;
+    use ldpsyn::wire::{
+        LocMrfBudget, Party, PartyAttribute, SketchSettings, VerticalEncoding, VerticalParams,
+    };
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha12Rng;
+
+    /// Parties `x` (a: 3 values, b: 2) and `y` (c: 6 values, sketched in 3 bins).
+    fn vertical() -> Vertical {
+        let schema: Schema = serde_json::from_value(serde_json::json!({"attributes": [
+            {"name": "a", "type": "categorical", "labels": ["0", "1", "2"]},
+            {"name": "b", "type": "categorical", "labels": ["0", "1"]},
+            {"name": "c", "type": "categorical", "labels": ["0", "1", "2", "3", "4", "5"]}]}))
+        .unwrap();
+        let party = |name: &str, attrs: &[&str]| Party {
+            name: name.into(),
+            attributes: attrs
+                .iter()
+                .map(|a| PartyAttribute {
+                    name: (*a).into(),
+                    epsilon: Epsilon::new(1.0).unwrap(),
+                })
+                .collect(),
+            locmrf: Some(LocMrfBudget {
+                epsilon: Epsilon::new(1.0).unwrap(),
+                delta: 1e-6,
+            }),
+        };
+        let params = VerticalParams {
+            parties: vec![party("x", &["a", "b"]), party("y", &["c"])],
+            encoding: VerticalEncoding::SketchLocmrf,
+            sketch: Some(SketchSettings {
+                repetitions: 64,
+                bins: 3,
+                ..SketchSettings::default()
+            }),
+        };
+        Vertical::new(&params, &schema).unwrap()
+    }
+
+    fn upload(
+        v: &Vertical,
+        p: usize,
+        params: &SketchParams,
+        sizes: &[u32],
+        key: &SketchKey,
+    ) -> SketchUpload {
+        let mut rng = ChaCha12Rng::seed_from_u64(p as u64);
+        let rows: Vec<(String, Vec<u32>)> = (0..200u32)
+            .map(|i| (format!("id{i}"), sizes.iter().map(|&u| i % u).collect()))
+            .collect();
+        SketchUpload {
+            party: v.parties()[p].name.clone(),
+            report: encode_party(
+                params,
+                key,
+                sizes,
+                rows.iter().map(|(i, c)| (i, c)),
+                &mut rng,
+            )
+            .unwrap(),
+        }
+    }
+
+    /// Uploads that fit give one binned table per cross-party pair (a–c and b–c, not a–b),
+    /// c in 3 bins; a missing or repeated party, another party's parameters, unbinned
+    /// domains, another key or another encoding are refused with a message.
+    #[test]
+    fn uploads_are_checked_and_give_the_cross_party_pairs() {
+        let v = vertical();
+        let key = SketchKey::new(vec![7; 32]).unwrap();
+        let (px, py) = (v.sketch_params(0).unwrap(), v.sketch_params(1).unwrap());
+        let x = upload(&v, 0, &px, &[3, 2], &key);
+        let y = upload(&v, 1, &py, &[3], &key);
+        let (cross, n) = cross_party_marginals(&v, &[y.clone(), x.clone()]).unwrap();
+        let pairs: Vec<Edge> = cross.iter().map(|c| c.pair).collect();
+        assert_eq!(pairs, vec![(0, 2), (1, 2)]);
+        assert_eq!(cross[0].bins, vec![vec![], vec![2, 4]]);
+        assert_eq!(
+            (cross[0].frequencies.len(), cross[1].variances.len()),
+            (9, 6)
+        );
+        assert!((n.value - 200.0).abs() < 50.0, "{n:?}");
+        let refused = |uploads: &[SketchUpload], needle: &str| {
+            let e = check_uploads(&v, uploads).unwrap_err();
+            assert!(e.contains(needle), "{e}");
+        };
+        refused(std::slice::from_ref(&x), "has not uploaded");
+        refused(&[x.clone(), x.clone(), y.clone()], "two sketch reports");
+        refused(
+            &[upload(&v, 0, &py, &[3, 2], &key), y.clone()],
+            "parameters are not the collection's",
+        );
+        refused(&[x.clone(), upload(&v, 1, &py, &[6], &key)], "sketch bins");
+        let other = SketchKey::new(vec![8; 32]).unwrap();
+        refused(
+            &[x.clone(), upload(&v, 1, &py, &[3], &other)],
+            "different keys",
+        );
+        let mut renamed = y.clone();
+        renamed.party = "z".into();
+        refused(&[x, renamed], "unknown party");
+    }
+}

@@ -459,7 +459,8 @@ impl Engine {
     /// budget, each passing [`LocalModel::check`]; their graphs start the model graph and
     /// their measurements join the fit. Errors: as [`Engine::finalize`];
     /// [`EngineError::InvalidState`] when a model is missing, repeated, fails its check, or
-    /// is given to a collection whose encoding is `fo` or that is not vertical.
+    /// is given to a collection whose encoding is `fo` or that is not vertical, and for a
+    /// `sketch+locmrf` collection (it finalizes with [`Engine::finalize_with_sketches`]).
     pub fn finalize_with_local_models(
         &self,
         state: &CollectionState,

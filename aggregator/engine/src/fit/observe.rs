@@ -99,10 +99,10 @@ pub const LOCAL_PRECISION_RATIO: f64 = 10.0;
 pub const SAMPLED_LOCAL_PRECISION_RATIO: f64 = 5.0;
 
 /// [`LOCAL_PRECISION_RATIO`] under encoding `sketch+locmrf`, where the floor is taken over
-/// the cross-party sketch tables (no LDP table exists). The sketch tables' cells are far
-/// noisier than any local marginal (a cell's union holds the phantoms of every merged
-/// sketch, `benchmarks/results/sketch-cost.md`), so the same cap as `fo+locmrf`'s keeps the
-/// local marginals from setting the fit's step size alone.
+/// the cross-party sketch tables (no LDP table exists; their cells are far noisier than any
+/// local marginal). Of 1, 10, 100 and no cap, 10 gave the lowest 3-way TVD on NLTCS 8 & 8 at
+/// total ε 0.8 (0.032 / 0.023 / 0.035 / 0.052) and on Adult 8 & 7 at 1.6 (0.097 / 0.093 /
+/// 0.100 / 0.109), 3 seeds each (`benchmarks/results/vertical-sketch-{nltcs,adult}.md`).
 pub const SKETCH_LOCAL_PRECISION_RATIO: f64 = LOCAL_PRECISION_RATIO;
 
 /// The observations of the parties' local models on `tree` (module docs of

@@ -18,7 +18,9 @@ use ldpsyn::Epsilon;
 use ldpsyn::client::{Client, ClientOptions, SimulatedPerson};
 use ldpsyn::ledger::MemoryLedger;
 use ldpsyn::schema::{AttributeKind, Schema};
-use ldpsyn::vertical::{DEFAULT_LOCMRF_SHARE, sampled_party_budget, split_party_budget};
+use ldpsyn::vertical::{
+    DEFAULT_LOCMRF_SHARE, sampled_party_budget, sketch_party_budget, split_party_budget,
+};
 use ldpsyn::wire::{LocMrfBudget, Party, PartyAttribute, VerticalEncoding};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -108,10 +110,12 @@ pub struct DemoConfig {
     pub locmrf_share: f64,
 }
 
-/// An encoding by its config name (`fo`, `fo+locmrf`, `sampled+locmrf`).
+/// An encoding by its config name (`fo`, `fo+locmrf`, `sampled+locmrf`, `sketch+locmrf`;
+/// the last is refused by the service, which has no sketch upload yet).
 fn parse_encoding(name: &str) -> Result<VerticalEncoding, String> {
-    serde_json::from_value(serde_json::Value::from(name))
-        .map_err(|_| format!("`{name}` is not an encoding: fo, fo+locmrf or sampled+locmrf"))
+    serde_json::from_value(serde_json::Value::from(name)).map_err(|_| {
+        format!("`{name}` is not an encoding: fo, fo+locmrf, sampled+locmrf or sketch+locmrf")
+    })
 }
 
 /// Errors of the demo.
@@ -334,7 +338,9 @@ fn vertical_parties(
             })
             .collect::<Result<Vec<_>, _>>()?;
         let total = party.epsilon();
-        let split = if encoding.is_sampled() {
+        let split = if encoding.is_sketch() {
+            sketch_party_budget(total, delta, k.len(), share)
+        } else if encoding.is_sampled() {
             sampled_party_budget(total, delta, k.len(), share)
         } else {
             split_party_budget(total, delta, &k, share)

@@ -55,6 +55,12 @@ pub enum VerticalError {
     /// The collection has no party of this name.
     #[error("the collection has no party `{0}`")]
     UnknownParty(String),
+    /// The collection's encoding (`sketch+locmrf`) takes no per-record reports.
+    #[error(
+        "encoding `sketch+locmrf` takes no per-record reports: each party uploads one sketch \
+         report (simulator and benchmarks only for now)"
+    )]
+    NoRecordReports,
     /// A party attribute is not in the schema.
     #[error("party attribute `{0}` is not in the schema")]
     UnknownAttribute(String),
@@ -281,6 +287,49 @@ pub fn sampled_party_budget(
     ))
 }
 
+/// Default share of a party's ε per person for its local model under `sketch+locmrf`
+/// ([`sketch_party_budget`]): 0.5. VertiMRF §7.1 gives 40% to LocMRF, 40% to LocEnc (10% of
+/// it to n̂) and 20% to binning; here binning costs nothing (§6.1's equal-width bins depend
+/// on the domain only, and the value distributions within bins come from the local model's
+/// own noisy 1-ways, post-processing), so its 20% is split evenly between the other two.
+#[cfg(feature = "locmrf")]
+pub const DEFAULT_SKETCH_LOCMRF_SHARE: f64 = 0.5;
+
+/// Splits a party's budget per person, `epsilon` (and `delta` for its local model), for
+/// encoding `sketch+locmrf`: `locmrf_share · epsilon` with `delta` to the local model, the
+/// rest to its one sketch report, written as equal shares over its `attributes` (the
+/// report's ε is their sum, [`crate::wire::Party::report_epsilon`]; Theorem 2 spends it
+/// evenly over every sketch). Returns the attributes' ε and the model's budget; they compose
+/// back to `epsilon` (the report's own δ is the collection's `sketch.delta`).
+/// Errors: [`VerticalError::Budget`] unless `0 < locmrf_share < 1`, `0 < delta < 1` and
+/// every part is at least [`crate::MIN_COLLECTION_EPSILON`].
+#[cfg(feature = "locmrf")]
+pub fn sketch_party_budget(
+    epsilon: f64,
+    delta: f64,
+    attributes: usize,
+    locmrf_share: f64,
+) -> Result<(Vec<crate::Epsilon>, crate::wire::LocMrfBudget), VerticalError> {
+    let bad = || VerticalError::Budget {
+        epsilon,
+        delta,
+        locmrf_share,
+    };
+    let model = local_model_epsilon(epsilon, delta, locmrf_share)?;
+    let each = (epsilon - model.get()) / attributes.max(1) as f64;
+    if model.get() < crate::MIN_COLLECTION_EPSILON || each < crate::MIN_COLLECTION_EPSILON {
+        return Err(bad());
+    }
+    let each = crate::Epsilon::new(each).map_err(|_| bad())?;
+    Ok((
+        vec![each; attributes],
+        crate::wire::LocMrfBudget {
+            epsilon: model,
+            delta,
+        },
+    ))
+}
+
 /// The local model's ε, `locmrf_share · epsilon`, of a party's budget (`epsilon`, `delta`).
 /// Errors: [`VerticalError::Budget`] unless `0 < locmrf_share < 1`, `0 < delta < 1` and the
 /// model's ε is a valid ε.
@@ -357,11 +406,16 @@ pub struct PartyRandomizer {
 
 impl PartyRandomizer {
     /// The randomizer of party `name` in the vertical collection `config`.
-    /// Errors: not vertical, unknown party or attribute, or an invalid mechanism.
+    /// Errors: not vertical, an encoding without per-record reports (`sketch+locmrf`),
+    /// unknown party or attribute, or an invalid mechanism.
     pub fn new(config: &CollectionConfig, name: &str) -> Result<Self, VerticalError> {
         let Protocol::Vertical(params) = &config.protocol else {
             return Err(VerticalError::NotVertical(config.protocol.name()));
         };
+        #[cfg(feature = "locmrf")]
+        if params.encoding.is_sketch() {
+            return Err(VerticalError::NoRecordReports);
+        }
         let party = params
             .parties
             .iter()
@@ -885,6 +939,41 @@ mod tests {
                "locmrf": {"epsilon": 0.5, "delta": 1e-6}}]}"#,
         )
         .unwrap()
+    }
+
+    /// Encoding `sketch+locmrf` by its config name: a party's report ε is its attributes'
+    /// sum (the ε of its one sketch report) plus its model's, the sketch settings default to
+    /// §7.1's (t = 2000, 4 bins, 10% of the report's ε to n̂, δ from the model), and the
+    /// per-record randomizer refuses the collection (no per-record report exists);
+    /// `sketch_party_budget` splits a party's ε back to its total.
+    #[test]
+    fn sketch_encoding_config_and_budget() {
+        use crate::wire::{SketchSettings, VerticalEncoding};
+        let mut c = sampled_config();
+        let Protocol::Vertical(p) = &mut c.protocol else {
+            unreachable!()
+        };
+        p.encoding = serde_json::from_value(serde_json::json!("sketch+locmrf")).unwrap();
+        assert_eq!(p.encoding, VerticalEncoding::SketchLocmrf);
+        assert_eq!(serde_json::json!(p.encoding), p.encoding.name());
+        assert!(p.encoding.has_local_models() && p.encoding.needs_every_local_model());
+        assert_eq!(p.parties[0].report_epsilon(p.encoding), 3.0);
+        assert_eq!(p.parties[0].composed_epsilon(p.encoding), 3.5);
+        let p2: crate::wire::VerticalParams = serde_json::from_value(serde_json::json!({
+            "parties": [], "encoding": "sketch+locmrf", "sketch": {"bins": 8}}))
+        .unwrap();
+        let s = p2.sketch.unwrap();
+        assert_eq!((s.bins, s.repetitions, s.delta), (8, 2000, None));
+        assert_eq!(s.count_share, SketchSettings::default().count_share);
+        assert!(matches!(
+            PartyRandomizer::new(&c, "bank"),
+            Err(VerticalError::NoRecordReports)
+        ));
+        let (eps, model) = sketch_party_budget(0.8, 1e-6, 4, DEFAULT_SKETCH_LOCMRF_SHARE).unwrap();
+        assert_eq!(eps.len(), 4);
+        let total: f64 = eps.iter().map(|e| e.get()).sum::<f64>() + model.epsilon.get();
+        assert!((total - 0.8).abs() < 1e-12 && (model.epsilon.get() - 0.4).abs() < 1e-12);
+        assert!(sketch_party_budget(0.8, 1e-6, 4, 1.0).is_err());
     }
 
     /// Under `sampled+locmrf` a record names one attribute drawn uniformly and carries its

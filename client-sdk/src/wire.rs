@@ -238,8 +238,8 @@ pub struct Party {
     pub attributes: Vec<PartyAttribute>,
     /// The party's central-DP budget for its local model of its own attributes (VertiMRF
     /// §4.1, LocMRF), when the collection's encoding is [`VerticalEncoding::FoLocmrf`] (at
-    /// least one party) or [`VerticalEncoding::SampledLocmrf`] (every party); absent
-    /// otherwise.
+    /// least one party), [`VerticalEncoding::SampledLocmrf`] or
+    /// [`VerticalEncoding::SketchLocmrf`] (every party); absent otherwise.
     #[cfg(feature = "locmrf")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub locmrf: Option<LocMrfBudget>,
@@ -258,10 +258,14 @@ impl Party {
     /// ε of the party's reports about one person under `encoding`: the sum of its
     /// attributes' ε under `fo` and `fo+locmrf` ([`Party::epsilon`]); under `sampled+locmrf`
     /// the largest attribute ε, since one report carries one attribute drawn independently
-    /// of the data (see [`VerticalEncoding::SampledLocmrf`]).
+    /// of the data (see [`VerticalEncoding::SampledLocmrf`]); under `sketch+locmrf` the sum
+    /// of its attributes' ε, which is the ε of its one sketch report (LocEnc with n̂, VertiMRF
+    /// Theorem 2 at the δ of [`SketchSettings::delta`]; see [`VerticalEncoding::SketchLocmrf`]).
     pub fn report_epsilon(&self, encoding: VerticalEncoding) -> f64 {
         match encoding {
-            VerticalEncoding::Fo | VerticalEncoding::FoLocmrf => self.epsilon(),
+            VerticalEncoding::Fo | VerticalEncoding::FoLocmrf | VerticalEncoding::SketchLocmrf => {
+                self.epsilon()
+            }
             VerticalEncoding::SampledLocmrf => self
                 .attributes
                 .iter()
@@ -272,7 +276,8 @@ impl Party {
 
     /// ε of everything the party releases about one person under `encoding`: its reports'
     /// ε ([`Party::report_epsilon`]) plus its local model's ε ([`Party::locmrf`]) by basic
-    /// sequential composition; the δ is the local model's (0 without one).
+    /// sequential composition; the δ is the local model's (0 without one), plus the sketch
+    /// report's under `sketch+locmrf` ([`SketchSettings::delta`]).
     pub fn composed_epsilon(&self, encoding: VerticalEncoding) -> f64 {
         self.report_epsilon(encoding) + self.locmrf.as_ref().map_or(0.0, |b| b.epsilon.get())
     }
@@ -306,6 +311,20 @@ pub enum VerticalEncoding {
     /// from the local models alone.
     #[serde(rename = "sampled+locmrf")]
     SampledLocmrf,
+    /// VertiMRF as published (§4.3, Algorithms 1, 3, 4): each party uploads its local model
+    /// as under `fo+locmrf` and ONE sketch report, no per-record report. The aggregator
+    /// learns, per party, its local model and, per attribute value (after §6's equal-width
+    /// binning to at most [`SketchSettings::bins`] bins, which depends on the domain only),
+    /// `t` DP Flajolet–Martin sketches of the set of record ids holding it, plus a noisy
+    /// record count n̂; never a raw value, a record's codes or a set of ids. It estimates
+    /// cross-party 2-way marginals (in bins) from the sketches by inclusion–exclusion
+    /// (CarEst). The report is (ε, δ)-DP with ε the sum of the party's attributes' ε
+    /// ([`Party::report_epsilon`]) and δ [`SketchSettings::delta`] (Theorem 2 for the
+    /// sketches at [`SketchSettings::count_share`] less of ε, plus the discrete Laplace n̂).
+    /// Runs in the simulator and benchmarks only for now: the HTTP service refuses to
+    /// create such a collection (it has no sketch upload yet).
+    #[serde(rename = "sketch+locmrf")]
+    SketchLocmrf,
 }
 
 #[cfg(feature = "locmrf")]
@@ -321,16 +340,34 @@ impl VerticalEncoding {
             VerticalEncoding::Fo => "fo",
             VerticalEncoding::FoLocmrf => "fo+locmrf",
             VerticalEncoding::SampledLocmrf => "sampled+locmrf",
+            VerticalEncoding::SketchLocmrf => "sketch+locmrf",
         }
     }
 
     /// Whether parties upload local models (LocMRF) under this encoding: required under
-    /// `sampled+locmrf` for every party, allowed under `fo+locmrf`.
+    /// `sampled+locmrf` and `sketch+locmrf` for every party, allowed under `fo+locmrf`.
     pub fn has_local_models(&self) -> bool {
         matches!(
             self,
-            VerticalEncoding::FoLocmrf | VerticalEncoding::SampledLocmrf
+            VerticalEncoding::FoLocmrf
+                | VerticalEncoding::SampledLocmrf
+                | VerticalEncoding::SketchLocmrf
         )
+    }
+
+    /// Whether every party must upload a local model (`sampled+locmrf`, `sketch+locmrf`:
+    /// no report measures the pairs within a party).
+    pub fn needs_every_local_model(&self) -> bool {
+        matches!(
+            self,
+            VerticalEncoding::SampledLocmrf | VerticalEncoding::SketchLocmrf
+        )
+    }
+
+    /// Whether parties upload sketch reports instead of per-record reports
+    /// (`sketch+locmrf`).
+    pub fn is_sketch(&self) -> bool {
+        *self == VerticalEncoding::SketchLocmrf
     }
 
     /// Whether each record's report carries one sampled attribute (`sampled+locmrf`)
@@ -365,6 +402,62 @@ pub struct VerticalParams {
     #[cfg(feature = "locmrf")]
     #[serde(default, skip_serializing_if = "VerticalEncoding::is_fo")]
     pub encoding: VerticalEncoding,
+    /// The sketch reports' settings under encoding `sketch+locmrf` (absent: the defaults of
+    /// [`SketchSettings`]); refused under any other encoding.
+    #[cfg(feature = "locmrf")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sketch: Option<SketchSettings>,
+}
+
+/// Settings of the sketch reports of a `sketch+locmrf` collection (VertiMRF §4.3, §6, §7.1),
+/// the same for every party (sketches of one repetition merge across parties only if `t`
+/// and γ agree).
+#[cfg(feature = "locmrf")]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SketchSettings {
+    /// δ of each party's sketch report (Theorem 2), in (0, 1). Absent: the party's
+    /// `locmrf.delta`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta: Option<f64>,
+    /// `t`, sketches per attribute value (default 2000, the paper's §7.1).
+    #[serde(default = "default_repetitions")]
+    pub repetitions: u32,
+    /// Most bins per attribute for the sketches (§6.1's equal-width `b`; default 4, the
+    /// paper's); an attribute of at most this many values is sketched unbinned.
+    #[serde(default = "default_sketch_bins")]
+    pub bins: u32,
+    /// Share of the report's ε for the noisy count n̂ (default 0.1, §7.1), in (0, 1).
+    #[serde(default = "default_count_share")]
+    pub count_share: f64,
+}
+
+#[cfg(feature = "locmrf")]
+impl Default for SketchSettings {
+    fn default() -> Self {
+        Self {
+            delta: None,
+            repetitions: default_repetitions(),
+            bins: default_sketch_bins(),
+            count_share: default_count_share(),
+        }
+    }
+}
+
+#[cfg(feature = "locmrf")]
+fn default_repetitions() -> u32 {
+    2000
+}
+
+#[cfg(feature = "locmrf")]
+fn default_sketch_bins() -> u32 {
+    4
+}
+
+#[cfg(feature = "locmrf")]
+fn default_count_share() -> f64 {
+    0.1
 }
 
 /// A collection protocol and its parameters. JSON: `{"protocol": "privincr", "omega": 0.5, …}`

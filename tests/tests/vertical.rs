@@ -737,3 +737,44 @@ async fn sampled_uploads_are_checked_and_counted_once() {
     );
     server.shutdown().await.unwrap();
 }
+
+/// Encoding `sketch+locmrf` (VertiMRF's sketch LocEnc) runs only in the simulator and the
+/// benchmarks: the service has no sketch upload, so creating such a collection is a 400
+/// `invalid-parameter` problem document that says so, and no collection is made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sketch_encoding_is_refused_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(
+        &format!("sqlite://{}", dir.path().join("k.db").display()),
+        &[],
+    )
+    .await;
+    let base = base(&server);
+    let mut body = create_body();
+    body["encoding"] = json!("sketch+locmrf");
+    for p in body["parties"].as_array_mut().unwrap() {
+        p["locmrf"] = json!({"epsilon": 0.5, "delta": 1e-6});
+    }
+    let (status, problem) = post_raw(&format!("{base}/v1/collections"), ADMIN, body.clone()).await;
+    assert_eq!(status, 400, "{problem}");
+    assert_eq!(problem_kind(&problem), Some(ProblemType::InvalidParameter));
+    let detail = problem["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("sketch+locmrf") && detail.contains("simulator"),
+        "{problem}"
+    );
+    let listed: Value = reqwest::Client::new()
+        .get(format!("{base}/v1/collections"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed.as_array().map(Vec::len), Some(0), "{listed}");
+    // The same parties under `sampled+locmrf` are accepted: the refusal is the encoding's.
+    body["encoding"] = json!("sampled+locmrf");
+    let (status, created) = post_raw(&format!("{base}/v1/collections"), ADMIN, body).await;
+    assert_eq!(status, 201, "{created}");
+}

@@ -30,6 +30,7 @@ use crate::EngineError;
 use crate::domain::key::TableKey;
 use crate::domain::space::Space;
 use crate::domain::task::{MAX_ATTRIBUTE_DOMAIN, MAX_PAIR_CELLS, SUB_BIN_ONE_WAY_SHARE, TaskSpec};
+use crate::measure::cross_party::{SketchUpload, cross_party_marginals};
 use crate::measure::local_model::LocalModel;
 use crate::measure::tables::{Measurements, Tables};
 use crate::pipeline::finalize;
@@ -458,7 +459,8 @@ impl Engine {
     /// budget, each passing [`LocalModel::check`]; their graphs start the model graph and
     /// their measurements join the fit. Errors: as [`Engine::finalize`];
     /// [`EngineError::InvalidState`] when a model is missing, repeated, fails its check, or
-    /// is given to a collection whose encoding is `fo` or that is not vertical.
+    /// is given to a collection whose encoding is `fo` or that is not vertical, and for a
+    /// `sketch+locmrf` collection (it finalizes with [`Engine::finalize_with_sketches`]).
     pub fn finalize_with_local_models(
         &self,
         state: &CollectionState,
@@ -466,8 +468,60 @@ impl Engine {
         local: &[LocalModel],
     ) -> Result<Model, EngineError> {
         self.check_local_models(local)?;
+        if self.vertical().is_some_and(|v| v.encoding().is_sketch()) {
+            return Err(EngineError::InvalidState(
+                "a `sketch+locmrf` collection finalizes with its parties' sketch reports \
+                 (Engine::finalize_with_sketches)"
+                    .into(),
+            ));
+        }
         let engine = self.at(state)?;
-        finalize(&engine.context, engine.rules.as_ref(), state, tables, local)
+        finalize(
+            &engine.context,
+            engine.rules.as_ref(),
+            state,
+            tables,
+            local,
+            None,
+        )
+    }
+
+    /// As [`Engine::finalize_with_local_models`], for a `sketch+locmrf` vertical collection
+    /// (VertiMRF as published): every party's local model and its sketch report
+    /// ([`crate::measure::cross_party`]). The cross-party pairs' binned tables estimated
+    /// from the sketches (CarEst) are candidates of the model graph beside the local graphs
+    /// (GraphCom), and the kept ones are measurements of the one fit, with their per-cell
+    /// variances, beside the local models' marginals. `tables` is empty (no per-record
+    /// report under this encoding). Errors: as [`Engine::finalize_with_local_models`];
+    /// [`EngineError::InvalidState`] when the collection is not `sketch+locmrf`, or a
+    /// sketch report is missing, repeated or does not fit the config
+    /// ([`crate::measure::cross_party::check_uploads`]).
+    pub fn finalize_with_sketches(
+        &self,
+        state: &CollectionState,
+        tables: &Tables,
+        local: &[LocalModel],
+        sketches: &[SketchUpload],
+    ) -> Result<Model, EngineError> {
+        self.check_local_models(local)?;
+        let v = self
+            .vertical()
+            .filter(|v| v.encoding().is_sketch())
+            .ok_or_else(|| {
+                EngineError::InvalidState(
+                    "sketch reports are for `sketch+locmrf` vertical collections".into(),
+                )
+            })?;
+        let (cross, n) = cross_party_marginals(v, sketches).map_err(EngineError::InvalidState)?;
+        let engine = self.at(state)?;
+        finalize(
+            &engine.context,
+            engine.rules.as_ref(),
+            state,
+            tables,
+            local,
+            Some((&cross, n.value)),
+        )
     }
 
     /// Whether `local` is exactly the local models [`Engine::finalize_with_local_models`]

@@ -16,6 +16,7 @@ use crate::fit::pgm::{FitOptions, GraphicalModel};
 use crate::fit::residuals::{FitResiduals, fit_residuals};
 use crate::fit::smooth::{SMOOTHING_RELEASE_Z, smooth_numeric_one_ways};
 use crate::graph::Edge;
+use crate::measure::cross_party::{CrossMarginal, cross_observations};
 use crate::measure::drift::{DriftReport, post_stratify};
 use crate::measure::local_model::LocalModel;
 use crate::measure::tables::{Measurements, Tables};
@@ -32,25 +33,40 @@ use crate::synth::recovery::Recovery;
 /// Builds the model from everything collected, in `ctx`'s working space (the engine's
 /// [`crate::engine::Engine::finalize`]), with the parties' local models of an `fo+locmrf`
 /// vertical collection (`local`, checked by the caller; empty otherwise): their graphs start
-/// the model graph and their measurements join the fit. Errors: tables that do not fit their
-/// mechanisms; [`EngineError::NoData`] when there are no reports at all; the protocol's own
-/// estimator failing.
+/// the model graph and their measurements join the fit. `sketched` are the cross-party
+/// tables of a `sketch+locmrf` collection with the pooled n̂ of its sketch reports
+/// ([`crate::measure::cross_party::cross_party_marginals`]; `None` otherwise): their pairs
+/// are candidates of the model graph by their gains, and the kept ones join the fit, in
+/// bins. Errors: tables that do not fit their mechanisms; [`EngineError::NoData`] when
+/// there are no reports at all; the protocol's own estimator failing.
 pub(crate) fn finalize(
     ctx: &Context,
     rules: &dyn CollectionProtocol,
     state: &CollectionState,
     tables: &Tables,
     local: &[LocalModel],
+    sketched: Option<(&[CrossMarginal], f64)>,
 ) -> Result<Model, EngineError> {
-    let (ms, people) = measure(ctx, rules, tables)?;
+    let (ms, people) = match sketched {
+        // No per-record report: the people are the sketches' pooled n̂.
+        Some((_, n)) => {
+            let ms = rules
+                .measurements(ctx, tables, &|_| true)?
+                .with_population(ctx.target_users());
+            (ms, n.max(1.0).round() as u64)
+        }
+        None => measure(ctx, rules, tables)?,
+    };
+    let cross = sketched.map_or(&[][..], |(c, _)| c);
     let (ms, drift) = stratify(rules, ms);
     let given: BTreeSet<Edge> = local
         .iter()
         .flat_map(|m| m.graph().iter().copied())
         .collect();
-    let (gains, edges) = select(ctx, rules, state, &ms, people, &given);
+    let extra: Vec<(Edge, PairGain)> = cross.iter().map(|c| (c.pair, c.gain.clone())).collect();
+    let (gains, edges) = select(ctx, rules, state, &ms, people, &given, &extra);
     let ms = ms.retained(|m| rules.fit_table(&m.key, &edges));
-    let (fitted, residuals) = fit(ctx, rules, &ms, local, &edges)?;
+    let (fitted, residuals) = fit(ctx, rules, &ms, local, cross, &edges)?;
     // Cliques are within the cap: one conditional per clique (no Algorithm 2 split).
     let structure = build_structure(ctx.domain(), &edges, &[], u64::MAX);
     let recovery = Recovery::new(ctx.space(), &ms);
@@ -109,7 +125,9 @@ pub fn stratify(
 /// expected gain ([`CollectionProtocol::pair_gain`]; a pair measured under several bin maps
 /// on its best binning; then jointly, [`CollectionProtocol::pool_gains`]) and kept greedily
 /// within the clique cap, starting from the edges `given` (the parties' local graphs;
-/// [`select_model_graph_from`]).
+/// [`select_model_graph_from`]). `extra` are pairs scored apart from the tables (the
+/// cross-party sketch tables of `sketch+locmrf`, VertiMRF §5.1 GraphCom), candidates beside
+/// the protocol's.
 pub fn select(
     ctx: &Context,
     rules: &dyn CollectionProtocol,
@@ -117,6 +135,7 @@ pub fn select(
     ms: &Measurements,
     people: u64,
     given: &BTreeSet<Edge>,
+    extra: &[(Edge, PairGain)],
 ) -> (Vec<(Edge, PairGain)>, BTreeSet<Edge>) {
     let nulls = NullOneWays::new(ms);
     let mut gains: Vec<(Edge, PairGain)> = rules
@@ -124,6 +143,7 @@ pub fn select(
         .into_iter()
         .filter_map(|(a, b)| Some(((a, b), rules.pair_gain(state, &nulls, a, b)?)))
         .collect();
+    gains.extend(extra.iter().cloned());
     rules.pool_gains(ctx, state, &mut gains);
     let cap = clique_cap(ctx.options().max_clique_cells, people);
     let margin = ctx
@@ -135,7 +155,8 @@ pub fn select(
 }
 
 /// Stage 4: one graphical model over the junction tree of `edges` fitted to every
-/// measurement and every local model's ([`fit_model_with_local`]), checked against the
+/// measurement, every local model's and the kept `cross` tables ([`fit_model_with_local`],
+/// [`cross_observations`]), checked against the
 /// LDP tables ([`fit_residuals`]), then each numeric attribute's 1-way smoothed over its
 /// ordered bins ([`smooth_numeric_one_ways`]). Errors: the fit failing.
 pub fn fit(
@@ -143,13 +164,15 @@ pub fn fit(
     rules: &dyn CollectionProtocol,
     ms: &Measurements,
     local: &[LocalModel],
+    cross: &[CrossMarginal],
     edges: &BTreeSet<Edge>,
 ) -> Result<(GraphicalModel, FitResiduals), EngineError> {
     let ratio = ctx
         .options()
         .local_precision_ratio
         .unwrap_or_else(|| rules.local_precision_ratio());
-    let fitted = fit_model_with_local(ms, local, ratio, edges, &FitOptions::default())?;
+    let observe = |tree: &_| cross_observations(cross, edges, tree);
+    let fitted = fit_model_with_local(ms, local, &observe, ratio, edges, &FitOptions::default())?;
     let residuals = fit_residuals(ms, &fitted);
     let fitted = smooth_numeric_one_ways(ctx.space(), ms, fitted, release_z(ctx));
     Ok((fitted, residuals))

@@ -13,6 +13,13 @@
 //! - `vertical-sampled-locmrf`: encoding `sampled+locmrf` at the same ε per party, split by
 //!   [`ldpsyn::vertical::sampled_party_budget`] (`--locmrf-share` to the local model as
 //!   above, the rest to the one attribute each record reports);
+//! - `vertical-sketch-locmrf`: encoding `sketch+locmrf` (VertiMRF as published: local model
+//!   plus one DP Flajolet–Martin sketch report per party, cross-party pairs by CarEst) at the
+//!   same ε per party, split by [`ldpsyn::vertical::sketch_party_budget`]
+//!   (`--sketch-locmrf-share` to the local model, the rest to the sketch report, 10% of that
+//!   to n̂), half of `--delta` for the model and half for the sketches (the same composed δ
+//!   as the other encodings), `t = --repetitions`,
+//!   `--sketch-bins` equal-width bins per attribute;
 //! - `auto` and `independence`: a centralized device collection at the same total ε per
 //!   person (the sum over the parties), each person reporting once;
 //! - `exact-independence`: the non-private product of the data's 1-ways.
@@ -20,7 +27,8 @@
 //! ```text
 //! bench-vertical --data examples/adult/adult.csv --schema examples/adult/schema.json \
 //!     --parties examples/adult/parties.json [--party-epsilon E]… [--seeds S] [--out F] \
-//!     [--method M]… [--write-parties F] [--tvd3] [--delta D] [--locmrf-share S]
+//!     [--method M]… [--write-parties F] [--tvd3] [--delta D] [--locmrf-share S] \
+//!     [--sketch-locmrf-share S] [--repetitions T] [--sketch-bins B]
 //! ```
 //!
 //! `--tvd3` adds the mean 3-way TVD over every attribute triple. `LDPSYN_GAIN_MARGIN`
@@ -36,12 +44,13 @@ use clap::Parser;
 use ldpsyn::Epsilon;
 use ldpsyn::schema::Schema;
 use ldpsyn::vertical::{
-    DEFAULT_LOCMRF_SHARE, sampled_party_budget, split_epsilon, split_party_budget,
+    DEFAULT_LOCMRF_SHARE, DEFAULT_SKETCH_LOCMRF_SHARE, sampled_party_budget, sketch_party_budget,
+    split_epsilon, split_party_budget,
 };
-use ldpsyn::wire::VerticalEncoding;
 use ldpsyn::wire::{
     CollectionConfig, PROTOCOL_VERSION, Party, PartyAttribute, Protocol, VerticalParams,
 };
+use ldpsyn::wire::{SketchSettings, VerticalEncoding};
 use ldpsyn_aggregator::engine::{Engine, EngineOptions, Model};
 use ldpsyn_aggregator::eval::{MarginalCounts, exact_independence_model};
 use ldpsyn_aggregator::sim::{Population, Simulation, load_csv};
@@ -88,6 +97,15 @@ struct Args {
     /// Share of each party's ε for its local model (`vertical-l1-locmrf`).
     #[arg(long, default_value_t = DEFAULT_LOCMRF_SHARE)]
     locmrf_share: f64,
+    /// Share of each party's ε for its local model under `vertical-sketch-locmrf`.
+    #[arg(long, default_value_t = DEFAULT_SKETCH_LOCMRF_SHARE)]
+    sketch_locmrf_share: f64,
+    /// Sketches per attribute value `t` (`vertical-sketch-locmrf`).
+    #[arg(long, default_value_t = SketchSettings::default().repetitions)]
+    repetitions: u32,
+    /// Most equal-width bins per attribute for the sketches (`vertical-sketch-locmrf`).
+    #[arg(long, default_value_t = SketchSettings::default().bins)]
+    sketch_bins: u32,
 }
 
 struct Scores {
@@ -203,7 +221,17 @@ fn main() -> Result<(), Error> {
                                 .iter()
                                 .map(|a| schema.index_of(a).map_or(2, |i| dims[i]))
                                 .collect();
-                            let (split, budget) = if encoding == VerticalEncoding::SampledLocmrf {
+                            let (split, budget) = if encoding == VerticalEncoding::SketchLocmrf {
+                                // Half of δ to the model, half to the sketches: the same
+                                // composed δ as the other encodings.
+                                let (split, budget) = sketch_party_budget(
+                                    e,
+                                    delta / 2.0,
+                                    k.len(),
+                                    args.sketch_locmrf_share,
+                                )?;
+                                (split.iter().map(|x| x.get()).collect(), Some(budget))
+                            } else if encoding == VerticalEncoding::SampledLocmrf {
                                 let (split, budget) =
                                     sampled_party_budget(e, delta, k.len(), args.locmrf_share)?;
                                 (split.iter().map(|x| x.get()).collect(), Some(budget))
@@ -233,6 +261,12 @@ fn main() -> Result<(), Error> {
                         })
                         .collect::<Result<_, Error>>()?,
                     encoding,
+                    sketch: (encoding == VerticalEncoding::SketchLocmrf).then(|| SketchSettings {
+                        delta: Some(delta / 2.0),
+                        repetitions: args.repetitions,
+                        bins: args.sketch_bins,
+                        ..SketchSettings::default()
+                    }),
                 })
             };
         let params = |optimal: bool| params_with(optimal, VerticalEncoding::Fo);
@@ -281,6 +315,12 @@ fn main() -> Result<(), Error> {
                     true,
                     None,
                     VerticalEncoding::SampledLocmrf,
+                ),
+                (
+                    "vertical-sketch-locmrf",
+                    true,
+                    None,
+                    VerticalEncoding::SketchLocmrf,
                 ),
             ] {
                 if !wanted(label) {
@@ -364,6 +404,9 @@ fn main() -> Result<(), Error> {
         "epsilon_split": "vertical-equal: equal over each party's attributes; vertical-l1: ldpsyn::vertical::split_epsilon",
         "exact_independence": {"tvd2": exact.tvd2, "tvd3": exact.tvd3, "cross_party_tvd2": exact.cross_tvd2},
         "locmrf": {"share": args.locmrf_share, "delta_per_party": delta},
+        "sketch": {"locmrf_share": args.sketch_locmrf_share, "count_share": SketchSettings::default().count_share,
+                   "repetitions": args.repetitions, "bins": args.sketch_bins,
+                   "model_delta_per_party": delta / 2.0, "sketch_delta_per_party": delta / 2.0},
         "results": results,
     });
     let text = serde_json::to_string_pretty(&out)?;
@@ -391,7 +434,12 @@ fn markdown(out: &Value) -> String {
          `vertical-sampled-locmrf` the same model budget, each record reporting one attribute \
          per party drawn at random, at the rest of the party's ε (encoding `sampled+locmrf`; its \
          edges count only pairs an LDP table measures: cross-party ones, the pairs within a \
-         party coming from the local models' graphs). 3-way TVD: over every \
+         party coming from the local models' graphs). `vertical-sketch-locmrf` is VertiMRF as \
+         published (encoding `sketch+locmrf`): the local model plus one DP Flajolet–Martin \
+         sketch report per party at the rest of its ε (settings under `sketch` in the JSON; \
+         the party's δ is split evenly between model and sketches, so every encoding has the \
+         same composed δ), cross-party pairs from CarEst; \
+         its edges count the cross-party pairs kept. 3-way TVD: over every \
          attribute triple, when run with `--tvd3`. \
          Non-private exact independence: 2-way TVD {:.4}, cross-party {:.4}.\n\n\
          | ε per party | total ε | method | seeds | 2-way TVD ± std | 3-way TVD ± std | cross-party 2-way | 1-way | edges (cross) |\n\

@@ -98,6 +98,13 @@ pub const LOCAL_PRECISION_RATIO: f64 = 10.0;
 /// (1.05 and 1.14; 10 gave 1.16 and 1.47): NLTCS 8 & 8's 3-way TVD 0.126 / 0.059 / 0.035.
 pub const SAMPLED_LOCAL_PRECISION_RATIO: f64 = 5.0;
 
+/// [`LOCAL_PRECISION_RATIO`] under encoding `sketch+locmrf`, where the floor is taken over
+/// the cross-party sketch tables (no LDP table exists; their cells are far noisier than any
+/// local marginal). Of 1, 10, 100 and no cap, 10 gave the lowest 3-way TVD on NLTCS 8 & 8 at
+/// total ε 0.8 (0.032 / 0.023 / 0.035 / 0.052) and on Adult 8 & 7 at 1.6 (0.097 / 0.093 /
+/// 0.100 / 0.109), 3 seeds each (`benchmarks/results/vertical-sketch-{nltcs,adult}.md`).
+pub const SKETCH_LOCAL_PRECISION_RATIO: f64 = LOCAL_PRECISION_RATIO;
+
 /// The observations of the parties' local models on `tree` (module docs of
 /// [`crate::measure::local_model`]): each noisy marginal as frequencies `counts / n̂` with
 /// variance `σ² / n̂²` per cell, summed down to the maximal parts of its attributes that lie
@@ -136,25 +143,38 @@ pub fn local_observations(
 }
 
 /// Fits the graphical model over the junction tree of `edges` to every measurement (module
-/// docs), with the parties' local models (`fo+locmrf` vertical collections; none for the
-/// others) as further observations ([`local_observations`]), their variances floored at the smallest
-/// mean cell variance of the LDP observations over `precision_ratio`
-/// ([`LOCAL_PRECISION_RATIO`]; `f64::INFINITY`: no floor).
-/// Every measured set of a local model must be complete in `edges` to be observed whole.
-/// Errors: [`EngineError::NoData`] without measurements.
+/// docs), with the parties' local models (vertical collections with local models; none for
+/// the others) as further observations ([`local_observations`]), their variances floored at
+/// the smallest mean cell variance of the LDP observations (and of the `cross` ones) over
+/// `precision_ratio` ([`LOCAL_PRECISION_RATIO`]; `f64::INFINITY`: no floor). `cross` are
+/// observations made apart from the tables, with fixed variances: the cross-party sketch
+/// tables of a `sketch+locmrf` collection ([`crate::measure::cross_party`]; built by
+/// `cross(tree)`, empty for every other collection). An attribute no table measures starts
+/// at its local models' 1-way. Every measured set of a local model must be complete in
+/// `edges` to be observed whole. Errors: [`EngineError::NoData`] without measurements,
+/// local models or cross observations.
 pub fn fit_model_with_local(
     ms: &Measurements,
     local: &[LocalModel],
+    cross: &dyn Fn(&JunctionTree) -> Vec<Observation>,
     precision_ratio: f64,
     edges: &BTreeSet<Edge>,
     options: &FitOptions,
 ) -> Result<GraphicalModel, EngineError> {
-    if ms.items().is_empty() {
-        return Err(EngineError::NoData);
-    }
     let domain = ms.domain();
     let tree = build_junction_tree(domain.len(), edges);
-    let one_way = one_way_estimates(ms);
+    let cross = cross(&tree);
+    if ms.items().is_empty() && local.is_empty() && cross.is_empty() {
+        return Err(EngineError::NoData);
+    }
+    let mut one_way = one_way_estimates(ms);
+    for (a, w) in one_way.iter_mut().enumerate() {
+        if ms.combined(&[a]).is_none()
+            && let Some(f) = local_one_way(local, a)
+        {
+            *w = f;
+        }
+    }
     let independent = |attrs: &[usize]| -> Vec<f64> {
         attrs
             .iter()
@@ -183,6 +203,7 @@ pub fn fit_model_with_local(
         ..options.clone()
     };
     let with_local = |mut obs: Vec<Observation>| {
+        obs.extend(cross.iter().cloned());
         if !local.is_empty() {
             let floor = obs
                 .iter()
@@ -215,6 +236,24 @@ pub fn fit_model_with_local(
         options,
     )
     .map_err(|e| EngineError::Estimation(e.to_string()))
+}
+
+/// Attribute `a`'s 1-way from the first local model measuring it, projected onto the simplex.
+fn local_one_way(local: &[LocalModel], a: usize) -> Option<Vec<f64>> {
+    local.iter().find_map(|model| {
+        model
+            .measurements()
+            .iter()
+            .find(|m| m.attrs() == [a])
+            .map(|m| {
+                ldpsyn::mechanism::norm_sub(
+                    &m.counts()
+                        .iter()
+                        .map(|c| c / model.noisy_records())
+                        .collect::<Vec<_>>(),
+                )
+            })
+    })
 }
 
 /// `model` (fitted by [`fit_model_with_local`] without local models) fitted again to `ms`, a

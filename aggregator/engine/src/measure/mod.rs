@@ -1,8 +1,10 @@
 //! Layer 3: reports become measurements: tables of sufficient statistics and their unbiased
 //! estimates under one variance model ([`tables`], [`variance`]), the collection's 1-ways
 //! ([`one_way`]), cell partitions for the Gaussian mechanism ([`partition`]), rounds as
-//! strata of the population ([`drift`]) and VertiMRF's party sketches ([`sketch`]).
+//! strata of the population ([`drift`]), VertiMRF's party sketches ([`sketch`]) and the
+//! cross-party tables the server estimates from them ([`cross_party`]).
 
+pub mod cross_party;
 pub(crate) mod drift;
 pub mod local_model;
 pub(crate) mod measurement;

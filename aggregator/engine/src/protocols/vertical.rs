@@ -33,12 +33,13 @@ use std::collections::BTreeSet;
 use ldpsyn::Epsilon;
 use ldpsyn::mechanism::{Mechanism, MechanismError, MechanismKind};
 use ldpsyn::schema::Schema;
-use ldpsyn::wire::{LocMrfBudget, Protocol, VerticalEncoding, VerticalParams};
+use ldpsyn::wire::{LocMrfBudget, Protocol, SketchSettings, VerticalEncoding, VerticalParams};
 
 use super::{CollectionProtocol, TaskChoices, pairs};
 use crate::EngineError;
 use crate::domain::key::TableKey;
 use crate::graph::Edge;
+use crate::measure::sketch::{MAX_REPETITIONS, SketchParams};
 use crate::measure::tables::{Measurements, Tables};
 use crate::protocols::context::Context;
 use crate::select::gain::{NullOneWays, PairGain, pair_gain_own_margins};
@@ -82,6 +83,8 @@ pub struct Vertical {
     dims: Vec<usize>,
     /// How the parties encode their data.
     encoding: VerticalEncoding,
+    /// The sketch reports' settings (`sketch+locmrf` only).
+    sketch: Option<SketchSettings>,
 }
 
 impl Vertical {
@@ -89,8 +92,10 @@ impl Vertical {
     /// a bad or repeated party name, a party without attributes, an unknown attribute, an
     /// attribute ε below [`ldpsyn::MIN_COLLECTION_EPSILON`], or an attribute held by no party
     /// or by two; a LocMRF budget under encoding `fo`, none under `fo+locmrf`, a party
-    /// without one under `sampled+locmrf`, or a budget's ε below the collection minimum or δ
-    /// outside (0, 1).
+    /// without one under `sampled+locmrf` or `sketch+locmrf`, or a budget's ε below the
+    /// collection minimum or δ outside (0, 1); `sketch` settings under another encoding than
+    /// `sketch+locmrf`, or settings whose `t`, bins, count share or δ are out of range, or
+    /// that give a party no valid sketch parameters ([`Vertical::sketch_params`]).
     pub fn new(params: &VerticalParams, schema: &Schema) -> Result<Self, EngineError> {
         let bad = |m: String| Err(EngineError::InvalidConfig(m));
         if params.parties.is_empty() {
@@ -187,18 +192,43 @@ impl Vertical {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        // Pairs within a party have no reports under `sampled+locmrf`: only its local model
-        // measures them.
+        // Pairs within a party have no reports under `sampled+locmrf` and `sketch+locmrf`:
+        // only its local model measures them.
         if let Some(p) = parties.iter().find(|p| p.locmrf.is_none())
-            && params.encoding == VerticalEncoding::SampledLocmrf
+            && params.encoding.needs_every_local_model()
         {
             return bad(format!(
-                "encoding `sampled+locmrf` needs a `locmrf` budget {{\"epsilon\", \"delta\"}} \
-                 for every party (party `{}` has none): pairs within a party are measured only \
-                 by its local model",
+                "encoding `{}` needs a `locmrf` budget {{\"epsilon\", \"delta\"}} for every \
+                 party (party `{}` has none): pairs within a party are measured only by its \
+                 local model",
+                params.encoding.name(),
                 p.name
             ));
         }
+        let sketch = match (params.encoding.is_sketch(), params.sketch) {
+            (false, Some(_)) => {
+                return bad(format!(
+                    "`sketch` settings are for encoding `sketch+locmrf`, not `{}`",
+                    params.encoding.name()
+                ));
+            }
+            (false, None) => None,
+            (true, s) => {
+                let s = s.unwrap_or_default();
+                let ok = (1..=MAX_REPETITIONS).contains(&s.repetitions)
+                    && s.bins >= 2
+                    && s.count_share > 0.0
+                    && s.count_share < 1.0
+                    && s.delta.is_none_or(|d| d > 0.0 && d < 1.0);
+                if !ok {
+                    return bad(format!(
+                        "`sketch` needs 1 ≤ repetitions ≤ {MAX_REPETITIONS}, bins ≥ 2, \
+                         0 < count_share < 1 and 0 < delta < 1"
+                    ));
+                }
+                Some(s)
+            }
+        };
         if params.encoding == VerticalEncoding::FoLocmrf
             && parties.iter().all(|p| p.locmrf.is_none())
         {
@@ -208,12 +238,82 @@ impl Vertical {
                     .into(),
             );
         }
-        Ok(Self {
+        let v = Self {
             parties,
             epsilons,
             dims: schema.domain_sizes(),
             encoding: params.encoding,
-        })
+            sketch,
+        };
+        if v.encoding.is_sketch() {
+            for p in 0..v.parties.len() {
+                v.sketch_params(p).map_err(EngineError::InvalidConfig)?;
+            }
+        }
+        Ok(v)
+    }
+
+    /// The sketch settings of a `sketch+locmrf` collection (`None` otherwise).
+    pub fn sketch_settings(&self) -> Option<&SketchSettings> {
+        self.sketch.as_ref()
+    }
+
+    /// δ of party `p`'s sketch report: the settings' δ, else the party's `locmrf.delta`
+    /// (`None` outside `sketch+locmrf`).
+    pub fn sketch_delta(&self, p: usize) -> Option<f64> {
+        let s = self.sketch.as_ref()?;
+        s.delta.or_else(|| self.parties[p].locmrf.map(|b| b.delta))
+    }
+
+    /// The parameters of party `p`'s sketch report (`sketch+locmrf`): the party's report ε
+    /// (the sum of its attributes' ε) at [`Vertical::sketch_delta`] spent by
+    /// [`SketchParams::for_budget`] over its attributes, `t` repetitions, γ =
+    /// [`crate::measure::sketch::DEFAULT_GAMMA`], the settings' share for n̂ (VertiMRF
+    /// Algorithm 3 line 2 and §7.1). Errors: not `sketch+locmrf`, or parameters the sketch
+    /// module refuses (e.g. ε′ so small that Algorithm 1's floor overflows), as a message.
+    pub fn sketch_params(&self, p: usize) -> Result<SketchParams, String> {
+        let (Some(s), Some(delta)) = (self.sketch.as_ref(), self.sketch_delta(p)) else {
+            return Err("not a `sketch+locmrf` collection".into());
+        };
+        let party = &self.parties[p];
+        let epsilon: f64 = party
+            .attributes
+            .iter()
+            .map(|&a| self.epsilons[a].get())
+            .sum();
+        SketchParams::for_budget(
+            epsilon,
+            delta,
+            party.attributes.len(),
+            s.repetitions,
+            crate::measure::sketch::DEFAULT_GAMMA,
+            s.count_share,
+        )
+        .map_err(|e| format!("party `{}`: sketch parameters: {e}", party.name))
+    }
+
+    /// Attribute `a`'s bin map for the sketches (`sketch+locmrf`; VertiMRF §6.1), as cuts
+    /// ([`ldpsyn::factor::bin_count`]): code `c` of a domain of `k > b` values goes to bin
+    /// `⌊c·b/k⌋` (equal width in code order, `b` = [`SketchSettings::bins`]), cuts
+    /// `⌈j·k/b⌉` for `j = 1..b`; `[]` (the identity) for `k ≤ b` and outside
+    /// `sketch+locmrf`. Depends on the domain only, so it costs no privacy.
+    pub fn sketch_cuts(&self, a: usize) -> Vec<u32> {
+        let k = self.dims[a];
+        let b = self.sketch.as_ref().map_or(usize::MAX, |s| s.bins as usize);
+        if k <= b {
+            return Vec::new();
+        }
+        (1..b).map(|j| (j * k).div_ceil(b) as u32).collect()
+    }
+
+    /// The number of sketch bins of attribute `a` ([`Vertical::sketch_cuts`]).
+    pub fn sketch_bin_count(&self, a: usize) -> usize {
+        let cuts = self.sketch_cuts(a);
+        if cuts.is_empty() {
+            self.dims[a]
+        } else {
+            cuts.len() + 1
+        }
     }
 
     /// The parties, in config order.
@@ -231,7 +331,8 @@ impl Vertical {
         self.epsilons[a]
     }
 
-    /// How the parties encode their data (`fo`, `fo+locmrf` or `sampled+locmrf`).
+    /// How the parties encode their data (`fo`, `fo+locmrf`, `sampled+locmrf` or
+    /// `sketch+locmrf`).
     pub fn encoding(&self) -> VerticalEncoding {
         self.encoding
     }
@@ -240,7 +341,9 @@ impl Vertical {
     /// by sequential composition. The reports' ε is the sum of its attributes' ε under `fo`
     /// and `fo+locmrf` (one GRR per attribute on one record), their maximum under
     /// `sampled+locmrf` (one GRR on one attribute drawn independently of the data:
-    /// `P(j, y | x) = P(y | x_j)/k` and the `1/k` cancels in the likelihood ratio).
+    /// `P(j, y | x) = P(y | x_j)/k` and the `1/k` cancels in the likelihood ratio); under
+    /// `sketch+locmrf` the sum, which is the ε of the party's sketch report (Theorem 2 with
+    /// n̂, [`SketchParams::guarantee`] at [`Vertical::sketch_params`]).
     pub fn party_epsilon(&self, p: usize) -> f64 {
         let party = &self.parties[p];
         let eps = party.attributes.iter().map(|&a| self.epsilons[a].get());
@@ -270,12 +373,18 @@ impl Vertical {
     }
 
     /// δ of the collection's guarantee for one person: the sum of the local models' δ (0
-    /// under `fo`, whose GRR reports are pure ε-LDP).
+    /// under `fo`, whose GRR reports are pure ε-LDP) and, under `sketch+locmrf`, of the
+    /// sketch reports' δ ([`Vertical::sketch_delta`]).
     pub fn composed_delta(&self) -> f64 {
-        self.parties
+        let local: f64 = self
+            .parties
             .iter()
             .filter_map(|p| p.locmrf.map(|b| b.delta))
-            .sum()
+            .sum();
+        let sketches: f64 = (0..self.parties.len())
+            .filter_map(|p| self.sketch_delta(p))
+            .sum();
+        local + sketches
     }
 
     /// Whether `codes` are a row of party `party` (party order): one code per attribute,
@@ -311,6 +420,13 @@ impl Vertical {
         codes: &[u32],
     ) -> Result<Vec<u32>, String> {
         let attrs = &self.parties[party].attributes;
+        if self.encoding.is_sketch() {
+            return Err(
+                "encoding `sketch+locmrf` takes no per-record uploads: each party uploads one \
+                 sketch report"
+                    .into(),
+            );
+        }
         let row = match (self.encoding.is_sampled(), attribute) {
             (false, None) => codes.to_vec(),
             (false, Some(_)) => {
@@ -517,6 +633,7 @@ impl CollectionProtocol for Vertical {
             VerticalEncoding::Fo | VerticalEncoding::FoLocmrf => {
                 crate::fit::observe::LOCAL_PRECISION_RATIO
             }
+            VerticalEncoding::SketchLocmrf => crate::fit::observe::SKETCH_LOCAL_PRECISION_RATIO,
         }
     }
 
@@ -599,7 +716,88 @@ mod tests {
                 })
                 .collect(),
             encoding: VerticalEncoding::Fo,
+            sketch: None,
         }
+    }
+
+    /// Encoding `sketch+locmrf`: a party's sketch report spends its attributes' ε summed, by
+    /// Theorem 2 of VertiMRF with n̂: `4ε′√(t·d·ln(1/δ)) + ε_n` at the party's t, d, ε′ and δ
+    /// equals that sum (the count share of it on n̂), and the party's composed ε adds its
+    /// local model's; the collection's δ adds every model's and every report's. Settings
+    /// out of range, settings under another encoding and a party without a model are
+    /// refused; an attribute of more values than `bins` is cut into equal-width bins.
+    #[test]
+    fn sketch_encoding_accounts_by_theorem_2() {
+        let mut p = params(&[("x", &[("a", 0.3), ("b", 0.3)]), ("y", &[("c", 0.4)])]);
+        p.encoding = VerticalEncoding::SketchLocmrf;
+        for party in &mut p.parties {
+            party.locmrf = Some(LocMrfBudget {
+                epsilon: Epsilon::new(0.5).unwrap(),
+                delta: 1e-6,
+            });
+        }
+        p.sketch = Some(SketchSettings {
+            delta: Some(1e-5),
+            repetitions: 2000,
+            bins: 3,
+            count_share: 0.1,
+        });
+        let v = Vertical::new(&p, &schema()).unwrap();
+        for (i, (d, report)) in [(2usize, 0.6f64), (1, 0.4)].into_iter().enumerate() {
+            let sp = v.sketch_params(i).unwrap();
+            assert_eq!(sp.repetitions(), 2000);
+            // Theorem 2 by hand: ε′ from Algorithm 3 line 2 back to ε.
+            let theorem = 4.0 * sp.sketch_epsilon() * (2000.0 * d as f64 * 1e5f64.ln()).sqrt();
+            assert!((theorem - 0.9 * report).abs() < 1e-12, "{theorem}");
+            assert!((sp.count_epsilon() - 0.1 * report).abs() < 1e-12);
+            let (eps, delta) = sp.guarantee(d, 1e-5).unwrap();
+            assert!((eps - report).abs() < 1e-12 && delta == 1e-5, "{eps}");
+            assert!((v.party_epsilon(i) - (report + 0.5)).abs() < 1e-12);
+        }
+        assert!((v.composed_epsilon() - 2.0).abs() < 1e-12);
+        assert!((v.composed_delta() - 2.0 * (1e-6 + 1e-5)).abs() < 1e-18);
+        // Domain 4 > 3 bins: cuts ⌈4/3⌉ = 2, ⌈8/3⌉ = 3; 3 values ≤ 3 bins: unbinned.
+        let c = v.parties()[1].attributes[0];
+        assert_eq!((v.sketch_cuts(c), v.sketch_bin_count(c)), (vec![2, 3], 3));
+        assert_eq!(v.sketch_cuts(0), Vec::<u32>::new());
+        // Per-record uploads have no place in a sketch collection.
+        assert!(v.row(0, None, &[0, 1]).is_err());
+        // Without `delta` the sketches take the party's model δ.
+        p.sketch = Some(SketchSettings::default());
+        let v = Vertical::new(&p, &schema()).unwrap();
+        assert_eq!(v.sketch_delta(0), Some(1e-6));
+        let refused = |p: &VerticalParams, needle: &str| {
+            let e = Vertical::new(p, &schema()).unwrap_err().to_string();
+            assert!(e.contains(needle), "{e}");
+        };
+        for bad in [
+            SketchSettings {
+                repetitions: 0,
+                ..SketchSettings::default()
+            },
+            SketchSettings {
+                bins: 1,
+                ..SketchSettings::default()
+            },
+            SketchSettings {
+                count_share: 1.0,
+                ..SketchSettings::default()
+            },
+            SketchSettings {
+                delta: Some(0.0),
+                ..SketchSettings::default()
+            },
+        ] {
+            let mut q = p.clone();
+            q.sketch = Some(bad);
+            refused(&q, "`sketch` needs");
+        }
+        let mut q = p.clone();
+        q.parties[1].locmrf = None;
+        refused(&q, "for every party");
+        let mut q = p.clone();
+        q.encoding = VerticalEncoding::SampledLocmrf;
+        refused(&q, "are for encoding `sketch+locmrf`");
     }
 
     /// Issue 33 item 2: an attribute ε below the collection minimum is refused (at 1e-17 GRR's

@@ -480,6 +480,64 @@ pub fn pair_gain_own_margins(ms: &Measurements, a: usize, b: usize) -> Option<Pa
     })
 }
 
+/// [`PairGain`] of a pair estimated apart from every table, as VertiMRF's CarEst estimates
+/// a cross-party pair from the parties' sketches (§5.1's R-score against the estimate's own
+/// margins): `y` the raw frequencies (row-major `rows × cols`, possibly negative, summing
+/// near 1) and `variances` their per-cell variances. Each cell's null standard error is its
+/// own (the sketch noise of a cell is its union estimate's, present under independence
+/// too). The noise the model takes on is [`projected_noise_l1`] at the projected estimate
+/// times [`PairGain::interaction_share`]: the fit pins the pair's margins to the parties'
+/// local models' 1-ways, measured centrally and far more precisely than the sketched cells,
+/// so only the table's interaction noise is taken on.
+/// `seed` fixes that bootstrap. Panics if the lengths are not `rows · cols`.
+pub fn pair_gain_from_cells(
+    y: &[f64],
+    variances: &[f64],
+    rows: usize,
+    cols: usize,
+    seed: u64,
+) -> PairGain {
+    assert!(y.len() == rows * cols && variances.len() == y.len());
+    let ya: Vec<f64> = (0..rows)
+        .map(|i| y[i * cols..(i + 1) * cols].iter().sum())
+        .collect();
+    let yb: Vec<f64> = (0..cols)
+        .map(|j| (0..rows).map(|i| y[i * cols + j]).sum())
+        .collect();
+    let raw_null = outer(&ya, &yb);
+    let sigma: Vec<f64> = variances.iter().map(|v| v.max(0.0).sqrt()).collect();
+    let dependence = y
+        .iter()
+        .zip(&raw_null)
+        .zip(&sigma)
+        .map(|((v, x), s)| ((v - x).powi(2) - s * s).max(0.0).sqrt() - NULL_MAGNITUDE * s)
+        .sum::<f64>();
+    let projected = norm_sub(y);
+    let (pa, pb) = (norm_sub(&ya), norm_sub(&yb));
+    let observed_l1 = projected
+        .iter()
+        .zip(outer(&pa, &pb))
+        .map(|(p, x)| (p - x).abs())
+        .sum::<f64>();
+    let cells = (y.iter().zip(&raw_null).zip(&sigma))
+        .map(|((v, x), s)| NullCell {
+            null: *x,
+            residual: v - x,
+            std_error: *s,
+        })
+        .collect();
+    let share = interaction_share(rows, cols);
+    PairGain {
+        observed_l1,
+        noise_l1: share * projected_noise_l1(&projected, &sigma, seed),
+        dependence,
+        dependence_sd: dependence_sd(sigma.iter().copied()),
+        projected,
+        interaction_share: share,
+        cells,
+    }
+}
+
 /// The scale t of a prior on pair dependence pooled over `pairs`: a cell's residual is
 /// `r = δ + σz`, the prior `δ ~ N(0, t·x)` (x the cell's null probability, so t is the pairs'
 /// mean squared contingency `E[Σ_c δ²/x]`), and t comes from the method of moments,

@@ -321,6 +321,17 @@ pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine),
             ));
         }
     }
+    if let Protocol::Vertical(p) = &config.protocol
+        && p.encoding.is_sketch()
+    {
+        return Err(bad(
+            ProblemType::InvalidParameter,
+            "encoding `sketch+locmrf` runs only in the simulator and the benchmarks for now: \
+             the service has no upload for sketch reports yet (use `fo+locmrf` or \
+             `sampled+locmrf`)"
+                .into(),
+        ));
+    }
     let engine =
         Engine::new(&config).map_err(|e| bad(ProblemType::InvalidParameter, e.to_string()))?;
     Ok((config, engine))

@@ -211,8 +211,11 @@ pub enum Null {
 pub struct NullOneWays<'a> {
     ms: &'a Measurements,
     collection: Vec<Vec<f64>>,
-    same_people: RefCell<BTreeMap<(usize, BTreeSet<u32>), Option<Vec<f64>>>>,
+    same_people: RefCell<SamePeopleMemo>,
 }
+
+/// [`same_people_one_way`]'s answers by attribute and round set.
+type SamePeopleMemo = BTreeMap<(usize, BTreeSet<u32>), Option<Vec<f64>>>;
 
 impl<'a> NullOneWays<'a> {
     /// The collection's 1-ways of `ms` (one per attribute, Norm-Sub'd), the rounds' to come.

@@ -218,28 +218,126 @@ fn shifted_sums(values: &mut [f64], map: &[usize], cells: usize) -> (Vec<f64>, V
     (message, sum)
 }
 
-/// Loss and gradient (per clique cell) at clique marginals `mu`.
-fn loss_and_gradient(pooled: &[Pooled], mu: &[Vec<f64>]) -> (f64, Vec<Vec<f64>>) {
-    let mut grad: Vec<Vec<f64>> = mu.iter().map(|m| vec![0.0; m.len()]).collect();
-    let mut loss = 0.0;
-    // One buffer for every observation's projection, then its gradient.
-    let mut cell = Vec::new();
-    for p in pooled {
-        cell.clear();
-        cell.resize(p.values.len(), 0.0);
-        for (v, &t) in mu[p.clique].iter().zip(&p.map) {
-            cell[t as usize] += v;
+/// Where each observation's projection comes from in [`loss_and_gradient`]: the clique's
+/// cells, or the cells of a larger observation of the same clique whose cells determine its
+/// own (`sub[j]`: the observation's cell of the other's cell `j`), e.g. a 1-way inside a
+/// pair of the same clique. A clique holding a pair and the 1-ways of its attributes is then
+/// streamed once per step, not once per observation; the sums are the same up to rounding.
+#[derive(Debug)]
+struct Projections {
+    /// Observation indices, larger observations first within each clique.
+    order: Vec<usize>,
+    /// Per observation: `None` (from the clique) or `(parent, sub)`.
+    parent: Vec<Option<(usize, Vec<u32>)>>,
+}
+
+impl Projections {
+    /// For each observation, the smallest larger observation of its clique that determines
+    /// it (checked cell by cell over the clique), if any.
+    fn new(pooled: &[Pooled]) -> Self {
+        let mut order: Vec<usize> = (0..pooled.len()).collect();
+        order.sort_by_key(|&i| {
+            (
+                pooled[i].clique,
+                std::cmp::Reverse(pooled[i].values.len()),
+                i,
+            )
+        });
+        let mut parent: Vec<Option<(usize, Vec<u32>)>> = vec![None; pooled.len()];
+        for (pos, &o) in order.iter().enumerate() {
+            let child = &pooled[o];
+            // Earlier entries of the same clique, smallest first.
+            let found = order[..pos]
+                .iter()
+                .rev()
+                .filter(|&&q| {
+                    pooled[q].clique == child.clique && pooled[q].values.len() > child.values.len()
+                })
+                .find_map(|&q| Some((q, sub_map(&pooled[q], child)?)));
+            parent[o] = found;
         }
+        Self { order, parent }
+    }
+}
+
+/// The map from `parent`'s cells to `child`'s when every clique cell in one parent cell
+/// falls in one child cell (`None` otherwise).
+fn sub_map(parent: &Pooled, child: &Pooled) -> Option<Vec<u32>> {
+    let mut sub = vec![u32::MAX; parent.values.len()];
+    for (&j, &t) in parent.map.iter().zip(&child.map) {
+        let slot = &mut sub[j as usize];
+        if *slot == u32::MAX {
+            *slot = t;
+        } else if *slot != t {
+            return None;
+        }
+    }
+    (!sub.contains(&u32::MAX)).then_some(sub)
+}
+
+/// Loss and gradient (per clique cell) at clique marginals `mu`, each observation projected
+/// as `plan` says ([`Projections`]).
+fn loss_and_gradient(
+    pooled: &[Pooled],
+    plan: &Projections,
+    mu: &[Vec<f64>],
+) -> (f64, Vec<Vec<f64>>) {
+    let mut cells: Vec<Vec<f64>> = pooled.iter().map(|p| vec![0.0; p.values.len()]).collect();
+    for &o in &plan.order {
+        match &plan.parent[o] {
+            None => {
+                let out = &mut cells[o];
+                for (v, &t) in mu[pooled[o].clique].iter().zip(&pooled[o].map) {
+                    out[t as usize] += v;
+                }
+            }
+            Some((q, sub)) => {
+                let (from, out) = pair_mut(&mut cells, *q, o);
+                for (v, &t) in from.iter().zip(sub) {
+                    out[t as usize] += v;
+                }
+            }
+        }
+    }
+    // Loss in observation order; each observation's cells become its gradient.
+    let mut loss = 0.0;
+    for (p, cell) in pooled.iter().zip(cells.iter_mut()) {
         for ((x, value), precision) in cell.iter_mut().zip(&p.values).zip(&p.precision) {
             let r = *x - value;
             loss += precision * r * r;
             *x = 2.0 * precision * r;
         }
-        for (gc, &t) in grad[p.clique].iter_mut().zip(&p.map) {
-            *gc += cell[t as usize];
+    }
+    // Children's gradients into their parents (smallest first), the rest onto the cliques.
+    let mut grad: Vec<Vec<f64>> = mu.iter().map(|m| vec![0.0; m.len()]).collect();
+    for &o in plan.order.iter().rev() {
+        match &plan.parent[o] {
+            Some((q, sub)) => {
+                let (into, from) = pair_mut(&mut cells, *q, o);
+                for (g, &t) in into.iter_mut().zip(sub) {
+                    *g += from[t as usize];
+                }
+            }
+            None => {
+                for (g, &t) in grad[pooled[o].clique].iter_mut().zip(&pooled[o].map) {
+                    *g += cells[o][t as usize];
+                }
+            }
         }
     }
     (loss, grad)
+}
+
+/// Mutable `v[a]` and `v[b]`, `a ≠ b`.
+fn pair_mut(v: &mut [Vec<f64>], a: usize, b: usize) -> (&mut Vec<f64>, &mut Vec<f64>) {
+    assert_ne!(a, b, "an observation is not its own parent");
+    if a < b {
+        let (lo, hi) = v.split_at_mut(b);
+        (&mut lo[a], &mut hi[0])
+    } else {
+        let (lo, hi) = v.split_at_mut(a);
+        (&mut hi[0], &mut lo[b])
+    }
 }
 
 fn dot(a: &[Vec<f64>], b: &[Vec<f64>], c: &[Vec<f64>]) -> f64 {
@@ -428,8 +526,9 @@ pub fn fit(
     // no kept pair touches) is its own least-squares problem over the simplex: solve it
     // exactly, as mirror descent only approaches the zero cells of the solution.
     let (exact_loss, pooled) = solve_lone_cliques(tree, &schedule.cells, pooled, &mut theta);
+    let plan = Projections::new(&pooled);
     let mut mu = schedule.marginals(&theta);
-    let (mut loss, mut grad) = loss_and_gradient(&pooled, &mu);
+    let (mut loss, mut grad) = loss_and_gradient(&pooled, &plan, &mu);
     loss += exact_loss;
     let mut losses = vec![loss];
     // Step: the loss is 2·Σ precision-smooth in μ and ‖Δμ‖₁² ≤ 2 KL (Pinsker), so
@@ -450,7 +549,7 @@ pub fn fit(
             .map(|(t, g)| t.iter().zip(g).map(|(a, b)| a - alpha * b).collect())
             .collect();
         let next_mu = schedule.marginals(&next);
-        let (mut next_loss, next_grad) = loss_and_gradient(&pooled, &next_mu);
+        let (mut next_loss, next_grad) = loss_and_gradient(&pooled, &plan, &next_mu);
         next_loss += exact_loss;
         // Armijo: the loss must fall by half the first-order prediction.
         let predicted = dot(&grad, &mu, &next_mu);
@@ -608,6 +707,78 @@ mod tests {
     use rand_chacha::ChaCha12Rng;
 
     use crate::graph::build_junction_tree;
+
+    /// Projections through a larger observation of the clique give the loss and gradient of
+    /// one pass over the clique per observation: two pairs (from the clique), the 1-ways of
+    /// their attributes (each from the smallest pair holding it) and a binned 1-way (from the
+    /// full one).
+    #[test]
+    fn derived_projections_match_one_pass_per_observation() {
+        let mut rng = ChaCha12Rng::seed_from_u64(5);
+        let cdims = [3usize, 4, 5];
+        let clique = [0usize, 1, 2];
+        let cells: usize = cdims.iter().product();
+        let raw: Vec<f64> = (0..cells).map(|_| rng.random::<f64>()).collect();
+        let total: f64 = raw.iter().sum();
+        let mu = vec![raw.iter().map(|v| v / total).collect::<Vec<f64>>()];
+        let mut pooled_of = |attrs: &[usize], bins: &[Vec<u32>]| {
+            let odims: Vec<usize> = attrs.iter().map(|&a| cdims[a]).collect();
+            let (coarse, k) = coarsen_map(&odims, bins);
+            Pooled {
+                clique: 0,
+                map: projection_map(&clique, &cdims, attrs)
+                    .into_iter()
+                    .map(|t| coarse[t] as u32)
+                    .collect(),
+                values: (0..k).map(|_| rng.random::<f64>() / k as f64).collect(),
+                precision: (0..k).map(|_| 1.0 + rng.random::<f64>()).collect(),
+            }
+        };
+        let pooled = vec![
+            pooled_of(&[0], &[]),
+            pooled_of(&[0, 1], &[]),
+            pooled_of(&[1], &[]),
+            pooled_of(&[1], &[vec![2]]),
+            pooled_of(&[2, 0], &[]),
+            pooled_of(&[2], &[]),
+        ];
+        let plan = Projections::new(&pooled);
+        // The 1-ways of 0 and 1 come from pair (0, 1) (12 cells, not (2, 0)'s 15), that of 2
+        // from (2, 0), the binned 1-way from the 1-way of 1.
+        let parents: Vec<Option<usize>> = plan
+            .parent
+            .iter()
+            .map(|p| p.as_ref().map(|p| p.0))
+            .collect();
+        assert_eq!(parents, [Some(1), None, Some(1), Some(2), None, Some(4)]);
+        let (loss, grad) = loss_and_gradient(&pooled, &plan, &mu);
+        // One pass over the clique per observation.
+        let mut want_loss = 0.0;
+        let mut want_grad = vec![0.0; cells];
+        for p in &pooled {
+            let mut proj = vec![0.0; p.values.len()];
+            for (v, &t) in mu[0].iter().zip(&p.map) {
+                proj[t as usize] += v;
+            }
+            let g: Vec<f64> = (0..proj.len())
+                .map(|i| {
+                    let r = proj[i] - p.values[i];
+                    want_loss += p.precision[i] * r * r;
+                    2.0 * p.precision[i] * r
+                })
+                .collect();
+            for (w, &t) in want_grad.iter_mut().zip(&p.map) {
+                *w += g[t as usize];
+            }
+        }
+        assert!(
+            (loss - want_loss).abs() <= 1e-12 * want_loss,
+            "{loss} vs {want_loss}"
+        );
+        for (g, w) in grad[0].iter().zip(&want_grad) {
+            assert!((g - w).abs() <= 1e-12 * (1.0 + w.abs()), "{g} vs {w}");
+        }
+    }
 
     /// A random distribution that factorizes over the chain 0 − 1 − 2 − 3 plus the triangle
     /// (1, 2, 4): cliques {0,1}, {1,2,4}, {2,3}.

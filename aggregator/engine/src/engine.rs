@@ -30,12 +30,12 @@ use crate::EngineError;
 use crate::domain::key::TableKey;
 use crate::domain::space::Space;
 use crate::domain::task::{MAX_ATTRIBUTE_DOMAIN, MAX_PAIR_CELLS, SUB_BIN_ONE_WAY_SHARE, TaskSpec};
-use crate::measure::cross_party::{SketchUpload, cross_party_marginals};
 use crate::measure::local_model::LocalModel;
 use crate::measure::tables::{Measurements, Tables};
 use crate::pipeline::finalize;
 use crate::protocols::CollectionProtocol;
 use crate::protocols::context::Context;
+use crate::protocols::cross_party::{SketchUpload, cross_party_marginals};
 use crate::protocols::registry::registry;
 use crate::protocols::rounds::RoundPlan;
 use crate::protocols::vertical::{Vertical, resolve};
@@ -488,14 +488,14 @@ impl Engine {
 
     /// As [`Engine::finalize_with_local_models`], for a `sketch+locmrf` vertical collection
     /// (VertiMRF as published): every party's local model and its sketch report
-    /// ([`crate::measure::cross_party`]). The cross-party pairs' binned tables estimated
+    /// ([`crate::protocols::cross_party`]). The cross-party pairs' binned tables estimated
     /// from the sketches (CarEst) are candidates of the model graph beside the local graphs
     /// (GraphCom), and the kept ones are measurements of the one fit, with their per-cell
     /// variances, beside the local models' marginals. `tables` is empty (no per-record
     /// report under this encoding). Errors: as [`Engine::finalize_with_local_models`];
     /// [`EngineError::InvalidState`] when the collection is not `sketch+locmrf`, or a
     /// sketch report is missing, repeated or does not fit the config
-    /// ([`crate::measure::cross_party::check_uploads`]).
+    /// ([`crate::protocols::cross_party::check_uploads`]).
     pub fn finalize_with_sketches(
         &self,
         state: &CollectionState,

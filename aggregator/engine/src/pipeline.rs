@@ -16,12 +16,12 @@ use crate::fit::pgm::{FitOptions, GraphicalModel};
 use crate::fit::residuals::{FitResiduals, fit_residuals};
 use crate::fit::smooth::{SMOOTHING_RELEASE_Z, smooth_numeric_one_ways};
 use crate::graph::Edge;
-use crate::measure::cross_party::{CrossMarginal, cross_observations};
 use crate::measure::drift::{DriftReport, post_stratify};
 use crate::measure::local_model::LocalModel;
 use crate::measure::tables::{Measurements, Tables};
 use crate::protocols::CollectionProtocol;
 use crate::protocols::context::Context;
+use crate::protocols::cross_party::{CrossMarginal, cross_observations};
 use crate::select::gain::{NullOneWays, PairGain};
 use crate::select::model_graph::{clique_cap, select_model_graph_from};
 use crate::select::structure::build_structure;
@@ -35,7 +35,7 @@ use crate::synth::recovery::Recovery;
 /// vertical collection (`local`, checked by the caller; empty otherwise): their graphs start
 /// the model graph and their measurements join the fit. `sketched` are the cross-party
 /// tables of a `sketch+locmrf` collection with the pooled n̂ of its sketch reports
-/// ([`crate::measure::cross_party::cross_party_marginals`]; `None` otherwise): their pairs
+/// ([`crate::protocols::cross_party::cross_party_marginals`]; `None` otherwise): their pairs
 /// are candidates of the model graph by their gains, and the kept ones join the fit, in
 /// bins. Errors: tables that do not fit their mechanisms; [`EngineError::NoData`] when
 /// there are no reports at all; the protocol's own estimator failing.

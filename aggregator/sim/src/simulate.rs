@@ -293,7 +293,7 @@ impl Simulation<'_> {
         &self,
         v: &ldpsyn_engine::protocols::vertical::Vertical,
         rng: &mut ChaCha12Rng,
-    ) -> Result<Vec<ldpsyn_engine::measure::cross_party::SketchUpload>, SimError> {
+    ) -> Result<Vec<ldpsyn_engine::protocols::cross_party::SketchUpload>, SimError> {
         use ldpsyn_engine::measure::sketch::{SketchKey, encode_party};
         let mut party_rng = ChaCha12Rng::seed_from_u64(rng.random());
         let key = SketchKey::generate(&mut party_rng);
@@ -318,7 +318,7 @@ impl Simulation<'_> {
             });
             let report = encode_party(&params, &key, &sizes, records, &mut party_rng)
                 .map_err(|e| SimError::Population(e.to_string()))?;
-            out.push(ldpsyn_engine::measure::cross_party::SketchUpload {
+            out.push(ldpsyn_engine::protocols::cross_party::SketchUpload {
                 party: party.name.clone(),
                 report,
             });

@@ -148,7 +148,7 @@ pub fn local_observations(
 /// the smallest mean cell variance of the LDP observations (and of the `cross` ones) over
 /// `precision_ratio` ([`LOCAL_PRECISION_RATIO`]; `f64::INFINITY`: no floor). `cross` are
 /// observations made apart from the tables, with fixed variances: the cross-party sketch
-/// tables of a `sketch+locmrf` collection ([`crate::measure::cross_party`]; built by
+/// tables of a `sketch+locmrf` collection ([`crate::protocols::cross_party`]; built by
 /// `cross(tree)`, empty for every other collection). An attribute no table measures starts
 /// at its local models' 1-way. Every measured set of a local model must be complete in
 /// `edges` to be observed whole. Errors: [`EngineError::NoData`] without measurements,

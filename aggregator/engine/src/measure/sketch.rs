@@ -11,7 +11,7 @@
 //! estimates cross-party marginals by inclusion–exclusion. Both sides share [`SketchParams`]
 //! (γ, t, ε′, n̂'s ε), so they cannot disagree about the phantom count or the floor.
 //! Vertical collections of encoding `sketch+locmrf` use it: the simulator's parties encode,
-//! the engine's [`crate::measure::cross_party`] estimates the cross-party tables.
+//! the engine's [`crate::protocols::cross_party`] estimates the cross-party tables.
 //!
 //! **Keys.** The parties share a secret [`SketchKey`] that the server never sees, as they
 //! share the record-id key ([`ldpsyn::vertical::RecordIdKey`]). It is not `Serialize`. The

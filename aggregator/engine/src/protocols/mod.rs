@@ -12,7 +12,9 @@
 //! - [`samprivsyn`]: SamPrivSyn's MI-weighted pair sampling (Sci China Inf Sci 2023,
 //!   Algorithm 1).
 //! - [`independence`]: every attribute alone.
-//! - [`vertical`]: parties' per-attribute GRR reports joined by record id (VertiMRF).
+//! - [`vertical`]: parties' per-attribute GRR reports joined by record id (VertiMRF), and
+//!   under `sketch+locmrf` the cross-party tables of the parties' sketch reports
+//!   ([`cross_party`]).
 //!
 //! The two-phase machinery PrivIncr and `auto` share (the phase-1 state, the phase-2 plan
 //! and its tasks) lives here, the layout of their rounds in [`rounds`].
@@ -44,6 +46,7 @@ use crate::synth::model::Model;
 
 pub(crate) mod auto;
 pub(crate) mod context;
+pub mod cross_party;
 pub(crate) mod independence;
 pub(crate) mod privincr;
 pub(crate) mod registry;

@@ -266,18 +266,7 @@ pub fn sampled_party_budget(
     attributes: usize,
     locmrf_share: f64,
 ) -> Result<(Vec<crate::Epsilon>, crate::wire::LocMrfBudget), VerticalError> {
-    let bad = || VerticalError::Budget {
-        epsilon,
-        delta,
-        locmrf_share,
-    };
-    let model = local_model_epsilon(epsilon, delta, locmrf_share)?;
-    let reports = epsilon - model.get();
-    let floor = crate::MIN_COLLECTION_EPSILON;
-    if model.get() < floor || reports < floor {
-        return Err(bad());
-    }
-    let each = crate::Epsilon::new(reports).map_err(|_| bad())?;
+    let (model, each) = model_and_attribute_epsilon(epsilon, delta, locmrf_share, 1)?;
     Ok((
         vec![each; attributes],
         crate::wire::LocMrfBudget {
@@ -310,17 +299,8 @@ pub fn sketch_party_budget(
     attributes: usize,
     locmrf_share: f64,
 ) -> Result<(Vec<crate::Epsilon>, crate::wire::LocMrfBudget), VerticalError> {
-    let bad = || VerticalError::Budget {
-        epsilon,
-        delta,
-        locmrf_share,
-    };
-    let model = local_model_epsilon(epsilon, delta, locmrf_share)?;
-    let each = (epsilon - model.get()) / attributes.max(1) as f64;
-    if model.get() < crate::MIN_COLLECTION_EPSILON || each < crate::MIN_COLLECTION_EPSILON {
-        return Err(bad());
-    }
-    let each = crate::Epsilon::new(each).map_err(|_| bad())?;
+    let (model, each) =
+        model_and_attribute_epsilon(epsilon, delta, locmrf_share, attributes.max(1))?;
     Ok((
         vec![each; attributes],
         crate::wire::LocMrfBudget {
@@ -328,6 +308,31 @@ pub fn sketch_party_budget(
             delta,
         },
     ))
+}
+
+/// The local model's ε ([`local_model_epsilon`]) and each attribute's report ε: the rest of
+/// `epsilon` divided by `shares` (1: every attribute reports with all of it). Errors:
+/// [`VerticalError::Budget`] as [`local_model_epsilon`], or when either part is below
+/// [`crate::MIN_COLLECTION_EPSILON`].
+#[cfg(feature = "locmrf")]
+fn model_and_attribute_epsilon(
+    epsilon: f64,
+    delta: f64,
+    locmrf_share: f64,
+    shares: usize,
+) -> Result<(crate::Epsilon, crate::Epsilon), VerticalError> {
+    let bad = || VerticalError::Budget {
+        epsilon,
+        delta,
+        locmrf_share,
+    };
+    let model = local_model_epsilon(epsilon, delta, locmrf_share)?;
+    let each = (epsilon - model.get()) / shares as f64;
+    let floor = crate::MIN_COLLECTION_EPSILON;
+    if model.get() < floor || each < floor {
+        return Err(bad());
+    }
+    Ok((model, crate::Epsilon::new(each).map_err(|_| bad())?))
 }
 
 /// The local model's ε, `locmrf_share · epsilon`, of a party's budget (`epsilon`, `delta`).

@@ -110,8 +110,7 @@ pub struct DemoConfig {
     pub locmrf_share: f64,
 }
 
-/// An encoding by its config name (`fo`, `fo+locmrf`, `sampled+locmrf`, `sketch+locmrf`;
-/// the last is refused by the service, which has no sketch upload yet).
+/// An encoding by its config name (`fo`, `fo+locmrf`, `sampled+locmrf`, `sketch+locmrf`).
 fn parse_encoding(name: &str) -> Result<VerticalEncoding, String> {
     serde_json::from_value(serde_json::Value::from(name)).map_err(|_| {
         format!("`{name}` is not an encoding: fo, fo+locmrf, sampled+locmrf or sketch+locmrf")
@@ -214,7 +213,8 @@ pub struct DemoReport {
     /// model's, as the server states it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub party_epsilon: Option<serde_json::Value>,
-    /// Vertical collections: the encoding (`fo`, `fo+locmrf` or `sampled+locmrf`).
+    /// Vertical collections: the encoding (`fo`, `fo+locmrf`, `sampled+locmrf` or
+    /// `sketch+locmrf`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub encoding: Option<String>,
     /// Vertical collections: each party's budget in its parts, by party name.
@@ -935,7 +935,9 @@ fn party_budgets(
 /// one attribute drawn per record; seeded, as a simulation) and uploads them under record
 /// ids derived with a key the aggregator never sees; a party with a `locmrf` budget then
 /// measures its local model on its columns and uploads it, as `party upload` does (seeded
-/// too). Returns the records accepted and each local model's measurement count.
+/// too); under `sketch+locmrf` a party uploads no record but its model and its sketch report
+/// (seeded, under a sketch key derived as `party upload` derives it). Returns the records
+/// accepted and each local model's measurement count.
 async fn upload_parties(
     base: &str,
     collection: Uuid,
@@ -947,6 +949,9 @@ async fn upload_parties(
     use ldpsyn::vertical::{PartyClient, RecordIdKey};
     let mut key = vec![0u8; 32];
     rand::rngs::StdRng::from_os_rng().fill(&mut key[..]);
+    // `sketch+locmrf`: the parties' sketch key, from the same secret as `party upload` does.
+    let sketch_key = ldpsyn_engine::measure::sketch::SketchKey::derive(&key, collection.as_bytes())
+        .map_err(|e| DemoError::Input(e.to_string()))?;
     let key = RecordIdKey::new(key).map_err(|e| DemoError::Input(e.to_string()))?;
     let tokens = created["party_tokens"]
         .as_object()
@@ -967,8 +972,10 @@ async fn upload_parties(
             seed.wrapping_mul(7_919).wrapping_add(p as u64),
         );
         let attrs = client.randomizer().attributes().to_vec();
+        let sketched = client.randomizer().encoding().is_sketch();
         let ids: Vec<usize> = (0..population.len()).collect();
-        for chunk in ids.chunks(5_000) {
+        // Under `sketch+locmrf` no party uploads records.
+        for chunk in ids.chunks(5_000).filter(|_| !sketched) {
             let records = chunk
                 .iter()
                 .map(|&i| {
@@ -1005,10 +1012,36 @@ async fn upload_parties(
                 &mut rng,
             )
             .map_err(|e| DemoError::Input(format!("party `{party}`: {e}")))?;
-            crate::party::upload_model(base, collection, party, token, &model)
+            let body = serde_json::to_vec(&model).map_err(|e| DemoError::Input(e.to_string()))?;
+            crate::party::upload_once(base, collection, party, token, "local model", "model", body)
                 .await
                 .map_err(|e| DemoError::Http(format!("party `{party}`: {e}")))?;
             models.insert(party.clone(), model.measurements().len());
+            if sketched {
+                let person_ids: Vec<String> = ids.iter().map(|i| format!("person-{i}")).collect();
+                let report = crate::party::sketch_report_of_codes(
+                    client.randomizer(),
+                    &sketch_key,
+                    &person_ids,
+                    &codes,
+                    &mut rng,
+                )
+                .map_err(|e| DemoError::Input(format!("party `{party}`: {e}")))?;
+                let body =
+                    serde_json::to_vec(&report).map_err(|e| DemoError::Input(e.to_string()))?;
+                crate::party::upload_once(
+                    base,
+                    collection,
+                    party,
+                    token,
+                    "sketch report",
+                    "sketch",
+                    body,
+                )
+                .await
+                .map_err(|e| DemoError::Http(format!("party `{party}`: {e}")))?;
+                bar.inc(population.len() as u64);
+            }
         }
     }
     Ok((accepted, models))

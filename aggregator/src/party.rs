@@ -25,6 +25,15 @@
 //! spend the budget twice; the server refuses a different second model). The upload type is
 //! the engine's [`LocalModel`]: no record, code or record id can be put in it.
 //!
+//! Under encoding `sketch+locmrf` (VertiMRF as published) a party uploads no record: it
+//! measures its local model as above and makes its **sketch report** (VertiMRF Algorithm 3
+//! with n̂; [`crate::engine::measure::sketch::encode_party`]): per value of each of its
+//! attributes, in the collection's sketch bins, `t` DP Flajolet–Martin sketches of the set of
+//! its people's customer ids, hashed under a sketch key derived from the key file and the
+//! collection id (so the parties, sharing the file, share the key; the aggregator never sees
+//! it), and a noisy count. It is written to `<data>.<party>.sketch.json` (fsync'd, renamed into
+//! place) and uploaded after the model; a rerun resends it, as the model.
+//!
 //! The upload token comes from `LDPSYN_PARTY_TOKEN` (never a flag: it would show in the
 //! process list).
 
@@ -40,7 +49,9 @@ use ldpsyn::schema::Value;
 use ldpsyn::vertical::{PartyClient, PartyRandomizer, PartyRecord, RecordIdKey, VerticalError};
 use ldpsyn_engine::central::measure_local_model;
 use ldpsyn_engine::measure::local_model::LocalModel;
-use ldpsyn_engine::protocols::vertical::ResolvedParty;
+use ldpsyn_engine::measure::sketch::{SketchKey, encode_party};
+use ldpsyn_engine::protocols::cross_party::SketchUpload;
+use ldpsyn_engine::protocols::vertical::{ResolvedParty, Vertical};
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -109,6 +120,9 @@ pub struct UploadArgs {
     /// The local model file (`fo+locmrf`; default: `<data>.<party>.model.json`).
     #[arg(long)]
     pub model: Option<PathBuf>,
+    /// The sketch report file (`sketch+locmrf`; default: `<data>.<party>.sketch.json`).
+    #[arg(long)]
+    pub sketch: Option<PathBuf>,
     /// Largest marginal the local model measures: 2 (pairs) or 3 (pairs and triples).
     #[arg(long, default_value_t = DEFAULT_MAX_MARGINAL, value_parser = clap::value_parser!(u8).range(2..=3))]
     pub max_marginal: u8,
@@ -138,9 +152,14 @@ pub enum PartyError {
     /// The server or the SDK refused.
     #[error(transparent)]
     Client(#[from] ClientError),
-    /// The server refused the local model, or did not answer.
-    #[error("local model upload: {0}")]
-    Model(String),
+    /// The server refused a one-time upload (local model, sketch report), or did not answer.
+    #[error("{what} upload: {detail}")]
+    OneTime {
+        /// "local model" or "sketch report".
+        what: &'static str,
+        /// The server's problem detail, or why nothing answered.
+        detail: String,
+    },
     /// The server did not answer at all (every retry failed).
     #[error("{source}: is `serve` running at {server}?")]
     Unreachable {
@@ -180,7 +199,7 @@ pub async fn run(
         }
         PartyCommand::Upload(args) => {
             let token = token.ok_or(PartyError::NoToken)?;
-            let (accepted, duplicate, model) = upload(args, token).await.map_err(|e| match e {
+            let done = upload(args, token).await.map_err(|e| match e {
                 // Not an HTTP answer (the SDK writes those "HTTP <status>: …"): nothing
                 // answered at that URL.
                 PartyError::Client(ClientError::Unavailable {
@@ -195,24 +214,47 @@ pub async fn run(
                 },
                 e => e,
             })?;
-            writeln!(
-                out,
-                "{}: {accepted} records accepted, {duplicate} already held",
-                args.party
-            )
-            .map_err(io(&args.data))?;
-            if let Some((measurements, stored)) = model {
+            let held = |stored| if stored { "stored" } else { "already held" };
+            let w = io(&args.data);
+            if let Some((accepted, duplicate)) = done.records {
+                writeln!(
+                    out,
+                    "{}: {accepted} records accepted, {duplicate} already held",
+                    args.party
+                )
+                .map_err(w)?;
+            }
+            if let Some((measurements, stored)) = done.model {
                 writeln!(
                     out,
                     "{}: local model of {measurements} noisy marginals {}",
                     args.party,
-                    if stored { "stored" } else { "already held" }
+                    held(stored)
+                )
+                .map_err(io(&args.data))?;
+            }
+            if let Some((sketches, bytes, stored)) = done.sketch {
+                writeln!(
+                    out,
+                    "{}: sketch report of {sketches} sketches ({bytes} bytes) {}",
+                    args.party,
+                    held(stored)
                 )
                 .map_err(io(&args.data))?;
             }
             Ok(())
         }
     }
+}
+
+/// What `party upload` sent.
+struct Uploaded {
+    /// Records accepted and already held (`None` under `sketch+locmrf`).
+    records: Option<(u64, u64)>,
+    /// The local model's measurements and whether this run stored it.
+    model: Option<(usize, bool)>,
+    /// The sketch report's sketch count, its JSON size and whether this run stored it.
+    sketch: Option<(usize, usize, bool)>,
 }
 
 fn keygen(path: &Path) -> Result<(), PartyError> {
@@ -233,6 +275,12 @@ fn keygen(path: &Path) -> Result<(), PartyError> {
 
 /// The key in `path`: 64+ hex digits (keygen's format) or the raw bytes.
 fn read_key(path: &Path) -> Result<RecordIdKey, PartyError> {
+    RecordIdKey::new(read_key_bytes(path)?)
+        .map_err(|e| PartyError::Input(format!("{}: {e}", path.display())))
+}
+
+/// The bytes of the key in `path` (hex decoded when it is keygen's format).
+fn read_key_bytes(path: &Path) -> Result<Vec<u8>, PartyError> {
     let bytes = std::fs::read(path).map_err(io(path))?;
     let text = String::from_utf8_lossy(&bytes);
     let t = text.trim();
@@ -245,15 +293,12 @@ fn read_key(path: &Path) -> Result<RecordIdKey, PartyError> {
     } else {
         bytes
     };
-    RecordIdKey::new(raw).map_err(|e| PartyError::Input(format!("{}: {e}", path.display())))
+    Ok(raw)
 }
 
-/// Uploads the records and, with a `locmrf` budget, the local model: `(accepted,
-/// duplicate, Some((measurements, stored)))`.
-async fn upload(
-    args: &UploadArgs,
-    token: &str,
-) -> Result<(u64, u64, Option<(usize, bool)>), PartyError> {
+/// Uploads the records (but under `sketch+locmrf`), then, with a `locmrf` budget, the local
+/// model, then under `sketch+locmrf` the sketch report.
+async fn upload(args: &UploadArgs, token: &str) -> Result<Uploaded, PartyError> {
     // Without `--max-epsilon` only the collection's declared ε bounds the party's Σε (the
     // SDK checks it against the config on connect).
     let max = Epsilon::new(args.max_epsilon.unwrap_or(ldpsyn::MAX_EPSILON))
@@ -269,71 +314,114 @@ async fn upload(
     if let Some(schema) = &args.schema {
         check_schema(schema, &client)?;
     }
-    let journal = args.journal.clone().unwrap_or_else(|| {
-        let mut p = args.data.clone().into_os_string();
-        p.push(format!(".{}.journal.jsonl", args.party));
-        PathBuf::from(p)
-    });
-    let records = if journal.exists() {
-        read_journal(&journal, args.collection, &args.party)?
-    } else {
-        let records = randomize_csv(args, &client)?;
-        write_journal(&journal, args.collection, &args.party, &records)?;
-        records
+    let sketched = client.randomizer().encoding().is_sketch();
+    let beside_data = |given: &Option<PathBuf>, suffix: &str| {
+        given.clone().unwrap_or_else(|| {
+            let mut p = args.data.clone().into_os_string();
+            p.push(format!(".{}.{suffix}", args.party));
+            PathBuf::from(p)
+        })
     };
+    let records = if sketched {
+        Vec::new()
+    } else {
+        let journal = beside_data(&args.journal, "journal.jsonl");
+        if journal.exists() {
+            read_journal(&journal, args.collection, &args.party)?
+        } else {
+            let records = randomize_csv(args, &client)?;
+            write_journal(&journal, args.collection, &args.party, &records)?;
+            records
+        }
+    };
+    // Made (or read back) before anything is sent: a failure here leaves the server as it was.
     let model = match client.randomizer().party().locmrf {
         None => None,
         Some(_) => {
-            let path = args.model.clone().unwrap_or_else(|| {
-                let mut p = args.data.clone().into_os_string();
-                p.push(format!(".{}.model.json", args.party));
-                PathBuf::from(p)
-            });
+            let path = beside_data(&args.model, "model.json");
             Some(if path.exists() {
-                read_model(&path, &args.party)?
+                read_written(&path, &args.party, LocalModel::party)?
             } else {
                 let m = measure_model(args, &client)?;
-                write_model(&path, &m)?;
+                write_json(&path, &m)?;
                 m
             })
         }
     };
-    let batch = args.batch.max(1);
-    let bar = if args.quiet {
-        ProgressBar::hidden()
+    let sketch = if sketched {
+        let path = beside_data(&args.sketch, "sketch.json");
+        Some(if path.exists() {
+            read_written(&path, &args.party, |s: &SketchUpload| &s.party)?
+        } else {
+            let s = sketch_report(args, &client)?;
+            write_json(&path, &s)?;
+            s
+        })
     } else {
-        let bar = ProgressBar::new(records.len() as u64);
-        bar.set_style(
-            ProgressStyle::with_template(
-                "upload {bar:40} {human_pos}/{human_len} records {per_sec} {elapsed}",
-            )
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        bar
+        None
     };
-    let (mut accepted, mut duplicate) = (0, 0);
-    for chunk in records.chunks(batch) {
-        let r = client.upload(chunk).await?;
-        accepted += r.accepted;
-        duplicate += r.duplicate;
-        bar.inc(chunk.len() as u64);
+    let mut done = Uploaded {
+        records: None,
+        model: None,
+        sketch: None,
+    };
+    if !sketched {
+        let bar = if args.quiet {
+            ProgressBar::hidden()
+        } else {
+            let bar = ProgressBar::new(records.len() as u64);
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "upload {bar:40} {human_pos}/{human_len} records {per_sec} {elapsed}",
+                )
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            bar
+        };
+        let (mut accepted, mut duplicate) = (0, 0);
+        for chunk in records.chunks(args.batch.max(1)) {
+            let r = client.upload(chunk).await?;
+            accepted += r.accepted;
+            duplicate += r.duplicate;
+            bar.inc(chunk.len() as u64);
+        }
+        bar.finish_and_clear();
+        done.records = Some((accepted, duplicate));
     }
-    bar.finish_and_clear();
-    let model = match model {
-        Some(m) => Some((
-            m.measurements().len(),
-            upload_model(&args.server, args.collection, &args.party, token, &m).await?,
-        )),
-        None => None,
+    let send = |what, route, body| {
+        upload_once(
+            &args.server,
+            args.collection,
+            &args.party,
+            token,
+            what,
+            route,
+            body,
+        )
     };
-    Ok((accepted, duplicate, model))
+    if let Some(m) = model {
+        let body = serde_json::to_vec(&m).map_err(|e| PartyError::Input(e.to_string()))?;
+        let stored = send("local model", "model", body).await?;
+        done.model = Some((m.measurements().len(), stored));
+    }
+    if let Some(s) = sketch {
+        let body = serde_json::to_vec(&s).map_err(|e| PartyError::Input(e.to_string()))?;
+        let bytes = body.len();
+        let stored = send("sketch report", "sketch", body).await?;
+        done.sketch = Some((s.report.sketch_count(), bytes, stored));
+    }
+    Ok(done)
 }
 
-/// Reads the CSV, encodes the party's attributes of each row with the schema (a row with a
-/// value the schema refuses is left out, as from the records) and measures the local model
-/// (OS-seeded CSPRNG).
-fn measure_model(args: &UploadArgs, client: &PartyClient) -> Result<LocalModel, PartyError> {
-    let r = client.randomizer();
+/// The party's rows of the CSV under the collection's schema: each row's customer id
+/// (`--id-column`) and its attributes' schema codes (party order). A row with a value the
+/// schema refuses is left out, as from the records; `on_invalid: "randomize"` draws from
+/// `rng`. Errors: unreadable CSV, a missing column.
+fn party_rows<R: rand::Rng + ?Sized>(
+    args: &UploadArgs,
+    r: &PartyRandomizer,
+    rng: &mut R,
+) -> Result<(Vec<String>, Vec<u32>), PartyError> {
     let schema = r.schema();
     let mut reader = csv::Reader::from_path(&args.data)
         .map_err(|e| PartyError::Input(format!("{}: {e}", args.data.display())))?;
@@ -341,33 +429,107 @@ fn measure_model(args: &UploadArgs, client: &PartyClient) -> Result<LocalModel, 
         .headers()
         .map_err(|e| PartyError::Input(format!("{}: {e}", args.data.display())))?
         .clone();
+    let column = |name: &str| {
+        header.iter().position(|h| h.trim() == name).ok_or_else(|| {
+            PartyError::Input(format!("{} has no column `{name}`", args.data.display()))
+        })
+    };
+    let id_col = column(&args.id_column)?;
     let cols = r
         .attributes()
         .iter()
-        .map(|&a| {
-            let name = &schema.attributes()[a].name;
-            header.iter().position(|h| h.trim() == name).ok_or_else(|| {
-                PartyError::Input(format!("{} has no column `{name}`", args.data.display()))
-            })
-        })
+        .map(|&a| column(&schema.attributes()[a].name))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut rng = rand::rngs::StdRng::from_os_rng();
-    let mut codes = Vec::new();
+    let (mut ids, mut codes) = (Vec::new(), Vec::new());
     let mut row_codes = Vec::with_capacity(cols.len());
     for row in reader.records() {
         let row = row.map_err(|e| PartyError::Input(format!("{}: {e}", args.data.display())))?;
         row_codes.clear();
         for (&c, &a) in cols.iter().zip(r.attributes()) {
             let value = Value::from(row.get(c).unwrap_or_default());
-            match schema.attributes()[a].encode_value_with(&value, &mut rng) {
+            match schema.attributes()[a].encode_value_with(&value, rng) {
                 Ok(code) => row_codes.push(code),
                 Err(_) => break,
             }
         }
         if row_codes.len() == cols.len() {
+            ids.push(row.get(id_col).unwrap_or_default().trim().to_owned());
             codes.extend_from_slice(&row_codes);
         }
     }
+    Ok((ids, codes))
+}
+
+/// The party's sketch report (`sketch+locmrf`) over its CSV's rows ([`party_rows`]), customer
+/// ids hashed under the key derived from the key file and the collection id
+/// ([`SketchKey::derive`]); phantoms and n̂'s noise from an OS-seeded CSPRNG. Errors: the key,
+/// the CSV, a repeated customer id.
+fn sketch_report(args: &UploadArgs, client: &PartyClient) -> Result<SketchUpload, PartyError> {
+    let key = SketchKey::derive(&read_key_bytes(&args.key_file)?, args.collection.as_bytes())
+        .map_err(|e| PartyError::Input(format!("{}: {e}", args.key_file.display())))?;
+    let mut rng = rand::rngs::StdRng::from_os_rng();
+    let (ids, codes) = party_rows(args, client.randomizer(), &mut rng)?;
+    if ids.is_empty() {
+        return Err(PartyError::Input(format!(
+            "{} has no rows",
+            args.data.display()
+        )));
+    }
+    sketch_report_of_codes(client.randomizer(), &key, &ids, &codes, &mut rng)
+        .map_err(|e| PartyError::Input(format!("{}: {e}", args.data.display())))
+}
+
+/// The sketch report (VertiMRF Algorithm 3 with n̂) of party `r` over its people: `ids[i]`
+/// (each person's id as the parties share it) and `codes`, its attributes' schema codes,
+/// row-major in party order; each code goes into the collection's sketch bins. `rng` must be
+/// OS-seeded outside simulations (the demo seeds it so that a run reproduces). Errors: not a
+/// `sketch+locmrf` collection, a repeated id, a code outside its domain.
+pub(crate) fn sketch_report_of_codes<R: rand::Rng + rand::CryptoRng + ?Sized>(
+    r: &PartyRandomizer,
+    key: &SketchKey,
+    ids: &[impl AsRef<[u8]>],
+    codes: &[u32],
+    rng: &mut R,
+) -> Result<SketchUpload, PartyError> {
+    let ldpsyn::wire::Protocol::Vertical(params) = &r.config().protocol else {
+        return Err(PartyError::Input("not a vertical collection".into()));
+    };
+    let v = Vertical::new(params, r.schema()).map_err(|e| PartyError::Input(e.to_string()))?;
+    let name = &r.party().name;
+    let p = v
+        .party_index(name)
+        .ok_or_else(|| PartyError::Input(format!("no party `{name}`")))?;
+    let sketch_params = v.sketch_params(p).map_err(PartyError::Input)?;
+    let attrs = r.attributes();
+    let cuts: Vec<Vec<u32>> = attrs.iter().map(|&a| v.sketch_cuts(a)).collect();
+    let sizes: Vec<u32> = attrs
+        .iter()
+        .map(|&a| v.sketch_bin_count(a) as u32)
+        .collect();
+    let rows = ids
+        .iter()
+        .zip(codes.chunks_exact(attrs.len()))
+        .map(|(id, row)| {
+            let binned: Vec<u32> = row
+                .iter()
+                .zip(&cuts)
+                .map(|(&c, cut)| ldpsyn::factor::bin_of(c, cut))
+                .collect();
+            (id.as_ref(), binned)
+        });
+    let report = encode_party(&sketch_params, key, &sizes, rows, rng)
+        .map_err(|e| PartyError::Input(e.to_string()))?;
+    Ok(SketchUpload {
+        party: name.clone(),
+        report,
+    })
+}
+
+/// Measures the local model on the CSV's rows ([`party_rows`]; OS-seeded CSPRNG).
+fn measure_model(args: &UploadArgs, client: &PartyClient) -> Result<LocalModel, PartyError> {
+    let r = client.randomizer();
+    let mut rng = rand::rngs::StdRng::from_os_rng();
+    let (_, codes) = party_rows(args, r, &mut rng)?;
     local_model_of_codes(r, &codes, args.max_marginal as usize, &mut rng)
 }
 
@@ -390,50 +552,58 @@ pub(crate) fn local_model_of_codes<R: rand::Rng + rand::CryptoRng + ?Sized>(
         .map_err(|e| PartyError::Input(e.to_string()))
 }
 
-/// Writes the model next to its final place, fsyncs it and renames it into place.
-fn write_model(path: &Path, model: &LocalModel) -> Result<(), PartyError> {
+/// Writes `value` as JSON next to `path`, fsyncs it and renames it into place.
+fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), PartyError> {
     let tmp = path.with_extension("tmp");
     let mut f = std::fs::File::create(&tmp).map_err(io(&tmp))?;
-    let json = serde_json::to_vec(model).map_err(|e| PartyError::Input(e.to_string()))?;
+    let json = serde_json::to_vec(value).map_err(|e| PartyError::Input(e.to_string()))?;
     f.write_all(&json).map_err(io(&tmp))?;
     f.sync_all().map_err(io(&tmp))?;
     std::fs::rename(&tmp, path).map_err(io(path))
 }
 
-/// The model written by an earlier run. Errors: unreadable, or another party's.
-fn read_model(path: &Path, party: &str) -> Result<LocalModel, PartyError> {
+/// A model or sketch report written by an earlier run (`party_of` names its party).
+/// Errors: unreadable, or another party's.
+fn read_written<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    party: &str,
+    party_of: impl Fn(&T) -> &str,
+) -> Result<T, PartyError> {
     let text = std::fs::read_to_string(path).map_err(io(path))?;
-    let m: LocalModel = serde_json::from_str(&text)
+    let v: T = serde_json::from_str(&text)
         .map_err(|e| PartyError::Input(format!("{}: {e}", path.display())))?;
-    if m.party() != party {
+    if party_of(&v) != party {
         return Err(PartyError::Input(format!(
-            "{} holds party `{}`'s model, not `{party}`'s",
+            "{} holds party `{}`'s upload, not `{party}`'s",
             path.display(),
-            m.party()
+            party_of(&v)
         )));
     }
-    Ok(m)
+    Ok(v)
 }
 
-/// Uploads `model` (`POST …/parties/{party}/model`), retrying connection failures and 5xx
-/// up to 3 times with identical bytes. `true` when stored, `false` when the server held the
-/// same model. Errors: [`PartyError::Model`] with the server's problem detail.
-pub(crate) async fn upload_model(
+/// Uploads a one-time `body` (`what`: "local model" or "sketch report") to
+/// `POST …/parties/{party}/{route}`, retrying connection failures and 5xx up to 3 times with
+/// identical bytes. `true` when stored, `false` when the server held the same upload.
+/// Errors: [`PartyError::OneTime`] with the server's problem detail.
+pub(crate) async fn upload_once(
     server: &str,
     collection: Uuid,
     party: &str,
     token: &str,
-    model: &LocalModel,
+    what: &'static str,
+    route: &str,
+    body: Vec<u8>,
 ) -> Result<bool, PartyError> {
+    let fail = |detail: String| PartyError::OneTime { what, detail };
     let url = format!(
-        "{}/v1/collections/{collection}/parties/{party}/model",
+        "{}/v1/collections/{collection}/parties/{party}/{route}",
         server.trim_end_matches('/'),
     );
     let http = reqwest::Client::builder()
         .timeout(std::time::Duration::from_secs(60))
         .build()
-        .map_err(|e| PartyError::Model(e.to_string()))?;
-    let body = serde_json::to_vec(model).map_err(|e| PartyError::Model(e.to_string()))?;
+        .map_err(|e| fail(e.to_string()))?;
     let mut last = String::new();
     for attempt in 0..3 {
         if attempt > 0 {
@@ -461,12 +631,12 @@ pub(crate) async fn upload_model(
                     .ok()
                     .and_then(|v| v["detail"].as_str().map(str::to_owned))
                     .unwrap_or_default();
-                return Err(PartyError::Model(format!("HTTP {status}: {detail}")));
+                return Err(fail(format!("HTTP {status}: {detail}")));
             }
             Err(e) => last = e.to_string(),
         }
     }
-    Err(PartyError::Model(format!(
+    Err(fail(format!(
         "no answer from {server} after 3 attempts: {last}"
     )))
 }

@@ -609,3 +609,159 @@ async fn two_parties_upload_sampled_reports_with_the_cli() {
     assert!(text.starts_with("sex,smoker,plan,lung"), "{text}");
     assert_eq!(text.lines().count(), 101);
 }
+
+/// Encoding `sketch+locmrf` (VertiMRF as published) end to end with two party processes:
+/// each `party upload` sends no record, only its local model and its sketch report (per
+/// value of each attribute, DP Flajolet–Martin sketches of its customer ids under the key
+/// the parties share, derived from their key file and the collection id); a rerun resends
+/// both (already held); finalize answers 409 until both parties are in, then the collection
+/// serves synthetic data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_parties_upload_sketches_with_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = common::serve(ADMIN, &[]);
+    let base = server.base.clone();
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    let schema = json!({"attributes": [
+        {"name": "sex", "type": "categorical", "labels": ["F", "M"]},
+        {"name": "smoker", "type": "categorical", "labels": ["no", "yes"]},
+        {"name": "plan", "type": "categorical", "labels": ["a", "b", "c", "d", "e", "f"]},
+        {"name": "lung", "type": "categorical", "labels": ["ok", "ill"]}]});
+    std::fs::write(path("schema.json"), schema.to_string()).unwrap();
+    let parties = json!([
+        {"name": "bank", "attributes": [{"name": "sex", "epsilon": 1.0}, {"name": "smoker", "epsilon": 1.0}],
+         "locmrf": {"epsilon": 1.0, "delta": 1e-6}},
+        {"name": "clinic", "attributes": [{"name": "plan", "epsilon": 1.0}, {"name": "lung", "epsilon": 1.0}],
+         "locmrf": {"epsilon": 1.0, "delta": 1e-6}}]);
+    let created = create_vertical(
+        &base,
+        &path("schema.json"),
+        &parties,
+        N,
+        &[
+            "--param",
+            "encoding=\"sketch+locmrf\"",
+            "--param",
+            "sketch={\"repetitions\": 64}",
+        ],
+    );
+    assert_eq!(created["encoding"], "sketch+locmrf", "{created}");
+    assert_eq!(created["epsilon"], 3.0, "{created}");
+    let id = created["id"].as_str().unwrap().to_owned();
+    let token = |p: &str| created["party_tokens"][p].as_str().unwrap().to_owned();
+    let (mut bank, mut clinic) = (
+        String::from("customer_id,sex,smoker\n"),
+        String::from("customer_id,plan,lung\n"),
+    );
+    for i in 0..N {
+        let smoker = (i % 3 == 0) as usize;
+        let sex = if i % 5 == 0 { 1 - smoker } else { smoker };
+        bank.push_str(&format!(
+            "c{i},{},{}\n",
+            ["F", "M"][sex],
+            ["no", "yes"][smoker]
+        ));
+        // The clinic lists its customers in another order than the bank.
+        let j = N - 1 - i;
+        let smoker_j = (j % 3 == 0) as usize;
+        let lung = if j % 7 == 0 { 1 - smoker_j } else { smoker_j };
+        clinic.push_str(&format!(
+            "c{j},{},{}\n",
+            ["a", "b", "c", "d", "e", "f"][j % 6],
+            ["ok", "ill"][lung]
+        ));
+    }
+    std::fs::write(path("bank.csv"), bank).unwrap();
+    std::fs::write(path("clinic.csv"), clinic).unwrap();
+    let key = path("key.hex");
+    stdout_ok(&run(&base, &["party", "keygen", "--out", &key], &[]));
+    let upload = |party: &str| {
+        let data = path(&format!("{party}.csv"));
+        let args = [
+            "party",
+            "upload",
+            "--collection",
+            &id,
+            "--party",
+            party,
+            "--data",
+            &data,
+            "--id-column",
+            "customer_id",
+            "--key-file",
+            &key,
+            "--quiet",
+        ];
+        run(&base, &args, &[("LDPSYN_PARTY_TOKEN", &token(party))])
+    };
+    let out = stdout_ok(&upload("bank"));
+    assert!(!out.contains("records accepted"), "{out}");
+    assert!(out.contains("noisy marginals stored"), "{out}");
+    // sex and smoker, 2 values each, t = 64 sketches per value.
+    assert!(out.contains("sketch report of 256 sketches"), "{out}");
+    assert!(out.trim_end().ends_with("stored"), "{out}");
+    // No journal: nothing per record is made.
+    assert!(!std::path::Path::new(&path("bank.csv.bank.journal.jsonl")).exists());
+    let written: Value =
+        serde_json::from_str(&std::fs::read_to_string(path("bank.csv.bank.sketch.json")).unwrap())
+            .unwrap();
+    assert_eq!(written["party"], "bank");
+    let keys: Vec<&str> = written["report"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "domain_sizes",
+            "key_fingerprint",
+            "noisy_count",
+            "params",
+            "sketches"
+        ]
+    );
+    assert_eq!(written["report"]["domain_sizes"], json!([2, 2]));
+    let e = stderr_failed(&run(&base, &["collections", "finalize", &id], &[]));
+    assert!(e.contains("clinic"), "{e}");
+    // A rerun resends both written files.
+    let out = stdout_ok(&upload("bank"));
+    assert!(
+        out.contains("noisy marginals already held")
+            && out.contains("sketch report of 256 sketches")
+            && out.trim_end().ends_with("already held"),
+        "{out}"
+    );
+    let out = stdout_ok(&upload("clinic"));
+    // plan (6 values) in the collection's 4 sketch bins, lung 2: (4 + 2) · 64.
+    assert!(out.contains("sketch report of 384 sketches"), "{out}");
+    let clinic_report: Value = serde_json::from_str(
+        &std::fs::read_to_string(path("clinic.csv.clinic.sketch.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(clinic_report["report"]["domain_sizes"], json!([4, 2]));
+    assert_eq!(
+        clinic_report["report"]["key_fingerprint"],
+        written["report"]["key_fingerprint"]
+    );
+    stdout_ok(&run(&base, &["collections", "finalize", &id], &[]));
+    let csv = path("synthetic.csv");
+    stdout_ok(&run(
+        &base,
+        &[
+            "collections",
+            "download",
+            &id,
+            "--out",
+            &csv,
+            "--rows",
+            "100",
+            "--quiet",
+        ],
+        &[],
+    ));
+    let text = std::fs::read_to_string(&csv).unwrap();
+    assert!(text.starts_with("sex,smoker,plan,lung"), "{text}");
+    assert_eq!(text.lines().count(), 101);
+}

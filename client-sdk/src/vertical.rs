@@ -57,8 +57,8 @@ pub enum VerticalError {
     UnknownParty(String),
     /// The collection's encoding (`sketch+locmrf`) takes no per-record reports.
     #[error(
-        "encoding `sketch+locmrf` takes no per-record reports: each party uploads one sketch \
-         report (simulator and benchmarks only for now)"
+        "encoding `sketch+locmrf` takes no per-record reports: each party uploads its local \
+         model and one sketch report (`ldpsyn-aggregator party upload` makes both)"
     )]
     NoRecordReports,
     /// A party attribute is not in the schema.
@@ -410,17 +410,14 @@ pub struct PartyRandomizer {
 }
 
 impl PartyRandomizer {
-    /// The randomizer of party `name` in the vertical collection `config`.
-    /// Errors: not vertical, an encoding without per-record reports (`sketch+locmrf`),
-    /// unknown party or attribute, or an invalid mechanism.
+    /// The randomizer of party `name` in the vertical collection `config` (under
+    /// `sketch+locmrf` it binds the party but makes no record:
+    /// [`PartyRandomizer::record_from_codes`] refuses).
+    /// Errors: not vertical, unknown party or attribute, or an invalid mechanism.
     pub fn new(config: &CollectionConfig, name: &str) -> Result<Self, VerticalError> {
         let Protocol::Vertical(params) = &config.protocol else {
             return Err(VerticalError::NotVertical(config.protocol.name()));
         };
-        #[cfg(feature = "locmrf")]
-        if params.encoding.is_sketch() {
-            return Err(VerticalError::NoRecordReports);
-        }
         let party = params
             .parties
             .iter()
@@ -475,6 +472,11 @@ impl PartyRandomizer {
         &self.config.schema
     }
 
+    /// The collection's public config.
+    pub fn config(&self) -> &CollectionConfig {
+        &self.config
+    }
+
     /// Schema indices of the party's attributes (party order).
     pub fn attributes(&self) -> &[usize] {
         &self.attributes
@@ -515,14 +517,19 @@ impl PartyRandomizer {
     }
 
     /// As [`PartyRandomizer::record`] for values already encoded (schema codes, party
-    /// order). Errors: wrong arity, or a code outside its attribute's domain (every code is
-    /// checked, whichever is drawn).
+    /// order). Errors: [`VerticalError::NoRecordReports`] under `sketch+locmrf`, wrong
+    /// arity, or a code outside its attribute's domain (every code is checked, whichever is
+    /// drawn).
     pub fn record_from_codes<R: Rng + ?Sized>(
         &self,
         id: String,
         codes: &[u32],
         rng: &mut R,
     ) -> Result<PartyRecord, VerticalError> {
+        #[cfg(feature = "locmrf")]
+        if self.encoding().is_sketch() {
+            return Err(VerticalError::NoRecordReports);
+        }
         if codes.len() != self.attributes.len() {
             return Err(VerticalError::WrongArity {
                 expected: self.attributes.len(),
@@ -970,8 +977,10 @@ mod tests {
         let s = p2.sketch.unwrap();
         assert_eq!((s.bins, s.repetitions, s.delta), (8, 2000, None));
         assert_eq!(s.count_share, SketchSettings::default().count_share);
+        let r = PartyRandomizer::new(&c, "bank").unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
         assert!(matches!(
-            PartyRandomizer::new(&c, "bank"),
+            r.record_from_codes("a".repeat(64), &[0, 0], &mut rng),
             Err(VerticalError::NoRecordReports)
         ));
         let (eps, model) = sketch_party_budget(0.8, 1e-6, 4, DEFAULT_SKETCH_LOCMRF_SHARE).unwrap();

@@ -738,11 +738,20 @@ async fn sampled_uploads_are_checked_and_counted_once() {
     server.shutdown().await.unwrap();
 }
 
-/// Encoding `sketch+locmrf` (VertiMRF's sketch LocEnc) runs only in the simulator and the
-/// benchmarks: the service has no sketch upload, so creating such a collection is a 400
-/// `invalid-parameter` problem document that says so, and no collection is made.
+/// Encoding `sketch+locmrf` (VertiMRF as published) over HTTP: each party uploads its local
+/// model and one sketch report and no record. A report is checked against the config (party,
+/// parameters, sketch bins) and stored once; an identical resend is `200`, another report of
+/// the party `409`, a report under another key than the stored ones `409`; records are
+/// refused `409`; finalize answers `409` until every party's model and report are in, then
+/// the model keeps both cross-party dependencies (region → income, smoker → lung). Every
+/// refusal changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sketch_encoding_is_refused_over_http() {
+async fn sketch_uploads_are_checked_and_stored_once() {
+    use ldpsyn_engine::central::measure_local_model;
+    use ldpsyn_engine::measure::sketch::{SketchKey, encode_party};
+    use ldpsyn_engine::protocols::cross_party::SketchUpload;
+    use ldpsyn_engine::protocols::vertical::{ResolvedParty, Vertical};
+
     let dir = tempfile::tempdir().unwrap();
     let server = start(
         &format!("sqlite://{}", dir.path().join("k.db").display()),
@@ -752,29 +761,283 @@ async fn sketch_encoding_is_refused_over_http() {
     let base = base(&server);
     let mut body = create_body();
     body["encoding"] = json!("sketch+locmrf");
+    body["sketch"] = json!({"repetitions": 500});
     for p in body["parties"].as_array_mut().unwrap() {
-        p["locmrf"] = json!({"epsilon": 0.5, "delta": 1e-6});
+        p["locmrf"] = json!({"epsilon": 1.0, "delta": 1e-6});
     }
-    let (status, problem) = post_raw(&format!("{base}/v1/collections"), ADMIN, body.clone()).await;
-    assert_eq!(status, 400, "{problem}");
-    assert_eq!(problem_kind(&problem), Some(ProblemType::InvalidParameter));
-    let detail = problem["detail"].as_str().unwrap_or_default();
-    assert!(
-        detail.contains("sketch+locmrf") && detail.contains("simulator"),
-        "{problem}"
-    );
-    let listed: Value = reqwest::Client::new()
-        .get(format!("{base}/v1/collections"))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(listed.as_array().map(Vec::len), Some(0), "{listed}");
-    // The same parties under `sampled+locmrf` are accepted: the refusal is the encoding's.
-    body["encoding"] = json!("sampled+locmrf");
     let (status, created) = post_raw(&format!("{base}/v1/collections"), ADMIN, body).await;
     assert_eq!(status, 201, "{created}");
+    assert_eq!(created["encoding"], "sketch+locmrf", "{created}");
+    let id = created["id"].as_str().unwrap().to_owned();
+    let token = |p: &str| created["party_tokens"][p].as_str().unwrap().to_owned();
+    let url = |p: &str, route: &str| format!("{base}/v1/collections/{id}/parties/{p}/{route}");
+
+    // Bank's view of the collection, as `party upload` builds it.
+    let bank = PartyClient::connect(
+        &base,
+        id.parse().unwrap(),
+        "bank",
+        &token("bank"),
+        ClientOptions::new(Epsilon::new(10.0).unwrap()),
+    )
+    .await
+    .unwrap();
+    let config = bank.randomizer().config().clone();
+    let ldpsyn::wire::Protocol::Vertical(params) = &config.protocol else {
+        unreachable!()
+    };
+    let vertical = Vertical::new(params, &config.schema).unwrap();
+    let people = population(N, 11);
+    let ids: Vec<String> = (0..N).map(|i| format!("c{i}")).collect();
+    let secret = [7u8; 32];
+    let sketch = |p: usize, key: &SketchKey, seed: u64| {
+        let party = &vertical.parties()[p];
+        let sizes: Vec<u32> = party
+            .attributes
+            .iter()
+            .map(|&a| vertical.sketch_bin_count(a) as u32)
+            .collect();
+        let rows = people.iter().zip(&ids).map(|(r, i)| {
+            let codes: Vec<u32> = party
+                .attributes
+                .iter()
+                .map(|&a| ldpsyn::factor::bin_of(r[a], &vertical.sketch_cuts(a)))
+                .collect();
+            (i.as_bytes(), codes)
+        });
+        let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(seed);
+        let report = encode_party(
+            &vertical.sketch_params(p).unwrap(),
+            key,
+            &sizes,
+            rows,
+            &mut rng,
+        )
+        .unwrap();
+        serde_json::to_value(SketchUpload {
+            party: party.name.clone(),
+            report,
+        })
+        .unwrap()
+    };
+    let key = SketchKey::derive(&secret, id.as_bytes()).unwrap();
+    let bank_sketch = sketch(0, &key, 1);
+    let clinic_sketch = sketch(1, &key, 2);
+
+    // Under this encoding no party uploads records.
+    let (s, v409) = post_raw(
+        &url("bank", "records"),
+        &token("bank"),
+        json!({"records": [{"id": "a".repeat(64), "codes": [0, 0]}]}),
+    )
+    .await;
+    assert_eq!(
+        (s, problem_kind(&v409)),
+        (409, Some(ProblemType::Conflict)),
+        "{v409}"
+    );
+    let finalize_path = format!("/v1/collections/{id}/finalize");
+    let finalize = || admin(&base, "POST", &finalize_path);
+    let (s, f) = finalize().await;
+    assert_eq!(s, 409, "{f}");
+    for (what, route_party, tok, body, code, kind) in [
+        (
+            "another party's token",
+            "bank",
+            token("clinic"),
+            bank_sketch.clone(),
+            401,
+            ProblemType::Unauthorized,
+        ),
+        (
+            "another party's report",
+            "bank",
+            token("bank"),
+            clinic_sketch.clone(),
+            400,
+            ProblemType::InvalidParameter,
+        ),
+        (
+            "another party's bins",
+            "bank",
+            token("bank"),
+            {
+                let mut b = clinic_sketch.clone();
+                b["party"] = json!("bank");
+                b
+            },
+            400,
+            ProblemType::InvalidParameter,
+        ),
+        (
+            "other parameters",
+            "bank",
+            token("bank"),
+            {
+                let mut b = bank_sketch.clone();
+                b["report"]["params"]["count_epsilon"] = json!(0.5);
+                b
+            },
+            400,
+            ProblemType::InvalidParameter,
+        ),
+        (
+            "a truncated sketch array",
+            "bank",
+            token("bank"),
+            {
+                let mut b = bank_sketch.clone();
+                let t = b["report"]["sketches"].as_str().unwrap()[4..].to_owned();
+                b["report"]["sketches"] = json!(t);
+                b
+            },
+            400,
+            ProblemType::MalformedRequest,
+        ),
+        (
+            "raw records",
+            "bank",
+            token("bank"),
+            json!({"party": "bank", "records": [{"id": "c1", "codes": [0, 1]}]}),
+            400,
+            ProblemType::MalformedRequest,
+        ),
+    ] {
+        let (s, v) = post_raw(&url(route_party, "sketch"), &tok, body).await;
+        assert_eq!((s, problem_kind(&v)), (code, Some(kind)), "{what}: {v}");
+    }
+    // Stored once: 201, an identical resend 200, another report of the party 409.
+    let (s, v) = post_raw(&url("bank", "sketch"), &token("bank"), bank_sketch.clone()).await;
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(v["stored"], json!(true));
+    assert_eq!(v["sketches"], json!(500 * (4 + 2)), "{v}");
+    let (s, v) = post_raw(&url("bank", "sketch"), &token("bank"), bank_sketch.clone()).await;
+    assert_eq!((s, v["stored"].clone()), (200, json!(false)), "{v}");
+    let (s, v) = post_raw(&url("bank", "sketch"), &token("bank"), sketch(0, &key, 3)).await;
+    assert_eq!(
+        (s, problem_kind(&v)),
+        (409, Some(ProblemType::Conflict)),
+        "{v}"
+    );
+    assert!(
+        v["detail"]
+            .as_str()
+            .unwrap()
+            .contains("another sketch report"),
+        "{v}"
+    );
+    // Clinic under a key of another collection: it could not be merged with bank's.
+    let other = SketchKey::derive(&secret, b"another collection").unwrap();
+    let (s, v) = post_raw(
+        &url("clinic", "sketch"),
+        &token("clinic"),
+        sketch(1, &other, 2),
+    )
+    .await;
+    assert_eq!(
+        (s, problem_kind(&v)),
+        (409, Some(ProblemType::Conflict)),
+        "{v}"
+    );
+    assert!(v["detail"].as_str().unwrap().contains("same key"), "{v}");
+
+    // The local models; finalize still waits for clinic's report.
+    let dims = ldpsyn_tests::schema().domain_sizes();
+    for (p, party) in vertical.parties().iter().enumerate() {
+        let resolved = ResolvedParty {
+            name: party.name.clone(),
+            attributes: party.attributes.clone(),
+            locmrf: party.locmrf,
+        };
+        let codes: Vec<u32> = people
+            .iter()
+            .flat_map(|r| party.attributes.iter().map(|&a| r[a]))
+            .collect();
+        let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(20 + p as u64);
+        let model = measure_local_model(&resolved, &dims, &codes, 2, &mut rng).unwrap();
+        let (s, answer) = post_raw(
+            &url(&party.name, "model"),
+            &token(&party.name),
+            serde_json::to_value(&model).unwrap(),
+        )
+        .await;
+        assert_eq!(s, 201, "{answer}");
+    }
+    let (s, f) = finalize().await;
+    assert_eq!(s, 409, "{f}");
+    assert!(f["detail"].as_str().unwrap().contains("clinic"), "{f}");
+    let (s, v) = post_raw(
+        &url("clinic", "sketch"),
+        &token("clinic"),
+        clinic_sketch.clone(),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+
+    let (s, f) = finalize().await;
+    assert_eq!(s, 200, "{f}");
+    let (_, model) = admin(&base, "GET", &format!("/v1/collections/{id}/model")).await;
+    let kept: Vec<(u64, u64)> = model["model"]["model_graph"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| g["kept"] == json!(true))
+        .map(|g| (g["a"].as_u64().unwrap(), g["b"].as_u64().unwrap()))
+        .collect();
+    assert!(kept.contains(&(0, 1)) && kept.contains(&(2, 3)), "{kept:?}");
+    let (_, m) = admin(
+        &base,
+        "GET",
+        &format!("/v1/collections/{id}/marginals?attrs=region,income"),
+    )
+    .await;
+    let freq: Vec<f64> = serde_json::from_value(m["frequencies"].clone()).unwrap();
+    let mut truth = [0.0; 12];
+    for p in &people {
+        truth[(p[0] * 3 + p[1]) as usize] += 1.0 / N as f64;
+    }
+    let independent = {
+        let (mut a, mut b) = ([0.0; 4], [0.0; 3]);
+        for p in &people {
+            a[p[0] as usize] += 1.0 / N as f64;
+            b[p[1] as usize] += 1.0 / N as f64;
+        }
+        (0..12).map(move |c| a[c / 3] * b[c % 3])
+    };
+    let tvd = |f: &mut dyn Iterator<Item = f64>| {
+        f.zip(truth).map(|(a, b)| (a - b).abs()).sum::<f64>() / 2.0
+    };
+    let (model_tvd, independent_tvd) = (
+        tvd(&mut freq.iter().copied()),
+        tvd(&mut independent.into_iter()),
+    );
+    assert!(
+        model_tvd < 0.4 * independent_tvd,
+        "region × income TVD {model_tvd} (independence {independent_tvd}): {freq:?}"
+    );
+    // Finalized: uploads are refused, and changed nothing.
+    let (s, v) = post_raw(&url("clinic", "sketch"), &token("clinic"), clinic_sketch).await;
+    assert_eq!(
+        (s, problem_kind(&v)),
+        (409, Some(ProblemType::CollectionFinalized)),
+        "{v}"
+    );
+    // A collection of another encoding has no sketch route.
+    let (s, fo) = post_raw(&format!("{base}/v1/collections"), ADMIN, create_body()).await;
+    assert_eq!(s, 201, "{fo}");
+    let fo_url = format!(
+        "{base}/v1/collections/{}/parties/bank/sketch",
+        fo["id"].as_str().unwrap()
+    );
+    let (s, v) = post_raw(
+        &fo_url,
+        fo["party_tokens"]["bank"].as_str().unwrap(),
+        bank_sketch,
+    )
+    .await;
+    assert_eq!(
+        (s, problem_kind(&v)),
+        (409, Some(ProblemType::Conflict)),
+        "{v}"
+    );
 }

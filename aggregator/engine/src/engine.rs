@@ -30,12 +30,11 @@ use crate::EngineError;
 use crate::domain::key::TableKey;
 use crate::domain::space::Space;
 use crate::domain::task::{MAX_ATTRIBUTE_DOMAIN, MAX_PAIR_CELLS, SUB_BIN_ONE_WAY_SHARE, TaskSpec};
-use crate::measure::local_model::LocalModel;
 use crate::measure::tables::{Measurements, Tables};
 use crate::pipeline::finalize;
 use crate::protocols::CollectionProtocol;
 use crate::protocols::context::Context;
-use crate::protocols::cross_party::{SketchUpload, cross_party_marginals};
+use crate::protocols::cross_party::{PartyUploads, check_uploads, cross_party_marginals};
 use crate::protocols::registry::registry;
 use crate::protocols::rounds::RoundPlan;
 use crate::protocols::vertical::{Vertical, resolve};
@@ -448,95 +447,67 @@ impl Engine {
     /// SamPrivSyn with `samprivsyn_lasso` set keeps the paper's own estimator and data
     /// generation (eq. 7, eq. 11, Algorithm 2) for its synthetic rows.
     /// Deterministic given `(state, tables)`. Errors: tables that do not fit their
-    /// mechanisms; [`EngineError::NoData`] when there are no reports at all.
+    /// mechanisms; [`EngineError::NoData`] when there are no reports at all;
+    /// [`EngineError::InvalidState`] for a vertical collection whose encoding needs its
+    /// parties' uploads ([`Engine::finalize_vertical`]).
     pub fn finalize(&self, state: &CollectionState, tables: &Tables) -> Result<Model, EngineError> {
-        self.finalize_with_local_models(state, tables, &[])
+        self.finalize_vertical(state, tables, &PartyUploads::default())
     }
 
-    /// As [`Engine::finalize`], for an `fo+locmrf` or `sampled+locmrf` vertical collection
-    /// with its parties'
-    /// local models (LocMRF; [`crate::measure::local_model`]): one per party with a `locmrf`
-    /// budget, each passing [`LocalModel::check`]; their graphs start the model graph and
-    /// their measurements join the fit. Errors: as [`Engine::finalize`];
-    /// [`EngineError::InvalidState`] when a model is missing, repeated, fails its check, or
-    /// is given to a collection whose encoding is `fo` or that is not vertical, and for a
-    /// `sketch+locmrf` collection (it finalizes with [`Engine::finalize_with_sketches`]).
-    pub fn finalize_with_local_models(
+    /// As [`Engine::finalize`], with what the parties of a vertical collection uploaded
+    /// besides their records ([`PartyUploads`], checked by [`Engine::check_party_uploads`]):
+    /// - local models (LocMRF, [`crate::measure::local_model`]; `fo+locmrf`,
+    ///   `sampled+locmrf`, `sketch+locmrf`): their graphs start the model graph and their
+    ///   measurements join the fit;
+    /// - sketch reports (`sketch+locmrf`, VertiMRF as published;
+    ///   [`crate::protocols::cross_party`]): the cross-party pairs' binned tables estimated
+    ///   from them (CarEst) are candidates of the model graph beside the local graphs
+    ///   (GraphCom), and the kept ones are measurements of the fit with their per-cell
+    ///   variances. `tables` is then empty (no per-record report under this encoding).
+    ///
+    /// Errors: as [`Engine::finalize`]; [`EngineError::InvalidState`] when the uploads fail
+    /// [`Engine::check_party_uploads`].
+    pub fn finalize_vertical(
         &self,
         state: &CollectionState,
         tables: &Tables,
-        local: &[LocalModel],
+        uploads: &PartyUploads,
     ) -> Result<Model, EngineError> {
-        self.check_local_models(local)?;
-        if self.vertical().is_some_and(|v| v.encoding().is_sketch()) {
-            return Err(EngineError::InvalidState(
-                "a `sketch+locmrf` collection finalizes with its parties' sketch reports \
-                 (Engine::finalize_with_sketches)"
-                    .into(),
-            ));
-        }
+        self.check_party_uploads(uploads)?;
+        let sketched = match self.vertical() {
+            Some(v) if v.encoding().is_sketch() => Some(
+                cross_party_marginals(v, &uploads.sketches).map_err(EngineError::InvalidState)?,
+            ),
+            _ => None,
+        };
         let engine = self.at(state)?;
         finalize(
             &engine.context,
             engine.rules.as_ref(),
             state,
             tables,
-            local,
-            None,
+            &uploads.models,
+            sketched.as_ref().map(|(cross, n)| (&cross[..], n.value)),
         )
     }
 
-    /// As [`Engine::finalize_with_local_models`], for a `sketch+locmrf` vertical collection
-    /// (VertiMRF as published): every party's local model and its sketch report
-    /// ([`crate::protocols::cross_party`]). The cross-party pairs' binned tables estimated
-    /// from the sketches (CarEst) are candidates of the model graph beside the local graphs
-    /// (GraphCom), and the kept ones are measurements of the one fit, with their per-cell
-    /// variances, beside the local models' marginals. `tables` is empty (no per-record
-    /// report under this encoding). Errors: as [`Engine::finalize_with_local_models`];
-    /// [`EngineError::InvalidState`] when the collection is not `sketch+locmrf`, or a
-    /// sketch report is missing, repeated or does not fit the config
-    /// ([`crate::protocols::cross_party::check_uploads`]).
-    pub fn finalize_with_sketches(
-        &self,
-        state: &CollectionState,
-        tables: &Tables,
-        local: &[LocalModel],
-        sketches: &[SketchUpload],
-    ) -> Result<Model, EngineError> {
-        self.check_local_models(local)?;
-        let v = self
-            .vertical()
-            .filter(|v| v.encoding().is_sketch())
-            .ok_or_else(|| {
-                EngineError::InvalidState(
-                    "sketch reports are for `sketch+locmrf` vertical collections".into(),
-                )
-            })?;
-        let (cross, n) = cross_party_marginals(v, sketches).map_err(EngineError::InvalidState)?;
-        let engine = self.at(state)?;
-        finalize(
-            &engine.context,
-            engine.rules.as_ref(),
-            state,
-            tables,
-            local,
-            Some((&cross, n.value)),
-        )
-    }
-
-    /// Whether `local` is exactly the local models [`Engine::finalize_with_local_models`]
-    /// needs (its errors).
-    pub fn check_local_models(&self, local: &[LocalModel]) -> Result<(), EngineError> {
+    /// Whether `uploads` are exactly what [`Engine::finalize_vertical`] needs: one local
+    /// model per party with a `locmrf` budget, each passing
+    /// [`crate::measure::local_model::LocalModel::check`], and under
+    /// `sketch+locmrf` one sketch report per party passing
+    /// [`crate::protocols::cross_party::check_uploads`]; nothing for a collection that is not
+    /// vertical. Errors: [`EngineError::InvalidState`] saying what is missing or wrong.
+    pub fn check_party_uploads(&self, uploads: &PartyUploads) -> Result<(), EngineError> {
         let bad = |m: String| Err(EngineError::InvalidState(m));
         let Some(v) = self.vertical() else {
-            return if local.is_empty() {
+            return if uploads.models.is_empty() && uploads.sketches.is_empty() {
                 Ok(())
             } else {
-                bad("local models are for vertical collections".into())
+                bad("local models and sketch reports are for vertical collections".into())
             };
         };
         let mut seen = vec![false; v.parties().len()];
-        for m in local {
+        for m in &uploads.models {
             let Some(p) = v.party_index(m.party()) else {
                 return bad(format!("local model of unknown party `{}`", m.party()));
             };
@@ -561,7 +532,22 @@ impl Engine {
                 ));
             }
         }
+        if v.encoding().is_sketch() {
+            check_uploads(v, &uploads.sketches).map_err(EngineError::InvalidState)?;
+        } else if !uploads.sketches.is_empty() {
+            return bad(format!(
+                "sketch reports are for encoding `sketch+locmrf`, not `{}`",
+                v.encoding().name()
+            ));
+        }
         Ok(())
+    }
+
+    /// Whether the collection takes per-record reports (devices' or parties' records): every
+    /// collection but a `sketch+locmrf` vertical one, whose parties upload only their local
+    /// models and sketch reports.
+    pub fn takes_records(&self) -> bool {
+        !self.vertical().is_some_and(|v| v.encoding().is_sketch())
     }
 }
 

@@ -109,6 +109,7 @@ pub use measure::drift::{AttributeDrift, DriftReport};
 pub use measure::measurement::Measurement;
 pub use measure::tables::{Combined, Measurements, Tables, TablesError};
 pub use protocols::context::Context;
+pub use protocols::cross_party::PartyUploads;
 pub use protocols::rounds::{RoundKind, RoundPlan, RoundState};
 pub use select::structure::{Conditional, Structure};
 pub use state::{

@@ -260,6 +260,64 @@ pub struct PartyModelAnswer {
     pub measurements: usize,
 }
 
+/// The body of `POST /v1/collections/{id}/parties/{party}/sketch`: a party's sketch report
+/// (`ldpsyn_engine::protocols::cross_party::SketchUpload`, made by `ldpsyn-aggregator party
+/// upload` under encoding `sketch+locmrf`; VertiMRF Algorithm 3 with n̂). Per value of each
+/// of the party's attributes (in sketch bins), `t` DP Flajolet–Martin sketches of the set of
+/// record ids holding it, and a noisy record count; no value, code or id.
+// Documentation only: the handler parses the engine's type strictly and checks it against the
+// collection's config (`check_upload`).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct SketchReportUpload {
+    /// The party's name (the path's).
+    pub party: String,
+    /// The report.
+    pub report: SketchReportBody,
+}
+
+/// The report of a [`SketchReportUpload`].
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct SketchReportBody {
+    /// The sketch parameters, as the collection's config gives them for the party: γ, `t`
+    /// (`repetitions`), ε′ of one sketch (`sketch_epsilon`) and ε of n̂ (`count_epsilon`).
+    pub params: SketchParamsBody,
+    /// 16 lowercase hex digits identifying the parties' shared sketch key (an HMAC of a
+    /// constant; the key itself never leaves the parties).
+    pub key_fingerprint: String,
+    /// Sketch bins of each of the party's attributes, in party order.
+    pub domain_sizes: Vec<u32>,
+    /// Base64 of `t·Σ domain_sizes` bytes: attribute-major, then value, then repetition.
+    pub sketches: String,
+    /// n̂: the party's record count plus discrete Laplace noise.
+    pub noisy_count: i64,
+}
+
+/// The parameters of a [`SketchReportBody`].
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct SketchParamsBody {
+    /// γ of the sketches' geometric levels.
+    pub gamma: f64,
+    /// `t`, sketches per value.
+    pub repetitions: u32,
+    /// ε′ of one sketch (Algorithm 1).
+    pub sketch_epsilon: f64,
+    /// ε of the noisy count n̂.
+    pub count_epsilon: f64,
+}
+
+/// The answer to a sketch report upload.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct PartySketchAnswer {
+    /// The party.
+    pub party: String,
+    /// `true` when this request stored the report, `false` for an identical resend.
+    pub stored: bool,
+    /// The report's noisy record count n̂.
+    pub noisy_count: i64,
+    /// Sketches in the report (`t` per value of each attribute's bins).
+    pub sketches: usize,
+}
+
 /// `{party name: upload token}` of a vertical collection.
 pub type PartyTokens = BTreeMap<String, String>;
 

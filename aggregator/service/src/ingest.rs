@@ -33,9 +33,9 @@ use super::storage::{
     Datastore, IngestGate, NewReport, Snapshot, StorageError, Transaction, Writer,
 };
 use super::vertical::VerticalError;
-use ldpsyn_engine::measure::local_model::LocalModel;
 use ldpsyn_engine::{
-    CollectionState, Engine, EngineError, Model, Phase, TableKey, Tables, TaskSampler, Transition,
+    CollectionState, Engine, EngineError, Model, PartyUploads, Phase, TableKey, Tables,
+    TaskSampler, Transition,
 };
 
 /// Errors of ingest: the committer's commands and the collections in memory. The HTTP layer
@@ -440,20 +440,20 @@ impl CollectionHandle {
     /// finds a fit running waits for it and returns its model. The fit is deterministic given
     /// `(state, tables)`, which are frozen once the finalized state is committed, so every
     /// caller gets the same model (and a restart fits it again from the stored reports).
-    /// `local`: the parties' local
-    /// models of an `fo+locmrf` vertical collection (stored with it; empty otherwise).
-    /// Errors: the engine's ([`Engine::finalize_with_local_models`]).
+    /// `uploads`: what the parties of a vertical collection uploaded besides their records
+    /// (stored with it; empty otherwise).
+    /// Errors: the engine's ([`Engine::finalize_vertical`]).
     pub async fn ensure_model(
         &self,
         state: CollectionState,
         tables: Tables,
-        local: Vec<LocalModel>,
+        uploads: PartyUploads,
     ) -> Result<Arc<Model>, IngestError> {
         let _fit = self.fit.clone().lock_owned().await;
         if let Some(m) = self.model() {
             return Ok(m);
         }
-        let model = build_model(self.engine.clone(), state, tables, local).await?;
+        let model = build_model(self.engine.clone(), state, tables, uploads).await?;
         self.set_model(model.clone());
         Ok(model)
     }
@@ -751,8 +751,8 @@ async fn start_finalize(
         }
         Ok(Finalized::Fit(inputs)) => {
             tokio::spawn(async move {
-                let (state, tables, local) = *inputs;
-                let r = handle.ensure_model(state, tables, local).await;
+                let (state, tables, uploads) = *inputs;
+                let r = handle.ensure_model(state, tables, uploads).await;
                 if let Err(e) = &r {
                     tracing::error!(
                         collection = %handle.id,
@@ -1507,15 +1507,15 @@ async fn admin_close(
     Ok(transitions)
 }
 
-/// Builds a model from `state`, `tables` and the parties' local models on the blocking pool.
+/// Builds a model from `state`, `tables` and the parties' uploads on the blocking pool.
 pub async fn build_model(
     engine: Engine,
     state: CollectionState,
     tables: Tables,
-    local: Vec<LocalModel>,
+    uploads: PartyUploads,
 ) -> Result<Arc<Model>, IngestError> {
     Ok(Arc::new(
-        blocking(move || engine.finalize_with_local_models(&state, &tables, &local)).await??,
+        blocking(move || engine.finalize_vertical(&state, &tables, &uploads)).await??,
     ))
 }
 
@@ -1524,8 +1524,8 @@ enum Finalized {
     /// The model is built already.
     Ready(Arc<Model>),
     /// The finalized state is committed; fit the model of this state, these tables and
-    /// these local models.
-    Fit(Box<(CollectionState, Tables, Vec<LocalModel>)>),
+    /// these party uploads.
+    Fit(Box<(CollectionState, Tables, PartyUploads)>),
 }
 
 /// The committer's part of a finalize: the state transition, without the fit. In one
@@ -1546,7 +1546,7 @@ async fn finalize(
         return Ok(Finalized::Ready(m));
     }
     let authority = store.authority;
-    let (state, tables, local, version) = writer
+    let (state, tables, uploads, version) = writer
         .run_tx(|tx| {
             Box::pin(async move {
                 // Waits for every ingest transaction in flight on any process; later ones see
@@ -1554,15 +1554,15 @@ async fn finalize(
                 tx.lock_ingest_exclusive(handle.id).await?;
                 tx.lock_collection(handle.id).await?;
                 let (mut state, tables) = finalize_inputs(authority, tx, handle).await?;
-                // An `fo+locmrf` vertical collection waits for every party's local model
-                // (409, the collection stays open); read in this transaction, behind the
-                // uploads' barrier.
-                let local = if handle.engine.vertical().is_some() {
-                    tx.party_models(handle.id).await?
+                // A vertical collection with local models or sketch reports waits for every
+                // party's (409, the collection stays open); read in this transaction, behind
+                // the uploads' barrier.
+                let uploads = if handle.engine.vertical().is_some() {
+                    tx.party_uploads(handle.id).await?
                 } else {
-                    Vec::new()
+                    PartyUploads::default()
                 };
-                if let Err(e) = handle.engine.check_local_models(&local) {
+                if let Err(e) = handle.engine.check_party_uploads(&uploads) {
                     return Err(IngestError::refused(
                         ProblemType::Conflict,
                         format!("the collection cannot be finalized yet: {e}"),
@@ -1573,7 +1573,7 @@ async fn finalize(
                 let version = if state.phase != Phase::Finalized {
                     // The one refusal a fit can foresee is checked before the transition (as
                     // Engine::finalize checks it), so that it leaves the collection open.
-                    if tables.values().all(|t| t.n == 0) {
+                    if handle.engine.takes_records() && tables.values().all(|t| t.n == 0) {
                         return Err(EngineError::NoData.into());
                     }
                     handle.engine.mark_finalized(&mut state);
@@ -1584,12 +1584,12 @@ async fn finalize(
                         .await?
                         .map_or(handle.state_version(), |(_, v)| v)
                 };
-                Ok((state, tables, local, version))
+                Ok((state, tables, uploads, version))
             })
         })
         .await?;
     handle.set_state(state.clone(), version);
-    Ok(Finalized::Fit(Box::new((state, tables, local))))
+    Ok(Finalized::Fit(Box::new((state, tables, uploads))))
 }
 
 #[cfg(test)]

@@ -244,8 +244,8 @@ impl AppState {
         if finalized {
             // Deterministic given (state, tables): the same model as before the restart, also
             // when the process stopped during the fit after committing the finalized state.
-            let local = db.party_models(row.id).await?;
-            handle.ensure_model(state, tables, local).await?;
+            let uploads = db.party_uploads(row.id).await?;
+            handle.ensure_model(state, tables, uploads).await?;
         }
         self.inner.collections.insert(row.id, handle.clone());
         self.inner.unknown.remove(&row.id);
@@ -569,8 +569,8 @@ impl AppState {
         .await?;
         for (handle, state) in finalized {
             let tables = self.inner.store.tables(&handle).await?;
-            let local = self.inner.store.datastore.party_models(handle.id).await?;
-            handle.ensure_model(state, tables, local).await?;
+            let uploads = self.inner.store.datastore.party_uploads(handle.id).await?;
+            handle.ensure_model(state, tables, uploads).await?;
         }
         Ok(())
     }

@@ -226,6 +226,7 @@ impl Modify for CommonResponses {
         super::http::parties::get_party_tokens,
         super::http::parties::post_party_records,
         super::http::parties::post_party_model,
+        super::http::parties::post_party_sketch,
         super::http::healthz,
         super::http::metrics,
         get_openapi,

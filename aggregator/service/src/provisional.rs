@@ -1,5 +1,5 @@
 //! Provisional estimates while a collection collects: the model refitted from the tables
-//! accumulated so far by the stages finalize runs ([`Engine::finalize_with_local_models`]:
+//! accumulated so far by the stages finalize runs ([`Engine::finalize_vertical`]:
 //! the same measurements, model graph, fit and standard errors, so error bars shrink as
 //! reports arrive), answered by `GET …/marginals?provisional=true` and
 //! `GET …/model?provisional=true` before finalize.
@@ -17,14 +17,14 @@
 //!   the same model); otherwise the request refits. Nothing refits unless asked.
 //! - **Privacy.** Post-processing of the same LDP reports: no privacy cost.
 //!
-//! [`Engine::finalize_with_local_models`]: ldpsyn_engine::Engine::finalize_with_local_models
+//! [`Engine::finalize_vertical`]: ldpsyn_engine::Engine::finalize_vertical
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use ldpsyn::wire::ProblemType;
-use ldpsyn_engine::{Model, Phase};
+use ldpsyn_engine::{Model, PartyUploads, Phase};
 
 use super::error::ApiError;
 use super::ingest::Store;
@@ -73,8 +73,9 @@ fn is_fresh(m: &ProvisionalModel, h: &CollectionHandle, refresh: Duration) -> bo
 /// The provisional model of the collection `h`: the cached one while fresh, else a refit
 /// (waiting for a refit already running). `refresh`: `--provisional-refresh-ms`. Errors:
 /// `model-not-ready` when the collection is finalized (the final model answers instead);
-/// `conflict` before the first report, and for an `fo+locmrf` collection until every party
-/// with a budget has uploaded its local model; the database's; the engine's.
+/// `conflict` before the first report (but for `sketch+locmrf`, which takes none), and for a
+/// vertical collection until every party has uploaded the local model and sketch report its
+/// encoding asks for; the database's; the engine's.
 pub async fn provisional_model(
     store: &Store,
     h: &Arc<CollectionHandle>,
@@ -125,18 +126,19 @@ async fn refit(
     } else {
         tables.values().map(|t| t.n).sum()
     };
-    if reports == 0 {
+    // A `sketch+locmrf` collection takes no records: its uploads below are all it has.
+    if reports == 0 && h.engine.takes_records() {
         return Err(ApiError::problem(
             ProblemType::Conflict,
             "no reports collected yet: a provisional estimate needs at least one report",
         ));
     }
-    let local = if h.engine.vertical().is_some() {
-        store.datastore.party_models(h.id).await?
+    let uploads = if h.engine.vertical().is_some() {
+        store.datastore.party_uploads(h.id).await?
     } else {
-        Vec::new()
+        PartyUploads::default()
     };
-    if let Err(e) = h.engine.check_local_models(&local) {
+    if let Err(e) = h.engine.check_party_uploads(&uploads) {
         return Err(ApiError::problem(
             ProblemType::Conflict,
             format!("no provisional estimate yet: {e}"),
@@ -144,7 +146,7 @@ async fn refit(
     }
     h.provisional().refits.fetch_add(1, Relaxed);
     let started = Instant::now();
-    let model = build_model(h.engine.clone(), state, tables, local).await?;
+    let model = build_model(h.engine.clone(), state, tables, uploads).await?;
     tracing::debug!(
         collection = %h.id,
         reports,

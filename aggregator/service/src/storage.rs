@@ -17,7 +17,8 @@ use sqlx::{Any, AnyPool, Connection, Executor, Row};
 use uuid::Uuid;
 
 use ldpsyn_engine::measure::local_model::LocalModel;
-use ldpsyn_engine::{CollectionState, Engine, EngineError, TableKey, Tables};
+use ldpsyn_engine::protocols::cross_party::SketchUpload;
+use ldpsyn_engine::{CollectionState, Engine, EngineError, PartyUploads, TableKey, Tables};
 
 /// Errors of the storage layer. The HTTP layer turns every one into a 500 `internal` problem
 /// (`From<StorageError> for ApiError` in [`super::error`]); their details are logged, never
@@ -175,20 +176,43 @@ pub enum IngestGate {
     Gone,
 }
 
-/// What [`Datastore::store_party_model`] did.
+/// What [`Datastore::store_party_model`] or [`Datastore::store_party_sketch`] did with a
+/// party's one-time upload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PartyModelStore {
+pub enum PartyUploadStore {
     /// Stored: the party had none.
     Stored,
-    /// The same model was stored before (an identical resend).
+    /// The same upload was stored before (an identical resend).
     Identical,
-    /// Another model of the party is stored; nothing changed.
+    /// Another upload of the party is stored; nothing changed.
     Different,
+    /// Another party's stored sketch report was made under another sketch key: the two
+    /// could never be merged; nothing changed.
+    OtherKey,
     /// The collection is finalized (PostgreSQL: by any process); nothing changed.
     Finalized,
     /// The collection is no longer stored.
     Gone,
 }
+
+/// A table of parties' one-time uploads (JSON in `column`, one row per collection and party).
+#[derive(Debug, Clone, Copy)]
+struct PartyUploadKind {
+    table: &'static str,
+    column: &'static str,
+}
+
+/// Local models (`fo+locmrf`, `sampled+locmrf`, `sketch+locmrf`).
+const PARTY_MODELS: PartyUploadKind = PartyUploadKind {
+    table: "party_models",
+    column: "model",
+};
+
+/// Sketch reports (`sketch+locmrf`).
+const PARTY_SKETCHES: PartyUploadKind = PartyUploadKind {
+    table: "party_sketches",
+    column: "report",
+};
 
 /// The tables that hold rows of a collection, keyed by `collection_id` (`collections` itself,
 /// keyed by `id`, is deleted last). A table added by a migration that stores per-collection
@@ -199,6 +223,7 @@ const COLLECTION_TABLES: &[&str] = &[
     "report_groups",
     "vertical_records",
     "party_models",
+    "party_sketches",
     "table_counts",
     "table_counts_ready",
     "round_counts",
@@ -602,56 +627,105 @@ impl Datastore {
         .await
     }
 
-    /// As [`Transaction::party_models`], in a transaction of its own.
-    pub async fn party_models(&self, id: Uuid) -> Result<Vec<LocalModel>, StorageError> {
-        self.run_tx(|tx| Box::pin(tx.party_models(id))).await
+    /// As [`Transaction::party_uploads`], in a transaction of its own.
+    pub async fn party_uploads(&self, id: Uuid) -> Result<PartyUploads, StorageError> {
+        self.run_tx(|tx| Box::pin(tx.party_uploads(id))).await
     }
 
-    /// Stores party `party`'s local model (JSON `model`) of collection `id` in one
-    /// transaction behind the ingest barrier ([`Transaction::ingest_gate`], then the collection's
-    /// lock), unless one is stored: then it is compared. Errors: the database's.
+    /// Stores party `party`'s local model of collection `id` once
+    /// ([`Datastore::store_party_upload`]). Errors: the database's.
     pub async fn store_party_model(
         &self,
         id: Uuid,
         party: &str,
         model: &LocalModel,
         now: i64,
-    ) -> Result<PartyModelStore, StorageError> {
+    ) -> Result<PartyUploadStore, StorageError> {
+        self.store_party_upload(id, party, PARTY_MODELS, model, now, |_| true)
+            .await
+    }
+
+    /// Stores party `party`'s sketch report of collection `id` once
+    /// ([`Datastore::store_party_upload`]); [`PartyUploadStore::OtherKey`] when another
+    /// party's stored report has another key fingerprint. Errors: the database's.
+    pub async fn store_party_sketch(
+        &self,
+        id: Uuid,
+        party: &str,
+        sketch: &SketchUpload,
+        now: i64,
+    ) -> Result<PartyUploadStore, StorageError> {
+        self.store_party_upload(
+            id,
+            party,
+            PARTY_SKETCHES,
+            sketch,
+            now,
+            |other: &SketchUpload| {
+                other.report.key_fingerprint() == sketch.report.key_fingerprint()
+            },
+        )
+        .await
+    }
+
+    /// Stores `value` as party `party`'s one upload of kind `kind` in collection `id`, in one
+    /// transaction behind the ingest barrier ([`Transaction::ingest_gate`], then the
+    /// collection's lock), unless one is stored: then it is compared. `fits(other)` must
+    /// hold for every other party's stored upload of the kind. Errors: the database's.
+    async fn store_party_upload<T>(
+        &self,
+        id: Uuid,
+        party: &str,
+        kind: PartyUploadKind,
+        value: &T,
+        now: i64,
+        fits: impl Fn(&T) -> bool + Send + Sync,
+    ) -> Result<PartyUploadStore, StorageError>
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned + PartialEq + Sync,
+    {
+        let fits = &fits;
         self.run_tx(|tx| {
             Box::pin(async move {
                 match tx.ingest_gate(id).await? {
-                    IngestGate::Gone => return Ok(PartyModelStore::Gone),
-                    IngestGate::Finalized => return Ok(PartyModelStore::Finalized),
+                    IngestGate::Gone => return Ok(PartyUploadStore::Gone),
+                    IngestGate::Finalized => return Ok(PartyUploadStore::Finalized),
                     IngestGate::Open => {}
                 }
                 tx.lock_collection(id).await?;
-                let stored = sqlx::query(
-                    "SELECT model FROM party_models WHERE collection_id = $1 AND party = $2",
-                )
+                let stored = sqlx::query(&format!(
+                    "SELECT party, {} FROM {} WHERE collection_id = $1",
+                    kind.column, kind.table
+                ))
                 .bind(id.to_string())
-                .bind(party.to_owned())
-                .fetch_optional(&mut *tx.inner)
+                .fetch_all(&mut *tx.inner)
                 .await?;
-                if let Some(row) = stored {
-                    let json: String = row.try_get(0)?;
-                    let old: LocalModel = serde_json::from_str(&json)?;
-                    return Ok(if old == *model {
-                        PartyModelStore::Identical
-                    } else {
-                        PartyModelStore::Different
-                    });
+                for row in &stored {
+                    let (who, json): (String, String) = (row.try_get(0)?, row.try_get(1)?);
+                    let old: T = serde_json::from_str(&json)?;
+                    if who == party {
+                        return Ok(if old == *value {
+                            PartyUploadStore::Identical
+                        } else {
+                            PartyUploadStore::Different
+                        });
+                    }
+                    if !fits(&old) {
+                        return Ok(PartyUploadStore::OtherKey);
+                    }
                 }
-                sqlx::query(
-                    "INSERT INTO party_models (collection_id, party, model, received_at) \
+                sqlx::query(&format!(
+                    "INSERT INTO {} (collection_id, party, {}, received_at) \
                      VALUES ($1, $2, $3, $4)",
-                )
+                    kind.table, kind.column
+                ))
                 .bind(id.to_string())
                 .bind(party.to_owned())
-                .bind(serde_json::to_string(model)?)
+                .bind(serde_json::to_string(value)?)
                 .bind(now)
                 .execute(&mut *tx.inner)
                 .await?;
-                Ok(PartyModelStore::Stored)
+                Ok(PartyUploadStore::Stored)
             })
         })
         .await
@@ -1293,15 +1367,29 @@ impl Transaction<'_> {
         Ok(())
     }
 
-    /// The stored local models of collection `id` (`fo+locmrf` vertical collections), in
-    /// party-name order, in the caller's transaction. Errors: the database's; a stored model
-    /// that cannot be read ([`StorageError::Json`]).
-    pub async fn party_models(&mut self, id: Uuid) -> Result<Vec<LocalModel>, StorageError> {
-        let rows =
-            sqlx::query("SELECT model FROM party_models WHERE collection_id = $1 ORDER BY party")
-                .bind(id.to_string())
-                .fetch_all(&mut *self.inner)
-                .await?;
+    /// What the parties of vertical collection `id` uploaded besides their records: their
+    /// local models and sketch reports, each in party-name order, in the caller's
+    /// transaction. Errors: the database's; a stored upload that cannot be read
+    /// ([`StorageError::Json`]).
+    pub async fn party_uploads(&mut self, id: Uuid) -> Result<PartyUploads, StorageError> {
+        Ok(PartyUploads {
+            models: self.party_upload_rows(id, PARTY_MODELS).await?,
+            sketches: self.party_upload_rows(id, PARTY_SKETCHES).await?,
+        })
+    }
+
+    async fn party_upload_rows<T: serde::de::DeserializeOwned>(
+        &mut self,
+        id: Uuid,
+        kind: PartyUploadKind,
+    ) -> Result<Vec<T>, StorageError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {} FROM {} WHERE collection_id = $1 ORDER BY party",
+            kind.column, kind.table
+        ))
+        .bind(id.to_string())
+        .fetch_all(&mut *self.inner)
+        .await?;
         rows.iter()
             .map(|row| {
                 let json: String = row.try_get(0)?;

@@ -43,9 +43,9 @@ pub enum VerticalError {
     /// Records for a finalized collection (`collection-finalized`).
     #[error("the collection is finalized and takes no more records")]
     Finalized,
-    /// A local model for a finalized collection (`collection-finalized`).
-    #[error("the collection is finalized and takes no more local models")]
-    FinalizedModel,
+    /// A local model or sketch report for a finalized collection (`collection-finalized`).
+    #[error("the collection is finalized and takes no more local models or sketch reports")]
+    FinalizedUpload,
     /// A record id the party already uploaded with other codes (`record-id-conflict`).
     #[error(
         "party `{party}` already uploaded record {record} with other codes; a party resends \
@@ -75,7 +75,7 @@ impl VerticalError {
             VerticalError::Deleted(_) | VerticalError::DeletedBefore(_) => {
                 Some(ProblemType::UnknownCollection)
             }
-            VerticalError::Finalized | VerticalError::FinalizedModel => {
+            VerticalError::Finalized | VerticalError::FinalizedUpload => {
                 Some(ProblemType::CollectionFinalized)
             }
             VerticalError::RecordIdConflict { .. } => Some(ProblemType::RecordIdConflict),

@@ -193,7 +193,7 @@ impl Simulation<'_> {
     /// `fo+locmrf` each party with a budget also measures its local model of every person's
     /// row of its attributes. Under `sketch+locmrf` no party reports per person: each
     /// measures its local model and makes its sketch report ([`Simulation::sketch_reports`]),
-    /// and the engine finalizes from those ([`Engine::finalize_with_sketches`]).
+    /// and the engine finalizes from those ([`Engine::finalize_vertical`]).
     fn run_vertical(self, rng: &mut ChaCha12Rng) -> Result<SimRun, SimError> {
         let engine = self.engine;
         let v = engine
@@ -265,12 +265,16 @@ impl Simulation<'_> {
             );
         }
         let mut state = engine.initial_state();
-        let model = if v.encoding().is_sketch() {
-            let sketches = self.sketch_reports(v, rng)?;
-            engine.finalize_with_sketches(&state, &tables, &local, &sketches)?
+        let sketches = if v.encoding().is_sketch() {
+            self.sketch_reports(v, rng)?
         } else {
-            engine.finalize_with_local_models(&state, &tables, &local)?
+            Vec::new()
         };
+        let uploads = ldpsyn_engine::PartyUploads {
+            models: local,
+            sketches,
+        };
+        let model = engine.finalize_vertical(&state, &tables, &uploads)?;
         engine.mark_finalized(&mut state);
         Ok(SimRun {
             model,

@@ -111,6 +111,7 @@ const FINGERPRINT_LEN: usize = 16;
 /// Domain separation of the keyed hash: ids vs the key fingerprint.
 const ID_TAG: u8 = 0x01;
 const FINGERPRINT_TAG: &[u8] = b"\x00ldpsyn sketch key fingerprint";
+const DERIVE_TAG: &[u8] = b"\x00ldpsyn sketch key of collection ";
 
 /// Errors of the sketch module.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -198,6 +199,21 @@ impl SketchKey {
         let mut bytes = vec![0u8; MIN_KEY_BYTES];
         rng.fill_bytes(&mut bytes);
         Self(bytes)
+    }
+
+    /// The sketch key of one collection derived from a secret the parties share (at least
+    /// [`MIN_KEY_BYTES`] bytes, e.g. their record-id key file): HMAC-SHA256 under `secret`
+    /// of a constant and `context` (the collection id), so one shared file gives every
+    /// collection its own key, and sketches of two collections never merge. Errors:
+    /// [`SketchError::KeyTooShort`].
+    pub fn derive(secret: &[u8], context: &[u8]) -> Result<Self, SketchError> {
+        if secret.len() < MIN_KEY_BYTES {
+            return Err(SketchError::KeyTooShort(secret.len()));
+        }
+        let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes any key");
+        mac.update(DERIVE_TAG);
+        mac.update(context);
+        Ok(Self(mac.finalize().into_bytes().to_vec()))
     }
 
     /// 16 hex digits identifying the key without revealing it (HMAC of a constant): the
@@ -673,6 +689,11 @@ impl SketchReport {
             .sum::<usize>()
             + value as usize;
         Some(&self.sketches[slot * t..(slot + 1) * t])
+    }
+
+    /// Number of sketches in the report: `t·Σ_j u_j` (one byte each).
+    pub fn sketch_count(&self) -> usize {
+        self.sketches.len()
     }
 
     /// n̂: the party's record count plus discrete Laplace noise of ε =
@@ -1566,6 +1587,41 @@ mod tests {
         let (_, mut stream) = id_stream(&key.mac(), b"person-0");
         stream.set_word_pos(2 * 41);
         assert_eq!(stream.next_u64(), PINNED_WORDS.1);
+    }
+
+    /// A derived key depends on the secret and the context (one key per collection from one
+    /// shared file), reproducibly, and refuses a short secret.
+    #[test]
+    fn derived_keys_are_per_secret_and_context() {
+        let secret = [7u8; 32];
+        let a = SketchKey::derive(&secret, b"collection a").unwrap();
+        assert_eq!(
+            a.fingerprint(),
+            SketchKey::derive(&secret, b"collection a")
+                .unwrap()
+                .fingerprint()
+        );
+        assert_ne!(
+            a.fingerprint(),
+            SketchKey::derive(&secret, b"collection b")
+                .unwrap()
+                .fingerprint()
+        );
+        assert_ne!(
+            a.fingerprint(),
+            SketchKey::derive(&[8u8; 32], b"collection a")
+                .unwrap()
+                .fingerprint()
+        );
+        // Not the secret itself.
+        assert_ne!(
+            a.fingerprint(),
+            SketchKey::new(secret.to_vec()).unwrap().fingerprint()
+        );
+        assert!(matches!(
+            SketchKey::derive(&[7u8; 31], b"collection a"),
+            Err(SketchError::KeyTooShort(31))
+        ));
     }
 
     const PINNED_FINGERPRINT: &str = "f33a39c625530228";

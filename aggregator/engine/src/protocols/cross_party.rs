@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::fit::pgm::Observation;
 use crate::graph::{Edge, JunctionTree};
+use crate::measure::local_model::LocalModel;
 use crate::measure::sketch::{
     AttributeRef, Combine, Estimate, SketchReport, estimate_marginal, pooled_count,
 };
@@ -56,43 +57,63 @@ pub struct CrossMarginal {
     pub gain: PairGain,
 }
 
-/// Checks `uploads` against the collection: exactly one per party, each with the party's
+/// What the parties of a vertical collection upload besides their records, as
+/// [`crate::Engine::finalize_vertical`] takes it: local models (LocMRF; every encoding but
+/// `fo`) and sketch reports (`sketch+locmrf`), each at most one per party, in any order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PartyUploads {
+    /// The parties' local models.
+    pub models: Vec<LocalModel>,
+    /// The parties' sketch reports.
+    pub sketches: Vec<SketchUpload>,
+}
+
+/// Checks one party's sketch report against the collection: a party of it, the party's
 /// sketch parameters ([`Vertical::sketch_params`]) and one domain per attribute equal to its
-/// bin count, all under one key. Errors: what is wrong, for a 4xx.
-pub fn check_uploads(v: &Vertical, uploads: &[SketchUpload]) -> Result<(), String> {
+/// bin count ([`Vertical::sketch_bin_count`]). Returns the party's index. Errors: what is
+/// wrong, for a 4xx (the encoding is not `sketch+locmrf`, an unknown party, other
+/// parameters or domains).
+pub fn check_upload(v: &Vertical, upload: &SketchUpload) -> Result<usize, String> {
     if !v.encoding().is_sketch() {
         return Err(format!(
             "sketch reports are for encoding `sketch+locmrf`, not `{}`",
             v.encoding().name()
         ));
     }
+    let p = v
+        .party_index(&upload.party)
+        .ok_or_else(|| format!("sketch report of unknown party `{}`", upload.party))?;
+    let expected = v.sketch_params(p)?;
+    if *upload.report.params() != expected {
+        return Err(format!(
+            "party `{}`: the report's sketch parameters are not the collection's",
+            upload.party
+        ));
+    }
+    let bins: Vec<u32> = v.parties()[p]
+        .attributes
+        .iter()
+        .map(|&a| v.sketch_bin_count(a) as u32)
+        .collect();
+    if upload.report.domain_sizes() != bins {
+        return Err(format!(
+            "party `{}`: the report's domains {:?} are not its attributes' sketch bins {bins:?}",
+            upload.party,
+            upload.report.domain_sizes()
+        ));
+    }
+    Ok(p)
+}
+
+/// Checks `uploads` against the collection: exactly one per party, each passing
+/// [`check_upload`], all under one key. Errors: what is wrong, for a 4xx.
+pub fn check_uploads(v: &Vertical, uploads: &[SketchUpload]) -> Result<(), String> {
     let mut seen = vec![false; v.parties().len()];
     let mut key: Option<&str> = None;
     for u in uploads {
-        let p = v
-            .party_index(&u.party)
-            .ok_or_else(|| format!("sketch report of unknown party `{}`", u.party))?;
+        let p = check_upload(v, u)?;
         if std::mem::replace(&mut seen[p], true) {
             return Err(format!("two sketch reports of party `{}`", u.party));
-        }
-        let expected = v.sketch_params(p)?;
-        if *u.report.params() != expected {
-            return Err(format!(
-                "party `{}`: the report's sketch parameters are not the collection's",
-                u.party
-            ));
-        }
-        let bins: Vec<u32> = v.parties()[p]
-            .attributes
-            .iter()
-            .map(|&a| v.sketch_bin_count(a) as u32)
-            .collect();
-        if u.report.domain_sizes() != bins {
-            return Err(format!(
-                "party `{}`: the report's domains {:?} are not its attributes' sketch bins {bins:?}",
-                u.party,
-                u.report.domain_sizes()
-            ));
         }
         match key {
             Some(k) if k != u.report.key_fingerprint() => {

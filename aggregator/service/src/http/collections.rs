@@ -208,7 +208,7 @@ fn check_text(
 }
 const PRIVINCR_KEYS: &[&str] = &["omega", "rounds", "phi", "alpha", "sigma"];
 const SAMPRIVSYN_KEYS: &[&str] = &["batch_size"];
-const VERTICAL_KEYS: &[&str] = &["parties", "encoding"];
+const VERTICAL_KEYS: &[&str] = &["parties", "encoding", "sketch"];
 
 /// Parses and checks a create request strictly: known keys only, valid schema, ε, N and
 /// protocol parameters. Returns the config and its engine. Errors: 400 problems
@@ -279,8 +279,10 @@ pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine),
         // A vertical collection's ε is its largest party total (reports and local model):
         // filled in when omitted.
         let mut params = json!({"parties": obj.get("parties").cloned().unwrap_or(Value::Null)});
-        if let Some(encoding) = obj.get("encoding") {
-            params["encoding"] = encoding.clone();
+        for k in ["encoding", "sketch"] {
+            if let Some(v) = obj.get(k) {
+                params[k] = v.clone();
+            }
         }
         let parties: ldpsyn::wire::VerticalParams = super::extract::from_json_value(params, "")
             .map_err(|e| bad(ProblemType::InvalidParameter, e))?;
@@ -320,17 +322,6 @@ pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine),
                 "`rounds` must be ≤ 1000".into(),
             ));
         }
-    }
-    if let Protocol::Vertical(p) = &config.protocol
-        && p.encoding.is_sketch()
-    {
-        return Err(bad(
-            ProblemType::InvalidParameter,
-            "encoding `sketch+locmrf` runs only in the simulator and the benchmarks for now: \
-             the service has no upload for sketch reports yet (use `fo+locmrf` or \
-             `sampled+locmrf`)"
-                .into(),
-        ));
     }
     let engine =
         Engine::new(&config).map_err(|e| bad(ProblemType::InvalidParameter, e.to_string()))?;

@@ -146,6 +146,11 @@ pub fn routes() -> Vec<Route> {
             parties::post_party_model,
         )
         .limited(LimitedRoute::PartyRecords),
+        Route::post(
+            "/v1/collections/{id}/parties/{party}/sketch",
+            parties::post_party_sketch,
+        )
+        .limited(LimitedRoute::PartyRecords),
         // The dashboard's static files (no auth; its data calls are the admin routes above).
         Route::get("/ui", ui::ui_redirect),
         Route::get("/ui/", ui::ui_index),

@@ -1,6 +1,7 @@
 //! Parties of vertical collections: their upload tokens (admin), their record uploads
-//! (committed by the committer; [`super::super::vertical`]) and, under encoding `fo+locmrf`,
-//! their local models ([`post_party_model`], stored directly behind the ingest barrier).
+//! (committed by the committer; [`super::super::vertical`]) and their one-time uploads, stored
+//! directly behind the ingest barrier: local models ([`post_party_model`]; every encoding but
+//! `fo`) and sketch reports ([`post_party_sketch`]; `sketch+locmrf`).
 
 use std::collections::BTreeSet;
 
@@ -15,11 +16,12 @@ use super::super::AppState;
 use super::super::api::PartyTokens;
 use super::super::error::ApiError;
 use super::super::ingest::{CollectionHandle, Command};
-use super::super::storage::PartyModelStore;
+use super::super::storage::PartyUploadStore;
 use super::super::vertical::VerticalError;
 use super::extract::{Admin, handle_of, read_body};
 use ldpsyn_engine::Phase;
 use ldpsyn_engine::measure::local_model::LocalModel;
+use ldpsyn_engine::protocols::cross_party::{SketchUpload, check_upload};
 use ldpsyn_engine::protocols::vertical::Vertical;
 
 /// Every party's upload token of a vertical collection (admin).
@@ -97,6 +99,14 @@ pub async fn post_party_records(
     let h = handle_of(&state, &id).await?;
     let (v, p) = party_of(&h, &party)?;
     check_party_token(&state, &h, &party, &headers)?;
+    if !h.engine.takes_records() {
+        return Err(ApiError::problem(
+            ProblemType::Conflict,
+            "under encoding `sketch+locmrf` a party uploads no records: only its local model \
+             (…/model) and its sketch report (…/sketch), both made by `ldpsyn-aggregator party \
+             upload`",
+        ));
+    }
     let body = read_body(body, state.config().max_body_bytes).await?;
     let upload: PartyUpload = super::extract::from_json_slice(&body, "").map_err(|e| {
         ApiError::problem(
@@ -180,7 +190,6 @@ pub async fn post_party_model(
     headers: HeaderMap,
     body: Body,
 ) -> Result<axum::response::Response, ApiError> {
-    use axum::response::IntoResponse;
     let h = handle_of(&state, &id).await?;
     let (v, p) = party_of(&h, &party)?;
     check_party_token(&state, &h, &party, &headers)?;
@@ -214,35 +223,142 @@ pub async fn post_party_model(
         )
         .map_err(|e| ApiError::problem(ProblemType::InvalidParameter, e))?;
     if h.state().phase == Phase::Finalized {
-        return Err(VerticalError::FinalizedModel.into());
+        return Err(VerticalError::FinalizedUpload.into());
     }
     let stored = state
         .db()
         .store_party_model(h.id, &party, &model, super::super::now_secs())
         .await?;
-    let answer = |status, stored| {
-        Ok((
-            status,
-            Json(super::super::api::PartyModelAnswer {
-                party: party.clone(),
-                stored,
-                measurements: model.measurements().len(),
-            }),
-        )
-            .into_response())
+    let answer = super::super::api::PartyModelAnswer {
+        party: party.clone(),
+        stored: true,
+        measurements: model.measurements().len(),
     };
-    match stored {
-        PartyModelStore::Stored => answer(axum::http::StatusCode::CREATED, true),
-        PartyModelStore::Identical => answer(axum::http::StatusCode::OK, false),
-        PartyModelStore::Different => Err(ApiError::problem(
+    one_time_answer(stored, h.id, &party, "local model", answer, |a, stored| {
+        a.stored = stored
+    })
+}
+
+/// `POST /v1/collections/{id}/parties/{party}/sketch`: party `party`'s sketch report
+/// ([`SketchUpload`]; `sketch+locmrf` collections, VertiMRF §4.3 LocEnc with n̂). Stored
+/// once: `201` when stored, `200` for an identical resend; a different second report is
+/// refused (`409`: it would spend the party's budget again), and so is a report under
+/// another key than the parties' reports stored before (`409`: they could not be merged).
+/// Every refusal changes nothing.
+#[utoipa::path(post, path = "/v1/collections/{id}/parties/{party}/sketch", tag = "parties",
+    security(("party" = [])),
+    params(
+        ("id" = uuid::Uuid, Path, description = "The collection id."),
+        ("party" = String, Path, description = "The party's name."),
+    ),
+    request_body(content = super::super::api::SketchReportUpload, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The same report was stored before.", body = super::super::api::PartySketchAnswer),
+        (status = 201, description = "Stored.", body = super::super::api::PartySketchAnswer),
+        (status = 400, response = super::super::openapi::BadRequest),
+        (status = 401, response = super::super::openapi::Unauthorized),
+        (status = 404, response = super::super::openapi::NotFound),
+        (status = 409, response = super::super::openapi::Conflict),
+        (status = 413, response = super::super::openapi::PayloadTooLarge),
+        (status = 429, response = super::super::openapi::TooManyRequests),
+    ))]
+pub async fn post_party_sketch(
+    State(state): State<AppState>,
+    Path((id, party)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<axum::response::Response, ApiError> {
+    let h = handle_of(&state, &id).await?;
+    let (v, _) = party_of(&h, &party)?;
+    check_party_token(&state, &h, &party, &headers)?;
+    if !v.encoding().is_sketch() {
+        return Err(ApiError::problem(
             ProblemType::Conflict,
             format!(
-                "party `{party}` already uploaded another local model; a party measures its \
-                 model once (a second one would spend its budget again)"
+                "sketch reports are for encoding `sketch+locmrf`; this collection's is `{}`",
+                v.encoding().name()
+            ),
+        ));
+    }
+    let body = read_body(body, state.config().max_body_bytes).await?;
+    let sketch: SketchUpload = super::extract::from_json_slice(&body, "").map_err(|e| {
+        ApiError::problem(
+            ProblemType::MalformedRequest,
+            format!(
+                "the body must be a sketch report {{\"party\", \"report\": {{\"params\", \
+                 \"key_fingerprint\", \"domain_sizes\", \"sketches\", \"noisy_count\"}}}}: {e}"
+            ),
+        )
+    })?;
+    if sketch.party != party {
+        return Err(ApiError::problem(
+            ProblemType::InvalidParameter,
+            format!(
+                "the report is party `{}`'s, uploaded to party `{party}`'s route",
+                sketch.party
+            ),
+        ));
+    }
+    check_upload(v, &sketch).map_err(|e| ApiError::problem(ProblemType::InvalidParameter, e))?;
+    if h.state().phase == Phase::Finalized {
+        return Err(VerticalError::FinalizedUpload.into());
+    }
+    let stored = state
+        .db()
+        .store_party_sketch(h.id, &party, &sketch, super::super::now_secs())
+        .await?;
+    let answer = super::super::api::PartySketchAnswer {
+        party: party.clone(),
+        stored: true,
+        noisy_count: sketch.report.noisy_count(),
+        sketches: sketch.report.sketch_count(),
+    };
+    one_time_answer(
+        stored,
+        h.id,
+        &party,
+        "sketch report",
+        answer,
+        |a, stored| a.stored = stored,
+    )
+}
+
+/// The answer to a one-time upload (`what`: "local model", "sketch report") from what the
+/// store did: `201` with `answer`, `200` with `answer` marked not stored by `set_stored`, or
+/// the refusal (collection `collection`).
+fn one_time_answer<A: serde::Serialize>(
+    stored: PartyUploadStore,
+    collection: uuid::Uuid,
+    party: &str,
+    what: &str,
+    mut answer: A,
+    set_stored: impl FnOnce(&mut A, bool),
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    match stored {
+        PartyUploadStore::Stored => {
+            Ok((axum::http::StatusCode::CREATED, Json(answer)).into_response())
+        }
+        PartyUploadStore::Identical => {
+            set_stored(&mut answer, false);
+            Ok((axum::http::StatusCode::OK, Json(answer)).into_response())
+        }
+        PartyUploadStore::Different => Err(ApiError::problem(
+            ProblemType::Conflict,
+            format!(
+                "party `{party}` already uploaded another {what}; a party makes it once (a \
+                 second one would spend its budget again)"
             ),
         )),
-        PartyModelStore::Finalized => Err(VerticalError::FinalizedModel.into()),
-        PartyModelStore::Gone => Err(VerticalError::Deleted(h.id).into()),
+        PartyUploadStore::OtherKey => Err(ApiError::problem(
+            ProblemType::Conflict,
+            format!(
+                "party `{party}`'s {what} was made under another sketch key than the reports \
+                 the other parties uploaded: every party uses the same key file"
+            ),
+        )),
+        PartyUploadStore::Finalized => Err(VerticalError::FinalizedUpload.into()),
+        PartyUploadStore::Gone => Err(VerticalError::Deleted(collection).into()),
     }
 }
 

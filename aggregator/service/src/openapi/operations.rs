@@ -256,8 +256,8 @@ pub(crate) fn operations() -> Vec<OperationDoc> {
             method: "post",
             path: "/v1/collections/{id}/parties/{party}/model",
             summary: "Upload a party's local model",
-            description: "Under encoding `fo+locmrf` or `sampled+locmrf`, a party with a \
-                `locmrf` budget uploads \
+            description: "Under encoding `fo+locmrf`, `sampled+locmrf` or `sketch+locmrf`, a \
+                party with a `locmrf` budget uploads \
                 its local central-DP model of its own attributes (VertiMRF LocMRF): noisy \
                 marginals with their noise, its attribute graph and its accounting, made by \
                 `ldpsyn-aggregator party upload`. Checked against the config (400); stored \
@@ -270,6 +270,27 @@ pub(crate) fn operations() -> Vec<OperationDoc> {
                 "graph": [[0, 1]],
                 "privacy": {"epsilon": 0.32, "delta": 1e-6, "rho": 0.0021, "rho_spent": 0.0021}})),
             response: json!({"party": "bank", "stored": true, "measurements": 3}),
+        },
+        OperationDoc {
+            method: "post",
+            path: "/v1/collections/{id}/parties/{party}/sketch",
+            summary: "Upload a party's sketch report",
+            description: "Under encoding `sketch+locmrf` (VertiMRF as published) each party \
+                uploads, besides its local model and instead of any record, one sketch report \
+                made by `ldpsyn-aggregator party upload`: per value of each of its attributes \
+                (in at most `sketch.bins` equal-width bins), `t` differentially private \
+                Flajolet–Martin sketches of the set of record ids holding it under the key the \
+                parties share, and a noisy record count. Checked against the config (400); \
+                stored once (201), an identical resend is 200, another report 409, and so is a \
+                report under another key than the other parties' stored ones. Finalize answers \
+                409 until every party has uploaded both.",
+            request: Some(json!({"party": "bank", "report": {
+                "params": {"gamma": 1.2, "repetitions": 2, "sketch_epsilon": 0.009,
+                           "count_epsilon": 0.05},
+                "key_fingerprint": "3f9c0a7e5b2d4c6e", "domain_sizes": [2, 3],
+                "sketches": "CgsKDAsNDA0LCg==", "noisy_count": 2077}})),
+            response: json!({"party": "bank", "stored": true, "noisy_count": 2077,
+                "sketches": 10}),
         },
         OperationDoc {
             method: "get",

@@ -321,8 +321,8 @@ pub enum VerticalEncoding {
     /// (CarEst). The report is (ε, δ)-DP with ε the sum of the party's attributes' ε
     /// ([`Party::report_epsilon`]) and δ [`SketchSettings::delta`] (Theorem 2 for the
     /// sketches at [`SketchSettings::count_share`] less of ε, plus the discrete Laplace n̂).
-    /// Runs in the simulator and benchmarks only for now: the HTTP service refuses to
-    /// create such a collection (it has no sketch upload yet).
+    /// Parties share the sketch key as they share the record-id key; the server checks that
+    /// every report carries the same key fingerprint.
     #[serde(rename = "sketch+locmrf")]
     SketchLocmrf,
 }

@@ -747,17 +747,26 @@ async fn sampled_uploads_are_checked_and_counted_once() {
 /// refusal changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sketch_uploads_are_checked_and_stored_once() {
+    let dir = tempfile::tempdir().unwrap();
+    sketch_uploads(&format!("sqlite://{}", dir.path().join("k.db").display())).await;
+}
+
+/// The same on PostgreSQL (the reports are stored behind the ingest barrier and the
+/// collection's advisory lock there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sketch_uploads_on_postgres() {
+    if let Some(url) = ldpsyn_tests::postgres_url("sketch_uploads_on_postgres") {
+        sketch_uploads(&url).await;
+    }
+}
+
+async fn sketch_uploads(database_url: &str) {
     use ldpsyn_engine::central::measure_local_model;
     use ldpsyn_engine::measure::sketch::{SketchKey, encode_party};
     use ldpsyn_engine::protocols::cross_party::SketchUpload;
     use ldpsyn_engine::protocols::vertical::{ResolvedParty, Vertical};
 
-    let dir = tempfile::tempdir().unwrap();
-    let server = start(
-        &format!("sqlite://{}", dir.path().join("k.db").display()),
-        &[],
-    )
-    .await;
+    let server = start(database_url, &[]).await;
     let base = base(&server);
     let mut body = create_body();
     body["encoding"] = json!("sketch+locmrf");

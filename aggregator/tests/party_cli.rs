@@ -68,6 +68,27 @@ fn create_vertical(
     serde_json::from_str(&stdout_ok(&run(base, &args, &[]))).unwrap()
 }
 
+/// `party upload --quiet` of `party`'s CSV `data` to collection `id` with the key file `key`
+/// and the party's `token`, column `customer_id` holding the ids.
+fn party_upload(base: &str, id: &str, party: &str, data: &str, key: &str, token: &str) -> Output {
+    let args = [
+        "party",
+        "upload",
+        "--collection",
+        id,
+        "--party",
+        party,
+        "--data",
+        data,
+        "--id-column",
+        "customer_id",
+        "--key-file",
+        key,
+        "--quiet",
+    ];
+    run(base, &args, &[("LDPSYN_PARTY_TOKEN", token)])
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_parties_upload_with_the_cli() {
     let dir = tempfile::tempdir().unwrap();
@@ -542,23 +563,14 @@ async fn two_parties_upload_sampled_reports_with_the_cli() {
     let key = path("key.hex");
     stdout_ok(&run(&base, &["party", "keygen", "--out", &key], &[]));
     let upload = |party: &str| {
-        let data = path(&format!("{party}.csv"));
-        let args = [
-            "party",
-            "upload",
-            "--collection",
+        party_upload(
+            &base,
             &id,
-            "--party",
             party,
-            "--data",
-            &data,
-            "--id-column",
-            "customer_id",
-            "--key-file",
+            &path(&format!("{party}.csv")),
             &key,
-            "--quiet",
-        ];
-        run(&base, &args, &[("LDPSYN_PARTY_TOKEN", &token(party))])
+            &token(party),
+        )
     };
     let out = stdout_ok(&upload("bank"));
     assert!(out.contains(&format!("{N} records accepted")), "{out}");
@@ -676,23 +688,14 @@ async fn two_parties_upload_sketches_with_the_cli() {
     let key = path("key.hex");
     stdout_ok(&run(&base, &["party", "keygen", "--out", &key], &[]));
     let upload = |party: &str| {
-        let data = path(&format!("{party}.csv"));
-        let args = [
-            "party",
-            "upload",
-            "--collection",
+        party_upload(
+            &base,
             &id,
-            "--party",
             party,
-            "--data",
-            &data,
-            "--id-column",
-            "customer_id",
-            "--key-file",
+            &path(&format!("{party}.csv")),
             &key,
-            "--quiet",
-        ];
-        run(&base, &args, &[("LDPSYN_PARTY_TOKEN", &token(party))])
+            &token(party),
+        )
     };
     let out = stdout_ok(&upload("bank"));
     assert!(!out.contains("records accepted"), "{out}");

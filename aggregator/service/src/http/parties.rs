@@ -164,7 +164,7 @@ pub async fn post_party_records(
 }
 
 /// `POST /v1/collections/{id}/parties/{party}/model`: party `party`'s local model
-/// ([`LocalModel`]; `fo+locmrf` collections, VertiMRF §4.1 LocMRF). Stored once: `201` when
+/// ([`LocalModel`]; every encoding but `fo`, VertiMRF §4.1 LocMRF). Stored once: `201` when
 /// stored, `200` for an identical resend; a different second model is refused (`409`:
 /// re-measuring would spend the party's budget twice). Every refusal changes nothing.
 #[utoipa::path(post, path = "/v1/collections/{id}/parties/{party}/model", tag = "parties",

@@ -291,7 +291,8 @@ pub const DEFAULT_SKETCH_LOCMRF_SHARE: f64 = 0.5;
 /// evenly over every sketch). Returns the attributes' ε and the model's budget; they compose
 /// back to `epsilon` (the report's own δ is the collection's `sketch.delta`).
 /// Errors: [`VerticalError::Budget`] unless `0 < locmrf_share < 1`, `0 < delta < 1` and
-/// every part is at least [`crate::MIN_COLLECTION_EPSILON`].
+/// the model's ε and the report's are at least [`crate::MIN_COLLECTION_EPSILON`] (an
+/// attribute's share may be below it).
 #[cfg(feature = "locmrf")]
 pub fn sketch_party_budget(
     epsilon: f64,
@@ -312,8 +313,8 @@ pub fn sketch_party_budget(
 
 /// The local model's ε ([`local_model_epsilon`]) and each attribute's report ε: the rest of
 /// `epsilon` divided by `shares` (1: every attribute reports with all of it). Errors:
-/// [`VerticalError::Budget`] as [`local_model_epsilon`], or when either part is below
-/// [`crate::MIN_COLLECTION_EPSILON`].
+/// [`VerticalError::Budget`] as [`local_model_epsilon`], or when the model's ε or the rest
+/// is below [`crate::MIN_COLLECTION_EPSILON`].
 #[cfg(feature = "locmrf")]
 fn model_and_attribute_epsilon(
     epsilon: f64,
@@ -327,9 +328,12 @@ fn model_and_attribute_epsilon(
         locmrf_share,
     };
     let model = local_model_epsilon(epsilon, delta, locmrf_share)?;
-    let each = (epsilon - model.get()) / shares as f64;
+    let rest = epsilon - model.get();
+    let each = rest / shares as f64;
     let floor = crate::MIN_COLLECTION_EPSILON;
-    if model.get() < floor || each < floor {
+    // The floor bounds what a mechanism spends: the model, and the reports' ε (an
+    // attribute's share of one sketch report is bookkeeping, not a mechanism's ε).
+    if model.get() < floor || rest < floor {
         return Err(bad());
     }
     Ok((model, crate::Epsilon::new(each).map_err(|_| bad())?))
@@ -988,6 +992,11 @@ mod tests {
         let total: f64 = eps.iter().map(|e| e.get()).sum::<f64>() + model.epsilon.get();
         assert!((total - 0.8).abs() < 1e-12 && (model.epsilon.get() - 0.4).abs() < 1e-12);
         assert!(sketch_party_budget(0.8, 1e-6, 4, 1.0).is_err());
+        // The floor bounds the report's ε, not an attribute's share of it: party ε 0.1 over
+        // 8 attributes gives shares of 0.00625 and a report of 0.05.
+        let (eps, _) = sketch_party_budget(0.1, 1e-6, 8, 0.5).unwrap();
+        assert!((eps[0].get() - 0.00625).abs() < 1e-15);
+        assert!(sketch_party_budget(0.015, 1e-6, 8, 0.5).is_err());
     }
 
     /// Under `sampled+locmrf` a record names one attribute drawn uniformly and carries its

@@ -90,7 +90,8 @@ pub struct Vertical {
 impl Vertical {
     /// Resolves `params` against `schema`. Errors ([`EngineError::InvalidConfig`]): no party,
     /// a bad or repeated party name, a party without attributes, an unknown attribute, an
-    /// attribute ε below [`ldpsyn::MIN_COLLECTION_EPSILON`], or an attribute held by no party
+    /// attribute ε below [`ldpsyn::MIN_COLLECTION_EPSILON`] (under `sketch+locmrf`: a
+    /// party's sketch report ε, the sum of its attributes'), or an attribute held by no party
     /// or by two; a LocMRF budget under encoding `fo`, none under `fo+locmrf`, a party
     /// without one under `sampled+locmrf` or `sketch+locmrf`, or a budget's ε below the
     /// collection minimum or δ outside (0, 1); `sketch` settings under another encoding than
@@ -139,8 +140,11 @@ impl Vertical {
                     ));
                 }
                 // Below the collection minimum GRR's p and q round to one value (ε < 1e-16:
-                // p = q exactly) and the estimates to NaN.
-                if pa.epsilon.get() < ldpsyn::MIN_COLLECTION_EPSILON {
+                // p = q exactly) and the estimates to NaN. Under `sketch+locmrf` an
+                // attribute's ε is its share of the one sketch report, whose sum is checked
+                // below.
+                if !params.encoding.is_sketch() && pa.epsilon.get() < ldpsyn::MIN_COLLECTION_EPSILON
+                {
                     return bad(format!(
                         "party `{}`: attribute `{}` has epsilon {}, below the minimum {}",
                         party.name,
@@ -152,6 +156,15 @@ impl Vertical {
                 owner[a] = Some(p);
                 epsilons[a] = Some(pa.epsilon);
                 attributes.push(a);
+            }
+            let report: f64 = party.attributes.iter().map(|pa| pa.epsilon.get()).sum();
+            if params.encoding.is_sketch() && report < ldpsyn::MIN_COLLECTION_EPSILON {
+                return bad(format!(
+                    "party `{}`: its sketch report's epsilon (the sum of its attributes') is \
+                     {report}, below the minimum {}",
+                    party.name,
+                    ldpsyn::MIN_COLLECTION_EPSILON
+                ));
             }
             if let Some(b) = &party.locmrf {
                 if !params.encoding.has_local_models() {
@@ -824,6 +837,23 @@ mod tests {
             &s,
         )
         .unwrap();
+        // Under `sketch+locmrf` an attribute's ε is its share of the party's one report: the
+        // floor bounds the report's ε, the sum.
+        let sketched = |x: &[(&str, f64)]| {
+            let mut p = params(&[("bank", x), ("t", &[("c", 1.0)])]);
+            p.encoding = VerticalEncoding::SketchLocmrf;
+            for party in &mut p.parties {
+                party.locmrf = Some(LocMrfBudget {
+                    epsilon: Epsilon::new(0.5).unwrap(),
+                    delta: 1e-6,
+                });
+            }
+            Vertical::new(&p, &s)
+        };
+        let share = ldpsyn::MIN_COLLECTION_EPSILON * 0.6;
+        sketched(&[("a", share), ("b", share)]).unwrap();
+        let err = sketched(&[("a", share / 2.0), ("b", share / 2.0)]).unwrap_err();
+        assert!(err.to_string().contains("sketch report's epsilon"), "{err}");
     }
 
     /// Encoding `fo+locmrf`: a budget needs that encoding, the encoding needs a budget, δ is

@@ -632,8 +632,9 @@ impl Datastore {
         self.run_tx(|tx| Box::pin(tx.party_uploads(id))).await
     }
 
-    /// Stores party `party`'s local model of collection `id` once
-    /// ([`Datastore::store_party_upload`]). Errors: the database's.
+    /// Stores party `party`'s local model of collection `id` in one transaction behind the
+    /// ingest barrier ([`Transaction::ingest_gate`], then the collection's lock), unless one
+    /// is stored: then it is compared. Errors: the database's.
     pub async fn store_party_model(
         &self,
         id: Uuid,
@@ -645,9 +646,9 @@ impl Datastore {
             .await
     }
 
-    /// Stores party `party`'s sketch report of collection `id` once
-    /// ([`Datastore::store_party_upload`]); [`PartyUploadStore::OtherKey`] when another
-    /// party's stored report has another key fingerprint. Errors: the database's.
+    /// As [`Datastore::store_party_model`] for party `party`'s sketch report;
+    /// [`PartyUploadStore::OtherKey`] when another party's stored report has another key
+    /// fingerprint. Errors: the database's.
     pub async fn store_party_sketch(
         &self,
         id: Uuid,

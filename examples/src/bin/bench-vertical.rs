@@ -22,6 +22,9 @@
 //!   `--sketch-bins` equal-width bins per attribute;
 //! - `auto` and `independence`: a centralized device collection at the same total ε per
 //!   person (the sum over the parties), each person reporting once;
+//! - `central`: one curator holding the joined table, with the central-DP synthesizer of
+//!   `synthesize` ([`ldpsyn_aggregator::engine::central::synthesize_central`]: PrivMRF-style
+//!   select–measure–fit under zCDP) at the same total ε and the composed δ;
 //! - `exact-independence`: the non-private product of the data's 1-ways.
 //!
 //! ```text
@@ -51,12 +54,18 @@ use ldpsyn::wire::{
     CollectionConfig, PROTOCOL_VERSION, Party, PartyAttribute, Protocol, VerticalParams,
 };
 use ldpsyn::wire::{SketchSettings, VerticalEncoding};
+use ldpsyn_aggregator::engine::central::{CentralOptions, synthesize_central};
 use ldpsyn_aggregator::engine::{Engine, EngineOptions, Model};
 use ldpsyn_aggregator::eval::{MarginalCounts, exact_independence_model};
 use ldpsyn_aggregator::sim::{Population, Simulation, load_csv};
+use rand::SeedableRng;
+use rand_chacha::ChaCha12Rng;
 use serde_json::{Value, json};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// Mixed into a seed for the `central` method's noise.
+const CENTRAL_STREAM: u64 = 0xCE47_2A1D_0000_0001;
 
 /// Vertical-collection benchmark (module docs).
 #[derive(Debug, Parser)]
@@ -371,6 +380,16 @@ fn main() -> Result<(), Error> {
                     .or_default()
                     .push(score(&model, &pop, &owner, seed, args.tvd3)?);
             }
+            if wanted("central") {
+                // The central-DP model of one curator holding the joined table, at the total
+                // ε and the composed δ of the vertical modes.
+                let options = CentralOptions::new(total, delta * names.len() as f64);
+                let mut rng = ChaCha12Rng::seed_from_u64(seed ^ CENTRAL_STREAM);
+                let fit = synthesize_central(pop.dims(), pop.codes(), &options, &mut rng)?;
+                rows.entry("central")
+                    .or_default()
+                    .push(score(&fit.model, &pop, &owner, seed, args.tvd3)?);
+            }
         }
         for (label, s) in rows {
             let mean = |f: &dyn Fn(&Scores) -> f64| s.iter().map(f).sum::<f64>() / s.len() as f64;
@@ -428,7 +447,9 @@ fn markdown(out: &Value) -> String {
          between the synthetic table (rows = people) and the data: over all 2-way marginals, \
          over cross-party pairs only, and over 1-ways; edges = pairs in the model graph \
          (cross-party ones in parentheses). `auto` and `independence` are centralized \
-         collections (each person reports once to one aggregator) at the same total ε. \
+         collections (each person reports once to one aggregator) at the same total ε; \
+         `central` is one curator's central-DP model of the joined table (`synthesize`'s) at \
+         the same total ε and composed δ. \
          `vertical-l1-locmrf` spends the same ε per party, part of it on the party's local \
          central-DP model (encoding `fo+locmrf`; its δ in the JSON); \
          `vertical-sampled-locmrf` the same model budget, each record reporting one attribute \

@@ -335,6 +335,9 @@ async fn upload(args: &UploadArgs, token: &str) -> Result<Uploaded, PartyError> 
         }
     };
     // Made (or read back) before anything is sent: a failure here leaves the server as it was.
+    // The CSV is read once for both, with one OS-seeded CSPRNG.
+    let mut rng = rand::rngs::StdRng::from_os_rng();
+    let mut rows = None;
     let model = match client.randomizer().party().locmrf {
         None => None,
         Some(_) => {
@@ -342,7 +345,9 @@ async fn upload(args: &UploadArgs, token: &str) -> Result<Uploaded, PartyError> 
             Some(if path.exists() {
                 read_written(&path, &args.party, LocalModel::party)?
             } else {
-                let m = measure_model(args, &client)?;
+                let (_, codes) = rows_once(&mut rows, args, &client, &mut rng)?;
+                let r = client.randomizer();
+                let m = local_model_of_codes(r, codes, args.max_marginal as usize, &mut rng)?;
                 write_json(&path, &m)?;
                 m
             })
@@ -353,7 +358,8 @@ async fn upload(args: &UploadArgs, token: &str) -> Result<Uploaded, PartyError> 
         Some(if path.exists() {
             read_written(&path, &args.party, |s: &SketchUpload| &s.party)?
         } else {
-            let s = sketch_report(args, &client)?;
+            let (ids, codes) = rows_once(&mut rows, args, &client, &mut rng)?;
+            let s = sketch_report(args, &client, ids, codes, &mut rng)?;
             write_json(&path, &s)?;
             s
         })
@@ -460,22 +466,39 @@ fn party_rows<R: rand::Rng + ?Sized>(
     Ok((ids, codes))
 }
 
-/// The party's sketch report (`sketch+locmrf`) over its CSV's rows ([`party_rows`]), customer
-/// ids hashed under the key derived from the key file and the collection id
-/// ([`SketchKey::derive`]); phantoms and n̂'s noise from an OS-seeded CSPRNG. Errors: the key,
-/// the CSV, a repeated customer id.
-fn sketch_report(args: &UploadArgs, client: &PartyClient) -> Result<SketchUpload, PartyError> {
+/// The CSV's rows ([`party_rows`]), read into `cache` on the first call.
+fn rows_once<'a, R: rand::Rng + ?Sized>(
+    cache: &'a mut Option<(Vec<String>, Vec<u32>)>,
+    args: &UploadArgs,
+    client: &PartyClient,
+    rng: &mut R,
+) -> Result<&'a (Vec<String>, Vec<u32>), PartyError> {
+    if cache.is_none() {
+        *cache = Some(party_rows(args, client.randomizer(), rng)?);
+    }
+    Ok(cache.as_ref().expect("filled above"))
+}
+
+/// The party's sketch report (`sketch+locmrf`) over its CSV's rows (`ids`, `codes` from
+/// [`party_rows`]), customer ids hashed under the key derived from the key file and the
+/// collection id ([`SketchKey::derive`]); phantoms and n̂'s noise from `rng`, an OS-seeded
+/// CSPRNG. Errors: the key, no rows, a repeated customer id.
+fn sketch_report<R: rand::Rng + rand::CryptoRng + ?Sized>(
+    args: &UploadArgs,
+    client: &PartyClient,
+    ids: &[String],
+    codes: &[u32],
+    rng: &mut R,
+) -> Result<SketchUpload, PartyError> {
     let key = SketchKey::derive(&read_key_bytes(&args.key_file)?, args.collection.as_bytes())
         .map_err(|e| PartyError::Input(format!("{}: {e}", args.key_file.display())))?;
-    let mut rng = rand::rngs::StdRng::from_os_rng();
-    let (ids, codes) = party_rows(args, client.randomizer(), &mut rng)?;
     if ids.is_empty() {
         return Err(PartyError::Input(format!(
             "{} has no rows",
             args.data.display()
         )));
     }
-    sketch_report_of_codes(client.randomizer(), &key, &ids, &codes, &mut rng)
+    sketch_report_of_codes(client.randomizer(), &key, ids, codes, rng)
         .map_err(|e| PartyError::Input(format!("{}: {e}", args.data.display())))
 }
 
@@ -523,14 +546,6 @@ pub(crate) fn sketch_report_of_codes<R: rand::Rng + rand::CryptoRng + ?Sized>(
         party: name.clone(),
         report,
     })
-}
-
-/// Measures the local model on the CSV's rows ([`party_rows`]; OS-seeded CSPRNG).
-fn measure_model(args: &UploadArgs, client: &PartyClient) -> Result<LocalModel, PartyError> {
-    let r = client.randomizer();
-    let mut rng = rand::rngs::StdRng::from_os_rng();
-    let (_, codes) = party_rows(args, r, &mut rng)?;
-    local_model_of_codes(r, &codes, args.max_marginal as usize, &mut rng)
 }
 
 /// The local model (LocMRF) of party `r` measured on `codes`: its attributes' schema codes,

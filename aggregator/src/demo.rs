@@ -19,7 +19,8 @@ use ldpsyn::client::{Client, ClientOptions, SimulatedPerson};
 use ldpsyn::ledger::MemoryLedger;
 use ldpsyn::schema::{AttributeKind, Schema};
 use ldpsyn::vertical::{
-    DEFAULT_LOCMRF_SHARE, sampled_party_budget, sketch_party_budget, split_party_budget,
+    DEFAULT_LOCMRF_SHARE, DEFAULT_SKETCH_LOCMRF_SHARE, sampled_party_budget, sketch_party_budget,
+    split_party_budget,
 };
 use ldpsyn::wire::{LocMrfBudget, Party, PartyAttribute, VerticalEncoding};
 use rand::{Rng, SeedableRng};
@@ -87,27 +88,30 @@ pub struct DemoConfig {
     /// The attribute that `--arrival drift` drifts along (default: the schema's first).
     #[arg(long)]
     pub drift_column: Option<String>,
-    /// A vertical collection instead (VertiMRF): a JSON file with its `parties` (each with its
-    /// attributes and their ε, e.g. `examples/adult/parties.json`) and optionally its
-    /// `encoding`. Each party randomizes its columns of every person and uploads them over
-    /// HTTP under a pseudonymous record id, and under `fo+locmrf` or `sampled+locmrf` its
-    /// local model as `party upload` does; `--epsilon` and `--protocol` are ignored (ε is the
-    /// largest party's total).
+    /// A vertical collection instead (VertiMRF): a JSON file with its `parties` and optionally
+    /// its `encoding`. Either each party lists its attributes by name only (e.g.
+    /// `examples/adult/parties-names.json`): the server splits `--epsilon`, the budget per
+    /// person over every party, with δ = 1/people (the create request's `budget`); or with
+    /// their ε (e.g. `examples/adult/parties.json`): `--epsilon` is ignored. Each party
+    /// uploads as `party upload` does: its local model, and its sketch report (`sketch+locmrf`)
+    /// or its records randomized under a pseudonymous record id. `--protocol` is ignored.
     #[arg(long)]
     pub vertical: Option<PathBuf>,
-    /// Encoding of the `--vertical` collection: `fo`, `fo+locmrf` or `sampled+locmrf`
-    /// (default: the file's `"encoding"`, else `fo`; a different one in the file is refused).
-    /// When no party of the file has a `locmrf` budget and the encoding needs local models,
-    /// each party's ε (the sum of its attributes') is split as `party upload` users split it
-    /// (`ldpsyn::vertical::split_party_budget` or `sampled_party_budget`, `--locmrf-share`
-    /// to the local model, δ = 1/(people × parties)), so every encoding runs at the same ε
-    /// per party.
+    /// Encoding of the `--vertical` collection: `sketch+locmrf`, `fo`, `fo+locmrf` or
+    /// `sampled+locmrf` (default: the file's `"encoding"`, else `sketch+locmrf`; a different
+    /// one in the file is refused).
+    /// When the file gives every attribute's ε but no party a `locmrf` budget and the
+    /// encoding needs local models, each party's ε (the sum of its attributes') is split as
+    /// `party upload` users split it (`ldpsyn::vertical::sketch_party_budget`,
+    /// `split_party_budget` or `sampled_party_budget`, `--locmrf-share` to the local model,
+    /// δ = 1/(people × parties)), so every encoding runs at the same ε per party.
     #[arg(long, requires = "vertical", value_parser = parse_encoding)]
     pub encoding: Option<VerticalEncoding>,
-    /// Share of a party's ε given to its local model when the demo splits the budget (see
-    /// `--encoding`).
-    #[arg(long, requires = "vertical", default_value_t = DEFAULT_LOCMRF_SHARE)]
-    pub locmrf_share: f64,
+    /// Share of a party's ε given to its local model when the budget is split (by the demo or,
+    /// for parties named without ε, by the server). Default: 0.5 under `sketch+locmrf`
+    /// (`ldpsyn::vertical::DEFAULT_SKETCH_LOCMRF_SHARE`), else 0.2 (`DEFAULT_LOCMRF_SHARE`).
+    #[arg(long, requires = "vertical")]
+    pub locmrf_share: Option<f64>,
 }
 
 /// An encoding by its config name (`fo`, `fo+locmrf`, `sampled+locmrf`, `sketch+locmrf`).
@@ -276,8 +280,17 @@ pub struct PartyBudget {
 
 /// A `--vertical` file: its parties and the encoding it names, if any.
 struct VerticalFile {
-    parties: Vec<Party>,
+    parties: VerticalParties,
     encoding: Option<VerticalEncoding>,
+}
+
+/// The parties of a `--vertical` file.
+enum VerticalParties {
+    /// Attributes with their ε.
+    Split(Vec<Party>),
+    /// Attributes by name only (`{"name", "attributes": [names]}` as JSON): the server splits
+    /// the demo's budget.
+    Named(serde_json::Value),
 }
 
 /// Reads a `--vertical` file: `{"parties": [...], "encoding": ...}` or the bare list.
@@ -290,15 +303,28 @@ fn read_vertical(path: &Path) -> Result<VerticalFile, DemoError> {
         .get("encoding")
         .map(|e| serde_json::from_value(e.clone()).map_err(bad))
         .transpose()?;
-    let parties = serde_json::from_value(v.get("parties").cloned().unwrap_or(v)).map_err(bad)?;
+    let list = v.get("parties").cloned().unwrap_or(v);
+    let named = list.as_array().is_some_and(|ps| {
+        ps.iter().all(|p| {
+            p["attributes"]
+                .as_array()
+                .is_some_and(|a| a.iter().all(serde_json::Value::is_string))
+        })
+    });
+    let parties = if named {
+        VerticalParties::Named(list)
+    } else {
+        VerticalParties::Split(serde_json::from_value(list).map_err(bad)?)
+    };
     Ok(VerticalFile { parties, encoding })
 }
 
 /// The encoding of the vertical demo and its parties: `flag` (`--encoding`) or the file's,
-/// else `fo`. Under an encoding with local models, when no party has a `locmrf` budget,
+/// else `sketch+locmrf`. Parties named without ε are returned as they are (the server
+/// splits the budget). Under an encoding with local models, when no party has a `locmrf` budget,
 /// each party's ε (the sum of its attributes') is split between its reports and its local
-/// model by the SDK's split for that encoding, `share` to the model with δ = 1/(`people` ×
-/// parties); otherwise the parties are taken as written (the server checks them).
+/// model by the SDK's split for that encoding, `share` (default: the encoding's) to the
+/// model with δ = 1/(`people` × parties); otherwise the parties are taken as written (the server checks them).
 /// Errors: the flag and the file disagree, an attribute is not in `schema`, or a budget
 /// does not split.
 fn vertical_parties(
@@ -306,8 +332,8 @@ fn vertical_parties(
     flag: Option<VerticalEncoding>,
     schema: &Schema,
     people: usize,
-    share: f64,
-) -> Result<(VerticalEncoding, Vec<Party>), DemoError> {
+    share: Option<f64>,
+) -> Result<(VerticalEncoding, VerticalParties), DemoError> {
     let encoding = match (flag, file.encoding) {
         (Some(f), Some(g)) if f != g => {
             return Err(DemoError::Input(format!(
@@ -318,9 +344,17 @@ fn vertical_parties(
         }
         (f, g) => f.or(g).unwrap_or_default(),
     };
-    let mut parties = file.parties;
+    let share = share.unwrap_or(if encoding.is_sketch() {
+        DEFAULT_SKETCH_LOCMRF_SHARE
+    } else {
+        DEFAULT_LOCMRF_SHARE
+    });
+    let mut parties = match file.parties {
+        VerticalParties::Split(p) => p,
+        named => return Ok((encoding, named)),
+    };
     if !encoding.has_local_models() || parties.iter().any(|p| p.locmrf.is_some()) {
-        return Ok((encoding, parties));
+        return Ok((encoding, VerticalParties::Split(parties)));
     }
     let delta = 1.0 / (people.max(1) * parties.len().max(1)) as f64;
     let dims = schema.domain_sizes();
@@ -357,7 +391,7 @@ fn vertical_parties(
         }
         party.locmrf = Some(model);
     }
-    Ok((encoding, parties))
+    Ok((encoding, VerticalParties::Split(parties)))
 }
 
 struct Input {
@@ -566,9 +600,15 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
 
     // 2. The collection.
     let create = match &parties {
-        Some((encoding, parties)) => serde_json::json!({
+        Some((encoding, VerticalParties::Split(parties))) => serde_json::json!({
             "schema": input.schema, "protocol": "vertical", "parties": parties,
             "encoding": encoding.name(), "target_users": n,
+        }),
+        // δ is the server's default, 1/target_users.
+        Some((encoding, VerticalParties::Named(parties))) => serde_json::json!({
+            "schema": input.schema, "protocol": "vertical", "parties": parties,
+            "encoding": encoding.name(), "target_users": n,
+            "budget": {"epsilon": cfg.epsilon, "locmrf_share": cfg.locmrf_share},
         }),
         // Finalized by hand below, so that the report times the finalize as its own phase.
         None => serde_json::json!({

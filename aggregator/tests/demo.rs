@@ -221,8 +221,9 @@ fn vertical_demo_runs_fo_reports_with_local_models() {
 }
 
 /// The encoding comes from the `--vertical` file when no flag names one, with the file's
-/// budgets as written; without either it is `fo` (no local model); a flag that contradicts
-/// the file is refused before anything runs.
+/// budgets as written; without either it is `sketch+locmrf` (each party's ε split half to its
+/// local model, half to its sketch report); a flag that contradicts the file is refused
+/// before anything runs.
 #[test]
 fn vertical_demo_takes_the_encoding_of_its_file() {
     let dir = tempfile::tempdir().unwrap();
@@ -252,11 +253,16 @@ fn vertical_demo_takes_the_encoding_of_its_file() {
     assert!(clinic.get("locmrf").is_none() && clinic.get("local_model_measurements").is_none());
     assert_eq!(clinic["composed_epsilon"], 2.0, "{r}");
 
-    let (_, r) = vertical_demo(dir.path(), "plain", "parties.json", &[]);
-    assert_eq!(r["encoding"], "fo", "{r}");
-    assert_eq!(r["party_budgets"]["bank"]["report_epsilon"], 2.0, "{r}");
-    assert!(r["party_budgets"]["bank"].get("locmrf").is_none(), "{r}");
-    assert!(r.get("composed_delta").is_none(), "{r}");
+    let (csv, r) = vertical_demo(dir.path(), "plain", "parties.json", &[]);
+    check_synthetic(&csv);
+    assert_eq!(r["encoding"], "sketch+locmrf", "{r}");
+    // No per-record report under sketches.
+    assert_eq!(r["reports_accepted"], 0, "{r}");
+    let bank = &r["party_budgets"]["bank"];
+    assert_eq!(bank["report_epsilon"], 1.0, "{r}");
+    assert_eq!(bank["locmrf"]["epsilon"], 1.0, "{r}");
+    assert_eq!(bank["composed_epsilon"], 2.0, "{r}");
+    assert!(r["composed_delta"].as_f64().unwrap() > 0.0, "{r}");
 
     let out = Command::new(BIN)
         .args(["demo", "--quiet", "--data"])
@@ -276,6 +282,66 @@ fn vertical_demo_takes_the_encoding_of_its_file() {
         "{err}"
     );
     assert!(!dir.path().join("refused.csv").exists());
+}
+
+/// Parties named without ε: the demo sends `--epsilon` as the collection's budget per person
+/// and the server splits it (issue 37 item 4): under the default `sketch+locmrf` each of the
+/// two parties gets 2 of 4, half to its local model and half to its sketch report, and δ =
+/// 1/people over both; under `fo` each party's 2 goes over its attributes' GRR reports.
+#[test]
+fn vertical_demo_splits_one_budget_on_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    vertical_files(dir.path());
+    let parties = serde_json::json!({"parties": [
+        {"name": "bank", "attributes": ["sex", "smoker"]},
+        {"name": "clinic", "attributes": ["plan", "lung"]}]});
+    std::fs::write(dir.path().join("named-parties.json"), parties.to_string()).unwrap();
+    let (csv, r) = vertical_demo(
+        dir.path(),
+        "named",
+        "named-parties.json",
+        &["--epsilon", "4"],
+    );
+    check_synthetic(&csv);
+    assert_eq!(r["encoding"], "sketch+locmrf", "{r}");
+    for party in ["bank", "clinic"] {
+        let b = &r["party_budgets"][party];
+        assert!(
+            (b["locmrf"]["epsilon"].as_f64().unwrap() - 1.0).abs() < 1e-9,
+            "{b}"
+        );
+        assert!(
+            (b["report_epsilon"].as_f64().unwrap() - 1.0).abs() < 1e-9,
+            "{b}"
+        );
+        assert!(
+            (b["composed_epsilon"].as_f64().unwrap() - 2.0).abs() < 1e-9,
+            "{b}"
+        );
+        assert!(b["local_model_measurements"].as_u64().unwrap() >= 1, "{b}");
+    }
+    assert!(
+        (r["composed_epsilon"].as_f64().unwrap() - 4.0).abs() < 1e-9,
+        "{r}"
+    );
+    let delta = r["composed_delta"].as_f64().unwrap();
+    assert!((delta * VERTICAL_PEOPLE as f64 - 1.0).abs() < 1e-9, "{r}");
+
+    let (_, r) = vertical_demo(
+        dir.path(),
+        "named-fo",
+        "named-parties.json",
+        &["--epsilon", "4", "--encoding", "fo"],
+    );
+    assert_eq!(r["encoding"], "fo", "{r}");
+    assert_eq!(r["reports_accepted"], 2 * VERTICAL_PEOPLE, "{r}");
+    let bank = &r["party_budgets"]["bank"];
+    assert!(bank.get("locmrf").is_none(), "{r}");
+    assert!(
+        (bank["report_epsilon"].as_f64().unwrap() - 2.0).abs() < 1e-9,
+        "{r}"
+    );
+    assert!(r.get("composed_delta").is_none(), "{r}");
 }
 
 /// A device collection's report names no encoding and no party budget.

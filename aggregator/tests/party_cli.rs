@@ -103,7 +103,13 @@ async fn two_parties_upload_with_the_cli() {
     let parties = json!([
         {"name": "bank", "attributes": [{"name": "sex", "epsilon": 1.0}, {"name": "age", "epsilon": 2.0}]},
         {"name": "telco", "attributes": [{"name": "plan", "epsilon": 3.0}]}]);
-    let created = create_vertical(&base, &path("schema.json"), &parties, N, &[]);
+    let created = create_vertical(
+        &base,
+        &path("schema.json"),
+        &parties,
+        N,
+        &["--param", "encoding=\"fo\""],
+    );
     // Without `--epsilon` the collection's ε is the largest party total (bank 1 + 2).
     assert_eq!(created["epsilon"], 3.0, "{created}");
     let id = created["id"].as_str().unwrap().to_owned();
@@ -254,7 +260,7 @@ async fn sigkill_during_a_party_upload_loses_nothing_acknowledged() {
         &path("schema.json"),
         &parties,
         M,
-        &["--epsilon", "1"],
+        &["--epsilon", "1", "--param", "encoding=\"fo\""],
     );
     let id = created["id"].as_str().unwrap().to_owned();
     let token = created["party_tokens"]["bank"].as_str().unwrap().to_owned();

@@ -196,7 +196,8 @@ pub const DEFAULT_LOCMRF_SHARE: f64 = 0.2;
 /// compose sequentially back to (`epsilon`, `delta`) ([`crate::wire::Party::composed_epsilon`]).
 /// Returns the attributes' ε (in `domain_sizes` order) and the model's budget.
 /// Errors: [`VerticalError::Budget`] unless `0 < locmrf_share < 1`, `epsilon` splits into
-/// valid ε and `0 < delta < 1`. Panics if `domain_sizes` is empty.
+/// valid ε (every attribute at least the minimum) and `0 < delta < 1`, or if `domain_sizes`
+/// is empty.
 #[cfg(feature = "locmrf")]
 pub fn split_party_budget(
     epsilon: f64,
@@ -210,19 +211,31 @@ pub fn split_party_budget(
         locmrf_share,
     };
     let model = local_model_epsilon(epsilon, delta, locmrf_share)?;
-    let fo = epsilon - model.get();
+    let reports = split_epsilon_floored(epsilon - model.get(), domain_sizes).ok_or_else(bad)?;
+    Ok((
+        reports,
+        crate::wire::LocMrfBudget {
+            epsilon: model,
+            delta,
+        },
+    ))
+}
+
+/// [`split_epsilon`] of `total` over `domain_sizes` with every attribute at least
+/// [`crate::MIN_COLLECTION_EPSILON`]: an attribute the split leaves below it is fixed there and
+/// the rest split again (the bound is active at the optimum of this separable convex
+/// problem). `None` when `total` cannot give every attribute the minimum.
+#[cfg(feature = "locmrf")]
+fn split_epsilon_floored(total: f64, domain_sizes: &[usize]) -> Option<Vec<crate::Epsilon>> {
     let floor = crate::MIN_COLLECTION_EPSILON;
-    if fo < floor * domain_sizes.len() as f64 {
-        return Err(bad());
+    if domain_sizes.is_empty() || total < floor * domain_sizes.len() as f64 {
+        return None;
     }
-    // `split_epsilon`'s water-filling with every attribute at least the collection minimum:
-    // an attribute the split leaves below it is fixed there and the rest split again (the
-    // bound is active at the optimum of this separable convex problem).
     let mut fixed = vec![false; domain_sizes.len()];
     let mut eps = vec![floor; domain_sizes.len()];
     loop {
         let free: Vec<usize> = (0..eps.len()).filter(|&i| !fixed[i]).collect();
-        let left = fo - floor * (eps.len() - free.len()) as f64;
+        let left = total - floor * (eps.len() - free.len()) as f64;
         let k: Vec<usize> = free.iter().map(|&i| domain_sizes[i]).collect();
         let split = split_epsilon(left, &k);
         let mut moved = false;
@@ -238,17 +251,87 @@ pub fn split_party_budget(
             break;
         }
     }
-    let reports = eps
-        .into_iter()
-        .map(|e| crate::Epsilon::new(e).map_err(|_| bad()))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok((
-        reports,
-        crate::wire::LocMrfBudget {
-            epsilon: model,
-            delta,
-        },
-    ))
+    eps.into_iter()
+        .map(|e| crate::Epsilon::new(e).ok())
+        .collect()
+}
+
+/// One party's name and its attributes' names with their domain sizes, in the party's
+/// order: the input of [`split_collection_budget`].
+#[cfg(feature = "locmrf")]
+pub type PartyDomains = (String, Vec<(String, usize)>);
+
+/// The parties of a vertical collection with every part of their budgets, derived from one
+/// budget per person (`budget`) under `encoding` (VertiMRF Algorithm 2; the split of §7.1
+/// with binning free, see [`DEFAULT_SKETCH_LOCMRF_SHARE`]):
+/// - over parties equally: each party gets ε/P and δ/P of `budget` (P parties; a person's
+///   releases to the parties compose sequentially back to the budget);
+/// - within a party by the encoding's split: `fo` by [`split_epsilon`] over its attributes
+///   (no δ spent); `fo+locmrf` by [`split_party_budget`]; `sampled+locmrf` by
+///   [`sampled_party_budget`]; `sketch+locmrf` by [`sketch_party_budget`] with half the
+///   party's δ to the local model and half to its sketch report.
+///
+/// `locmrf_share` of `budget` (absent: the encoding's default) goes to each local model.
+/// Returns the parties and, under `sketch+locmrf`, the sketch reports' δ (the config's
+/// `sketch.delta`). The composed ε per person ([`crate::wire::Party::composed_epsilon`]
+/// summed over parties) is `budget.epsilon`; the composed δ is `budget.delta` (0 under `fo`).
+/// Errors: [`VerticalError::Budget`] (naming the party's share) when `budget.delta` is not
+/// in (0, 1), a part would be invalid or below [`crate::MIN_COLLECTION_EPSILON`], or no
+/// party or a party without attributes is given.
+#[cfg(feature = "locmrf")]
+pub fn split_collection_budget(
+    budget: &crate::wire::VerticalBudget,
+    encoding: crate::wire::VerticalEncoding,
+    parties: &[PartyDomains],
+) -> Result<(Vec<Party>, Option<f64>), VerticalError> {
+    use crate::wire::{PartyAttribute, VerticalEncoding as E};
+    let count = parties.len().max(1) as f64;
+    let (epsilon, delta) = (budget.epsilon.get() / count, budget.delta / count);
+    let share = budget.locmrf_share.unwrap_or(match encoding {
+        E::SketchLocmrf => DEFAULT_SKETCH_LOCMRF_SHARE,
+        _ => DEFAULT_LOCMRF_SHARE,
+    });
+    let bad = || VerticalError::Budget {
+        epsilon,
+        delta,
+        locmrf_share: share,
+    };
+    let valid_delta = budget.delta > 0.0 && budget.delta < 1.0;
+    if !valid_delta || parties.is_empty() || parties.iter().any(|(_, a)| a.is_empty()) {
+        return Err(bad());
+    }
+    let mut out = Vec::with_capacity(parties.len());
+    for (name, attributes) in parties {
+        let k: Vec<usize> = attributes.iter().map(|(_, k)| *k).collect();
+        let (reports, locmrf) = match encoding {
+            E::Fo => (split_epsilon_floored(epsilon, &k).ok_or_else(bad)?, None),
+            E::FoLocmrf => {
+                let (r, m) = split_party_budget(epsilon, delta, &k, share)?;
+                (r, Some(m))
+            }
+            E::SampledLocmrf => {
+                let (r, m) = sampled_party_budget(epsilon, delta, k.len(), share)?;
+                (r, Some(m))
+            }
+            E::SketchLocmrf => {
+                let (r, m) = sketch_party_budget(epsilon, delta / 2.0, k.len(), share)?;
+                (r, Some(m))
+            }
+        };
+        out.push(Party {
+            name: name.clone(),
+            attributes: attributes
+                .iter()
+                .zip(reports)
+                .map(|((name, _), epsilon)| PartyAttribute {
+                    name: name.clone(),
+                    epsilon,
+                })
+                .collect(),
+            locmrf,
+        });
+    }
+    Ok((out, encoding.is_sketch().then_some(delta / 2.0)))
 }
 
 /// Splits a party's budget per person, `epsilon` (and `delta` for its local model), for
@@ -997,6 +1080,78 @@ mod tests {
         let (eps, _) = sketch_party_budget(0.1, 1e-6, 8, 0.5).unwrap();
         assert!((eps[0].get() - 0.00625).abs() < 1e-15);
         assert!(sketch_party_budget(0.015, 1e-6, 8, 0.5).is_err());
+    }
+
+    /// One budget per person splits over the parties and back: under every encoding the
+    /// parties' composed ε sums to the budget's ε and their δ (models plus sketch reports) to
+    /// at most its δ (exactly, with local models); each party gets an equal share; a budget
+    /// too small for some part is refused. A stored config without `encoding` reads as `fo`
+    /// while the default (a create request's) is `sketch+locmrf`.
+    #[test]
+    fn one_budget_splits_over_parties_and_composes_back() {
+        use crate::wire::{VerticalBudget, VerticalEncoding as E, VerticalParams};
+        let parties: Vec<PartyDomains> = vec![
+            ("bank".into(), vec![("age".into(), 10), ("sex".into(), 2)]),
+            ("telco".into(), vec![("plan".into(), 3)]),
+        ];
+        let budget = VerticalBudget {
+            epsilon: crate::Epsilon::new(1.6).unwrap(),
+            delta: 1e-5,
+            locmrf_share: None,
+        };
+        for encoding in [E::Fo, E::FoLocmrf, E::SampledLocmrf, E::SketchLocmrf] {
+            let (split, sketch_delta) =
+                split_collection_budget(&budget, encoding, &parties).unwrap();
+            assert_eq!(split.len(), 2);
+            let mut delta = 0.0;
+            for (party, (name, attrs)) in split.iter().zip(&parties) {
+                assert_eq!(&party.name, name);
+                let names: Vec<&str> = party.attributes.iter().map(|a| a.name.as_str()).collect();
+                assert_eq!(
+                    names,
+                    attrs.iter().map(|a| a.0.as_str()).collect::<Vec<_>>()
+                );
+                assert!(
+                    (party.composed_epsilon(encoding) - 0.8).abs() < 1e-12,
+                    "{encoding:?}"
+                );
+                assert_eq!(party.locmrf.is_some(), encoding.has_local_models());
+                delta += party.locmrf.map_or(0.0, |b| b.delta) + sketch_delta.unwrap_or(0.0);
+            }
+            assert_eq!(sketch_delta.is_some(), encoding.is_sketch());
+            let want = if encoding == E::Fo { 0.0 } else { 1e-5 };
+            assert!((delta - want).abs() < 1e-18, "{encoding:?}: {delta}");
+        }
+        // The default share of the sketch encoding: half of each party's 0.8 to its model.
+        let (split, _) = split_collection_budget(&budget, E::SketchLocmrf, &parties).unwrap();
+        assert!((split[0].locmrf.unwrap().epsilon.get() - 0.4).abs() < 1e-12);
+        let shared = VerticalBudget {
+            locmrf_share: Some(0.25),
+            ..budget
+        };
+        let (split, _) = split_collection_budget(&shared, E::SketchLocmrf, &parties).unwrap();
+        assert!((split[1].locmrf.unwrap().epsilon.get() - 0.2).abs() < 1e-12);
+        // Too small: `fo` cannot give each of bank's 2 attributes 0.01 from 0.015.
+        let tiny = VerticalBudget {
+            epsilon: crate::Epsilon::new(0.03).unwrap(),
+            ..budget
+        };
+        assert!(matches!(
+            split_collection_budget(&tiny, E::Fo, &parties),
+            Err(VerticalError::Budget { .. })
+        ));
+        assert!(split_collection_budget(&budget, E::Fo, &[]).is_err());
+        let bad_delta = VerticalBudget {
+            delta: 1.0,
+            ..budget
+        };
+        assert!(split_collection_budget(&bad_delta, E::SketchLocmrf, &parties).is_err());
+        // Stored before `encoding` was always written: `fo`; written now: always present.
+        let stored: VerticalParams =
+            serde_json::from_value(serde_json::json!({"parties": []})).unwrap();
+        assert_eq!(stored.encoding, E::Fo);
+        assert_eq!(E::default(), E::SketchLocmrf);
+        assert_eq!(serde_json::json!(stored)["encoding"], "fo");
     }
 
     /// Under `sampled+locmrf` a record names one attribute drawn uniformly and carries its

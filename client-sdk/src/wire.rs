@@ -284,13 +284,15 @@ impl Party {
 }
 
 /// How the parties of a vertical collection encode their data (`"encoding"` of the config).
+/// A create request without `encoding` gets [`VerticalEncoding::SketchLocmrf`] (the
+/// [`Default`]); a stored config without it, written before the key was always stored, is
+/// [`VerticalEncoding::Fo`].
 #[cfg(feature = "locmrf")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum VerticalEncoding {
     /// Every attribute of every record reported with GRR (VertiMRF §4.2, FO-based LocEnc);
-    /// the server estimates every marginal from those reports. The default.
-    #[default]
+    /// the server estimates every marginal from those reports. The paper's baseline.
     #[serde(rename = "fo")]
     Fo,
     /// As `fo`, and each party also uploads a central-DP model of its own attributes (VertiMRF
@@ -323,15 +325,18 @@ pub enum VerticalEncoding {
     /// sketches at [`SketchSettings::count_share`] less of ε, plus the discrete Laplace n̂).
     /// Parties share the sketch key as they share the record-id key; the server checks that
     /// every report carries the same key fingerprint.
+    /// The default.
+    #[default]
     #[serde(rename = "sketch+locmrf")]
     SketchLocmrf,
 }
 
 #[cfg(feature = "locmrf")]
 impl VerticalEncoding {
-    /// Whether this is [`VerticalEncoding::Fo`] (the default, left out of serialized configs).
-    pub fn is_fo(&self) -> bool {
-        *self == VerticalEncoding::Fo
+    /// The encoding of a stored config without `encoding`: [`VerticalEncoding::Fo`], which
+    /// configs left out until the default became [`VerticalEncoding::SketchLocmrf`].
+    pub fn when_absent() -> Self {
+        VerticalEncoding::Fo
     }
 
     /// The encoding's name in configs (its serde name).
@@ -396,17 +401,49 @@ pub struct LocMrfBudget {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct VerticalParams {
-    /// The parties.
+    /// The parties. A create request with a `budget` lists each party's attributes by name
+    /// only (`{"name": "bank", "attributes": ["age", "income"]}`); the server fills in their
+    /// ε and the local models' budgets.
     pub parties: Vec<Party>,
-    /// How the parties encode their data (default `"fo"`).
+    /// How the parties encode their data. Always serialized; the server fills in
+    /// `"sketch+locmrf"` when a create request leaves it out, and reads a stored config
+    /// without it as `"fo"` ([`VerticalEncoding::when_absent`]).
     #[cfg(feature = "locmrf")]
-    #[serde(default, skip_serializing_if = "VerticalEncoding::is_fo")]
+    #[serde(default = "VerticalEncoding::when_absent")]
     pub encoding: VerticalEncoding,
+    /// The one budget per person the parties' parts were derived from at creation
+    /// ([`crate::vertical::split_collection_budget`]), when the create request gave one
+    /// instead of every attribute's ε and every local model's budget; absent otherwise.
+    #[cfg(feature = "locmrf")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<VerticalBudget>,
     /// The sketch reports' settings under encoding `sketch+locmrf` (absent: the defaults of
     /// [`SketchSettings`]); refused under any other encoding.
     #[cfg(feature = "locmrf")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sketch: Option<SketchSettings>,
+}
+
+/// One privacy budget per person for a vertical collection (VertiMRF Algorithm 2, §7.1):
+/// what one person's data may cost over every party together. The server splits it at
+/// creation ([`crate::vertical::split_collection_budget`]): equally over the parties, then
+/// within a party between its local model and its reports by the encoding's split.
+#[cfg(feature = "locmrf")]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct VerticalBudget {
+    /// ε per person over every party (the parties' releases compose sequentially).
+    pub epsilon: Epsilon,
+    /// δ per person over every party, in (0, 1). Absent in a create request: 1/`target_users`
+    /// (VertiMRF §7.1's δ = 1/n), at most 1e-3.
+    pub delta: f64,
+    /// Share of each party's ε for its local model, in (0, 1). Absent: the encoding's default
+    /// ([`crate::vertical::DEFAULT_SKETCH_LOCMRF_SHARE`] under `sketch+locmrf`,
+    /// [`crate::vertical::DEFAULT_LOCMRF_SHARE`] under `fo+locmrf` and `sampled+locmrf`;
+    /// unused under `fo`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub locmrf_share: Option<f64>,
 }
 
 /// Settings of the sketch reports of a `sketch+locmrf` collection (VertiMRF §4.3, §6, §7.1),

@@ -70,7 +70,10 @@ async fn main() -> anyhow::Result<()> {
                 {"name": "smoker", "type": "categorical", "labels": ["no", "yes"]},
                 {"name": "lung", "type": "categorical", "labels": ["ok", "bad"]}
             ]},
-            "protocol": "vertical", "target_users": PEOPLE,
+            // Per-record GRR reports, which the SDK makes; the default encoding,
+            // `sketch+locmrf`, has each party upload a local model and one sketch report
+            // instead (`ldpsyn-aggregator party upload`).
+            "protocol": "vertical", "target_users": PEOPLE, "encoding": "fo",
             "parties": [
                 {"name": "bank", "attributes": [
                     {"name": "age", "epsilon": 2.0}, {"name": "income", "epsilon": 2.0}]},

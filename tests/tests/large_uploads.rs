@@ -177,7 +177,7 @@ async fn a_party_upload_is_split_to_the_body_limit() {
             "schema": {"attributes": [
                 {"name": "x", "type": "categorical", "labels": ["p", "q", "r"]},
                 {"name": "y", "type": "categorical", "labels": ["s", "t"]}]},
-            "protocol": "vertical", "target_users": N,
+            "protocol": "vertical", "target_users": N, "encoding": "fo",
             "parties": [
                 {"name": "one", "attributes": [{"name": "x", "epsilon": 1.0}]},
                 {"name": "two", "attributes": [{"name": "y", "epsilon": 1.0}]}]

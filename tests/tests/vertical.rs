@@ -16,7 +16,7 @@ const N: usize = 20_000;
 /// and smoker → lung are the cross-party dependencies of the test population.
 fn create_body() -> Value {
     json!({
-        "schema": schema_json(), "protocol": "vertical", "target_users": N,
+        "schema": schema_json(), "protocol": "vertical", "target_users": N, "encoding": "fo",
         "parties": [
             {"name": "bank", "attributes": [
                 {"name": "region", "epsilon": 2.0}, {"name": "smoker", "epsilon": 2.0}]},
@@ -1052,4 +1052,137 @@ async fn sketch_uploads(database_url: &str) {
         (409, Some(ProblemType::Conflict)),
         "{v}"
     );
+}
+
+/// Issue 37 items 4–5: a create request without `encoding` gets `sketch+locmrf`, and one
+/// `budget` per person with the parties' attributes named only is split by the server: each
+/// party an equal share, half of it to its local model, δ = 1/target_users by default, and
+/// the view's composed ε and δ are the budget's; the stored config (encoding and budget) is
+/// the same after a restart. Requests that cannot be split, or that mix a budget with parts
+/// it would set, are 400 problems that create nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_budget_is_split_by_the_server_and_sketches_are_the_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("b.db").display());
+    let server = start(&db, &[]).await;
+    let base = base(&server);
+    let url = format!("{base}/v1/collections");
+    let named = json!([
+        {"name": "bank", "attributes": ["region", "smoker"]},
+        {"name": "clinic", "attributes": ["income", "lung", "shoe"]}]);
+    let body = json!({"schema": schema_json(), "protocol": "vertical", "target_users": N,
+                      "parties": named, "budget": {"epsilon": 1.6}});
+    let (status, created) = post_raw(&url, ADMIN, body.clone()).await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["encoding"], "sketch+locmrf", "{created}");
+    let delta = 1.0 / N as f64;
+    assert_eq!(
+        created["budget"],
+        json!({"epsilon": 1.6, "delta": delta}),
+        "{created}"
+    );
+    assert!((created["composed_epsilon"].as_f64().unwrap() - 1.6).abs() < 1e-12);
+    assert!((created["composed_delta"].as_f64().unwrap() - delta).abs() < 1e-18);
+    // The collection's ε is the largest party total: 0.8 each.
+    assert!(
+        (created["epsilon"].as_f64().unwrap() - 0.8).abs() < 1e-12,
+        "{created}"
+    );
+    assert!((created["sketch"]["delta"].as_f64().unwrap() - delta / 4.0).abs() < 1e-18);
+    for (p, k) in [(0, 2.0), (1, 3.0)] {
+        let party = &created["parties"][p];
+        assert_eq!(party["locmrf"]["epsilon"], 0.4, "{party}");
+        assert_eq!(party["locmrf"]["delta"], delta / 4.0, "{party}");
+        for a in party["attributes"].as_array().unwrap() {
+            assert!(
+                (a["epsilon"].as_f64().unwrap() - 0.4 / k).abs() < 1e-12,
+                "{party}"
+            );
+        }
+    }
+    let id = created["id"].as_str().unwrap().to_owned();
+
+    // `fo` under a budget: no δ spent, every attribute's ε from `split_epsilon`.
+    let mut fo = body.clone();
+    fo["encoding"] = json!("fo");
+    fo["budget"] = json!({"epsilon": 1.6, "delta": 1e-7, "locmrf_share": 0.3});
+    let (status, made) = post_raw(&url, ADMIN, fo).await;
+    assert_eq!(status, 201, "{made}");
+    assert!(made.get("composed_delta").is_none(), "{made}");
+    assert!(made["parties"][0].get("locmrf").is_none(), "{made}");
+    assert!((made["composed_epsilon"].as_f64().unwrap() - 1.6).abs() < 1e-12);
+
+    let refused = [
+        (json!({"epsilon": 2.0}), "leave `epsilon` out"),
+        (json!({"budget": {"epsilon": 0.02}}), "does not split"),
+        (
+            json!({"budget": {"epsilon": 1.6, "delta": 2.0}}),
+            "does not split",
+        ),
+        (json!({"budget": {"epsilon": 1.6, "share": 0.5}}), "budget"),
+        (json!({"budget": 3}), "must be an object"),
+        (json!({"sketch": {"delta": 1e-9}}), "sets `sketch.delta`"),
+        (json!({"encoding": "gzip"}), "`encoding` must be"),
+        (json!({"parties": create_body()["parties"]}), "by name only"),
+        (
+            json!({"parties": [{"name": "bank", "attributes": ["region", "smoker", "tail"]},
+                                {"name": "clinic", "attributes": ["income", "lung", "shoe"]}]}),
+            "`tail` is not in the schema",
+        ),
+    ];
+    for (change, needle) in refused {
+        let mut bad = body.clone();
+        bad.as_object_mut()
+            .unwrap()
+            .extend(change.as_object().unwrap().clone());
+        let (status, problem) = post_raw(&url, ADMIN, bad).await;
+        assert_eq!(status, 400, "{change}: {problem}");
+        assert_eq!(problem_kind(&problem), Some(ProblemType::InvalidParameter));
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(detail.contains(needle), "{change}: {detail}");
+    }
+    // Every attribute's ε but no encoding: the default needs local models, and says so.
+    let (status, problem) = post_raw(&url, ADMIN, create_body_without_encoding()).await;
+    assert_eq!(status, 400, "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("sketch+locmrf"),
+        "{problem}"
+    );
+    let listed: Value = reqwest::Client::new()
+        .get(&url)
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 2, "{listed}");
+
+    drop(server);
+    let server = start(&db, &[]).await;
+    let again: Value = reqwest::Client::new()
+        .get(format!(
+            "{}/v1/collections/{id}",
+            ldpsyn_tests::base(&server)
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    for key in ["encoding", "budget", "parties", "sketch", "composed_delta"] {
+        assert_eq!(again[key], created[key], "{key}");
+    }
+}
+
+/// [`create_body`] as a client that predates the `sketch+locmrf` default would send it.
+fn create_body_without_encoding() -> Value {
+    let mut body = create_body();
+    body.as_object_mut().unwrap().remove("encoding");
+    body
 }

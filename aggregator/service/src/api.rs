@@ -115,10 +115,10 @@ pub struct CollectionView {
     /// compose; `epsilon` is only the largest party's share).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub composed_epsilon: Option<f64>,
-    /// Vertical collections with local models (`fo+locmrf`, `sampled+locmrf`): δ of the
-    /// composed guarantee
-    /// per person, the sum of the parties' `locmrf.delta` (absent otherwise: the GRR
-    /// reports are pure ε-LDP).
+    /// Vertical collections with local models (`fo+locmrf`, `sampled+locmrf`,
+    /// `sketch+locmrf`): δ of the composed guarantee per person, the sum of the parties'
+    /// `locmrf.delta` and, under `sketch+locmrf`, of their sketch reports' δ (absent under
+    /// `fo`: the GRR reports are pure ε-LDP).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub composed_delta: Option<f64>,
     /// Vertical collections, in the creation answer only: each party's upload token.
@@ -334,7 +334,7 @@ pub struct CreateCollection {
     /// The schema every record follows.
     pub schema: ldpsyn::schema::Schema,
     /// ε of every report, 0.01..=20 (vertical collections: optional, default the largest
-    /// party total).
+    /// party total; left out when the request gives a `budget`).
     #[schema(value_type = Option<f64>, minimum = 0.01, maximum = 20.0)]
     pub epsilon: Option<f64>,
     /// Number of users N the collection aims at, ≥ 1.

@@ -1000,6 +1000,7 @@ mod tests {
                         VerticalEncoding::Fo
                     },
                     sketch: None,
+                    budget: None,
                 }),
             })
             .unwrap()
@@ -1082,6 +1083,7 @@ mod tests {
                     repetitions: 1000,
                     ..SketchSettings::default()
                 }),
+                budget: None,
             }),
         })
         .unwrap();
@@ -1210,8 +1212,9 @@ mod tests {
             target_users: n as u64,
             protocol: Protocol::Vertical(ldpsyn::wire::VerticalParams {
                 parties,
-                encoding: Default::default(),
+                encoding: ldpsyn::wire::VerticalEncoding::Fo,
                 sketch: None,
+                budget: None,
             }),
         })
         .unwrap();

@@ -276,6 +276,7 @@ fn main() -> Result<(), Error> {
                         bins: args.sketch_bins,
                         ..SketchSettings::default()
                     }),
+                    budget: None,
                 })
             };
         let params = |optimal: bool| params_with(optimal, VerticalEncoding::Fo);

@@ -268,6 +268,7 @@ mod tests {
                 bins: 3,
                 ..SketchSettings::default()
             }),
+            budget: None,
         };
         Vertical::new(&params, &schema).unwrap()
     }

@@ -96,7 +96,9 @@ impl Vertical {
     /// without one under `sampled+locmrf` or `sketch+locmrf`, or a budget's ε below the
     /// collection minimum or δ outside (0, 1); `sketch` settings under another encoding than
     /// `sketch+locmrf`, or settings whose `t`, bins, count share or δ are out of range, or
-    /// that give a party no valid sketch parameters ([`Vertical::sketch_params`]).
+    /// that give a party no valid sketch parameters ([`Vertical::sketch_params`]); a
+    /// `budget` the parties' parts do not compose to ([`Vertical::composed_epsilon`] equal
+    /// to its ε, [`Vertical::composed_delta`] at most its δ).
     pub fn new(params: &VerticalParams, schema: &Schema) -> Result<Self, EngineError> {
         let bad = |m: String| Err(EngineError::InvalidConfig(m));
         if params.parties.is_empty() {
@@ -261,6 +263,19 @@ impl Vertical {
         if v.encoding.is_sketch() {
             for p in 0..v.parties.len() {
                 v.sketch_params(p).map_err(EngineError::InvalidConfig)?;
+            }
+        }
+        if let Some(b) = &params.budget {
+            let (e, d) = (v.composed_epsilon(), v.composed_delta());
+            let want = b.epsilon.get();
+            if (e - want).abs() > 1e-9 * want.max(1.0)
+                || !(b.delta > 0.0 && b.delta < 1.0)
+                || d > b.delta * (1.0 + 1e-9)
+            {
+                return bad(format!(
+                    "the parties' parts compose to epsilon {e}, delta {d} per person, not the                      `budget` of epsilon {want}, delta {} (give the budget with the parties'                      attribute names only and the server splits it)",
+                    b.delta
+                ));
             }
         }
         Ok(v)
@@ -730,6 +745,7 @@ mod tests {
                 .collect(),
             encoding: VerticalEncoding::Fo,
             sketch: None,
+            budget: None,
         }
     }
 
@@ -811,6 +827,56 @@ mod tests {
         let mut q = p.clone();
         q.encoding = VerticalEncoding::SampledLocmrf;
         refused(&q, "are for encoding `sketch+locmrf`");
+    }
+
+    /// A config's `budget` must be what its parts compose to: the split of
+    /// `split_collection_budget` is accepted, and the same parts under a budget of another
+    /// ε, or of a δ below what the parts spend, are refused.
+    #[test]
+    fn a_budget_must_match_its_parts() {
+        use ldpsyn::wire::VerticalBudget;
+        let s = schema();
+        let budget = VerticalBudget {
+            epsilon: Epsilon::new(2.0).unwrap(),
+            delta: 1e-6,
+            locmrf_share: None,
+        };
+        let domains: Vec<ldpsyn::vertical::PartyDomains> = vec![
+            ("bank".into(), vec![("a".into(), 3), ("b".into(), 2)]),
+            ("t".into(), vec![("c".into(), 4)]),
+        ];
+        let encoding = VerticalEncoding::SketchLocmrf;
+        let (parties, sketch_delta) =
+            ldpsyn::vertical::split_collection_budget(&budget, encoding, &domains).unwrap();
+        let p = VerticalParams {
+            parties,
+            encoding,
+            sketch: Some(SketchSettings {
+                delta: sketch_delta,
+                ..SketchSettings::default()
+            }),
+            budget: Some(budget),
+        };
+        let v = Vertical::new(&p, &s).unwrap();
+        assert!((v.composed_epsilon() - 2.0).abs() < 1e-12);
+        assert!((v.composed_delta() - 1e-6).abs() < 1e-18);
+        for wrong in [
+            VerticalBudget {
+                epsilon: Epsilon::new(1.0).unwrap(),
+                ..budget
+            },
+            VerticalBudget {
+                delta: 5e-7,
+                ..budget
+            },
+        ] {
+            let q = VerticalParams {
+                budget: Some(wrong),
+                ..p.clone()
+            };
+            let err = Vertical::new(&q, &s).unwrap_err().to_string();
+            assert!(err.contains("compose to"), "{err}");
+        }
     }
 
     /// Issue 33 item 2: an attribute ε below the collection minimum is refused (at 1e-17 GRR's

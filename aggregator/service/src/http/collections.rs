@@ -208,7 +208,121 @@ fn check_text(
 }
 const PRIVINCR_KEYS: &[&str] = &["omega", "rounds", "phi", "alpha", "sigma"];
 const SAMPRIVSYN_KEYS: &[&str] = &["batch_size"];
-const VERTICAL_KEYS: &[&str] = &["parties", "encoding", "sketch"];
+const VERTICAL_KEYS: &[&str] = &["parties", "encoding", "sketch", "budget"];
+
+/// Fills in a vertical create request: the default encoding (`sketch+locmrf`) when it names
+/// none, and, when it gives one `budget` per person instead of every part, the parties'
+/// attribute ε, local-model budgets and the sketch reports' δ
+/// ([`ldpsyn::vertical::split_collection_budget`]; the budget's δ defaults to
+/// 1/`target_users`, at most 1e-3). Errors: 400 `invalid-parameter` problems saying what to
+/// give instead.
+fn prepare_vertical(
+    obj: &mut serde_json::Map<String, Value>,
+    schema: &Schema,
+) -> Result<(), ApiError> {
+    use ldpsyn::wire::{VerticalBudget, VerticalEncoding};
+    let bad = |m: String| ApiError::problem(ProblemType::InvalidParameter, m);
+    let encoding = match obj.get("encoding") {
+        None => VerticalEncoding::default(),
+        Some(v) => serde_json::from_value(v.clone()).map_err(|_| {
+            bad(format!(
+                "`encoding` must be \"sketch+locmrf\" (the default), \"fo\", \"fo+locmrf\" \
+                 or \"sampled+locmrf\" (got {v})"
+            ))
+        })?,
+    };
+    obj.insert("encoding".into(), json!(encoding.name()));
+    let Some(budget) = obj.get("budget").cloned() else {
+        return Ok(());
+    };
+    if obj.contains_key("epsilon") {
+        return Err(bad(
+            "a vertical collection with a `budget` takes its `epsilon` from it: leave \
+             `epsilon` out (the budget's epsilon is per person over every party)"
+                .into(),
+        ));
+    }
+    let Value::Object(mut budget) = budget else {
+        return Err(bad(format!(
+            "`budget` must be an object {{\"epsilon\", \"delta\", \"locmrf_share\"}} (got {budget})"
+        )));
+    };
+    if !budget.contains_key("delta") {
+        let users = obj
+            .get("target_users")
+            .and_then(Value::as_u64)
+            .filter(|&n| n > 0)
+            .ok_or_else(|| bad("`target_users` must be ≥ 1".into()))?;
+        budget.insert("delta".into(), json!((1.0 / users as f64).min(1e-3)));
+    }
+    let budget: VerticalBudget =
+        super::extract::from_json_value(Value::Object(budget), "budget").map_err(bad)?;
+    if obj.get("sketch").is_some_and(|s| s.get("delta").is_some()) {
+        return Err(bad(
+            "with a `budget` the server sets `sketch.delta` (half of each party's δ): leave it \
+             out"
+            .into(),
+        ));
+    }
+    /// A party of a budget request: its attributes by name only.
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Named {
+        name: String,
+        attributes: Vec<String>,
+    }
+    let named: Vec<Named> = obj
+        .get("parties")
+        .cloned()
+        .ok_or_else(|| bad("`parties` is required".into()))
+        .and_then(|v| {
+            serde_json::from_value(v).map_err(|e| {
+                bad(format!(
+                    "with a `budget`, each party lists its attributes by name only, e.g. \
+                     {{\"name\": \"bank\", \"attributes\": [\"age\", \"income\"]}}; the server \
+                     derives every ε from the budget ({e})"
+                ))
+            })
+        })?;
+    let dims = schema.domain_sizes();
+    let domains = named
+        .into_iter()
+        .map(|p| {
+            let attributes = p
+                .attributes
+                .into_iter()
+                .map(|a| match schema.index_of(&a) {
+                    Some(i) => Ok((a, dims[i])),
+                    None => Err(bad(format!(
+                        "party `{}`: attribute `{a}` is not in the schema",
+                        p.name
+                    ))),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((p.name, attributes))
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    let (parties, sketch_delta) =
+        ldpsyn::vertical::split_collection_budget(&budget, encoding, &domains).map_err(|e| {
+            bad(format!(
+                "the `budget` (epsilon {}, delta {}) does not split over {} parties under \
+                 encoding `{}`, each party getting an equal share: {e}",
+                budget.epsilon,
+                budget.delta,
+                domains.len(),
+                encoding.name()
+            ))
+        })?;
+    obj.insert("parties".into(), json!(parties));
+    obj.insert("budget".into(), json!(budget));
+    if let Some(d) = sketch_delta {
+        let sketch = obj.entry("sketch").or_insert_with(|| json!({}));
+        if let Value::Object(s) = sketch {
+            s.insert("delta".into(), json!(d));
+        }
+    }
+    Ok(())
+}
 
 /// Parses and checks a create request strictly: known keys only, valid schema, ε, N and
 /// protocol parameters. Returns the config and its engine. Errors: 400 problems
@@ -275,11 +389,14 @@ pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine),
             ),
         ));
     }
+    if protocol == "vertical" {
+        prepare_vertical(&mut obj, &schema)?;
+    }
     if protocol == "vertical" && !obj.contains_key("epsilon") {
         // A vertical collection's ε is its largest party total (reports and local model):
         // filled in when omitted.
         let mut params = json!({"parties": obj.get("parties").cloned().unwrap_or(Value::Null)});
-        for k in ["encoding", "sketch"] {
+        for k in ["encoding", "sketch", "budget"] {
             if let Some(v) = obj.get(k) {
                 params[k] = v.clone();
             }

@@ -1151,30 +1151,14 @@ async fn one_budget_is_split_by_the_server_and_sketches_are_the_default() {
             .contains("sketch+locmrf"),
         "{problem}"
     );
-    let listed: Value = reqwest::Client::new()
-        .get(&url)
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, listed) = admin(&base, "GET", "/v1/collections").await;
     assert_eq!(listed.as_array().unwrap().len(), 2, "{listed}");
 
     drop(server);
     let server = start(&db, &[]).await;
-    let again: Value = reqwest::Client::new()
-        .get(format!(
-            "{}/v1/collections/{id}",
-            ldpsyn_tests::base(&server)
-        ))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let path = format!("/v1/collections/{id}");
+    let (status, again) = admin(&ldpsyn_tests::base(&server), "GET", &path).await;
+    assert_eq!(status, 200, "{again}");
     for key in ["encoding", "budget", "parties", "sketch", "composed_delta"] {
         assert_eq!(again[key], created[key], "{key}");
     }

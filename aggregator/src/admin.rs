@@ -39,17 +39,18 @@ pub enum AdminCommand {
         /// Schema JSON file.
         #[arg(long)]
         schema: PathBuf,
-        /// ε of every report; a vertical collection may leave it out (the server takes the
-        /// largest party total).
+        /// ε of every report; a vertical collection leaves it out (the server takes the
+        /// largest party total, e.g. from `--param 'budget={"epsilon": 3.2}'`).
         #[arg(long)]
         epsilon: Option<f64>,
         /// Number of users N the collection aims at.
         #[arg(long)]
         target_users: u64,
-        /// Protocol: auto, privincr, noincremental, samprivsyn or independence.
+        /// Protocol: auto, privincr, noincremental, samprivsyn, independence or vertical.
         #[arg(long, default_value = "auto")]
         protocol: String,
-        /// A protocol parameter as KEY=VALUE (JSON value; repeat), e.g. `rounds=3`.
+        /// A protocol parameter as KEY=VALUE (JSON value; repeat), e.g. `rounds=3`, or for a
+        /// vertical collection `parties=[…]` and `budget={"epsilon": 3.2}`.
         #[arg(long = "param", value_parser = parse_param)]
         params: Vec<(String, Value)>,
         /// A name for people, shown by `list` and `status` (at most 100 characters).

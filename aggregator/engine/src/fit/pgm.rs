@@ -112,8 +112,28 @@ pub struct GraphicalModel {
 }
 
 /// A clique's link to its parent: (clique cell → separator cell, parent cell → separator
-/// cell, separator cells).
-type Link = (Vec<usize>, Vec<usize>, usize);
+/// cell, separator cells). `u32`: belief propagation streams both maps twice per pass, and a
+/// separator has far fewer than 2³² cells.
+type Link = (Vec<u32>, Vec<u32>, usize);
+
+/// The maps of [`projection_map`] as `u32`.
+fn map_u32(map: Vec<usize>) -> Vec<u32> {
+    map.into_iter()
+        .map(|t| u32::try_from(t).expect("separator cells < 2^32"))
+        .collect()
+}
+
+/// Buffers of [`Schedule::marginals`], kept across the fit's steps so that a step allocates
+/// nothing: per clique its log weights (then its marginal's buffer), per link the
+/// separator's sums, and scratch of the largest separator's size.
+#[derive(Debug, Default)]
+struct Workspace {
+    acc: Vec<Vec<f64>>,
+    sums: Vec<Vec<f64>>,
+    max: Vec<f64>,
+    message: Vec<f64>,
+    sep: Vec<f64>,
+}
 
 /// Precomputed belief propagation schedule of a junction forest.
 #[derive(Debug, Clone)]
@@ -135,8 +155,8 @@ impl Schedule {
                 let sep = tree.separator(c, p);
                 let cells = domain.table_len(&sep);
                 links[c] = Some((
-                    projection_map(&tree.cliques[c], &cdims(c), &sep),
-                    projection_map(&tree.cliques[p], &cdims(p), &sep),
+                    map_u32(projection_map(&tree.cliques[c], &cdims(c), &sep)),
+                    map_u32(projection_map(&tree.cliques[p], &cdims(p), &sep)),
                     cells,
                 ));
             }
@@ -151,71 +171,102 @@ impl Schedule {
         }
     }
 
-    /// Clique marginals of `p_θ`: sum-product with an upward pass in log space (messages
-    /// `log Σ exp` over the clique minus the separator, each group shifted by its own
-    /// maximum) and a downward pass in probability space. The upward pass keeps each cell's
-    /// shifted weight `e(x) = exp(acc(x) − max_s)` and each separator cell's sum
-    /// `S(s) = Σ_{x∈s} e(x) ≥ 1`; a child's marginal is then `e(x) · μ_parent(s) / S(s)`,
-    /// so each clique cell costs one `exp` per evaluation, and no ratio can overflow.
+    /// Clique marginals of `p_θ` ([`Schedule::marginals_into`] with fresh buffers).
     fn marginals(&self, theta: &[Vec<f64>]) -> Vec<Vec<f64>> {
+        let mut mu = Vec::new();
+        self.marginals_into(theta, &mut mu, &mut Workspace::default());
+        mu
+    }
+
+    /// Clique marginals of `p_θ` into `mu` (resized as needed): sum-product with an upward
+    /// pass in log space (messages `log Σ exp` over the clique minus the separator, each
+    /// group shifted by its own maximum) and a downward pass in probability space. The
+    /// upward pass keeps each cell's shifted weight `e(x) = exp(acc(x) − max_s)` and each
+    /// separator cell's sum `S(s) = Σ_{x∈s} e(x) ≥ 1`; a child's marginal is then
+    /// `e(x) · μ_parent(s) / S(s)`, so each clique cell costs one `exp` per evaluation, and
+    /// no ratio can overflow. `work` holds the buffers between calls (the result does not
+    /// depend on what they held).
+    fn marginals_into(&self, theta: &[Vec<f64>], mu: &mut Vec<Vec<f64>>, work: &mut Workspace) {
         let k = theta.len();
-        // sums[c]: S over the separator of c and its parent.
-        let mut sums: Vec<Vec<f64>> = vec![Vec::new(); k];
+        mu.resize_with(k, Vec::new);
+        work.acc.resize_with(k, Vec::new);
+        work.sums.resize_with(k, Vec::new);
         // acc[c]: θ_c plus the messages from its children (log); after c's upward message,
         // its shifted weights e.
-        let mut acc: Vec<Vec<f64>> = theta.to_vec();
+        for (a, t) in work.acc.iter_mut().zip(theta) {
+            a.clear();
+            a.extend_from_slice(t);
+        }
+        let Workspace {
+            acc,
+            sums,
+            max,
+            message,
+            sep,
+        } = work;
         for &(c, parent) in self.order.iter().rev() {
             if let (Some(p), Some((cmap, pmap, scells))) = (parent, &self.links[c]) {
-                let (message, sum) = shifted_sums(&mut acc[c], cmap, *scells);
+                shifted_sums(&mut acc[c], cmap, *scells, max, &mut sums[c], message);
                 for (v, &s) in acc[p].iter_mut().zip(pmap) {
-                    *v += message[s];
+                    *v += message[s as usize];
                 }
-                sums[c] = sum;
             }
         }
-        let mut mu: Vec<Vec<f64>> = vec![Vec::new(); k];
         for &(c, parent) in &self.order {
-            let mut b = std::mem::take(&mut acc[c]);
+            // The clique's weights become its marginal; `mu[c]`'s old buffer is reused as
+            // `acc[c]` on the next call.
+            std::mem::swap(&mut acc[c], &mut mu[c]);
             if let (Some(p), Some((cmap, pmap, scells))) = (parent, &self.links[c]) {
-                let mut sep = vec![0.0; *scells];
+                sep.clear();
+                sep.resize(*scells, 0.0);
                 for (v, &s) in mu[p].iter().zip(pmap) {
-                    sep[s] += v;
+                    sep[s as usize] += v;
                 }
                 for (s, total) in sep.iter_mut().zip(&sums[c]) {
                     *s /= total;
                 }
-                for (v, &s) in b.iter_mut().zip(cmap) {
-                    *v *= sep[s];
+                for (v, &s) in mu[c].iter_mut().zip(cmap) {
+                    *v *= sep[s as usize];
                 }
             } else {
+                let b = &mut mu[c];
                 let max = b.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 b.iter_mut().for_each(|v| *v = (*v - max).exp());
             }
+            let b = &mut mu[c];
             let total: f64 = b.iter().sum();
             b.iter_mut().for_each(|v| *v /= total);
-            mu[c] = b;
         }
-        mu
     }
 }
 
 /// For `values` (log weights) grouped by `map` into `cells` groups: each group's `log Σ exp`
-/// (the message), and its sum of `exp(v − max)` over the group (`≥ 1`); `values` become
-/// those shifted weights `exp(v − max)`.
-fn shifted_sums(values: &mut [f64], map: &[usize], cells: usize) -> (Vec<f64>, Vec<f64>) {
-    let mut max = vec![f64::NEG_INFINITY; cells];
+/// into `message`, and its sum of `exp(v − max)` over the group (`≥ 1`) into `sum`; `values`
+/// become those shifted weights `exp(v − max)`. `max` is scratch.
+fn shifted_sums(
+    values: &mut [f64],
+    map: &[u32],
+    cells: usize,
+    max: &mut Vec<f64>,
+    sum: &mut Vec<f64>,
+    message: &mut Vec<f64>,
+) {
+    max.clear();
+    max.resize(cells, f64::NEG_INFINITY);
     for (v, &t) in values.iter().zip(map) {
-        if *v > max[t] {
-            max[t] = *v;
+        let m = &mut max[t as usize];
+        if *v > *m {
+            *m = *v;
         }
     }
-    let mut sum = vec![0.0; cells];
+    sum.clear();
+    sum.resize(cells, 0.0);
     for (v, &t) in values.iter_mut().zip(map) {
-        *v = (*v - max[t]).exp();
-        sum[t] += *v;
+        *v = (*v - max[t as usize]).exp();
+        sum[t as usize] += *v;
     }
-    let message = sum.iter().zip(&max).map(|(s, m)| m + s.ln()).collect();
-    (message, sum)
+    message.clear();
+    message.extend(sum.iter().zip(max.iter()).map(|(s, m)| m + s.ln()));
 }
 
 /// Where each observation's projection comes from in [`loss_and_gradient`]: the clique's
@@ -276,13 +327,17 @@ fn sub_map(parent: &Pooled, child: &Pooled) -> Option<Vec<u32>> {
 }
 
 /// Loss and gradient (per clique cell) at clique marginals `mu`, each observation projected
-/// as `plan` says ([`Projections`]).
+/// as `plan` says ([`Projections`]). `cells` (per observation) and `grad` (per clique) are
+/// filled from scratch, their buffers reused.
 fn loss_and_gradient(
     pooled: &[Pooled],
     plan: &Projections,
     mu: &[Vec<f64>],
-) -> (f64, Vec<Vec<f64>>) {
-    let mut cells: Vec<Vec<f64>> = pooled.iter().map(|p| vec![0.0; p.values.len()]).collect();
+    cells: &mut Vec<Vec<f64>>,
+    grad: &mut Vec<Vec<f64>>,
+) -> f64 {
+    zeroed(cells, pooled.iter().map(|p| p.values.len()));
+    zeroed(grad, mu.iter().map(Vec::len));
     for &o in &plan.order {
         match &plan.parent[o] {
             None => {
@@ -292,7 +347,7 @@ fn loss_and_gradient(
                 }
             }
             Some((q, sub)) => {
-                let (from, out) = pair_mut(&mut cells, *q, o);
+                let (from, out) = pair_mut(cells, *q, o);
                 for (v, &t) in from.iter().zip(sub) {
                     out[t as usize] += v;
                 }
@@ -309,11 +364,10 @@ fn loss_and_gradient(
         }
     }
     // Children's gradients into their parents (smallest first), the rest onto the cliques.
-    let mut grad: Vec<Vec<f64>> = mu.iter().map(|m| vec![0.0; m.len()]).collect();
     for &o in plan.order.iter().rev() {
         match &plan.parent[o] {
             Some((q, sub)) => {
-                let (into, from) = pair_mut(&mut cells, *q, o);
+                let (into, from) = pair_mut(cells, *q, o);
                 for (g, &t) in into.iter_mut().zip(sub) {
                     *g += from[t as usize];
                 }
@@ -325,7 +379,16 @@ fn loss_and_gradient(
             }
         }
     }
-    (loss, grad)
+    loss
+}
+
+/// `buffers` as one zeroed vector per length of `lens`, reusing their allocations.
+fn zeroed(buffers: &mut Vec<Vec<f64>>, lens: impl ExactSizeIterator<Item = usize>) {
+    buffers.resize_with(lens.len(), Vec::new);
+    for (b, len) in buffers.iter_mut().zip(lens) {
+        b.clear();
+        b.resize(len, 0.0);
+    }
 }
 
 /// Mutable `v[a]` and `v[b]`, `a ≠ b`.
@@ -527,9 +590,14 @@ pub fn fit(
     // exactly, as mirror descent only approaches the zero cells of the solution.
     let (exact_loss, pooled) = solve_lone_cliques(tree, &schedule.cells, pooled, &mut theta);
     let plan = Projections::new(&pooled);
-    let mut mu = schedule.marginals(&theta);
-    let (mut loss, mut grad) = loss_and_gradient(&pooled, &plan, &mu);
-    loss += exact_loss;
+    // Buffers for the whole loop: the current point (θ, μ, gradient) and the trial one,
+    // swapped when a step is accepted.
+    let mut work = Workspace::default();
+    let mut cells = Vec::new();
+    let (mut mu, mut grad) = (Vec::new(), Vec::new());
+    let (mut next, mut next_mu, mut next_grad) = (Vec::new(), Vec::new(), Vec::new());
+    schedule.marginals_into(&theta, &mut mu, &mut work);
+    let mut loss = loss_and_gradient(&pooled, &plan, &mu, &mut cells, &mut grad) + exact_loss;
     let mut losses = vec![loss];
     // Step: the loss is 2·Σ precision-smooth in μ and ‖Δμ‖₁² ≤ 2 KL (Pinsker), so
     // 1/(4·largest clique precision) is a safe first step; it grows after accepted steps.
@@ -543,21 +611,21 @@ pub fn fit(
         if loss <= 0.0 || pooled.is_empty() {
             break;
         }
-        let next: Vec<Vec<f64>> = theta
-            .iter()
-            .zip(&grad)
-            .map(|(t, g)| t.iter().zip(g).map(|(a, b)| a - alpha * b).collect())
-            .collect();
-        let next_mu = schedule.marginals(&next);
-        let (mut next_loss, next_grad) = loss_and_gradient(&pooled, &plan, &next_mu);
-        next_loss += exact_loss;
+        next.resize_with(theta.len(), Vec::new);
+        for ((n, t), g) in next.iter_mut().zip(&theta).zip(&grad) {
+            n.clear();
+            n.extend(t.iter().zip(g).map(|(a, b)| a - alpha * b));
+        }
+        schedule.marginals_into(&next, &mut next_mu, &mut work);
+        let next_loss =
+            loss_and_gradient(&pooled, &plan, &next_mu, &mut cells, &mut next_grad) + exact_loss;
         // Armijo: the loss must fall by half the first-order prediction.
         let predicted = dot(&grad, &mu, &next_mu);
         if next_loss.is_finite() && next_loss <= loss - 0.5 * predicted {
-            theta = next;
-            mu = next_mu;
+            std::mem::swap(&mut theta, &mut next);
+            std::mem::swap(&mut mu, &mut next_mu);
+            std::mem::swap(&mut grad, &mut next_grad);
             loss = next_loss;
-            grad = next_grad;
             losses.push(loss);
             alpha *= 1.5;
             let w = options.window.max(1);
@@ -751,7 +819,9 @@ mod tests {
             .map(|p| p.as_ref().map(|p| p.0))
             .collect();
         assert_eq!(parents, [Some(1), None, Some(1), Some(2), None, Some(4)]);
-        let (loss, grad) = loss_and_gradient(&pooled, &plan, &mu);
+        // Buffers left over from other work (wrong sizes, stale values) change nothing.
+        let (mut scratch, mut grad) = (vec![vec![9.0; 3]; 9], vec![vec![7.0; 2]]);
+        let loss = loss_and_gradient(&pooled, &plan, &mu, &mut scratch, &mut grad);
         // One pass over the clique per observation.
         let mut want_loss = 0.0;
         let mut want_grad = vec![0.0; cells];
@@ -848,6 +918,31 @@ mod tests {
         [(0, 1), (1, 2), (2, 3), (1, 4), (2, 4)]
             .into_iter()
             .collect()
+    }
+
+    /// Belief propagation into reused buffers (left by another θ, as in the fit's loop) gives
+    /// the same marginals, bit for bit, as into fresh ones.
+    #[test]
+    fn marginals_into_reused_buffers_are_the_fresh_ones() {
+        let dims = [3usize, 4, 2, 5, 3];
+        let tree = build_junction_tree(5, &edges());
+        let domain: Domain = dims.into();
+        let schedule = Schedule::new(&domain, &tree);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let mut theta = || -> Vec<Vec<f64>> {
+            schedule
+                .cells
+                .iter()
+                .map(|&c| (0..c).map(|_| 3.0 * rng.random::<f64>()).collect())
+                .collect()
+        };
+        let (first, second) = (theta(), theta());
+        let (mut mu, mut work) = (Vec::new(), Workspace::default());
+        schedule.marginals_into(&first, &mut mu, &mut work);
+        assert_eq!(mu, schedule.marginals(&first));
+        schedule.marginals_into(&second, &mut mu, &mut work);
+        assert_eq!(mu, schedule.marginals(&second));
+        assert_ne!(mu, schedule.marginals(&first));
     }
 
     #[test]

@@ -280,12 +280,120 @@ struct Projections {
     order: Vec<usize>,
     /// Per observation: `None` (from the clique) or `(parent, sub)`.
     parent: Vec<Option<(usize, Vec<u32>)>>,
+    /// Per observation read from its clique, its [`Blocks`] when its map has that shape.
+    blocks: Vec<Option<Blocks>>,
+}
+
+/// An observation's map from its clique's cells read block by block: the clique's cells
+/// split into consecutive blocks of one length, every block mapped by the same offsets from
+/// its own base cell. With the clique's trailing attributes outside the observation, a block
+/// is their cells and every offset 0 (the block sums into one cell); otherwise a block is the
+/// last attribute's values. The loss then streams the clique without its map and without a
+/// chain of additions into one cell through memory, the cost of the per-cell map.
+#[derive(Debug)]
+struct Blocks {
+    /// Per block, the observation cell of its first clique cell.
+    base: Vec<u32>,
+    /// Per position in a block, its cell's offset from the base.
+    offset: Vec<u32>,
+    /// Whether every offset is 0.
+    sums: bool,
+}
+
+impl Blocks {
+    /// The blocks of `map` (a clique's cells → observation cells, clique sizes `cdims`):
+    /// summing blocks of the most trailing attributes the map is constant over, else blocks
+    /// of the last attribute; `None` if neither fits (bins or groups that cut across blocks)
+    /// or blocks would be single cells.
+    fn find(map: &[u32], cdims: &[usize]) -> Option<Self> {
+        (1..cdims.len())
+            .rev()
+            .find_map(|t| Self::of(map, cdims, t).filter(|b| b.sums))
+            .or_else(|| Self::of(map, cdims, 0))
+    }
+
+    /// The blocks of `map` of the clique's last `trailing` attributes (0: of the last one),
+    /// if every block maps by the offsets of the first.
+    fn of(map: &[u32], cdims: &[usize], trailing: usize) -> Option<Self> {
+        let len: usize = match trailing {
+            0 => *cdims.last()?,
+            t => cdims[cdims.len() - t..].iter().product(),
+        };
+        if len < 2 || map.is_empty() || map.len() % len != 0 {
+            return None;
+        }
+        let offset: Vec<u32> = map[..len].iter().map(|&t| t.wrapping_sub(map[0])).collect();
+        let mut base = Vec::with_capacity(map.len() / len);
+        for block in map.chunks_exact(len) {
+            let b = block[0];
+            if block
+                .iter()
+                .zip(&offset)
+                .any(|(&t, &k)| t != b.wrapping_add(k))
+            {
+                return None;
+            }
+            base.push(b);
+        }
+        let sums = offset.iter().all(|&k| k == 0);
+        Some(Self { base, offset, sums })
+    }
+
+    /// Adds `mu` (the clique's cells) into `out` (the observation's cells).
+    fn project(&self, mu: &[f64], out: &mut [f64]) {
+        let len = self.offset.len();
+        if self.sums {
+            for (block, &b) in mu.chunks_exact(len).zip(&self.base) {
+                out[b as usize] += block_sum(block);
+            }
+        } else {
+            for (block, &b) in mu.chunks_exact(len).zip(&self.base) {
+                let out = &mut out[b as usize..];
+                for (v, &k) in block.iter().zip(&self.offset) {
+                    out[k as usize] += v;
+                }
+            }
+        }
+    }
+
+    /// Adds each clique cell's observation cell of `cells` into `grad` (the clique's cells).
+    fn spread(&self, cells: &[f64], grad: &mut [f64]) {
+        let len = self.offset.len();
+        if self.sums {
+            for (block, &b) in grad.chunks_exact_mut(len).zip(&self.base) {
+                let v = cells[b as usize];
+                block.iter_mut().for_each(|g| *g += v);
+            }
+        } else {
+            for (block, &b) in grad.chunks_exact_mut(len).zip(&self.base) {
+                let cells = &cells[b as usize..];
+                for (g, &k) in block.iter_mut().zip(&self.offset) {
+                    *g += cells[k as usize];
+                }
+            }
+        }
+    }
+}
+
+/// The sum of `x` in four interleaved partial sums (independent additions the compiler can
+/// run side by side, where one running sum waits on each addition).
+fn block_sum(x: &[f64]) -> f64 {
+    let mut acc = [0.0; 4];
+    let chunks = x.chunks_exact(4);
+    let rest: f64 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for (a, v) in acc.iter_mut().zip(c) {
+            *a += v;
+        }
+    }
+    (acc[0] + acc[1]) + (acc[2] + acc[3]) + rest
 }
 
 impl Projections {
     /// For each observation, the smallest larger observation of its clique that determines
-    /// it (checked cell by cell over the clique), if any.
-    fn new(pooled: &[Pooled]) -> Self {
+    /// it (checked cell by cell over the clique), if any; for the others their [`Blocks`]
+    /// (`cdims(c)`: clique `c`'s sizes).
+    fn new(pooled: &[Pooled], cdims: impl Fn(usize) -> Vec<usize>) -> Self {
         let mut order: Vec<usize> = (0..pooled.len()).collect();
         order.sort_by_key(|&i| {
             (
@@ -307,7 +415,18 @@ impl Projections {
                 .find_map(|&q| Some((q, sub_map(&pooled[q], child)?)));
             parent[o] = found;
         }
-        Self { order, parent }
+        let blocks = (0..pooled.len())
+            .map(|o| {
+                parent[o]
+                    .is_none()
+                    .then(|| Blocks::find(&pooled[o].map, &cdims(pooled[o].clique)))?
+            })
+            .collect();
+        Self {
+            order,
+            parent,
+            blocks,
+        }
     }
 }
 
@@ -342,8 +461,14 @@ fn loss_and_gradient(
         match &plan.parent[o] {
             None => {
                 let out = &mut cells[o];
-                for (v, &t) in mu[pooled[o].clique].iter().zip(&pooled[o].map) {
-                    out[t as usize] += v;
+                let mu = &mu[pooled[o].clique];
+                match &plan.blocks[o] {
+                    Some(blocks) => blocks.project(mu, out),
+                    None => {
+                        for (v, &t) in mu.iter().zip(&pooled[o].map) {
+                            out[t as usize] += v;
+                        }
+                    }
                 }
             }
             Some((q, sub)) => {
@@ -373,8 +498,14 @@ fn loss_and_gradient(
                 }
             }
             None => {
-                for (g, &t) in grad[pooled[o].clique].iter_mut().zip(&pooled[o].map) {
-                    *g += cells[o][t as usize];
+                let grad = &mut grad[pooled[o].clique];
+                match &plan.blocks[o] {
+                    Some(blocks) => blocks.spread(&cells[o], grad),
+                    None => {
+                        for (g, &t) in grad.iter_mut().zip(&pooled[o].map) {
+                            *g += cells[o][t as usize];
+                        }
+                    }
                 }
             }
         }
@@ -589,7 +720,7 @@ pub fn fit(
     // no kept pair touches) is its own least-squares problem over the simplex: solve it
     // exactly, as mirror descent only approaches the zero cells of the solution.
     let (exact_loss, pooled) = solve_lone_cliques(tree, &schedule.cells, pooled, &mut theta);
-    let plan = Projections::new(&pooled);
+    let plan = Projections::new(&pooled, cdims);
     // Buffers for the whole loop: the current point (θ, μ, gradient) and the trial one,
     // swapped when a step is accepted.
     let mut work = Workspace::default();
@@ -810,7 +941,7 @@ mod tests {
             pooled_of(&[2, 0], &[]),
             pooled_of(&[2], &[]),
         ];
-        let plan = Projections::new(&pooled);
+        let plan = Projections::new(&pooled, |_| cdims.to_vec());
         // The 1-ways of 0 and 1 come from pair (0, 1) (12 cells, not (2, 0)'s 15), that of 2
         // from (2, 0), the binned 1-way from the 1-way of 1.
         let parents: Vec<Option<usize>> = plan
@@ -819,6 +950,15 @@ mod tests {
             .map(|p| p.as_ref().map(|p| p.0))
             .collect();
         assert_eq!(parents, [Some(1), None, Some(1), Some(2), None, Some(4)]);
+        // Read from the clique in blocks: (0, 1) sums blocks of attribute 2's five cells,
+        // (2, 0) reads each block of attribute 2 at offsets 0, 3, 6, 9, 12.
+        let shape = |o: usize| {
+            let b = plan.blocks[o].as_ref().unwrap();
+            (b.sums, b.offset.clone(), b.base.len())
+        };
+        assert_eq!(shape(1), (true, vec![0; 5], 12));
+        assert_eq!(shape(4), (false, vec![0, 3, 6, 9, 12], 12));
+        assert!(plan.blocks[0].is_none() && plan.blocks[2].is_none());
         // Buffers left over from other work (wrong sizes, stale values) change nothing.
         let (mut scratch, mut grad) = (vec![vec![9.0; 3]; 9], vec![vec![7.0; 2]]);
         let loss = loss_and_gradient(&pooled, &plan, &mu, &mut scratch, &mut grad);

@@ -1144,11 +1144,9 @@ async fn one_budget_is_split_by_the_server_and_sketches_are_the_default() {
     // Every attribute's ε but no encoding: the default needs local models, and says so.
     let (status, problem) = post_raw(&url, ADMIN, create_body_without_encoding()).await;
     assert_eq!(status, 400, "{problem}");
+    let detail = problem["detail"].as_str().unwrap();
     assert!(
-        problem["detail"]
-            .as_str()
-            .unwrap()
-            .contains("sketch+locmrf"),
+        detail.contains("sketch+locmrf") && detail.contains("`budget`"),
         "{problem}"
     );
     let (_, listed) = admin(&base, "GET", "/v1/collections").await;

@@ -215,7 +215,8 @@ impl Vertical {
             return bad(format!(
                 "encoding `{}` needs a `locmrf` budget {{\"epsilon\", \"delta\"}} for every \
                  party (party `{}` has none): pairs within a party are measured only by its \
-                 local model",
+                 local model. Give the collection one `budget` per person instead and the \
+                 server derives every party's, or choose `\"encoding\": \"fo\"`",
                 params.encoding.name(),
                 p.name
             ));

@@ -77,10 +77,11 @@ parties = [
     {"name": "bank", "attributes": [{"name": "sex", "epsilon": 2}, {"name": "smoker", "epsilon": 2}]},
     {"name": "telecom", "attributes": [{"name": "region", "epsilon": 2}]},
 ]
-vertical = call("POST", "/v1/collections",
-                {"schema": schema, "protocol": "vertical", "target_users": 200, "parties": parties})
-open_vertical = call("POST", "/v1/collections",
-                     {"schema": schema, "protocol": "vertical", "target_users": 200, "parties": parties})
+# Encoding `fo`: the parties upload per-record reports (the default, sketch+locmrf, takes none).
+fo = {"schema": schema, "protocol": "vertical", "encoding": "fo", "target_users": 200,
+      "parties": parties}
+vertical = call("POST", "/v1/collections", fo)
+open_vertical = call("POST", "/v1/collections", fo)
 ids = ["%064x" % rng.getrandbits(256) for _ in range(200)]
 for p, tok in vertical["party_tokens"].items():
     attrs = next(q["attributes"] for q in parties if q["name"] == p)

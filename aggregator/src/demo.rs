@@ -321,10 +321,11 @@ fn read_vertical(path: &Path) -> Result<VerticalFile, DemoError> {
 
 /// The encoding of the vertical demo and its parties: `flag` (`--encoding`) or the file's,
 /// else `sketch+locmrf`. Parties named without ε are returned as they are (the server
-/// splits the budget). Under an encoding with local models, when no party has a `locmrf` budget,
-/// each party's ε (the sum of its attributes') is split between its reports and its local
-/// model by the SDK's split for that encoding, `share` (default: the encoding's) to the
-/// model with δ = 1/(`people` × parties); otherwise the parties are taken as written (the server checks them).
+/// splits the budget). Under an encoding with local models, when no party has a `locmrf`
+/// budget, each party's ε (the sum of its attributes') is split between its reports and its
+/// local model by the SDK's split for that encoding, `share` (default: the encoding's) to
+/// the model with δ = 1/(`people` × parties); otherwise the parties are taken as written
+/// (the server checks them).
 /// Errors: the flag and the file disagree, an attribute is not in `schema`, or a budget
 /// does not split.
 fn vertical_parties(

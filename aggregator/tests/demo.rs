@@ -124,6 +124,12 @@ fn vertical_demo(
     demo(dir, name, &args)
 }
 
+/// Asserts that the report's number `v` is `want` (to 1e-9), showing `context` otherwise.
+fn assert_near(v: &serde_json::Value, want: f64, context: &serde_json::Value) {
+    let got = v.as_f64().unwrap_or(f64::NAN);
+    assert!((got - want).abs() < 1e-9, "{got} vs {want}: {context}");
+}
+
 /// The synthetic CSV of a vertical demo: the schema's header and one line per person.
 fn check_synthetic(csv: &[u8]) {
     let text = String::from_utf8(csv.to_vec()).unwrap();
@@ -156,29 +162,16 @@ fn vertical_demo_runs_sampled_reports_with_local_models() {
     for party in ["bank", "clinic"] {
         let b = &r["party_budgets"][party];
         // 20% of 2 to the local model, the rest to each attribute (one is reported).
-        let model = b["locmrf"]["epsilon"].as_f64().unwrap();
-        assert!((model - 0.4).abs() < 1e-9, "{b}");
+        assert_near(&b["locmrf"]["epsilon"], 0.4, b);
         for a in b["attributes"].as_array().unwrap() {
-            assert!((a["epsilon"].as_f64().unwrap() - 1.6).abs() < 1e-9, "{b}");
+            assert_near(&a["epsilon"], 1.6, b);
         }
-        assert!(
-            (b["report_epsilon"].as_f64().unwrap() - 1.6).abs() < 1e-9,
-            "{b}"
-        );
-        assert!(
-            (b["composed_epsilon"].as_f64().unwrap() - 2.0).abs() < 1e-9,
-            "{b}"
-        );
+        assert_near(&b["report_epsilon"], 1.6, b);
+        assert_near(&b["composed_epsilon"], 2.0, b);
         assert!(b["local_model_measurements"].as_u64().unwrap() >= 1, "{b}");
-        assert!(
-            (r["party_epsilon"][party].as_f64().unwrap() - 2.0).abs() < 1e-9,
-            "{r}"
-        );
+        assert_near(&r["party_epsilon"][party], 2.0, &r);
     }
-    assert!(
-        (r["composed_epsilon"].as_f64().unwrap() - 4.0).abs() < 1e-9,
-        "{r}"
-    );
+    assert_near(&r["composed_epsilon"], 4.0, &r);
     // δ = 1/(people × parties) each: 1/people composed.
     let delta = r["composed_delta"].as_f64().unwrap();
     assert!((delta * VERTICAL_PEOPLE as f64 - 1.0).abs() < 1e-9, "{r}");
@@ -306,24 +299,12 @@ fn vertical_demo_splits_one_budget_on_the_server() {
     assert_eq!(r["encoding"], "sketch+locmrf", "{r}");
     for party in ["bank", "clinic"] {
         let b = &r["party_budgets"][party];
-        assert!(
-            (b["locmrf"]["epsilon"].as_f64().unwrap() - 1.0).abs() < 1e-9,
-            "{b}"
-        );
-        assert!(
-            (b["report_epsilon"].as_f64().unwrap() - 1.0).abs() < 1e-9,
-            "{b}"
-        );
-        assert!(
-            (b["composed_epsilon"].as_f64().unwrap() - 2.0).abs() < 1e-9,
-            "{b}"
-        );
+        assert_near(&b["locmrf"]["epsilon"], 1.0, b);
+        assert_near(&b["report_epsilon"], 1.0, b);
+        assert_near(&b["composed_epsilon"], 2.0, b);
         assert!(b["local_model_measurements"].as_u64().unwrap() >= 1, "{b}");
     }
-    assert!(
-        (r["composed_epsilon"].as_f64().unwrap() - 4.0).abs() < 1e-9,
-        "{r}"
-    );
+    assert_near(&r["composed_epsilon"], 4.0, &r);
     let delta = r["composed_delta"].as_f64().unwrap();
     assert!((delta * VERTICAL_PEOPLE as f64 - 1.0).abs() < 1e-9, "{r}");
 

@@ -29,13 +29,98 @@ use uuid::Uuid;
 
 use crate::devices::Tally;
 use crate::engine::DriftReport;
-use crate::eval::{MarginalCounts, NumericFidelity, evaluation_schema, numeric_fidelity, regrid};
+use crate::eval::{MarginalCounts, NumericFidelity, Regrid, evaluation_schema, numeric_fidelity};
 use crate::service::Server;
 use crate::service::config::ServeConfig;
-use crate::sim::{BayesNet, NumericColumn, Population, load_csv};
+use crate::sim::{
+    BayesNet, NumericColumn, Population, load_csv, numeric_attributes, read_csv_from,
+};
 
 /// 1-D range queries per numeric attribute in the report.
 const RANGE_QUERIES: usize = 1000;
+
+/// Synthetic rows whose numeric values the raw-value fidelity reads (a uniform sample of
+/// the download when it has more): their sort, not the binned counts, is what grows with
+/// rows.
+const NUMERIC_SAMPLE_ROWS: usize = 1_000_000;
+
+/// A uniform sample of at most `cap` rows' numeric values, seeded (reservoir sampling,
+/// Vitter's algorithm R): the first `cap` rows, then row `t` replaces a kept one with
+/// probability `cap / t`.
+struct NumericSample {
+    width: usize,
+    cap: usize,
+    seen: usize,
+    /// `cap × width` values, row-major.
+    rows: Vec<Option<f64>>,
+    rng: rand_chacha::ChaCha12Rng,
+}
+
+impl NumericSample {
+    fn new(width: usize, cap: usize, seed: u64) -> Self {
+        Self {
+            width,
+            cap,
+            seen: 0,
+            rows: Vec::new(),
+            rng: rand_chacha::ChaCha12Rng::seed_from_u64(seed ^ 0x6e75_6d5f_7361_6d70),
+        }
+    }
+
+    /// Offers one row's values (`width` of them).
+    fn offer(&mut self, values: &[Option<f64>]) {
+        self.seen += 1;
+        if self.width == 0 {
+            return;
+        }
+        if self.seen <= self.cap {
+            self.rows.extend_from_slice(values);
+        } else {
+            let j = self.rng.random_range(0..self.seen);
+            if j < self.cap {
+                self.rows[j * self.width..(j + 1) * self.width].copy_from_slice(values);
+            }
+        }
+    }
+
+    /// Column `j`'s kept values (missing ones left out).
+    fn column(&self, j: usize) -> Vec<f64> {
+        self.rows
+            .chunks(self.width.max(1))
+            .filter_map(|r| r[j])
+            .collect()
+    }
+}
+
+/// The bytes of a download as they arrive over a channel, as a reader for a blocking
+/// thread (end of input once the sender is dropped).
+struct Arriving {
+    chunks: tokio::sync::mpsc::Receiver<bytes::Bytes>,
+    current: bytes::Bytes,
+}
+
+impl Arriving {
+    fn new(chunks: tokio::sync::mpsc::Receiver<bytes::Bytes>) -> Self {
+        Self {
+            chunks,
+            current: bytes::Bytes::new(),
+        }
+    }
+}
+
+impl std::io::Read for Arriving {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.current.is_empty() {
+            match self.chunks.blocking_recv() {
+                Some(chunk) => self.current = chunk,
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.current.len());
+        buf[..n].copy_from_slice(&self.current.split_to(n));
+        Ok(n)
+    }
+}
 
 /// `demo` options.
 #[derive(Debug, Clone, Parser)]
@@ -397,10 +482,45 @@ fn vertical_parties(
 
 struct Input {
     schema: Schema,
-    population: Population,
+    people: People,
     rows_skipped: usize,
     /// Raw values of the file's numeric attributes (kept rows).
     numeric: Vec<NumericColumn>,
+}
+
+/// The simulated people: distinct records and the order they arrive in, row indices with
+/// repeats where the file is resampled to more people. Holding the order (4 bytes a person)
+/// instead of every person's codes keeps a run of ten million people small.
+struct People {
+    records: Population,
+    /// `None`: the records in their own order.
+    order: Option<Vec<u32>>,
+}
+
+impl People {
+    fn len(&self) -> usize {
+        self.order.as_ref().map_or(self.records.len(), Vec::len)
+    }
+
+    /// Person `i`'s codes (panics if `i ≥ len`).
+    fn row(&self, i: usize) -> &[u32] {
+        match &self.order {
+            None => self.records.row(i),
+            Some(order) => self.records.row(order[i] as usize),
+        }
+    }
+
+    /// How many people hold each record (indexed as `records`).
+    fn multiplicities(&self) -> Vec<u64> {
+        match &self.order {
+            None => vec![1; self.records.len()],
+            Some(order) => {
+                let mut m = vec![0; self.records.len()];
+                order.iter().for_each(|&i| m[i as usize] += 1);
+                m
+            }
+        }
+    }
 }
 
 fn load_input(cfg: &DemoConfig) -> Result<Input, DemoError> {
@@ -423,31 +543,36 @@ fn load_input(cfg: &DemoConfig) -> Result<Input, DemoError> {
                     loaded.rejected_rows
                 );
             }
-            if loaded.population.is_empty() {
+            let records = loaded.population;
+            if records.is_empty() {
                 return Err(DemoError::Input("the schema rejected every row".into()));
             }
-            let n = cfg.users.unwrap_or(loaded.population.len());
-            let population = if n == loaded.population.len() {
+            if u32::try_from(records.len()).is_err() {
+                return Err(DemoError::Input(
+                    "the file holds 2³² rows or more; the demo takes fewer".into(),
+                ));
+            }
+            let n = cfg.users.unwrap_or(records.len());
+            let order = if n == records.len() {
                 match cfg.arrival {
-                    Arrival::Shuffled => loaded.population.shuffled(cfg.seed),
-                    Arrival::File => loaded.population,
+                    Arrival::Shuffled => Some(records.shuffled_order(cfg.seed)),
+                    Arrival::File => None,
                     Arrival::Drift => {
                         let column = drift_column(&schema, cfg.drift_column.as_deref())
                             .map_err(DemoError::Input)?;
-                        loaded.population.drifted(column, cfg.seed)
+                        Some(records.drifted_order(column, cfg.seed))
                     }
                 }
-            } else if n > loaded.population.len() {
-                loaded.population.resample(n, cfg.seed)
+            } else if n > records.len() {
+                Some(records.resample_order(n, cfg.seed))
             } else {
-                let shuffled = loaded.population.shuffled(cfg.seed);
-                let d = shuffled.d();
-                Population::new(shuffled.dims().to_vec(), shuffled.codes()[..n * d].to_vec())
-                    .map_err(|e| DemoError::Input(e.to_string()))?
+                let mut order = records.shuffled_order(cfg.seed);
+                order.truncate(n);
+                Some(order)
             };
             Ok(Input {
                 schema,
-                population,
+                people: People { records, order },
                 rows_skipped: loaded.rejected_rows,
                 numeric: loaded.numeric,
             })
@@ -457,7 +582,10 @@ fn load_input(cfg: &DemoConfig) -> Result<Input, DemoError> {
             let n = cfg.users.unwrap_or(100_000);
             Ok(Input {
                 schema: net.schema(),
-                population: net.sample(n, cfg.seed),
+                people: People {
+                    records: net.sample(n, cfg.seed),
+                    order: None,
+                },
                 rows_skipped: 0,
                 numeric: Vec::new(),
             })
@@ -559,8 +687,8 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
     let epsilon = Epsilon::new(cfg.epsilon).map_err(|e| DemoError::Input(e.to_string()))?;
     let vertical = cfg.vertical.as_deref().map(read_vertical).transpose()?;
     let input = load_input(&cfg)?;
-    let n = input.population.len();
-    let d = input.population.d();
+    let n = input.people.len();
+    let d = input.schema.attributes().len();
     let parties = vertical
         .map(|file| vertical_parties(file, cfg.encoding, &input.schema, n, cfg.locmrf_share))
         .transpose()?;
@@ -637,7 +765,7 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
     // every person lands in the same round with the same task on every run, while the
     // uploads stay concurrent.
     let t = Instant::now();
-    let population = Arc::new(input.population);
+    let population = Arc::new(input.people);
     let bar = progress(n as u64, "upload", cfg.quiet);
     let accepted = Arc::new(AtomicU64::new(0));
     // Every person's outcome, counted as `devices` counts its rows.
@@ -784,6 +912,9 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
         eprintln!("warning: {w}");
     }
 
+    // 5. The synthetic table over HTTP into `--out`, its rows read back through the schema
+    // as they arrive (on a thread of their own) and, with the people (by their records'
+    // multiplicities), counted into the scored marginals: memory does not grow with rows.
     let t = Instant::now();
     let rows = cfg.rows.unwrap_or(n as u64);
     let mut resp = send(
@@ -797,6 +928,33 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
         DemoError::Service,
     )
     .await?;
+    // Binned TVDs on the working bins of `bins: "auto"` attributes (their fine grids would
+    // make every 3-way table huge and sparse), comparable with a fixed-count schema.
+    let grid = evaluation_schema(&input.schema);
+    let bad = |e: ldpsyn::schema::RecordError| DemoError::Service(e.to_string());
+    let to_grid = Arc::new(Regrid::new(&input.schema, &grid).map_err(bad)?);
+    let dims = grid.domain_sizes();
+    let scored = || {
+        (1..=d.min(3))
+            .map(|k| MarginalCounts::scoring(&dims, k))
+            .collect::<Vec<_>>()
+    };
+    let numeric_attrs: Vec<usize> = numeric_attributes(&input.schema).collect();
+    let (chunks, arriving) = tokio::sync::mpsc::channel::<bytes::Bytes>(64);
+    let counting = {
+        let (schema, to_grid, mut synth) = (input.schema.clone(), to_grid.clone(), scored());
+        let mut sample = NumericSample::new(numeric_attrs.len(), NUMERIC_SAMPLE_ROWS, cfg.seed);
+        tokio::task::spawn_blocking(move || {
+            let mut binned: Vec<u32> = Vec::new();
+            let read = read_csv_from(Arriving::new(arriving), &schema, |row, values| {
+                binned.clear();
+                binned.extend(to_grid.row(row));
+                synth.iter_mut().for_each(|c| c.add(&binned));
+                sample.offer(values);
+            });
+            (read, synth, sample)
+        })
+    };
     let bar = progress(rows, "download", cfg.quiet);
     let mut file = std::io::BufWriter::new(
         std::fs::File::create(&cfg.out)
@@ -812,39 +970,40 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
         // Line breaks only approximate rows for the bar (a quoted label may hold one); the
         // row count checked below is the CSV reader's.
         bar.inc(chunk.iter().filter(|&&b| b == b'\n').count() as u64);
+        // A closed channel means the reader stopped on an error, reported below.
+        let _ = chunks.send(chunk).await;
     }
+    drop(chunks);
     std::io::Write::flush(&mut file)?;
     drop(file);
     bar.finish();
     phases.insert("download".to_owned(), t.elapsed().as_secs_f64());
 
-    // 5. Fidelity: the downloaded CSV read back through the schema vs the population.
     let t = Instant::now();
-    let synthetic = load_csv(&cfg.out, &input.schema)
-        .map_err(|e| DemoError::Service(format!("synthetic CSV unreadable: {e}")))?;
-    if synthetic.rejected_rows > 0 || synthetic.population.len() as u64 != rows {
+    let mut real = scored();
+    let mut binned: Vec<u32> = Vec::with_capacity(d);
+    for (i, m) in population.multiplicities().into_iter().enumerate() {
+        if m > 0 {
+            binned.clear();
+            binned.extend(to_grid.row(population.records.row(i)));
+            real.iter_mut().for_each(|c| c.add_weighted(&binned, m));
+        }
+    }
+    let (read, synth, sample) = counting
+        .await
+        .map_err(|e| DemoError::Service(e.to_string()))?;
+    let read = read.map_err(|e| DemoError::Service(format!("synthetic CSV unreadable: {e}")))?;
+    let kept = (read.total_rows - read.rejected_rows) as u64;
+    if read.rejected_rows > 0 || kept != rows {
         return Err(DemoError::Service(format!(
-            "synthetic CSV has {} valid rows and {} invalid, {rows} asked",
-            synthetic.population.len(),
-            synthetic.rejected_rows
+            "synthetic CSV has {kept} valid rows and {} invalid, {rows} asked",
+            read.rejected_rows
         )));
     }
-    // Binned TVDs on the working bins of `bins: "auto"` attributes (their fine grids would
-    // make every 3-way table huge and sparse), comparable with a fixed-count schema.
-    let grid = evaluation_schema(&input.schema);
-    let bad = |e: ldpsyn::schema::RecordError| DemoError::Service(e.to_string());
-    let real_binned = regrid(&population, &input.schema, &grid).map_err(bad)?;
-    let synth_binned = regrid(&synthetic.population, &input.schema, &grid).map_err(bad)?;
     let mut tvd = [0.0; 3];
-    for (k, slot) in tvd.iter_mut().enumerate() {
-        let k = k + 1;
-        if k > d {
-            continue;
-        }
-        let real = MarginalCounts::for_scoring(&real_binned, k);
-        let synth = MarginalCounts::for_scoring(&synth_binned, k);
-        *slot = real
-            .mean_tvd(&synth)
+    for (slot, (r, s)) in tvd.iter_mut().zip(real.iter().zip(&synth)) {
+        *slot = r
+            .mean_tvd(s)
             .map_err(|e| DemoError::Service(e.to_string()))?;
     }
     let cross_party_tvd2 = match &created["parties"] {
@@ -860,9 +1019,9 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
                     }
                 }
             }
-            let real = MarginalCounts::of_population(&real_binned, 2);
-            let synth = MarginalCounts::of_population(&synth_binned, 2);
-            real.mean_tvd_where(&synth, |s| owner[s[0]] != owner[s[1]])
+            // The 2-way scoring counters hold every pair.
+            real[1]
+                .mean_tvd_where(&synth[1], |s| owner[s[0]] != owner[s[1]])
                 .ok()
         }
         _ => None,
@@ -873,18 +1032,14 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
         let AttributeKind::Numeric { min, max, .. } = attr.kind else {
             continue;
         };
-        let Some(synth) = synthetic
-            .numeric
-            .iter()
-            .find(|c| c.attribute == real.attribute)
-        else {
+        let Some(j) = numeric_attrs.iter().position(|&a| a == real.attribute) else {
             continue;
         };
         numeric.push(
             numeric_fidelity(
                 &attr.name,
                 &real.values,
-                &synth.values,
+                &sample.column(j),
                 (min, max),
                 RANGE_QUERIES,
                 cfg.seed,
@@ -983,7 +1138,7 @@ async fn upload_parties(
     base: &str,
     collection: Uuid,
     created: &serde_json::Value,
-    population: &Population,
+    population: &People,
     seed: u64,
     bar: &ProgressBar,
 ) -> Result<(u64, std::collections::BTreeMap<String, usize>), DemoError> {
@@ -1125,6 +1280,46 @@ fn model_edges(finalized: &serde_json::Value, names: &[String]) -> Vec<[String; 
 mod tests {
     use super::*;
     use crate::infer::{InferConfig, infer_schema};
+
+    /// Under its cap the sample keeps every row in order; over it, a uniform sample of the
+    /// rows of the given size (the mean kept row index near the middle), the same for a seed.
+    #[test]
+    fn numeric_sample_is_uniform_over_rows() {
+        let mut small = NumericSample::new(2, 10, 1);
+        for i in 0..5 {
+            small.offer(&[Some(f64::from(i)), None]);
+        }
+        assert_eq!(small.column(0), vec![0.0, 1.0, 2.0, 3.0, 4.0]);
+        assert!(small.column(1).is_empty());
+        let draw = |seed| {
+            let mut s = NumericSample::new(1, 1_000, seed);
+            (0..100_000).for_each(|i| s.offer(&[Some(f64::from(i))]));
+            s.column(0)
+        };
+        let kept = draw(2);
+        assert_eq!(kept.len(), 1_000);
+        let mean = kept.iter().sum::<f64>() / 1_000.0;
+        // Mean of 1,000 uniform draws from 0..100,000: sd ≈ 913.
+        assert!((mean - 50_000.0).abs() < 4_000.0, "{mean}");
+        assert!(kept.iter().filter(|&&x| x >= 50_000.0).count() > 400);
+        assert_eq!(kept, draw(2));
+    }
+
+    /// People held as records and an order give the resampled rows, and the records'
+    /// multiplicities count every person once.
+    #[test]
+    fn people_in_order_are_the_resampled_population() {
+        let records =
+            Population::from_rows(vec![4, 3], (0..20u32).map(|i| vec![i % 4, i % 3])).unwrap();
+        let people = People {
+            order: Some(records.resample_order(500, 3)),
+            records: records.clone(),
+        };
+        let resampled = records.resample(500, 3);
+        assert_eq!(people.len(), 500);
+        assert!((0..500).all(|i| people.row(i) == resampled.row(i)));
+        assert_eq!(people.multiplicities().iter().sum::<u64>(), 500);
+    }
 
     /// A spreadsheet export as users bring them (a byte-order mark, CRLF line ends, quoted
     /// labels with a comma and a line break, a column with one value): `schema infer`

@@ -28,8 +28,9 @@ pub enum Mode {
 /// One load run against one server.
 #[derive(Debug, Clone)]
 pub struct Load {
-    /// The server's base URL, `http://127.0.0.1:port`.
-    pub base: String,
+    /// The servers' base URLs, `http://127.0.0.1:port`: worker `w` uses `bases[w % len]`
+    /// for its tasks and uploads (several `serve` processes on one database).
+    pub bases: Vec<String>,
     /// The collection uploaded to.
     pub collection: Uuid,
     /// Its config (to randomize for its schema and ε).
@@ -238,11 +239,12 @@ async fn worker(
     load: Arc<Load>,
     deadline: Instant,
     totals: Arc<Totals>,
+    base: String,
     seed: u64,
 ) -> Vec<u32> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut latencies = Vec::new();
-    let (base, id) = (&load.base, load.collection);
+    let (base, id) = (&base, load.collection);
     let url = format!("{base}/v1/collections/{id}/reports");
     'outer: while Instant::now() < deadline {
         let tasks = match fetch_tasks(&http, base, id, &totals).await {
@@ -324,7 +326,7 @@ async fn worker(
 }
 
 /// Runs `load` with `http` until its duration has passed (uploads in flight finish). Worker
-/// `w` seeds its records with `seed + w`.
+/// `w` seeds its records with `seed + w`. Panics if `load.bases` is empty.
 pub async fn run(http: &reqwest::Client, load: Load, seed: u64) -> Outcome {
     let load = Arc::new(load);
     let totals = Arc::new(Totals::default());
@@ -337,6 +339,7 @@ pub async fn run(http: &reqwest::Client, load: Load, seed: u64) -> Outcome {
                 load.clone(),
                 deadline,
                 totals.clone(),
+                load.bases[w % load.bases.len()].clone(),
                 seed + w as u64,
             ))
         })

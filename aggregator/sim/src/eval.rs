@@ -102,25 +102,37 @@ impl MarginalCounts {
 
     /// Adds one row (codes, one per attribute).
     pub fn add(&mut self, row: &[u32]) {
+        self.add_weighted(row, 1);
+    }
+
+    /// Adds `weight` copies of one row (codes, one per attribute): a resampled population
+    /// is counted from its distinct records and their multiplicities.
+    pub fn add_weighted(&mut self, row: &[u32], weight: u64) {
         for (s, c) in self.subsets.iter().zip(self.counts.iter_mut()) {
             let mut idx = 0usize;
             for &a in s {
                 idx = idx * self.dims[a] + row[a] as usize;
             }
-            c[idx] += 1;
+            c[idx] += weight;
         }
-        self.rows += 1;
+        self.rows += weight;
     }
 
-    /// The counters a k-way TVD is scored on, filled with `pop`'s rows: every subset for
-    /// k ≤ 2, else [`MAX_SCORED_SUBSETS`] of them drawn by a fixed seed.
-    pub fn for_scoring(pop: &Population, k: usize) -> Self {
+    /// Empty counters of the subsets a k-way TVD is scored on, for attributes of domain
+    /// sizes `dims`: every subset for k ≤ 2, else [`MAX_SCORED_SUBSETS`] of them drawn by a
+    /// fixed seed.
+    pub fn scoring(dims: &[usize], k: usize) -> Self {
         let limit = if k <= 2 {
             usize::MAX
         } else {
             MAX_SCORED_SUBSETS
         };
-        Self::sampled(pop.dims(), k, limit, 3).like(pop)
+        Self::sampled(dims, k, limit, 3)
+    }
+
+    /// [`MarginalCounts::scoring`] filled with `pop`'s rows.
+    pub fn for_scoring(pop: &Population, k: usize) -> Self {
+        Self::scoring(pop.dims(), k).like(pop)
     }
 
     /// Counts every row of a population.
@@ -485,25 +497,61 @@ pub fn evaluation_schema(schema: &Schema) -> Schema {
 /// (exact where `to`'s bins are unions of `from`'s cells, as with
 /// [`evaluation_schema`]). Errors: a decoded value that `to` refuses.
 pub fn regrid(pop: &Population, from: &Schema, to: &Schema) -> Result<Population, RecordError> {
-    // Midpoint decoding draws nothing.
-    let mut rng = <rand_chacha::ChaCha12Rng as rand::SeedableRng>::seed_from_u64(0);
+    let map = Regrid::new(from, to)?;
     let mut codes = Vec::with_capacity(pop.codes().len());
     for row in pop.rows() {
-        for (a, &c) in row.iter().enumerate() {
-            let (fa, ta) = (&from.attributes()[a], &to.attributes()[a]);
-            codes.push(if fa == ta {
-                c
-            } else {
-                let v = match fa.decode(c, NumericDecoding::Midpoint, &mut rng) {
-                    DecodedValue::Number(x) => Value::Number(x),
-                    DecodedValue::Label(l) => Value::Text(l),
-                    DecodedValue::Missing => Value::Missing,
-                };
-                ta.encode_value(&v)?
-            });
-        }
+        codes.extend(map.row(row));
     }
     Ok(Population::new(to.domain_sizes(), codes).expect("codes of `to`"))
+}
+
+/// [`regrid`] one row at a time: per attribute that `to` bins differently from `from`, a
+/// table from each code of `from` to its code of `to` (built once: the midpoint decoding
+/// draws nothing).
+#[derive(Debug, Clone)]
+pub struct Regrid {
+    /// Per attribute, `None` where both schemas agree, else the code of `to` per code of
+    /// `from`.
+    maps: Vec<Option<Vec<u32>>>,
+}
+
+impl Regrid {
+    /// The tables from `from`'s codes to `to`'s (schemas of the same attributes in the same
+    /// order). Errors: a decoded midpoint that `to` refuses.
+    pub fn new(from: &Schema, to: &Schema) -> Result<Self, RecordError> {
+        let mut rng = <rand_chacha::ChaCha12Rng as rand::SeedableRng>::seed_from_u64(0);
+        let maps = from
+            .attributes()
+            .iter()
+            .zip(to.attributes())
+            .map(|(fa, ta)| {
+                if fa == ta {
+                    return Ok(None);
+                }
+                (0..fa.domain_size() as u32)
+                    .map(|c| {
+                        let v = match fa.decode(c, NumericDecoding::Midpoint, &mut rng) {
+                            DecodedValue::Number(x) => Value::Number(x),
+                            DecodedValue::Label(l) => Value::Text(l),
+                            DecodedValue::Missing => Value::Missing,
+                        };
+                        ta.encode_value(&v)
+                    })
+                    .collect::<Result<Vec<u32>, _>>()
+                    .map(Some)
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self { maps })
+    }
+
+    /// `row` (codes of `from`) in the codes of `to`. Panics if a code is outside `from`'s
+    /// domain.
+    pub fn row<'a>(&'a self, row: &'a [u32]) -> impl Iterator<Item = u32> + 'a {
+        row.iter().zip(&self.maps).map(|(&c, m)| match m {
+            None => c,
+            Some(m) => m[c as usize],
+        })
+    }
 }
 
 #[cfg(test)]
@@ -540,6 +588,28 @@ mod tests {
         let all = MarginalCounts::of_population(&narrow, 3);
         let scored = MarginalCounts::for_scoring(&narrow, 3);
         assert_eq!((scored.subsets, scored.counts), (all.subsets, all.counts));
+    }
+
+    /// A resampled population counted from its distinct records and their multiplicities
+    /// gives the counts of its rows one by one.
+    #[test]
+    fn weighted_counts_equal_counting_every_row() {
+        let rows = (0..50u32).map(|i| vec![i % 3, (i / 3) % 4, i % 2]);
+        let records = Population::from_rows(vec![3, 4, 2], rows).unwrap();
+        let order = records.resample_order(1_000, 9);
+        let people = records.select(&order);
+        let mut multiplicity = vec![0u64; records.len()];
+        order.iter().for_each(|&i| multiplicity[i as usize] += 1);
+        for k in 1..=3 {
+            let mut weighted = MarginalCounts::scoring(records.dims(), k);
+            for (row, &m) in records.rows().zip(&multiplicity) {
+                weighted.add_weighted(row, m);
+            }
+            let direct = MarginalCounts::for_scoring(&people, k);
+            assert_eq!(weighted.rows, 1_000);
+            assert_eq!(weighted.counts, direct.counts, "k = {k}");
+        }
+        assert_eq!(people, records.resample(1_000, 9));
     }
 
     /// Exact values on small columns: a shift by 10 moves W1 by 10/(max − min); a point

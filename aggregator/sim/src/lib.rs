@@ -131,13 +131,29 @@ impl Population {
         &self.codes
     }
 
-    /// `n` records drawn uniformly with replacement (seeded).
+    /// `n` records drawn uniformly with replacement (seeded): [`Population::resample_order`].
     pub fn resample(&self, n: usize, seed: u64) -> Population {
+        self.select(&self.resample_order(n, seed))
+    }
+
+    /// The rows of `n` records drawn uniformly with replacement (seeded), in draw order:
+    /// `resample(n, seed)` is `select(&resample_order(n, seed))`, in 4 bytes per record.
+    /// Panics if the population is empty or holds 2³² records or more.
+    pub fn resample_order(&self, n: usize, seed: u64) -> Vec<u32> {
         let mut rng = ChaCha12Rng::seed_from_u64(seed);
-        let m = self.len();
-        let mut codes = Vec::with_capacity(n * self.d());
-        for _ in 0..n {
-            codes.extend_from_slice(self.row(rng.random_range(0..m)));
+        let m = u32::try_from(self.len()).expect("fewer than 2³² records");
+        assert!(m > 0, "resampling needs a record");
+        (0..n)
+            .map(|_| rng.random_range(0..m as usize) as u32)
+            .collect()
+    }
+
+    /// The records at `order` (row indices, repeats allowed), in that order. Panics if an
+    /// index is out of range.
+    pub fn select(&self, order: &[u32]) -> Population {
+        let mut codes = Vec::with_capacity(order.len() * self.d());
+        for &i in order {
+            codes.extend_from_slice(self.row(i as usize));
         }
         Population {
             dims: self.dims.clone(),
@@ -147,20 +163,20 @@ impl Population {
 
     /// The records in a seeded random order (arrival order of simulated users).
     pub fn shuffled(&self, seed: u64) -> Population {
+        self.select(&self.shuffled_order(seed))
+    }
+
+    /// The row order of [`Population::shuffled`]. Panics as [`Population::resample_order`].
+    pub fn shuffled_order(&self, seed: u64) -> Vec<u32> {
         let mut rng = ChaCha12Rng::seed_from_u64(seed);
-        let mut idx: Vec<usize> = (0..self.len()).collect();
+        let m = u32::try_from(self.len()).expect("fewer than 2³² records");
+        let mut idx: Vec<u32> = (0..m).collect();
         for i in (1..idx.len()).rev() {
             idx.swap(i, rng.random_range(0..=i));
         }
-        let mut codes = Vec::with_capacity(self.codes.len());
-        for i in idx {
-            codes.extend_from_slice(self.row(i));
-        }
-        Population {
-            dims: self.dims.clone(),
-            codes,
-        }
+        idx
     }
+
     /// The records with only attributes `keep` (in that order). Panics if an index is out of
     /// range.
     pub fn columns(&self, keep: &[usize]) -> Population {
@@ -182,28 +198,28 @@ impl Population {
     /// zones), between `shuffled` (no drift) and a file sorted by the column.
     /// Panics if `column ≥ d`.
     pub fn drifted(&self, column: usize, seed: u64) -> Population {
+        self.select(&self.drifted_order(column, seed))
+    }
+
+    /// The row order of [`Population::drifted`]. Panics as [`Population::drifted`] and
+    /// [`Population::resample_order`].
+    pub fn drifted_order(&self, column: usize, seed: u64) -> Vec<u32> {
         let k = self.dims[column] as f64;
         let mut rng = ChaCha12Rng::seed_from_u64(seed);
         let normal = rand_distr::Normal::new(0.0, DRIFT_NOISE).expect("a finite deviation");
-        let mut keyed: Vec<(f64, usize)> = (0..self.len())
+        u32::try_from(self.len()).expect("fewer than 2³² records");
+        let mut keyed: Vec<(f64, u32)> = (0..self.len())
             .map(|i| {
                 let c = f64::from(self.row(i)[column]);
                 let u: f64 = rng.random();
                 (
                     (c + u) / k + rand_distr::Distribution::sample(&normal, &mut rng),
-                    i,
+                    i as u32,
                 )
             })
             .collect();
         keyed.sort_by(|x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
-        let mut codes = Vec::with_capacity(self.codes.len());
-        for (_, i) in keyed {
-            codes.extend_from_slice(self.row(i));
-        }
-        Population {
-            dims: self.dims.clone(),
-            codes,
-        }
+        keyed.into_iter().map(|(_, i)| i).collect()
     }
 }
 
@@ -240,49 +256,103 @@ pub struct NumericColumn {
 /// Loads a CSV file with a header row through `schema`; rows the schema rejects are skipped
 /// and counted. Errors: the file cannot be read, or the header lacks an attribute.
 pub fn load_csv(path: &Path, schema: &Schema) -> Result<LoadedCsv, SimError> {
-    let mut reader = csv::ReaderBuilder::new().flexible(true).from_path(path)?;
-    let header: Vec<String> = reader.headers()?.iter().map(str::to_owned).collect();
-    let encoder = schema.csv_encoder(&header)?;
-    // (column, bounds, values) of every numeric attribute; the encoder checked the header.
-    let mut numeric: Vec<(usize, usize, f64, f64, Vec<f64>)> = schema
+    let mut codes = Vec::new();
+    let mut numeric: Vec<NumericColumn> = numeric_attributes(schema)
+        .map(|attribute| NumericColumn {
+            attribute,
+            values: Vec::new(),
+        })
+        .collect();
+    let read = read_csv(path, schema, |row, values| {
+        codes.extend_from_slice(row);
+        for (column, value) in numeric.iter_mut().zip(values) {
+            column.values.extend(*value);
+        }
+    })?;
+    Ok(LoadedCsv {
+        population: Population::new(schema.domain_sizes(), codes)?,
+        total_rows: read.total_rows,
+        rejected_rows: read.rejected_rows,
+        numeric,
+    })
+}
+
+/// The indices of `schema`'s numeric attributes, in schema order.
+pub fn numeric_attributes(schema: &Schema) -> impl Iterator<Item = usize> + '_ {
+    schema
         .attributes()
         .iter()
         .enumerate()
-        .filter_map(|(a, attr)| match attr.kind {
-            AttributeKind::Numeric { min, max, .. } => {
-                let col = header.iter().position(|h| h.trim() == attr.name)?;
-                Some((a, col, min, max, Vec::new()))
-            }
-            AttributeKind::Categorical { .. } => None,
+        .filter(|(_, a)| matches!(a.kind, AttributeKind::Numeric { .. }))
+        .map(|(i, _)| i)
+}
+
+/// How many rows [`read_csv`] read and how many the schema rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CsvRead {
+    /// Data rows read.
+    pub total_rows: usize,
+    /// Rows the schema rejected (skipped).
+    pub rejected_rows: usize,
+}
+
+/// Reads a CSV file with a header row through `schema`, one row at a time, in constant
+/// memory: `visit(codes, values)` gets every accepted row's codes (one per attribute) and the
+/// raw values of its numeric attributes (in [`numeric_attributes`] order; clamped to the
+/// attribute's bounds as the encoder does; `None` where missing or not a number). Errors: the
+/// file cannot be read, or the header lacks an attribute.
+pub fn read_csv(
+    path: &Path,
+    schema: &Schema,
+    visit: impl FnMut(&[u32], &[Option<f64>]),
+) -> Result<CsvRead, SimError> {
+    let file = std::fs::File::open(path).map_err(csv::Error::from)?;
+    read_csv_from(file, schema, visit)
+}
+
+/// [`read_csv`] from any reader of CSV bytes (e.g. a download as it arrives).
+pub fn read_csv_from(
+    input: impl std::io::Read,
+    schema: &Schema,
+    mut visit: impl FnMut(&[u32], &[Option<f64>]),
+) -> Result<CsvRead, SimError> {
+    let mut reader = csv::ReaderBuilder::new().flexible(true).from_reader(input);
+    let header: Vec<String> = reader.headers()?.iter().map(str::to_owned).collect();
+    let encoder = schema.csv_encoder(&header)?;
+    // (column, bounds) of every numeric attribute; the encoder checked the header.
+    let numeric: Vec<(Option<usize>, f64, f64)> = numeric_attributes(schema)
+        .map(|a| {
+            let attr = &schema.attributes()[a];
+            let AttributeKind::Numeric { min, max, .. } = attr.kind else {
+                unreachable!("numeric_attributes yields numeric attributes")
+            };
+            let col = header.iter().position(|h| h.trim() == attr.name);
+            (col, min, max)
         })
         .collect();
-    let mut codes = Vec::new();
-    let (mut total, mut rejected) = (0, 0);
-    for record in reader.records() {
-        let record = record?;
-        total += 1;
+    let mut values = vec![None; numeric.len()];
+    let mut record = csv::StringRecord::new();
+    let mut read = CsvRead {
+        total_rows: 0,
+        rejected_rows: 0,
+    };
+    while reader.read_record(&mut record)? {
+        read.total_rows += 1;
         let fields: Vec<&str> = record.iter().collect();
         match encoder.encode(&fields) {
             Ok(r) => {
-                codes.extend_from_slice(r.codes());
-                for (_, col, min, max, values) in &mut numeric {
-                    if let Some(x) = fields.get(*col).and_then(|f| f.trim().parse::<f64>().ok()) {
-                        values.push(x.clamp(*min, *max));
-                    }
+                for (v, (col, min, max)) in values.iter_mut().zip(&numeric) {
+                    *v = col
+                        .and_then(|c| fields.get(c))
+                        .and_then(|f| f.trim().parse::<f64>().ok())
+                        .map(|x| x.clamp(*min, *max));
                 }
+                visit(r.codes(), &values);
             }
-            Err(_) => rejected += 1,
+            Err(_) => read.rejected_rows += 1,
         }
     }
-    Ok(LoadedCsv {
-        population: Population::new(schema.domain_sizes(), codes)?,
-        total_rows: total,
-        rejected_rows: rejected,
-        numeric: numeric
-            .into_iter()
-            .map(|(attribute, _, _, _, values)| NumericColumn { attribute, values })
-            .collect(),
-    })
+    Ok(read)
 }
 
 #[cfg(test)]

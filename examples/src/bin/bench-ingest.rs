@@ -17,7 +17,9 @@
 //! `loadgen`'s load ([`ldpsyn_examples::load`]) against each server in turn for `--seconds`
 //! and records the accepted reports per second and the server process's CPU time per
 //! accepted report (utime + stime from `/proc/<pid>/stat`; PostgreSQL's own backends are not
-//! counted). Load generator and servers share the machine's cores.
+//! counted). With `--postgres-url` it also runs two `serve` processes on that one database,
+//! the workers alternating between them (issue 34 item 6). Load generator and servers share
+//! the machine's cores.
 
 use std::fmt::Write as _;
 use std::net::TcpListener;
@@ -153,12 +155,17 @@ async fn get_json(http: &reqwest::Client, url: String) -> anyhow::Result<Value> 
         .await?)
 }
 
-/// One server under load in the benchmark.
+/// One server under load in the benchmark: one process, or two `serve` processes on one
+/// PostgreSQL database sharing the load (workers alternate between them). The processes
+/// themselves are kept alive (and killed at the end) by `main`.
 struct Target {
-    proc: Proc,
+    /// Base URLs of its processes.
+    bases: Vec<String>,
+    /// Their process ids (CPU time is summed over them).
+    pids: Vec<u32>,
     /// `serve` or `echo`.
     server: &'static str,
-    /// `sqlite`, `postgres`, or for the echo `none`.
+    /// `sqlite`, `postgres`, `postgres-2` (two processes), or for the echo `none`.
     database: &'static str,
     collection: Uuid,
     config: Arc<CollectionConfig>,
@@ -284,6 +291,15 @@ fn loadavg() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
+fn database_name(database: &str) -> &'static str {
+    match database {
+        "sqlite" => "SQLite",
+        "postgres" => "PostgreSQL",
+        "postgres-2" => "PostgreSQL, 2 processes",
+        _ => "none",
+    }
+}
+
 fn mode_name(mode: Mode) -> &'static str {
     match mode {
         Mode::Single => "single",
@@ -392,7 +408,8 @@ async fn main() -> anyhow::Result<()> {
             spawn_serve(&aggregator, "serve (PostgreSQL)", url, None)?,
         ));
     }
-    let mut targets = Vec::new();
+    let mut targets: Vec<Target> = Vec::new();
+    let mut alive: Vec<Proc> = Vec::new();
     let mut captured = None;
     for (database, mut proc) in serves {
         wait_healthy(&http, &mut proc).await?;
@@ -407,13 +424,45 @@ async fn main() -> anyhow::Result<()> {
             captured = Some((id, view.clone(), tasks));
         }
         targets.push(Target {
-            proc,
+            bases: vec![proc.base.clone()],
+            pids: vec![proc.child.id()],
             server: "serve",
             database,
             collection: id,
             limits: published_limits(&view).context("upload_limits")?,
             config: Arc::new(serde_json::from_value(view)?),
         });
+        alive.push(proc);
+    }
+    if let Some(url) = &args.postgres_url {
+        // A second process on the same database joins the first on its collection: what an
+        // operator gets by starting another `serve` behind a load balancer.
+        let mut second = spawn_serve(&aggregator, "second serve (PostgreSQL)", url, None)?;
+        wait_healthy(&http, &mut second).await?;
+        let first = targets
+            .iter()
+            .position(|t| t.database == "postgres")
+            .context("the PostgreSQL serve")?;
+        let view = get_json(
+            &http,
+            format!(
+                "{}/v1/collections/{}",
+                second.base, targets[first].collection
+            ),
+        )
+        .await
+        .context("the second process reading the first's collection")?;
+        let twin = Target {
+            bases: vec![targets[first].bases[0].clone(), second.base.clone()],
+            pids: vec![targets[first].pids[0], second.child.id()],
+            server: "serve",
+            database: "postgres-2",
+            collection: targets[first].collection,
+            limits: published_limits(&view).context("upload_limits")?,
+            config: Arc::new(serde_json::from_value(view)?),
+        };
+        targets.push(twin);
+        alive.push(second);
     }
     let (id, view, tasks) = captured.context("the SQLite serve's collection")?;
     let echo_dir = tempfile::tempdir()?;
@@ -438,11 +487,12 @@ async fn main() -> anyhow::Result<()> {
         _dir: Some(echo_dir),
     };
     wait_healthy(&http, &mut echo_proc).await?;
-    // Echo second: each round goes SQLite serve, echo, PostgreSQL serve.
+    // Echo second: each round goes SQLite serve, echo, PostgreSQL serve, two PostgreSQL serves.
     targets.insert(
         1,
         Target {
-            proc: echo_proc,
+            bases: vec![echo_proc.base.clone()],
+            pids: vec![echo_proc.child.id()],
             server: "echo",
             database: "none",
             collection: id,
@@ -450,6 +500,7 @@ async fn main() -> anyhow::Result<()> {
             config: Arc::new(serde_json::from_value(view)?),
         },
     );
+    alive.push(echo_proc);
 
     let load_before = loadavg();
     let mut runs = Vec::new();
@@ -460,12 +511,13 @@ async fn main() -> anyhow::Result<()> {
                     Mode::Single => args.single_concurrency,
                     Mode::Batch => args.batch_concurrency,
                 };
-                let pid = t.proc.child.id().to_string();
-                let (cpu0, own0) = (cpu_seconds(&pid), cpu_seconds("self"));
+                let pids: Vec<String> = t.pids.iter().map(u32::to_string).collect();
+                let server_cpu = || -> Option<f64> { pids.iter().map(|p| cpu_seconds(p)).sum() };
+                let (cpu0, own0) = (server_cpu(), cpu_seconds("self"));
                 let outcome = load::run(
                     &http,
                     Load {
-                        base: t.proc.base.clone(),
+                        bases: t.bases.clone(),
                         collection: t.collection,
                         config: t.config.clone(),
                         limits: t.limits,
@@ -477,7 +529,7 @@ async fn main() -> anyhow::Result<()> {
                     round as u64 * 1000,
                 )
                 .await;
-                let server_cpu = cpu_seconds(&pid).zip(cpu0).map_or(f64::NAN, |(a, b)| a - b);
+                let server_cpu = server_cpu().zip(cpu0).map_or(f64::NAN, |(a, b)| a - b);
                 let own_cpu = cpu_seconds("self")
                     .zip(own0)
                     .map_or(f64::NAN, |(a, b)| a - b);
@@ -568,7 +620,9 @@ async fn main() -> anyhow::Result<()> {
          workers. The echo parses the same uploads and answers `accepted` without validating or \
          storing anything. Reports/s are accepted reports per second of wall time (task fetches \
          included); CPU per report is the server process's utime + stime over the run divided \
-         by the reports it accepted (PostgreSQL's own processes not counted). Ranges are over \
+         by the reports it accepted (summed over both processes for two; PostgreSQL's own \
+         processes not counted). Two processes: a second `serve` on the same PostgreSQL \
+         database joins the first on its collection, and the workers alternate between them. Ranges are over \
          rounds; the ratio compares each round's `serve` with the echo of the same round.\n",
         args.seconds,
         args.rounds,
@@ -585,11 +639,7 @@ async fn main() -> anyhow::Result<()> {
         writeln!(
             md,
             "| {} | {} | {} | {} | {} | {} µs | {} µs |",
-            if s.database == "sqlite" {
-                "SQLite"
-            } else {
-                "PostgreSQL"
-            },
+            database_name(s.database),
             mode_name(s.mode),
             s.serve_reports_per_s.show(0),
             s.echo_reports_per_s.show(0),

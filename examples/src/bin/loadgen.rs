@@ -95,7 +95,7 @@ async fn main() -> anyhow::Result<()> {
     let outcome = load::run(
         &http,
         Load {
-            base: base.clone(),
+            bases: vec![base.clone()],
             collection: id,
             config,
             limits,

@@ -14,7 +14,8 @@
 //! CPU seconds (the process's, which another load on the machine disturbs less than wall
 //! time; the finalize is single-threaded), and the median wall seconds per million clique
 //! cells. `generated-N` is `BayesNet::random(N, Sparse, 7)` with
-//! 200,000 people (a random forest of 2–6-valued attributes). Figures, not a test: nothing is
+//! 200,000 people (a random forest of 2–6-valued attributes); `dense-N` the same with
+//! `Dense` (a hidden class every attribute copies: every pair depends). Figures, not a test: nothing is
 //! asserted; compare runs of the same build on the same machine.
 
 use std::path::PathBuf;
@@ -35,7 +36,8 @@ struct Args {
     /// Folder of the suite's data sets (`NAME/NAME.csv`, `NAME/NAME-schema.json`).
     #[arg(long, default_value = "../shared/datasets")]
     shared: PathBuf,
-    /// Data sets: suite names, or `generated-N` for a random N-attribute network.
+    /// Data sets: suite names, or `generated-N` (`dense-N`) for a random sparse (dense)
+    /// N-attribute network.
     #[arg(
         long,
         value_delimiter = ',',
@@ -63,10 +65,16 @@ struct Args {
 const GENERATED_PEOPLE: usize = 200_000;
 
 fn population(args: &Args, name: &str) -> Result<Population, Error> {
-    if let Some(d) = name.strip_prefix("generated-") {
-        let d: usize = d.parse().map_err(|_| format!("bad data set {name}"))?;
-        let net = BayesNet::random(d, Dependence::Sparse, 7);
-        return Ok(net.sample(GENERATED_PEOPLE, 11));
+    let generated = [
+        ("generated-", Dependence::Sparse),
+        ("dense-", Dependence::Dense),
+    ];
+    for (prefix, dependence) in generated {
+        if let Some(d) = name.strip_prefix(prefix) {
+            let d: usize = d.parse().map_err(|_| format!("bad data set {name}"))?;
+            let net = BayesNet::random(d, dependence, 7);
+            return Ok(net.sample(GENERATED_PEOPLE, 11));
+        }
     }
     let dir = args.shared.join(name);
     let schema: Schema = serde_json::from_str(

@@ -765,7 +765,7 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
     // every person lands in the same round with the same task on every run, while the
     // uploads stay concurrent.
     let t = Instant::now();
-    let population = Arc::new(input.people);
+    let people = Arc::new(input.people);
     let bar = progress(n as u64, "upload", cfg.quiet);
     let accepted = Arc::new(AtomicU64::new(0));
     // Every person's outcome, counted as `devices` counts its rows.
@@ -778,7 +778,7 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
     let mut local_models = std::collections::BTreeMap::new();
     if parties.is_some() {
         let (uploaded, models) =
-            upload_parties(&base, collection, &created, &population, cfg.seed, &bar).await?;
+            upload_parties(&base, collection, &created, &people, cfg.seed, &bar).await?;
         accepted.fetch_add(uploaded, Ordering::Relaxed);
         local_models = models;
     }
@@ -791,8 +791,8 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
     let aborted = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut workers = Vec::new();
     for _ in 0..streams {
-        let (population, bar, accepted, base, http) = (
-            population.clone(),
+        let (people, bar, accepted, base, http) = (
+            people.clone(),
             bar.clone(),
             accepted.clone(),
             base.clone(),
@@ -814,7 +814,7 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
                         .map_err(|e| DemoError::Http(e.to_string()))?;
                 loop {
                     let mut turn = schedule.lock().await;
-                    if turn.next >= population.len() {
+                    if turn.next >= people.len() {
                         return Ok::<(), DemoError>(());
                     }
                     if turn.round_left == Some(0) {
@@ -830,7 +830,7 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
                         turn.round_left = round_left(&http, &base, collection).await?;
                     }
                     let size = CHUNK
-                        .min(population.len() - turn.next)
+                        .min(people.len() - turn.next)
                         .min(turn.round_left.map_or(usize::MAX, |l| l as usize));
                     let first = turn.next;
                     turn.next += size;
@@ -838,11 +838,11 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
                     if let Some(left) = &mut turn.round_left {
                         *left -= size as u64;
                     }
-                    let mut people: Vec<SimulatedPerson<MemoryLedger>> = (first..first + size)
+                    let mut chunk: Vec<SimulatedPerson<MemoryLedger>> = (first..first + size)
                         .map(|i| {
                             Ok(SimulatedPerson {
                                 record: schema
-                                    .encoded(population.row(i).to_vec())
+                                    .encoded(people.row(i).to_vec())
                                     .map_err(|e| DemoError::Input(e.to_string()))?,
                                 ledger: MemoryLedger::default(),
                             })
@@ -850,12 +850,12 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
                         .collect::<Result<_, DemoError>>()?;
                     client.reseed(chunk_seed(seed, first));
                     let prepared = client
-                        .prepare_batch(&mut people)
+                        .prepare_batch(&mut chunk)
                         .await
                         .map_err(|e| DemoError::Http(e.to_string()))?;
                     drop(turn);
                     let results = client
-                        .send_batch(&mut people, prepared)
+                        .send_batch(&mut chunk, prepared)
                         .await
                         .map_err(|e| DemoError::Http(e.to_string()))?;
                     let ok = results.iter().filter(|r| r.is_ok()).count() as u64;
@@ -982,10 +982,10 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
     let t = Instant::now();
     let mut real = scored();
     let mut binned: Vec<u32> = Vec::with_capacity(d);
-    for (i, m) in population.multiplicities().into_iter().enumerate() {
+    for (i, m) in people.multiplicities().into_iter().enumerate() {
         if m > 0 {
             binned.clear();
-            binned.extend(to_grid.row(population.records.row(i)));
+            binned.extend(to_grid.row(people.records.row(i)));
             real.iter_mut().for_each(|c| c.add_weighted(&binned, m));
         }
     }
@@ -1138,7 +1138,7 @@ async fn upload_parties(
     base: &str,
     collection: Uuid,
     created: &serde_json::Value,
-    population: &People,
+    people: &People,
     seed: u64,
     bar: &ProgressBar,
 ) -> Result<(u64, std::collections::BTreeMap<String, usize>), DemoError> {
@@ -1152,7 +1152,7 @@ async fn upload_parties(
     let tokens = created["party_tokens"]
         .as_object()
         .ok_or_else(|| DemoError::Service("create answered no party tokens".into()))?;
-    bar.set_length((population.len() * tokens.len()) as u64);
+    bar.set_length((people.len() * tokens.len()) as u64);
     let mut accepted = 0;
     let mut models = std::collections::BTreeMap::new();
     for (p, (party, token)) in tokens.iter().enumerate() {
@@ -1169,13 +1169,13 @@ async fn upload_parties(
         );
         let attrs = client.randomizer().attributes().to_vec();
         let sketched = client.randomizer().encoding().is_sketch();
-        let ids: Vec<usize> = (0..population.len()).collect();
+        let ids: Vec<usize> = (0..people.len()).collect();
         // Under `sketch+locmrf` no party uploads records.
         for chunk in ids.chunks(5_000).filter(|_| !sketched) {
             let records = chunk
                 .iter()
                 .map(|&i| {
-                    let row = population.row(i);
+                    let row = people.row(i);
                     let codes: Vec<u32> = attrs.iter().map(|&a| row[a]).collect();
                     client
                         .randomizer()
@@ -1191,9 +1191,9 @@ async fn upload_parties(
             bar.inc(chunk.len() as u64);
         }
         if client.randomizer().party().locmrf.is_some() {
-            let codes: Vec<u32> = (0..population.len())
+            let codes: Vec<u32> = (0..people.len())
                 .flat_map(|i| {
-                    let row = population.row(i);
+                    let row = people.row(i);
                     attrs.iter().map(move |&a| row[a])
                 })
                 .collect();
@@ -1236,7 +1236,7 @@ async fn upload_parties(
                 )
                 .await
                 .map_err(|e| DemoError::Http(format!("party `{party}`: {e}")))?;
-                bar.inc(population.len() as u64);
+                bar.inc(people.len() as u64);
             }
         }
     }

@@ -39,9 +39,9 @@ use crate::sim::{
 /// 1-D range queries per numeric attribute in the report.
 const RANGE_QUERIES: usize = 1000;
 
-/// Synthetic rows whose numeric values the raw-value fidelity reads (a uniform sample of
-/// the download when it has more): their sort, not the binned counts, is what grows with
-/// rows.
+/// Synthetic rows whose numeric values the raw-value fidelity reads, a seeded uniform sample
+/// when the download has more (those scores keep and sort the values; the binned TVDs count
+/// every row).
 const NUMERIC_SAMPLE_ROWS: usize = 1_000_000;
 
 /// A uniform sample of at most `cap` rows' numeric values, seeded (reservoir sampling,
@@ -317,7 +317,8 @@ pub struct DemoReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub composed_delta: Option<f64>,
     /// Raw-value fidelity of every numeric attribute of `--data` (KS, W1/(max − min), 1-D
-    /// range queries, the real mode's share), against the file's kept rows.
+    /// range queries, the real mode's share), against the file's kept rows; read from a
+    /// seeded uniform sample of at most 1,000,000 synthetic rows.
     pub numeric: Vec<NumericFidelity>,
     /// The learned dependency graph, as pairs of attribute names.
     pub edges: Vec<[String; 2]>,
@@ -339,7 +340,9 @@ pub struct DemoReport {
     pub reports_accepted: u64,
     /// Wall-clock seconds, total.
     pub seconds_total: f64,
-    /// Wall-clock seconds per phase.
+    /// Wall-clock seconds per phase: `load`, `start`, `upload`, `finalize`, `download` (which
+    /// includes reading the rows back and counting them as they arrive) and `evaluate` (what
+    /// is left after the last byte).
     pub seconds_by_phase: std::collections::BTreeMap<String, f64>,
     /// Peak resident memory of this process (the aggregator runs in it), bytes.
     pub peak_rss_bytes: u64,
@@ -887,7 +890,7 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
         eprintln!("warning: simulated reports not accepted:\n{}", t.summary());
     }
 
-    // 4. Finalize, download the synthetic table over HTTP.
+    // 4. Finalize.
     let t = Instant::now();
     let spinner = progress(1, "finalize", cfg.quiet);
     let finalized = send_json(

@@ -138,11 +138,11 @@ impl Population {
 
     /// The rows of `n` records drawn uniformly with replacement (seeded), in draw order:
     /// `resample(n, seed)` is `select(&resample_order(n, seed))`, in 4 bytes per record.
-    /// Panics if the population is empty or holds 2³² records or more.
+    /// Panics if `n > 0` and the population is empty, or if it holds 2³² records or more.
     pub fn resample_order(&self, n: usize, seed: u64) -> Vec<u32> {
         let mut rng = ChaCha12Rng::seed_from_u64(seed);
         let m = u32::try_from(self.len()).expect("fewer than 2³² records");
-        assert!(m > 0, "resampling needs a record");
+        assert!(m > 0 || n == 0, "resampling needs a record");
         (0..n)
             .map(|_| rng.random_range(0..m as usize) as u32)
             .collect()
@@ -166,7 +166,8 @@ impl Population {
         self.select(&self.shuffled_order(seed))
     }
 
-    /// The row order of [`Population::shuffled`]. Panics as [`Population::resample_order`].
+    /// The row order of [`Population::shuffled`]. Panics if the population holds 2³²
+    /// records or more.
     pub fn shuffled_order(&self, seed: u64) -> Vec<u32> {
         let mut rng = ChaCha12Rng::seed_from_u64(seed);
         let m = u32::try_from(self.len()).expect("fewer than 2³² records");

@@ -26,6 +26,7 @@ const TABLES: &[(&str, &str)] = &[
     ("vertical_records", "collection_id"),
     ("table_counts", "collection_id"),
     ("table_counts_ready", "collection_id"),
+    ("count_deltas", "collection_id"),
     ("round_counts", "collection_id"),
 ];
 

@@ -17,7 +17,7 @@
 //! every collection go on while it runs ([`CollectionHandle::ensure_model`]).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
@@ -73,6 +73,12 @@ impl IngestError {
 
 /// Most reports written in one transaction.
 const MAX_GROUP_REPORTS: usize = 16_384;
+
+/// A collection's group commits per fold of its count deltas ([`CollectionHandle::fold_due`]).
+/// Each commit between folds appends one row; a fold upserts every cell the deltas touched
+/// (at most the collection's cells), once instead of once per commit. Reads (startup, a round
+/// close on PostgreSQL) parse at most this many rows per process beyond the counts.
+const FOLD_EVERY: u32 = 256;
 
 /// Which holds the truth of a collection's state, tables and round counts: chosen once at
 /// startup ([`Authority::for_datastore`]), outside storage, and handed to ingest with the
@@ -236,6 +242,9 @@ pub struct CollectionHandle {
     deleted: AtomicBool,
     /// The model refitted from the reports so far, while collecting ([`super::provisional`]).
     provisional: ProvisionalCache,
+    /// Group commits of this collection by this process since its last fold of the count
+    /// deltas ([`CollectionHandle::fold_due`]).
+    deltas_since_fold: AtomicU32,
 }
 
 impl CollectionHandle {
@@ -274,7 +283,19 @@ impl CollectionHandle {
             sampler_builds,
             deleted: AtomicBool::new(false),
             provisional: ProvisionalCache::default(),
+            deltas_since_fold: AtomicU32::new(0),
         }
+    }
+
+    /// Whether the group commit being written folds this collection's count deltas into its
+    /// table counts ([`Transaction::fold_count_deltas`]): every [`FOLD_EVERY`]th commit of it
+    /// by this process; the others append their delta ([`Transaction::add_count_delta`]).
+    fn fold_due(&self) -> bool {
+        let n = self.deltas_since_fold.fetch_add(1, Relaxed) + 1;
+        if n >= FOLD_EVERY {
+            self.deltas_since_fold.store(0, Relaxed);
+        }
+        n >= FOLD_EVERY
     }
 
     /// Whether this collection stops at `target_users`: it refuses reports past the target
@@ -1162,7 +1183,11 @@ async fn write_group(
     }
     let mut due = Vec::new();
     for (id, (handle, rounds, delta)) in &per {
-        tx.add_table_counts(*id, delta).await?;
+        if handle.fold_due() {
+            tx.fold_count_deltas(&handle.engine, *id, delta).await?;
+        } else {
+            tx.add_count_delta(*id, delta).await?;
+        }
         let mut counts: BTreeMap<u32, u64> = BTreeMap::new();
         for (&round, &n) in rounds {
             let total = tx.bump_round_count(*id, round, n).await?;

@@ -260,11 +260,19 @@ async fn delete_leaves_nothing(url: &str) {
     )
     .await;
     assert_eq!(status, 200, "{fin}");
+    // Finalize folded `gone`'s count deltas into its table counts; `also_gone` keeps its.
     for (table, count) in rows_of(url, gone).await {
-        if table != "vertical_records" {
+        if table == "count_deltas" {
+            assert_eq!(count, 0, "finalize folds the count deltas");
+        } else if table != "vertical_records" {
             assert!(count > 0, "{table}: the test should store rows of it");
         }
     }
+    let open_rows = rows_of(url, also_gone).await;
+    assert!(
+        open_rows.iter().any(|&(t, n)| t == "count_deltas" && n > 0),
+        "{open_rows:?}"
+    );
 
     let (status, _, answer) = admin(
         &http,

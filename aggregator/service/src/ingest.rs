@@ -1093,6 +1093,28 @@ async fn write_group(
             tx.lock_collection(*id).await?;
         }
     }
+    // Whether this commit folds a collection's count deltas, decided once per collection.
+    let mut folds: BTreeMap<Uuid, bool> = BTreeMap::new();
+    // The usual group: all of one collection, open and not capped. Unless this commit folds
+    // its deltas, it is stored in one round trip (SQLite), or the path below stores it.
+    if capped.is_empty() && open.len() == to_insert.len() && gates.len() == 1 {
+        let handle = handle_of(0);
+        if !*folds.entry(handle.id).or_insert_with(|| handle.fold_due()) {
+            let all = vec![true; to_insert.len()];
+            let per = statistics(group, positions, &all)?;
+            let (_, rounds, delta) = &per[&handle.id];
+            if let Some(counts) = tx.append_group(handle.id, to_insert, delta, rounds).await? {
+                let due = Vec::from_iter(close_due(handle, &counts));
+                return Ok((
+                    all,
+                    vec![Outcome::Accepted; to_insert.len()],
+                    per.into_values().collect(),
+                    due,
+                    Vec::new(),
+                ));
+            }
+        }
+    }
     let open_reports: Vec<&NewReport> = open.iter().map(|&k| to_insert[k]).collect();
     let mut inserted = vec![false; to_insert.len()];
     for (&k, ok) in open.iter().zip(tx.insert_reports(&open_reports).await?) {
@@ -1160,12 +1182,39 @@ async fn write_group(
             };
         }
     }
-    // Accepted per collection and task round, with this group's statistics.
-    let mut per: BTreeMap<Uuid, PerCollection> = BTreeMap::new();
-    for (k, &(j, i)) in positions.iter().enumerate() {
-        if !inserted[k] {
-            continue;
+    let per = statistics(group, positions, &inserted)?;
+    let mut due = Vec::new();
+    for (id, (handle, rounds, delta)) in &per {
+        if *folds.entry(*id).or_insert_with(|| handle.fold_due()) {
+            tx.fold_count_deltas(&handle.engine, *id, delta).await?;
+        } else {
+            tx.add_count_delta(*id, delta).await?;
         }
+        let mut counts: BTreeMap<u32, u64> = BTreeMap::new();
+        for (&round, &n) in rounds {
+            let total = tx.bump_round_count(*id, round, n).await?;
+            counts.insert(round, total);
+        }
+        due.extend(close_due(handle, &counts));
+    }
+    Ok((
+        inserted,
+        classified,
+        per.into_values().collect(),
+        due,
+        reached,
+    ))
+}
+
+/// Per collection of `group`, the reports of `positions` that were `inserted`: accepted
+/// per task round, and their statistics.
+fn statistics(
+    group: &Group,
+    positions: &[(usize, usize)],
+    inserted: &[bool],
+) -> Result<BTreeMap<Uuid, PerCollection>, IngestError> {
+    let mut per: BTreeMap<Uuid, PerCollection> = BTreeMap::new();
+    for (&(j, i), _) in positions.iter().zip(inserted).filter(|(_, ok)| **ok) {
         let p = &group[j].0[i];
         let e = per
             .entry(p.handle.id)
@@ -1181,34 +1230,24 @@ async fn write_group(
         m.accumulate(&p.report.payload, stats)
             .map_err(|e| IngestError::Internal(e.to_string()))?;
     }
-    let mut due = Vec::new();
-    for (id, (handle, rounds, delta)) in &per {
-        if handle.fold_due() {
-            tx.fold_count_deltas(&handle.engine, *id, delta).await?;
-        } else {
-            tx.add_count_delta(*id, delta).await?;
-        }
-        let mut counts: BTreeMap<u32, u64> = BTreeMap::new();
-        for (&round, &n) in rounds {
-            let total = tx.bump_round_count(*id, round, n).await?;
-            counts.insert(round, total);
-        }
-        let state = handle.state();
-        let current = counts
-            .get(&state.round)
-            .copied()
-            .unwrap_or_else(|| handle.round_count(state.round));
-        if handle.engine.should_close(&state, current) {
-            due.push(handle.clone());
-        }
-    }
-    Ok((
-        inserted,
-        classified,
-        per.into_values().collect(),
-        due,
-        reached,
-    ))
+    Ok(per)
+}
+
+/// `handle` when its open round's quota is reached, by `counts` (the round counts a commit
+/// just wrote) or else this process's count: a close is due after the commit.
+fn close_due(
+    handle: &Arc<CollectionHandle>,
+    counts: &BTreeMap<u32, u64>,
+) -> Option<Arc<CollectionHandle>> {
+    let state = handle.state();
+    let current = counts
+        .get(&state.round)
+        .copied()
+        .unwrap_or_else(|| handle.round_count(state.round));
+    handle
+        .engine
+        .should_close(&state, current)
+        .then(|| handle.clone())
 }
 
 /// The refusal of an operator's close of round `round` of `state`, which has no reports.
@@ -1603,6 +1642,9 @@ async fn finalize(
                     }
                     handle.engine.mark_finalized(&mut state);
                     tx.set_finalized_at(handle.id, super::now_secs()).await?;
+                    // No report commits from here on: its statistics end in its table counts.
+                    tx.fold_count_deltas(&handle.engine, handle.id, &Tables::new())
+                        .await?;
                     tx.update_state(handle.id, &state).await?
                 } else {
                     tx.state(handle.id)

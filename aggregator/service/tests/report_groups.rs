@@ -3,7 +3,8 @@
 //! told apart from a second answer), in the same group as fresh reports that are stored;
 //! after a restart; and, on PostgreSQL (`LDPSYN_TEST_DATABASE_URL`), when two processes
 //! insert the same token at once. The group rows hold exactly the inserted reports: a scan of
-//! them equals the reduction of what was accepted.
+//! them equals the reduction of what was accepted. A whole group stored in one round trip
+//! (`append_group`) is stored whole or, on a replayed token, not at all.
 
 use ldpsyn::Epsilon;
 use ldpsyn::mechanism::{MechanismKind, SufficientStatistics};
@@ -224,4 +225,74 @@ async fn concurrent_replay_across_two_postgres_processes() {
     assert_eq!(scanned, reduce(&engine, &[&mine, &fresh, &fresh_too]));
     one.close().await;
     two.close().await;
+}
+
+/// A whole group in one round trip (`append_group`, SQLite): with every token new it stores
+/// the tokens, the group row, the count delta and the round counts, and returns the counts;
+/// with one token already stored it writes nothing at all and says so, and the
+/// statement-by-statement path then stores the fresh reports. On PostgreSQL it declines.
+async fn append_group_all_or_nothing(url: &str) {
+    let engine = engine();
+    let db = Datastore::connect(url, 2).await.unwrap();
+    let c = collection(&db).await;
+    let append = |reports: Vec<NewReport>, rounds: std::collections::BTreeMap<u32, u64>| {
+        let (db, engine) = (db.clone(), engine.clone());
+        async move {
+            let refs: Vec<&NewReport> = reports.iter().collect();
+            let delta = reduce(&engine, &refs);
+            let (refs, delta, rounds) = (&refs, &delta, &rounds);
+            db.run_tx(|tx| Box::pin(tx.append_group(c, refs, delta, rounds)))
+                .await
+                .unwrap()
+        }
+    };
+    let first: Vec<NewReport> = (0..6).map(|i| report(c, i, i)).collect();
+    let written = append(first.clone(), [(0, 4), (1, 2)].into()).await;
+    if url.starts_with("postgres") {
+        assert_eq!(
+            written, None,
+            "PostgreSQL writes a group statement by statement"
+        );
+        db.close().await;
+        return;
+    }
+    assert_eq!(written, Some([(0, 4), (1, 2)].into()));
+    let (_, scanned) = stored(&db, &engine, c, &first[0].nonce).await;
+    let refs: Vec<&NewReport> = first.iter().collect();
+    assert_eq!(scanned, reduce(&engine, &refs));
+    let tables = db.tables(&engine, c).await.unwrap();
+    assert_eq!(
+        tables, scanned,
+        "the count delta holds the group's statistics"
+    );
+
+    // A replayed token among fresh ones: nothing of the group is written.
+    let later: Vec<NewReport> = vec![report(c, 10, 0), first[3].clone(), report(c, 11, 1)];
+    assert_eq!(append(later.clone(), [(0, 3)].into()).await, None);
+    assert_eq!(db.count_reports(c).await.unwrap(), 6);
+    assert_eq!(db.tables(&engine, c).await.unwrap(), tables);
+    assert_eq!(db.round_counts(c).await.unwrap(), vec![(0, 4), (1, 2)]);
+    // The same reports statement by statement: the fresh ones are stored.
+    let refs: Vec<&NewReport> = later.iter().collect();
+    assert_eq!(insert(&db, &refs).await, vec![true, false, true]);
+    assert_eq!(db.count_reports(c).await.unwrap(), 8);
+
+    // A later group adds to the round counts.
+    let third: Vec<NewReport> = (20..23).map(|i| report(c, i, i)).collect();
+    assert_eq!(append(third, [(1, 3)].into()).await, Some([(1, 5)].into()));
+    db.close().await;
+}
+
+#[tokio::test]
+async fn append_group_all_or_nothing_sqlite() {
+    let scratch = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", scratch.path().join("a.db").display());
+    append_group_all_or_nothing(&url).await;
+}
+
+#[tokio::test]
+async fn append_group_declines_on_postgres() {
+    if let Some(url) = postgres_url("append_group_declines_on_postgres") {
+        append_group_all_or_nothing(&url).await;
+    }
 }

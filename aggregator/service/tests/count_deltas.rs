@@ -4,14 +4,18 @@
 //! deltas) equal a full scan of its stored reports; on PostgreSQL (`LDPSYN_TEST_DATABASE_URL`)
 //! also when two processes fold at once, and for a reader while a fold is uncommitted.
 
+mod common;
+
 use ldpsyn::Epsilon;
-use ldpsyn::mechanism::{MechanismKind, SufficientStatistics};
+use ldpsyn::mechanism::MechanismKind;
 use ldpsyn::wire::{Payload, Protocol};
 use ldpsyn_engine::{Engine, EngineOptions, TableKey, Tables};
-use ldpsyn_service::storage::{CollectionRow, Datastore, NewReport, StorageError};
+use ldpsyn_service::storage::{Datastore, NewReport, StorageError};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use uuid::Uuid;
+
+use common::{collection, postgres_url, reduce};
 
 /// Attributes of 3, 4 and 5 values, one-way and two-way GRR reports.
 fn engine() -> Engine {
@@ -48,31 +52,6 @@ fn report(c: Uuid, nonce: u32, rng: &mut StdRng) -> NewReport {
         },
         payload: Payload::Grr(rng.random_range(0..cells)),
     }
-}
-
-/// The statistics of `reports`.
-fn reduce(engine: &Engine, reports: &[NewReport]) -> Tables {
-    let mut t = Tables::new();
-    for r in reports {
-        let m = engine.mechanism(&r.key).unwrap();
-        let s = t
-            .entry(r.key.clone())
-            .or_insert_with(|| SufficientStatistics::new(&m));
-        m.accumulate(&r.payload, s).unwrap();
-    }
-    t
-}
-
-async fn collection(db: &Datastore) -> Uuid {
-    let id = Uuid::new_v4();
-    let row = CollectionRow {
-        id,
-        config: "{}".into(),
-        state: "{}".into(),
-        state_version: 0,
-    };
-    db.insert_collection(&row, 0).await.unwrap();
-    id
 }
 
 /// Commits `reports` of collection `c` as a group commit does: the reports, and their
@@ -148,23 +127,6 @@ async fn reads_equal_a_scan_sqlite() {
         let scratch = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", scratch.path().join("d.db").display());
         reads_equal_a_scan(&url, seed).await;
-    }
-}
-
-/// The PostgreSQL URL (`LDPSYN_TEST_DATABASE_URL`), or `None` after a `SKIPPED` line when
-/// `LDPSYN_ALLOW_MISSING_SERVICES=1` allows running without it (else the test fails).
-fn postgres_url(test: &str) -> Option<String> {
-    match std::env::var("LDPSYN_TEST_DATABASE_URL") {
-        Ok(u) if !u.is_empty() => Some(u),
-        _ => {
-            assert!(
-                std::env::var("LDPSYN_ALLOW_MISSING_SERVICES").as_deref() == Ok("1"),
-                "{test}: LDPSYN_TEST_DATABASE_URL is not set. Provide it, or set \
-                 LDPSYN_ALLOW_MISSING_SERVICES=1 to skip this test"
-            );
-            eprintln!("{test}: SKIPPED (no LDPSYN_TEST_DATABASE_URL)");
-            None
-        }
     }
 }
 

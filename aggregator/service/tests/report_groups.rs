@@ -6,12 +6,16 @@
 //! them equals the reduction of what was accepted. A whole group stored in one round trip
 //! (`append_group`) is stored whole or, on a replayed token, not at all.
 
+mod common;
+
 use ldpsyn::Epsilon;
-use ldpsyn::mechanism::{MechanismKind, SufficientStatistics};
+use ldpsyn::mechanism::MechanismKind;
 use ldpsyn::wire::{Payload, Protocol};
 use ldpsyn_engine::{Engine, EngineOptions, TableKey, Tables};
-use ldpsyn_service::storage::{CollectionRow, Datastore, NewReport, StorageError};
+use ldpsyn_service::storage::{Datastore, NewReport, StorageError};
 use uuid::Uuid;
+
+use common::{collection, postgres_url, reduce};
 
 /// Attributes of 3 and 4 values, one-way GRR reports.
 fn engine() -> Engine {
@@ -42,31 +46,6 @@ fn report(c: Uuid, nonce: u32, i: u32) -> NewReport {
         },
         payload: Payload::Grr(u64::from(i % (3 - a as u32))),
     }
-}
-
-/// The statistics of `reports`.
-fn reduce(engine: &Engine, reports: &[&NewReport]) -> Tables {
-    let mut t = Tables::new();
-    for r in reports {
-        let m = engine.mechanism(&r.key).unwrap();
-        let s = t
-            .entry(r.key.clone())
-            .or_insert_with(|| SufficientStatistics::new(&m));
-        m.accumulate(&r.payload, s).unwrap();
-    }
-    t
-}
-
-async fn collection(db: &Datastore) -> Uuid {
-    let id = Uuid::new_v4();
-    let row = CollectionRow {
-        id,
-        config: "{}".into(),
-        state: "{}".into(),
-        state_version: 0,
-    };
-    db.insert_collection(&row, 0).await.unwrap();
-    id
 }
 
 /// Inserts `reports` in one transaction of `db`; returns which were inserted.
@@ -125,7 +104,7 @@ async fn replays_across_groups(url: &str) {
     let accepted_a: Vec<&NewReport> = first[..5].iter().chain([&fresh_a]).collect();
     assert_eq!(
         scanned,
-        reduce(&engine, &accepted_a),
+        reduce(&engine, accepted_a.iter().copied()),
         "the group rows hold exactly the inserted reports"
     );
     db.close().await;
@@ -145,23 +124,6 @@ async fn replays_across_groups_sqlite() {
     let scratch = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", scratch.path().join("r.db").display());
     replays_across_groups(&url).await;
-}
-
-/// The PostgreSQL URL (`LDPSYN_TEST_DATABASE_URL`), or `None` after a `SKIPPED` line when
-/// `LDPSYN_ALLOW_MISSING_SERVICES=1` allows running without it (else the test fails).
-fn postgres_url(test: &str) -> Option<String> {
-    match std::env::var("LDPSYN_TEST_DATABASE_URL") {
-        Ok(u) if !u.is_empty() => Some(u),
-        _ => {
-            assert!(
-                std::env::var("LDPSYN_ALLOW_MISSING_SERVICES").as_deref() == Ok("1"),
-                "{test}: LDPSYN_TEST_DATABASE_URL is not set. Provide it, or set \
-                 LDPSYN_ALLOW_MISSING_SERVICES=1 to skip this test"
-            );
-            eprintln!("{test}: SKIPPED (no LDPSYN_TEST_DATABASE_URL)");
-            None
-        }
-    }
 }
 
 #[tokio::test]
@@ -222,7 +184,7 @@ async fn concurrent_replay_across_two_postgres_processes() {
     let engine = engine();
     let (answered, scanned) = stored(&two, &engine, c, &mine.nonce).await;
     assert_eq!(answered, Some(mine.report_id));
-    assert_eq!(scanned, reduce(&engine, &[&mine, &fresh, &fresh_too]));
+    assert_eq!(scanned, reduce(&engine, [&mine, &fresh, &fresh_too]));
     one.close().await;
     two.close().await;
 }
@@ -239,7 +201,7 @@ async fn append_group_all_or_nothing(url: &str) {
         let (db, engine) = (db.clone(), engine.clone());
         async move {
             let refs: Vec<&NewReport> = reports.iter().collect();
-            let delta = reduce(&engine, &refs);
+            let delta = reduce(&engine, refs.iter().copied());
             let (refs, delta, rounds) = (&refs, &delta, &rounds);
             db.run_tx(|tx| Box::pin(tx.append_group(c, refs, delta, rounds)))
                 .await
@@ -259,7 +221,7 @@ async fn append_group_all_or_nothing(url: &str) {
     assert_eq!(written, Some([(0, 4), (1, 2)].into()));
     let (_, scanned) = stored(&db, &engine, c, &first[0].nonce).await;
     let refs: Vec<&NewReport> = first.iter().collect();
-    assert_eq!(scanned, reduce(&engine, &refs));
+    assert_eq!(scanned, reduce(&engine, refs.iter().copied()));
     let tables = db.tables(&engine, c).await.unwrap();
     assert_eq!(
         tables, scanned,

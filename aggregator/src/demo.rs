@@ -1146,10 +1146,14 @@ async fn upload_parties(
     bar: &ProgressBar,
 ) -> Result<(u64, std::collections::BTreeMap<String, usize>), DemoError> {
     use ldpsyn::vertical::{PartyClient, RecordIdKey};
+    // The parties' shared secret. Seeded so that one seed reproduces the run (the record ids
+    // and the sketches' hash functions follow from it); real parties use a random one.
     let mut key = vec![0u8; 32];
-    rand::rngs::StdRng::from_os_rng().fill(&mut key[..]);
-    // `sketch+locmrf`: the parties' sketch key, from the same secret as `party upload` does.
-    let sketch_key = ldpsyn_engine::measure::sketch::SketchKey::derive(&key, collection.as_bytes())
+    rand_chacha::ChaCha12Rng::seed_from_u64(seed ^ PARTY_SECRET_STREAM).fill(&mut key[..]);
+    // `sketch+locmrf`: the parties' sketch key, derived from the secret as `party upload`
+    // does, but bound to the run rather than to the collection id, which the server draws
+    // afresh on every run.
+    let sketch_key = ldpsyn_engine::measure::sketch::SketchKey::derive(&key, b"ldpsyn demo")
         .map_err(|e| DemoError::Input(e.to_string()))?;
     let key = RecordIdKey::new(key).map_err(|e| DemoError::Input(e.to_string()))?;
     let tokens = created["party_tokens"]
@@ -1245,6 +1249,9 @@ async fn upload_parties(
     }
     Ok((accepted, models))
 }
+
+/// Mixed into the seed for the parties' shared secret.
+const PARTY_SECRET_STREAM: u64 = 0x5ec2_e7c0_11ec_7104;
 
 /// Mixed into a party's seed for its local model's randomness.
 const LOCAL_MODEL_STREAM: u64 = 0x4C6F_634D_5246_0001;

@@ -409,11 +409,13 @@ fn table_of<'t>(
     engine: &Engine,
     key: TableKey,
 ) -> Result<&'t mut SufficientStatistics, StorageError> {
-    if !tables.contains_key(&key) {
-        let m = engine.mechanism(&key)?;
-        tables.insert(key.clone(), SufficientStatistics::new(&m));
-    }
-    Ok(tables.get_mut(&key).expect("inserted above"))
+    Ok(match tables.entry(key) {
+        std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::btree_map::Entry::Vacant(e) => {
+            let m = engine.mechanism(e.key())?;
+            e.insert(SufficientStatistics::new(&m))
+        }
+    })
 }
 
 /// Adds one `count_deltas` row ([`delta_text`]) to `tables`. Errors:
@@ -456,6 +458,17 @@ fn group_text<'a>(reports: impl Iterator<Item = &'a NewReport>) -> Result<String
     }
     group.push(']');
     Ok(group)
+}
+
+/// SQLite's insert of a collection's tokens into the replay set: `$1` the collection id,
+/// `$2` the tokens as [`tokens_json`] writes them. A macro so that [`Transaction::append_group`]
+/// can prefix its script with it at compile time.
+macro_rules! sqlite_insert_tokens {
+    () => {
+        "INSERT INTO report_tokens (collection_id, token_nonce, report_id) \
+         SELECT $1, substr(value, 1, instr(value, ' ') - 1), \
+         substr(value, instr(value, ' ') + 1) FROM json_each($2)"
+    };
 }
 
 /// Rows per multi-row INSERT are powers of two up to this, so only a few distinct statements
@@ -1351,17 +1364,17 @@ impl Transaction<'_> {
         }
         // Constant text, so it is prepared once per connection; `$1` is bound in every
         // statement. A replayed token fails the first one.
-        const APPEND: &str = "INSERT INTO report_tokens (collection_id, token_nonce, report_id) \
-             SELECT $1, substr(value, 1, instr(value, ' ') - 1), \
-             substr(value, instr(value, ' ') + 1) FROM json_each($2); \
-             INSERT INTO report_groups (collection_id, reports) VALUES ($1, $3); \
+        const APPEND: &str = concat!(
+            sqlite_insert_tokens!(),
+            "; INSERT INTO report_groups (collection_id, reports) VALUES ($1, $3); \
              INSERT INTO count_deltas (collection_id, delta) VALUES ($1, $4); \
              INSERT INTO round_counts (collection_id, round, accepted) \
              SELECT $1, json_extract(value, '$[0]'), json_extract(value, '$[1]') \
              FROM json_each($5) WHERE true \
              ON CONFLICT (collection_id, round) \
              DO UPDATE SET accepted = round_counts.accepted + excluded.accepted \
-             RETURNING round, accepted";
+             RETURNING round, accepted"
+        );
         let rounds_json = serde_json::to_string(&rounds.iter().collect::<Vec<_>>())?;
         let rows = sqlx::query(APPEND)
             .bind(id.to_string())
@@ -1406,9 +1419,7 @@ impl Transaction<'_> {
         let tokens = tokens_json(reports.iter().copied());
         match self.backend {
             Backend::Sqlite => {
-                const INSERT: &str = "INSERT INTO report_tokens (collection_id, token_nonce, report_id) \
-                     SELECT $1, substr(value, 1, instr(value, ' ') - 1), \
-                     substr(value, instr(value, ' ') + 1) FROM json_each($2)";
+                const INSERT: &str = sqlite_insert_tokens!();
                 let first = sqlx::query(INSERT)
                     .bind(id.to_string())
                     .bind(tokens)

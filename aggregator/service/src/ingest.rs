@@ -966,9 +966,32 @@ async fn commit_group(
             }
         }
     }
-    let result = writer
-        .run_tx(|tx| Box::pin(write_group(tx, &group, &to_insert, &positions)))
-        .await;
+    // Whether this commit folds a collection's count deltas, decided once per collection.
+    let mut folds: BTreeMap<Uuid, bool> = BTreeMap::new();
+    let mut result = None;
+    // The usual group: all of one collection that does not stop at its target, whose deltas
+    // this commit does not fold. It is stored whole in a transaction of its own, in fewer
+    // round trips; unless that declines, which leaves nothing written.
+    if let Some(first) = to_insert.first() {
+        let handle = &group[positions[0].0].0[positions[0].1].handle;
+        let usual = !handle.stops_at_target()
+            && to_insert.iter().all(|r| r.collection == first.collection)
+            && !*folds.entry(handle.id).or_insert_with(|| handle.fold_due());
+        if usual {
+            result = append_usual(writer, &group, &to_insert, &positions, handle)
+                .await
+                .transpose();
+        }
+    }
+    let result = match result {
+        Some(r) => r,
+        None => {
+            let folds = &mut folds;
+            writer
+                .run_tx(|tx| Box::pin(write_group(tx, &group, &to_insert, &positions, folds)))
+                .await
+        }
+    };
     match result {
         Ok((inserted, classified, committed, due, reached)) => {
             for (k, &(j, i)) in positions.iter().enumerate() {
@@ -1052,14 +1075,45 @@ type Written = (
     Vec<Arc<CollectionHandle>>,
 );
 
-/// Writes `to_insert` (at `positions` of `group`) in `tx` and bumps the round counts;
-/// returns the collections whose open round's quota is now reached (their close runs after
-/// the commit, off the committer: [`start_close`]).
+/// Stores `to_insert` (at `positions` of `group`, all new reports of `handle`'s collection)
+/// with [`Writer::append_group`]; `None` when it declined and nothing was written.
+async fn append_usual(
+    writer: &mut Writer,
+    group: &Group,
+    to_insert: &[&NewReport],
+    positions: &[(usize, usize)],
+    handle: &Arc<CollectionHandle>,
+) -> Result<Option<Written>, IngestError> {
+    let all = vec![true; to_insert.len()];
+    let per = statistics(group, positions, &all)?;
+    let (_, rounds, delta) = &per[&handle.id];
+    let Some(counts) = writer
+        .append_group(handle.id, to_insert, delta, rounds)
+        .await?
+    else {
+        return Ok(None);
+    };
+    let due = Vec::from_iter(close_due(handle, &counts));
+    Ok(Some((
+        all,
+        vec![Outcome::Accepted; to_insert.len()],
+        per.into_values().collect(),
+        due,
+        Vec::new(),
+    )))
+}
+
+/// Writes `to_insert` (at `positions` of `group`) in `tx` statement by statement, telling
+/// each report's outcome, and bumps the round counts. `folds` holds, per collection, whether
+/// this commit folds its count deltas, where already decided. Returns (in [`Written`]) the
+/// collections whose open round's quota is now reached: their close runs after the commit,
+/// off the committer ([`start_close`]).
 async fn write_group(
     tx: &mut Transaction<'_>,
     group: &Group,
     to_insert: &[&NewReport],
     positions: &[(usize, usize)],
+    folds: &mut BTreeMap<Uuid, bool>,
 ) -> Result<Written, IngestError> {
     // Another process may have finalized or deleted the collection since this one last
     // refreshed: ask the database, behind finalize's and delete's barrier, before inserting
@@ -1091,28 +1145,6 @@ async fn write_group(
         // the same locks, none new, so two processes cannot wait for each other).
         for id in gates.keys() {
             tx.lock_collection(*id).await?;
-        }
-    }
-    // Whether this commit folds a collection's count deltas, decided once per collection.
-    let mut folds: BTreeMap<Uuid, bool> = BTreeMap::new();
-    // The usual group: all of one collection, open and not capped. Unless this commit folds
-    // its deltas, it is stored in one round trip (SQLite), or the path below stores it.
-    if capped.is_empty() && open.len() == to_insert.len() && gates.len() == 1 {
-        let handle = handle_of(0);
-        if !*folds.entry(handle.id).or_insert_with(|| handle.fold_due()) {
-            let all = vec![true; to_insert.len()];
-            let per = statistics(group, positions, &all)?;
-            let (_, rounds, delta) = &per[&handle.id];
-            if let Some(counts) = tx.append_group(handle.id, to_insert, delta, rounds).await? {
-                let due = Vec::from_iter(close_due(handle, &counts));
-                return Ok((
-                    all,
-                    vec![Outcome::Accepted; to_insert.len()],
-                    per.into_values().collect(),
-                    due,
-                    Vec::new(),
-                ));
-            }
         }
     }
     let open_reports: Vec<&NewReport> = open.iter().map(|&k| to_insert[k]).collect();

@@ -53,6 +53,17 @@ pub enum StorageError {
 /// The shared migrations (`migrations/` at the workspace root).
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
 
+/// SQLite's insert of a collection's tokens into the replay set: `$1` the collection id,
+/// `$2` the tokens as [`tokens_json`] writes them. A macro so that [`Writer::append_group`]
+/// can put it in its script at compile time.
+macro_rules! sqlite_insert_tokens {
+    () => {
+        "INSERT INTO report_tokens (collection_id, token_nonce, report_id) \
+         SELECT $1, substr(value, 1, instr(value, ' ') - 1), \
+         substr(value, instr(value, ' ') + 1) FROM json_each($2)"
+    };
+}
+
 /// Which database is behind the pool. Private: callers ask [`Datastore`] what they need
 /// ([`Datastore::is_shared`]), never which backend it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,16 +147,9 @@ impl Writer {
         F: for<'a> FnOnce(&'a mut Transaction<'s>) -> TxFuture<'a, T, E>,
         E: From<StorageError>,
     {
-        let broken = std::mem::take(&mut self.broken);
-        let conn = match self.conn.take() {
-            Some(c) if !broken => c,
-            _ => {
-                let acquired = self.store.pool.acquire().await;
-                acquired.map_err(StorageError::from)?
-            }
-        };
+        let conn = self.connection().await?;
         // Borrowed by the transaction for the whole call: a failure is recorded in `broken`
-        // (another field) and the connection dropped at the next call.
+        // (another field) and the connection closed at the next call.
         let conn = self.conn.insert(conn);
         let inner = match conn.begin().await {
             Ok(t) => t,
@@ -163,6 +167,165 @@ impl Writer {
         self.broken = !healthy;
         r
     }
+
+    /// The kept connection, or a new one from the pool when there is none or it failed (a
+    /// failed one is closed, not returned: it may be inside a transaction).
+    async fn connection(&mut self) -> Result<PoolConnection<Any>, StorageError> {
+        let broken = std::mem::take(&mut self.broken);
+        match self.conn.take() {
+            Some(c) if !broken => Ok(c),
+            old => {
+                if let Some(mut c) = old {
+                    c.close_on_drop();
+                }
+                Ok(self.store.pool.acquire().await?)
+            }
+        }
+    }
+
+    /// Stores a whole group commit's share of collection `id` in a transaction of its own,
+    /// in as few round trips to the database as it can: the tokens of `reports` (no nonce
+    /// twice) in the replay set, their group row, `delta` (their statistics) as a count
+    /// delta, and `rounds` (accepted reports per task round) added to the round counts.
+    /// Returns the new round counts of `rounds`, once committed.
+    ///
+    /// `None` when nothing of it was written (the transaction rolled back) and the caller
+    /// stores the group statement by statement ([`Transaction::insert_reports`] and the
+    /// rest), which tells each report's outcome: a token was already stored, or (PostgreSQL)
+    /// the collection is finalized or deleted in the database.
+    ///
+    /// SQLite: one script, `BEGIN IMMEDIATE` to `COMMIT`, in one call to the connection's
+    /// thread; each statement alone cost a wake-up of that thread and of the committer (0.1–0.3
+    /// ms each on a two-core virtual machine, most of a small group commit's time). PostgreSQL
+    /// (whose protocol binds one statement per round trip): `BEGIN`, the shared ingest lock
+    /// ([`Transaction::ingest_gate`]'s barrier), one statement that checks the collection's
+    /// phase and writes the four parts, `COMMIT`. Errors: the database's.
+    pub async fn append_group(
+        &mut self,
+        id: Uuid,
+        reports: &[&NewReport],
+        delta: &Tables,
+        rounds: &BTreeMap<u32, u64>,
+    ) -> Result<Option<BTreeMap<u32, u64>>, StorageError> {
+        let parts = GroupParts {
+            id: id.to_string(),
+            tokens: tokens_json(reports.iter().copied()),
+            group: group_text(reports.iter().copied())?,
+            delta: delta_text(delta)?,
+            rounds: serde_json::to_string(&rounds.iter().collect::<Vec<_>>())?,
+        };
+        match self.store.backend {
+            Backend::Sqlite => self.append_group_sqlite(&parts).await,
+            Backend::Postgres => {
+                let parts = &parts;
+                let r = self
+                    .run_tx(|tx| {
+                        Box::pin(async move {
+                            tx.lock_ingest_shared(id).await?;
+                            tx.append_group_postgres(parts).await
+                        })
+                    })
+                    .await;
+                match r {
+                    Ok(totals) => Ok(Some(totals)),
+                    Err(Append::Declined) => Ok(None),
+                    Err(Append::Failed(e)) => Err(e),
+                }
+            }
+        }
+    }
+
+    /// [`Writer::append_group`] on SQLite.
+    async fn append_group_sqlite(
+        &mut self,
+        parts: &GroupParts,
+    ) -> Result<Option<BTreeMap<u32, u64>>, StorageError> {
+        // Constant text, so it is prepared once per connection; `$1` is bound in every
+        // statement. A replayed token fails the token insert, which undoes itself, and the
+        // statements after it do not run.
+        const APPEND: &str = concat!(
+            "BEGIN IMMEDIATE; ",
+            sqlite_insert_tokens!(),
+            "; INSERT INTO report_groups (collection_id, reports) VALUES ($1, $3); \
+             INSERT INTO count_deltas (collection_id, delta) VALUES ($1, $4); \
+             INSERT INTO round_counts (collection_id, round, accepted) \
+             SELECT $1, json_extract(value, '$[0]'), json_extract(value, '$[1]') \
+             FROM json_each($5) WHERE true \
+             ON CONFLICT (collection_id, round) \
+             DO UPDATE SET accepted = round_counts.accepted + excluded.accepted \
+             RETURNING round, accepted; \
+             COMMIT"
+        );
+        let conn = self.connection().await?;
+        let conn = self.conn.insert(conn);
+        let rows = sqlx::query(APPEND)
+            .bind(&parts.id)
+            .bind(&parts.tokens)
+            .bind(&parts.group)
+            .bind(&parts.delta)
+            .bind(&parts.rounds)
+            .fetch_all(&mut **conn)
+            .await;
+        match rows {
+            // `COMMIT` ran: the rows are the round counts' upsert's.
+            Ok(rows) => round_totals(&rows).map(Some),
+            Err(e) => {
+                // The script stopped inside its transaction (or at `COMMIT`, which may have
+                // ended it): roll back whatever is open.
+                let rolled_back = sqlx::query("ROLLBACK").execute(&mut **conn).await.is_ok();
+                match e {
+                    sqlx::Error::Database(d) if d.is_unique_violation() && rolled_back => Ok(None),
+                    e => {
+                        self.broken = true;
+                        Err(e.into())
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A group's parts as [`Writer::append_group`] binds them.
+struct GroupParts {
+    /// `$1`: the collection id.
+    id: String,
+    /// `$2`: the tokens ([`tokens_json`]).
+    tokens: String,
+    /// `$3`: the group row ([`group_text`]).
+    group: String,
+    /// `$4`: the count delta ([`delta_text`]).
+    delta: String,
+    /// `$5`: `[[round, accepted],…]`.
+    rounds: String,
+}
+
+/// Why [`Writer::append_group`]'s PostgreSQL transaction rolled back.
+enum Append {
+    /// The collection is not open in the database, or a token was stored: nothing written.
+    Declined,
+    /// The database failed.
+    Failed(StorageError),
+}
+
+impl From<StorageError> for Append {
+    fn from(e: StorageError) -> Self {
+        Self::Failed(e)
+    }
+}
+
+/// The `(round, accepted)` rows of a round-count upsert, as a map. Errors: a value out of
+/// range.
+fn round_totals(rows: &[sqlx::any::AnyRow]) -> Result<BTreeMap<u32, u64>, StorageError> {
+    let mut totals = BTreeMap::new();
+    for row in rows {
+        let (round, total): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
+        let bad = || StorageError::Corrupt(format!("round count {round}: {total}"));
+        totals.insert(
+            u32::try_from(round).map_err(|_| bad())?,
+            u64::try_from(total).map_err(|_| bad())?,
+        );
+    }
+    Ok(totals)
 }
 
 /// What the ingest barrier found for a collection ([`Transaction::ingest_gate`]).
@@ -458,17 +621,6 @@ fn group_text<'a>(reports: impl Iterator<Item = &'a NewReport>) -> Result<String
     }
     group.push(']');
     Ok(group)
-}
-
-/// SQLite's insert of a collection's tokens into the replay set: `$1` the collection id,
-/// `$2` the tokens as [`tokens_json`] writes them. A macro so that [`Transaction::append_group`]
-/// can prefix its script with it at compile time.
-macro_rules! sqlite_insert_tokens {
-    () => {
-        "INSERT INTO report_tokens (collection_id, token_nonce, report_id) \
-         SELECT $1, substr(value, 1, instr(value, ' ') - 1), \
-         substr(value, instr(value, ' ') + 1) FROM json_each($2)"
-    };
 }
 
 /// Rows per multi-row INSERT are powers of two up to this, so only a few distinct statements
@@ -1339,68 +1491,6 @@ impl Transaction<'_> {
         Ok(inserted)
     }
 
-    /// Stores a whole group commit's share of collection `id` in one round trip to the
-    /// database, when every one of `reports` (no nonce twice) is new: their tokens, their
-    /// group row, `delta` (their statistics) as a count delta, and `rounds` (accepted reports
-    /// per task round) added to the round counts. Returns the new round counts of `rounds`.
-    ///
-    /// `None` when nothing of it was written and the caller stores the group statement by
-    /// statement ([`Transaction::insert_reports`] and the rest): a token was already stored
-    /// (the replay set's insert failed and undid itself, and the statements after it did not
-    /// run), or the database is PostgreSQL, whose protocol binds one statement per round
-    /// trip. SQLite runs the four statements as one script on its connection's thread, where
-    /// each statement alone cost a wake-up of that thread and of the committer (0.1–0.3 ms
-    /// each on a two-core virtual machine, much of a small group commit's time). Errors: the
-    /// database's.
-    pub async fn append_group(
-        &mut self,
-        id: Uuid,
-        reports: &[&NewReport],
-        delta: &Tables,
-        rounds: &BTreeMap<u32, u64>,
-    ) -> Result<Option<BTreeMap<u32, u64>>, StorageError> {
-        if self.backend != Backend::Sqlite {
-            return Ok(None);
-        }
-        // Constant text, so it is prepared once per connection; `$1` is bound in every
-        // statement. A replayed token fails the first one.
-        const APPEND: &str = concat!(
-            sqlite_insert_tokens!(),
-            "; INSERT INTO report_groups (collection_id, reports) VALUES ($1, $3); \
-             INSERT INTO count_deltas (collection_id, delta) VALUES ($1, $4); \
-             INSERT INTO round_counts (collection_id, round, accepted) \
-             SELECT $1, json_extract(value, '$[0]'), json_extract(value, '$[1]') \
-             FROM json_each($5) WHERE true \
-             ON CONFLICT (collection_id, round) \
-             DO UPDATE SET accepted = round_counts.accepted + excluded.accepted \
-             RETURNING round, accepted"
-        );
-        let rounds_json = serde_json::to_string(&rounds.iter().collect::<Vec<_>>())?;
-        let rows = sqlx::query(APPEND)
-            .bind(id.to_string())
-            .bind(tokens_json(reports.iter().copied()))
-            .bind(group_text(reports.iter().copied())?)
-            .bind(delta_text(delta)?)
-            .bind(rounds_json)
-            .fetch_all(&mut *self.inner)
-            .await;
-        let rows = match rows {
-            Ok(rows) => rows,
-            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => return Ok(None),
-            Err(e) => return Err(e.into()),
-        };
-        let mut totals = BTreeMap::new();
-        for row in rows {
-            let (round, total): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
-            let bad = || StorageError::Corrupt(format!("round count {round}: {total}"));
-            totals.insert(
-                u32::try_from(round).map_err(|_| bad())?,
-                u64::try_from(total).map_err(|_| bad())?,
-            );
-        }
-        Ok(Some(totals))
-    }
-
     /// Adds the tokens of `reports` (all of collection `id`, no nonce twice) to the replay set;
     /// returns, per report, whether its token was new (and is now stored).
     ///
@@ -1633,10 +1723,7 @@ impl Transaction<'_> {
         if self.backend != Backend::Postgres {
             return Ok(IngestGate::Open);
         }
-        sqlx::query("SELECT pg_advisory_xact_lock_shared($1)")
-            .bind(ingest_key(id))
-            .execute(&mut *self.inner)
-            .await?;
+        self.lock_ingest_shared(id).await?;
         let Some((json, _)) = self.state_json(id).await? else {
             return Ok(IngestGate::Gone);
         };
@@ -1652,6 +1739,63 @@ impl Transaction<'_> {
         } else {
             IngestGate::Open
         })
+    }
+
+    /// The ingest side's shared advisory lock on collection `id`'s ingest key (PostgreSQL),
+    /// held to the end of the transaction: [`Transaction::ingest_gate`]'s barrier.
+    async fn lock_ingest_shared(&mut self, id: Uuid) -> Result<(), StorageError> {
+        sqlx::query("SELECT pg_advisory_xact_lock_shared($1)")
+            .bind(ingest_key(id))
+            .execute(&mut *self.inner)
+            .await?;
+        Ok(())
+    }
+
+    /// [`Writer::append_group`]'s statement on PostgreSQL, after the shared ingest lock:
+    /// writes the group's parts if the collection is stored and not finalized, and returns
+    /// the new round counts. Its snapshot is taken after the lock, so it reads the phase a
+    /// finalize committed before (the same barrier as [`Transaction::ingest_gate`]'s).
+    /// Errors: [`Append::Declined`] when the collection is not open or a token is already
+    /// stored (the unique violation aborts the transaction, which then rolls back whole), and
+    /// the database's.
+    async fn append_group_postgres(
+        &mut self,
+        parts: &GroupParts,
+    ) -> Result<BTreeMap<u32, u64>, Append> {
+        // Data-modifying CTEs all run to completion; each writes a different table, so the
+        // only row two processes both lock is the round count's. The `WHERE` of each reads
+        // `open`, which is NULL (false) when the collection row is gone.
+        const APPEND: &str = "WITH open AS (SELECT (SELECT state::json ->> 'phase' \
+             FROM collections WHERE id = $1) IS DISTINCT FROM 'finalized' \
+             AND EXISTS (SELECT 1 FROM collections WHERE id = $1) AS yes), \
+             tokens AS (INSERT INTO report_tokens (collection_id, token_nonce, report_id) \
+             SELECT $1, split_part(e, ' ', 1), split_part(e, ' ', 2) \
+             FROM json_array_elements_text($2::json) AS e WHERE (SELECT yes FROM open)), \
+             g AS (INSERT INTO report_groups (collection_id, reports) \
+             SELECT $1, $3 WHERE (SELECT yes FROM open)), \
+             d AS (INSERT INTO count_deltas (collection_id, delta) \
+             SELECT $1, $4 WHERE (SELECT yes FROM open)) \
+             INSERT INTO round_counts (collection_id, round, accepted) \
+             SELECT $1, (e ->> 0)::bigint, (e ->> 1)::bigint \
+             FROM json_array_elements($5::json) AS e WHERE (SELECT yes FROM open) \
+             ON CONFLICT (collection_id, round) \
+             DO UPDATE SET accepted = round_counts.accepted + excluded.accepted \
+             RETURNING round, accepted";
+        let rows = sqlx::query(APPEND)
+            .bind(&parts.id)
+            .bind(&parts.tokens)
+            .bind(&parts.group)
+            .bind(&parts.delta)
+            .bind(&parts.rounds)
+            .fetch_all(&mut *self.inner)
+            .await;
+        match rows {
+            // A group has at least one report, so an open collection returns a row.
+            Ok(rows) if rows.is_empty() => Err(Append::Declined),
+            Ok(rows) => Ok(round_totals(&rows)?),
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Err(Append::Declined),
+            Err(e) => Err(Append::Failed(e.into())),
+        }
     }
 
     /// Deletes every row of collection `id` (its reports, vertical records, table counts,

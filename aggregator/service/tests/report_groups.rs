@@ -3,16 +3,19 @@
 //! told apart from a second answer), in the same group as fresh reports that are stored;
 //! after a restart; and, on PostgreSQL (`LDPSYN_TEST_DATABASE_URL`), when two processes
 //! insert the same token at once. The group rows hold exactly the inserted reports: a scan of
-//! them equals the reduction of what was accepted. A whole group stored in one round trip
-//! (`append_group`) is stored whole or, on a replayed token, not at all.
+//! them equals the reduction of what was accepted. A whole group stored in a transaction of its
+//! own (`Writer::append_group`) is stored whole or, on a replayed token or (PostgreSQL) a
+//! collection no longer open in the database, not at all.
 
 mod common;
+
+use std::collections::BTreeMap;
 
 use ldpsyn::Epsilon;
 use ldpsyn::mechanism::MechanismKind;
 use ldpsyn::wire::{Payload, Protocol};
 use ldpsyn_engine::{Engine, EngineOptions, TableKey, Tables};
-use ldpsyn_service::storage::{Datastore, NewReport, StorageError};
+use ldpsyn_service::storage::{Datastore, NewReport, StorageError, Writer};
 use uuid::Uuid;
 
 use common::{collection, postgres_url, reduce};
@@ -189,35 +192,31 @@ async fn concurrent_replay_across_two_postgres_processes() {
     two.close().await;
 }
 
-/// A whole group in one round trip (`append_group`, SQLite): with every token new it stores
-/// the tokens, the group row, the count delta and the round counts, and returns the counts;
-/// with one token already stored it writes nothing at all and says so, and the
-/// statement-by-statement path then stores the fresh reports. On PostgreSQL it declines.
+/// A whole group in a transaction of its own (`Writer::append_group`): with every token new
+/// it stores the tokens, the group row, the count delta and the round counts, and returns
+/// the counts; with one token already stored it writes nothing at all and says so, and the
+/// statement-by-statement path then stores the fresh reports; the writer goes on after a
+/// decline. On PostgreSQL it also declines, writing nothing, for a collection finalized or
+/// deleted in the database.
 async fn append_group_all_or_nothing(url: &str) {
     let engine = engine();
     let db = Datastore::connect(url, 2).await.unwrap();
     let c = collection(&db).await;
-    let append = |reports: Vec<NewReport>, rounds: std::collections::BTreeMap<u32, u64>| {
-        let (db, engine) = (db.clone(), engine.clone());
+    let writer = tokio::sync::Mutex::new(Writer::new(db.clone()));
+    let append = |c: Uuid, reports: Vec<NewReport>, rounds: BTreeMap<u32, u64>| {
+        let (engine, writer) = (engine.clone(), &writer);
         async move {
             let refs: Vec<&NewReport> = reports.iter().collect();
             let delta = reduce(&engine, refs.iter().copied());
-            let (refs, delta, rounds) = (&refs, &delta, &rounds);
-            db.run_tx(|tx| Box::pin(tx.append_group(c, refs, delta, rounds)))
+            let mut writer = writer.lock().await;
+            writer
+                .append_group(c, &refs, &delta, &rounds)
                 .await
                 .unwrap()
         }
     };
     let first: Vec<NewReport> = (0..6).map(|i| report(c, i, i)).collect();
-    let written = append(first.clone(), [(0, 4), (1, 2)].into()).await;
-    if url.starts_with("postgres") {
-        assert_eq!(
-            written, None,
-            "PostgreSQL writes a group statement by statement"
-        );
-        db.close().await;
-        return;
-    }
+    let written = append(c, first.clone(), [(0, 4), (1, 2)].into()).await;
     assert_eq!(written, Some([(0, 4), (1, 2)].into()));
     let (_, scanned) = stored(&db, &engine, c, &first[0].nonce).await;
     let refs: Vec<&NewReport> = first.iter().collect();
@@ -230,7 +229,7 @@ async fn append_group_all_or_nothing(url: &str) {
 
     // A replayed token among fresh ones: nothing of the group is written.
     let later: Vec<NewReport> = vec![report(c, 10, 0), first[3].clone(), report(c, 11, 1)];
-    assert_eq!(append(later.clone(), [(0, 3)].into()).await, None);
+    assert_eq!(append(c, later.clone(), [(0, 3)].into()).await, None);
     assert_eq!(db.count_reports(c).await.unwrap(), 6);
     assert_eq!(db.tables(&engine, c).await.unwrap(), tables);
     assert_eq!(db.round_counts(c).await.unwrap(), vec![(0, 4), (1, 2)]);
@@ -241,7 +240,32 @@ async fn append_group_all_or_nothing(url: &str) {
 
     // A later group adds to the round counts.
     let third: Vec<NewReport> = (20..23).map(|i| report(c, i, i)).collect();
-    assert_eq!(append(third, [(1, 3)].into()).await, Some([(1, 5)].into()));
+    assert_eq!(
+        append(c, third, [(1, 3)].into()).await,
+        Some([(1, 5)].into())
+    );
+
+    if url.starts_with("postgres") {
+        // Finalized in the database (as by another process): declined, nothing written.
+        let finalized = r#"{"phase":"finalized"}"#;
+        let sql = format!("UPDATE collections SET state = '{finalized}' WHERE id = '{c}'");
+        db.run_tx(|tx| Box::pin(tx.execute_sql(&sql)))
+            .await
+            .unwrap();
+        let fourth: Vec<NewReport> = (30..32).map(|i| report(c, i, i)).collect();
+        assert_eq!(append(c, fourth, [(1, 2)].into()).await, None);
+        assert_eq!(db.count_reports(c).await.unwrap(), 11);
+        assert_eq!(db.round_counts(c).await.unwrap(), vec![(0, 4), (1, 5)]);
+        // A collection the database does not store: declined, nothing written.
+        let gone = Uuid::new_v4();
+        let fifth: Vec<NewReport> = (40..42).map(|i| report(gone, i, i)).collect();
+        assert_eq!(append(gone, fifth, [(0, 2)].into()).await, None);
+        assert_eq!(db.count_reports(gone).await.unwrap(), 0);
+        assert_eq!(db.round_counts(gone).await.unwrap(), vec![]);
+    }
+    // The writer keeps its connection, which the pool's close waits for.
+    drop(append);
+    drop(writer);
     db.close().await;
 }
 
@@ -253,8 +277,8 @@ async fn append_group_all_or_nothing_sqlite() {
 }
 
 #[tokio::test]
-async fn append_group_declines_on_postgres() {
-    if let Some(url) = postgres_url("append_group_declines_on_postgres") {
+async fn append_group_all_or_nothing_postgres() {
+    if let Some(url) = postgres_url("append_group_all_or_nothing_postgres") {
         append_group_all_or_nothing(&url).await;
     }
 }

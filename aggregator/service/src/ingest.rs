@@ -969,13 +969,13 @@ async fn commit_group(
     // Whether this commit folds a collection's count deltas, decided once per collection.
     let mut folds: BTreeMap<Uuid, bool> = BTreeMap::new();
     let mut result = None;
-    // The usual group: all of one collection that does not stop at its target, whose deltas
-    // this commit does not fold. It is stored whole in a transaction of its own, in fewer
-    // round trips; unless that declines, which leaves nothing written.
+    // The usual group: all of one collection, whose deltas this commit does not fold. It is
+    // stored whole in a transaction of its own, in fewer round trips; unless that declines
+    // (a replayed token, past the target, not open in the database), which leaves nothing
+    // written.
     if let Some(first) = to_insert.first() {
         let handle = &group[positions[0].0].0[positions[0].1].handle;
-        let usual = !handle.stops_at_target()
-            && to_insert.iter().all(|r| r.collection == first.collection)
+        let usual = to_insert.iter().all(|r| r.collection == first.collection)
             && !*folds.entry(handle.id).or_insert_with(|| handle.fold_due());
         if usual {
             result = append_usual(writer, &group, &to_insert, &positions, handle)
@@ -1076,7 +1076,8 @@ type Written = (
 );
 
 /// Stores `to_insert` (at `positions` of `group`, all new reports of `handle`'s collection)
-/// with [`Writer::append_group`]; `None` when it declined and nothing was written.
+/// with [`Writer::append_group`], within the collection's target if it stops there; `None`
+/// when it declined and nothing was written.
 async fn append_usual(
     writer: &mut Writer,
     group: &Group,
@@ -1087,19 +1088,28 @@ async fn append_usual(
     let all = vec![true; to_insert.len()];
     let per = statistics(group, positions, &all)?;
     let (_, rounds, delta) = &per[&handle.id];
-    let Some(counts) = writer
-        .append_group(handle.id, to_insert, delta, rounds)
+    let target = handle
+        .stops_at_target()
+        .then_some(handle.config.target_users);
+    let Some(appended) = writer
+        .append_group(handle.id, to_insert, delta, rounds, target)
         .await?
     else {
         return Ok(None);
     };
-    let due = Vec::from_iter(close_due(handle, &counts));
+    let due = Vec::from_iter(close_due(handle, &appended.rounds));
+    let reached = match target {
+        Some(t) if appended.total >= t && handle.config.auto_finalize_at_target => {
+            vec![handle.clone()]
+        }
+        _ => Vec::new(),
+    };
     Ok(Some((
         all,
         vec![Outcome::Accepted; to_insert.len()],
         per.into_values().collect(),
         due,
-        Vec::new(),
+        reached,
     )))
 }
 

@@ -12,6 +12,7 @@ use futures_util::TryStreamExt;
 use ldpsyn::mechanism::{MechanismKind, SufficientStatistics};
 use ldpsyn::wire::Payload;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
+use sqlx::error::ErrorKind;
 use sqlx::pool::PoolConnection;
 use sqlx::{Any, AnyPool, Connection, Executor, Row};
 use uuid::Uuid;
@@ -187,32 +188,44 @@ impl Writer {
     /// in as few round trips to the database as it can: the tokens of `reports` (no nonce
     /// twice) in the replay set, their group row, `delta` (their statistics) as a count
     /// delta, and `rounds` (accepted reports per task round) added to the round counts.
-    /// Returns the new round counts of `rounds`, once committed.
+    /// With `target` (a collection that stops at its target), only if the collection's
+    /// accepted reports in the database, plus these, stay within it. Returns, once
+    /// committed, the new round counts of `rounds` and the collection's new total.
     ///
     /// `None` when nothing of it was written (the transaction rolled back) and the caller
     /// stores the group statement by statement ([`Transaction::insert_reports`] and the
-    /// rest), which tells each report's outcome: a token was already stored, or (PostgreSQL)
-    /// the collection is finalized or deleted in the database.
+    /// rest), which tells each report's outcome: a token was already stored, the group would
+    /// pass `target`, or (PostgreSQL) the collection is finalized or deleted in the database.
     ///
     /// SQLite: one script, `BEGIN IMMEDIATE` to `COMMIT`, in one call to the connection's
-    /// thread; each statement alone cost a wake-up of that thread and of the committer (0.1–0.3
-    /// ms each on a two-core virtual machine, most of a small group commit's time). PostgreSQL
-    /// (whose protocol binds one statement per round trip): `BEGIN`, the shared ingest lock
-    /// ([`Transaction::ingest_gate`]'s barrier), one statement that checks the collection's
-    /// phase and writes the four parts, `COMMIT`. Errors: the database's.
+    /// thread; each statement alone cost a wake-up of that thread and of the committer.
+    /// PostgreSQL (whose protocol binds one statement per round trip): `BEGIN`, the locks
+    /// (the shared ingest lock of [`Transaction::ingest_gate`]'s barrier, then with `target`
+    /// the collection's, as the statement-by-statement path takes them), one statement
+    /// that checks the collection's phase and count and writes the four parts, `COMMIT`.
+    /// Errors: the database's.
     pub async fn append_group(
         &mut self,
         id: Uuid,
         reports: &[&NewReport],
         delta: &Tables,
         rounds: &BTreeMap<u32, u64>,
-    ) -> Result<Option<BTreeMap<u32, u64>>, StorageError> {
+        target: Option<u64>,
+    ) -> Result<Option<Appended>, StorageError> {
+        let n = reports.len() as u64;
         let parts = GroupParts {
             id: id.to_string(),
             tokens: tokens_json(reports.iter().copied()),
             group: group_text(reports.iter().copied())?,
             delta: delta_text(delta)?,
             rounds: serde_json::to_string(&rounds.iter().collect::<Vec<_>>())?,
+            // The largest stored total the group fits on; -1: it fits on none.
+            room: match target {
+                None => i64::MAX,
+                Some(t) => t
+                    .checked_sub(n)
+                    .map_or(-1, |r| i64::try_from(r).unwrap_or(i64::MAX)),
+            },
         };
         match self.store.backend {
             Backend::Sqlite => self.append_group_sqlite(&parts).await,
@@ -222,12 +235,15 @@ impl Writer {
                     .run_tx(|tx| {
                         Box::pin(async move {
                             tx.lock_ingest_shared(id).await?;
+                            if target.is_some() {
+                                tx.lock_collection(id).await?;
+                            }
                             tx.append_group_postgres(parts).await
                         })
                     })
                     .await;
                 match r {
-                    Ok(totals) => Ok(Some(totals)),
+                    Ok(appended) => Ok(Some(appended)),
                     Err(Append::Declined) => Ok(None),
                     Err(Append::Failed(e)) => Err(e),
                 }
@@ -239,14 +255,17 @@ impl Writer {
     async fn append_group_sqlite(
         &mut self,
         parts: &GroupParts,
-    ) -> Result<Option<BTreeMap<u32, u64>>, StorageError> {
+    ) -> Result<Option<Appended>, StorageError> {
         // Constant text, so it is prepared once per connection; `$1` is bound in every
-        // statement. A replayed token fails the token insert, which undoes itself, and the
-        // statements after it do not run.
+        // statement. The token insert fails, undoing itself, on a replayed token (unique
+        // key) or, through a row of NULLs it adds, when the stored total is past `$6`
+        // (NOT NULL); the statements after it do not run then. The last one reads the total.
         const APPEND: &str = concat!(
             "BEGIN IMMEDIATE; ",
             sqlite_insert_tokens!(),
-            "; INSERT INTO report_groups (collection_id, reports) VALUES ($1, $3); \
+            " UNION ALL SELECT NULL, NULL, NULL WHERE (SELECT COALESCE(SUM(accepted), 0) \
+             FROM round_counts WHERE collection_id = $1) > $6; \
+             INSERT INTO report_groups (collection_id, reports) VALUES ($1, $3); \
              INSERT INTO count_deltas (collection_id, delta) VALUES ($1, $4); \
              INSERT INTO round_counts (collection_id, round, accepted) \
              SELECT $1, json_extract(value, '$[0]'), json_extract(value, '$[1]') \
@@ -254,6 +273,7 @@ impl Writer {
              ON CONFLICT (collection_id, round) \
              DO UPDATE SET accepted = round_counts.accepted + excluded.accepted \
              RETURNING round, accepted; \
+             SELECT -1, COALESCE(SUM(accepted), 0) FROM round_counts WHERE collection_id = $1; \
              COMMIT"
         );
         let conn = self.connection().await?;
@@ -264,25 +284,36 @@ impl Writer {
             .bind(&parts.group)
             .bind(&parts.delta)
             .bind(&parts.rounds)
+            .bind(parts.room)
             .fetch_all(&mut **conn)
             .await;
         match rows {
-            // `COMMIT` ran: the rows are the round counts' upsert's.
-            Ok(rows) => round_totals(&rows).map(Some),
+            // `COMMIT` ran.
+            Ok(rows) => appended(&rows).map(Some),
             Err(e) => {
                 // The script stopped inside its transaction (or at `COMMIT`, which may have
                 // ended it): roll back whatever is open.
                 let rolled_back = sqlx::query("ROLLBACK").execute(&mut **conn).await.is_ok();
-                match e {
-                    sqlx::Error::Database(d) if d.is_unique_violation() && rolled_back => Ok(None),
-                    e => {
-                        self.broken = true;
-                        Err(e.into())
-                    }
+                let declined = matches!(&e, sqlx::Error::Database(d)
+                    if matches!(d.kind(), ErrorKind::UniqueViolation | ErrorKind::NotNullViolation));
+                if declined && rolled_back {
+                    Ok(None)
+                } else {
+                    self.broken = true;
+                    Err(e.into())
                 }
             }
         }
     }
+}
+
+/// What [`Writer::append_group`] stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Appended {
+    /// The new accepted count of each task round of the group.
+    pub rounds: BTreeMap<u32, u64>,
+    /// The collection's accepted reports, all rounds, with the group's.
+    pub total: u64,
 }
 
 /// A group's parts as [`Writer::append_group`] binds them.
@@ -297,6 +328,9 @@ struct GroupParts {
     delta: String,
     /// `$5`: `[[round, accepted],…]`.
     rounds: String,
+    /// `$6`: the largest total of the collection's stored reports that the group may be
+    /// added to (`target_users` less the group's size), `i64::MAX` without a target.
+    room: i64,
 }
 
 /// Why [`Writer::append_group`]'s PostgreSQL transaction rolled back.
@@ -313,19 +347,23 @@ impl From<StorageError> for Append {
     }
 }
 
-/// The `(round, accepted)` rows of a round-count upsert, as a map. Errors: a value out of
-/// range.
-fn round_totals(rows: &[sqlx::any::AnyRow]) -> Result<BTreeMap<u32, u64>, StorageError> {
-    let mut totals = BTreeMap::new();
+/// [`Appended`] from `(round, accepted)` rows: the round-count upsert's, then the total as
+/// round -1. Errors: a value out of range, no total.
+fn appended(rows: &[sqlx::any::AnyRow]) -> Result<Appended, StorageError> {
+    let mut rounds = BTreeMap::new();
+    let mut total = None;
     for row in rows {
-        let (round, total): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
-        let bad = || StorageError::Corrupt(format!("round count {round}: {total}"));
-        totals.insert(
-            u32::try_from(round).map_err(|_| bad())?,
-            u64::try_from(total).map_err(|_| bad())?,
-        );
+        let (round, count): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
+        let bad = || StorageError::Corrupt(format!("round count {round}: {count}"));
+        let count = u64::try_from(count).map_err(|_| bad())?;
+        if round == -1 {
+            total = Some(count);
+        } else {
+            rounds.insert(u32::try_from(round).map_err(|_| bad())?, count);
+        }
     }
-    Ok(totals)
+    let total = total.ok_or_else(|| StorageError::Corrupt("no total after a group".into()))?;
+    Ok(Appended { rounds, total })
 }
 
 /// What the ingest barrier found for a collection ([`Transaction::ingest_gate`]).
@@ -1751,48 +1789,55 @@ impl Transaction<'_> {
         Ok(())
     }
 
-    /// [`Writer::append_group`]'s statement on PostgreSQL, after the shared ingest lock:
-    /// writes the group's parts if the collection is stored and not finalized, and returns
-    /// the new round counts. Its snapshot is taken after the lock, so it reads the phase a
-    /// finalize committed before (the same barrier as [`Transaction::ingest_gate`]'s).
-    /// Errors: [`Append::Declined`] when the collection is not open or a token is already
-    /// stored (the unique violation aborts the transaction, which then rolls back whole), and
-    /// the database's.
-    async fn append_group_postgres(
-        &mut self,
-        parts: &GroupParts,
-    ) -> Result<BTreeMap<u32, u64>, Append> {
+    /// [`Writer::append_group`]'s statement on PostgreSQL, after its locks: writes the
+    /// group's parts if the collection is stored, not finalized, and its total is within
+    /// `room`; returns the new round counts and total. Its snapshot is taken after the
+    /// locks, so it reads the phase a finalize committed before (the same barrier as
+    /// [`Transaction::ingest_gate`]'s) and, with the collection lock, a total no other
+    /// process moves before this commits. Errors: [`Append::Declined`] when the collection
+    /// is not open, the group does not fit, or a token is already stored (the unique
+    /// violation aborts the transaction, which then rolls back whole), and the database's.
+    async fn append_group_postgres(&mut self, parts: &GroupParts) -> Result<Appended, Append> {
         // Data-modifying CTEs all run to completion; each writes a different table, so the
-        // only row two processes both lock is the round count's. The `WHERE` of each reads
-        // `open`, which is NULL (false) when the collection row is gone.
-        const APPEND: &str = "WITH open AS (SELECT (SELECT state::json ->> 'phase' \
-             FROM collections WHERE id = $1) IS DISTINCT FROM 'finalized' \
-             AND EXISTS (SELECT 1 FROM collections WHERE id = $1) AS yes), \
+        // only row two processes both lock is the round count's. `go` is NULL (false) when
+        // the collection row is gone. The total is returned as round -1.
+        const APPEND: &str = "WITH stored AS (SELECT CAST(COALESCE(SUM(accepted), 0) AS BIGINT) \
+             AS total FROM round_counts WHERE collection_id = $1), \
+             input AS (SELECT (e ->> 0)::bigint AS round, (e ->> 1)::bigint AS accepted \
+             FROM json_array_elements($5::json) AS e), \
+             go AS (SELECT (SELECT state::json ->> 'phase' FROM collections WHERE id = $1) \
+             IS DISTINCT FROM 'finalized' \
+             AND EXISTS (SELECT 1 FROM collections WHERE id = $1) \
+             AND (SELECT total FROM stored) <= $6 AS yes), \
              tokens AS (INSERT INTO report_tokens (collection_id, token_nonce, report_id) \
              SELECT $1, split_part(e, ' ', 1), split_part(e, ' ', 2) \
-             FROM json_array_elements_text($2::json) AS e WHERE (SELECT yes FROM open)), \
+             FROM json_array_elements_text($2::json) AS e WHERE (SELECT yes FROM go)), \
              g AS (INSERT INTO report_groups (collection_id, reports) \
-             SELECT $1, $3 WHERE (SELECT yes FROM open)), \
+             SELECT $1, $3 WHERE (SELECT yes FROM go)), \
              d AS (INSERT INTO count_deltas (collection_id, delta) \
-             SELECT $1, $4 WHERE (SELECT yes FROM open)) \
-             INSERT INTO round_counts (collection_id, round, accepted) \
-             SELECT $1, (e ->> 0)::bigint, (e ->> 1)::bigint \
-             FROM json_array_elements($5::json) AS e WHERE (SELECT yes FROM open) \
+             SELECT $1, $4 WHERE (SELECT yes FROM go)), \
+             r AS (INSERT INTO round_counts (collection_id, round, accepted) \
+             SELECT $1, round, accepted FROM input WHERE (SELECT yes FROM go) \
              ON CONFLICT (collection_id, round) \
              DO UPDATE SET accepted = round_counts.accepted + excluded.accepted \
-             RETURNING round, accepted";
+             RETURNING round, accepted) \
+             SELECT round, accepted FROM r \
+             UNION ALL SELECT -1, (SELECT total FROM stored) \
+             + (SELECT CAST(SUM(accepted) AS BIGINT) FROM input) \
+             WHERE (SELECT yes FROM go)";
         let rows = sqlx::query(APPEND)
             .bind(&parts.id)
             .bind(&parts.tokens)
             .bind(&parts.group)
             .bind(&parts.delta)
             .bind(&parts.rounds)
+            .bind(parts.room)
             .fetch_all(&mut *self.inner)
             .await;
         match rows {
-            // A group has at least one report, so an open collection returns a row.
+            // A group has at least one report, so a written one returns rows.
             Ok(rows) if rows.is_empty() => Err(Append::Declined),
-            Ok(rows) => Ok(round_totals(&rows)?),
+            Ok(rows) => Ok(appended(&rows)?),
             Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Err(Append::Declined),
             Err(e) => Err(Append::Failed(e.into())),
         }

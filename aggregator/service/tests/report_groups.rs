@@ -194,30 +194,30 @@ async fn concurrent_replay_across_two_postgres_processes() {
 
 /// A whole group in a transaction of its own (`Writer::append_group`): with every token new
 /// it stores the tokens, the group row, the count delta and the round counts, and returns
-/// the counts; with one token already stored it writes nothing at all and says so, and the
-/// statement-by-statement path then stores the fresh reports; the writer goes on after a
-/// decline. On PostgreSQL it also declines, writing nothing, for a collection finalized or
-/// deleted in the database.
+/// the counts and total; with one token already stored, or past a target, it writes nothing
+/// at all and says so, and the statement-by-statement path then stores the fresh reports;
+/// the writer goes on after a decline. On PostgreSQL it also declines, writing nothing, for
+/// a collection finalized or deleted in the database.
 async fn append_group_all_or_nothing(url: &str) {
     let engine = engine();
     let db = Datastore::connect(url, 2).await.unwrap();
     let c = collection(&db).await;
     let writer = tokio::sync::Mutex::new(Writer::new(db.clone()));
-    let append = |c: Uuid, reports: Vec<NewReport>, rounds: BTreeMap<u32, u64>| {
+    let append_to = |c: Uuid, reports: Vec<NewReport>, rounds: Vec<(u32, u64)>, target| {
         let (engine, writer) = (engine.clone(), &writer);
         async move {
             let refs: Vec<&NewReport> = reports.iter().collect();
             let delta = reduce(&engine, refs.iter().copied());
+            let rounds = BTreeMap::from_iter(rounds);
             let mut writer = writer.lock().await;
-            writer
-                .append_group(c, &refs, &delta, &rounds)
-                .await
-                .unwrap()
+            let appended = writer.append_group(c, &refs, &delta, &rounds, target);
+            appended.await.unwrap().map(|a| (a.rounds, a.total))
         }
     };
+    let append = |c, reports, rounds| append_to(c, reports, rounds, None);
     let first: Vec<NewReport> = (0..6).map(|i| report(c, i, i)).collect();
-    let written = append(c, first.clone(), [(0, 4), (1, 2)].into()).await;
-    assert_eq!(written, Some([(0, 4), (1, 2)].into()));
+    let written = append(c, first.clone(), vec![(0, 4), (1, 2)]).await;
+    assert_eq!(written, Some(([(0, 4), (1, 2)].into(), 6)));
     let (_, scanned) = stored(&db, &engine, c, &first[0].nonce).await;
     let refs: Vec<&NewReport> = first.iter().collect();
     assert_eq!(scanned, reduce(&engine, refs.iter().copied()));
@@ -229,7 +229,7 @@ async fn append_group_all_or_nothing(url: &str) {
 
     // A replayed token among fresh ones: nothing of the group is written.
     let later: Vec<NewReport> = vec![report(c, 10, 0), first[3].clone(), report(c, 11, 1)];
-    assert_eq!(append(c, later.clone(), [(0, 3)].into()).await, None);
+    assert_eq!(append(c, later.clone(), vec![(0, 3)]).await, None);
     assert_eq!(db.count_reports(c).await.unwrap(), 6);
     assert_eq!(db.tables(&engine, c).await.unwrap(), tables);
     assert_eq!(db.round_counts(c).await.unwrap(), vec![(0, 4), (1, 2)]);
@@ -238,12 +238,23 @@ async fn append_group_all_or_nothing(url: &str) {
     assert_eq!(insert(&db, &refs).await, vec![true, false, true]);
     assert_eq!(db.count_reports(c).await.unwrap(), 8);
 
-    // A later group adds to the round counts.
+    // A later group adds to the round counts (the two above were not counted in them).
     let third: Vec<NewReport> = (20..23).map(|i| report(c, i, i)).collect();
-    assert_eq!(
-        append(c, third, [(1, 3)].into()).await,
-        Some([(1, 5)].into())
-    );
+    let written = append(c, third, vec![(1, 3)]).await;
+    assert_eq!(written, Some(([(1, 5)].into(), 9)));
+
+    // With a target: a group that would pass it writes nothing; one that reaches it is
+    // stored, and then no other fits.
+    let fourth: Vec<NewReport> = (30..33).map(|i| report(c, i, i)).collect();
+    let past = append_to(c, fourth.clone(), vec![(1, 3)], Some(11)).await;
+    assert_eq!(past, None, "9 counted + 3 is past a target of 11");
+    assert_eq!(db.count_reports(c).await.unwrap(), 11);
+    assert_eq!(db.round_counts(c).await.unwrap(), vec![(0, 4), (1, 5)]);
+    let reached = append_to(c, fourth, vec![(1, 3)], Some(12)).await;
+    assert_eq!(reached, Some(([(1, 8)].into(), 12)));
+    let fifth = vec![report(c, 40, 0)];
+    assert_eq!(append_to(c, fifth, vec![(1, 1)], Some(12)).await, None);
+    assert_eq!(db.count_reports(c).await.unwrap(), 14);
 
     if url.starts_with("postgres") {
         // Finalized in the database (as by another process): declined, nothing written.
@@ -252,19 +263,19 @@ async fn append_group_all_or_nothing(url: &str) {
         db.run_tx(|tx| Box::pin(tx.execute_sql(&sql)))
             .await
             .unwrap();
-        let fourth: Vec<NewReport> = (30..32).map(|i| report(c, i, i)).collect();
-        assert_eq!(append(c, fourth, [(1, 2)].into()).await, None);
-        assert_eq!(db.count_reports(c).await.unwrap(), 11);
-        assert_eq!(db.round_counts(c).await.unwrap(), vec![(0, 4), (1, 5)]);
+        let sixth: Vec<NewReport> = (50..52).map(|i| report(c, i, i)).collect();
+        assert_eq!(append(c, sixth, vec![(1, 2)]).await, None);
+        assert_eq!(db.count_reports(c).await.unwrap(), 14);
+        assert_eq!(db.round_counts(c).await.unwrap(), vec![(0, 4), (1, 8)]);
         // A collection the database does not store: declined, nothing written.
         let gone = Uuid::new_v4();
-        let fifth: Vec<NewReport> = (40..42).map(|i| report(gone, i, i)).collect();
-        assert_eq!(append(gone, fifth, [(0, 2)].into()).await, None);
+        let seventh: Vec<NewReport> = (60..62).map(|i| report(gone, i, i)).collect();
+        assert_eq!(append(gone, seventh, vec![(0, 2)]).await, None);
         assert_eq!(db.count_reports(gone).await.unwrap(), 0);
         assert_eq!(db.round_counts(gone).await.unwrap(), vec![]);
     }
     // The writer keeps its connection, which the pool's close waits for.
-    drop(append);
+    drop((append, append_to));
     drop(writer);
     db.close().await;
 }

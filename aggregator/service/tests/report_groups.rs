@@ -275,7 +275,6 @@ async fn append_group_all_or_nothing(url: &str) {
         assert_eq!(db.round_counts(gone).await.unwrap(), vec![]);
     }
     // The writer keeps its connection, which the pool's close waits for.
-    drop((append, append_to));
     drop(writer);
     db.close().await;
 }

@@ -725,12 +725,12 @@ impl Datastore {
                         conn.execute("PRAGMA journal_mode = WAL").await?;
                         conn.execute("PRAGMA synchronous = FULL").await?;
                         conn.execute("PRAGMA busy_timeout = 30000").await?;
-                        // 16 MiB page cache (the default is 2 MiB): room for the table
-                        // counts a group upserts. Not more: every commit ends with a walk
-                        // over the cached pages (SQLite's `pcache1TruncateUnsafe`), which at
-                        // 64 MiB took 4% of a batched upload's CPU (0.4% at 8 MiB). The
-                        // report keys no longer need it: nonces insert in time order.
-                        conn.execute("PRAGMA cache_size = -16384").await?;
+                        // A 2 MiB page cache (SQLite's default, set so that a build's
+                        // other default does not apply): every commit ends with a walk over
+                        // the cached pages (`pcache1TruncateUnsafe`), 3% of a single-report
+                        // load's samples at 16 MiB, and a group commit touches few pages
+                        // (nonces insert in time order; counts are appended as deltas).
+                        conn.execute("PRAGMA cache_size = -2048").await?;
                         // Statement journals in memory: a statement that may fail halfway
                         // (the replay set's insert, an upsert) keeps the pages it changes,
                         // to undo itself, in a temporary file by default, which cost every

@@ -278,15 +278,7 @@ impl Writer {
         );
         let conn = self.connection().await?;
         let conn = self.conn.insert(conn);
-        let rows = sqlx::query(APPEND)
-            .bind(&parts.id)
-            .bind(&parts.tokens)
-            .bind(&parts.group)
-            .bind(&parts.delta)
-            .bind(&parts.rounds)
-            .bind(parts.room)
-            .fetch_all(&mut **conn)
-            .await;
+        let rows = parts.bind(APPEND).fetch_all(&mut **conn).await;
         match rows {
             // `COMMIT` ran.
             Ok(rows) => appended(&rows).map(Some),
@@ -331,6 +323,22 @@ struct GroupParts {
     /// `$6`: the largest total of the collection's stored reports that the group may be
     /// added to (`target_users` less the group's size), `i64::MAX` without a target.
     room: i64,
+}
+
+impl GroupParts {
+    /// `sql` with the parts bound as `$1`…`$6`.
+    fn bind<'q>(
+        &'q self,
+        sql: &'q str,
+    ) -> sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>> {
+        sqlx::query(sql)
+            .bind(&self.id)
+            .bind(&self.tokens)
+            .bind(&self.group)
+            .bind(&self.delta)
+            .bind(&self.rounds)
+            .bind(self.room)
+    }
 }
 
 /// Why [`Writer::append_group`]'s PostgreSQL transaction rolled back.
@@ -1825,15 +1833,7 @@ impl Transaction<'_> {
              UNION ALL SELECT -1, (SELECT total FROM stored) \
              + (SELECT CAST(SUM(accepted) AS BIGINT) FROM input) \
              WHERE (SELECT yes FROM go)";
-        let rows = sqlx::query(APPEND)
-            .bind(&parts.id)
-            .bind(&parts.tokens)
-            .bind(&parts.group)
-            .bind(&parts.delta)
-            .bind(&parts.rounds)
-            .bind(parts.room)
-            .fetch_all(&mut *self.inner)
-            .await;
+        let rows = parts.bind(APPEND).fetch_all(&mut *self.inner).await;
         match rows {
             // A group has at least one report, so a written one returns rows.
             Ok(rows) if rows.is_empty() => Err(Append::Declined),

@@ -203,7 +203,7 @@ impl Writer {
     /// (the shared ingest lock of [`Transaction::ingest_gate`]'s barrier, then with `target`
     /// the collection's, as the statement-by-statement path takes them), one statement
     /// that checks the collection's phase and count and writes the four parts, `COMMIT`.
-    /// Errors: the database's.
+    /// Errors: the database's; [`StorageError::Corrupt`] for a stored count out of range.
     pub async fn append_group(
         &mut self,
         id: Uuid,

@@ -1,6 +1,7 @@
 //! Upgrading a database written by an earlier release keeps every stored report: a SQLite
 //! file migrated to the first schema only, with reports in it, then opened by the current
-//! `Datastore::connect` (which runs the remaining migrations).
+//! `Datastore::connect` (which runs the remaining migrations and, on SQLite, rebuilds the replay
+//! set and the round counts as `WITHOUT ROWID` tables).
 
 use std::path::PathBuf;
 
@@ -113,6 +114,27 @@ async fn upgrade_keeps_reports_and_token_identity() {
     assert_eq!(inserted, vec![false, true]);
     assert_eq!(db.count_reports(collection).await.unwrap(), 4);
     db.close().await;
+
+    // On SQLite the replay set and the round counts were rebuilt as WITHOUT ROWID tables
+    // (`Datastore::connect`), with their rows; opening the file again changes nothing.
+    let db = Datastore::connect(&url, 2).await.unwrap();
+    assert_eq!(db.count_reports(collection).await.unwrap(), 4);
+    let inserted = db
+        .run_tx(|tx| Box::pin(tx.insert_reports(&both)))
+        .await
+        .unwrap();
+    assert_eq!(inserted, vec![false, false], "both tokens are kept");
+    db.close().await;
+    let pool = sqlx::AnyPool::connect(&url).await.unwrap();
+    for table in ["report_tokens", "round_counts"] {
+        let sql: String = sqlx::query_scalar("SELECT sql FROM sqlite_master WHERE name = $1")
+            .bind(table)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert!(sql.contains("WITHOUT ROWID"), "{table}: {sql}");
+    }
+    pool.close().await;
 }
 
 /// A collection stored by an earlier release keeps its state: the flat state JSON (every
@@ -267,4 +289,37 @@ async fn table_counts_rebuild_and_track_the_reports() {
     assert_eq!(scanned.values().map(|s| s.n).sum::<u64>(), 100);
     assert_eq!(tables, scanned);
     db.close().await;
+}
+
+/// The `WITHOUT ROWID` rebuild copies the columns it knows: a replay set whose columns a later
+/// migration changed (here: one more) is refused at startup, and the table stays as it was.
+#[tokio::test]
+async fn rowid_rebuild_refuses_unknown_columns() {
+    let scratch = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", scratch.path().join("r.db").display());
+    Datastore::connect(&url, 2).await.unwrap().close().await;
+    let changed = "CREATE TABLE report_tokens (collection_id TEXT NOT NULL, \
+                   token_nonce TEXT NOT NULL, report_id TEXT NOT NULL, extra TEXT, \
+                   PRIMARY KEY (collection_id, token_nonce))";
+    let pool = sqlx::AnyPool::connect(&url).await.unwrap();
+    sqlx::raw_sql("DROP TABLE report_tokens")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::raw_sql(changed).execute(&pool).await.unwrap();
+    pool.close().await;
+
+    let err = Datastore::connect(&url, 2).await.expect_err("refused");
+    assert!(
+        matches!(&err, StorageError::Corrupt(m) if m.contains("report_tokens")),
+        "{err}"
+    );
+    let pool = sqlx::AnyPool::connect(&url).await.unwrap();
+    let sql: String = sqlx::query_scalar("SELECT sql FROM sqlite_master WHERE name = $1")
+        .bind("report_tokens")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(sql, changed);
+    pool.close().await;
 }

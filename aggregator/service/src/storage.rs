@@ -305,26 +305,16 @@ impl Writer {
 /// cannot say it). A rowid table keeps its primary key as a second B-tree beside the rows: a
 /// report cost two B-tree inserts and a group commit two more pages in the WAL. Measured with
 /// `loadgen --mode batch` on SQLite: 12% more reports per second, 15% less of SQLite's CPU per
-/// report (`benchmarks/results/profile-ingest.md`). Errors: the database's, `Corrupt` when a
-/// table's columns are not the ones listed here; the table stays as it was.
+/// report (`benchmarks/results/profile-ingest.md`).
+///
+/// The new table is the stored definition (`sqlite_master`) with `WITHOUT ROWID` appended, so
+/// whatever columns later migrations give these tables are copied as they are; their indexes
+/// and triggers are created again after the copy. Errors: the database's (a table without a
+/// primary key, say), `Corrupt` for a stored definition with no column list; the table stays as
+/// it was.
 async fn sqlite_without_rowid(pool: &AnyPool) -> Result<(), StorageError> {
-    // (table, its columns and key, the column names), as the migrations define them.
-    const TABLES: [(&str, &str, &str); 2] = [
-        (
-            "report_tokens",
-            "collection_id TEXT NOT NULL, token_nonce TEXT NOT NULL, report_id TEXT NOT NULL, \
-             PRIMARY KEY (collection_id, token_nonce)",
-            "collection_id, token_nonce, report_id",
-        ),
-        (
-            "round_counts",
-            "collection_id TEXT NOT NULL, round BIGINT NOT NULL, accepted BIGINT NOT NULL, \
-             PRIMARY KEY (collection_id, round)",
-            "collection_id, round, accepted",
-        ),
-    ];
     let mut conn = pool.acquire().await?;
-    for (table, columns, names) in TABLES {
+    for table in ["report_tokens", "round_counts"] {
         let sql: String =
             sqlx::query_scalar("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = $1")
                 .bind(table)
@@ -333,25 +323,28 @@ async fn sqlite_without_rowid(pool: &AnyPool) -> Result<(), StorageError> {
         if sql.to_ascii_uppercase().contains("WITHOUT ROWID") {
             continue;
         }
-        // A later migration that changed the table must change `TABLES` too.
-        let stored: String = sqlx::query_scalar(
-            "SELECT group_concat(name, ', ') FROM (SELECT name FROM pragma_table_info($1) \
-             ORDER BY cid)",
+        // From the column list on: what follows `CREATE TABLE name`, however it was quoted.
+        let body = sql.find('(').map(|i| &sql[i..]).ok_or_else(|| {
+            StorageError::Corrupt(format!("SQLite table {table} is stored as `{sql}`"))
+        })?;
+        // DROP TABLE drops them; automatic indexes (the key's) have no text.
+        let dependents: Vec<String> = sqlx::query_scalar(
+            "SELECT sql FROM sqlite_master WHERE tbl_name = $1 AND type IN ('index', 'trigger') \
+             AND sql IS NOT NULL",
         )
         .bind(table)
-        .fetch_one(&mut *conn)
+        .fetch_all(&mut *conn)
         .await?;
-        if stored != names {
-            return Err(StorageError::Corrupt(format!(
-                "SQLite table {table} has the columns ({stored}), not ({names}) that its \
-                 WITHOUT ROWID rebuild copies"
-            )));
-        }
-        let rebuild = format!(
-            "BEGIN IMMEDIATE; CREATE TABLE {table}_rebuilt ({columns}) WITHOUT ROWID; \
-             INSERT INTO {table}_rebuilt ({names}) SELECT {names} FROM {table}; \
-             DROP TABLE {table}; ALTER TABLE {table}_rebuilt RENAME TO {table}; COMMIT"
+        let mut rebuild = format!(
+            "BEGIN IMMEDIATE; CREATE TABLE {table}_rebuilt {body} WITHOUT ROWID; \
+             INSERT INTO {table}_rebuilt SELECT * FROM {table}; \
+             DROP TABLE {table}; ALTER TABLE {table}_rebuilt RENAME TO {table}; "
         );
+        for d in dependents {
+            rebuild.push_str(&d);
+            rebuild.push_str("; ");
+        }
+        rebuild.push_str("COMMIT");
         if let Err(e) = conn.execute(rebuild.as_str()).await {
             let _ = conn.execute("ROLLBACK").await;
             return Err(e.into());

@@ -291,27 +291,81 @@ async fn table_counts_rebuild_and_track_the_reports() {
     db.close().await;
 }
 
-/// The `WITHOUT ROWID` rebuild copies the columns it knows: a replay set whose columns a later
-/// migration changed (here: one more) is refused at startup, and the table stays as it was.
+/// The `WITHOUT ROWID` rebuild starts from the stored definition: a replay set that a later
+/// migration gave one more column and an index is rebuilt with both, and keeps its rows whole.
 #[tokio::test]
-async fn rowid_rebuild_refuses_unknown_columns() {
+async fn rowid_rebuild_keeps_a_changed_table() {
     let scratch = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", scratch.path().join("r.db").display());
     Datastore::connect(&url, 2).await.unwrap().close().await;
-    let changed = "CREATE TABLE report_tokens (collection_id TEXT NOT NULL, \
-                   token_nonce TEXT NOT NULL, report_id TEXT NOT NULL, extra TEXT, \
-                   PRIMARY KEY (collection_id, token_nonce))";
     let pool = sqlx::AnyPool::connect(&url).await.unwrap();
-    sqlx::raw_sql("DROP TABLE report_tokens")
-        .execute(&pool)
+    sqlx::raw_sql(
+        "DROP TABLE report_tokens; \
+         CREATE TABLE report_tokens (collection_id TEXT NOT NULL, token_nonce TEXT NOT NULL, \
+         report_id TEXT NOT NULL, extra TEXT, PRIMARY KEY (collection_id, token_nonce)); \
+         CREATE INDEX report_tokens_extra ON report_tokens (extra); \
+         INSERT INTO report_tokens VALUES ('c', 'n1', 'r1', 'x1'), ('c', 'n2', 'r2', NULL)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+
+    Datastore::connect(&url, 2).await.unwrap().close().await;
+    let pool = sqlx::AnyPool::connect(&url).await.unwrap();
+    let sql: String = sqlx::query_scalar("SELECT sql FROM sqlite_master WHERE name = $1")
+        .bind("report_tokens")
+        .fetch_one(&pool)
         .await
         .unwrap();
-    sqlx::raw_sql(changed).execute(&pool).await.unwrap();
+    assert!(
+        sql.ends_with("WITHOUT ROWID") && sql.contains("extra TEXT"),
+        "{sql}"
+    );
+    let index: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM sqlite_master WHERE name = 'report_tokens_extra'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(index, 1, "the table's index is created again");
+    let rows: Vec<(String, String, String, Option<String>)> =
+        sqlx::query_as("SELECT * FROM report_tokens ORDER BY token_nonce")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let row = |n: &str, r: &str, x: Option<&str>| {
+        (
+            "c".to_owned(),
+            n.to_owned(),
+            r.to_owned(),
+            x.map(str::to_owned),
+        )
+    };
+    assert_eq!(rows, [row("n1", "r1", Some("x1")), row("n2", "r2", None)]);
+    pool.close().await;
+}
+
+/// A replay set that cannot be a `WITHOUT ROWID` table (no primary key) is refused at startup,
+/// and left as it was with its rows.
+#[tokio::test]
+async fn rowid_rebuild_refuses_a_table_without_key() {
+    let scratch = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", scratch.path().join("r.db").display());
+    Datastore::connect(&url, 2).await.unwrap().close().await;
+    let keyless = "CREATE TABLE report_tokens (collection_id TEXT NOT NULL, \
+                   token_nonce TEXT NOT NULL, report_id TEXT NOT NULL)";
+    let pool = sqlx::AnyPool::connect(&url).await.unwrap();
+    sqlx::raw_sql(&format!(
+        "DROP TABLE report_tokens; {keyless}; INSERT INTO report_tokens VALUES ('c', 'n', 'r')"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
     pool.close().await;
 
     let err = Datastore::connect(&url, 2).await.expect_err("refused");
     assert!(
-        matches!(&err, StorageError::Corrupt(m) if m.contains("report_tokens")),
+        matches!(&err, StorageError::Database(_)) && err.to_string().contains("PRIMARY KEY"),
         "{err}"
     );
     let pool = sqlx::AnyPool::connect(&url).await.unwrap();
@@ -320,6 +374,11 @@ async fn rowid_rebuild_refuses_unknown_columns() {
         .fetch_one(&pool)
         .await
         .unwrap();
-    assert_eq!(sql, changed);
+    assert_eq!(sql, keyless);
+    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM report_tokens")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 1);
     pool.close().await;
 }

@@ -98,7 +98,7 @@ pub struct TaskClaims {
     pub epsilon: Epsilon,
     /// Expiry, Unix seconds.
     pub expires_at: i64,
-    /// Nonce (see [`TaskClaims::fresh_nonce`]): a token answers one report, identified by
+    /// Nonce (see [`TaskClaims::fresh_nonces`]): a token answers one report, identified by
     /// `(collection, nonce)`.
     pub nonce: [u8; 16],
     /// Bin maps of the factor's attributes (factor order, `[]` for full resolution), or
@@ -107,16 +107,27 @@ pub struct TaskClaims {
 }
 
 impl TaskClaims {
-    /// A new nonce: issue time in Unix milliseconds (48 bits, big-endian) then 80 random bits
-    /// from the thread's CSPRNG. Time first makes the replay set's key (`report_tokens`) grow
-    /// at its end (a cheap insert) instead of at random pages; the time says nothing the
-    /// token's `expires_at` does not already say, and 80 random bits keep nonces from colliding
-    /// across processes.
-    pub fn fresh_nonce(now_ms: u64) -> [u8; 16] {
-        let mut nonce = [0u8; 16];
-        nonce[..6].copy_from_slice(&now_ms.to_be_bytes()[2..]);
-        rand::RngCore::fill_bytes(&mut rand::rng(), &mut nonce[6..]);
-        nonce
+    /// `n` new nonces, in increasing order: each is the issue time in Unix milliseconds (48
+    /// bits, big-endian) then 80 random bits from the thread's CSPRNG. Time first makes the
+    /// replay set's key (`report_tokens`) grow at its end (a cheap insert) instead of at random
+    /// pages; the time says nothing the token's `expires_at` does not already say, and 80
+    /// random bits keep nonces from colliding across processes. In order, so that the answers
+    /// to one fetch of many tasks, sent back in that order, insert at neighbouring keys: with
+    /// the 80 bits in draw order they scattered over every page of the fetch's millisecond
+    /// (`benchmarks/results/profile-ingest.md`). The order of tasks within one answer carries
+    /// nothing: they are independent draws.
+    pub fn fresh_nonces(now_ms: u64, n: usize) -> Vec<[u8; 16]> {
+        let mut rng = rand::rng();
+        let mut nonces: Vec<[u8; 16]> = (0..n)
+            .map(|_| {
+                let mut nonce = [0u8; 16];
+                nonce[..6].copy_from_slice(&now_ms.to_be_bytes()[2..]);
+                rand::RngCore::fill_bytes(&mut rng, &mut nonce[6..]);
+                nonce
+            })
+            .collect();
+        nonces.sort_unstable();
+        nonces
     }
 
     /// The task these claims describe (round, factor, mechanism, bin maps).
@@ -464,12 +475,22 @@ mod tests {
 
     #[test]
     fn fresh_nonces_sort_by_time_and_differ() {
-        let a = TaskClaims::fresh_nonce(1_790_000_000_000);
-        let b = TaskClaims::fresh_nonce(1_790_000_000_000);
-        let c = TaskClaims::fresh_nonce(1_790_000_000_001);
-        assert_ne!(a, b, "80 random bits");
-        assert_eq!(a[..6], b[..6]);
-        assert!(hex(&a) < hex(&c) && hex(&b) < hex(&c));
+        let a = TaskClaims::fresh_nonces(1_790_000_000_000, 1000);
+        let c = TaskClaims::fresh_nonces(1_790_000_000_001, 1);
+        assert_eq!(a.len(), 1000);
+        assert!(
+            a.windows(2).all(|w| w[0] < w[1]),
+            "increasing, no two alike"
+        );
+        assert!(a.iter().all(|n| n[..6] == a[0][..6]));
+        // As the replay set compares them: hex text.
+        assert!(hex(&a[999]) < hex(&c[0]));
+        let b = TaskClaims::fresh_nonces(1_790_000_000_000, 1000);
+        assert!(
+            b.iter().all(|n| a.binary_search(n).is_err()),
+            "80 random bits"
+        );
+        assert!(TaskClaims::fresh_nonces(1_790_000_000_000, 0).is_empty());
     }
 
     #[test]

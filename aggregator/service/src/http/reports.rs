@@ -3,6 +3,7 @@
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path, State};
+use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use ldpsyn::wire::{MAX_TASKS_PER_REQUEST, ProblemType, Report, ReportAnswer, ReportStatus, Task};
 use serde::Deserialize;
@@ -40,8 +41,13 @@ impl QueryParams for TaskQuery {
 // `allowed` above spells the limit out.
 const _: () = assert!(MAX_TASKS_PER_REQUEST == 1000);
 
-fn issue(state: &AppState, h: &CollectionHandle, spec: TaskSpec, now: i64, now_ms: u64) -> Task {
-    let nonce = TaskClaims::fresh_nonce(now_ms);
+fn issue(
+    state: &AppState,
+    h: &CollectionHandle,
+    spec: TaskSpec,
+    now: i64,
+    nonce: [u8; 16],
+) -> Task {
     let claims = TaskClaims {
         collection: h.id,
         round: spec.round,
@@ -114,19 +120,47 @@ pub(crate) async fn get_task(
     // The choices of the state checked above, once per state ([`CollectionHandle::sampler`]);
     // each task an O(log n) draw.
     let sampler = h.sampler(&s)?;
-    for spec in state.draw_tasks(&sampler, n) {
+    let nonces = TaskClaims::fresh_nonces(now_ms, n);
+    for (spec, nonce) in state.draw_tasks(&sampler, n).into_iter().zip(nonces) {
         if spec.factor.len() > MAX_FACTOR_LEN
             || spec.bins.iter().map(Vec::len).sum::<usize>() > MAX_TOKEN_CUTS
         {
             return Err(ApiError::Internal("task too large for a token".into()));
         }
-        tasks.push(issue(&state, &h, spec, now, now_ms));
+        tasks.push(issue(&state, &h, spec, now, nonce));
     }
     state.metrics().task_request(n as u64);
     Ok(match count {
         None => Json(tasks.pop()).into_response(),
-        Some(_) => Json(tasks).into_response(),
+        Some(_) => json_sized(&tasks, n * TASK_JSON_BYTES),
     })
+}
+
+/// Room for one task in a `?count=n` answer, bytes: a pair's task without bin maps is 270
+/// (its token 150); a longer one regrows the buffer once.
+const TASK_JSON_BYTES: usize = 320;
+
+/// Room for one report's answer in an upload's, bytes (`{"id":…,"status":"accepted"},`: 65;
+/// a rejection's problem regrows the buffer once).
+const ANSWER_JSON_BYTES: usize = 72;
+
+/// `value` as an `application/json` response, written into a buffer of `capacity` bytes
+/// allocated up front: axum's `Json` starts at 128 bytes and regrows, copying what it wrote
+/// each time, a dozen copies for a thousand tasks. Errors: a 500 if `value` does not
+/// serialize (none of the wire types fails).
+fn json_sized<T: serde::Serialize>(value: &T, capacity: usize) -> Response {
+    let mut buf = Vec::with_capacity(capacity);
+    match serde_json::to_writer(&mut buf, value) {
+        Ok(()) => (
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            buf,
+        )
+            .into_response(),
+        Err(e) => ApiError::Internal(format!("cannot serialize the answer: {e}")).into_response(),
+    }
 }
 
 /// Parses an upload body: a JSON array of 1..=`max` reports. Errors: 400 (not JSON of that
@@ -169,7 +203,7 @@ pub(crate) async fn post_reports(
     State(state): State<AppState>,
     Path(id): Path<String>,
     body: Body,
-) -> Result<Json<Vec<ReportAnswer>>, ApiError> {
+) -> Result<Response, ApiError> {
     state.metrics().upload_request();
     let h = handle_of(&state, &id).await?;
     let body = read_body(body, state.config().max_body_bytes).await?;
@@ -220,5 +254,5 @@ pub(crate) async fn post_reports(
             }
         }
     }
-    Ok(Json(answers))
+    Ok(json_sized(&answers, answers.len() * ANSWER_JSON_BYTES))
 }

@@ -199,10 +199,11 @@ impl Writer {
     ///
     /// SQLite: one script, `BEGIN IMMEDIATE` to `COMMIT`, in one call to the connection's
     /// thread; each statement alone cost a wake-up of that thread and of the committer.
-    /// PostgreSQL (whose protocol binds one statement per round trip): `BEGIN`, the locks
-    /// (the shared ingest lock of [`Transaction::ingest_gate`]'s barrier, then with `target`
-    /// the collection's, as the statement-by-statement path takes them), one statement
-    /// that checks the collection's phase and count and writes the four parts, `COMMIT`.
+    /// PostgreSQL (whose protocol binds one statement per round trip): three round trips,
+    /// `BEGIN` with the locks (the shared ingest lock of [`Transaction::ingest_gate`]'s
+    /// barrier, then with `target` the collection's, as the statement-by-statement path takes
+    /// them), one statement that checks the collection's phase and count and writes the four
+    /// parts, `COMMIT`.
     /// Errors: the database's; [`StorageError::Corrupt`] for a stored count out of range.
     pub async fn append_group(
         &mut self,
@@ -230,25 +231,59 @@ impl Writer {
         match self.store.backend {
             Backend::Sqlite => self.append_group_sqlite(&parts).await,
             Backend::Postgres => {
-                let parts = &parts;
-                let r = self
-                    .run_tx(|tx| {
-                        Box::pin(async move {
-                            tx.lock_ingest_shared(id).await?;
-                            if target.is_some() {
-                                tx.lock_collection(id).await?;
-                            }
-                            tx.append_group_postgres(parts).await
-                        })
-                    })
-                    .await;
-                match r {
-                    Ok(appended) => Ok(Some(appended)),
-                    Err(Append::Declined) => Ok(None),
-                    Err(Append::Failed(e)) => Err(e),
-                }
+                self.append_group_postgres(id, &parts, target.is_some())
+                    .await
             }
         }
+    }
+
+    /// [`Writer::append_group`] on PostgreSQL: three round trips. `BEGIN` and the locks go
+    /// in one simple query (their keys are integers, written into its text), then the
+    /// statement, then `COMMIT`; the statement runs after the locks are held, so its snapshot
+    /// sees what a finalize or another process committed before them.
+    async fn append_group_postgres(
+        &mut self,
+        id: Uuid,
+        parts: &GroupParts,
+        lock_collection: bool,
+    ) -> Result<Option<Appended>, StorageError> {
+        let mut begin = format!(
+            "BEGIN; SELECT pg_advisory_xact_lock_shared({})",
+            ingest_key(id)
+        );
+        if lock_collection {
+            begin.push_str(&format!(
+                "; SELECT pg_advisory_xact_lock({})",
+                collection_key(id)
+            ));
+        }
+        let conn = self.connection().await?;
+        let conn = self.conn.insert(conn);
+        let r = match conn.execute(begin.as_str()).await {
+            Ok(_) => match parts.bind(POSTGRES_APPEND).fetch_all(&mut **conn).await {
+                // A group has at least one report, so a written one returns rows.
+                Ok(rows) if rows.is_empty() => Ok(None),
+                Ok(rows) => match appended(&rows) {
+                    Ok(a) => match conn.execute("COMMIT").await {
+                        Ok(_) => return Ok(Some(a)),
+                        Err(e) => {
+                            // Whether it committed is unknown: nothing of it is acknowledged.
+                            self.broken = true;
+                            return Err(e.into());
+                        }
+                    },
+                    Err(e) => Err(e),
+                },
+                Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Ok(None),
+                Err(e) => Err(e.into()),
+            },
+            Err(e) => Err(e.into()),
+        };
+        // Declined or failed inside the transaction: it wrote nothing.
+        if conn.execute("ROLLBACK").await.is_err() {
+            self.broken = true;
+        }
+        r
     }
 
     /// [`Writer::append_group`] on SQLite.
@@ -354,6 +389,38 @@ async fn sqlite_without_rowid(pool: &AnyPool) -> Result<(), StorageError> {
     Ok(())
 }
 
+/// [`Writer::append_group`]'s statement on PostgreSQL, after its locks: writes the group's
+/// parts (`$1`…`$6`, [`GroupParts`]) if the collection is stored, not finalized, and its total
+/// is within `room`; returns the new round counts and total, or no row when it wrote nothing.
+/// A replayed token fails it (unique violation). Data-modifying CTEs all run to completion;
+/// each writes a different table, so the only row two processes both lock is the round
+/// count's. `go` is NULL (false) when the collection row is gone. The total is returned as
+/// round -1.
+const POSTGRES_APPEND: &str = "WITH stored AS (SELECT CAST(COALESCE(SUM(accepted), 0) AS BIGINT) \
+     AS total FROM round_counts WHERE collection_id = $1), \
+     input AS (SELECT (e ->> 0)::bigint AS round, (e ->> 1)::bigint AS accepted \
+     FROM json_array_elements($5::json) AS e), \
+     go AS (SELECT (SELECT state::json ->> 'phase' FROM collections WHERE id = $1) \
+     IS DISTINCT FROM 'finalized' \
+     AND EXISTS (SELECT 1 FROM collections WHERE id = $1) \
+     AND (SELECT total FROM stored) <= $6 AS yes), \
+     tokens AS (INSERT INTO report_tokens (collection_id, token_nonce, report_id) \
+     SELECT $1, split_part(e, ' ', 1), split_part(e, ' ', 2) \
+     FROM json_array_elements_text($2::json) AS e WHERE (SELECT yes FROM go)), \
+     g AS (INSERT INTO report_groups (collection_id, reports) \
+     SELECT $1, $3 WHERE (SELECT yes FROM go)), \
+     d AS (INSERT INTO count_deltas (collection_id, delta) \
+     SELECT $1, $4 WHERE (SELECT yes FROM go)), \
+     r AS (INSERT INTO round_counts (collection_id, round, accepted) \
+     SELECT $1, round, accepted FROM input WHERE (SELECT yes FROM go) \
+     ON CONFLICT (collection_id, round) \
+     DO UPDATE SET accepted = round_counts.accepted + excluded.accepted \
+     RETURNING round, accepted) \
+     SELECT round, accepted FROM r \
+     UNION ALL SELECT -1, (SELECT total FROM stored) \
+     + (SELECT CAST(SUM(accepted) AS BIGINT) FROM input) \
+     WHERE (SELECT yes FROM go)";
+
 /// What [`Writer::append_group`] stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Appended {
@@ -393,20 +460,6 @@ impl GroupParts {
             .bind(&self.delta)
             .bind(&self.rounds)
             .bind(self.room)
-    }
-}
-
-/// Why [`Writer::append_group`]'s PostgreSQL transaction rolled back.
-enum Append {
-    /// The collection is not open in the database, or a token was stored: nothing written.
-    Declined,
-    /// The database failed.
-    Failed(StorageError),
-}
-
-impl From<StorageError> for Append {
-    fn from(e: StorageError) -> Self {
-        Self::Failed(e)
     }
 }
 
@@ -1806,9 +1859,8 @@ impl Transaction<'_> {
     /// a no-op on SQLite, which has one writer anyway.
     pub async fn lock_collection(&mut self, id: Uuid) -> Result<(), StorageError> {
         if self.backend == Backend::Postgres {
-            let key = i64::from_be_bytes(id.as_bytes()[..8].try_into().unwrap_or([0; 8]));
             sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                .bind(key)
+                .bind(collection_key(id))
                 .execute(&mut *self.inner)
                 .await?;
         }
@@ -1853,52 +1905,6 @@ impl Transaction<'_> {
             .execute(&mut *self.inner)
             .await?;
         Ok(())
-    }
-
-    /// [`Writer::append_group`]'s statement on PostgreSQL, after its locks: writes the
-    /// group's parts if the collection is stored, not finalized, and its total is within
-    /// `room`; returns the new round counts and total. Its snapshot is taken after the
-    /// locks, so it reads the phase a finalize committed before (the same barrier as
-    /// [`Transaction::ingest_gate`]'s) and, with the collection lock, a total no other
-    /// process moves before this commits. Errors: [`Append::Declined`] when the collection
-    /// is not open, the group does not fit, or a token is already stored (the unique
-    /// violation aborts the transaction, which then rolls back whole), and the database's.
-    async fn append_group_postgres(&mut self, parts: &GroupParts) -> Result<Appended, Append> {
-        // Data-modifying CTEs all run to completion; each writes a different table, so the
-        // only row two processes both lock is the round count's. `go` is NULL (false) when
-        // the collection row is gone. The total is returned as round -1.
-        const APPEND: &str = "WITH stored AS (SELECT CAST(COALESCE(SUM(accepted), 0) AS BIGINT) \
-             AS total FROM round_counts WHERE collection_id = $1), \
-             input AS (SELECT (e ->> 0)::bigint AS round, (e ->> 1)::bigint AS accepted \
-             FROM json_array_elements($5::json) AS e), \
-             go AS (SELECT (SELECT state::json ->> 'phase' FROM collections WHERE id = $1) \
-             IS DISTINCT FROM 'finalized' \
-             AND EXISTS (SELECT 1 FROM collections WHERE id = $1) \
-             AND (SELECT total FROM stored) <= $6 AS yes), \
-             tokens AS (INSERT INTO report_tokens (collection_id, token_nonce, report_id) \
-             SELECT $1, split_part(e, ' ', 1), split_part(e, ' ', 2) \
-             FROM json_array_elements_text($2::json) AS e WHERE (SELECT yes FROM go)), \
-             g AS (INSERT INTO report_groups (collection_id, reports) \
-             SELECT $1, $3 WHERE (SELECT yes FROM go)), \
-             d AS (INSERT INTO count_deltas (collection_id, delta) \
-             SELECT $1, $4 WHERE (SELECT yes FROM go)), \
-             r AS (INSERT INTO round_counts (collection_id, round, accepted) \
-             SELECT $1, round, accepted FROM input WHERE (SELECT yes FROM go) \
-             ON CONFLICT (collection_id, round) \
-             DO UPDATE SET accepted = round_counts.accepted + excluded.accepted \
-             RETURNING round, accepted) \
-             SELECT round, accepted FROM r \
-             UNION ALL SELECT -1, (SELECT total FROM stored) \
-             + (SELECT CAST(SUM(accepted) AS BIGINT) FROM input) \
-             WHERE (SELECT yes FROM go)";
-        let rows = parts.bind(APPEND).fetch_all(&mut *self.inner).await;
-        match rows {
-            // A group has at least one report, so a written one returns rows.
-            Ok(rows) if rows.is_empty() => Err(Append::Declined),
-            Ok(rows) => Ok(appended(&rows)?),
-            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Err(Append::Declined),
-            Err(e) => Err(Append::Failed(e.into())),
-        }
     }
 
     /// Deletes every row of collection `id` (its reports, vertical records, table counts,
@@ -1986,6 +1992,12 @@ pub(crate) fn unhex(s: &str) -> Option<Vec<u8>> {
         .step_by(2)
         .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
         .collect()
+}
+
+/// The advisory-lock key of a collection ([`Transaction::lock_collection`]): the id's first
+/// 8 bytes.
+fn collection_key(id: Uuid) -> i64 {
+    i64::from_be_bytes(id.as_bytes()[..8].try_into().unwrap_or([0; 8]))
 }
 
 /// The advisory-lock key of a collection's ingest barrier: the id's last 8 bytes, apart from

@@ -392,10 +392,11 @@ async fn sqlite_without_rowid(pool: &AnyPool) -> Result<(), StorageError> {
 /// [`Writer::append_group`]'s statement on PostgreSQL, after its locks: writes the group's
 /// parts (`$1`…`$6`, [`GroupParts`]) if the collection is stored, not finalized, and its total
 /// is within `room`; returns the new round counts and total, or no row when it wrote nothing.
-/// A replayed token fails it (unique violation). Data-modifying CTEs all run to completion;
-/// each writes a different table, so the only row two processes both lock is the round
-/// count's. `go` is NULL (false) when the collection row is gone. The total is returned as
-/// round -1.
+/// A replayed token fails it (unique violation). With the collection lock held, no other
+/// process moves the total it checks before this commits. Data-modifying CTEs all run to
+/// completion; each writes a different table, so the only row two processes both lock is the
+/// round count's. `go` is NULL (false) when the collection row is gone. The total is returned
+/// as round -1.
 const POSTGRES_APPEND: &str = "WITH stored AS (SELECT CAST(COALESCE(SUM(accepted), 0) AS BIGINT) \
      AS total FROM round_counts WHERE collection_id = $1), \
      input AS (SELECT (e ->> 0)::bigint AS round, (e ->> 1)::bigint AS accepted \

@@ -60,8 +60,7 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
 macro_rules! sqlite_insert_tokens {
     () => {
         "INSERT INTO report_tokens (collection_id, token_nonce, report_id) \
-         SELECT $1, substr(value, 1, instr(value, ' ') - 1), \
-         substr(value, instr(value, ' ') + 1) FROM json_each($2)"
+         SELECT $1, substr(value, 38), substr(value, 1, 36) FROM json_each($2)"
     };
 }
 
@@ -406,7 +405,7 @@ const POSTGRES_APPEND: &str = "WITH stored AS (SELECT CAST(COALESCE(SUM(accepted
      AND EXISTS (SELECT 1 FROM collections WHERE id = $1) \
      AND (SELECT total FROM stored) <= $6 AS yes), \
      tokens AS (INSERT INTO report_tokens (collection_id, token_nonce, report_id) \
-     SELECT $1, split_part(e, ' ', 1), split_part(e, ' ', 2) \
+     SELECT $1, substr(e, 38), substr(e, 1, 36) \
      FROM json_array_elements_text($2::json) AS e WHERE (SELECT yes FROM go)), \
      g AS (INSERT INTO report_groups (collection_id, reports) \
      SELECT $1, $3 WHERE (SELECT yes FROM go)), \
@@ -640,19 +639,20 @@ fn parse_factor(s: &str) -> Result<Vec<usize>, StorageError> {
         .collect()
 }
 
-/// The tokens of `reports` as the JSON text the replay-set insert binds: `["nonce report-id",
-/// …]`, one flat string each, which SQLite splits with `instr`/`substr` instead of parsing a
-/// nested array per report. Nonces are hex and ids UUIDs: nothing needs escaping, and neither
-/// holds the space.
+/// The tokens of `reports` as the JSON text the replay-set insert binds: `["report-id nonce",
+/// …]`, one flat string each, which the database cuts at fixed places (`substr(e, 1, 36)` the
+/// id, `substr(e, 38)` the nonce) instead of parsing a nested array per report or searching
+/// for the space (`instr` was 1.3% of a batch load's samples). Ids are hyphenated UUIDs, 36
+/// characters; nonces are hex: nothing needs escaping.
 fn tokens_json<'a>(reports: impl ExactSizeIterator<Item = &'a NewReport>) -> String {
     let mut s = String::with_capacity(2 + reports.len() * 73);
     s.push('[');
     let mut id = Uuid::encode_buffer();
     for (i, r) in reports.enumerate() {
         s.push_str(if i == 0 { "\"" } else { ",\"" });
-        s.push_str(&r.nonce);
-        s.push(' ');
         s.push_str(r.report_id.hyphenated().encode_lower(&mut id));
+        s.push(' ');
+        s.push_str(&r.nonce);
         s.push('"');
     }
     s.push(']');
@@ -1710,8 +1710,8 @@ impl Transaction<'_> {
             }
             Backend::Postgres => {
                 let rows = sqlx::query(
-                    "WITH input AS (SELECT split_part(e, ' ', 1) AS nonce, \
-                     split_part(e, ' ', 2) AS report_id \
+                    "WITH input AS (SELECT substr(e, 38) AS nonce, \
+                     substr(e, 1, 36) AS report_id \
                      FROM json_array_elements_text($2::json) AS e), \
                      ins AS (INSERT INTO report_tokens (collection_id, token_nonce, report_id) \
                      SELECT $1, nonce, report_id FROM input ON CONFLICT DO NOTHING \

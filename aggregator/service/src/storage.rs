@@ -2,7 +2,7 @@
 //! driver, `$n` placeholders (understood by both), TEXT and BIGINT columns only, and the
 //! shared migrations in `migrations/`, run at startup.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::str::FromStr;
@@ -64,6 +64,35 @@ macro_rules! sqlite_insert_tokens {
     };
 }
 
+/// SQLite's move of every staged token (`report_tokens_staged`, see [`Writer`]) into the
+/// replay set, in key order, then the staged rows' delete: two statements, run inside a write
+/// transaction. A staged token is never also in `report_tokens` (the commit that staged it
+/// checked), so the insert fails only on a broken invariant, and then nothing moves. A macro
+/// so that [`Writer`] can put it in its script at compile time.
+macro_rules! sqlite_merge_staged {
+    () => {
+        "INSERT INTO report_tokens (collection_id, token_nonce, report_id) \
+         SELECT s.collection_id, substr(j.value, 38), substr(j.value, 1, 36) \
+         FROM report_tokens_staged AS s, json_each(s.tokens) AS j ORDER BY 1, 2; \
+         DELETE FROM report_tokens_staged"
+    };
+}
+
+/// Staged tokens after which [`Writer`] moves them all into the replay set. A move touches
+/// each leaf its tokens fall in once, so its pages per token fall as it grows, but the group
+/// commit that moves them waits for it. Swept over 256–65,536 under `bench-ingest`'s single
+/// reports on SQLite (`benchmarks/results/profile-ingest.md`): from 1,024 on, reports per
+/// second and CPU per report stay level and the 99th percentile latency grows (8 ms at 1,024,
+/// 13–14 ms from 16,384); below, the CPU per report rises.
+const MERGE_STAGED_AT: usize = 1024;
+
+/// Rows of `report_tokens` in one 4 KiB leaf page: a row is the collection id and the report
+/// id (36 characters each), the nonce (32 hex digits) and SQLite's cell and record headers,
+/// about 112 bytes. A group commit whose tokens answer more fetches than its size over this
+/// (each fetch's nonces are neighbours in the key, [`crate::tokens::TaskClaims::fresh_nonces`])
+/// would write more leaves for their spread than for their number, and is staged instead.
+const REPLAY_ROWS_PER_PAGE: usize = 32;
+
 /// Which database is behind the pool. Private: callers ask [`Datastore`] what they need
 /// ([`Datastore::is_shared`]), never which backend it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,12 +149,28 @@ impl Transaction<'_> {
 /// connection whose database another connection has written since its last use must reload
 /// its whole page cache, which made every group commit re-read the report indexes. Dropped
 /// after a failed begin, commit or rollback, and acquired again.
+///
+/// On SQLite it also stages tokens. A group commit of single reports answers as many fetches
+/// as it has reports, and each fetch's nonces sit in their own leaf of the replay set, so
+/// inserting them wrote one 4 KiB WAL frame per report. Such a group's tokens go into one row
+/// of `report_tokens_staged` instead (checked against `report_tokens` first), and the writer
+/// keeps them in memory to refuse a replay of one of them; every [`MERGE_STAGED_AT`] staged
+/// tokens it moves them into `report_tokens` in one commit. A new writer, or one whose commit
+/// ended unknown, moves them before it stages more. Every other reader of the replay set moves
+/// them first in its own transaction ([`Transaction::insert_reports`] and the rest), so
+/// `report_tokens` holds every token wherever it is read.
 #[derive(Debug)]
 pub struct Writer {
     store: Datastore,
     conn: Option<PoolConnection<Any>>,
     /// The kept connection failed; dropped at the next [`Writer::run_tx`].
     broken: bool,
+    /// SQLite: the staged tokens' nonces by collection, at least those of
+    /// `report_tokens_staged` (another transaction may have moved them meanwhile); `None`
+    /// when not known.
+    staged: Option<HashMap<Uuid, HashSet<String>>>,
+    /// How many nonces `staged` holds.
+    staged_count: usize,
 }
 
 impl Writer {
@@ -135,7 +180,26 @@ impl Writer {
             store,
             conn: None,
             broken: false,
+            staged: None,
+            staged_count: 0,
         }
+    }
+
+    /// SQLite: moves every staged token into the replay set in a transaction of its own and
+    /// empties [`Writer::staged`]. Errors: the database's (nothing moved; the connection is
+    /// dropped and the next group tries again).
+    async fn merge_staged(&mut self) -> Result<(), StorageError> {
+        const MERGE: &str = concat!("BEGIN IMMEDIATE; ", sqlite_merge_staged!(), "; COMMIT");
+        let conn = self.connection().await?;
+        let conn = self.conn.insert(conn);
+        if let Err(e) = conn.execute(MERGE).await {
+            let _ = conn.execute("ROLLBACK").await;
+            self.broken = true;
+            return Err(e.into());
+        }
+        self.staged = Some(HashMap::new());
+        self.staged_count = 0;
+        Ok(())
     }
 
     /// Runs `f` in a transaction on the kept connection (acquired first if there is none),
@@ -228,7 +292,7 @@ impl Writer {
             },
         };
         match self.store.backend {
-            Backend::Sqlite => self.append_group_sqlite(&parts).await,
+            Backend::Sqlite => self.append_group_sqlite(id, reports, &parts).await,
             Backend::Postgres => {
                 self.append_group_postgres(id, &parts, target.is_some())
                     .await
@@ -285,37 +349,81 @@ impl Writer {
         r
     }
 
-    /// [`Writer::append_group`] on SQLite.
+    /// [`Writer::append_group`] on SQLite, `reports` (all of collection `id`) as `parts`
+    /// binds them: their tokens into the replay set, or staged when they answer many fetches
+    /// ([`Writer`], [`spread_over_fetches`]).
     async fn append_group_sqlite(
         &mut self,
+        id: Uuid,
+        reports: &[&NewReport],
         parts: &GroupParts,
     ) -> Result<Option<Appended>, StorageError> {
-        // Constant text, so it is prepared once per connection; `$1` is bound in every
-        // statement. The token insert fails, undoing itself, on a replayed token (unique
-        // key) or, through a row of NULLs it adds, when the stored total is past `$6`
-        // (NOT NULL); the statements after it do not run then. The last one reads the total.
+        // After the tokens' statement: constant text, so each script is prepared once per
+        // connection; `$1` is bound in every statement. The last one reads the total.
+        macro_rules! rest {
+            () => {
+                "INSERT INTO report_groups (collection_id, reports) VALUES ($1, $3); \
+                 INSERT INTO count_deltas (collection_id, delta) VALUES ($1, $4); \
+                 INSERT INTO round_counts (collection_id, round, accepted) \
+                 SELECT $1, json_extract(value, '$[0]'), json_extract(value, '$[1]') \
+                 FROM json_each($5) WHERE true \
+                 ON CONFLICT (collection_id, round) \
+                 DO UPDATE SET accepted = round_counts.accepted + excluded.accepted \
+                 RETURNING round, accepted; \
+                 SELECT -1, COALESCE(SUM(accepted), 0) FROM round_counts WHERE collection_id = $1; \
+                 COMMIT"
+            };
+        }
+        // The token insert fails, undoing itself, on a replayed token (unique key) or,
+        // through a row of NULLs it adds, when the stored total is past `$6` (NOT NULL); the
+        // statements after it do not run then.
         const APPEND: &str = concat!(
             "BEGIN IMMEDIATE; ",
             sqlite_insert_tokens!(),
             " UNION ALL SELECT NULL, NULL, NULL WHERE (SELECT COALESCE(SUM(accepted), 0) \
-             FROM round_counts WHERE collection_id = $1) > $6; \
-             INSERT INTO report_groups (collection_id, reports) VALUES ($1, $3); \
-             INSERT INTO count_deltas (collection_id, delta) VALUES ($1, $4); \
-             INSERT INTO round_counts (collection_id, round, accepted) \
-             SELECT $1, json_extract(value, '$[0]'), json_extract(value, '$[1]') \
-             FROM json_each($5) WHERE true \
-             ON CONFLICT (collection_id, round) \
-             DO UPDATE SET accepted = round_counts.accepted + excluded.accepted \
-             RETURNING round, accepted; \
-             SELECT -1, COALESCE(SUM(accepted), 0) FROM round_counts WHERE collection_id = $1; \
-             COMMIT"
+             FROM round_counts WHERE collection_id = $1) > $6; ",
+            rest!()
         );
+        // The staged row likewise fails when one of its tokens is in the replay set.
+        const STAGE: &str = concat!(
+            "BEGIN IMMEDIATE; \
+             INSERT INTO report_tokens_staged (collection_id, reports, tokens) \
+             SELECT $1, json_array_length($2), $2 \
+             UNION ALL SELECT NULL, NULL, NULL WHERE (SELECT COALESCE(SUM(accepted), 0) \
+             FROM round_counts WHERE collection_id = $1) > $6 \
+             OR EXISTS (SELECT 1 FROM json_each($2) AS j WHERE EXISTS (SELECT 1 \
+             FROM report_tokens WHERE collection_id = $1 \
+             AND token_nonce = substr(j.value, 38))); ",
+            rest!()
+        );
+        if self.staged.is_none() || self.staged_count >= MERGE_STAGED_AT {
+            self.merge_staged().await?;
+        }
+        let staged = self.staged.get_or_insert_default();
+        if let Some(nonces) = staged.get(&id)
+            && reports.iter().any(|r| nonces.contains(&r.nonce))
+        {
+            // A replay of a staged token: the statement-by-statement path moves the staged
+            // tokens and tells each report's outcome.
+            return Ok(None);
+        }
+        let stage = spread_over_fetches(reports);
         let conn = self.connection().await?;
         let conn = self.conn.insert(conn);
-        let rows = parts.bind(APPEND).fetch_all(&mut **conn).await;
+        let rows = parts
+            .bind(if stage { STAGE } else { APPEND })
+            .fetch_all(&mut **conn)
+            .await;
         match rows {
             // `COMMIT` ran.
-            Ok(rows) => appended(&rows).map(Some),
+            Ok(rows) => {
+                if stage && let Some(staged) = &mut self.staged {
+                    let nonces = staged.entry(id).or_default();
+                    nonces.extend(reports.iter().map(|r| r.nonce.clone()));
+                    self.staged_count += reports.len();
+                }
+                appended(&rows).map(Some)
+            }
             Err(e) => {
                 // The script stopped inside its transaction (or at `COMMIT`, which may have
                 // ended it): roll back whatever is open.
@@ -325,12 +433,29 @@ impl Writer {
                 if declined && rolled_back {
                     Ok(None)
                 } else {
+                    // It may have committed: which tokens are staged is not known.
                     self.broken = true;
+                    self.staged = None;
                     Err(e.into())
                 }
             }
         }
     }
+}
+
+/// Whether the tokens of `reports` answer more fetches than `reports.len()` over
+/// [`REPLAY_ROWS_PER_PAGE`], so that inserting them into the replay set would write a leaf
+/// page per fetch rather than per page's worth of tokens. A fetch is told by its nonces'
+/// first 48 bits (the issue millisecond, [`crate::tokens::TaskClaims::fresh_nonces`]): all
+/// of one fetch's share them, and fetches of one millisecond are neighbours in the key anyway.
+fn spread_over_fetches(reports: &[&NewReport]) -> bool {
+    let mut fetches: Vec<&str> = reports
+        .iter()
+        .map(|r| r.nonce.get(..12).unwrap_or(&r.nonce))
+        .collect();
+    fetches.sort_unstable();
+    fetches.dedup();
+    fetches.len() * REPLAY_ROWS_PER_PAGE > reports.len()
 }
 
 /// SQLite only, after the shared migrations: the replay set (`report_tokens`) and the round
@@ -537,6 +662,7 @@ const PARTY_SKETCHES: PartyUploadKind = PartyUploadKind {
 /// `delete_leaves_nothing` in `aggregator/tests/collection_lifecycle.rs`).
 const COLLECTION_TABLES: &[&str] = &[
     "report_tokens",
+    "report_tokens_staged",
     "report_groups",
     "vertical_records",
     "party_models",
@@ -990,6 +1116,10 @@ impl Datastore {
         if marked.rows_affected() == 0 {
             return Ok(None);
         }
+        if self.backend == Backend::Sqlite {
+            // Staged tokens ([`Writer`]) are counted and deleted where they are moved to.
+            (&mut *tx).execute(sqlite_merge_staged!()).await?;
+        }
         let mut deleted = 0;
         for table in ["report_tokens", "report_groups", "vertical_records"] {
             // The table names are the constants above, never input.
@@ -1160,10 +1290,14 @@ impl Datastore {
     /// Number of stored reports of a collection. Feature `test-util`.
     #[cfg(feature = "test-util")]
     pub async fn count_reports(&self, collection: Uuid) -> Result<u64, StorageError> {
-        let row = sqlx::query("SELECT COUNT(*) FROM report_tokens WHERE collection_id = $1")
-            .bind(collection.to_string())
-            .fetch_one(&self.pool)
-            .await?;
+        let row = sqlx::query(
+            "SELECT (SELECT COUNT(*) FROM report_tokens WHERE collection_id = $1) \
+             + (SELECT CAST(COALESCE(SUM(reports), 0) AS BIGINT) FROM report_tokens_staged \
+             WHERE collection_id = $1)",
+        )
+        .bind(collection.to_string())
+        .fetch_one(&self.pool)
+        .await?;
         let n: i64 = row.try_get(0)?;
         Ok(n as u64)
     }
@@ -1602,6 +1736,16 @@ impl Transaction<'_> {
         Ok(tables)
     }
 
+    /// SQLite: moves every staged token ([`Writer`]) into `report_tokens`, so that this
+    /// transaction reads and writes the whole replay set there. PostgreSQL stages none.
+    /// Errors: the database's.
+    async fn merge_staged(&mut self) -> Result<(), StorageError> {
+        if self.backend == Backend::Sqlite {
+            (&mut *self.inner).execute(sqlite_merge_staged!()).await?;
+        }
+        Ok(())
+    }
+
     /// Inserts `reports` (no two with the same collection and token nonce), skipping those
     /// whose token already answered a stored report. Returns, per report, whether it was
     /// inserted.
@@ -1652,7 +1796,7 @@ impl Transaction<'_> {
     /// Adds the tokens of `reports` (all of collection `id`, no nonce twice) to the replay set;
     /// returns, per report, whether its token was new (and is now stored).
     ///
-    /// SQLite (one process, one writer): a plain INSERT; a replayed token fails the statement
+    /// SQLite (one process, one writer): the staged tokens moved first, then a plain INSERT; a replayed token fails the statement
     /// with a unique violation, which undoes that statement only (the transaction goes on),
     /// and then the stored tokens among them are read and the others inserted. Replays are
     /// rare, so the usual group pays one statement and reads nothing back. PostgreSQL
@@ -1665,6 +1809,7 @@ impl Transaction<'_> {
         reports: &[&NewReport],
     ) -> Result<Vec<bool>, StorageError> {
         let tokens = tokens_json(reports.iter().copied());
+        self.merge_staged().await?;
         match self.backend {
             Backend::Sqlite => {
                 const INSERT: &str = sqlite_insert_tokens!();
@@ -1743,6 +1888,7 @@ impl Transaction<'_> {
         collection: Uuid,
         nonce: &str,
     ) -> Result<Option<Uuid>, StorageError> {
+        self.merge_staged().await?;
         let row = sqlx::query(
             "SELECT report_id FROM report_tokens WHERE collection_id = $1 AND token_nonce = $2",
         )
@@ -1917,6 +2063,8 @@ impl Transaction<'_> {
         if self.state_json(id).await?.is_none() {
             return Ok(None);
         }
+        // Staged tokens are counted where they are moved to.
+        self.merge_staged().await?;
         let mut reports = 0;
         for table in COLLECTION_TABLES {
             // The table names are the constants above, never input.

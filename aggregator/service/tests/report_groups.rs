@@ -5,7 +5,10 @@
 //! insert the same token at once. The group rows hold exactly the inserted reports: a scan of
 //! them equals the reduction of what was accepted. A whole group stored in a transaction of its
 //! own (`Writer::append_group`) is stored whole or, on a replayed token or (PostgreSQL) a
-//! collection no longer open in the database, not at all.
+//! collection no longer open in the database, not at all. On SQLite, a group of tokens from
+//! many fetches is staged (`report_tokens_staged`) and moved into the replay set later: a
+//! staged token is refused like a stored one, by the writer that staged it and after a
+//! restart, and counted and deleted with its collection.
 
 mod common;
 
@@ -291,4 +294,129 @@ async fn append_group_all_or_nothing_postgres() {
     if let Some(url) = postgres_url("append_group_all_or_nothing_postgres") {
         append_group_all_or_nothing(&url).await;
     }
+}
+
+/// A report of collection `c` on a token of its own fetch `f` (a nonce whose first 48 bits,
+/// the fetch's issue millisecond, are `f`), about attribute `f % 2`.
+fn fetched(c: Uuid, f: u64) -> NewReport {
+    let mut r = report(c, 0, f as u32);
+    r.nonce = format!("{f:012x}{:020x}", f * 7);
+    r
+}
+
+/// Rows of `table` for collection `c`, read with a connection of its own.
+async fn rows(url: &str, table: &str, c: Uuid) -> i64 {
+    let mut conn = <sqlx::AnyConnection as sqlx::Connection>::connect(url)
+        .await
+        .unwrap();
+    let sql = format!("SELECT COUNT(*) FROM {table} WHERE collection_id = $1");
+    sqlx::query_scalar(&sql)
+        .bind(c.to_string())
+        .fetch_one(&mut conn)
+        .await
+        .unwrap()
+}
+
+/// SQLite stages the tokens of a group that answers many fetches: one row, counted as its
+/// reports. A replay of a staged token is refused whether it comes in a staged group or in
+/// one of a single fetch (whose tokens go straight into the replay set), from the writer
+/// that staged it or from a new one (a restart), and a retry is told from a second answer.
+/// Past `MERGE_STAGED_AT` staged tokens, the writer moves them all into `report_tokens`.
+/// Deleting the collection counts and deletes its staged reports.
+#[tokio::test]
+async fn staged_tokens_are_the_replay_set_sqlite() {
+    sqlx::any::install_default_drivers();
+    let engine = engine();
+    let scratch = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", scratch.path().join("s.db").display());
+    let db = Datastore::connect(&url, 2).await.unwrap();
+    let c = collection(&db).await;
+    let append = async |writer: &mut Writer, reports: &[NewReport]| {
+        let refs: Vec<&NewReport> = reports.iter().collect();
+        let delta = reduce(&engine, refs.iter().copied());
+        let rounds = BTreeMap::from([(0, reports.len() as u64)]);
+        let appended = writer.append_group(c, &refs, &delta, &rounds, None).await;
+        appended.unwrap().map(|a| a.total)
+    };
+
+    let mut writer = Writer::new(db.clone());
+    let spread: Vec<NewReport> = (1..=5).map(|f| fetched(c, f)).collect();
+    assert_eq!(append(&mut writer, &spread).await, Some(5));
+    assert_eq!(rows(&url, "report_tokens_staged", c).await, 1);
+    assert_eq!(rows(&url, "report_tokens", c).await, 0);
+    assert_eq!(db.count_reports(c).await.unwrap(), 5);
+
+    // The same writer: a staged group with a retry of a staged report, declined whole; the
+    // statement-by-statement path stores the fresh one and tells the retry.
+    let later = vec![fetched(c, 6), spread[2].clone()];
+    assert_eq!(append(&mut writer, &later).await, None);
+    let refs: Vec<&NewReport> = later.iter().collect();
+    assert_eq!(insert(&db, &refs).await, vec![true, false]);
+    let (answered, _) = stored(&db, &engine, c, &spread[2].nonce).await;
+    assert_eq!(answered, Some(spread[2].report_id));
+    assert_eq!(db.count_reports(c).await.unwrap(), 6);
+
+    // More staged groups, then a restart before they move: a new writer refuses a second
+    // answer to one of them in a staged group and in a group of one fetch.
+    let more: Vec<NewReport> = (10..20).map(|f| fetched(c, f)).collect();
+    // The total is of the round counts, which groups written statement by statement (the
+    // fresh report above) do not add to.
+    assert_eq!(append(&mut writer, &more).await, Some(15));
+    assert_eq!(rows(&url, "report_tokens_staged", c).await, 1);
+    drop(writer);
+    let mut writer = Writer::new(db.clone());
+    let mut second_answer = more[3].clone();
+    second_answer.report_id = Uuid::new_v4();
+    let staged_replay = vec![fetched(c, 30), second_answer.clone()];
+    assert_eq!(append(&mut writer, &staged_replay).await, None);
+    // One fetch's 40 tokens and the second answer, which shares their millisecond.
+    let fetch = more[3].nonce[..12].to_owned();
+    let mut one_fetch: Vec<NewReport> = (0..40u32)
+        .map(|i| {
+            let mut r = report(c, 0, i);
+            r.nonce = format!("{fetch}{:020x}", 1000 + i);
+            r
+        })
+        .collect();
+    one_fetch.push(second_answer.clone());
+    assert_eq!(append(&mut writer, &one_fetch).await, None);
+    assert_eq!(rows(&url, "report_tokens_staged", c).await, 0, "moved");
+    assert_eq!(rows(&url, "report_tokens", c).await, 16);
+    one_fetch.pop();
+    assert_eq!(append(&mut writer, &one_fetch).await, Some(55));
+    assert_eq!(
+        rows(&url, "report_tokens", c).await,
+        56,
+        "one fetch goes straight in"
+    );
+    let refs = [&second_answer];
+    assert_eq!(insert(&db, &refs).await, vec![false]);
+    let (answered, _) = stored(&db, &engine, c, &second_answer.nonce).await;
+    assert_eq!(
+        answered,
+        Some(more[3].report_id),
+        "a second answer is refused"
+    );
+
+    // Past MERGE_STAGED_AT (1,024) staged tokens the writer moves them.
+    let mut next = 100;
+    for _ in 0..17 {
+        let group: Vec<NewReport> = (next..next + 64).map(|f| fetched(c, f)).collect();
+        next += 64;
+        assert!(append(&mut writer, &group).await.is_some());
+    }
+    let staged = rows(&url, "report_tokens_staged", c).await;
+    assert!(staged < 17, "{staged} staged rows: they were not moved");
+    assert_eq!(db.count_reports(c).await.unwrap(), 56 + 17 * 64);
+
+    // Deleting the collection counts its staged reports and leaves none.
+    drop(writer);
+    let deleted = db
+        .run_tx(|tx| Box::pin(tx.delete_collection(c)))
+        .await
+        .unwrap();
+    assert_eq!(deleted, Some(56 + 17 * 64));
+    assert_eq!(rows(&url, "report_tokens_staged", c).await, 0);
+    assert_eq!(rows(&url, "report_tokens", c).await, 0);
+    db.close().await;
 }

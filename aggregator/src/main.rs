@@ -9,6 +9,12 @@ use ldpsyn_aggregator::party::{self, PartyConfig};
 use ldpsyn_aggregator::service::{self, config::ServeConfig};
 use ldpsyn_aggregator::synthesize::{self, SynthesizeConfig};
 
+/// mimalloc instead of glibc's allocator: an upload allocates and frees many small buffers
+/// (request, JSON, report, answer) across threads, and glibc's `malloc`/`free` were 13% of
+/// `serve`'s CPU under single-report uploads (benchmarks/results/profile-ingest.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// ldpsyn aggregator: collects LDP reports and serves models, marginals and synthetic data.
 #[derive(Debug, Parser)]
 #[command(version, about)]

@@ -158,7 +158,8 @@ impl Transaction<'_> {
 /// tokens it moves them into `report_tokens` in one commit. A new writer, or one whose commit
 /// ended unknown, moves them before it stages more. Every other reader of the replay set moves
 /// them first in its own transaction ([`Transaction::insert_reports`] and the rest), so
-/// `report_tokens` holds every token wherever it is read.
+/// `report_tokens` holds every token wherever a transaction reads it
+/// (`Datastore::count_reports`, for tests, adds the staged rows' counts instead).
 #[derive(Debug)]
 pub struct Writer {
     store: Datastore,
@@ -1287,7 +1288,7 @@ impl Datastore {
         .await
     }
 
-    /// Number of stored reports of a collection. Feature `test-util`.
+    /// Number of stored reports of a collection, staged ones included. Feature `test-util`.
     #[cfg(feature = "test-util")]
     pub async fn count_reports(&self, collection: Uuid) -> Result<u64, StorageError> {
         let row = sqlx::query(
@@ -1796,9 +1797,10 @@ impl Transaction<'_> {
     /// Adds the tokens of `reports` (all of collection `id`, no nonce twice) to the replay set;
     /// returns, per report, whether its token was new (and is now stored).
     ///
-    /// SQLite (one process, one writer): the staged tokens moved first, then a plain INSERT; a replayed token fails the statement
-    /// with a unique violation, which undoes that statement only (the transaction goes on),
-    /// and then the stored tokens among them are read and the others inserted. Replays are
+    /// SQLite (one process, one writer): the staged tokens moved into `report_tokens` first,
+    /// then a plain INSERT; a replayed token fails the statement with a unique violation,
+    /// which undoes that statement only (the transaction goes on), and then the stored tokens
+    /// among them are read and the others inserted. Replays are
     /// rare, so the usual group pays one statement and reads nothing back. PostgreSQL
     /// (several processes may insert the same token at once): one statement that inserts with
     /// `ON CONFLICT DO NOTHING` and returns only the tokens it did not insert. Errors: the
@@ -1882,7 +1884,8 @@ impl Transaction<'_> {
         }
     }
 
-    /// The report id of the stored report that answered a token, if any.
+    /// The report id of the stored report that answered a token, if any (on SQLite after
+    /// moving the staged tokens into `report_tokens`, see [`Writer`]).
     pub async fn report_of_token(
         &mut self,
         collection: Uuid,

@@ -154,8 +154,8 @@ impl Transaction<'_> {
 /// as it has reports, and each fetch's nonces sit in their own leaf of the replay set, so
 /// inserting them wrote one 4 KiB WAL frame per report. Such a group's tokens go into one row
 /// of `report_tokens_staged` instead (checked against `report_tokens` first), and the writer
-/// keeps them in memory to refuse a replay of one of them; every [`MERGE_STAGED_AT`] staged
-/// tokens it moves them into `report_tokens` in one commit. A new writer, or one whose commit
+/// keeps them in memory to refuse a replay of one of them; every 1,024 staged tokens
+/// (`MERGE_STAGED_AT`) it moves them into `report_tokens` in one commit. A new writer, or one whose commit
 /// ended unknown, moves them before it stages more. Every other reader of the replay set moves
 /// them first in its own transaction ([`Transaction::insert_reports`] and the rest), so
 /// `report_tokens` holds every token wherever a transaction reads it

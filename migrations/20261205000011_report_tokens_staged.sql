@@ -2,7 +2,7 @@
 -- load of single reports), one row per commit and collection, the tokens as report_tokens'
 -- insert binds them (["report-id nonce", ...]) and their number. Such a commit would put each
 -- token into a different leaf of report_tokens and write each of those pages to the WAL;
--- staged, it appends one row, and every few thousand staged tokens one commit moves them all
+-- staged, it appends one row, and every 1,024 staged tokens one commit moves them all
 -- into report_tokens in key order and deletes these rows. The committer keeps the staged
 -- tokens in memory to refuse a replay of one of them; a new committer moves them first. SQLite
 -- only: several PostgreSQL processes must see each other's tokens in report_tokens' key, so

@@ -155,10 +155,10 @@ impl Transaction<'_> {
 /// inserting them wrote one 4 KiB WAL frame per report. Such a group's tokens go into one row
 /// of `report_tokens_staged` instead (checked against `report_tokens` first), and the writer
 /// keeps them in memory to refuse a replay of one of them; every 1,024 staged tokens
-/// (`MERGE_STAGED_AT`) it moves them into `report_tokens` in one commit. A new writer, or one whose commit
-/// ended unknown, moves them before it stages more. Every other reader of the replay set moves
-/// them first in its own transaction ([`Transaction::insert_reports`] and the rest), so
-/// `report_tokens` holds every token wherever a transaction reads it
+/// (`MERGE_STAGED_AT`) it moves them into `report_tokens` in one commit. A new writer, or one
+/// whose commit ended unknown, moves them before it stages more. Every other reader of the
+/// replay set moves them first in its own transaction ([`Transaction::insert_reports`] and the
+/// rest), so `report_tokens` holds every token wherever a transaction reads it
 /// (`Datastore::count_reports`, for tests, adds the staged rows' counts instead).
 #[derive(Debug)]
 pub struct Writer {
@@ -170,8 +170,6 @@ pub struct Writer {
     /// `report_tokens_staged` (another transaction may have moved them meanwhile); `None`
     /// when not known.
     staged: Option<HashMap<Uuid, HashSet<String>>>,
-    /// How many nonces `staged` holds.
-    staged_count: usize,
 }
 
 impl Writer {
@@ -182,7 +180,6 @@ impl Writer {
             conn: None,
             broken: false,
             staged: None,
-            staged_count: 0,
         }
     }
 
@@ -199,7 +196,6 @@ impl Writer {
             return Err(e.into());
         }
         self.staged = Some(HashMap::new());
-        self.staged_count = 0;
         Ok(())
     }
 
@@ -375,29 +371,39 @@ impl Writer {
                  COMMIT"
             };
         }
-        // The token insert fails, undoing itself, on a replayed token (unique key) or,
-        // through a row of NULLs it adds, when the stored total is past `$6` (NOT NULL); the
-        // statements after it do not run then.
+        // A row of NULLs that fails the tokens' insert (NOT NULL) when the stored total is past
+        // `$6`; the statements after it do not run then.
+        macro_rules! past_room {
+            () => {
+                " UNION ALL SELECT NULL, NULL, NULL WHERE (SELECT COALESCE(SUM(accepted), 0) \
+                 FROM round_counts WHERE collection_id = $1) > $6"
+            };
+        }
+        // The token insert also fails, undoing itself, on a replayed token (unique key).
         const APPEND: &str = concat!(
             "BEGIN IMMEDIATE; ",
             sqlite_insert_tokens!(),
-            " UNION ALL SELECT NULL, NULL, NULL WHERE (SELECT COALESCE(SUM(accepted), 0) \
-             FROM round_counts WHERE collection_id = $1) > $6; ",
+            past_room!(),
+            "; ",
             rest!()
         );
-        // The staged row likewise fails when one of its tokens is in the replay set.
+        // The staged row also fails when one of its tokens is in the replay set.
         const STAGE: &str = concat!(
             "BEGIN IMMEDIATE; \
              INSERT INTO report_tokens_staged (collection_id, reports, tokens) \
-             SELECT $1, json_array_length($2), $2 \
-             UNION ALL SELECT NULL, NULL, NULL WHERE (SELECT COALESCE(SUM(accepted), 0) \
-             FROM round_counts WHERE collection_id = $1) > $6 \
-             OR EXISTS (SELECT 1 FROM json_each($2) AS j WHERE EXISTS (SELECT 1 \
+             SELECT $1, json_array_length($2), $2",
+            past_room!(),
+            " OR EXISTS (SELECT 1 FROM json_each($2) AS j WHERE EXISTS (SELECT 1 \
              FROM report_tokens WHERE collection_id = $1 \
              AND token_nonce = substr(j.value, 38))); ",
             rest!()
         );
-        if self.staged.is_none() || self.staged_count >= MERGE_STAGED_AT {
+        let held = |s: &HashMap<Uuid, HashSet<String>>| s.values().map(HashSet::len).sum::<usize>();
+        if self
+            .staged
+            .as_ref()
+            .is_none_or(|s| held(s) >= MERGE_STAGED_AT)
+        {
             self.merge_staged().await?;
         }
         let staged = self.staged.get_or_insert_default();
@@ -421,7 +427,6 @@ impl Writer {
                 if stage && let Some(staged) = &mut self.staged {
                     let nonces = staged.entry(id).or_default();
                     nonces.extend(reports.iter().map(|r| r.nonce.clone()));
-                    self.staged_count += reports.len();
                 }
                 appended(&rows).map(Some)
             }
@@ -1800,8 +1805,8 @@ impl Transaction<'_> {
     /// SQLite (one process, one writer): the staged tokens moved into `report_tokens` first,
     /// then a plain INSERT; a replayed token fails the statement with a unique violation,
     /// which undoes that statement only (the transaction goes on), and then the stored tokens
-    /// among them are read and the others inserted. Replays are
-    /// rare, so the usual group pays one statement and reads nothing back. PostgreSQL
+    /// among them are read and the others inserted. Replays are rare, so the usual group pays
+    /// one statement and reads nothing back. PostgreSQL
     /// (several processes may insert the same token at once): one statement that inserts with
     /// `ON CONFLICT DO NOTHING` and returns only the tokens it did not insert. Errors: the
     /// database's.

@@ -291,25 +291,30 @@ async fn table_counts_rebuild_and_track_the_reports() {
     db.close().await;
 }
 
-/// The `WITHOUT ROWID` rebuild starts from the stored definition: a replay set that a later
-/// migration gave one more column and an index is rebuilt with both, and keeps its rows whole.
-#[tokio::test]
-async fn rowid_rebuild_keeps_a_changed_table() {
+/// A migrated SQLite database in a temporary folder, then `sql` run on it as a later migration
+/// or an operator might have: the folder (kept while it lives) and the database URL.
+async fn sqlite_changed_by(sql: &str) -> (tempfile::TempDir, String) {
     let scratch = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", scratch.path().join("r.db").display());
     Datastore::connect(&url, 2).await.unwrap().close().await;
     let pool = sqlx::AnyPool::connect(&url).await.unwrap();
-    sqlx::raw_sql(
+    sqlx::raw_sql(sql).execute(&pool).await.unwrap();
+    pool.close().await;
+    (scratch, url)
+}
+
+/// The `WITHOUT ROWID` rebuild starts from the stored definition: a replay set that a later
+/// migration gave one more column and an index is rebuilt with both, and keeps its rows whole.
+#[tokio::test]
+async fn rowid_rebuild_keeps_a_changed_table() {
+    let (_scratch, url) = sqlite_changed_by(
         "DROP TABLE report_tokens; \
          CREATE TABLE report_tokens (collection_id TEXT NOT NULL, token_nonce TEXT NOT NULL, \
          report_id TEXT NOT NULL, extra TEXT, PRIMARY KEY (collection_id, token_nonce)); \
          CREATE INDEX report_tokens_extra ON report_tokens (extra); \
          INSERT INTO report_tokens VALUES ('c', 'n1', 'r1', 'x1'), ('c', 'n2', 'r2', NULL)",
     )
-    .execute(&pool)
-    .await
-    .unwrap();
-    pool.close().await;
+    .await;
 
     Datastore::connect(&url, 2).await.unwrap().close().await;
     let pool = sqlx::AnyPool::connect(&url).await.unwrap();
@@ -349,19 +354,12 @@ async fn rowid_rebuild_keeps_a_changed_table() {
 /// and left as it was with its rows.
 #[tokio::test]
 async fn rowid_rebuild_refuses_a_table_without_key() {
-    let scratch = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", scratch.path().join("r.db").display());
-    Datastore::connect(&url, 2).await.unwrap().close().await;
     let keyless = "CREATE TABLE report_tokens (collection_id TEXT NOT NULL, \
                    token_nonce TEXT NOT NULL, report_id TEXT NOT NULL)";
-    let pool = sqlx::AnyPool::connect(&url).await.unwrap();
-    sqlx::raw_sql(&format!(
+    let (_scratch, url) = sqlite_changed_by(&format!(
         "DROP TABLE report_tokens; {keyless}; INSERT INTO report_tokens VALUES ('c', 'n', 'r')"
     ))
-    .execute(&pool)
-    .await
-    .unwrap();
-    pool.close().await;
+    .await;
 
     let err = Datastore::connect(&url, 2).await.expect_err("refused");
     assert!(

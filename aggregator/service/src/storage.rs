@@ -259,11 +259,10 @@ impl Writer {
     ///
     /// SQLite: one script, `BEGIN IMMEDIATE` to `COMMIT`, in one call to the connection's
     /// thread; each statement alone cost a wake-up of that thread and of the committer.
-    /// PostgreSQL (whose protocol binds one statement per round trip): three round trips,
-    /// `BEGIN` with the locks (the shared ingest lock of [`Transaction::ingest_gate`]'s
-    /// barrier, then with `target` the collection's, as the statement-by-statement path takes
-    /// them), one statement that checks the collection's phase and count and writes the four
-    /// parts, `COMMIT`.
+    /// PostgreSQL: one round trip, a call of a function that takes the locks (the shared
+    /// ingest lock of [`Transaction::ingest_gate`]'s barrier, then with `target` the
+    /// collection's), checks the collection's phase and count and writes the four parts, in
+    /// a transaction of its own ([`POSTGRES_APPEND_FUNCTION`]).
     /// Errors: the database's; [`StorageError::Corrupt`] for a stored count out of range.
     pub async fn append_group(
         &mut self,
@@ -297,53 +296,37 @@ impl Writer {
         }
     }
 
-    /// [`Writer::append_group`] on PostgreSQL: three round trips. `BEGIN` and the locks go
-    /// in one simple query (their keys are integers, written into its text), then the
-    /// statement, then `COMMIT`; the statement runs after the locks are held, so its snapshot
-    /// sees what a finalize or another process committed before them.
+    /// [`Writer::append_group`] on PostgreSQL: one round trip, a call of
+    /// [`POSTGRES_APPEND_FUNCTION`] in a transaction of its own (no `BEGIN`: the statement
+    /// is one, committed before its answer comes back).
     async fn append_group_postgres(
         &mut self,
         id: Uuid,
         parts: &GroupParts,
         lock_collection: bool,
     ) -> Result<Option<Appended>, StorageError> {
-        let mut begin = format!(
-            "BEGIN; SELECT pg_advisory_xact_lock_shared({})",
-            ingest_key(id)
-        );
-        if lock_collection {
-            begin.push_str(&format!(
-                "; SELECT pg_advisory_xact_lock({})",
-                collection_key(id)
-            ));
-        }
         let conn = self.connection().await?;
         let conn = self.conn.insert(conn);
-        let r = match conn.execute(begin.as_str()).await {
-            Ok(_) => match parts.bind(POSTGRES_APPEND).fetch_all(&mut **conn).await {
-                // A group has at least one report, so a written one returns rows.
-                Ok(rows) if rows.is_empty() => Ok(None),
-                Ok(rows) => match appended(&rows) {
-                    Ok(a) => match conn.execute("COMMIT").await {
-                        Ok(_) => return Ok(Some(a)),
-                        Err(e) => {
-                            // Whether it committed is unknown: nothing of it is acknowledged.
-                            self.broken = true;
-                            return Err(e.into());
-                        }
-                    },
-                    Err(e) => Err(e),
-                },
-                Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Ok(None),
-                Err(e) => Err(e.into()),
-            },
-            Err(e) => Err(e.into()),
-        };
-        // Declined or failed inside the transaction: it wrote nothing.
-        if conn.execute("ROLLBACK").await.is_err() {
-            self.broken = true;
+        let call = parts
+            .bind(POSTGRES_APPEND)
+            .bind(ingest_key(id))
+            .bind(collection_key(id))
+            .bind(lock_collection);
+        match call.fetch_all(&mut **conn).await {
+            // A group has at least one report, so a written one returns rows.
+            Ok(rows) if rows.is_empty() => Ok(None),
+            // Committed; a count out of range is answered as a failure, and the devices'
+            // retries are then told `duplicate`.
+            Ok(rows) => appended(&rows).map(Some),
+            // The statement failed, so its transaction rolled back: nothing written.
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Ok(None),
+            Err(e) => {
+                // Whether it committed is unknown when the connection failed: nothing of it
+                // is acknowledged, and the connection is replaced.
+                self.broken = true;
+                Err(e.into())
+            }
         }
-        r
     }
 
     /// [`Writer::append_group`] on SQLite, `reports` (all of collection `id`) as `parts`
@@ -519,38 +502,63 @@ async fn sqlite_without_rowid(pool: &AnyPool) -> Result<(), StorageError> {
     Ok(())
 }
 
-/// [`Writer::append_group`]'s statement on PostgreSQL, after its locks: writes the group's
-/// parts (`$1`…`$6`, [`GroupParts`]) if the collection is stored, not finalized, and its total
-/// is within `room`; returns the new round counts and total, or no row when it wrote nothing.
-/// A replayed token fails it (unique violation). With the collection lock held, no other
-/// process moves the total it checks before this commits. Data-modifying CTEs all run to
-/// completion; each writes a different table, so the only row two processes both lock is the
-/// round count's. `go` is NULL (false) when the collection row is gone. The total is returned
-/// as round -1.
-const POSTGRES_APPEND: &str = "WITH stored AS (SELECT CAST(COALESCE(SUM(accepted), 0) AS BIGINT) \
-     AS total FROM round_counts WHERE collection_id = $1), \
-     input AS (SELECT (e ->> 0)::bigint AS round, (e ->> 1)::bigint AS accepted \
-     FROM json_array_elements($5::json) AS e), \
-     go AS (SELECT (SELECT state::json ->> 'phase' FROM collections WHERE id = $1) \
-     IS DISTINCT FROM 'finalized' \
-     AND EXISTS (SELECT 1 FROM collections WHERE id = $1) \
-     AND (SELECT total FROM stored) <= $6 AS yes), \
-     tokens AS (INSERT INTO report_tokens (collection_id, token_nonce, report_id) \
-     SELECT $1, substr(e, 38), substr(e, 1, 36) \
-     FROM json_array_elements_text($2::json) AS e WHERE (SELECT yes FROM go)), \
-     g AS (INSERT INTO report_groups (collection_id, reports) \
-     SELECT $1, $3 WHERE (SELECT yes FROM go)), \
-     d AS (INSERT INTO count_deltas (collection_id, delta) \
-     SELECT $1, $4 WHERE (SELECT yes FROM go)), \
-     r AS (INSERT INTO round_counts (collection_id, round, accepted) \
-     SELECT $1, round, accepted FROM input WHERE (SELECT yes FROM go) \
-     ON CONFLICT (collection_id, round) \
-     DO UPDATE SET accepted = round_counts.accepted + excluded.accepted \
-     RETURNING round, accepted) \
-     SELECT round, accepted FROM r \
-     UNION ALL SELECT -1, (SELECT total FROM stored) \
-     + (SELECT CAST(SUM(accepted) AS BIGINT) FROM input) \
-     WHERE (SELECT yes FROM go)";
+/// [`Writer::append_group`]'s call on PostgreSQL: [`POSTGRES_APPEND_FUNCTION`] with the
+/// group's parts (`$1`…`$6`, [`GroupParts`]), the ingest lock's key, the collection lock's
+/// key and whether to take it.
+const POSTGRES_APPEND: &str = "SELECT o_round, o_accepted FROM pg_temp.ldpsyn_append_group($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+
+/// The function behind [`Writer::append_group`] on PostgreSQL, created on every connection
+/// (in its temporary schema, so processes of different versions never share one; no
+/// migration). A call in a transaction of its own is the group's whole commit in one round
+/// trip; `BEGIN`, the statement and `COMMIT` took three, each a wake-up of the backend and of
+/// the committer.
+///
+/// It takes the shared ingest lock of [`Transaction::ingest_gate`]'s barrier, then, for a
+/// collection with a target, the collection's lock, as the statement-by-statement path takes
+/// them. Each statement after them reads a snapshot taken after the locks (a volatile
+/// function under `READ COMMITTED`), so it sees what a finalize or another process committed
+/// before them; one statement with the locks inside would read a snapshot from before its
+/// wait. If the collection is stored, not finalized, and its total is within `p_room`, it
+/// writes the tokens, the group row, the count delta and the round counts, and returns the
+/// new round counts and, as round -1, the total; else no row and nothing written. A replayed
+/// token fails the call (unique violation), which rolls the transaction back.
+const POSTGRES_APPEND_FUNCTION: &str = r#"
+CREATE FUNCTION pg_temp.ldpsyn_append_group(
+    p_id TEXT, p_tokens TEXT, p_group TEXT, p_delta TEXT, p_rounds TEXT, p_room BIGINT,
+    p_ingest_key BIGINT, p_collection_key BIGINT, p_lock_collection BOOLEAN)
+RETURNS TABLE (o_round BIGINT, o_accepted BIGINT)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    v_total BIGINT;
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(p_ingest_key);
+    IF p_lock_collection THEN
+        PERFORM pg_advisory_xact_lock(p_collection_key);
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM collections
+                   WHERE id = p_id AND (state::json ->> 'phase') IS DISTINCT FROM 'finalized') THEN
+        RETURN;
+    END IF;
+    SELECT CAST(COALESCE(SUM(accepted), 0) AS BIGINT) INTO v_total
+        FROM round_counts WHERE collection_id = p_id;
+    IF v_total > p_room THEN
+        RETURN;
+    END IF;
+    INSERT INTO report_tokens (collection_id, token_nonce, report_id)
+        SELECT p_id, substr(e, 38), substr(e, 1, 36)
+        FROM json_array_elements_text(p_tokens::json) AS e;
+    INSERT INTO report_groups (collection_id, reports) VALUES (p_id, p_group);
+    INSERT INTO count_deltas (collection_id, delta) VALUES (p_id, p_delta);
+    RETURN QUERY
+        INSERT INTO round_counts AS c (collection_id, round, accepted)
+        SELECT p_id, (e ->> 0)::bigint, (e ->> 1)::bigint
+        FROM json_array_elements(p_rounds::json) AS e
+        ON CONFLICT (collection_id, round) DO UPDATE SET accepted = c.accepted + excluded.accepted
+        RETURNING CAST(c.round AS BIGINT), CAST(c.accepted AS BIGINT);
+    RETURN QUERY SELECT CAST(-1 AS BIGINT), v_total + (SELECT CAST(SUM((e ->> 1)::bigint) AS BIGINT)
+        FROM json_array_elements(p_rounds::json) AS e);
+END
+$fn$"#;
 
 /// What [`Writer::append_group`] stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -991,6 +999,7 @@ impl Datastore {
                         // server's or role's default (`off` would lose acknowledged reports
                         // in a crash).
                         conn.execute("SET synchronous_commit = on").await?;
+                        conn.execute(POSTGRES_APPEND_FUNCTION).await?;
                     }
                     Ok(())
                 })

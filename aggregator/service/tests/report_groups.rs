@@ -5,7 +5,8 @@
 //! insert the same token at once. The group rows hold exactly the inserted reports: a scan of
 //! them equals the reduction of what was accepted. A whole group stored in a transaction of its
 //! own (`Writer::append_group`) is stored whole or, on a replayed token or (PostgreSQL) a
-//! collection no longer open in the database, not at all. On SQLite, a group of tokens from
+//! collection no longer open in the database, not at all; and on PostgreSQL it waits for a
+//! finalize holding the ingest barrier, then sees it. On SQLite, a group of tokens from
 //! many fetches is staged (`report_tokens_staged`) and moved into the replay set later: a
 //! staged token is refused like a stored one, by the writer that staged it and after a
 //! restart, and counted and deleted with its collection.
@@ -418,5 +419,60 @@ async fn staged_tokens_are_the_replay_set_sqlite() {
     assert_eq!(deleted, Some(56 + 17 * 64));
     assert_eq!(rows(&url, "report_tokens_staged", c).await, 0);
     assert_eq!(rows(&url, "report_tokens", c).await, 0);
+    db.close().await;
+}
+
+/// PostgreSQL: a group appended while a finalize holds the ingest barrier waits for it, then
+/// reads the collection as the finalize committed it, and writes nothing: the group's checks
+/// read a snapshot taken after its locks, not before its wait.
+#[tokio::test]
+async fn append_group_waits_for_a_finalize_postgres() {
+    let Some(url) = postgres_url("append_group_waits_for_a_finalize_postgres") else {
+        return;
+    };
+    let engine = engine();
+    let db = Datastore::connect(&url, 4).await.unwrap();
+    let c = collection(&db).await;
+    // The finalize: takes the barrier, marks the collection finalized, commits when told to.
+    let (held_tx, held) = tokio::sync::oneshot::channel();
+    let (commit_tx, commit) = tokio::sync::oneshot::channel::<()>();
+    let finalize = {
+        let db = db.clone();
+        tokio::spawn(async move {
+            db.run_tx(|tx| {
+                Box::pin(async move {
+                    tx.lock_ingest_exclusive(c).await?;
+                    let finalized = r#"{"phase":"finalized"}"#;
+                    let sql =
+                        format!("UPDATE collections SET state = '{finalized}' WHERE id = '{c}'");
+                    tx.execute_sql(&sql).await?;
+                    let _ = held_tx.send(());
+                    let _ = commit.await;
+                    Ok::<_, StorageError>(())
+                })
+            })
+            .await
+            .unwrap()
+        })
+    };
+    held.await.unwrap();
+    let append = {
+        let (db, engine) = (db.clone(), engine.clone());
+        tokio::spawn(async move {
+            let reports: Vec<NewReport> = (0..3).map(|i| report(c, i, i)).collect();
+            let refs: Vec<&NewReport> = reports.iter().collect();
+            let delta = reduce(&engine, refs.iter().copied());
+            let mut writer = Writer::new(db);
+            let rounds = BTreeMap::from([(0, 3)]);
+            writer.append_group(c, &refs, &delta, &rounds, None).await
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!append.is_finished(), "the group waits at the barrier");
+    commit_tx.send(()).unwrap();
+    finalize.await.unwrap();
+    assert_eq!(append.await.unwrap().unwrap(), None, "finalized meanwhile");
+    assert_eq!(db.count_reports(c).await.unwrap(), 0);
+    assert_eq!(db.round_counts(c).await.unwrap(), vec![]);
     db.close().await;
 }

@@ -262,7 +262,7 @@ impl Writer {
     /// PostgreSQL: one round trip, a call of a function that takes the locks (the shared
     /// ingest lock of [`Transaction::ingest_gate`]'s barrier, then with `target` the
     /// collection's), checks the collection's phase and count and writes the four parts, in
-    /// a transaction of its own ([`POSTGRES_APPEND_FUNCTION`]).
+    /// a transaction of its own (`POSTGRES_APPEND_FUNCTION`).
     /// Errors: the database's; [`StorageError::Corrupt`] for a stored count out of range.
     pub async fn append_group(
         &mut self,

@@ -510,8 +510,7 @@ const POSTGRES_APPEND: &str = "SELECT o_round, o_accepted FROM pg_temp.ldpsyn_ap
 /// The function behind [`Writer::append_group`] on PostgreSQL, created on every connection
 /// (in its temporary schema, so processes of different versions never share one; no
 /// migration). A call in a transaction of its own is the group's whole commit in one round
-/// trip; `BEGIN`, the statement and `COMMIT` took three, each a wake-up of the backend and of
-/// the committer.
+/// trip (each round trip is a wake-up of the backend and of the committer).
 ///
 /// It takes the shared ingest lock of [`Transaction::ingest_gate`]'s barrier, then, for a
 /// collection with a target, the collection's lock, as the statement-by-statement path takes

@@ -4,8 +4,9 @@
 //! `accept`, `collection-finalized` when it finalizes there and taken when it does not; a
 //! config stored before these options keeps taking reports past the target; and the
 //! retention sweep deletes a finalized collection's raw reports `retain_reports_days` after
-//! finalize, keeping what serves and rebuilds its model. Through the real binary, on SQLite and
-//! on PostgreSQL (`LDPSYN_TEST_DATABASE_URL`).
+//! finalize, keeping what serves and rebuilds its model. Many single-report uploads at once
+//! stop exactly at the target too, with group commits in flight together on PostgreSQL.
+//! Through the real binary, on SQLite and on PostgreSQL (`LDPSYN_TEST_DATABASE_URL`).
 
 mod common;
 
@@ -103,15 +104,20 @@ fn count(outcomes: &[Option<ProblemType>], what: Option<ProblemType>) -> usize {
     outcomes.iter().filter(|&&o| o == what).count()
 }
 
-/// Stored reports of collection `id` in the database at `url`.
+/// Stored reports of collection `id` in the database at `url`: its tokens in the replay set
+/// and staged (SQLite stages a group of single reports).
 async fn stored_reports(url: &str, id: Uuid) -> i64 {
     sqlx::any::install_default_drivers();
     let mut conn = sqlx::AnyConnection::connect(url).await.unwrap();
-    let row = sqlx::query("SELECT COUNT(*) FROM report_tokens WHERE collection_id = $1")
-        .bind(id.to_string())
-        .fetch_one(&mut conn)
-        .await
-        .unwrap();
+    let row = sqlx::query(
+        "SELECT (SELECT COUNT(*) FROM report_tokens WHERE collection_id = $1) \
+         + (SELECT CAST(COALESCE(SUM(reports), 0) AS BIGINT) FROM report_tokens_staged \
+         WHERE collection_id = $1)",
+    )
+    .bind(id.to_string())
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
     let n = row.try_get::<i64, _>(0).unwrap();
     conn.close().await.unwrap();
     n
@@ -214,6 +220,104 @@ async fn target_finalizes_and_refuses_past_it_postgres() {
         return;
     };
     target_finalizes_and_refuses_past_it(&url).await;
+}
+
+/// Many devices report at once, one report per upload, past the target: the committer groups
+/// them and, on PostgreSQL, sends a group while the one before it still commits. Exactly the
+/// target is acknowledged, stored and counted; every other report is refused
+/// `collection-target-reached`; the collection finalizes at the target. Returns how many group
+/// commits overlapped one in flight (`ldpsyn_commits_overlapped_total`).
+async fn single_reports_stop_at_the_target(url: &str) -> u64 {
+    const TARGET_SINGLE: usize = 200;
+    const PEOPLE: usize = 320;
+    let server = common::serve_on(ADMIN, url, &[]);
+    let base = server.base.clone();
+    let http = reqwest::Client::new();
+    let id = id_of(&create(&http, &base, json!({"target_users": TARGET_SINGLE})).await);
+    let schema: Schema = serde_json::from_value(schema()).unwrap();
+    // Every device holds its task first, then all upload at once.
+    let mut prepared = Vec::new();
+    for i in 0..PEOPLE {
+        let options = ClientOptions::insecure_simulation(Epsilon::new(2.0).unwrap(), i as u64);
+        let mut client = Client::connect(&base, id, options, MemoryLedger::default())
+            .await
+            .unwrap();
+        let mut person = vec![SimulatedPerson {
+            record: schema
+                .encoded(vec![(i % 3) as u32, (i % 2) as u32])
+                .unwrap(),
+            ledger: MemoryLedger::default(),
+        }];
+        let batch = client.prepare_batch(&mut person).await.unwrap();
+        prepared.push((client, person, batch));
+    }
+    let sends: Vec<_> = prepared
+        .into_iter()
+        .map(|(mut client, mut person, batch)| {
+            tokio::spawn(async move {
+                // Once this process counts the target, it refuses the whole upload.
+                match client.send_batch(&mut person, batch).await {
+                    Ok(mut r) => r.pop().expect("one answer"),
+                    Err(e) => Err(e),
+                }
+            })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for s in sends {
+        outcomes.push(match s.await.unwrap() {
+            Ok(_) => None,
+            Err(ClientError::Problem(p)) => Some(p.problem_type),
+            Err(e) => panic!("unexpected client error: {e}"),
+        });
+    }
+    assert_eq!(count(&outcomes, None), TARGET_SINGLE, "{outcomes:?}");
+    assert_eq!(
+        count(&outcomes, Some(ProblemType::CollectionTargetReached)),
+        PEOPLE - TARGET_SINGLE,
+        "{outcomes:?}"
+    );
+    assert_eq!(stored_reports(url, id).await, TARGET_SINGLE as i64);
+    let (_, c) = get(&http, format!("{base}/v1/collections/{id}")).await;
+    assert_eq!(c["status"]["phase"], "finalized", "{c}");
+    assert_eq!(c["status"]["reports_accepted"], TARGET_SINGLE, "{c}");
+    model_ready(&http, &base, id).await;
+    let metrics = http
+        .get(format!("{base}/metrics"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("ldpsyn_commits_overlapped_total "))
+        .unwrap_or_else(|| panic!("no overlap counter in {metrics}"))
+        .parse()
+        .unwrap()
+}
+
+/// [`single_reports_stop_at_the_target`] on SQLite: one writer, so no commit overlaps another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_reports_stop_at_the_target_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("single.db").display());
+    assert_eq!(single_reports_stop_at_the_target(&url).await, 0);
+}
+
+/// [`single_reports_stop_at_the_target`] on PostgreSQL, where group commits overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_reports_stop_at_the_target_postgres() {
+    let Some(url) = common::postgres_url("single_reports_stop_at_the_target_postgres") else {
+        return;
+    };
+    let overlapped = single_reports_stop_at_the_target(&url).await;
+    assert!(
+        overlapped > 0,
+        "no group commit was sent while another was in flight"
+    );
 }
 
 /// `past_target: accept`: with auto-finalize, 60 reports in one upload give 50 acknowledged

@@ -16,7 +16,7 @@
 //! refused `collection-finalized`) and hands the fit to a task of its own, so uploads to
 //! every collection go on while it runs ([`CollectionHandle::ensure_model`]).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
@@ -30,7 +30,7 @@ use uuid::Uuid;
 use super::metrics::Metrics;
 use super::provisional::ProvisionalCache;
 use super::storage::{
-    Appended, Datastore, IngestGate, NewReport, Snapshot, StorageError, Transaction, Writer,
+    Datastore, IngestGate, NewReport, Snapshot, StorageError, Transaction, Writer,
 };
 use super::vertical::VerticalError;
 use ldpsyn_engine::{
@@ -671,52 +671,22 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| IngestError::Internal(format!("estimation task failed: {e}")))
 }
 
-/// Usual groups whose commits may be in flight at once on PostgreSQL ([`run_committer`]).
-/// With two, the next group's call is already waiting inside the database (for the collection
-/// lock or a round count's row) when the previous one commits, so the committer's own round
-/// trip is off the path between two commits.
-const PIPELINE_DEPTH: usize = 2;
-
 /// The committer task: runs until every sender is dropped.
 /// `me` is a weak sender on its own channel, for the round closes it starts
 /// (`start_close`) to hand their results back without keeping it alive.
-///
-/// On PostgreSQL, a usual group (all of one collection, no fold of its count deltas due) is
-/// sent on a writer of its own ([`Writer::detach_append`]) and the committer goes on to the
-/// next command while it commits: up to [`PIPELINE_DEPTH`] groups are in flight, finished in
-/// the order sent. Anything else first waits for them: another command or group finishes
-/// them all; a group the database declined, and a commit that reached its collection's
-/// target, wait until the calls after it have ended, then run their statement-by-statement
-/// path or the finalize. The database's locks order the calls in flight, and on PostgreSQL
-/// round closes and finalize read the database ([`Authority::Database`]), so a group committed
-/// but not yet applied in memory is counted wherever it matters.
 pub async fn run_committer(
     store: Store,
     metrics: Arc<Metrics>,
     mut rx: mpsc::Receiver<Command>,
     me: mpsc::WeakSender<Command>,
 ) {
-    let depth = if store.datastore.is_shared() {
-        // The kept writer, one connection for the requests' reads, and one per group.
-        PIPELINE_DEPTH.min(store.datastore.max_connections().saturating_sub(2) as usize)
-    } else {
-        0
-    };
-    let mut c = Committer {
-        writer: Writer::new(store.datastore.clone()),
-        spare: Vec::new(),
-        in_flight: VecDeque::new(),
-        depth,
-        store,
-        metrics,
-        me,
-    };
+    let mut writer = Writer::new(store.datastore.clone());
     let mut deferred: Option<Command> = None;
     loop {
         let cmd = match deferred.take() {
-            Some(cmd) => cmd,
-            None => match c.next(&mut rx).await {
-                Some(cmd) => cmd,
+            Some(c) => c,
+            None => match rx.recv().await {
+                Some(c) => c,
                 None => break,
             },
         };
@@ -737,15 +707,52 @@ pub async fn run_committer(
                         Err(_) => break,
                     }
                 }
-                c.reports(group).await;
+                commit_group(&store, &mut writer, &metrics, &me, group).await;
             }
-            other => {
-                c.drain().await;
-                c.command(other).await;
+            Command::CloseRound {
+                handle,
+                force,
+                reply,
+            } => {
+                let r = admin_close(&store, &mut writer, &metrics, &handle, force).await;
+                let _ = reply.send(r);
+            }
+            Command::Delete { id, handle, reply } => {
+                let r = delete(&mut writer, id, handle.as_deref()).await;
+                let _ = reply.send(r);
+            }
+            Command::Refresh { items, reply } => {
+                let _ = reply.send(refresh(&store.datastore, items).await);
+            }
+            Command::Finalize { handle, reply } => {
+                start_finalize(&store, &mut writer, handle, reply).await;
+            }
+            Command::Closed(closed) => {
+                store_close(&store, &mut writer, &metrics, &me, *closed).await;
+            }
+            Command::CloseDue { handles, reply } => {
+                let started = handles
+                    .iter()
+                    .filter(|h| h.close_due() && start_close(&store, &me, h))
+                    .count();
+                let _ = reply.send(Ok(started));
+            }
+            Command::PartyRecords {
+                handle,
+                party,
+                records,
+                reply,
+            } => {
+                let r = if handle.is_deleted() {
+                    Err(VerticalError::DeletedBefore(handle.id))
+                } else {
+                    super::vertical::commit_party_records(&mut writer, &handle, party, &records)
+                        .await
+                };
+                let _ = reply.send(r);
             }
         }
     }
-    c.drain().await;
 }
 
 /// Finalizes `handle` (the committer's part, [`finalize`]) and fits its model on a task of
@@ -917,346 +924,15 @@ type Group = Vec<(
     oneshot::Sender<Result<Vec<Outcome>, IngestError>>,
 )>;
 
-/// The committer's state ([`run_committer`]).
-struct Committer {
-    store: Store,
-    metrics: Arc<Metrics>,
-    me: mpsc::WeakSender<Command>,
-    /// The writer of everything not in flight.
-    writer: Writer,
-    /// Writers of groups in flight, idle.
-    spare: Vec<Writer>,
-    /// Groups in flight, oldest first.
-    in_flight: VecDeque<InFlight>,
-    /// At most this many in flight (0: one thing at a time).
-    depth: usize,
-}
-
-/// A usual group whose call runs on a task of its own ([`Committer::reports`]).
-struct InFlight {
-    group: Classified,
-    usual: Usual,
-    task: tokio::task::JoinHandle<(Writer, Result<Option<Appended>, StorageError>)>,
-    /// The call's answer once it has ended.
-    ended: Option<Result<Option<Appended>, IngestError>>,
-}
-
-impl InFlight {
-    /// Waits for the call to end, once; its writer goes back to `spare`.
-    async fn settle(&mut self, spare: &mut Vec<Writer>) {
-        if self.ended.is_some() {
-            return;
-        }
-        self.ended = Some(match (&mut self.task).await {
-            Ok((writer, r)) => {
-                spare.push(writer);
-                r.map_err(IngestError::from)
-            }
-            Err(e) => Err(IngestError::Internal(format!(
-                "group commit task failed: {e}"
-            ))),
-        });
-    }
-}
-
-impl Committer {
-    /// The next command, finishing groups in flight meanwhile: with none in flight it waits
-    /// for a command; with room for another group, for whichever comes first, a command or
-    /// the oldest group's end (which it then finishes); else for the oldest group. `None` once
-    /// every sender is dropped.
-    async fn next(&mut self, rx: &mut mpsc::Receiver<Command>) -> Option<Command> {
-        loop {
-            let room = self.in_flight.len() < self.depth;
-            let Some(front) = self.in_flight.front_mut() else {
-                return rx.recv().await;
-            };
-            if room && front.ended.is_none() {
-                tokio::select! {
-                    biased;
-                    () = front.settle(&mut self.spare) => {}
-                    cmd = rx.recv() => return cmd,
-                }
-            }
-            self.finish_front().await;
-        }
-    }
-
-    /// Finishes every group in flight, oldest first.
-    async fn drain(&mut self) {
-        while !self.in_flight.is_empty() {
-            self.finish_front().await;
-        }
-    }
-
-    /// Waits for every call in flight to end (without finishing their groups): what runs
-    /// next on [`Committer::writer`] then finds their commits, and waits for none of their
-    /// locks.
-    async fn settle_all(&mut self) {
-        for f in &mut self.in_flight {
-            f.settle(&mut self.spare).await;
-        }
-    }
-
-    /// Finishes the oldest group in flight.
-    async fn finish_front(&mut self) {
-        let Some(mut f) = self.in_flight.pop_front() else {
-            return;
-        };
-        f.settle(&mut self.spare).await;
-        let n = f.group.positions.len();
-        let written = match f.ended.take() {
-            Some(Ok(Some(appended))) => Ok(Some(usual_written(f.usual, n, appended))),
-            Some(Ok(None)) => Ok(None),
-            Some(Err(e)) => Err(e),
-            None => Err(IngestError::Internal("group commit not settled".into())),
-        };
-        self.complete(f.group, written).await;
-    }
-
-    /// Commits one group of uploads: a usual one on a writer of its own while others may be
-    /// in flight, anything else on [`Committer::writer`] once those are finished.
-    async fn reports(&mut self, group: Group) {
-        let c = classify(group);
-        let Some(handle) = c.usual.clone() else {
-            self.drain().await;
-            return self.complete(c, Ok(None)).await;
-        };
-        let usual = match usual_statistics(&c, handle) {
-            Ok(u) => u,
-            Err(e) => {
-                self.drain().await;
-                return self.complete(c, Err(e)).await;
-            }
-        };
-        let to_insert = reports_at(&c.group, &c.positions);
-        let (_, rounds, delta) = &usual.per[&usual.handle.id];
-        let id = usual.handle.id;
-        if self.in_flight.len() < self.depth {
-            match self
-                .writer
-                .detach_append(id, &to_insert, delta, rounds, usual.target)
-            {
-                Ok(Some(call)) => {
-                    let mut writer = self
-                        .spare
-                        .pop()
-                        .unwrap_or_else(|| Writer::new(self.store.datastore.clone()));
-                    let task = tokio::spawn(async move {
-                        let r = call.run(&mut writer).await;
-                        (writer, r)
-                    });
-                    if !self.in_flight.is_empty() {
-                        self.metrics.commit_overlapped();
-                    }
-                    self.in_flight.push_back(InFlight {
-                        group: c,
-                        usual,
-                        task,
-                        ended: None,
-                    });
-                    return;
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    self.drain().await;
-                    return self.complete(c, Err(e.into())).await;
-                }
-            }
-        }
-        self.drain().await;
-        let appended = self
-            .writer
-            .append_group(id, &to_insert, delta, rounds, usual.target)
-            .await;
-        let n = to_insert.len();
-        let written = match appended {
-            Ok(a) => Ok(a.map(|a| usual_written(usual, n, a))),
-            Err(e) => Err(e.into()),
-        };
-        self.complete(c, written).await;
-    }
-
-    /// Ends group `c` given what its usual write did (`None`: declined or not tried, so its
-    /// reports are written statement by statement now) and answers its uploads.
-    async fn complete(&mut self, mut c: Classified, written: Result<Option<Written>, IngestError>) {
-        let result = match written {
-            Ok(Some(w)) => Ok(w),
-            Ok(None) => {
-                self.settle_all().await;
-                let to_insert = reports_at(&c.group, &c.positions);
-                let (group, positions, folds) = (&c.group, &c.positions, &mut c.folds);
-                self.writer
-                    .run_tx(|tx| Box::pin(write_group(tx, group, &to_insert, positions, folds)))
-                    .await
-            }
-            Err(e) => Err(e),
-        };
-        let Classified {
-            group,
-            start,
-            mut outcomes,
-            follows,
-            positions,
-            ..
-        } = c;
-        match result {
-            Ok((inserted, classified, committed, due, reached)) => {
-                for (k, &(j, i)) in positions.iter().enumerate() {
-                    outcomes[j][i] = Some(if inserted[k] {
-                        Outcome::Accepted
-                    } else {
-                        classified[k].clone()
-                    });
-                }
-                for ((j, i), (fj, fi)) in follows {
-                    outcomes[j][i] = Some(match &outcomes[fj][fi] {
-                        Some(Outcome::Accepted) | Some(Outcome::Duplicate) => Outcome::Duplicate,
-                        Some(other) => other.clone(),
-                        None => Outcome::Duplicate,
-                    });
-                }
-                // Committed: update derived state.
-                for (handle, rounds, delta) in &committed {
-                    handle.apply_committed(rounds, delta);
-                }
-                // The reports that reached a round's quota are committed; the close runs off
-                // the committer and its result comes back as a `Command::Closed`.
-                for handle in &due {
-                    start_close(&self.store, &self.me, handle);
-                }
-                // Before the answers: a device told `accepted` for the report that made the
-                // target finds the collection finalized.
-                if !reached.is_empty() {
-                    self.settle_all().await;
-                }
-                for handle in reached {
-                    if handle.state().phase == Phase::Finalized {
-                        continue;
-                    }
-                    // Its last round closes first, here on the committer, as the finalize
-                    // that follows would drop a close running off it: once in a collection's
-                    // life.
-                    close_before_finalize(&self.store, &mut self.writer, &self.metrics, &handle)
-                        .await;
-                    tracing::info!(collection = %handle.id, target = handle.config.target_users,
-                        "target reached: finalizing");
-                    let (reply, _) = oneshot::channel();
-                    start_finalize(&self.store, &mut self.writer, handle, reply).await;
-                }
-                let mut acc = 0;
-                let mut dup = 0;
-                for o in outcomes.iter().flatten().flatten() {
-                    match o {
-                        Outcome::Accepted => acc += 1,
-                        Outcome::Duplicate => dup += 1,
-                        Outcome::Rejected(p) => self.metrics.rejected(p.problem_type),
-                    }
-                }
-                self.metrics.reports(acc, dup);
-                self.metrics.commit(start.elapsed());
-                for ((_, reply), outs) in group.into_iter().zip(outcomes) {
-                    let outs = outs
-                        .into_iter()
-                        .map(|o| o.unwrap_or(Outcome::Duplicate))
-                        .collect();
-                    let _ = reply.send(Ok(outs));
-                }
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "group commit failed; nothing of it is acknowledged");
-                for (_, reply) in group {
-                    let _ = reply.send(Err(IngestError::Internal(format!("commit failed: {e}"))));
-                }
-            }
-        }
-    }
-
-    /// Runs `cmd` with nothing in flight (an upload alone is a group of one).
-    async fn command(&mut self, cmd: Command) {
-        match cmd {
-            Command::Reports { items, reply } => self.reports(vec![(items, reply)]).await,
-            Command::CloseRound {
-                handle,
-                force,
-                reply,
-            } => {
-                let r =
-                    admin_close(&self.store, &mut self.writer, &self.metrics, &handle, force).await;
-                let _ = reply.send(r);
-            }
-            Command::Delete { id, handle, reply } => {
-                let r = delete(&mut self.writer, id, handle.as_deref()).await;
-                let _ = reply.send(r);
-            }
-            Command::Refresh { items, reply } => {
-                let _ = reply.send(refresh(&self.store.datastore, items).await);
-            }
-            Command::Finalize { handle, reply } => {
-                start_finalize(&self.store, &mut self.writer, handle, reply).await;
-            }
-            Command::Closed(closed) => {
-                store_close(
-                    &self.store,
-                    &mut self.writer,
-                    &self.metrics,
-                    &self.me,
-                    *closed,
-                )
-                .await;
-            }
-            Command::CloseDue { handles, reply } => {
-                let started = handles
-                    .iter()
-                    .filter(|h| h.close_due() && start_close(&self.store, &self.me, h))
-                    .count();
-                let _ = reply.send(Ok(started));
-            }
-            Command::PartyRecords {
-                handle,
-                party,
-                records,
-                reply,
-            } => {
-                let r = if handle.is_deleted() {
-                    Err(VerticalError::DeletedBefore(handle.id))
-                } else {
-                    super::vertical::commit_party_records(
-                        &mut self.writer,
-                        &handle,
-                        party,
-                        &records,
-                    )
-                    .await
-                };
-                let _ = reply.send(r);
-            }
-        }
-    }
-}
-
-/// A group of uploads sorted before its write ([`classify`]).
-struct Classified {
+async fn commit_group(
+    store: &Store,
+    writer: &mut Writer,
+    metrics: &Metrics,
+    me: &mpsc::WeakSender<Command>,
     group: Group,
-    start: Instant,
-    /// Per upload, per report: its outcome where known before the write.
-    outcomes: Vec<Vec<Option<Outcome>>>,
-    /// Repeats of a report earlier in the group (same token, same report id): each answered
-    /// as the one it follows.
-    follows: Vec<((usize, usize), (usize, usize))>,
-    /// The new reports to write, in upload order.
-    positions: Vec<(usize, usize)>,
-    /// Per collection, whether this commit folds its count deltas, where decided.
-    folds: BTreeMap<Uuid, bool>,
-    /// The collection when the group is usual: all of its new reports of one collection whose
-    /// deltas this commit does not fold, stored whole in a transaction of its own
-    /// ([`Writer::append_group`]) unless the database declines.
-    usual: Option<Arc<CollectionHandle>>,
-}
-
-/// Sorts `group` before touching the database: reports of deleted or finalized collections,
-/// repeats within it, and the new reports to write.
-fn classify(group: Group) -> Classified {
+) {
     let start = Instant::now();
+    // Flatten; classify in-batch repeats before touching the database.
     let mut outcomes: Vec<Vec<Option<Outcome>>> = group
         .iter()
         .map(|(items, _)| vec![None; items.len()])
@@ -1264,7 +940,8 @@ fn classify(group: Group) -> Classified {
     // A report is identified by its token; the same token with the same report id is a
     // retry (duplicate), with another id a second answer to one task (token reused).
     let mut tokens: HashMap<(Uuid, &str), (usize, usize)> = HashMap::new();
-    let mut follows = Vec::new();
+    let mut follows: Vec<((usize, usize), (usize, usize))> = Vec::new();
+    let mut to_insert: Vec<&NewReport> = Vec::new();
     let mut positions: Vec<(usize, usize)> = Vec::new();
     for (j, (items, _)) in group.iter().enumerate() {
         for (i, p) in items.iter().enumerate() {
@@ -1284,85 +961,102 @@ fn classify(group: Group) -> Classified {
                 }
             } else {
                 tokens.insert((r.collection, r.nonce.as_str()), (j, i));
+                to_insert.push(r);
                 positions.push((j, i));
             }
         }
     }
-    drop(tokens);
-    let mut folds = BTreeMap::new();
-    let usual = positions.first().and_then(|&(j, i)| {
-        let handle = &group[j].0[i].handle;
-        let one = positions
-            .iter()
-            .all(|&(j, i)| group[j].0[i].report.collection == handle.id);
-        (one && !*folds.entry(handle.id).or_insert_with(|| handle.fold_due()))
-            .then(|| handle.clone())
-    });
-    Classified {
-        group,
-        start,
-        outcomes,
-        follows,
-        positions,
-        folds,
-        usual,
-    }
-}
-
-/// The reports of `group` at `positions`.
-fn reports_at<'g>(group: &'g Group, positions: &[(usize, usize)]) -> Vec<&'g NewReport> {
-    positions
-        .iter()
-        .map(|&(j, i)| &group[j].0[i].report)
-        .collect()
-}
-
-/// A usual group's write: its collection, its statistics ([`statistics`], that one
-/// collection's) and the target it stops at.
-struct Usual {
-    handle: Arc<CollectionHandle>,
-    per: BTreeMap<Uuid, PerCollection>,
-    target: Option<u64>,
-}
-
-/// [`Usual`] of `c`, a usual group of `handle`'s collection. Errors: a report its mechanism
-/// cannot accumulate.
-fn usual_statistics(c: &Classified, handle: Arc<CollectionHandle>) -> Result<Usual, IngestError> {
-    let all = vec![true; c.positions.len()];
-    let per = statistics(&c.group, &c.positions, &all)?;
-    let target = handle
-        .stops_at_target()
-        .then_some(handle.config.target_users);
-    Ok(Usual {
-        handle,
-        per,
-        target,
-    })
-}
-
-/// What a usual group of `n` reports wrote, once [`Writer::append_group`] stored it whole as
-/// `appended`: every report accepted, a round close due where the quota is reached, a
-/// finalize where the target is.
-fn usual_written(usual: Usual, n: usize, appended: Appended) -> Written {
-    let Usual {
-        handle,
-        per,
-        target,
-    } = usual;
-    let due = Vec::from_iter(close_due(&handle, &appended.rounds));
-    let reached = match target {
-        Some(t) if appended.total >= t && handle.config.auto_finalize_at_target => {
-            vec![handle]
+    // Whether this commit folds a collection's count deltas, decided once per collection.
+    let mut folds: BTreeMap<Uuid, bool> = BTreeMap::new();
+    let mut result = None;
+    // The usual group: all of one collection, whose deltas this commit does not fold. It is
+    // stored whole in a transaction of its own, in fewer round trips; unless that declines
+    // (a replayed token, past the target, not open in the database), which leaves nothing
+    // written.
+    if let Some(first) = to_insert.first() {
+        let handle = &group[positions[0].0].0[positions[0].1].handle;
+        let usual = to_insert.iter().all(|r| r.collection == first.collection)
+            && !*folds.entry(handle.id).or_insert_with(|| handle.fold_due());
+        if usual {
+            result = append_usual(writer, &group, &to_insert, &positions, handle)
+                .await
+                .transpose();
         }
-        _ => Vec::new(),
+    }
+    let result = match result {
+        Some(r) => r,
+        None => {
+            let folds = &mut folds;
+            writer
+                .run_tx(|tx| Box::pin(write_group(tx, &group, &to_insert, &positions, folds)))
+                .await
+        }
     };
-    (
-        vec![true; n],
-        vec![Outcome::Accepted; n],
-        per.into_values().collect(),
-        due,
-        reached,
-    )
+    match result {
+        Ok((inserted, classified, committed, due, reached)) => {
+            for (k, &(j, i)) in positions.iter().enumerate() {
+                outcomes[j][i] = Some(if inserted[k] {
+                    Outcome::Accepted
+                } else {
+                    classified[k].clone()
+                });
+            }
+            for ((j, i), (fj, fi)) in follows {
+                outcomes[j][i] = Some(match &outcomes[fj][fi] {
+                    Some(Outcome::Accepted) | Some(Outcome::Duplicate) => Outcome::Duplicate,
+                    Some(other) => other.clone(),
+                    None => Outcome::Duplicate,
+                });
+            }
+            // Committed: update derived state.
+            for (handle, rounds, delta) in &committed {
+                handle.apply_committed(rounds, delta);
+            }
+            // The reports that reached a round's quota are committed; the close runs off the
+            // committer and its result comes back as a `Command::Closed`.
+            for handle in &due {
+                start_close(store, me, handle);
+            }
+            // Before the answers: a device told `accepted` for the report that made the
+            // target finds the collection finalized.
+            for handle in reached {
+                if handle.state().phase == Phase::Finalized {
+                    continue;
+                }
+                // Its last round closes first, here on the committer, as the finalize that
+                // follows would drop a close running off it: once in a collection's life.
+                close_before_finalize(store, writer, metrics, &handle).await;
+                tracing::info!(collection = %handle.id, target = handle.config.target_users,
+                    "target reached: finalizing");
+                let (reply, _) = oneshot::channel();
+                start_finalize(store, writer, handle, reply).await;
+            }
+            let mut acc = 0;
+            let mut dup = 0;
+            for o in outcomes.iter().flatten().flatten() {
+                match o {
+                    Outcome::Accepted => acc += 1,
+                    Outcome::Duplicate => dup += 1,
+                    Outcome::Rejected(p) => metrics.rejected(p.problem_type),
+                }
+            }
+            metrics.reports(acc, dup);
+            metrics.commit(start.elapsed());
+            for ((_, reply), outs) in group.into_iter().zip(outcomes) {
+                let outs = outs
+                    .into_iter()
+                    .map(|o| o.unwrap_or(Outcome::Duplicate))
+                    .collect();
+                let _ = reply.send(Ok(outs));
+            }
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "group commit failed; nothing of it is acknowledged");
+            for (_, reply) in group {
+                let _ = reply.send(Err(IngestError::Internal(format!("commit failed: {e}"))));
+            }
+        }
+    }
 }
 
 /// A collection's share of a group: its handle, accepted reports per task round, and the
@@ -1380,6 +1074,44 @@ type Written = (
     Vec<Arc<CollectionHandle>>,
     Vec<Arc<CollectionHandle>>,
 );
+
+/// Stores `to_insert` (at `positions` of `group`, all new reports of `handle`'s collection)
+/// with [`Writer::append_group`], within the collection's target if it stops there; `None`
+/// when it declined and nothing was written.
+async fn append_usual(
+    writer: &mut Writer,
+    group: &Group,
+    to_insert: &[&NewReport],
+    positions: &[(usize, usize)],
+    handle: &Arc<CollectionHandle>,
+) -> Result<Option<Written>, IngestError> {
+    let all = vec![true; to_insert.len()];
+    let per = statistics(group, positions, &all)?;
+    let (_, rounds, delta) = &per[&handle.id];
+    let target = handle
+        .stops_at_target()
+        .then_some(handle.config.target_users);
+    let Some(appended) = writer
+        .append_group(handle.id, to_insert, delta, rounds, target)
+        .await?
+    else {
+        return Ok(None);
+    };
+    let due = Vec::from_iter(close_due(handle, &appended.rounds));
+    let reached = match target {
+        Some(t) if appended.total >= t && handle.config.auto_finalize_at_target => {
+            vec![handle.clone()]
+        }
+        _ => Vec::new(),
+    };
+    Ok(Some((
+        all,
+        vec![Outcome::Accepted; to_insert.len()],
+        per.into_values().collect(),
+        due,
+        reached,
+    )))
+}
 
 /// Writes `to_insert` (at `positions` of `group`) in `tx` statement by statement, telling
 /// each report's outcome, and bumps the round counts. `folds` holds, per collection, whether

@@ -24,7 +24,6 @@ pub struct Metrics {
     commits: AtomicU64,
     commit_buckets: [AtomicU64; BUCKETS_S.len()],
     commit_sum_us: AtomicU64,
-    commits_overlapped: AtomicU64,
     rounds_closed: AtomicU64,
     collection_lookups: AtomicU64,
     synthetic_bytes: AtomicU64,
@@ -68,10 +67,6 @@ impl Metrics {
         }
         self.commit_sum_us
             .fetch_add(latency.as_micros().min(u64::MAX as u128) as u64, Relaxed);
-    }
-    /// Counts one group commit sent while an earlier one was still in flight (PostgreSQL).
-    pub fn commit_overlapped(&self) {
-        self.commits_overlapped.fetch_add(1, Relaxed);
     }
     /// Counts closed rounds (and SamPrivSyn re-weightings).
     pub fn rounds_closed(&self, n: u64) {
@@ -156,11 +151,6 @@ impl Metrics {
             self.commit_sum_us.load(Relaxed) as f64 / 1e6
         );
         let _ = writeln!(s, "ldpsyn_commit_seconds_count {count}");
-        let _ = writeln!(
-            s,
-            "# HELP ldpsyn_commits_overlapped_total Group commits sent while an earlier one was still in flight (PostgreSQL).\n# TYPE ldpsyn_commits_overlapped_total counter\nldpsyn_commits_overlapped_total {}",
-            self.commits_overlapped.load(Relaxed)
-        );
         let _ = writeln!(
             s,
             "# HELP ldpsyn_rounds_closed_total Rounds closed (PrivIncr) and batches re-weighted (SamPrivSyn).\n# TYPE ldpsyn_rounds_closed_total counter\nldpsyn_rounds_closed_total {}",

@@ -272,7 +272,21 @@ impl Writer {
         rounds: &BTreeMap<u32, u64>,
         target: Option<u64>,
     ) -> Result<Option<Appended>, StorageError> {
-        let parts = GroupParts::new(id, reports, delta, rounds, target)?;
+        let n = reports.len() as u64;
+        let parts = GroupParts {
+            id: id.to_string(),
+            tokens: tokens_json(reports.iter().copied()),
+            group: group_text(reports.iter().copied())?,
+            delta: delta_text(delta)?,
+            rounds: serde_json::to_string(&rounds.iter().collect::<Vec<_>>())?,
+            // The largest stored total the group fits on; -1: it fits on none.
+            room: match target {
+                None => i64::MAX,
+                Some(t) => t
+                    .checked_sub(n)
+                    .map_or(-1, |r| i64::try_from(r).unwrap_or(i64::MAX)),
+            },
+        };
         match self.store.backend {
             Backend::Sqlite => self.append_group_sqlite(id, reports, &parts).await,
             Backend::Postgres => {
@@ -280,29 +294,6 @@ impl Writer {
                     .await
             }
         }
-    }
-
-    /// PostgreSQL: [`Writer::append_group`]'s arguments as its one call binds them, owning
-    /// what it needs, so that the call can run on a task of its own, on another writer, while
-    /// the committer prepares the next group ([`DetachedAppend::run`]). `None` on SQLite, whose
-    /// one writer at a time leaves nothing to overlap. Errors: a group that cannot be
-    /// serialized.
-    pub fn detach_append(
-        &self,
-        id: Uuid,
-        reports: &[&NewReport],
-        delta: &Tables,
-        rounds: &BTreeMap<u32, u64>,
-        target: Option<u64>,
-    ) -> Result<Option<DetachedAppend>, StorageError> {
-        if self.store.backend != Backend::Postgres {
-            return Ok(None);
-        }
-        Ok(Some(DetachedAppend {
-            id,
-            parts: GroupParts::new(id, reports, delta, rounds, target)?,
-            lock_collection: target.is_some(),
-        }))
     }
 
     /// [`Writer::append_group`] on PostgreSQL: one round trip, a call of
@@ -327,14 +318,8 @@ impl Writer {
             // Committed; a count out of range is answered as a failure, and the devices'
             // retries are then told `duplicate`.
             Ok(rows) => appended(&rows).map(Some),
-            // The statement failed, so its transaction rolled back: nothing written. Besides a
-            // replayed token, two calls in flight at once whose groups answer the same tokens
-            // in another order can deadlock on them, and PostgreSQL then fails one (40P01).
-            Err(sqlx::Error::Database(e))
-                if e.is_unique_violation() || e.code().as_deref() == Some("40P01") =>
-            {
-                Ok(None)
-            }
+            // The statement failed, so its transaction rolled back: nothing written.
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Ok(None),
             Err(e) => {
                 // Whether it committed is unknown when the connection failed: nothing of it
                 // is acknowledged, and the connection is replaced.
@@ -574,40 +559,16 @@ BEGIN
 END
 $fn$"#;
 
-/// A group's commit on PostgreSQL, detached from its reports ([`Writer::detach_append`]).
-#[derive(Debug)]
-pub struct DetachedAppend {
-    id: Uuid,
-    parts: GroupParts,
-    lock_collection: bool,
-}
-
-impl DetachedAppend {
-    /// Stores the group on `writer`'s connection as [`Writer::append_group`] does (same
-    /// answer, same errors). Calls on two writers may be in flight at once: each is a
-    /// transaction of its own, and one that needs what the other locked (the collection lock
-    /// under a target, a round count's row, a token's key) waits for its commit, then reads
-    /// what it committed.
-    pub async fn run(&self, writer: &mut Writer) -> Result<Option<Appended>, StorageError> {
-        writer
-            .append_group_postgres(self.id, &self.parts, self.lock_collection)
-            .await
-    }
-}
-
 /// What [`Writer::append_group`] stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Appended {
     /// The new accepted count of each task round of the group.
     pub rounds: BTreeMap<u32, u64>,
-    /// The collection's accepted reports, all rounds, with the group's. Exact under a target
-    /// (read behind the collection lock); without one, a group of another writer committed
-    /// while this one waited for a round count's row may be missing from it.
+    /// The collection's accepted reports, all rounds, with the group's.
     pub total: u64,
 }
 
 /// A group's parts as [`Writer::append_group`] binds them.
-#[derive(Debug)]
 struct GroupParts {
     /// `$1`: the collection id.
     id: String,
@@ -625,33 +586,6 @@ struct GroupParts {
 }
 
 impl GroupParts {
-    /// The parts of `reports` (all of collection `id`) with their statistics `delta` and
-    /// accepted reports per round `rounds`, within `target` if given. Errors: a group that
-    /// cannot be serialized.
-    fn new(
-        id: Uuid,
-        reports: &[&NewReport],
-        delta: &Tables,
-        rounds: &BTreeMap<u32, u64>,
-        target: Option<u64>,
-    ) -> Result<Self, StorageError> {
-        let n = reports.len() as u64;
-        Ok(Self {
-            id: id.to_string(),
-            tokens: tokens_json(reports.iter().copied()),
-            group: group_text(reports.iter().copied())?,
-            delta: delta_text(delta)?,
-            rounds: serde_json::to_string(&rounds.iter().collect::<Vec<_>>())?,
-            // The largest stored total the group fits on; -1: it fits on none.
-            room: match target {
-                None => i64::MAX,
-                Some(t) => t
-                    .checked_sub(n)
-                    .map_or(-1, |r| i64::try_from(r).unwrap_or(i64::MAX)),
-            },
-        })
-    }
-
     /// `sql` with the parts bound as `$1`…`$6`.
     fn bind<'q>(
         &'q self,
@@ -1423,11 +1357,6 @@ impl Datastore {
     /// (`ingest::Authority`).
     pub fn is_shared(&self) -> bool {
         self.backend == Backend::Postgres
-    }
-
-    /// The most connections its pool opens at once.
-    pub fn max_connections(&self) -> u32 {
-        self.pool.options().get_max_connections()
     }
 
     /// Collection `id` as stored, read in one repeatable-read transaction (one consistent

@@ -6,8 +6,7 @@
 //! them equals the reduction of what was accepted. A whole group stored in a transaction of its
 //! own (`Writer::append_group`) is stored whole or, on a replayed token or (PostgreSQL) a
 //! collection no longer open in the database, not at all; and on PostgreSQL it waits for a
-//! finalize holding the ingest barrier, then sees it; two such calls in flight at once (as the
-//! committer sends them) never pass the collection's target. On SQLite, a group of tokens from
+//! finalize holding the ingest barrier, then sees it. On SQLite, a group of tokens from
 //! many fetches is staged (`report_tokens_staged`) and moved into the replay set later: a
 //! staged token is refused like a stored one, by the writer that staged it and after a
 //! restart, and counted and deleted with its collection.
@@ -475,82 +474,5 @@ async fn append_group_waits_for_a_finalize_postgres() {
     assert_eq!(append.await.unwrap().unwrap(), None, "finalized meanwhile");
     assert_eq!(db.count_reports(c).await.unwrap(), 0);
     assert_eq!(db.round_counts(c).await.unwrap(), vec![]);
-    db.close().await;
-}
-
-/// PostgreSQL: two groups' calls in flight at once on two writers (`Writer::detach_append`,
-/// as the committer sends them), for a collection whose target only one of them fits: both
-/// wait for the collection lock, the first to get it commits, and the second then reads that
-/// commit and writes nothing. Then two more, without a target, both commit and the round count
-/// holds both.
-#[tokio::test]
-async fn detached_appends_in_flight_stay_within_the_target_postgres() {
-    let Some(url) = postgres_url("detached_appends_in_flight_stay_within_the_target_postgres")
-    else {
-        return;
-    };
-    let engine = engine();
-    let db = Datastore::connect(&url, 6).await.unwrap();
-    let c = collection(&db).await;
-    // Holds the collection lock until told to commit, so that both calls are in flight.
-    let (held_tx, held) = tokio::sync::oneshot::channel();
-    let (release_tx, release) = tokio::sync::oneshot::channel::<()>();
-    let blocker = {
-        let db = db.clone();
-        tokio::spawn(async move {
-            db.run_tx(|tx| {
-                Box::pin(async move {
-                    tx.lock_collection(c).await?;
-                    let _ = held_tx.send(());
-                    let _ = release.await;
-                    Ok::<_, StorageError>(())
-                })
-            })
-            .await
-            .unwrap()
-        })
-    };
-    held.await.unwrap();
-    let send = |first: u32, target: Option<u64>| {
-        let (db, engine) = (db.clone(), engine.clone());
-        tokio::spawn(async move {
-            let reports: Vec<NewReport> = (first..first + 6).map(|i| report(c, i, i)).collect();
-            let refs: Vec<&NewReport> = reports.iter().collect();
-            let delta = reduce(&engine, refs.iter().copied());
-            let rounds = BTreeMap::from([(0, 6)]);
-            let mut writer = Writer::new(db);
-            let call = writer
-                .detach_append(c, &refs, &delta, &rounds, target)
-                .unwrap()
-                .expect("PostgreSQL detaches");
-            call.run(&mut writer).await.unwrap()
-        })
-    };
-    let (a, b) = (send(0, Some(10)), send(100, Some(10)));
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    assert!(
-        !a.is_finished() && !b.is_finished(),
-        "both wait for the lock"
-    );
-    release_tx.send(()).unwrap();
-    blocker.await.unwrap();
-    let (a, b) = (a.await.unwrap(), b.await.unwrap());
-    let stored: Vec<_> = [&a, &b].into_iter().flatten().collect();
-    assert_eq!(stored.len(), 1, "one fits the target: {a:?} {b:?}");
-    assert_eq!(stored[0].total, 6);
-    assert_eq!(db.count_reports(c).await.unwrap(), 6);
-    assert_eq!(db.round_counts(c).await.unwrap(), vec![(0, 6)]);
-
-    let (a, b) = (send(200, None), send(300, None));
-    let (a, b) = (a.await.unwrap(), b.await.unwrap());
-    let counts: Vec<u64> = [&a, &b]
-        .into_iter()
-        .flatten()
-        .map(|x| x.rounds[&0])
-        .collect();
-    assert_eq!(counts.len(), 2, "both commit without a target: {a:?} {b:?}");
-    assert_eq!(counts.iter().max(), Some(&18), "{counts:?}");
-    assert_eq!(db.count_reports(c).await.unwrap(), 18);
-    assert_eq!(db.round_counts(c).await.unwrap(), vec![(0, 18)]);
     db.close().await;
 }

@@ -5,8 +5,8 @@
 //! config stored before these options keeps taking reports past the target; and the
 //! retention sweep deletes a finalized collection's raw reports `retain_reports_days` after
 //! finalize, keeping what serves and rebuilds its model. Many single-report uploads at once
-//! stop exactly at the target too.
-//! Through the real binary, on SQLite and on PostgreSQL (`LDPSYN_TEST_DATABASE_URL`).
+//! stop exactly at the target too. Through the real binary, on SQLite and on PostgreSQL
+//! (`LDPSYN_TEST_DATABASE_URL`).
 
 mod common;
 

@@ -104,23 +104,13 @@ fn count(outcomes: &[Option<ProblemType>], what: Option<ProblemType>) -> usize {
     outcomes.iter().filter(|&&o| o == what).count()
 }
 
-/// Stored reports of collection `id` in the database at `url`: its tokens in the replay set
-/// and staged (SQLite stages a group of single reports).
+/// Stored reports of collection `id` in the database at `url`, staged ones included (SQLite
+/// stages a group of single reports).
 async fn stored_reports(url: &str, id: Uuid) -> i64 {
-    sqlx::any::install_default_drivers();
-    let mut conn = sqlx::AnyConnection::connect(url).await.unwrap();
-    let row = sqlx::query(
-        "SELECT (SELECT COUNT(*) FROM report_tokens WHERE collection_id = $1) \
-         + (SELECT CAST(COALESCE(SUM(reports), 0) AS BIGINT) FROM report_tokens_staged \
-         WHERE collection_id = $1)",
-    )
-    .bind(id.to_string())
-    .fetch_one(&mut conn)
-    .await
-    .unwrap();
-    let n = row.try_get::<i64, _>(0).unwrap();
-    conn.close().await.unwrap();
-    n
+    let db = Datastore::connect(url, 2).await.unwrap();
+    let n = db.count_reports(id).await.unwrap();
+    db.close().await;
+    i64::try_from(n).unwrap()
 }
 
 /// Waits (bounded) until the model of `id` is served: the fit runs off the ingest path.

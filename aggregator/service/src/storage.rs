@@ -1116,39 +1116,41 @@ impl Datastore {
         cutoff: i64,
         now: i64,
     ) -> Result<Option<u64>, StorageError> {
-        let mut tx = Transaction {
-            inner: self.pool.begin().await?,
-            backend: self.backend,
-        };
-        let marked = sqlx::query(
-            "UPDATE collections SET reports_deleted_at = $1 WHERE id = $2 \
-             AND finalized_at IS NOT NULL AND finalized_at <= $3 AND reports_deleted_at IS NULL \
-             AND EXISTS (SELECT 1 FROM table_counts_ready WHERE collection_id = $2)",
-        )
-        .bind(now)
-        .bind(id.to_string())
-        .bind(cutoff)
-        .execute(&mut *tx.inner)
-        .await?;
-        if marked.rows_affected() == 0 {
-            return Ok(None);
-        }
-        // Staged tokens ([`Writer`]) are counted and deleted where they are moved to.
-        tx.merge_staged().await?;
-        let mut deleted = 0;
-        for table in ["report_tokens", "report_groups", "vertical_records"] {
-            // The table names are the constants above, never input.
-            let done = sqlx::query(&format!("DELETE FROM {table} WHERE collection_id = $1"))
+        self.run_tx(|tx| {
+            Box::pin(async move {
+                let marked = sqlx::query(
+                    "UPDATE collections SET reports_deleted_at = $1 WHERE id = $2 \
+                     AND finalized_at IS NOT NULL AND finalized_at <= $3 \
+                     AND reports_deleted_at IS NULL \
+                     AND EXISTS (SELECT 1 FROM table_counts_ready WHERE collection_id = $2)",
+                )
+                .bind(now)
                 .bind(id.to_string())
+                .bind(cutoff)
                 .execute(&mut *tx.inner)
                 .await?;
-            // A report is one row of report_tokens (its group row holds many).
-            if table != "report_groups" {
-                deleted += done.rows_affected();
-            }
-        }
-        tx.inner.commit().await?;
-        Ok(Some(deleted))
+                if marked.rows_affected() == 0 {
+                    return Ok(None);
+                }
+                // Staged tokens ([`Writer`]) are counted and deleted where they are moved to.
+                tx.merge_staged().await?;
+                let mut deleted = 0;
+                for table in ["report_tokens", "report_groups", "vertical_records"] {
+                    // The table names are the constants above, never input.
+                    let done =
+                        sqlx::query(&format!("DELETE FROM {table} WHERE collection_id = $1"))
+                            .bind(id.to_string())
+                            .execute(&mut *tx.inner)
+                            .await?;
+                    // A report is one row of report_tokens (its group row holds many).
+                    if table != "report_groups" {
+                        deleted += done.rows_affected();
+                    }
+                }
+                Ok(Some(deleted))
+            })
+        })
+        .await
     }
 
     /// For a collection stored before table counts existed: rebuilds them from its reports

@@ -183,7 +183,7 @@ pub struct DemoConfig {
     #[arg(long)]
     pub vertical: Option<PathBuf>,
     /// Encoding of the `--vertical` collection: `sketch+locmrf`, `fo`, `fo+locmrf` or
-    /// `sampled+locmrf` (default: the file's `"encoding"`, else `sketch+locmrf`; a different
+    /// `sampled+locmrf` (default: the file's `"encoding"`, else `sampled+locmrf`; a different
     /// one in the file is refused).
     /// When the file gives every attribute's ε but no party a `locmrf` budget and the
     /// encoding needs local models, each party's ε (the sum of its attributes') is split as
@@ -281,8 +281,14 @@ pub struct DemoReport {
     pub users: usize,
     /// Rows of `--data` the schema rejected (skipped).
     pub rows_skipped: usize,
-    /// ε per report.
-    pub epsilon: f64,
+    /// Device collections: ε per person (each person sends one report). Absent for vertical
+    /// collections, where `max_party_epsilon` and `composed_epsilon` say what is spent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub epsilon: Option<f64>,
+    /// Vertical collections: the largest ε one party spends on one person (the
+    /// collection's `epsilon` in its config); the whole is `composed_epsilon`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_party_epsilon: Option<f64>,
     /// Protocol.
     pub protocol: String,
     /// Mean TVD over all 1-way marginals, synthetic vs the simulated population (on the
@@ -1060,7 +1066,12 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
     let report = DemoReport {
         users: n,
         rows_skipped: input.rows_skipped,
-        epsilon: created["epsilon"].as_f64().unwrap_or(cfg.epsilon),
+        epsilon: parties
+            .is_none()
+            .then(|| created["epsilon"].as_f64().unwrap_or(cfg.epsilon)),
+        max_party_epsilon: parties
+            .as_ref()
+            .and_then(|_| created["epsilon"].as_f64()),
         protocol: created["protocol"]
             .as_str()
             .unwrap_or(&cfg.protocol)

@@ -214,18 +214,19 @@ fn vertical_demo_runs_fo_reports_with_local_models() {
 }
 
 /// The encoding comes from the `--vertical` file when no flag names one, with the file's
-/// budgets as written; without either it is `sketch+locmrf` (each party's ε split half to its
-/// local model, half to its sketch report); a flag that contradicts the file is refused
-/// before anything runs.
-/// Under the default encoding (`sketch+locmrf`) too, one seed writes one synthetic file: the
-/// parties' secret, hence their record ids and sketches, follows from the seed.
+/// budgets as written; without either it is `sampled+locmrf` (each party's ε split 20% to its
+/// local model, the rest to its one-attribute reports); a flag that contradicts the file is
+/// refused before anything runs.
+/// Under `sketch+locmrf` too, one seed writes one synthetic file: the parties' secret, hence
+/// their record ids and sketches, follows from the seed.
 #[test]
 fn vertical_sketch_demo_with_one_seed_reproduces() {
     let dir = tempfile::tempdir().unwrap();
     vertical_files(dir.path());
-    let (first, r1) = vertical_demo(dir.path(), "first", "parties.json", &["--seed", "5"]);
-    let (second, r2) = vertical_demo(dir.path(), "second", "parties.json", &["--seed", "5"]);
-    let (_, r3) = vertical_demo(dir.path(), "other", "parties.json", &["--seed", "6"]);
+    let sketch = |seed: &'static str| ["--seed", seed, "--encoding", "sketch+locmrf"];
+    let (first, r1) = vertical_demo(dir.path(), "first", "parties.json", &sketch("5"));
+    let (second, r2) = vertical_demo(dir.path(), "second", "parties.json", &sketch("5"));
+    let (_, r3) = vertical_demo(dir.path(), "other", "parties.json", &sketch("6"));
     assert_eq!(r1["encoding"], "sketch+locmrf", "{r1}");
     assert!(
         first == second,
@@ -268,13 +269,13 @@ fn vertical_demo_takes_the_encoding_of_its_file() {
 
     let (csv, r) = vertical_demo(dir.path(), "plain", "parties.json", &[]);
     check_synthetic(&csv);
-    assert_eq!(r["encoding"], "sketch+locmrf", "{r}");
-    // No per-record report under sketches.
-    assert_eq!(r["reports_accepted"], 0, "{r}");
+    assert_eq!(r["encoding"], "sampled+locmrf", "{r}");
+    // One report per record and party, each of one attribute at the party's report ε.
+    assert!(r["reports_accepted"].as_u64().unwrap() > 0, "{r}");
     let bank = &r["party_budgets"]["bank"];
-    assert_eq!(bank["report_epsilon"], 1.0, "{r}");
-    assert_eq!(bank["locmrf"]["epsilon"], 1.0, "{r}");
-    assert_eq!(bank["composed_epsilon"], 2.0, "{r}");
+    assert_near(&bank["report_epsilon"], 1.6, bank);
+    assert_near(&bank["locmrf"]["epsilon"], 0.4, bank);
+    assert_near(&bank["composed_epsilon"], 2.0, bank);
     assert!(r["composed_delta"].as_f64().unwrap() > 0.0, "{r}");
 
     let out = Command::new(BIN)
@@ -298,8 +299,8 @@ fn vertical_demo_takes_the_encoding_of_its_file() {
 }
 
 /// Parties named without ε: the demo sends `--epsilon` as the collection's budget per person
-/// and the server splits it (issue 37 item 4): under the default `sketch+locmrf` each of the
-/// two parties gets 2 of 4, half to its local model and half to its sketch report, and δ =
+/// and the server splits it (issue 37 item 4): under the default `sampled+locmrf` each of the
+/// two parties gets 2 of 4, 20% to its local model and the rest to its reports, and δ =
 /// 1/people over both; under `fo` each party's 2 goes over its attributes' GRR reports.
 #[test]
 fn vertical_demo_splits_one_budget_on_the_server() {
@@ -316,11 +317,11 @@ fn vertical_demo_splits_one_budget_on_the_server() {
         &["--epsilon", "4"],
     );
     check_synthetic(&csv);
-    assert_eq!(r["encoding"], "sketch+locmrf", "{r}");
+    assert_eq!(r["encoding"], "sampled+locmrf", "{r}");
     for party in ["bank", "clinic"] {
         let b = &r["party_budgets"][party];
-        assert_near(&b["locmrf"]["epsilon"], 1.0, b);
-        assert_near(&b["report_epsilon"], 1.0, b);
+        assert_near(&b["locmrf"]["epsilon"], 0.4, b);
+        assert_near(&b["report_epsilon"], 1.6, b);
         assert_near(&b["composed_epsilon"], 2.0, b);
         assert!(b["local_model_measurements"].as_u64().unwrap() >= 1, "{b}");
     }

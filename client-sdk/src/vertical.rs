@@ -1086,7 +1086,7 @@ mod tests {
     /// parties' composed ε sums to the budget's ε and their δ (models plus sketch reports) to
     /// at most its δ (exactly, with local models); each party gets an equal share; a budget
     /// too small for some part is refused. A stored config without `encoding` reads as `fo`
-    /// while the default (a create request's) is `sketch+locmrf`.
+    /// while the default (a create request's) is `sampled+locmrf`.
     #[test]
     fn one_budget_splits_over_parties_and_composes_back() {
         use crate::wire::{VerticalBudget, VerticalEncoding as E, VerticalParams};
@@ -1150,7 +1150,7 @@ mod tests {
         let stored: VerticalParams =
             serde_json::from_value(serde_json::json!({"parties": []})).unwrap();
         assert_eq!(stored.encoding, E::Fo);
-        assert_eq!(E::default(), E::SketchLocmrf);
+        assert_eq!(E::default(), E::SampledLocmrf);
         assert_eq!(serde_json::json!(stored)["encoding"], "fo");
     }
 

@@ -259,8 +259,8 @@ impl Party {
     /// attributes' ε under `fo` and `fo+locmrf` ([`Party::epsilon`]); under `sampled+locmrf`
     /// the largest attribute ε, since one report carries one attribute drawn independently
     /// of the data (see [`VerticalEncoding::SampledLocmrf`]); under `sketch+locmrf` the sum
-    /// of its attributes' ε, which is the ε of its one sketch report (LocEnc with n̂, VertiMRF
-    /// Theorem 2 at the δ of [`SketchSettings::delta`]; see [`VerticalEncoding::SketchLocmrf`]).
+    /// of its attributes' ε, its share of the sketches of all parties (accounted together at
+    /// the δ of [`SketchSettings::delta`]; see [`VerticalEncoding::SketchLocmrf`]).
     pub fn report_epsilon(&self, encoding: VerticalEncoding) -> f64 {
         match encoding {
             VerticalEncoding::Fo | VerticalEncoding::FoLocmrf | VerticalEncoding::SketchLocmrf => {
@@ -284,8 +284,8 @@ impl Party {
 }
 
 /// How the parties of a vertical collection encode their data (`"encoding"` of the config).
-/// A create request without `encoding` gets [`VerticalEncoding::SketchLocmrf`] (the
-/// [`Default`]); a stored config without it, written before the key was always stored, is
+/// A create request without `encoding` gets [`VerticalEncoding::SampledLocmrf`] (the
+/// [`Default`]: the most accurate encoding whose guarantee holds, `docs/results.md`); a stored config without it, written before the key was always stored, is
 /// [`VerticalEncoding::Fo`].
 #[cfg(feature = "locmrf")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -310,7 +310,8 @@ pub enum VerticalEncoding {
     /// A cross-party pair is estimated from the records whose two parties drew its two
     /// attributes (VertiMRF §4.2's Kronecker inverse on ≈ n/(k_A·k_B) records, each at the
     /// parties' whole ε); pairs within a party are not estimable from the reports and come
-    /// from the local models alone.
+    /// from the local models alone. The default.
+    #[default]
     #[serde(rename = "sampled+locmrf")]
     SampledLocmrf,
     /// VertiMRF as published (§4.3, Algorithms 1, 3, 4): each party uploads its local model
@@ -320,13 +321,15 @@ pub enum VerticalEncoding {
     /// `t` DP Flajolet–Martin sketches of the set of record ids holding it, plus a noisy
     /// record count n̂; never a raw value, a record's codes or a set of ids. It estimates
     /// cross-party 2-way marginals (in bins) from the sketches by inclusion–exclusion
-    /// (CarEst). The report is (ε, δ)-DP with ε the sum of the party's attributes' ε
-    /// ([`Party::report_epsilon`]) and δ [`SketchSettings::delta`] (Theorem 2 for the
-    /// sketches at [`SketchSettings::count_share`] less of ε, plus the discrete Laplace n̂).
-    /// Parties share the sketch key as they share the record-id key; the server checks that
-    /// every report carries the same key fingerprint.
-    /// The default.
-    #[default]
+    /// (CarEst). Parties share the sketch key as they share the record-id key (the server
+    /// checks that every report carries the same key fingerprint), so one person's hash is
+    /// in every party's sketches: the sketches of all parties are accounted as one
+    /// mechanism by the exact accountant of `ldpsyn_engine::measure::sketch_privacy` (not
+    /// VertiMRF's Theorem 2, which misses the shared hash), at the parties' report ε summed
+    /// less [`SketchSettings::count_share`] and their sketch δ summed; each party's n̂
+    /// (discrete Laplace) spends the count share of its own report ε
+    /// ([`Party::report_epsilon`]). Sound parameters need far more phantoms than the
+    /// paper's, so the sketches carry little at populations below about t/δ.
     #[serde(rename = "sketch+locmrf")]
     SketchLocmrf,
 }

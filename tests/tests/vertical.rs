@@ -1146,7 +1146,7 @@ async fn one_budget_is_split_by_the_server_and_sketches_are_the_default() {
     assert_eq!(status, 400, "{problem}");
     let detail = problem["detail"].as_str().unwrap();
     assert!(
-        detail.contains("sketch+locmrf") && detail.contains("`budget`"),
+        detail.contains("sampled+locmrf") && detail.contains("`budget`"),
         "{problem}"
     );
     let (_, listed) = admin(&base, "GET", "/v1/collections").await;
@@ -1162,7 +1162,7 @@ async fn one_budget_is_split_by_the_server_and_sketches_are_the_default() {
     }
 }
 
-/// [`create_body`] as a client that predates the `sketch+locmrf` default would send it.
+/// [`create_body`] as a client that names no encoding would send it.
 fn create_body_without_encoding() -> Value {
     let mut body = create_body();
     body.as_object_mut().unwrap().remove("encoding");

@@ -75,7 +75,14 @@ fn main() {
     );
     println!("|---|---|---|---|---|---|---|---|---|");
     let mut reports: Vec<(Vec<usize>, SketchReport)> = Vec::new();
-    for party in parties["parties"].as_array().unwrap() {
+    let party_list = parties["parties"].as_array().unwrap();
+    // One person's hash enters every party's sketches: they are calibrated together.
+    let sketches: usize = party_list
+        .iter()
+        .map(|p| p["attributes"].as_array().unwrap().len())
+        .sum();
+    let joint = party_list.len() as f64;
+    for party in party_list {
         let name = party["name"].as_str().unwrap();
         let attrs: Vec<usize> = party["attributes"]
             .as_array()
@@ -85,12 +92,12 @@ fn main() {
             .collect();
         let domain: Vec<u32> = attrs.iter().map(|&a| sizes[a] as u32).collect();
         let params = SketchParams::for_budget(
-            locenc,
-            delta,
-            attrs.len(),
+            joint * locenc * (1.0 - DEFAULT_COUNT_SHARE),
+            joint * delta,
+            sketches,
             t,
             DEFAULT_GAMMA,
-            DEFAULT_COUNT_SHARE,
+            locenc * DEFAULT_COUNT_SHARE,
         )
         .unwrap();
         let records: Vec<(&String, Vec<u32>)> = ids

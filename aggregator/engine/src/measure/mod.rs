@@ -11,5 +11,6 @@ pub(crate) mod measurement;
 pub(crate) mod one_way;
 pub(crate) mod partition;
 pub mod sketch;
+pub mod sketch_privacy;
 pub mod tables;
 pub(crate) mod variance;

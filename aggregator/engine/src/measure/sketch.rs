@@ -22,18 +22,17 @@
 //! the same repetition merge). The report carries a fingerprint of the key (HMAC of a
 //! constant) so the server can refuse to merge sketches made under different keys.
 //!
-//! **Guarantee** (Theorem 2 with n̂): a party's report is (4ε′√(t·d·ln(1/δ)) + ε_n, δ)-DP for
-//! adding or removing one record of the party's data, `d` the party's attribute count, ε_n
-//! the ε of the noisy count (discrete Laplace, pure ε_n-DP). A person's ε is the sum over
-//! parties.
+//! **Guarantee.** Not Theorem 2: in one repetition a person's one hash value enters every
+//! sketch of its values, over all parties (they share the key), which Theorem 2's
+//! composition of independent sketches does not count. [`crate::measure::sketch_privacy`]
+//! computes the exact privacy loss of one repetition of all of a person's sketches,
+//! composes it over `t`, and calibrates ε′ ([`SketchParams::for_budget`]); n̂ adds its own
+//! ε (pure, discrete Laplace).
 //!
 //! **Readings of the paper** (where it is ambiguous or mistyped; each choice is defensible
 //! from the paper's own text):
 //! - Algorithm 1 line 1 prints `k_p = ⌈1/e^(ε′−1)⌉`; §2.2 and Lemma 4 require
 //!   `k ≥ 1/(e^ε′ − 1)` phantoms, and the authors' code uses `⌈1/(e^ε′ − 1)⌉`: we use that.
-//! - `d` in Algorithm 3 line 2 / Theorem 2 is the party's attribute count (Appendix A.3:
-//!   one record changes one sketch per attribute of the encoded data set). Passing the
-//!   collection's total attribute count instead is more conservative.
 //! - Geometric(γ/(1+γ)) has support {1, 2, …} (`P(Y > m) = (1+γ)^−m`), as the authors' code.
 //! - Combining the `t` repetitions: §2.2 says "the 1/e-th quantile of all the maxima";
 //!   Algorithm 4 line 7 says "HarmonicMean" (the authors' code computes HyperLogLog's
@@ -88,6 +87,8 @@ use rand::{CryptoRng, Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha12Rng;
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
+
+use super::sketch_privacy::{calibrate_sketch_epsilon, sketches_epsilon};
 
 /// Shortest [`SketchKey`]: 32 bytes (the HMAC-SHA256 output size).
 pub const MIN_KEY_BYTES: usize = 32;
@@ -167,6 +168,25 @@ pub enum SketchError {
     /// Reports to merge differ in parameters or key.
     #[error("sketches made with different parameters or keys cannot be merged")]
     Mismatch,
+    /// No ε′ the sketch's `u8` floor allows makes the sketches meet the budget once their
+    /// shared hash is counted ([`crate::measure::sketch_privacy`]).
+    #[error(
+        "no sketch parameters keep (ε = {epsilon}, δ = {delta}) for {sketches} sketches per \
+         person sharing a hash over {repetitions} repetitions (the smallest ε′ still spends \
+         ε = {smallest}); use fewer repetitions, a larger budget, or another encoding"
+    )]
+    Unachievable {
+        /// The sketches' ε budget.
+        epsilon: f64,
+        /// Its δ.
+        delta: f64,
+        /// Sketches one person's hash enters per repetition.
+        sketches: usize,
+        /// Repetitions `t`.
+        repetitions: u32,
+        /// ε spent at the smallest ε′ allowed.
+        smallest: f64,
+    },
     /// A marginal names no attribute, an attribute a report does not hold, a value outside a
     /// domain, or too many cells.
     #[error("bad marginal request: {0}")]
@@ -336,30 +356,23 @@ impl SketchParams {
         Ok(params)
     }
 
-    /// The parameters that spend a party's LocEnc budget `(epsilon, delta)`: `count_share`
-    /// of ε to n̂ (§7.1: 0.1), the rest to `t = repetitions` rounds of sketches of
-    /// `attributes` attributes with ε′ from Algorithm 3 line 2 ([`per_sketch_epsilon`]).
-    /// Errors as [`SketchParams::new`], plus [`SketchError::Delta`],
-    /// [`SketchError::CountShare`] and [`SketchError::Domain`] (no attributes).
+    /// The parameters that spend a sketch budget (`epsilon`, `delta`) soundly: ε′ from
+    /// [`calibrate_sketch_epsilon`] for `repetitions` rounds of `sketches` sketches sharing
+    /// each round's hash (every attribute of every party whose sketches merge, as one
+    /// person's id enters all of them), and `count_epsilon` for this party's n̂.
+    /// Errors as [`SketchParams::new`] and [`calibrate_sketch_epsilon`].
     pub fn for_budget(
         epsilon: f64,
         delta: f64,
-        attributes: usize,
+        sketches: usize,
         repetitions: u32,
         gamma: f64,
-        count_share: f64,
+        count_epsilon: f64,
     ) -> Result<Self, SketchError> {
         check_epsilon(epsilon)?;
-        if !(count_share > 0.0 && count_share < 1.0) {
-            return Err(SketchError::CountShare(count_share));
-        }
-        let sketch = per_sketch_epsilon(
-            epsilon * (1.0 - count_share),
-            repetitions,
-            attributes,
-            delta,
-        )?;
-        Self::new(gamma, repetitions, sketch, epsilon * count_share)
+        check_delta(delta)?;
+        let sketch = calibrate_sketch_epsilon(epsilon, delta, sketches, repetitions, gamma)?;
+        Self::new(gamma, repetitions, sketch, count_epsilon)
     }
 
     /// γ: the hashed values are Geometric(γ/(1+γ)).
@@ -414,57 +427,24 @@ impl SketchParams {
         2.0 * q / (1.0 - q).powi(2)
     }
 
-    /// The party's (ε, δ) for reports of `attributes` attributes: Theorem 2's
-    /// `4ε′√(t·d·ln(1/δ))` plus n̂'s ε (sequential composition). Errors:
-    /// [`SketchError::Delta`], [`SketchError::Domain`] (no attributes).
-    pub fn guarantee(&self, attributes: usize, delta: f64) -> Result<(f64, f64), SketchError> {
-        let sketches = locenc_epsilon(self.sketch_epsilon, self.repetitions, attributes, delta)?;
-        Ok((sketches + self.count_epsilon, delta))
+    /// The (ε, δ) of the sketches of one person (`sketches` of them per repetition, sharing
+    /// its hash: every attribute of every party that shares the key), from the exact
+    /// accountant [`sketches_epsilon`], plus n̂'s ε (sequential composition). Errors:
+    /// [`SketchError::Delta`], [`SketchError::Domain`] (no sketches), and
+    /// [`SketchError::Unachievable`] when no ε reaches `delta`.
+    pub fn guarantee(&self, sketches: usize, delta: f64) -> Result<(f64, f64), SketchError> {
+        let eps = sketches_epsilon(self, sketches, delta)?;
+        if !eps.is_finite() {
+            return Err(SketchError::Unachievable {
+                epsilon: eps,
+                delta,
+                sketches,
+                repetitions: self.repetitions,
+                smallest: eps,
+            });
+        }
+        Ok((eps + self.count_epsilon, delta))
     }
-}
-
-/// Theorem 2 of VertiMRF: `t` rounds of sketches of `d` attributes at ε′ each are
-/// `(4ε′√(t·d·ln(1/δ)), δ)`-DP; returns that ε. Errors: [`SketchError::Epsilon`],
-/// [`SketchError::Repetitions`], [`SketchError::Delta`], [`SketchError::Domain`] (`d = 0`).
-pub fn locenc_epsilon(
-    sketch_epsilon: f64,
-    repetitions: u32,
-    attributes: usize,
-    delta: f64,
-) -> Result<f64, SketchError> {
-    check_epsilon(sketch_epsilon)?;
-    // ε = 4ε′√(t·d·ln(1/δ))   (Theorem 2; Appendix A.3's RDP (λ, 2tdλε′²) converted)
-    Ok(sketch_epsilon * theorem_2_scale(repetitions, attributes, delta)?)
-}
-
-/// `4√(t·d·ln(1/δ))`, the factor between ε′ and ε in Theorem 2, after checking its inputs.
-fn theorem_2_scale(repetitions: u32, attributes: usize, delta: f64) -> Result<f64, SketchError> {
-    check_repetitions(repetitions)?;
-    check_delta(delta)?;
-    if attributes == 0 {
-        return Err(SketchError::Domain);
-    }
-    let td = f64::from(repetitions) * attributes as f64;
-    Ok(4.0 * (td * (1.0 / delta).ln()).sqrt())
-}
-
-/// The inverse of [`locenc_epsilon`], Algorithm 3 line 2: `ε′ = ε / (4√(t·d·ln(1/δ)))`.
-/// Errors as [`locenc_epsilon`].
-pub fn per_sketch_epsilon(
-    epsilon: f64,
-    repetitions: u32,
-    attributes: usize,
-    delta: f64,
-) -> Result<f64, SketchError> {
-    check_epsilon(epsilon)?;
-    Ok(epsilon / theorem_2_scale(repetitions, attributes, delta)?)
-}
-
-/// Appendix A.3's Rényi DP of LocEnc at order λ > 1: `2·t·d·λ·ε′²` (one round of `d`
-/// sketches is (λ, 2dλε′²)-RDP; `t` rounds compose). Callers may convert it to (ε, δ)
-/// with `min_λ rdp(λ) + ln(1/δ)/(λ − 1)`, which is tighter than Theorem 2's closed form.
-pub fn locenc_rdp(sketch_epsilon: f64, repetitions: u32, attributes: usize, lambda: f64) -> f64 {
-    2.0 * f64::from(repetitions) * attributes as f64 * lambda * sketch_epsilon * sketch_epsilon
 }
 
 /// Geometric(γ/(1+γ)) on {1, 2, …} from a uniform word: `⌈−ln u / ln(1+γ)⌉` with
@@ -1215,39 +1195,23 @@ mod tests {
     }
 
     #[test]
-    fn accounting_reproduces_theorem_2() {
-        // Theorem 2: ε = 4ε′√(t·d·ln(1/δ)). t = 2000, d = 8, ε′ = 1e-4, δ = 1/45222 (Adult's
-        // n, §7.1's δ = 1/n): 4e-4·√(16000·ln 45222) = 4e-4·√171509.0… = 0.16565478493259…
-        let e = locenc_epsilon(1e-4, 2000, 8, 1.0 / 45222.0).unwrap();
-        assert!((e - 0.165_654_784_932_591_4).abs() < 1e-12, "{e}");
-        // Algorithm 3 line 2 inverts it.
-        let back = per_sketch_epsilon(e, 2000, 8, 1.0 / 45222.0).unwrap();
-        assert!((back - 1e-4).abs() < 1e-16);
-        // §7.1's split of a party's LocEnc ε = 0.64 (40% of 1.6): 10% to n̂, the rest to the
-        // sketches: ε′ = 0.576/(4√(2000·8·ln 45222)) = 3.4771105479047e-4.
-        let p = SketchParams::for_budget(0.64, 1.0 / 45222.0, 8, 2000, 1.0, 0.1).unwrap();
+    fn budget_parameters_keep_their_guarantee() {
+        // A sketch budget of 0.576 at δ = 1/45222 for 8 sketches per person, t = 2000: the
+        // calibrated ε′ keeps it by the exact accountant, and n̂ adds its own ε.
+        let delta = 1.0 / 45222.0;
+        let p = SketchParams::for_budget(0.576, delta, 8, 2000, 1.0, 0.064).unwrap();
         assert!((p.count_epsilon() - 0.064).abs() < 1e-15);
-        assert!((p.sketch_epsilon() - 3.477_110_547_904_711_6e-4).abs() < 1e-15);
-        let (eps, delta) = p.guarantee(8, 1.0 / 45222.0).unwrap();
-        assert!((eps - 0.64).abs() < 1e-12 && delta == 1.0 / 45222.0);
-        // Appendix A.3's RDP curve converted the standard way is never looser than the
-        // closed form: the paper's formula is conservative here.
-        let tight = (2..2000)
-            .map(|l| {
-                let l = f64::from(l) / 10.0 + 1.0;
-                locenc_rdp(1e-4, 2000, 8, l) + 45222f64.ln() / (l - 1.0)
-            })
-            .fold(f64::INFINITY, f64::min);
-        assert!(tight <= e, "{tight} > {e}");
+        let (eps, d) = p.guarantee(8, delta).unwrap();
+        assert!(eps <= 0.64 + 1e-12 && eps > 0.064 && d == delta, "{eps}");
+        // Theorem 2's ε′ for the same budget, 0.576/(4√(2000·8·ln 45222)), is not private.
+        let paper = SketchParams::new(1.0, 2000, 3.477_110_547_904_711_6e-4, 0.064).unwrap();
+        assert!(paper.guarantee(8, delta).unwrap().0 > 50.0);
+        assert_eq!(p.guarantee(0, 0.1), Err(SketchError::Domain));
+        assert_eq!(p.guarantee(2, 1.0), Err(SketchError::Delta(1.0)));
         // Algorithm 1 line 1 at ε′ = 0.3, γ = 1: k_p = ⌈1/(e^0.3 − 1)⌉ = ⌈2.858⌉ = 3,
         // α_min = ⌈log₂ 1/(1 − e^−0.3)⌉ = ⌈1.948⌉ = 2.
         let p = SketchParams::new(1.0, 1, 0.3, 1.0).unwrap();
         assert_eq!((p.phantoms(), p.alpha_min()), (3, 2));
-        assert_eq!(locenc_epsilon(1e-4, 2000, 0, 0.1), Err(SketchError::Domain));
-        assert_eq!(
-            per_sketch_epsilon(1.0, 10, 2, 1.0),
-            Err(SketchError::Delta(1.0))
-        );
         assert!(SketchParams::new(0.1, 10, 1.0, 1.0).is_err());
         assert!(SketchParams::new(1.0, 0, 1.0, 1.0).is_err());
         assert!(SketchParams::new(1.0, 10, 0.0, 1.0).is_err());

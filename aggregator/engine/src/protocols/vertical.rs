@@ -294,31 +294,39 @@ impl Vertical {
         s.delta.or_else(|| self.parties[p].locmrf.map(|b| b.delta))
     }
 
-    /// The parameters of party `p`'s sketch report (`sketch+locmrf`): the party's report ε
-    /// (the sum of its attributes' ε) at [`Vertical::sketch_delta`] spent by
-    /// [`SketchParams::for_budget`] over its attributes, `t` repetitions, γ =
-    /// [`crate::measure::sketch::DEFAULT_GAMMA`], the settings' share for n̂ (VertiMRF
-    /// Algorithm 3 line 2 and §7.1). Errors: not `sketch+locmrf`, or parameters the sketch
-    /// module refuses (e.g. ε′ so small that Algorithm 1's floor overflows), as a message.
+    /// The parameters of party `p`'s sketch report (`sketch+locmrf`). All parties share the
+    /// sketch key, so one person's hash enters the sketch of each of its attributes at every
+    /// party: the sketches of all parties are one mechanism, accounted together
+    /// ([`crate::measure::sketch_privacy`]). Its budget is the parties' report ε summed less
+    /// the share for the noisy counts, at the parties' sketch δ summed; ε′ is calibrated for
+    /// every attribute of the collection as sketches per repetition; party `p`'s n̂ takes the
+    /// count share of its own report ε. The parties' parts compose back to
+    /// [`Vertical::composed_epsilon`] and [`Vertical::composed_delta`].
+    /// Errors: not `sketch+locmrf`, or a budget no sketch parameters keep, as a message.
     pub fn sketch_params(&self, p: usize) -> Result<SketchParams, String> {
-        let (Some(s), Some(delta)) = (self.sketch.as_ref(), self.sketch_delta(p)) else {
+        let Some(s) = self.sketch.as_ref() else {
             return Err("not a `sketch+locmrf` collection".into());
         };
-        let party = &self.parties[p];
-        let epsilon: f64 = party
-            .attributes
-            .iter()
-            .map(|&a| self.epsilons[a].get())
-            .sum();
+        let report = |q: usize| -> f64 {
+            self.parties[q]
+                .attributes
+                .iter()
+                .map(|&a| self.epsilons[a].get())
+                .sum()
+        };
+        let parties = 0..self.parties.len();
+        let epsilon: f64 = parties.clone().map(report).sum();
+        let delta: f64 = parties.filter_map(|q| self.sketch_delta(q)).sum();
+        let sketches: usize = self.parties.iter().map(|q| q.attributes.len()).sum();
         SketchParams::for_budget(
-            epsilon,
+            epsilon * (1.0 - s.count_share),
             delta,
-            party.attributes.len(),
+            sketches,
             s.repetitions,
             crate::measure::sketch::DEFAULT_GAMMA,
-            s.count_share,
+            report(p) * s.count_share,
         )
-        .map_err(|e| format!("party `{}`: sketch parameters: {e}", party.name))
+        .map_err(|e| format!("sketch parameters: {e}"))
     }
 
     /// Attribute `a`'s bin map for the sketches (`sketch+locmrf`; VertiMRF §6.1), as cuts
@@ -750,14 +758,16 @@ mod tests {
         }
     }
 
-    /// Encoding `sketch+locmrf`: a party's sketch report spends its attributes' ε summed, by
-    /// Theorem 2 of VertiMRF with n̂: `4ε′√(t·d·ln(1/δ)) + ε_n` at the party's t, d, ε′ and δ
-    /// equals that sum (the count share of it on n̂), and the party's composed ε adds its
-    /// local model's; the collection's δ adds every model's and every report's. Settings
+    /// Encoding `sketch+locmrf`: the parties' sketches are accounted as one mechanism (a
+    /// person's hash is in every party's sketches): at the calibrated ε′ the exact
+    /// accountant spends at most the parties' report ε summed less n̂'s share, at their δ
+    /// summed; each party's n̂ takes the count share of its own report ε, and the party's
+    /// composed ε adds its local model's; the collection's δ adds every model's and every
+    /// report's. Settings
     /// out of range, settings under another encoding and a party without a model are
     /// refused; an attribute of more values than `bins` is cut into equal-width bins.
     #[test]
-    fn sketch_encoding_accounts_by_theorem_2() {
+    fn sketch_encoding_accounts_for_the_shared_hash() {
         let mut p = params(&[("x", &[("a", 0.3), ("b", 0.3)]), ("y", &[("c", 0.4)])]);
         p.encoding = VerticalEncoding::SketchLocmrf;
         for party in &mut p.parties {
@@ -773,15 +783,17 @@ mod tests {
             count_share: 0.1,
         });
         let v = Vertical::new(&p, &schema()).unwrap();
-        for (i, (d, report)) in [(2usize, 0.6f64), (1, 0.4)].into_iter().enumerate() {
+        let shared = v.sketch_params(0).unwrap().sketch_epsilon();
+        for (i, report) in [0.6f64, 0.4].into_iter().enumerate() {
             let sp = v.sketch_params(i).unwrap();
             assert_eq!(sp.repetitions(), 2000);
-            // Theorem 2 by hand: ε′ from Algorithm 3 line 2 back to ε.
-            let theorem = 4.0 * sp.sketch_epsilon() * (2000.0 * d as f64 * 1e5f64.ln()).sqrt();
-            assert!((theorem - 0.9 * report).abs() < 1e-12, "{theorem}");
+            assert_eq!(sp.sketch_epsilon(), shared);
             assert!((sp.count_epsilon() - 0.1 * report).abs() < 1e-12);
-            let (eps, delta) = sp.guarantee(d, 1e-5).unwrap();
-            assert!((eps - report).abs() < 1e-12 && delta == 1e-5, "{eps}");
+            // Three sketches per person (every attribute of both parties), δ 2·10⁻⁵: the
+            // sketches spend at most 0.9 of the reports' 1.0.
+            let (eps, delta) = sp.guarantee(3, 2e-5).unwrap();
+            assert!(eps - sp.count_epsilon() <= 0.9 + 1e-12, "{eps}");
+            assert_eq!(delta, 2e-5);
             assert!((v.party_epsilon(i) - (report + 0.5)).abs() < 1e-12);
         }
         assert!((v.composed_epsilon() - 2.0).abs() < 1e-12);

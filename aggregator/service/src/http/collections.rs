@@ -210,7 +210,7 @@ const PRIVINCR_KEYS: &[&str] = &["omega", "rounds", "phi", "alpha", "sigma"];
 const SAMPRIVSYN_KEYS: &[&str] = &["batch_size"];
 const VERTICAL_KEYS: &[&str] = &["parties", "encoding", "sketch", "budget"];
 
-/// Fills in a vertical create request: the default encoding (`sketch+locmrf`) when it names
+/// Fills in a vertical create request: the default encoding (`sampled+locmrf`) when it names
 /// none, and, when it gives one `budget` per person instead of every part, the parties'
 /// attribute ε, local-model budgets and the sketch reports' δ
 /// ([`ldpsyn::vertical::split_collection_budget`]; the budget's δ defaults to
@@ -226,8 +226,8 @@ fn prepare_vertical(
         None => VerticalEncoding::default(),
         Some(v) => serde_json::from_value(v.clone()).map_err(|_| {
             bad(format!(
-                "`encoding` must be \"sketch+locmrf\" (the default), \"fo\", \"fo+locmrf\" \
-                 or \"sampled+locmrf\" (got {v})"
+                "`encoding` must be \"sampled+locmrf\" (the default), \"fo\", \"fo+locmrf\" \
+                 or \"sketch+locmrf\" (got {v})"
             ))
         })?,
     };

@@ -1069,9 +1069,7 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
         epsilon: parties
             .is_none()
             .then(|| created["epsilon"].as_f64().unwrap_or(cfg.epsilon)),
-        max_party_epsilon: parties
-            .as_ref()
-            .and_then(|_| created["epsilon"].as_f64()),
+        max_party_epsilon: parties.as_ref().and_then(|_| created["epsilon"].as_f64()),
         protocol: created["protocol"]
             .as_str()
             .unwrap_or(&cfg.protocol)

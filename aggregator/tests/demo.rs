@@ -217,17 +217,16 @@ fn vertical_demo_runs_fo_reports_with_local_models() {
 /// budgets as written; without either it is `sampled+locmrf` (each party's ε split 20% to its
 /// local model, the rest to its one-attribute reports); a flag that contradicts the file is
 /// refused before anything runs.
-/// Under `sketch+locmrf` too, one seed writes one synthetic file: the parties' secret, hence
-/// their record ids and sketches, follows from the seed.
+/// Under the default encoding too, one seed writes one synthetic file: the parties' secret,
+/// hence their record ids and reports, follows from the seed.
 #[test]
-fn vertical_sketch_demo_with_one_seed_reproduces() {
+fn vertical_demo_with_one_seed_reproduces() {
     let dir = tempfile::tempdir().unwrap();
     vertical_files(dir.path());
-    let sketch = |seed: &'static str| ["--seed", seed, "--encoding", "sketch+locmrf"];
-    let (first, r1) = vertical_demo(dir.path(), "first", "parties.json", &sketch("5"));
-    let (second, r2) = vertical_demo(dir.path(), "second", "parties.json", &sketch("5"));
-    let (_, r3) = vertical_demo(dir.path(), "other", "parties.json", &sketch("6"));
-    assert_eq!(r1["encoding"], "sketch+locmrf", "{r1}");
+    let (first, r1) = vertical_demo(dir.path(), "first", "parties.json", &["--seed", "5"]);
+    let (second, r2) = vertical_demo(dir.path(), "second", "parties.json", &["--seed", "5"]);
+    let (_, r3) = vertical_demo(dir.path(), "other", "parties.json", &["--seed", "6"]);
+    assert_eq!(r1["encoding"], "sampled+locmrf", "{r1}");
     assert!(
         first == second,
         "two runs of --seed 5 wrote different synthetic files"
@@ -236,6 +235,38 @@ fn vertical_sketch_demo_with_one_seed_reproduces() {
         assert_eq!(r1[k], r2[k], "{k} differs between two runs of one seed");
     }
     assert_ne!(r1["tvd2"], r3["tvd2"], "--seed 6 reproduced --seed 5");
+    // A vertical report names the largest party's ε for what it is.
+    assert!(
+        r1.get("epsilon").is_none() && r1["max_party_epsilon"].is_number(),
+        "{r1}"
+    );
+}
+
+/// `sketch+locmrf` at the demo's population is refused before anything is uploaded, saying
+/// why (the sound sketch parameters' phantoms outnumber the people) and what to use.
+#[test]
+fn vertical_sketch_demo_is_refused_with_its_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    vertical_files(dir.path());
+    let path = |f: &str| dir.path().join(f);
+    let out = Command::new(BIN)
+        .args(["demo", "--quiet", "--data"])
+        .arg(path("data.csv"))
+        .arg("--schema")
+        .arg(path("schema.json"))
+        .arg("--vertical")
+        .arg(path("parties.json"))
+        .args(["--encoding", "sketch+locmrf", "--out"])
+        .arg(path("sketch.csv"))
+        .output()
+        .expect("the demo runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("phantom") && err.contains("sampled+locmrf"),
+        "{err}"
+    );
+    assert!(!path("sketch.csv").exists());
 }
 
 #[test]

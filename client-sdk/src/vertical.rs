@@ -370,8 +370,8 @@ pub const DEFAULT_SKETCH_LOCMRF_SHARE: f64 = 0.5;
 /// Splits a party's budget per person, `epsilon` (and `delta` for its local model), for
 /// encoding `sketch+locmrf`: `locmrf_share · epsilon` with `delta` to the local model, the
 /// rest to its one sketch report, written as equal shares over its `attributes` (the
-/// report's ε is their sum, [`crate::wire::Party::report_epsilon`]; Theorem 2 spends it
-/// evenly over every sketch). Returns the attributes' ε and the model's budget; they compose
+/// report's ε is their sum, [`crate::wire::Party::report_epsilon`]; the sketches of all
+/// parties are accounted together, see [`crate::wire::VerticalEncoding::SketchLocmrf`]). Returns the attributes' ε and the model's budget; they compose
 /// back to `epsilon` (the report's own δ is the collection's `sketch.delta`).
 /// Errors: [`VerticalError::Budget`] unless `0 < locmrf_share < 1`, `0 < delta < 1` and
 /// the model's ε and the report's are at least [`crate::MIN_COLLECTION_EPSILON`] (an

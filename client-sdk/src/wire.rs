@@ -457,7 +457,8 @@ pub struct VerticalBudget {
 #[serde(deny_unknown_fields)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SketchSettings {
-    /// δ of each party's sketch report (Theorem 2), in (0, 1). Absent: the party's
+    /// δ of each party's share of the sketches (summed over parties for the sketches of all
+    /// parties, which are accounted together), in (0, 1). Absent: the party's
     /// `locmrf.delta`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delta: Option<f64>,

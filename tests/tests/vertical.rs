@@ -742,8 +742,9 @@ async fn sampled_uploads_are_checked_and_counted_once() {
 /// model and one sketch report and no record. A report is checked against the config (party,
 /// parameters, sketch bins) and stored once; an identical resend is `200`, another report of
 /// the party `409`, a report under another key than the stored ones `409`; records are
-/// refused `409`; finalize answers `409` until every party's model and report are in, then
-/// the model keeps the cross-party dependency smoker → lung. Every refusal changes nothing.
+/// refused `409`; finalize answers `409` until every party's model and report are in. Every
+/// refusal changes nothing. At N people the create is refused (sound sketch parameters need
+/// more phantoms than people); the uploads are checked on a collection declared for 10⁹.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sketch_uploads_are_checked_and_stored_once() {
     let dir = tempfile::tempdir().unwrap();
@@ -773,6 +774,14 @@ async fn sketch_uploads(database_url: &str) {
     for p in body["parties"].as_array_mut().unwrap() {
         p["locmrf"] = json!({"epsilon": 1.0, "delta": 1e-6});
     }
+    let (status, refused) = post_raw(&format!("{base}/v1/collections"), ADMIN, body.clone()).await;
+    assert_eq!(status, 400, "{refused}");
+    let detail = refused["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("phantom") && detail.contains("sampled+locmrf"),
+        "{refused}"
+    );
+    body["target_users"] = json!(1_000_000_000u64);
     let (status, created) = post_raw(&format!("{base}/v1/collections"), ADMIN, body).await;
     assert_eq!(status, 201, "{created}");
     assert_eq!(created["encoding"], "sketch+locmrf", "{created}");
@@ -987,46 +996,9 @@ async fn sketch_uploads(database_url: &str) {
     let (s, f) = finalize().await;
     assert_eq!(s, 200, "{f}");
     let (_, model) = admin(&base, "GET", &format!("/v1/collections/{id}/model")).await;
-    let kept: Vec<(u64, u64)> = model["model"]["model_graph"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|g| g["kept"] == json!(true))
-        .map(|g| (g["a"].as_u64().unwrap(), g["b"].as_u64().unwrap()))
-        .collect();
-    // smoker → lung (2 × 2 cells) stands well above the sketches' noise at t = 500;
-    // region → income (12 cells) is near it at this t and is not asserted.
-    assert!(kept.contains(&(2, 3)), "{kept:?}");
-    let (_, m) = admin(
-        &base,
-        "GET",
-        &format!("/v1/collections/{id}/marginals?attrs=smoker,lung"),
-    )
-    .await;
-    let freq: Vec<f64> = serde_json::from_value(m["frequencies"].clone()).unwrap();
-    let mut truth = [0.0; 4];
-    for p in &people {
-        truth[(p[2] * 2 + p[3]) as usize] += 1.0 / N as f64;
-    }
-    let independent = {
-        let (mut a, mut b) = ([0.0; 2], [0.0; 2]);
-        for p in &people {
-            a[p[2] as usize] += 1.0 / N as f64;
-            b[p[3] as usize] += 1.0 / N as f64;
-        }
-        (0..4).map(move |c| a[c / 2] * b[c % 2])
-    };
-    let tvd = |f: &mut dyn Iterator<Item = f64>| {
-        f.zip(truth).map(|(a, b)| (a - b).abs()).sum::<f64>() / 2.0
-    };
-    let (model_tvd, independent_tvd) = (
-        tvd(&mut freq.iter().copied()),
-        tvd(&mut independent.into_iter()),
-    );
-    assert!(
-        model_tvd < 0.4 * independent_tvd,
-        "smoker × lung TVD {model_tvd} (independence {independent_tvd}): {freq:?}"
-    );
+    // The model is built; its cross-party tables come from sketches whose sound parameters
+    // (millions of phantoms) hide a population of N, so no dependency is asserted.
+    assert!(model["model"]["model_graph"].is_array(), "{model}");
     // Finalized: uploads are refused, and changed nothing.
     let (s, v) = post_raw(&url("clinic", "sketch"), &token("clinic"), clinic_sketch).await;
     assert_eq!(
@@ -1054,14 +1026,15 @@ async fn sketch_uploads(database_url: &str) {
     );
 }
 
-/// Issue 37 items 4–5: a create request without `encoding` gets `sketch+locmrf`, and one
-/// `budget` per person with the parties' attributes named only is split by the server: each
-/// party an equal share, half of it to its local model, δ = 1/target_users by default, and
+/// A create request without `encoding` gets `sampled+locmrf`, and one `budget` per person
+/// with the parties' attributes named only is split by the server: each party an equal
+/// share, 20% of it to its local model with the party's whole δ, the rest to every attribute
+/// (a record reports one of them), δ = 1/target_users by default, and
 /// the view's composed ε and δ are the budget's; the stored config (encoding and budget) is
 /// the same after a restart. Requests that cannot be split, or that mix a budget with parts
 /// it would set, are 400 problems that create nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_budget_is_split_by_the_server_and_sketches_are_the_default() {
+async fn one_budget_is_split_by_the_server_and_sampled_reports_are_the_default() {
     let dir = tempfile::tempdir().unwrap();
     let db = format!("sqlite://{}", dir.path().join("b.db").display());
     let server = start(&db, &[]).await;
@@ -1074,7 +1047,7 @@ async fn one_budget_is_split_by_the_server_and_sketches_are_the_default() {
                       "parties": named, "budget": {"epsilon": 1.6}});
     let (status, created) = post_raw(&url, ADMIN, body.clone()).await;
     assert_eq!(status, 201, "{created}");
-    assert_eq!(created["encoding"], "sketch+locmrf", "{created}");
+    assert_eq!(created["encoding"], "sampled+locmrf", "{created}");
     let delta = 1.0 / N as f64;
     assert_eq!(
         created["budget"],
@@ -1088,14 +1061,17 @@ async fn one_budget_is_split_by_the_server_and_sketches_are_the_default() {
         (created["epsilon"].as_f64().unwrap() - 0.8).abs() < 1e-12,
         "{created}"
     );
-    assert!((created["sketch"]["delta"].as_f64().unwrap() - delta / 4.0).abs() < 1e-18);
-    for (p, k) in [(0, 2.0), (1, 3.0)] {
+    assert!(
+        created.get("sketch").is_none_or(Value::is_null),
+        "{created}"
+    );
+    for p in 0..2 {
         let party = &created["parties"][p];
-        assert_eq!(party["locmrf"]["epsilon"], 0.4, "{party}");
-        assert_eq!(party["locmrf"]["delta"], delta / 4.0, "{party}");
+        assert!((party["locmrf"]["epsilon"].as_f64().unwrap() - 0.16).abs() < 1e-12);
+        assert_eq!(party["locmrf"]["delta"], delta / 2.0, "{party}");
         for a in party["attributes"].as_array().unwrap() {
             assert!(
-                (a["epsilon"].as_f64().unwrap() - 0.4 / k).abs() < 1e-12,
+                (a["epsilon"].as_f64().unwrap() - 0.64).abs() < 1e-12,
                 "{party}"
             );
         }
@@ -1121,7 +1097,10 @@ async fn one_budget_is_split_by_the_server_and_sketches_are_the_default() {
         ),
         (json!({"budget": {"epsilon": 1.6, "share": 0.5}}), "budget"),
         (json!({"budget": 3}), "must be an object"),
-        (json!({"sketch": {"delta": 1e-9}}), "sets `sketch.delta`"),
+        (
+            json!({"encoding": "sketch+locmrf", "sketch": {"delta": 1e-9}}),
+            "sets `sketch.delta`",
+        ),
         (json!({"encoding": "gzip"}), "`encoding` must be"),
         (json!({"parties": create_body()["parties"]}), "by name only"),
         (

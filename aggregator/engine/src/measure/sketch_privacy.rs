@@ -85,7 +85,7 @@ fn ln_one_minus_exp(x: f64) -> f64 {
 fn log_sum_exp(values: impl Iterator<Item = f64>) -> f64 {
     let v: Vec<f64> = values.collect();
     let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    if hi == f64::NEG_INFINITY || hi == f64::INFINITY {
+    if hi.is_infinite() {
         return hi;
     }
     hi + v.iter().map(|x| (x - hi).exp()).sum::<f64>().ln()
@@ -139,7 +139,7 @@ impl RepetitionLoss {
             } else {
                 -f64::from(m - 1) * ln_b + ln_geometric_step
             };
-            for c in 1..=d {
+            for (c, &ln_c) in ln_choose.iter().enumerate().skip(1) {
                 let rest = if c == d {
                     0.0
                 } else if ln_surv == f64::NEG_INFINITY {
@@ -147,7 +147,7 @@ impl RepetitionLoss {
                 } else {
                     (d - c) as f64 * ln_surv
                 };
-                let ln_q = ln_choose[c] + c as f64 * ln_p + rest;
+                let ln_q = ln_c + c as f64 * ln_p + rest;
                 let ln_ratio = log_add(ln_y_below, ln_y_at + c as f64 * (ln_f - ln_p));
                 atoms.push((ln_q + ln_ratio, ln_q));
             }

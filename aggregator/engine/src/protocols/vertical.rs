@@ -329,6 +329,31 @@ impl Vertical {
         .map_err(|e| format!("sketch parameters: {e}"))
     }
 
+    /// Whether the sketches can see anything of a population of at most `people`: a value
+    /// set shows above its sketch's phantoms only when it holds about as many ids as there
+    /// are phantoms (`k_p`, [`SketchParams::phantoms`]), and sound parameters at small ε′ need
+    /// many. `Ok` outside `sketch+locmrf`. Errors: a message for a person when every value
+    /// set of `people` would be hidden by the phantoms (their estimates would be noise that
+    /// misleads the fit), or the parameters' own error.
+    pub fn check_sketch_resolution(&self, people: u64) -> Result<(), String> {
+        if self.sketch.is_none() {
+            return Ok(());
+        }
+        let params = self.sketch_params(0)?;
+        if params.phantoms() >= people {
+            return Err(format!(
+                "encoding `sketch+locmrf` cannot resolve {people} people at this budget: sound \
+                 sketch parameters (ε′ = {:.3e}, the parties' sketches accounted together \
+                 because they share each person's hash) add {} phantom ids to every sketch, \
+                 more than the whole population, so every cross-party estimate would be noise; \
+                 use encoding `sampled+locmrf` (the default) or `fo+locmrf`",
+                params.sketch_epsilon(),
+                params.phantoms()
+            ));
+        }
+        Ok(())
+    }
+
     /// Attribute `a`'s bin map for the sketches (`sketch+locmrf`; VertiMRF §6.1), as cuts
     /// ([`ldpsyn::factor::bin_count`]): code `c` of a domain of `k > b` values goes to bin
     /// `⌊c·b/k⌋` (equal width in code order, `b` = [`SketchSettings::bins`]), cuts
@@ -379,8 +404,8 @@ impl Vertical {
     /// and `fo+locmrf` (one GRR per attribute on one record), their maximum under
     /// `sampled+locmrf` (one GRR on one attribute drawn independently of the data:
     /// `P(j, y | x) = P(y | x_j)/k` and the `1/k` cancels in the likelihood ratio); under
-    /// `sketch+locmrf` the sum, which is the ε of the party's sketch report (Theorem 2 with
-    /// n̂, [`SketchParams::guarantee`] at [`Vertical::sketch_params`]).
+    /// `sketch+locmrf` the sum, the party's share of the sketches of all parties (accounted
+    /// together, [`Vertical::sketch_params`]) plus its n̂.
     pub fn party_epsilon(&self, p: usize) -> f64 {
         let party = &self.parties[p];
         let eps = party.attributes.iter().map(|&a| self.epsilons[a].get());

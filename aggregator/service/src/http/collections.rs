@@ -442,6 +442,10 @@ pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine),
     }
     let engine =
         Engine::new(&config).map_err(|e| bad(ProblemType::InvalidParameter, e.to_string()))?;
+    if let Some(v) = engine.vertical() {
+        v.check_sketch_resolution(config.target_users)
+            .map_err(|m| bad(ProblemType::InvalidParameter, m))?;
+    }
     Ok((config, engine))
 }
 

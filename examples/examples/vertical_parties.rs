@@ -70,9 +70,9 @@ async fn main() -> anyhow::Result<()> {
                 {"name": "smoker", "type": "categorical", "labels": ["no", "yes"]},
                 {"name": "lung", "type": "categorical", "labels": ["ok", "bad"]}
             ]},
-            // Per-record GRR reports, which the SDK makes; the default encoding,
-            // `sketch+locmrf`, has each party upload a local model and one sketch report
-            // instead (`ldpsyn-aggregator party upload`).
+            // Per-record GRR reports of every attribute, which the SDK makes; the default
+            // encoding, `sampled+locmrf`, has each party report one attribute per record and
+            // upload a local model (`ldpsyn-aggregator party upload`).
             "protocol": "vertical", "target_users": PEOPLE, "encoding": "fo",
             "parties": [
                 {"name": "bank", "attributes": [

@@ -272,10 +272,17 @@ pub async fn run(
                 body.insert("retain_reports_days".into(), json!(d));
             }
             body.extend(params.iter().cloned());
-            (
-                call(reqwest::Method::POST, "/v1/collections").json(&body),
-                Box::new(|v| format!("{}\n", v["id"].as_str().unwrap_or(""))),
-            )
+            // A client-chosen id makes the create safe to retry: a retry of a request whose
+            // answer was lost names the same collection instead of making a second one.
+            body.entry("id")
+                .or_insert_with(|| json!(uuid::Uuid::new_v4()));
+            let v = create_with_retries(&call, &body).await?;
+            if cfg.json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
+            } else {
+                writeln!(out, "{}", v["id"].as_str().unwrap_or(""))?;
+            }
+            return Ok(());
         }
         AdminCommand::List => (
             call(reqwest::Method::GET, "/v1/collections"),
@@ -428,6 +435,36 @@ async fn download(
 }
 
 /// The body of a 2xx answer as JSON, or the server's problem as an error.
+/// Attempts of a create before its error is reported.
+const CREATE_ATTEMPTS: u32 = 4;
+
+/// `POST /v1/collections` with `body` (which names its `id`), sent again after a connection
+/// error or a 5xx, 1, 2, 4 s apart: safe because the id makes the server answer a repeat with
+/// the collection it stored. Errors: the last attempt's.
+async fn create_with_retries(
+    call: &impl Fn(reqwest::Method, &str) -> reqwest::RequestBuilder,
+    body: &Map<String, Value>,
+) -> Result<Value, AdminError> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let last = attempt >= CREATE_ATTEMPTS;
+        match call(reqwest::Method::POST, "/v1/collections")
+            .json(body)
+            .send()
+            .await
+        {
+            Ok(resp) if resp.status().is_server_error() && !last => {}
+            Ok(resp) => return json_of(resp).await,
+            Err(e) if last || !(e.is_connect() || e.is_timeout() || e.is_request()) => {
+                return Err(e.into());
+            }
+            Err(_) => {}
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1 << (attempt - 1))).await;
+    }
+}
+
 async fn json_of(resp: reqwest::Response) -> Result<Value, AdminError> {
     if !resp.status().is_success() {
         return Err(refusal(resp).await);

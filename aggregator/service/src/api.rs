@@ -321,11 +321,15 @@ pub struct PartySketchAnswer {
 /// `{party name: upload token}` of a vertical collection.
 pub type PartyTokens = BTreeMap<String, String>;
 
-/// The body of `POST /v1/collections`: the public config without `version` and `id`. Only
-/// the chosen protocol's parameters are accepted; an unknown key is a 400.
+/// The body of `POST /v1/collections`: the public config without `version`. Only the chosen
+/// protocol's parameters are accepted; an unknown key is a 400.
 // Documentation only: the handler parses the body strictly (`super::http::parse_create`).
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct CreateCollection {
+    /// Optional: the collection's id, a UUID the client chooses so that a retried create is
+    /// safe (the same request again answers `200` with the stored collection; another config
+    /// under a stored id is `409`). Absent: the server picks one.
+    pub id: Option<uuid::Uuid>,
     /// Optional: a name for people (lists, the dashboard), 1 to 100 characters on one line.
     #[schema(example = "Adult census, spring 2026")]
     pub name: Option<String>,

@@ -360,6 +360,26 @@ impl Reader<'_> {
     }
 }
 
+/// Why a report does not validate: its answer's problem, and, for a genuine token of this
+/// collection that has expired, the token's nonce (a resend of a stored report is answered
+/// `duplicate` whatever its token's age, so the caller looks the nonce up).
+#[derive(Debug, Clone)]
+pub struct Invalid {
+    /// The problem of the report's answer.
+    pub problem: Problem,
+    /// The expired token's nonce (hex), with `token-expired` only.
+    pub expired_nonce: Option<String>,
+}
+
+impl From<Problem> for Invalid {
+    fn from(problem: Problem) -> Self {
+        Self {
+            problem,
+            expired_nonce: None,
+        }
+    }
+}
+
 /// Validates one report against its token and the collection: a verified token of this
 /// collection, unexpired, with the collection's ε, and a payload that fits the token's
 /// mechanism and factor ([`ldpsyn::mechanism::Mechanism::validate`]). Errors: the problem
@@ -369,7 +389,7 @@ pub fn validate_report(
     h: &CollectionHandle,
     report: Report,
     now: i64,
-) -> Result<NewReport, Problem> {
+) -> Result<NewReport, Invalid> {
     let claims = key
         .verify(&report.token)
         .map_err(|e| Problem::new(ProblemType::InvalidToken, e.to_string()))?;
@@ -377,19 +397,24 @@ pub fn validate_report(
         return Err(Problem::new(
             ProblemType::InvalidToken,
             "the token was issued for another collection",
-        ));
+        )
+        .into());
     }
     if claims.expires_at < now {
-        return Err(Problem::new(
-            ProblemType::TokenExpired,
-            format!("the token expired at {}", claims.expires_at),
-        ));
+        return Err(Invalid {
+            problem: Problem::new(
+                ProblemType::TokenExpired,
+                format!("the token expired at {}", claims.expires_at),
+            ),
+            expired_nonce: Some(claims.nonce_hex()),
+        });
     }
     if claims.epsilon != h.config.epsilon {
         return Err(Problem::new(
             ProblemType::InvalidToken,
             "the token's epsilon is not the collection's",
-        ));
+        )
+        .into());
     }
     let key: TableKey = h.engine.table_key(&claims.task_spec());
     let m = h

@@ -92,6 +92,7 @@ fn view_of(state: &AppState, h: &CollectionHandle) -> api::CollectionView {
 }
 
 const COMMON_KEYS: &[&str] = &[
+    "id",
     "schema",
     "epsilon",
     "target_users",
@@ -325,9 +326,11 @@ fn prepare_vertical(
 }
 
 /// Parses and checks a create request strictly: known keys only, valid schema, ε, N and
-/// protocol parameters. Returns the config and its engine. Errors: 400 problems
+/// protocol parameters. The collection's id is the request's `id` (a UUID the client chose,
+/// so a retry names the same collection), else a fresh one. Returns the config and its
+/// engine. CPU-heavy for large schemas: call it off the async workers. Errors: 400 problems
 /// (`invalid-parameter`, `invalid-schema`, malformed JSON).
-pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine), ApiError> {
+pub fn parse_create(body: &[u8]) -> Result<(CollectionConfig, Engine), ApiError> {
     let bad = |kind, d: String| ApiError::problem(kind, d);
     let v: Value = super::extract::from_json_slice(body, "")
         .map_err(|e| bad(ProblemType::MalformedRequest, e))?;
@@ -364,6 +367,22 @@ pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine),
             ));
         }
     }
+    let id = match obj.remove("id") {
+        None => Uuid::new_v4(),
+        Some(v) => v
+            .as_str()
+            .and_then(|t| Uuid::parse_str(t).ok())
+            .ok_or_else(|| {
+                bad(
+                    ProblemType::InvalidParameter,
+                    format!(
+                        "`id` must be a UUID string chosen by the client (e.g. \
+                         \"{}\"), so that a retried create names the same collection; got {v}",
+                        Uuid::new_v4()
+                    ),
+                )
+            })?,
+    };
     check_text(&mut obj, "name", ldpsyn::wire::MAX_COLLECTION_NAME_CHARS)?;
     check_text(
         &mut obj,
@@ -454,6 +473,8 @@ pub fn parse_create(body: &[u8], id: Uuid) -> Result<(CollectionConfig, Engine),
     request_body(content = api::CreateCollection, content_type = "application/json"),
     responses(
         (status = 201, description = "Created: the public config with its status (vertical: and `party_tokens`).", body = api::CollectionView),
+        (status = 200, description = "A retry: the request's `id` names a collection with this very config; nothing changed.", body = api::CollectionView),
+        (status = 409, response = super::super::openapi::Conflict),
         (status = 400, response = super::super::openapi::BadRequest),
         (status = 401, response = super::super::openapi::Unauthorized),
         (status = 413, response = super::super::openapi::PayloadTooLarge),
@@ -464,16 +485,32 @@ pub(crate) async fn create_collection(
     body: Body,
 ) -> Result<Response, ApiError> {
     let body = read_body(body, state.config().max_body_bytes).await?;
-    let id = Uuid::new_v4();
-    let (config, engine) = parse_create(&body, id)?;
-    let initial = engine.initial_state();
+    // Checking a large schema and planning its first round is CPU work: on the blocking
+    // pool, so no async worker (nor /healthz) waits for it.
+    let (config, engine, initial) = tokio::task::spawn_blocking(move || {
+        let (config, engine) = parse_create(&body)?;
+        let initial = engine.initial_state();
+        Ok::<_, ApiError>((config, engine, initial))
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("create: {e}")))??;
+    let id = config.id;
+    if let Some(answer) = existing_create(&state, &config).await? {
+        return Ok(answer);
+    }
     let row = CollectionRow {
         id,
         config: serde_json::to_string(&config)?,
         state: serde_json::to_string(&initial)?,
         state_version: 0,
     };
-    state.db().insert_collection(&row, now_secs()).await?;
+    if let Err(e) = state.db().insert_collection(&row, now_secs()).await {
+        // A concurrent create of the same id may have won the insert.
+        if let Some(answer) = existing_create(&state, &config).await? {
+            return Ok(answer);
+        }
+        return Err(e.into());
+    }
     let handle = Arc::new(CollectionHandle::new(
         config,
         engine,
@@ -490,6 +527,37 @@ pub(crate) async fn create_collection(
         body.party_tokens = Some(super::parties::party_tokens(&state, &handle)?);
     }
     Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+/// The answer to a create whose id names a stored collection: `200` with its view when the
+/// stored config is the requested one (a retry; nothing changes), `409 conflict` when it is
+/// another. `None` when no collection has that id.
+async fn existing_create(
+    state: &AppState,
+    config: &CollectionConfig,
+) -> Result<Option<Response>, ApiError> {
+    let handle = match state.collection(config.id).await {
+        Ok(h) => h,
+        Err(e) if e.to_problem().problem_type == ProblemType::UnknownCollection => {
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
+    if serde_json::to_value(&handle.config)? != serde_json::to_value(config)? {
+        return Err(ApiError::problem(
+            ProblemType::Conflict,
+            format!(
+                "collection {} exists with another config: a client-chosen `id` names one \
+                 collection; choose a new id for a new collection",
+                config.id
+            ),
+        ));
+    }
+    let mut body = view_of(state, &handle);
+    if handle.engine.vertical().is_some() {
+        body.party_tokens = Some(super::parties::party_tokens(state, &handle)?);
+    }
+    Ok(Some((StatusCode::OK, Json(body)).into_response()))
 }
 
 #[utoipa::path(get, path = "/v1/collections", tag = "collections",

@@ -215,6 +215,7 @@ pub(crate) async fn post_reports(
     let mut answers: Vec<ReportAnswer> = Vec::with_capacity(reports.len());
     let mut items = Vec::with_capacity(reports.len());
     let mut slots = Vec::with_capacity(reports.len());
+    let mut expired: Vec<(usize, String)> = Vec::new();
     for report in reports {
         let rid = report.id;
         match validate_report(state.token_key(), &h, report, now) {
@@ -230,13 +231,43 @@ pub(crate) async fn post_reports(
                     problem: None,
                 });
             }
-            Err(p) => {
-                state.metrics().rejected(p.problem_type);
+            Err(invalid) => {
+                if let Some(nonce) = invalid.expired_nonce {
+                    expired.push((answers.len(), nonce));
+                } else {
+                    state.metrics().rejected(invalid.problem.problem_type);
+                }
                 answers.push(ReportAnswer {
                     id: rid,
                     status: ReportStatus::Rejected,
-                    problem: Some(p),
+                    problem: Some(invalid.problem),
                 });
+            }
+        }
+    }
+    if !expired.is_empty() {
+        // A resend of a stored report is a duplicate however old its token: answering
+        // `token-expired` would make the device drop a report the server holds.
+        let collection = h.id;
+        let stored = state
+            .db()
+            .run_tx(|tx| {
+                Box::pin(async move {
+                    let mut stored = Vec::with_capacity(expired.len());
+                    for (slot, nonce) in expired {
+                        stored.push((slot, tx.report_of_token(collection, &nonce).await?));
+                    }
+                    Ok::<_, ApiError>(stored)
+                })
+            })
+            .await?;
+        for (slot, id) in stored {
+            let a = &mut answers[slot];
+            if id == Some(a.id) {
+                a.status = ReportStatus::Duplicate;
+                a.problem = None;
+            } else if let Some(p) = &a.problem {
+                state.metrics().rejected(p.problem_type);
             }
         }
     }

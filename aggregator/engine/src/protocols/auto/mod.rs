@@ -175,6 +175,33 @@ mod tests {
         (tasks, edges)
     }
 
+    /// Issue 67 item 1: attributes of the largest domain (32,768 values) build their
+    /// initial state without a table of their full pair (2³⁰ cells aborted the process), and
+    /// screening bins stay within what a task may carry.
+    #[test]
+    fn the_largest_domains_screen_without_their_full_pair_table() {
+        for (attributes, users) in [(2usize, 1_000_000u64), (4, 100_000), (2, 1_000_000_000)] {
+            let engine = auto_engine(vec![32_768; attributes], 4.0, users);
+            let state = engine.initial_state();
+            assert_eq!(state.round, 0);
+            let auto = Auto::new(PrivIncrParams::default());
+            for (a, b) in pairs(attributes) {
+                if let Some(bins) = auto.screening_bins(engine.context(), None, a, b) {
+                    // Cuts, or none for the whole domain.
+                    let size = |cuts: &Vec<u32>| {
+                        if cuts.is_empty() {
+                            32_768
+                        } else {
+                            cuts.len() + 1
+                        }
+                    };
+                    let cells = size(&bins[0]) * size(&bins[1]);
+                    assert!(cells <= crate::domain::task::MAX_PAIR_CELLS, "{cells}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn blocks_cover_every_wanted_pair_within_the_cell_cap() {
         let dims = Domain::new(vec![2usize; 12]);

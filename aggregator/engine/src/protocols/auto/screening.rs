@@ -359,6 +359,19 @@ impl Auto {
         let n_ref = self.phase2_users(ctx) / dims.len() as f64;
         let budget = self.bin_noise_l1(ctx);
         let (mut ka, mut kb) = (dims[a], dims[b]);
+        // A table of C cells has sampling error alone √(2/π)·Σ√(x(1−x)/n) ≈ √(2C/(πn)) at
+        // the uniform point, so it passes the ceiling 2 only if C < 2π·n: resolutions above
+        // that (or above a task's largest pair) fail the test below and are skipped without
+        // allocating their tables, in the loop's own halving order.
+        let cap = (2.0 * std::f64::consts::PI * n_ref.max(1.0) + 4.0)
+            .min(crate::domain::task::MAX_PAIR_CELLS as f64);
+        while (ka * kb) as f64 > cap && !(ka <= 2 && kb <= 2) {
+            if ka >= kb {
+                ka = ka.div_ceil(2).max(2);
+            } else {
+                kb = kb.div_ceil(2).max(2);
+            }
+        }
         loop {
             let bins = pair_bins(one_way, (a, dims[a], ka), (b, dims[b], kb));
             let uniform = vec![1.0 / (ka * kb) as f64; ka * kb];

@@ -1,0 +1,154 @@
+//! Issue 67: operator input that used to abort or stall the server, and creates that are safe
+//! to retry. Over real HTTP against an in-process server on SQLite.
+
+use ldpsyn::wire::ProblemType;
+use ldpsyn_tests::*;
+use serde_json::{Value, json};
+
+async fn post(base: &str, body: &Value) -> (u16, Value) {
+    let resp = reqwest::Client::new()
+        .post(format!("{base}/v1/collections"))
+        .bearer_auth(ADMIN)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+fn kind(v: &Value) -> Option<ProblemType> {
+    v["type"].as_str().and_then(ProblemType::parse)
+}
+
+/// Item 1: a create may name its id; the same request again answers 200 with the stored
+/// collection and creates nothing, another config under that id is 409, an id that is not a
+/// UUID a 400, and a create without an id still gets a fresh one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_with_a_client_chosen_id_is_safe_to_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(
+        &format!("sqlite://{}", dir.path().join("i.db").display()),
+        &[],
+    )
+    .await;
+    let base = base(&server);
+    let id = uuid::Uuid::new_v4();
+    let body = json!({"id": id, "schema": schema_json(), "protocol": "auto",
+                      "epsilon": 4.0, "target_users": 1000});
+    let (status, first) = post(&base, &body).await;
+    assert_eq!(status, 201, "{first}");
+    assert_eq!(first["id"], json!(id));
+    let (status, again) = post(&base, &body).await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["id"], json!(id));
+    let (_, listed) = admin(&base, "GET", "/v1/collections").await;
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+
+    let mut other = body.clone();
+    other["epsilon"] = json!(2.0);
+    let (status, problem) = post(&base, &other).await;
+    assert_eq!(
+        (status, kind(&problem)),
+        (409, Some(ProblemType::Conflict)),
+        "{problem}"
+    );
+    let mut bad = body.clone();
+    bad["id"] = json!("collection-1");
+    let (status, problem) = post(&base, &bad).await;
+    assert_eq!(status, 400, "{problem}");
+    assert!(
+        problem["detail"].as_str().unwrap().contains("UUID"),
+        "{problem}"
+    );
+    let mut fresh = body.clone();
+    fresh.as_object_mut().unwrap().remove("id");
+    let (status, created) = post(&base, &fresh).await;
+    assert_eq!(status, 201, "{created}");
+    assert_ne!(created["id"], json!(id));
+    let (_, listed) = admin(&base, "GET", "/v1/collections").await;
+    assert_eq!(listed.as_array().unwrap().len(), 2, "{listed}");
+}
+
+/// Item 1: `auto` over attributes of the largest domain (32,768 labels) is created without
+/// allocating their full pair table (2³⁰ cells aborted the process), and the server keeps
+/// answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_largest_domains_create_without_aborting() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("l.db").display());
+    let server = start(&db, &["--max-body-bytes", "8000000"]).await;
+    let base = base(&server);
+    let labels: Vec<String> = (0..32_768).map(|i| format!("v{i}")).collect();
+    for (attributes, users) in [(2, 1_000_000u64), (4, 100_000)] {
+        let schema = json!({"attributes": (0..attributes)
+            .map(|a| json!({"name": format!("a{a}"), "type": "categorical", "labels": labels}))
+            .collect::<Vec<_>>()});
+        let body = json!({"schema": schema, "protocol": "auto", "epsilon": 4.0,
+                          "target_users": users});
+        let (status, created) = post(&base, &body).await;
+        assert_eq!(status, 201, "{attributes} attributes: {created}");
+        let health = reqwest::get(format!("{base}/healthz")).await.unwrap();
+        assert_eq!(health.status(), 200);
+    }
+}
+
+/// Item 5: a resend of a stored report after its token expired is answered `duplicate` (it
+/// was `token-expired`, and the device dropped a report the server holds); a report never
+/// stored under an expired token is still `token-expired`; the count stays one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_after_token_expiry_is_a_duplicate() {
+    use ldpsyn::Epsilon;
+    use ldpsyn::wire::{CollectionConfig, Task};
+    use rand::SeedableRng;
+
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("e.db").display());
+    let server = start(&db, &["--task-ttl-secs", "1"]).await;
+    let base = base(&server);
+    let id = create(
+        &base,
+        json!({"schema": schema_json(), "protocol": "independence",
+                                  "epsilon": 2.0, "target_users": 1000}),
+    )
+    .await;
+    let (_, config) = admin(&base, "GET", &format!("/v1/collections/{id}")).await;
+    let config: CollectionConfig = serde_json::from_value(config).unwrap();
+    let (_, tasks) = admin(&base, "GET", &format!("/v1/collections/{id}/task?count=2")).await;
+    let tasks: Vec<Task> = serde_json::from_value(tasks).unwrap();
+    let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(5);
+    let record = schema().encoded(vec![0; schema().len()]).unwrap();
+    let report = |t: &Task, rng: &mut rand_chacha::ChaCha12Rng| {
+        ldpsyn::submission::randomize_task(&config, Epsilon::new(2.0).unwrap(), t, &record, rng)
+            .unwrap()
+    };
+    let (stored, never) = (report(&tasks[0], &mut rng), report(&tasks[1], &mut rng));
+    let upload = |body: Value| {
+        let base = base.clone();
+        async move {
+            let v: Value = reqwest::Client::new()
+                .post(format!("{base}/v1/collections/{id}/reports"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            v
+        }
+    };
+    let first = upload(json!([stored])).await;
+    assert_eq!(first[0]["status"], "accepted", "{first}");
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    let late = upload(json!([stored, never])).await;
+    assert_eq!(late[0]["status"], "duplicate", "{late}");
+    assert_eq!(late[1]["status"], "rejected", "{late}");
+    assert_eq!(
+        kind(&late[1]["problem"]),
+        Some(ProblemType::TokenExpired),
+        "{late}"
+    );
+    let (_, status) = admin(&base, "GET", &format!("/v1/collections/{id}")).await;
+    assert_eq!(status["status"]["reports_accepted"], 1, "{status}");
+}

@@ -70,6 +70,11 @@ pub enum AdminCommand {
         /// Delete the raw reports this many days after finalize (tables and model are kept).
         #[arg(long)]
         retain_reports_days: Option<u32>,
+        /// An attribute the data is collected to predict (a label column; repeat for
+        /// several): the design and the model favour its pairs, and the model's fitness
+        /// report says how much of it the model explains.
+        #[arg(long)]
+        target: Vec<String>,
     },
     /// List every collection with its progress.
     List,
@@ -242,6 +247,7 @@ pub async fn run(
             no_auto_finalize,
             past_target,
             retain_reports_days,
+            target,
         } => {
             let text = std::fs::read_to_string(schema).map_err(file_error(schema))?;
             let schema: Value =
@@ -270,6 +276,9 @@ pub async fn run(
             }
             if let Some(d) = retain_reports_days {
                 body.insert("retain_reports_days".into(), json!(d));
+            }
+            if !target.is_empty() {
+                body.insert("target".into(), json!(target));
             }
             body.extend(params.iter().cloned());
             // A client-chosen id makes the create safe to retry: a retry of a request whose

@@ -144,6 +144,10 @@ pub struct DemoConfig {
     /// Protocol: auto, privincr, noincremental, samprivsyn or independence.
     #[arg(long, default_value = "auto")]
     pub protocol: String,
+    /// An attribute the data is collected to predict (repeat for several): the collection
+    /// declares it as its `target` (device collections).
+    #[arg(long)]
+    pub target: Vec<String>,
     /// Seed of the population, the simulated devices, the tasks and the synthetic download:
     /// two runs with one seed write the same synthetic file and report figures.
     #[arg(long, default_value_t = 1)]
@@ -337,6 +341,10 @@ pub struct DemoReport {
     /// ([`crate::engine::FitResiduals`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fit_residual_ratio: Option<f64>,
+    /// What the synthetic data can answer (`GET …/model`'s `fitness`): per pair, per
+    /// declared target (its neighbours, the share of its entropy the model explains), and
+    /// warnings naming the columns.
+    pub fitness: serde_json::Value,
     /// Tables the fit disagrees with beyond noise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fit_tables_beyond_noise: Option<u64>,
@@ -754,6 +762,10 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
             "target_users": n, "auto_finalize_at_target": false,
         }),
     };
+    let mut create = create;
+    if !cfg.target.is_empty() {
+        create["target"] = serde_json::json!(cfg.target);
+    }
     let created = send_json(
         http.post(format!("{base}/v1/collections"))
             .bearer_auth(&admin)
@@ -914,6 +926,19 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
         .map(|a| a.name.clone())
         .collect();
     let edges = model_edges(&finalized, &names);
+    // The fitness report, as an analyst sees it at `GET …/model`.
+    let fitness = send_json(
+        http.get(format!("{base}/v1/collections/{collection}/model"))
+            .bearer_auth(&admin),
+        DemoError::Service,
+    )
+    .await?["fitness"]
+        .clone();
+    if !cfg.quiet {
+        for w in fitness["warnings"].as_array().into_iter().flatten() {
+            eprintln!("warning: {}", w["message"].as_str().unwrap_or_default());
+        }
+    }
     let drift_warning = serde_json::from_value::<DriftReport>(finalized["model"]["drift"].clone())
         .ok()
         .and_then(|d| d.warning(|a| names.get(a).cloned().unwrap_or_else(|| a.to_string())));
@@ -1091,6 +1116,7 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
         numeric,
         edges,
         drift_warning,
+        fitness,
         fit_residual_ratio: finalized["model"]["residuals"]["mean_ratio"].as_f64(),
         fit_tables_beyond_noise: finalized["model"]["residuals"]["beyond_noise"].as_u64(),
         synthetic_rows: rows,

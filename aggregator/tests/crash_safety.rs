@@ -773,6 +773,7 @@ async fn healthz_is_503_until_the_state_is_loaded() {
                 auto_finalize_at_target: false,
                 past_target: ldpsyn::wire::PastTarget::Accept,
                 retain_reports_days: None,
+                target: Vec::new(),
                 name: None,
                 description: None,
                 id,

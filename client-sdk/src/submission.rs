@@ -381,6 +381,7 @@ mod tests {
             auto_finalize_at_target: false,
             past_target: crate::wire::PastTarget::Accept,
             retain_reports_days: None,
+            target: Vec::new(),
             name: None,
             description: None,
             version: 1,

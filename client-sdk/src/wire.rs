@@ -594,6 +594,13 @@ pub struct CollectionConfig {
     /// statistics), the model and the counts. Absent: kept until the collection is deleted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retain_reports_days: Option<u32>,
+    /// The attributes the data is collected to predict (label columns), by name: `auto`
+    /// weighs their pairs with every other attribute as much as all other pairs together
+    /// when it chooses what to measure and which pairs enter the model, and the model's
+    /// fitness report says how much of each target the model explains. Empty: every pair
+    /// weighs the same.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub target: Vec<String>,
 }
 
 /// What a collection does with reports that arrive once its `target_users` are accepted

@@ -204,6 +204,7 @@ async fn start_with(schema: Schema, epsilon: f64, behaviour: Behaviour) -> (Stri
             auto_finalize_at_target: false,
             past_target: ldpsyn::wire::PastTarget::Accept,
             retain_reports_days: None,
+            target: Vec::new(),
             name: None,
             description: None,
             version: 1,

@@ -132,14 +132,35 @@ impl Engine {
                 )));
             }
         }
-        Self::assemble(
+        let mut targets = Vec::with_capacity(config.target.len());
+        for name in &config.target {
+            let a = config.schema.index_of(name).ok_or_else(|| {
+                EngineError::InvalidConfig(format!(
+                    "`target` names `{name}`, which is not an attribute of the schema"
+                ))
+            })?;
+            if targets.contains(&a) {
+                return Err(EngineError::InvalidConfig(format!(
+                    "`target` names `{name}` twice"
+                )));
+            }
+            targets.push(a);
+        }
+        if !targets.is_empty() && targets.len() >= config.schema.len() {
+            return Err(EngineError::InvalidConfig(
+                "`target` must leave at least one attribute to predict it from".into(),
+            ));
+        }
+        let mut engine = Self::assemble(
             Space::from_schema(&config.schema)?,
             config.epsilon,
             config.target_users,
             config.protocol.clone(),
             options,
             vertical.map(Arc::new),
-        )
+        )?;
+        engine.context.set_targets(targets);
+        Ok(engine)
     }
 
     /// The engine from its parts (domain sizes instead of a schema: every code its own

@@ -150,7 +150,9 @@ pub fn select(
         .options()
         .gain_margin
         .unwrap_or_else(|| rules.gain_margin());
-    let edges = select_model_graph_from(ctx.domain(), given, &gains, cap, margin);
+    let edges = select_model_graph_from(ctx.domain(), given, &gains, cap, margin, |a, b| {
+        ctx.pair_weight(a, b)
+    });
     (gains, edges)
 }
 

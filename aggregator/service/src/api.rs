@@ -163,6 +163,13 @@ pub struct ModelAnswer {
     /// The model.
     #[schema(schema_with = model_schema)]
     pub model: ModelDescription,
+    /// What the model can answer (`ldpsyn_engine::synth::fitness`): per attribute pair
+    /// whether it was measured and whether the model carries it (`edge`, `path` or
+    /// `independent`), per declared target its neighbours and the share of its entropy the
+    /// model explains, and warnings written for people (`no-edges`, `target-independent`,
+    /// `attribute-independent`, `fewer-people`).
+    #[schema(value_type = Object)]
+    pub fitness: ldpsyn_engine::FitnessReport,
     /// Which model answered and what it saw.
     #[serde(flatten)]
     pub fitted: FittedFrom,
@@ -330,6 +337,11 @@ pub struct CreateCollection {
     /// safe (the same request again answers `200` with the stored collection; another config
     /// under a stored id is `409`). Absent: the server picks one.
     pub id: Option<uuid::Uuid>,
+    /// Optional: the attributes the data is for (label columns), by name. `auto` weighs
+    /// their pairs with every other attribute as much as all other pairs together when it
+    /// plans what to measure and which pairs the model keeps; the model's fitness report
+    /// says how much of each target it explains.
+    pub target: Option<Vec<String>>,
     /// Optional: a name for people (lists, the dashboard), 1 to 100 characters on one line.
     #[schema(example = "Adult census, spring 2026")]
     pub name: Option<String>,

@@ -1719,6 +1719,7 @@ mod tests {
             auto_finalize_at_target: false,
             past_target: ldpsyn::wire::PastTarget::Accept,
             retain_reports_days: None,
+            target: Vec::new(),
             name: None,
             description: None,
             version: PROTOCOL_VERSION,

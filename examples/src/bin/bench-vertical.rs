@@ -167,6 +167,7 @@ fn config(
         auto_finalize_at_target: false,
         past_target: ldpsyn::wire::PastTarget::Accept,
         retain_reports_days: None,
+        target: Vec::new(),
         name: None,
         description: None,
         version: PROTOCOL_VERSION,

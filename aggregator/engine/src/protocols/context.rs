@@ -27,6 +27,8 @@ pub struct Context {
     target_users: u64,
     protocol: Protocol,
     options: EngineOptions,
+    /// The declared targets (attribute indices, sorted, distinct).
+    targets: Vec<usize>,
 }
 
 impl Context {
@@ -44,7 +46,55 @@ impl Context {
             target_users,
             protocol,
             options,
+            targets: Vec::new(),
         }
+    }
+
+    /// Declares `targets` (attribute indices; sorted and deduplicated here), the attributes
+    /// the collection is for ([`Context::pair_weight`]).
+    pub(crate) fn set_targets(&mut self, mut targets: Vec<usize>) {
+        targets.sort_unstable();
+        targets.dedup();
+        self.targets = targets;
+    }
+
+    /// The declared targets (attribute indices, sorted).
+    pub fn targets(&self) -> &[usize] {
+        &self.targets
+    }
+
+    /// Weight of the 2-way marginal of `a` and `b` in the error a design or a model graph
+    /// is chosen to lower: 1, or, for a pair holding a declared target, `1 + P/T` with `T`
+    /// such pairs and `P` the others, so that the target pairs weigh, beyond their own
+    /// share, as much as every other pair together (the declared question, "the target
+    /// given the rest", counts as much as the rest of the table). A workload-weighted error
+    /// as AIM's (McKenna, Mullins, Sheldon, Miklau, "AIM: An Adaptive and Iterative
+    /// Mechanism for Differentially Private Synthetic Data", PVLDB 15(11), 2022, §4), with
+    /// the weights set by the declaration, not tuned.
+    pub fn pair_weight(&self, a: usize, b: usize) -> f64 {
+        if self.targets.is_empty() || a == b {
+            return 1.0;
+        }
+        if !(self.targets.contains(&a) || self.targets.contains(&b)) {
+            return 1.0;
+        }
+        let d = self.dims().len();
+        let t = self.targets.len().min(d);
+        let pairs = d * d.saturating_sub(1) / 2;
+        let free = (d - t) * (d - t).saturating_sub(1) / 2;
+        let target_pairs = (pairs - free).max(1);
+        1.0 + free as f64 / target_pairs as f64
+    }
+
+    /// Weight of attribute `a`'s 1-way in that error: the summed weights of the 2-way
+    /// marginals it enters (`d − 1` without targets), at least 1.
+    pub fn one_way_weight(&self, a: usize) -> f64 {
+        let d = self.dims().len();
+        (0..d)
+            .filter(|&b| b != a)
+            .map(|b| self.pair_weight(a, b))
+            .sum::<f64>()
+            .max(1.0)
     }
 
     /// Working domain sizes: what protocols and the model see (the schema's, with a

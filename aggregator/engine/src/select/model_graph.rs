@@ -53,27 +53,36 @@ pub fn select_model_graph(
         candidates,
         max_clique_cells,
         margin,
+        |_, _| 1.0,
     )
 }
 
 /// The model graph (module docs) over the working `domain`: the edges `given` (kept whatever
 /// their gain: the parties' local graphs of an `fo+locmrf` vertical collection, VertiMRF §5.1
 /// GraphCom; none otherwise), then `candidates` (pairs with their gain) whose
-/// [`PairGain::cautious_gain`] at `margin` is positive, added best first while the largest
-/// clique has at most `max_clique_cells` cells ([`largest_clique_cells`]), the cap raised to
-/// `given`'s own largest clique if that is larger. Ties by pair order, so the result depends
-/// only on the inputs.
+/// [`PairGain::cautious_gain`] at `margin` is positive, added best first (by gain times the
+/// pair's `weight`) while the largest clique has at most `max_clique_cells` cells
+/// ([`largest_clique_cells`]), the cap raised to `given`'s own largest clique if that is
+/// larger. A pair of weight above 1 (it holds a declared target) needs only a positive
+/// expected gain, not the margin: its dependence is what the data is for, and an edge whose
+/// expected gain is positive lowers the target's error in expectation. Ties by pair order, so
+/// the result depends only on the inputs.
 pub fn select_model_graph_from(
     domain: &Domain,
     given: &BTreeSet<Edge>,
     candidates: &[(Edge, PairGain)],
     max_clique_cells: u64,
     margin: f64,
+    weight: impl Fn(usize, usize) -> f64,
 ) -> BTreeSet<Edge> {
     let max_clique_cells = max_clique_cells.max(largest_clique_cells(domain, given));
     let mut ranked: Vec<(f64, Edge)> = candidates
         .iter()
-        .map(|(e, g)| (g.cautious_gain(margin), edge(e.0, e.1)))
+        .map(|(e, g)| {
+            let w = weight(e.0, e.1);
+            let m = if w > 1.0 { 0.0 } else { margin };
+            (w * g.cautious_gain(m), edge(e.0, e.1))
+        })
         .filter(|(gain, _)| *gain > 0.0)
         .collect();
     ranked.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)));
@@ -122,12 +131,12 @@ mod tests {
         // Given edges stay whatever their gain; (0, 1) joins them as a path, and (1, 2) is
         // then refused by the cap of 100 (it would close the triangle 0-1-2).
         let given: BTreeSet<Edge> = [(2, 3), (0, 2)].into_iter().collect();
-        let e = select_model_graph_from(&dims, &given, &cands, 100, 0.0);
+        let e = select_model_graph_from(&dims, &given, &cands, 100, 0.0, |_, _| 1.0);
         assert_eq!(e, [(0, 1), (0, 2), (2, 3)].into_iter().collect());
         // A given graph larger than the cap raises the cap to its own largest clique (the
         // triangle 0-2-3, 1000 cells): the triangle 0-1-2 then fits beside it.
         let given: BTreeSet<Edge> = [(0, 2), (2, 3), (0, 3)].into_iter().collect();
-        let e = select_model_graph_from(&dims, &given, &cands, 100, 0.0);
+        let e = select_model_graph_from(&dims, &given, &cands, 100, 0.0, |_, _| 1.0);
         assert_eq!(
             e,
             [(0, 1), (0, 2), (0, 3), (1, 2), (2, 3)]

@@ -258,7 +258,10 @@ impl Model {
 
     /// The schema domain sizes of `attrs` and their marginal over the working bins, checked
     /// as [`Model::marginal`] says.
-    fn working_marginal(&self, attrs: &[usize]) -> Result<(Vec<usize>, Vec<f64>), EngineError> {
+    pub(crate) fn working_marginal(
+        &self,
+        attrs: &[usize],
+    ) -> Result<(Vec<usize>, Vec<f64>), EngineError> {
         let d = self.dims.len();
         if attrs.is_empty()
             || attrs.iter().any(|&a| a >= d)

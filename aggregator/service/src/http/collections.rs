@@ -93,6 +93,7 @@ fn view_of(state: &AppState, h: &CollectionHandle) -> api::CollectionView {
 
 const COMMON_KEYS: &[&str] = &[
     "id",
+    "target",
     "schema",
     "epsilon",
     "target_users",

@@ -223,16 +223,28 @@ pub(crate) async fn get_model(
     let h = handle_of(&state, &id).await?;
     let Query(ModelQuery { provisional }) = query?;
     let Answering { model, fitted } = answering(&state, &h, provisional).await?;
-    let attributes = h
+    let attributes: Vec<String> = h
         .config
         .schema
         .attributes()
         .iter()
         .map(|a| a.name.clone())
         .collect();
+    // A provisional model is partial by design: only a final one is held to the plan.
+    let people = (!fitted.provisional).then_some(ldpsyn_engine::People {
+        reports: fitted.reports,
+        planned: h.config.target_users,
+    });
+    let fitness = ldpsyn_engine::fitness(
+        &model,
+        &attributes,
+        h.engine.context().targets(),
+        people,
+    );
     Ok(Json(api::ModelAnswer {
         attributes,
         model: super::super::vertical::describe_model(&h, &model),
+        fitness,
         fitted,
     }))
 }

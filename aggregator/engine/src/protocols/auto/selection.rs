@@ -35,8 +35,10 @@ impl Auto {
     /// interaction only ([`PairGain::interaction_share`]): the fit pins its margins with
     /// every table of its attributes, whose noise the 1-ways' term already counts.
     /// Phase 2 measures every attribute alone and the selected pairs S; its 2-way error is
-    /// predicted as `Σ_{p∉S} D̂_p + Σ_f w_f K_f/√n_f`, with `w_f` the number of 2-way
-    /// marginals a factor's error enters (1 for a pair, `d − 1` for a 1-way). Under
+    /// predicted as `Σ_{p∉S} w_p D̂_p + Σ_f w_f K_f/√n_f`, with `w_p` a pair's weight
+    /// ([`Context::pair_weight`]: 1, more for a pair holding a declared target) and `w_f` the
+    /// summed weight of the 2-way marginals a factor's error enters (`w_p` for a pair, `d − 1`
+    /// for a 1-way without targets, [`Context::one_way_weight`]). Under
     /// `Σ n_f = N₂` the allocation `n_f ∝ a_f = (w_f K_f)^{2/3}` minimizes the noise part to
     /// `A^{3/2}/√N₂` with `A = Σ_f a_f`. Pairs are added greedily, each time the one that
     /// lowers the prediction most, within the clique cap, until none does. With too few users
@@ -83,7 +85,7 @@ impl Auto {
             .map(|a| PlannedFactor {
                 factor: vec![a],
                 mechanism: ctx.best_oracle(BinnedFactor::full(&[a])),
-                weight: allocation(a, &one[a], (d - 1).max(1) as f64),
+                weight: allocation(a, &one[a], ctx.one_way_weight(a)),
                 bins: Vec::new(),
             })
             .collect();
@@ -123,7 +125,8 @@ impl Auto {
             let at = &g.projected;
             let k = ctx.expected_noise_l1(pair, at, 1.0);
             let shrink = kept_share(pair, at, i as u64);
-            let a = (g.interaction_share * shrink * k).powf(2.0 / 3.0);
+            let w = ctx.pair_weight(e.a, e.b);
+            let a = (w * g.interaction_share * shrink * k).powf(2.0 / 3.0);
             screened.push((i, g, a));
         }
         let screened_noise_weights: Vec<(Edge, f64)> = screened
@@ -134,15 +137,24 @@ impl Auto {
         // pooled over every screened pair, which does not vanish when a pair's noise exceeds
         // its dependence (many weak pairs at small ε).
         let pooled = pooled_dependence(&screened.iter().map(|(_, g, _)| g).collect::<Vec<_>>());
-        // (pair index, D̂, a_p) of every screened pair with positive dependence.
+        // (pair index, w_p·D̂, a_p) of every screened pair with positive dependence; a pair
+        // holding a declared target is measured whatever its screening estimate (`forced`):
+        // the screening round's people may not be the population's (arrival order), and
+        // the question the data is for is that pair's.
         let mut candidates: Vec<(usize, f64, f64)> = Vec::new();
+        let mut forced: Vec<(usize, f64, f64)> = Vec::new();
         for ((i, g, a), posterior) in screened.into_iter().zip(pooled) {
             let dependence = g.dependence.max(posterior);
             edges[i].score = Some(dependence);
-            if dependence > 0.0 {
-                candidates.push((i, dependence, a));
+            let w = ctx.pair_weight(edges[i].a, edges[i].b);
+            if w > 1.0 {
+                forced.push((i, w * dependence, a));
+            } else if dependence > 0.0 {
+                candidates.push((i, w * dependence, a));
             }
         }
+        // The forced pairs first, most dependent first, then the rest by the greedy rule.
+        forced.sort_by(|x, y| y.1.total_cmp(&x.1).then(x.0.cmp(&y.0)));
         let cap = clique_cap(ctx.options().max_clique_cells, ctx.target_users());
         // Earlier rounds' 1-way reports count towards phase 2's: the noise of a 1-way
         // measured by m_f earlier and n_f later reports is K_f/√(m_f + n_f), with sub-bin
@@ -166,18 +178,24 @@ impl Auto {
         let noise = |a: f64| a.powf(1.5) / (n2 + m_total).sqrt();
         let mut graph = BTreeSet::new();
         let mut keep = BTreeSet::new();
+        let mut forced = forced.into_iter();
         loop {
-            // The candidate whose addition lowers the predicted error most (ties: index).
-            let best = candidates
-                .iter()
-                .enumerate()
-                .map(|(j, &(i, dep, a))| (dep - (noise(a_total + a) - noise(a_total)), j, i))
-                .max_by(|x, y| x.0.total_cmp(&y.0).then(y.2.cmp(&x.2)));
-            let Some((delta, j, _)) = best else { break };
-            if delta <= 0.0 {
-                break;
-            }
-            let (i, _, a) = candidates.remove(j);
+            let (i, a) = if let Some((i, _, a)) = forced.next() {
+                (i, a)
+            } else {
+                // The candidate whose addition lowers the predicted error most (ties: index).
+                let best = candidates
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &(i, dep, a))| (dep - (noise(a_total + a) - noise(a_total)), j, i))
+                    .max_by(|x, y| x.0.total_cmp(&y.0).then(y.2.cmp(&x.2)));
+                let Some((delta, j, _)) = best else { break };
+                if delta <= 0.0 {
+                    break;
+                }
+                let (i, _, a) = candidates.remove(j);
+                (i, a)
+            };
             let e = edge(edges[i].a, edges[i].b);
             graph.insert(e);
             if largest_clique_cells(ctx.domain(), &graph) > cap {

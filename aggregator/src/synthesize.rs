@@ -59,6 +59,10 @@ pub struct SynthesizeConfig {
     /// Largest marginal measured: 2 (pairs) or 3 (pairs and triples).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(2..=3))]
     pub max_marginal: u8,
+    /// An attribute the table is synthesized to predict (repeat for several): marginals
+    /// holding it are favoured when the rounds choose what to measure.
+    #[arg(long)]
+    pub target: Vec<String>,
 }
 
 /// What `synthesize` writes to `--report`: only functions of the noisy measurements.
@@ -131,6 +135,16 @@ pub fn run(
     );
     let mut options = CentralOptions::new(cfg.epsilon, cfg.delta);
     options.max_marginal_attrs = usize::from(cfg.max_marginal);
+    for name in &cfg.target {
+        let a = schema.index_of(name).ok_or_else(|| {
+            SynthesizeError::Input(format!(
+                "--target {name}: the schema has no attribute `{name}`"
+            ))
+        })?;
+        if !options.targets.contains(&a) {
+            options.targets.push(a);
+        }
+    }
     let mut rng = rand::rngs::StdRng::from_os_rng();
     let fitted = synthesize_central(
         loaded.population.dims(),

@@ -111,8 +111,7 @@ def main():
                         report = os.path.join(tmp, "report.json")
                         if base == "synthesize":
                             cmd = [args.bin, "synthesize", "--data", train_path, "--schema",
-                                   args.schema, "--epsilon", str(eps), "--seed", str(seed),
-                                   "--out", syn]
+                                   args.schema, "--epsilon", str(eps), "--out", syn]
                         else:
                             cmd = [args.bin, "demo", "--quiet", "--data", train_path, "--schema",
                                    args.schema, "--epsilon", str(eps), "--protocol", base,

@@ -13,7 +13,11 @@ use serde_json::{Value, json};
 /// returns its model answer.
 async fn model_of(body: Value, n: usize) -> Value {
     let dir = tempfile::tempdir().unwrap();
-    let server = start(&format!("sqlite://{}", dir.path().join("f.db").display()), &[]).await;
+    let server = start(
+        &format!("sqlite://{}", dir.path().join("f.db").display()),
+        &[],
+    )
+    .await;
     let base = base(&server);
     let id = create(&base, body).await;
     let options = ClientOptions::insecure_simulation(Epsilon::new(4.0).unwrap(), 7);
@@ -58,7 +62,10 @@ async fn an_independent_model_warns_about_its_target_and_its_people() {
     assert!(k.contains(&"fewer-people".to_owned()), "{k:?}");
     assert!(!k.contains(&"attribute-independent".to_owned()), "{k:?}");
     let warnings = model["fitness"]["warnings"].to_string();
-    assert!(warnings.contains("`lung`") && warnings.contains("3000"), "{warnings}");
+    assert!(
+        warnings.contains("`lung`") && warnings.contains("3000"),
+        "{warnings}"
+    );
     let target = &model["fitness"]["targets"][0];
     assert_eq!(target["name"], "lung");
     assert_eq!(target["neighbours"], json!([]));
@@ -87,7 +94,10 @@ async fn a_model_with_its_target_carried_warns_only_about_what_is_independent() 
     assert!(!k.contains(&"fewer-people".to_owned()), "{k:?}");
     let target = &model["fitness"]["targets"][0];
     assert!(
-        target["neighbours"].as_array().unwrap().contains(&json!("smoker")),
+        target["neighbours"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("smoker")),
         "{target}"
     );
     let explained = target["explained"].as_f64().unwrap();
@@ -100,10 +110,16 @@ async fn a_model_with_its_target_carried_warns_only_about_what_is_independent() 
         .unwrap()
         .clone();
     assert_eq!(pair["carried"], "edge", "{pair}");
-    assert!(pair["reports"].as_u64().unwrap() > 0 && pair["cells"] == 4, "{pair}");
+    assert!(
+        pair["reports"].as_u64().unwrap() > 0 && pair["cells"] == 4,
+        "{pair}"
+    );
     if k.contains(&"attribute-independent".to_owned()) {
         let text = model["fitness"]["warnings"].to_string();
-        assert!(text.contains("`shoe`") && !text.contains("`lung`"), "{text}");
+        assert!(
+            text.contains("`shoe`") && !text.contains("`lung`"),
+            "{text}"
+        );
     }
 }
 
@@ -111,19 +127,28 @@ async fn a_model_with_its_target_carried_warns_only_about_what_is_independent() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_target_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let server = start(&format!("sqlite://{}", dir.path().join("u.db").display()), &[]).await;
+    let server = start(
+        &format!("sqlite://{}", dir.path().join("u.db").display()),
+        &[],
+    )
+    .await;
     let base = base(&server);
     let resp = reqwest::Client::new()
         .post(format!("{base}/v1/collections"))
         .bearer_auth(ADMIN)
-        .json(&json!({"schema": schema_json(), "protocol": "auto", "epsilon": 4.0,
-                      "target_users": 1000, "target": ["salary"]}))
+        .json(
+            &json!({"schema": schema_json(), "protocol": "auto", "epsilon": 4.0,
+                      "target_users": 1000, "target": ["salary"]}),
+        )
         .send()
         .await
         .unwrap();
     assert_eq!(resp.status(), 400);
     let problem: Value = resp.json().await.unwrap();
-    assert!(problem["detail"].as_str().unwrap().contains("`salary`"), "{problem}");
+    assert!(
+        problem["detail"].as_str().unwrap().contains("`salary`"),
+        "{problem}"
+    );
     let (_, listed) = admin(&base, "GET", "/v1/collections").await;
     assert_eq!(listed, json!([]));
 }

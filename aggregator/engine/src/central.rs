@@ -201,6 +201,10 @@ pub struct CentralOptions {
     /// `cell_merge · σ` people are measured in groups (module docs; default
     /// [`CELL_MERGE_SIGMAS`]; 0 measures every cell alone).
     pub cell_merge: f64,
+    /// Declared targets (attribute indices): a candidate marginal holding one is scored with
+    /// the weight of its pairs ([`crate::select::target_pair_weight`]), as AIM weighs its
+    /// workload (§4); the exponential mechanism's sensitivity is the largest weight.
+    pub targets: Vec<usize>,
 }
 
 impl CentralOptions {
@@ -213,6 +217,7 @@ impl CentralOptions {
             max_clique_cells: MAX_CLIQUE_CELLS,
             rounds: None,
             cell_merge: CELL_MERGE_SIGMAS,
+            targets: Vec::new(),
         }
     }
 }
@@ -594,6 +599,16 @@ fn select_and_measure<R: Rng + CryptoRng + ?Sized>(
         .map(|w| (w.clone(), counts(codes, d, dims, w)))
         .collect();
     let rounds = options.rounds.unwrap_or(ROUNDS_PER_ATTRIBUTE * d).max(1) as f64;
+    // A candidate's weight: its heaviest pair's (1 without targets).
+    let weight = |w: &[usize]| -> f64 {
+        let mut most = 1.0f64;
+        for (i, &a) in w.iter().enumerate() {
+            for &b in &w[i + 1..] {
+                most = most.max(crate::select::target_pair_weight(d, &options.targets, a, b));
+            }
+        }
+        most
+    };
     let mut rho_select = SELECTION_SHARE * rho / rounds;
     let mut rho_measure = (1.0 - ONE_WAY_SHARE - SELECTION_SHARE) * rho / rounds;
     let mut spent = one_way_share * rho;
@@ -640,7 +655,7 @@ fn select_and_measure<R: Rng + CryptoRng + ?Sized>(
                     .zip(&expected)
                     .map(|(c, e)| (c - e).abs())
                     .sum();
-                scores.push(err - noise_l1 * expected.len() as f64);
+                scores.push(weight(w) * (err - noise_l1 * expected.len() as f64));
                 pool.push((w.clone(), groups));
             }
             if !pool.is_empty() {
@@ -651,7 +666,10 @@ fn select_and_measure<R: Rng + CryptoRng + ?Sized>(
         if pool.is_empty() {
             break;
         }
-        let (w, groups) = pool[exponential_mechanism(&scores, eps_select, 1.0, rng)].clone();
+        // Each score is its weight times a count error of sensitivity 1.
+        let sensitivity = pool.iter().map(|(w, _)| weight(w)).fold(1.0, f64::max);
+        let (w, groups) =
+            pool[exponential_mechanism(&scores, eps_select, sensitivity, rng)].clone();
         let before = group_sums(&state.marginal(&w, &mut outside)?, &groups);
         let y: Vec<f64> = group_sums(&truth[&w], &groups)
             .into_iter()

@@ -119,8 +119,8 @@ pub use state::{
 pub use synth::description::{
     EdgeGain, MarginalEstimate, MeasuredFactor, ModelDescription, RoundSummary,
 };
-pub use synth::inference::MAX_ELIMINATION_CELLS;
 pub use synth::fitness::{FitnessReport, People, fitness};
+pub use synth::inference::MAX_ELIMINATION_CELLS;
 pub use synth::model::Model;
 pub use synth::recovery::{Expansion, Recovery};
 pub use synth::sampler::{SAMPRIVSYN_CHUNK_ROWS, Synthesizer};

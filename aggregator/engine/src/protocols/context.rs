@@ -64,26 +64,9 @@ impl Context {
     }
 
     /// Weight of the 2-way marginal of `a` and `b` in the error a design or a model graph
-    /// is chosen to lower: 1, or, for a pair holding a declared target, `1 + P/T` with `T`
-    /// such pairs and `P` the others, so that the target pairs weigh, beyond their own
-    /// share, as much as every other pair together (the declared question, "the target
-    /// given the rest", counts as much as the rest of the table). A workload-weighted error
-    /// as AIM's (McKenna, Mullins, Sheldon, Miklau, "AIM: An Adaptive and Iterative
-    /// Mechanism for Differentially Private Synthetic Data", PVLDB 15(11), 2022, §4), with
-    /// the weights set by the declaration, not tuned.
+    /// is chosen to lower ([`crate::select::target_pair_weight`] of the declared targets).
     pub fn pair_weight(&self, a: usize, b: usize) -> f64 {
-        if self.targets.is_empty() || a == b {
-            return 1.0;
-        }
-        if !(self.targets.contains(&a) || self.targets.contains(&b)) {
-            return 1.0;
-        }
-        let d = self.dims().len();
-        let t = self.targets.len().min(d);
-        let pairs = d * d.saturating_sub(1) / 2;
-        let free = (d - t) * (d - t).saturating_sub(1) / 2;
-        let target_pairs = (pairs - free).max(1);
-        1.0 + free as f64 / target_pairs as f64
+        crate::select::target_pair_weight(self.dims().len(), &self.targets, a, b)
     }
 
     /// Weight of attribute `a`'s 1-way in that error: the summed weights of the 2-way

@@ -205,7 +205,10 @@ pub fn fitness(
     let mut target_reports = Vec::new();
     for &t in targets {
         let near = neighbours(t);
-        let marginal = model.working_marginal(&[t]).map(|(_, p)| p).unwrap_or_default();
+        let marginal = model
+            .working_marginal(&[t])
+            .map(|(_, p)| p)
+            .unwrap_or_default();
         let h = entropy(&marginal);
         let mut attrs = vec![t];
         attrs.extend(&near);

@@ -235,12 +235,7 @@ pub(crate) async fn get_model(
         reports: fitted.reports,
         planned: h.config.target_users,
     });
-    let fitness = ldpsyn_engine::fitness(
-        &model,
-        &attributes,
-        h.engine.context().targets(),
-        people,
-    );
+    let fitness = ldpsyn_engine::fitness(&model, &attributes, h.engine.context().targets(), people);
     Ok(Json(api::ModelAnswer {
         attributes,
         model: super::super::vertical::describe_model(&h, &model),

@@ -345,8 +345,42 @@ pub async fn run(
         writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
     } else {
         write!(out, "{}", summarize(&v))?;
+        // What the model cannot answer, where a model was just built or is asked about.
+        let model_of = match &cfg.command {
+            AdminCommand::Finalize { id } => Some(id),
+            AdminCommand::Status { id } if v["status"]["model_ready"] == json!(true) => Some(id),
+            _ => None,
+        };
+        if let Some(id) = model_of {
+            for w in fitness_warnings(&call, id).await {
+                writeln!(out, "warning: {w}")?;
+            }
+        }
     }
     Ok(())
+}
+
+/// The fitness report's warnings of collection `id`'s model (`GET …/model`), for people;
+/// none when the model cannot be read (the command's own answer already said why).
+async fn fitness_warnings(
+    call: &impl Fn(reqwest::Method, &str) -> reqwest::RequestBuilder,
+    id: &str,
+) -> Vec<String> {
+    let Ok(resp) = call(reqwest::Method::GET, &format!("/v1/collections/{id}/model"))
+        .send()
+        .await
+    else {
+        return Vec::new();
+    };
+    let Ok(v) = json_of(resp).await else {
+        return Vec::new();
+    };
+    v["fitness"]["warnings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|w| w["message"].as_str().map(str::to_owned))
+        .collect()
 }
 
 /// `download`: the synthetic rows streamed to a file, with a progress bar.
@@ -439,6 +473,9 @@ async fn download(
         writeln!(out, "{v}")?;
     } else {
         writeln!(out, "{rows_written} rows written to {}", path.display())?;
+        for w in fitness_warnings(call, id).await {
+            writeln!(out, "warning: {w}")?;
+        }
     }
     Ok(())
 }

@@ -142,8 +142,14 @@ async fn collections_cli_drives_a_collection() {
     ok(&cli(&base, &["close-round", &id.to_string()], true));
     let fin = ok(&cli(&base, &["finalize", &id.to_string()], true));
     assert!(fin.contains("finalized"), "{fin}");
+    // The independence model: the fitness report's warning, with finalize and status.
+    assert!(fin.contains("warning: the model has no edges"), "{fin}");
     let status = ok(&cli(&base, &["status", &id.to_string()], true));
     assert!(status.contains("model       ready"), "{status}");
+    assert!(
+        status.contains("warning: the model has no edges"),
+        "{status}"
+    );
 
     let download = |name: &str| {
         let path = dir.path().join(name).display().to_string();
@@ -160,6 +166,7 @@ async fn collections_cli_drives_a_collection() {
         ];
         let said = ok(&cli(&base, &args, true));
         assert!(said.contains("500 rows written"), "{said}");
+        assert!(said.contains("warning: the model has no edges"), "{said}");
         std::fs::read(&path).unwrap()
     };
     let first = download("a.csv");

@@ -226,6 +226,10 @@ try {
   await page.waitForFunction((id) => document.querySelector("#detail-title")?.textContent.includes(id), independent);
   await page.waitForSelector("#detail[data-ready=true]", { timeout: 30000 });
   await page.waitForSelector("#heatmaps svg.heatmap");
+  // The fitness report says, in words, that this model keeps no relationship between columns.
+  const fitness = (await page.textContent("#fitness")).replace(/\s+/g, " ").trim();
+  log("fitness:", fitness);
+  if (!/the model has no edges/.test(fitness) || !(await page.$("#fitness .warning"))) fail(`fitness report: ${fitness}`);
   const why = (await page.textContent("#heatmaps .se-model")).trim();
   const independentSteps = await page.$$eval("#timeline ol.timeline li.step", (l) => l.map((li) => li.textContent));
   log(`independence: ${why}; timeline ${independentSteps.join(" | ")}`);

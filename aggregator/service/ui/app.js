@@ -313,11 +313,28 @@ async function drawModel(c) {
   if (!sorted.length && attrs.length > 1) await showHeatmap(c.id, attrs[0], attrs[1]);
   await showOneways(c.id, attrs);
   $("#model-check").replaceChildren(...modelCheck(desc.model, attrs));
+  $("#fitness").replaceChildren(...fitnessView(desc.fitness));
   for (const b of document.querySelectorAll("#download-form button")) b.disabled = false;
   $("#download-note").textContent = "Rows are drawn from the fitted model; the same seed gives the same file.";
   $("#detail").dataset.ready = "true";
 }
 
+
+// The fitness report (`fitness` of GET …/model): each declared target with the columns it
+// depends on in the model and the share of its uncertainty they explain, then the warnings,
+// written for people by the server.
+function fitnessView(fitness) {
+  const out = [];
+  for (const t of fitness?.targets ?? []) {
+    const share = t.explained == null ? "" : ` (they explain ${(100 * t.explained).toFixed(0)}% of its uncertainty)`;
+    out.push(para(t.neighbours.length
+      ? `Target ${t.name}: the model predicts it from ${t.neighbours.join(", ")}${share}.`
+      : `Target ${t.name}: the model predicts it from nothing.`));
+  }
+  for (const w of fitness?.warnings ?? []) out.push(para(w.message, "warning"));
+  if (!out.length) out.push(para("No warnings: every column has an edge in the model.", "note"));
+  return out;
+}
 
 // The model's own check (`drift` and `residuals` of GET …/model): whether the people of
 // different rounds differed beyond noise, and whether the fit agrees with its tables.
@@ -372,6 +389,7 @@ function drawCollecting(c) {
     $("#heatmaps").replaceChildren("Provisional estimates appear with the first reports.");
     $("#oneways").replaceChildren("Provisional estimates appear with the first reports.");
     $("#model-check").replaceChildren("Checked once the collection is finalized.");
+    $("#fitness").replaceChildren("Said of the provisional model, with the first reports.");
     for (const b of document.querySelectorAll("#download-form button")) b.disabled = true;
     $("#download-note").textContent = "Synthetic data is available once the collection is finalized.";
     fillPairForm(names(c));
@@ -466,6 +484,7 @@ async function drawProvisional(c) {
   drawCollectingGraph(c);
   $("#heatmaps").replaceChildren(...pairs.map(([a, b], i) => heatmapFigure(attrs[a], attrs[b], heat[i], desc)));
   $("#oneways").replaceChildren(...ones.map((m, i) => onewayFigure(attrs[i], m)));
+  $("#fitness").replaceChildren(...fitnessView(desc.fitness));
   provisionalTags(`provisional (${num(desc.reports)} reports)`);
   $("#detail").dataset.provisional = String(desc.reports);
 }

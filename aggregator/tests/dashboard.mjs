@@ -226,7 +226,10 @@ try {
   await page.waitForFunction((id) => document.querySelector("#detail-title")?.textContent.includes(id), independent);
   await page.waitForSelector("#detail[data-ready=true]", { timeout: 30000 });
   await page.waitForSelector("#heatmaps svg.heatmap");
-  // The fitness report says, in words, that this model keeps no relationship between columns.
+  // The fitness report says, in words, that this model keeps no relationship between columns
+  // (drawn after the heat maps: waited for).
+  await page.waitForFunction(() => /the model has no edges/.test(document.querySelector("#fitness")?.textContent ?? ""), null, { timeout: 10000 })
+    .catch(() => {});
   const fitness = (await page.textContent("#fitness")).replace(/\s+/g, " ").trim();
   log("fitness:", fitness);
   if (!/the model has no edges/.test(fitness) || !(await page.$("#fitness .warning"))) fail(`fitness report: ${fitness}`);
@@ -260,7 +263,8 @@ try {
   const liveNote = (await page.textContent("#graph-note")).trim();
   log(`provisional: tags ${JSON.stringify(tags)}; ${liveBars} 1-way chart(s), ${liveWhiskers} whisker lines, ` +
       `${liveHeatmaps} heat map(s); graph: ${liveNote}`);
-  if (tags.length !== 3 || tags.some((t) => t !== "provisional (1,000 reports)")) fail(`provisional labels: ${JSON.stringify(tags)}`);
+  // The fitness report, the graph, the 2-way and the 1-way panels.
+  if (tags.length !== 4 || tags.some((t) => t !== "provisional (1,000 reports)")) fail(`provisional labels: ${JSON.stringify(tags)}`);
   if (liveBars !== 5) fail(`expected 5 provisional 1-way charts, got ${liveBars}`);
   if (liveWhiskers < 1) fail("no error bars on the provisional 1-ways");
   if (liveHeatmaps < 1) fail("no provisional heat map");

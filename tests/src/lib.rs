@@ -129,6 +129,27 @@ pub async fn create(base: &str, mut body: Value) -> Uuid {
     v["id"].as_str().and_then(|s| s.parse().ok()).expect("id")
 }
 
+/// POSTs `body` as JSON to `url` with bearer `token`: the status and the JSON answer
+/// (`null` when it is not JSON).
+pub async fn post_raw(url: &str, token: &str, body: Value) -> (u16, Value) {
+    let resp = reqwest::Client::new()
+        .post(url)
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// The problem type of a problem document (`None` if it has none this API knows).
+pub fn problem_kind(v: &Value) -> Option<ldpsyn::wire::ProblemType> {
+    v["type"]
+        .as_str()
+        .and_then(ldpsyn::wire::ProblemType::parse)
+}
+
 /// An admin request to `path` (GET or POST), returning status and JSON body.
 pub async fn admin(base: &str, method: &str, path: &str) -> (u16, Value) {
     let c = reqwest::Client::new();

@@ -6,19 +6,7 @@ use ldpsyn_tests::*;
 use serde_json::{Value, json};
 
 async fn post(base: &str, body: &Value) -> (u16, Value) {
-    let resp = reqwest::Client::new()
-        .post(format!("{base}/v1/collections"))
-        .bearer_auth(ADMIN)
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
-}
-
-fn kind(v: &Value) -> Option<ProblemType> {
-    v["type"].as_str().and_then(ProblemType::parse)
+    post_raw(&format!("{base}/v1/collections"), ADMIN, body.clone()).await
 }
 
 /// Item 1: a create may name its id; the same request again answers 200 with the stored
@@ -49,7 +37,7 @@ async fn a_create_with_a_client_chosen_id_is_safe_to_retry() {
     other["epsilon"] = json!(2.0);
     let (status, problem) = post(&base, &other).await;
     assert_eq!(
-        (status, kind(&problem)),
+        (status, problem_kind(&problem)),
         (409, Some(ProblemType::Conflict)),
         "{problem}"
     );
@@ -145,7 +133,7 @@ async fn a_resend_after_token_expiry_is_a_duplicate() {
     assert_eq!(late[0]["status"], "duplicate", "{late}");
     assert_eq!(late[1]["status"], "rejected", "{late}");
     assert_eq!(
-        kind(&late[1]["problem"]),
+        problem_kind(&late[1]["problem"]),
         Some(ProblemType::TokenExpired),
         "{late}"
     );

@@ -6,7 +6,7 @@ use ldpsyn::Epsilon;
 use ldpsyn::client::{ClientError, ClientOptions};
 use ldpsyn::vertical::{PartyClient, PartyRecord, RecordIdKey};
 use ldpsyn::wire::ProblemType;
-use ldpsyn_tests::{ADMIN, admin, base, population, schema_json, start};
+use ldpsyn_tests::{ADMIN, admin, base, population, post_raw, problem_kind, schema_json, start};
 use rand::SeedableRng;
 use serde_json::{Value, json};
 
@@ -25,22 +25,6 @@ fn create_body() -> Value {
                 {"name": "shoe", "epsilon": 0.5}]}
         ]
     })
-}
-
-async fn post_raw(url: &str, token: &str, body: Value) -> (u16, Value) {
-    let resp = reqwest::Client::new()
-        .post(url)
-        .bearer_auth(token)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
-}
-
-fn problem_kind(v: &Value) -> Option<ProblemType> {
-    v["type"].as_str().and_then(ProblemType::parse)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -513,7 +513,10 @@ fn plan(
 ) -> Result<Design, CentralError> {
     let d = dims.len() as u64;
     let rounds = if keep_released {
-        options.rounds.unwrap_or(ROUNDS_PER_ATTRIBUTE * dims.len()).max(1) as u64
+        options
+            .rounds
+            .unwrap_or(ROUNDS_PER_ATTRIBUTE * dims.len())
+            .max(1) as u64
     } else {
         0
     };
@@ -555,7 +558,11 @@ fn plan(
         fixed
             .saturating_add(24u64.saturating_mul(cells))
             .saturating_add((8 * rounds).saturating_mul(largest))
-            .saturating_add((8 * TABLES_PER_CLIQUE_CELL).saturating_mul(d).saturating_mul(cap))
+            .saturating_add(
+                (8 * TABLES_PER_CLIQUE_CELL)
+                    .saturating_mul(d)
+                    .saturating_mul(cap),
+            )
     };
     let within = |cap: u64| sized.partition_point(|(c, _)| *c <= cap);
     // Caps to try, largest first: the top cap, then each candidate size below it, then the
@@ -1259,7 +1266,10 @@ mod tests {
         };
         let shrunk = plan_design(&dims, 30_000, &small).unwrap();
         assert!(shrunk.max_clique_cells < full.max_clique_cells);
-        assert!(shrunk.max_clique_cells >= 1024, "never below the largest attribute");
+        assert!(
+            shrunk.max_clique_cells >= 1024,
+            "never below the largest attribute"
+        );
         assert!(shrunk.bytes <= small.max_memory_bytes);
         assert!(
             shrunk
@@ -1267,7 +1277,15 @@ mod tests {
                 .iter()
                 .all(|w| cells(w) <= shrunk.max_clique_cells)
         );
-        assert!(shrunk.candidates.len() < full.candidates.len());
+        // Just above the smallest design (cap 1,024: the codes, 1-ways, the categorical
+        // pair and five cliques of 1,024 cells, 1.14 MB): only the categorical pair is left.
+        let smallest = CentralOptions {
+            max_memory_bytes: 1_200_000,
+            ..options.clone()
+        };
+        let floor = plan_design(&dims, 30_000, &smallest).unwrap();
+        assert_eq!(floor.max_clique_cells, 1024);
+        assert_eq!(floor.candidates, vec![vec![3, 4]]);
 
         let tiny = CentralOptions {
             max_memory_bytes: 1 << 20,
@@ -1285,14 +1303,15 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        let err = synthesize_central(
+        match synthesize_central(
             &dims,
-            &[0, 0, 0, 0, 0],
+            &vec![0; 30_000 * dims.len()],
             &tiny,
             &mut ChaCha12Rng::seed_from_u64(1),
-        )
-        .unwrap_err();
-        assert!(err.to_string().contains("smallest design"), "{err}");
+        ) {
+            Err(e) => assert!(e.to_string().contains("smallest design"), "{e}"),
+            Ok(_) => panic!("30,000 rows fit 1 MiB"),
+        }
     }
 
     /// Issue 67 item 2: a run over grids whose triples would need 4096³ counts (512 GiB, an
@@ -1328,7 +1347,11 @@ mod tests {
                 assert!(domain.cells(&m.attrs) <= design.max_clique_cells, "{m:?}");
             }
             let cap = design.max_clique_cells as usize;
-            let structure = fitted.model.describe().structure.expect("a graphical model");
+            let structure = fitted
+                .model
+                .describe()
+                .structure
+                .expect("a graphical model");
             for c in &structure.junction_tree.cliques {
                 assert!(domain.cells(c) as usize <= cap, "{c:?}");
             }

@@ -45,6 +45,7 @@ use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use ldpsyn::Epsilon;
 use ldpsyn::client::{ClientError, ClientOptions};
+use ldpsyn::ledger::DEFAULT_DEVICE_MAX_EPSILON;
 use ldpsyn::schema::Value;
 use ldpsyn::vertical::{PartyClient, PartyRandomizer, PartyRecord, RecordIdKey, VerticalError};
 use ldpsyn_engine::central::measure_local_model;
@@ -105,10 +106,12 @@ pub struct UploadArgs {
     #[arg(long)]
     pub journal: Option<PathBuf>,
     /// Largest ε per person this party accepts to spend (its reports' ε, plus its local
-    /// model's under `fo+locmrf` and `sampled+locmrf`). Default: the collection's declared ε, which also
-    /// bounds any value given here.
-    #[arg(long)]
-    pub max_epsilon: Option<f64>,
+    /// model's under `fo+locmrf` and `sampled+locmrf`). The collection's declared ε also
+    /// bounds it. Default: devices' default cap
+    /// ([`ldpsyn::ledger::DEFAULT_DEVICE_MAX_EPSILON`], 10), so a server declaring more
+    /// (up to 20) is refused unless the party opts in.
+    #[arg(long, default_value_t = DEFAULT_DEVICE_MAX_EPSILON)]
+    pub max_epsilon: f64,
     /// Records per step of the upload (and of its progress bar); each step goes out in as
     /// many requests as the server's published limits need (at most 10,000 records and its
     /// body limit per request).
@@ -152,6 +155,10 @@ pub enum PartyError {
     /// The server or the SDK refused.
     #[error(transparent)]
     Client(#[from] ClientError),
+    /// The collection asks this party for more ε per person than it accepts
+    /// (`--max-epsilon`, or the collection's declared ε when lower); nothing was sent.
+    #[error("{0}")]
+    EpsilonCap(String),
     /// The server refused a one-time upload (local model, sketch report), or did not answer.
     #[error("{what} upload: {detail}")]
     OneTime {
@@ -299,10 +306,10 @@ fn read_key_bytes(path: &Path) -> Result<Vec<u8>, PartyError> {
 /// Uploads the records (but under `sketch+locmrf`), then, with a `locmrf` budget, the local
 /// model, then under `sketch+locmrf` the sketch report.
 async fn upload(args: &UploadArgs, token: &str) -> Result<Uploaded, PartyError> {
-    // Without `--max-epsilon` only the collection's declared ε bounds the party's Σε (the
-    // SDK checks it against the config on connect).
-    let max = Epsilon::new(args.max_epsilon.unwrap_or(ldpsyn::MAX_EPSILON))
-        .map_err(|e| PartyError::Input(e.to_string()))?;
+    // The SDK checks the party's composed ε against this and the declared ε on connect,
+    // before anything is randomized or sent.
+    let max = Epsilon::new(args.max_epsilon)
+        .map_err(|e| PartyError::Input(format!("--max-epsilon {}: {e}", args.max_epsilon)))?;
     let client = PartyClient::connect(
         &args.server,
         args.collection,
@@ -310,7 +317,28 @@ async fn upload(args: &UploadArgs, token: &str) -> Result<Uploaded, PartyError> 
         token,
         ClientOptions::new(max),
     )
-    .await?;
+    .await
+    .map_err(|e| match e {
+        ClientError::EpsilonTooLarge { requested, max } => {
+            let party = &args.party;
+            PartyError::EpsilonCap(if max < args.max_epsilon {
+                format!(
+                    "the collection's config asks party `{party}` for epsilon {requested} per \
+                     person, above the epsilon {max} the collection declares; a config that \
+                     contradicts itself is not trusted. Nothing was randomized or sent"
+                )
+            } else {
+                format!(
+                    "the collection asks party `{party}` for epsilon {requested} per person, \
+                     above this party's cap {max} (--max-epsilon; the default, {}, is \
+                     devices' default cap). Nothing was randomized or sent; pass \
+                     --max-epsilon {requested} to accept it",
+                    DEFAULT_DEVICE_MAX_EPSILON
+                )
+            })
+        }
+        e => e.into(),
+    })?;
     if let Some(schema) = &args.schema {
         check_schema(schema, &client)?;
     }

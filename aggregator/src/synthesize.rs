@@ -63,6 +63,38 @@ pub struct SynthesizeConfig {
     /// holding it are favoured when the rounds choose what to measure.
     #[arg(long)]
     pub target: Vec<String>,
+    /// Memory budget of the fit, bytes or with a unit (`512M`, `2G`; K, M, G, T are powers
+    /// of 1024). The clique cap is lowered until the design fits, before anything is
+    /// allocated; a budget too small for even the smallest design is refused.
+    #[arg(long, default_value = "2G", value_parser = parse_bytes)]
+    pub max_memory: u64,
+}
+
+/// A byte count: digits, optionally followed by K, M, G or T (powers of 1024; `B`, `iB`
+/// and lower case accepted). Errors: a message naming the accepted forms.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (number, unit) = t.split_at(digits);
+    let shift = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        "T" | "TB" | "TIB" => 40,
+        _ => u32::MAX,
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .filter(|&n| n > 0 && shift != u32::MAX)
+        .and_then(|n| n.checked_mul(1u64 << shift))
+        .ok_or_else(|| {
+            format!(
+                "`{text}` is not a memory size: give a whole number of bytes > 0, optionally \
+                 with a unit K, M, G or T (powers of 1024), e.g. 512M or 2G"
+            )
+        })
 }
 
 /// What `synthesize` writes to `--report`: only functions of the noisy measurements.
@@ -145,6 +177,7 @@ pub fn run(
             options.targets.push(a);
         }
     }
+    options.max_memory_bytes = cfg.max_memory;
     let mut rng = rand::rngs::StdRng::from_os_rng();
     let fitted = synthesize_central(
         loaded.population.dims(),
@@ -204,10 +237,20 @@ pub fn run(
                 .join("×")
         })
         .collect();
+    let capped = if report.privacy.max_clique_cells < options.max_clique_cells {
+        format!(
+            "; cliques capped at {} cells (not {}) to fit --max-memory {} MiB",
+            report.privacy.max_clique_cells,
+            options.max_clique_cells,
+            cfg.max_memory >> 20
+        )
+    } else {
+        String::new()
+    };
     writeln!(
         out,
         "wrote {rows} synthetic rows to {} in {:.1} s: (ε = {}, δ = {:e})-DP (ρ = {:.5} zCDP, \
-         spent {:.5}); {} marginals measured beyond the 1-ways: {}",
+         spent {:.5}); {} marginals measured beyond the 1-ways: {}{capped}",
         cfg.out.display(),
         started.elapsed().as_secs_f64(),
         cfg.epsilon,
@@ -219,4 +262,21 @@ pub fn run(
     )
     .map_err(output_error(Path::new("stdout")))?;
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn memory_sizes_parse_in_powers_of_1024() {
+        assert_eq!(parse_bytes("2G"), Ok(2 << 30));
+        assert_eq!(parse_bytes("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_bytes("64 kb"), Ok(64 << 10));
+        assert_eq!(parse_bytes("1000"), Ok(1000));
+        for bad in ["", "0", "2X", "-1G", "1.5G", "G", "99999999999T"] {
+            let e = parse_bytes(bad).unwrap_err();
+            assert!(e.contains("not a memory size"), "{bad}: {e}");
+        }
+    }
 }

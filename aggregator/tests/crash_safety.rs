@@ -556,6 +556,7 @@ async fn finalize_through_one_process_while_another_ingests() {
     let base_c = format!("http://127.0.0.1:{port_c}");
     let _c = spawn(&db, port_c);
     wait_healthy(&base_c).await;
+    model_served(&http, &base_c, id).await;
     assert_eq!(synthetic(base_c).await, from_a, "after a restart");
 }
 

@@ -377,6 +377,92 @@ fn party_upload_to_nothing_asks_whether_serve_runs() {
     );
 }
 
+/// Issue 67 item 7: without `--max-epsilon` a party accepts at most devices' default cap
+/// (`DEFAULT_DEVICE_MAX_EPSILON`, 10), not the collection's declared ε: a collection asking
+/// a party for ε 12 is refused before anything is randomized (no journal) or sent (nothing
+/// accepted), with the flag to pass; passing it uploads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn party_upload_caps_epsilon_at_the_device_default() {
+    assert_eq!(ldpsyn::ledger::DEFAULT_DEVICE_MAX_EPSILON, 10.0);
+    let dir = tempfile::tempdir().unwrap();
+    let server = common::serve(ADMIN, &[]);
+    let base = server.base.clone();
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    let schema = json!({"attributes": [
+        {"name": "sex", "type": "categorical", "labels": ["F", "M"]},
+        {"name": "plan", "type": "categorical", "labels": ["a", "b", "c"]}]});
+    std::fs::write(path("schema.json"), schema.to_string()).unwrap();
+    let parties = json!([
+        {"name": "bank", "attributes": [{"name": "sex", "epsilon": 12.0}]},
+        {"name": "telco", "attributes": [{"name": "plan", "epsilon": 1.0}]}]);
+    let created = create_vertical(
+        &base,
+        &path("schema.json"),
+        &parties,
+        100,
+        &["--param", "encoding=\"fo\""],
+    );
+    assert_eq!(created["epsilon"], 12.0, "{created}");
+    let id = created["id"].as_str().unwrap().to_owned();
+    let token = created["party_tokens"]["bank"].as_str().unwrap().to_owned();
+    let mut bank = String::from("customer_id,sex\n");
+    for i in 0..100 {
+        bank.push_str(&format!("c{i},{}\n", ["F", "M"][i % 2]));
+    }
+    std::fs::write(path("bank.csv"), bank).unwrap();
+    let key = path("key.hex");
+    stdout_ok(&run(&base, &["party", "keygen", "--out", &key], &[]));
+
+    let e = stderr_failed(&party_upload(
+        &base,
+        &id,
+        "bank",
+        &path("bank.csv"),
+        &key,
+        &token,
+    ));
+    assert!(
+        e.contains("epsilon 12 per person, above this party's cap 10")
+            && e.contains("--max-epsilon 12")
+            && e.contains("Nothing was randomized or sent"),
+        "{e}"
+    );
+    assert!(
+        !dir.path().join("bank.csv.bank.journal.jsonl").exists(),
+        "nothing randomized"
+    );
+    let status: Value = serde_json::from_str(&stdout_ok(&run(
+        &base,
+        &["collections", "--json", "status", &id],
+        &[],
+    )))
+    .unwrap();
+    assert_eq!(status["status"]["reports_accepted"], 0, "nothing sent");
+
+    let mut args = vec![
+        "party",
+        "upload",
+        "--collection",
+        &id,
+        "--party",
+        "bank",
+        "--data",
+    ];
+    let data = path("bank.csv");
+    args.extend([
+        data.as_str(),
+        "--id-column",
+        "customer_id",
+        "--key-file",
+        &key,
+        "--quiet",
+        "--max-epsilon",
+        "12",
+    ]);
+    let out = stdout_ok(&run(&base, &args, &[("LDPSYN_PARTY_TOKEN", &token)]));
+    assert!(out.contains("100 records accepted"), "{out}");
+}
+
 /// Encoding `fo+locmrf` end to end with two party processes: each `party upload` sends its
 /// records and then its local central-DP model (noisy marginals of its own attributes); the
 /// collection's ε per party is reports + model; finalize answers 409 while a party's model is

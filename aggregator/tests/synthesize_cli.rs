@@ -164,3 +164,85 @@ fn synthesize_refuses_bad_input_in_words_and_writes_nothing() {
         assert!(!out.exists(), "{args:?} wrote a file");
     }
 }
+
+/// Issue 67 item 2: a table like `schema infer` makes (numeric columns on the fine grid of
+/// 1,024 codes) under `--max-memory`: a budget below the smallest design is refused in words
+/// before anything is written; a tight one lowers the clique cap and says so; a size that is
+/// not one is refused by the parser; the default fits without lowering anything.
+#[test]
+fn synthesize_fits_its_memory_budget_or_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("grid.csv");
+    let schema = dir.path().join("grid.json");
+    std::fs::write(
+        &schema,
+        r#"{"attributes": [
+  {"name": "x", "type": "numeric", "min": 0, "max": 1000, "bins": "auto"},
+  {"name": "y", "type": "numeric", "min": 0, "max": 1000, "bins": "auto"},
+  {"name": "z", "type": "numeric", "min": 0, "max": 1000, "bins": "auto"},
+  {"name": "region", "type": "categorical", "labels": ["n", "s", "e", "w"]}
+]}"#,
+    )
+    .unwrap();
+    let mut csv = String::from("x,y,z,region\n");
+    for i in 0..4000u64 {
+        let x = (i * 7919) % 1000;
+        csv.push_str(&format!(
+            "{x}.5,{}.25,{}.75,{}\n",
+            (x + i % 13) % 1000,
+            (i * 104_729) % 1000,
+            ["n", "s", "e", "w"][(x / 250) as usize]
+        ));
+    }
+    std::fs::write(&data, csv).unwrap();
+    let out = dir.path().join("synthetic.csv");
+    let synthesize = |budget: Option<&str>| {
+        let mut args = vec![
+            "synthesize",
+            "--data",
+            data.to_str().unwrap(),
+            "--schema",
+            schema.to_str().unwrap(),
+            "--epsilon",
+            "1",
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        if let Some(b) = budget {
+            args.extend(["--max-memory", b]);
+        }
+        run(&args)
+    };
+
+    for (budget, words) in [
+        ("1K", "smallest design"),
+        ("lots", "not a memory size"),
+        ("0", "not a memory size"),
+    ] {
+        let o = synthesize(Some(budget));
+        assert!(!o.status.success(), "{budget} succeeded");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains(words) && err.contains("--max-memory"),
+            "{budget}: {err}"
+        );
+        assert!(!out.exists(), "{budget} wrote a file");
+    }
+
+    // 2 MiB: cliques of 4,096 cells (a grid × region), not 100,000.
+    let o = synthesize(Some("2M"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        said.contains("cliques capped at 4096 cells (not 100000) to fit --max-memory 2 MiB"),
+        "{said}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap().lines().next(),
+        Some("x,y,z,region")
+    );
+
+    let o = synthesize(None);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("capped"));
+}

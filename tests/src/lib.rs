@@ -244,6 +244,17 @@ where
     }
 }
 
+/// `GET …/model` of finalized collection `id` at `base` once it answers 200: after a
+/// (re)start the server refits finalized models in the background and answers 409
+/// `model-not-ready` until the model is back. Fails the test after 60 s.
+pub async fn model_when_ready(base: &str, id: impl std::fmt::Display) -> Value {
+    eventually("the finalized model to be refitted", || async {
+        let (s, v) = admin(base, "GET", &format!("/v1/collections/{id}/model")).await;
+        (s == 200).then_some(v)
+    })
+    .await
+}
+
 /// Collection `id`'s view at `base` once no round close is due there: its open round has no
 /// quota or has not reached it. A round closes off the committer after the upload that
 /// reached its quota is answered, and a device that draws tasks before it lands draws the

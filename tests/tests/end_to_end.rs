@@ -155,7 +155,7 @@ async fn flow(db_url: &str) {
     server.shutdown().await.unwrap();
     let server = start(db_url, &[]).await;
     let base2 = ldpsyn_tests::base(&server);
-    let (_, model2) = admin(&base2, "GET", &format!("/v1/collections/{id}/model")).await;
+    let model2 = model_when_ready(&base2, id).await;
     assert_eq!(model2["model"], model["model"]);
     let c = http
         .get(url.replace(&base, &base2))

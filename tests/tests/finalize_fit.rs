@@ -105,13 +105,7 @@ async fn uploads_are_committed_while_a_finalize_fits() {
     let expected = engine.finalize(&handle.state(), &tables).unwrap();
     let expected = serde_json::to_value(expected.describe()).unwrap();
     let second = start(&db, &[]).await;
-    let (s, m2) = admin(
-        &ldpsyn_tests::base(&second),
-        "GET",
-        &format!("/v1/collections/{a}/model"),
-    )
-    .await;
-    assert_eq!(s, 200, "{m2}");
+    let m2 = model_when_ready(&ldpsyn_tests::base(&second), a).await;
     assert_eq!(
         m2["model"], expected,
         "the restarted fit is the model of the acknowledged reports"
@@ -153,4 +147,78 @@ async fn finalize_without_reports_leaves_the_collection_open() {
     );
     let (_, v) = admin(&base, "GET", &format!("/v1/collections/{id}")).await;
     assert_ne!(v["status"]["phase"], "finalized", "{v}");
+}
+
+/// Issue 67 item 6: a restart serves at once, before the finalized models are refitted.
+/// Restarted with a refit pool of no permits (every refit held), the server starts, answers
+/// `/healthz` with the models still pending, lists both finalized collections (model not
+/// ready) and answers their model routes 409 `model-not-ready` saying the model is being
+/// refitted; given one permit, the refits run one at a time in the background and each
+/// collection gets the model it had before the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_serves_before_its_models_are_refitted() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("r.db").display());
+    let server = start(&db, &[]).await;
+    let base = ldpsyn_tests::base(&server);
+    let body = json!({"protocol": "independence", "epsilon": 4.0, "target_users": 100_000});
+    let ids = [create(&base, body.clone()).await, create(&base, body).await];
+    let mut models = Vec::new();
+    for (i, &id) in ids.iter().enumerate() {
+        let mut c = client(&base, id, 10 + i as u64).await;
+        let mut ps = people(&schema(), 300, 20 + i as u64);
+        for r in c.submit_batch(&mut ps).await.unwrap() {
+            assert_eq!(r.unwrap().status, ReportStatus::Accepted);
+        }
+        let (s, fin) = admin(&base, "POST", &format!("/v1/collections/{id}/finalize")).await;
+        assert_eq!(s, 200, "{fin}");
+        models.push(fin["model"].clone());
+    }
+    server.shutdown().await.unwrap();
+
+    let pool = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let mut config = test_config(&db, &[]);
+    config.refit_pool = Some(pool.clone());
+    let second = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        ldpsyn_service::Server::start(config),
+    )
+    .await
+    .expect("the server serves before its refits")
+    .unwrap();
+    let base = ldpsyn_tests::base(&second);
+    let health: Value = reqwest::get(format!("{base}/healthz"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(health, json!({"status": "ok", "models_pending": 2}));
+    for &id in &ids {
+        let (s, v) = admin(&base, "GET", &format!("/v1/collections/{id}")).await;
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(v["status"]["phase"], "finalized");
+        assert_eq!(v["status"]["model_ready"], false);
+        let (s, m) = admin(&base, "GET", &format!("/v1/collections/{id}/model")).await;
+        assert_eq!(
+            (s, m["type"].as_str()),
+            (409, Some("urn:ldpsyn:problem:model-not-ready")),
+            "{m}"
+        );
+        assert!(m["detail"].as_str().unwrap().contains("refitted"), "{m}");
+    }
+
+    pool.add_permits(1);
+    for (id, before) in ids.iter().zip(&models) {
+        let m = model_when_ready(&base, *id).await;
+        assert_eq!(&m["model"], before, "the same model as before the restart");
+    }
+    let health: Value = reqwest::get(format!("{base}/healthz"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(health["models_pending"], 0);
+    second.shutdown().await.unwrap();
 }

@@ -6,7 +6,9 @@ use ldpsyn::Epsilon;
 use ldpsyn::client::{ClientError, ClientOptions};
 use ldpsyn::vertical::{PartyClient, PartyRecord, RecordIdKey};
 use ldpsyn::wire::ProblemType;
-use ldpsyn_tests::{ADMIN, admin, base, population, post_raw, problem_kind, schema_json, start};
+use ldpsyn_tests::{
+    ADMIN, admin, base, model_when_ready, population, post_raw, problem_kind, schema_json, start,
+};
 use rand::SeedableRng;
 use serde_json::{Value, json};
 
@@ -496,8 +498,7 @@ async fn local_model_uploads_are_checked_and_stored_once() {
     )
     .await;
     let base = ldpsyn_tests::base(&server);
-    let (s, after) = admin(&base, "GET", &format!("/v1/collections/{id}/model")).await;
-    assert_eq!(s, 200, "{after}");
+    let after = model_when_ready(&base, &id).await;
     assert_eq!(
         after["model"]["model_graph"],
         before["model"]["model_graph"]

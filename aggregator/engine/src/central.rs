@@ -83,6 +83,15 @@ pub(crate) const ROUND_FIT_ITERS: usize = 100;
 /// deviations over seeds, and slowed each run (`benchmarks/sweeps/central-cell-merge.md`).
 pub const CELL_MERGE_SIGMAS: f64 = 0.0;
 
+/// Default of [`CentralOptions::max_memory_bytes`]: 2 GiB.
+pub const DEFAULT_MAX_MEMORY_BYTES: u64 = 2 << 30;
+
+/// `f64` tables of a clique's size the loop holds at most at once, per clique: the fit's
+/// potentials, marginals and gradient and its line search's trial copies (6), the previous
+/// potentials carried over, the model that answers marginals outside the cliques and the
+/// fitted model's copies (5), and a candidate's model marginal while it is scored (1).
+const TABLES_PER_CLIQUE_CELL: u64 = 12;
+
 /// Errors of the central synthesizer.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum CentralError {
@@ -99,6 +108,29 @@ pub enum CentralError {
     /// Codes do not fit the domain.
     #[error("{0}")]
     Data(String),
+    /// Even the smallest design (cliques no larger than the largest attribute) needs more
+    /// memory than [`CentralOptions::max_memory_bytes`] allows ([`plan_design`]).
+    #[error(
+        "the synthesizer needs about {needed_mib} MiB even with its smallest design (cliques \
+         of at most {clique_cells} cells, the largest attribute alone: {candidates} pairs and \
+         triples to measure, {rows} rows of {attributes} attributes), above the memory budget \
+         of {budget_mib} MiB; raise the budget (`synthesize --max-memory`) or give the \
+         schema's largest attributes fewer bins or labels"
+    )]
+    Memory {
+        /// Estimated need of the smallest design, MiB (rounded up).
+        needed_mib: u64,
+        /// The budget, MiB (rounded down).
+        budget_mib: u64,
+        /// Clique cap of the smallest design, cells.
+        clique_cells: u64,
+        /// Candidate marginals of the smallest design.
+        candidates: usize,
+        /// Records of the table.
+        rows: usize,
+        /// Attributes of the table.
+        attributes: usize,
+    },
     /// The engine failed.
     #[error(transparent)]
     Engine(#[from] EngineError),
@@ -205,6 +237,10 @@ pub struct CentralOptions {
     /// the weight of its pairs ([`crate::select::target_pair_weight`]), as AIM weighs its
     /// workload (§4); the exponential mechanism's sensitivity is the largest weight.
     pub targets: Vec<usize>,
+    /// Memory budget of the run, bytes (default [`DEFAULT_MAX_MEMORY_BYTES`]): the clique
+    /// cap is lowered until the design's estimate fits ([`plan_design`]), before anything is
+    /// allocated; [`CentralError::Memory`] when even the smallest design does not.
+    pub max_memory_bytes: u64,
 }
 
 impl CentralOptions {
@@ -218,6 +254,7 @@ impl CentralOptions {
             rounds: None,
             cell_merge: CELL_MERGE_SIGMAS,
             targets: Vec::new(),
+            max_memory_bytes: DEFAULT_MAX_MEMORY_BYTES,
         }
     }
 }
@@ -256,6 +293,13 @@ pub struct CentralReport {
     pub noisy_records: f64,
     /// Every measurement in release order.
     pub measurements: Vec<CentralMeasurement>,
+    /// Cap on any clique's cells the run used: [`CentralOptions::max_clique_cells`], or
+    /// lower to fit [`CentralOptions::max_memory_bytes`] ([`plan_design`]).
+    #[serde(default)]
+    pub max_clique_cells: u64,
+    /// The design's memory estimate, bytes ([`Design::bytes`]).
+    #[serde(default)]
+    pub memory_estimate_bytes: u64,
 }
 
 /// A fitted central-DP model and its privacy report.
@@ -434,6 +478,129 @@ fn cell_bounds(
         .collect())
 }
 
+/// What a run measures and fits within its memory budget ([`plan_design`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Design {
+    /// Cap on any clique's cells: [`CentralOptions::max_clique_cells`] or lower, never below
+    /// the largest attribute.
+    pub max_clique_cells: u64,
+    /// The marginals the rounds may measure (sorted attribute lists): every pair (and
+    /// triple, under [`CentralOptions::max_marginal_attrs`] 3) of at most
+    /// `max_clique_cells` cells; a larger one could never join the model.
+    pub candidates: Vec<Vec<usize>>,
+    /// Estimated peak of the run's tables, bytes: the codes (4 per value), each candidate's
+    /// exact counts (8 per cell), its measurements (16 per cell of each distinct marginal:
+    /// values and variances) and the model ([`TABLES_PER_CLIQUE_CELL`] tables of 8 bytes per
+    /// cell of at most one clique per attribute, each within the cap).
+    pub bytes: u64,
+}
+
+/// The design of a run over `rows` records of attributes of sizes `dims`: the largest clique
+/// cap up to [`CentralOptions::max_clique_cells`] whose estimate ([`Design::bytes`]) fits
+/// [`CentralOptions::max_memory_bytes`], computed from the sizes alone, before any table is
+/// allocated. Errors: [`CentralError::Memory`] when even the smallest cap (the largest
+/// attribute's size) does not fit; [`CentralError::Data`] without attributes.
+pub fn plan_design(
+    dims: &[usize],
+    rows: usize,
+    options: &CentralOptions,
+) -> Result<Design, CentralError> {
+    plan(dims, rows, options, false)
+}
+
+/// [`plan_design`]; with `keep_released` (a local model, [`measure_central`]) the estimate
+/// also holds every round's release (8 bytes per cell of its largest candidate).
+fn plan(
+    dims: &[usize],
+    rows: usize,
+    options: &CentralOptions,
+    keep_released: bool,
+) -> Result<Design, CentralError> {
+    let d = dims.len() as u64;
+    let rounds = if keep_released {
+        options
+            .rounds
+            .unwrap_or(ROUNDS_PER_ATTRIBUTE * dims.len())
+            .max(1) as u64
+    } else {
+        0
+    };
+    let floor = dims.iter().copied().max().ok_or_else(|| {
+        CentralError::Data("the table needs ≥ 1 attribute with ≥ 1 value each".into())
+    })? as u64;
+    let top = options.max_clique_cells.max(floor);
+    let domain = Domain::from(dims);
+    // Every candidate within the top cap with its cells, smallest first; none allocated yet.
+    let mut sized: Vec<(u64, Vec<usize>)> = Vec::new();
+    if options.max_marginal_attrs >= 2 {
+        let n = dims.len();
+        for a in 0..n {
+            for b in a + 1..n {
+                let cells = domain.cells(&[a, b]);
+                if cells <= top {
+                    sized.push((cells, vec![a, b]));
+                }
+                if options.max_marginal_attrs >= 3 && cells <= top {
+                    for c in b + 1..n {
+                        let cells = domain.cells(&[a, b, c]);
+                        if cells <= top {
+                            sized.push((cells, vec![a, b, c]));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    sized.sort_by_key(|(c, _)| *c);
+    let fixed = 4u64
+        .saturating_mul(rows as u64)
+        .saturating_mul(d)
+        .saturating_add(16u64.saturating_mul(dims.iter().map(|&k| k as u64).sum()));
+    // Bytes at cap `cap` with the first `k` candidates (those within it).
+    let bytes = |cap: u64, k: usize| -> u64 {
+        let cells: u64 = sized[..k].iter().map(|(c, _)| *c).sum();
+        let largest = k.checked_sub(1).map_or(0, |i| sized[i].0);
+        fixed
+            .saturating_add(24u64.saturating_mul(cells))
+            .saturating_add((8 * rounds).saturating_mul(largest))
+            .saturating_add(
+                (8 * TABLES_PER_CLIQUE_CELL)
+                    .saturating_mul(d)
+                    .saturating_mul(cap),
+            )
+    };
+    let within = |cap: u64| sized.partition_point(|(c, _)| *c <= cap);
+    // Caps to try, largest first: the top cap, then each candidate size below it, then the
+    // floor. The estimate grows with the cap, so the first that fits is the largest.
+    let mut caps: Vec<u64> = std::iter::once(top)
+        .chain(sized.iter().rev().map(|(c, _)| *c))
+        .chain(std::iter::once(floor))
+        .filter(|&c| c >= floor && c <= top)
+        .collect();
+    caps.dedup();
+    for cap in caps {
+        let k = within(cap);
+        let b = bytes(cap, k);
+        if b <= options.max_memory_bytes {
+            sized.truncate(k);
+            return Ok(Design {
+                max_clique_cells: cap,
+                candidates: sized.into_iter().map(|(_, w)| w).collect(),
+                bytes: b,
+            });
+        }
+    }
+    let k = within(floor);
+    Err(CentralError::Memory {
+        needed_mib: bytes(floor, k).div_ceil(1 << 20),
+        budget_mib: options.max_memory_bytes >> 20,
+        clique_cells: floor,
+        candidates: k,
+        rows,
+        attributes: dims.len(),
+    })
+}
+
 /// Fits a central-DP graphical model to `codes` (`n × d` row-major, codes below `dims`) under
 /// (ε, δ)-DP (module docs), noise from `rng` (a CSPRNG; seeded only in tests and
 /// simulations). Errors: [`CentralError::Budget`], [`CentralError::Data`] for codes out of
@@ -444,7 +611,7 @@ pub fn synthesize_central<R: Rng + CryptoRng + ?Sized>(
     options: &CentralOptions,
     rng: &mut R,
 ) -> Result<CentralFit, CentralError> {
-    let (mut state, report, _) = select_and_measure(dims, codes, options, rng)?;
+    let (mut state, report, _) = select_and_measure(dims, codes, options, false, rng)?;
     state.refit(FitOptions::default().max_iters)?;
     Ok(CentralFit {
         model: state.as_model("central")?,
@@ -478,16 +645,18 @@ pub(crate) fn measure_central<R: Rng + CryptoRng + ?Sized>(
     options: &CentralOptions,
     rng: &mut R,
 ) -> Result<(Vec<ReleasedMarginal>, BTreeSet<Edge>, CentralReport), CentralError> {
-    let (state, report, released) = select_and_measure(dims, codes, options, rng)?;
+    let (state, report, released) = select_and_measure(dims, codes, options, true, rng)?;
     Ok((released, state.chordal, report))
 }
 
 /// The select–measure loop of [`synthesize_central`] (module docs): the fitting state after
-/// the last round's refit, the accounting and every released marginal.
+/// the last round's refit, the accounting and every released marginal (the rounds' only
+/// when `keep_released`; the 1-ways always).
 fn select_and_measure<R: Rng + CryptoRng + ?Sized>(
     dims: &[usize],
     codes: &[u32],
     options: &CentralOptions,
+    keep_released: bool,
     rng: &mut R,
 ) -> Result<(Fitting, CentralReport, Vec<ReleasedMarginal>), CentralError> {
     let d = dims.len();
@@ -508,6 +677,8 @@ fn select_and_measure<R: Rng + CryptoRng + ?Sized>(
             i % d
         )));
     }
+    // Sized before any table is allocated: the cap and candidates that fit the budget.
+    let design = plan(dims, codes.len() / d, options, keep_released)?;
     let mut report = CentralReport {
         epsilon: options.epsilon,
         delta: options.delta,
@@ -516,6 +687,8 @@ fn select_and_measure<R: Rng + CryptoRng + ?Sized>(
         neighbours: "add or remove one record".into(),
         noisy_records: 0.0,
         measurements: Vec::new(),
+        max_clique_cells: design.max_clique_cells,
+        memory_estimate_bytes: design.bytes,
     };
     let mut released = Vec::new();
     let noisy = |attrs: &[usize], sigma: f64, rng: &mut R| -> Vec<f64> {
@@ -579,21 +752,9 @@ fn select_and_measure<R: Rng + CryptoRng + ?Sized>(
     };
     state.refit(FitOptions::default().max_iters)?;
 
-    // 2. Rounds.
-    let mut candidates: Vec<Vec<usize>> = Vec::new();
-    for a in 0..d {
-        for b in a + 1..d {
-            if options.max_marginal_attrs < 2 {
-                break;
-            }
-            candidates.push(vec![a, b]);
-            if options.max_marginal_attrs >= 3 {
-                for c in b + 1..d {
-                    candidates.push(vec![a, b, c]);
-                }
-            }
-        }
-    }
+    // 2. Rounds, over the design's candidates.
+    let mut candidates = design.candidates;
+    candidates.sort();
     let truth: BTreeMap<Vec<usize>, Vec<f64>> = candidates
         .iter()
         .map(|w| (w.clone(), counts(codes, d, dims, w)))
@@ -622,7 +783,7 @@ fn select_and_measure<R: Rng + CryptoRng + ?Sized>(
         }
         let sigma = (1.0 / (2.0 * rho_measure)).sqrt();
         let eps_select = (8.0 * rho_select).sqrt();
-        let cap = (options.max_clique_cells as f64 * (spent + rho_select + rho_measure) / rho)
+        let cap = (design.max_clique_cells as f64 * (spent + rho_select + rho_measure) / rho)
             .max(dims.iter().copied().max().unwrap_or(1) as f64) as u64;
         let mut outside = None;
         let mut pool: Vec<(Vec<usize>, Vec<u32>)> = Vec::new();
@@ -683,15 +844,37 @@ fn select_and_measure<R: Rng + CryptoRng + ?Sized>(
             rho_select,
         });
         state.chordal = state.with_edges(&w);
-        released.push(ReleasedMarginal {
-            attrs: w.clone(),
-            counts: y.clone(),
-            sigma,
-            groups: groups.clone(),
-        });
-        state
+        let seen = observation(w.clone(), y.clone(), sigma, groups.clone());
+        if keep_released {
+            released.push(ReleasedMarginal {
+                attrs: w.clone(),
+                counts: y.clone(),
+                sigma,
+                groups: groups.clone(),
+            });
+        }
+        // A marginal measured again joins its earlier observation at the precision-weighted
+        // mean (the fit pools them so anyway): the tables held grow with the distinct
+        // marginals, which the design counts, not with the rounds.
+        match state
             .observations
-            .push(observation(w.clone(), y.clone(), sigma, groups.clone()));
+            .iter_mut()
+            .find(|o| o.attrs == seen.attrs && o.groups == seen.groups)
+        {
+            Some(o) => {
+                for ((v, var), (x, xvar)) in o
+                    .values
+                    .iter_mut()
+                    .zip(o.variances.iter_mut())
+                    .zip(seen.values.iter().zip(&seen.variances))
+                {
+                    let total = 1.0 / *var + 1.0 / xvar;
+                    *v = (*v / *var + x / xvar) / total;
+                    *var = 1.0 / total;
+                }
+            }
+            None => state.observations.push(seen),
+        }
         state.refit(ROUND_FIT_ITERS)?;
         measured.insert(w.clone());
         let after = group_sums(&state.marginal(&w, &mut None)?, &groups);
@@ -1070,6 +1253,139 @@ mod tests {
         assert!(
             rows.iter()
                 .all(|r| r.iter().zip(&dims).all(|(&c, &k)| (c as usize) < k))
+        );
+    }
+
+    /// Issue 67 item 2: three numeric columns on `schema infer`'s fine grid (1,024 codes)
+    /// and two categorical ones. Every pair of grids (2^20 cells) and triple (2^30, 8 GiB of
+    /// counts) exceeds the clique cap and never enters the design; the design fits the
+    /// budget; a lower budget lowers the cap (and the estimate with it) and keeps only the
+    /// marginals within it; below the smallest design (cap = the largest attribute) the
+    /// error says what it needs and what was allowed.
+    #[test]
+    fn the_design_is_sized_to_the_memory_budget_before_allocating() {
+        let dims = [1024usize, 1024, 1024, 4, 3];
+        let options = CentralOptions::new(1.0, 1e-9);
+        let full = plan_design(&dims, 30_000, &options).unwrap();
+        assert_eq!(full.max_clique_cells, MAX_CLIQUE_CELLS);
+        assert!(full.bytes <= DEFAULT_MAX_MEMORY_BYTES);
+        let domain = Domain::from(&dims[..]);
+        let cells = |w: &Vec<usize>| domain.cells(w);
+        assert!(full.candidates.iter().all(|w| cells(w) <= MAX_CLIQUE_CELLS));
+        // Of 10 pairs and 10 triples: the 6 grid × categorical pairs, the categorical pair
+        // and the 3 grid × both categoricals triples (12,288 cells).
+        assert!(full.candidates.contains(&vec![0, 3, 4]));
+        assert!(!full.candidates.contains(&vec![0, 1]));
+        assert_eq!(full.candidates.len(), 6 + 1 + 3);
+
+        let small = CentralOptions {
+            max_memory_bytes: full.bytes / 2,
+            ..options.clone()
+        };
+        let shrunk = plan_design(&dims, 30_000, &small).unwrap();
+        assert!(shrunk.max_clique_cells < full.max_clique_cells);
+        assert!(
+            shrunk.max_clique_cells >= 1024,
+            "never below the largest attribute"
+        );
+        assert!(shrunk.bytes <= small.max_memory_bytes);
+        assert!(
+            shrunk
+                .candidates
+                .iter()
+                .all(|w| cells(w) <= shrunk.max_clique_cells)
+        );
+        // Just above the smallest design (cap 1,024: the codes, 1-ways, the categorical
+        // pair and five cliques of 1,024 cells, 1.14 MB): only the categorical pair is left.
+        let smallest = CentralOptions {
+            max_memory_bytes: 1_200_000,
+            ..options.clone()
+        };
+        let floor = plan_design(&dims, 30_000, &smallest).unwrap();
+        assert_eq!(floor.max_clique_cells, 1024);
+        assert_eq!(floor.candidates, vec![vec![3, 4]]);
+
+        let tiny = CentralOptions {
+            max_memory_bytes: 1 << 20,
+            ..options
+        };
+        match plan_design(&dims, 30_000, &tiny) {
+            Err(CentralError::Memory {
+                needed_mib,
+                budget_mib,
+                clique_cells,
+                ..
+            }) => {
+                assert_eq!((budget_mib, clique_cells), (1, 1024));
+                assert!(needed_mib > 1);
+            }
+            other => panic!("{other:?}"),
+        }
+        match synthesize_central(
+            &dims,
+            &vec![0; 30_000 * dims.len()],
+            &tiny,
+            &mut ChaCha12Rng::seed_from_u64(1),
+        ) {
+            Err(e) => assert!(e.to_string().contains("smallest design"), "{e}"),
+            Ok(_) => panic!("30,000 rows fit 1 MiB"),
+        }
+    }
+
+    /// Issue 67 item 2: a run over grids whose triples would need 4096³ counts (512 GiB, an
+    /// allocation failure before the design was sized) measures only marginals within the
+    /// cap; under a budget that lowers the cap every measured marginal and every clique of
+    /// the model stays within the lowered cap, and the budget is still spent exactly.
+    #[test]
+    fn a_run_stays_within_its_design() {
+        let dims = vec![4096usize, 4096, 4096, 3, 2];
+        let mut rng = ChaCha12Rng::seed_from_u64(2);
+        let n = 2_000;
+        let mut codes = Vec::with_capacity(n * dims.len());
+        for _ in 0..n {
+            let a = rng.random_range(0..4096u32);
+            let c = rng.random_range(0..3u32);
+            codes.extend([a, rng.random_range(0..4096), a / 2, c, c % 2]);
+        }
+        for budget in [DEFAULT_MAX_MEMORY_BYTES, 8 << 20] {
+            let options = CentralOptions {
+                max_memory_bytes: budget,
+                rounds: Some(20),
+                ..CentralOptions::new(1.0, 1e-6)
+            };
+            let design = plan_design(&dims, n, &options).unwrap();
+            let fitted =
+                synthesize_central(&dims, &codes, &options, &mut ChaCha12Rng::seed_from_u64(3))
+                    .unwrap();
+            let r = &fitted.report;
+            assert_eq!(r.max_clique_cells, design.max_clique_cells);
+            assert!((r.rho_spent - r.rho).abs() < 1e-9 * r.rho);
+            let domain = Domain::from(&dims[..]);
+            for m in &r.measurements {
+                assert!(domain.cells(&m.attrs) <= design.max_clique_cells, "{m:?}");
+            }
+            let cap = design.max_clique_cells as usize;
+            let structure = fitted
+                .model
+                .describe()
+                .structure
+                .expect("a graphical model");
+            for c in &structure.junction_tree.cliques {
+                assert!(domain.cells(c) as usize <= cap, "{c:?}");
+            }
+        }
+        assert!(
+            plan_design(
+                &dims,
+                n,
+                &CentralOptions {
+                    max_memory_bytes: 8 << 20,
+                    ..CentralOptions::new(1.0, 1e-6)
+                }
+            )
+            .unwrap()
+            .max_clique_cells
+                < MAX_CLIQUE_CELLS
         );
     }
 

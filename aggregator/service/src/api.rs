@@ -17,12 +17,19 @@ use utoipa::openapi::{Ref, RefOr};
 
 use ldpsyn_engine::{ModelDescription, Phase, Transition};
 
-/// `GET /healthz`: the database answered.
+/// `GET /healthz`: the state is loaded, the API serves and the database answered. It does
+/// not wait for models: after a restart finalized collections' models are refitted in the
+/// background, and `models_pending` counts those not back yet.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Health {
-    /// Always `ok` (a failing database is a 500 problem).
+    /// Always `ok` (a failing database is a 500 problem; a process still loading its state
+    /// answers 503 `unavailable`).
     #[schema(example = "ok")]
     pub status: String,
+    /// Finalized collections whose model is being refitted (their model routes answer 409
+    /// `model-not-ready` until it is back), or whose refit failed.
+    #[schema(example = 0)]
+    pub models_pending: usize,
 }
 
 /// Where a collection is: its phase, round and counts.

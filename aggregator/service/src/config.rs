@@ -140,6 +140,18 @@ pub struct ServeConfig {
     /// every report accepted so far answers whatever its age. 0: refit whenever reports came.
     #[arg(long, env = "LDPSYN_PROVISIONAL_REFRESH_MS", default_value_t = 5_000)]
     pub provisional_refresh_ms: u64,
+    /// Models refitted at once in the background: at startup (and, on PostgreSQL, when a
+    /// collection another process finalized is loaded) the finalized collections' models
+    /// are refitted from their stored reports while the API already serves; until its model
+    /// is back a collection's model routes answer 409 `model-not-ready`.
+    #[arg(long, env = "LDPSYN_REFIT_CONCURRENCY", default_value_t = 1,
+        value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub refit_concurrency: u32,
+    /// Tests only: the pool background refits take their permits from, instead of one of
+    /// `refit_concurrency` permits; a pool of no permits holds every refit until permits
+    /// are added. No option of the command line.
+    #[arg(skip)]
+    pub refit_pool: Option<std::sync::Arc<tokio::sync::Semaphore>>,
     /// Simulations only: draw tasks from one stream seeded by this (in the order the task
     /// requests arrive) instead of the operating system's randomness, so that a simulation
     /// that asks for tasks in a fixed order (`demo`) hands out the same tasks every run.

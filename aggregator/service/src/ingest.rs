@@ -242,6 +242,11 @@ pub struct CollectionHandle {
     deleted: AtomicBool,
     /// The model refitted from the reports so far, while collecting ([`super::provisional`]).
     provisional: ProvisionalCache,
+    /// Set while a background refit of the finalized model is queued or running
+    /// (`AppState::queue_refit`): at most one at a time.
+    refit_queued: AtomicBool,
+    /// Why the last background refit failed, if it did (answered by the model routes).
+    refit_error: RwLock<Option<String>>,
     /// Group commits of this collection by this process since its last fold of the count
     /// deltas ([`CollectionHandle::fold_due`]).
     deltas_since_fold: AtomicU32,
@@ -277,6 +282,8 @@ impl CollectionHandle {
             round_counts: round_counts.into_iter().collect(),
             accepted: AtomicU64::new(accepted),
             model: RwLock::new(None),
+            refit_queued: AtomicBool::new(false),
+            refit_error: RwLock::new(None),
             fit: Arc::default(),
             closing: AtomicBool::new(false),
             close_hold: Arc::default(),
@@ -454,6 +461,26 @@ impl CollectionHandle {
     /// Sets the model.
     pub fn set_model(&self, model: Arc<Model>) {
         *self.model.write().unwrap_or_else(|e| e.into_inner()) = Some(model);
+    }
+
+    /// Marks a background refit queued; false if one already is.
+    pub(crate) fn claim_refit(&self) -> bool {
+        !self.refit_queued.swap(true, Relaxed)
+    }
+
+    /// Ends a background refit: `error` is why it failed (`None`: it succeeded or was
+    /// skipped).
+    pub(crate) fn end_refit(&self, error: Option<String>) {
+        *self.refit_error.write().unwrap_or_else(|e| e.into_inner()) = error;
+        self.refit_queued.store(false, Relaxed);
+    }
+
+    /// Why the last background refit of the finalized model failed, if it did.
+    pub fn refit_error(&self) -> Option<String> {
+        self.refit_error
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The model of the finalized `state` and its `tables`, fitted on the blocking pool unless

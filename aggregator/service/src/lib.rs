@@ -134,6 +134,8 @@ struct Inner {
     /// The task stream of [`ServeConfig::task_seed`] (`None`: each draw from the OS-seeded
     /// thread RNG).
     task_rng: Option<std::sync::Mutex<rand_chacha::ChaCha12Rng>>,
+    /// Permits of the background refits ([`ServeConfig::refit_concurrency`]).
+    refits: Arc<tokio::sync::Semaphore>,
 }
 
 impl AppState {
@@ -177,6 +179,11 @@ impl AppState {
         let task_rng = config
             .task_seed
             .map(|s| std::sync::Mutex::new(rand::SeedableRng::seed_from_u64(s)));
+        let refits = config.refit_pool.clone().unwrap_or_else(|| {
+            Arc::new(tokio::sync::Semaphore::new(
+                config.refit_concurrency.max(1) as usize
+            ))
+        });
         let state = Self {
             inner: Arc::new(Inner {
                 store,
@@ -195,6 +202,7 @@ impl AppState {
                 lookup_limiter,
                 party_limiter,
                 task_rng,
+                refits,
             }),
         };
         state.load_all().await?;
@@ -236,21 +244,80 @@ impl AppState {
         let handle = Arc::new(CollectionHandle::new(
             config,
             engine,
-            state.clone(),
+            state,
             row.state_version,
-            tables.clone(),
+            tables,
             counts,
         ));
-        if finalized {
-            // Deterministic given (state, tables): the same model as before the restart, also
-            // when the process stopped during the fit after committing the finalized state.
-            let uploads = db.party_uploads(row.id).await?;
-            handle.ensure_model(state, tables, uploads).await?;
-        }
         self.inner.collections.insert(row.id, handle.clone());
         self.inner.unknown.remove(&row.id);
         self.inner.unavailable.remove(&row.id);
+        if finalized {
+            // Served at once; the model follows in the background.
+            self.queue_refit(&handle);
+        }
         Ok(handle)
+    }
+
+    /// Refits the model of finalized collection `handle` in the background, on the bounded
+    /// pool of [`ServeConfig::refit_concurrency`] fits, unless one is queued or running. The
+    /// fit is deterministic given the finalized state and its tables: the same model as
+    /// before a restart, also when the process stopped during the fit after committing the
+    /// finalized state. A failure is logged and kept for the model routes; `POST …/finalize`
+    /// fits again, as does a PostgreSQL refresh.
+    fn queue_refit(&self, handle: &Arc<CollectionHandle>) {
+        if handle.model().is_some() || !handle.claim_refit() {
+            return;
+        }
+        let (app, handle) = (self.clone(), handle.clone());
+        tokio::spawn(async move {
+            let Ok(_permit) = app.inner.refits.clone().acquire_owned().await else {
+                handle.end_refit(None);
+                return;
+            };
+            let state = (*handle.state()).clone();
+            if handle.model().is_some() || handle.is_deleted() || state.phase != Phase::Finalized {
+                handle.end_refit(None);
+                return;
+            }
+            let started = std::time::Instant::now();
+            let fitted = async {
+                let tables = app.inner.store.tables(&handle).await?;
+                let uploads = app.inner.store.datastore.party_uploads(handle.id).await?;
+                handle.ensure_model(state, tables, uploads).await?;
+                Ok::<_, ApiError>(())
+            }
+            .await;
+            match fitted {
+                Ok(()) => {
+                    tracing::info!(
+                        collection = %handle.id,
+                        elapsed_ms = started.elapsed().as_millis() as u64,
+                        "model refitted"
+                    );
+                    handle.end_refit(None);
+                }
+                Err(e) => {
+                    tracing::error!(
+                        collection = %handle.id,
+                        error = %e,
+                        "refitting the finalized model failed; its model routes say so and \
+                         POST …/finalize fits again"
+                    );
+                    handle.end_refit(Some(e.to_string()));
+                }
+            }
+        });
+    }
+
+    /// Finalized collections in memory whose model is not built yet (being refitted, or
+    /// whose refit failed).
+    pub fn models_pending(&self) -> usize {
+        self.inner
+            .collections
+            .iter()
+            .filter(|h| h.model().is_none() && h.state().phase == Phase::Finalized)
+            .count()
     }
 
     /// Records that collection `id` could not be loaded; logs the cause when it is new.
@@ -558,7 +625,7 @@ impl AppState {
                 }
             };
             if state.phase == Phase::Finalized && handle.model().is_none() {
-                finalized.push((handle.clone(), state.clone()));
+                finalized.push(handle.clone());
             }
             known.push((handle, state, row.state_version));
         }
@@ -567,10 +634,9 @@ impl AppState {
             reply,
         })
         .await?;
-        for (handle, state) in finalized {
-            let tables = self.inner.store.tables(&handle).await?;
-            let uploads = self.inner.store.datastore.party_uploads(handle.id).await?;
-            handle.ensure_model(state, tables, uploads).await?;
+        // After the refresh: each refit reads the finalized state it installed.
+        for handle in finalized {
+            self.queue_refit(&handle);
         }
         Ok(())
     }

@@ -249,6 +249,7 @@ pub(crate) async fn healthz(State(state): State<AppState>) -> Result<Json<api::H
     state.db().ping().await?;
     Ok(Json(api::Health {
         status: "ok".into(),
+        models_pending: state.models_pending(),
     }))
 }
 

@@ -145,13 +145,37 @@ pub(crate) async fn model_of(
     id: &str,
 ) -> Result<(Arc<CollectionHandle>, Arc<ldpsyn_engine::Model>), ApiError> {
     let h = handle_of(state, id).await?;
-    let m = h.model().ok_or_else(|| {
-        ApiError::problem(
-            ProblemType::ModelNotReady,
-            "the model is built when the collection is finalized (POST …/finalize)",
-        )
-    })?;
+    let m = match h.model() {
+        Some(m) => m,
+        None if h.state().phase == Phase::Finalized => return Err(refitting(&h)),
+        None => {
+            return Err(ApiError::problem(
+                ProblemType::ModelNotReady,
+                "the model is built when the collection is finalized (POST …/finalize)",
+            ));
+        }
+    };
     Ok((h, m))
+}
+
+/// 409 `model-not-ready` for a finalized collection whose model is not built: being fitted
+/// (a finalize in flight, or a refit after a restart), or its refit failed.
+fn refitting(h: &CollectionHandle) -> ApiError {
+    match h.refit_error() {
+        Some(e) => ApiError::problem(
+            ProblemType::ModelNotReady,
+            format!(
+                "the collection is finalized but refitting its model after the server \
+                 started failed ({e}); POST …/finalize fits it again"
+            ),
+        ),
+        None => ApiError::problem(
+            ProblemType::ModelNotReady,
+            "the collection is finalized and its model is being fitted (after a finalize, or \
+             refitted from the stored reports after the server started); ask again shortly, \
+             or POST …/finalize, which answers once it is built",
+        ),
+    }
 }
 
 /// The model a results route answers from, and what it saw ([`api::FittedFrom`]).
@@ -180,10 +204,7 @@ async fn answering(
         });
     }
     if h.state().phase == Phase::Finalized {
-        return Err(ApiError::problem(
-            ProblemType::ModelNotReady,
-            "the collection is finalized and its model is being fitted; ask again shortly",
-        ));
+        return Err(refitting(h));
     }
     if !provisional {
         return Err(ApiError::problem(

@@ -296,11 +296,15 @@ pub(crate) fn operations() -> Vec<OperationDoc> {
             method: "get",
             path: "/healthz",
             summary: "Check that the service and its database answer",
-            description: "200 `{\"status\": \"ok\"}` when the database answers a query; 503 \
-                while the service still loads its state. No credentials; rate-limited per \
+            description: "200 `{\"status\": \"ok\", \"models_pending\": n}` when the state \
+                is loaded and the database answers a query (liveness and readiness: the API \
+                serves); 503 while the service still loads its state. It does not wait for \
+                models: after a start, finalized collections' models are refitted in the \
+                background, `models_pending` counting those not back yet (their model routes \
+                answer 409 `model-not-ready` meanwhile). No credentials; rate-limited per \
                 client address.",
             request: None,
-            response: json!({"status": "ok"}),
+            response: json!({"status": "ok", "models_pending": 0}),
         },
         OperationDoc {
             method: "get",

@@ -140,3 +140,47 @@ async fn a_resend_after_token_expiry_is_a_duplicate() {
     let (_, status) = admin(&base, "GET", &format!("/v1/collections/{id}")).await;
     assert_eq!(status["status"]["reports_accepted"], 1, "{status}");
 }
+
+/// Item 4: the in-flight limit is one for the whole service, as documented. Two uploads
+/// that trickle their bodies hold the two places of `--max-in-flight-requests 2`; a request
+/// to another route is then shed (503), and answered once they are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_in_flight_limit_holds_across_routes() {
+    use tokio::io::AsyncWriteExt;
+
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("f.db").display());
+    let server = start(&db, &["--max-in-flight-requests", "2"]).await;
+    let base = base(&server);
+    let id = create(
+        &base,
+        json!({"protocol": "independence", "epsilon": 2.0,
+                                  "target_users": 1000}),
+    )
+    .await;
+    let addr = base.trim_start_matches("http://").to_owned();
+    let mut slow = Vec::new();
+    for _ in 0..2 {
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let head = format!(
+            "POST /v1/collections/{id}/reports HTTP/1.1\r\nHost: {addr}\r\n\
+             Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n["
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        slow.push(s);
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let other = reqwest::get(format!("{base}/v1/collections/{id}"))
+        .await
+        .unwrap();
+    assert_eq!(other.status(), 503, "another route got past a full service");
+    drop(slow);
+    eventually("the service answers again", || {
+        let url = format!("{base}/v1/collections/{id}");
+        async move {
+            let r = reqwest::get(url).await.ok()?;
+            (r.status() == 200).then_some(())
+        }
+    })
+    .await;
+}

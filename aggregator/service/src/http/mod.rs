@@ -22,7 +22,8 @@
 //! Layers wrap inside-out; a request passes them top to bottom as written in [`router`]:
 //! `TraceLayer` (logs every request and its status) → `CorsLayer` → `HandleErrorLayer`
 //! (turns the errors of the next layers into problem documents) → `LoadShedLayer` (503 at
-//! once when the concurrency limit is reached) → `ConcurrencyLimitLayer` → `TimeoutLayer`
+//! once when the concurrency limit is reached) → `GlobalConcurrencyLimitLayer` (one limit for
+//! the whole service, every route together) → `TimeoutLayer`
 //! (503 when no response has started in time) → the route. Every route that may cost a
 //! database query before an admin token is checked ([`super::LimitedRoute`]: device tasks and
 //! uploads, collection lookups, `/healthz`, party uploads) additionally passes a per-IP rate
@@ -56,6 +57,7 @@ use axum::routing::{MethodRouter, delete, get, post};
 use axum::{BoxError, Json, Router};
 use ldpsyn::wire::{Problem, ProblemType};
 use tower::ServiceBuilder;
+use tower::limit::GlobalConcurrencyLimitLayer;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::trace::TraceLayer;
 
@@ -197,7 +199,11 @@ pub fn router(state: AppState) -> Router {
                 .layer(cors)
                 .layer(HandleErrorLayer::new(overloaded))
                 .load_shed()
-                .concurrency_limit(cfg.max_in_flight_requests.max(1))
+                // One semaphore for every route: `Router::layer` layers each route apart, so a
+                // per-layer limit (`concurrency_limit`) would bound each route alone.
+                .layer(GlobalConcurrencyLimitLayer::new(
+                    cfg.max_in_flight_requests.max(1),
+                ))
                 .timeout(Duration::from_millis(cfg.request_timeout_ms.max(1))),
         )
         .with_state(state)

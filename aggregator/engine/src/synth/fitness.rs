@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::graph::Edge;
+use crate::numeric::info::mutual_information;
 use crate::synth::model::Model;
 
 /// Largest joint (cells) of a target and its neighbours whose entropy is computed.
@@ -141,7 +142,7 @@ pub fn fitness(
         root[ra] = rb;
     }
     let schema_dims = model.schema_dims().to_vec();
-    let rounds = model.describe().rounds;
+    let rounds = model.rounds();
     let mut pairs = Vec::with_capacity(d * d.saturating_sub(1) / 2);
     for a in 0..d {
         for b in a + 1..d {
@@ -221,14 +222,9 @@ pub fn fitness(
             Some(h)
         } else if cells <= MAX_TARGET_JOINT_CELLS {
             model.working_marginal(&attrs).ok().map(|(_, joint)| {
-                // H(T | N) = H(T, N) − H(N); T is the first (slowest) axis, in working bins.
+                // H(T | N) = H(T) − I(T; N); T is the first (slowest) axis, in working bins.
                 let k = model.dims()[t];
-                let rest = joint.len() / k.max(1);
-                let mut given = vec![0.0; rest];
-                for (i, &p) in joint.iter().enumerate() {
-                    given[i % rest] += p;
-                }
-                (entropy(&joint) - entropy(&given)).max(0.0)
+                (h - mutual_information(&joint, k, joint.len() / k.max(1))).max(0.0)
             })
         } else {
             None

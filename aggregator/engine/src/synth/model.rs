@@ -173,6 +173,11 @@ impl Model {
         }
     }
 
+    /// Per round, what was measured and with how many reports.
+    pub fn rounds(&self) -> &[RoundSummary] {
+        &self.rounds
+    }
+
     /// The estimated conditionals (graphical models).
     pub fn conditionals(&self) -> Option<&[EstimatedConditional]> {
         match &self.kind {

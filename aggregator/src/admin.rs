@@ -93,10 +93,14 @@ pub enum AdminCommand {
         #[arg(long)]
         force: bool,
     },
-    /// Finalize: build the model; no more reports.
+    /// Finalize: no more reports; waits while the model is built (a spinner on stderr when
+    /// the fit outlasts the server's wait).
     Finalize {
         /// Collection id.
         id: String,
+        /// No spinner.
+        #[arg(long)]
+        quiet: bool,
     },
     /// Delete a collection with its reports, tables, state and model. Cannot be undone.
     Delete {
@@ -318,15 +322,8 @@ pub async fn run(
             let id = id.clone();
             (request, Box::new(move |v| closed_summary(&id, v)))
         }
-        AdminCommand::Finalize { id } => {
-            let id = id.clone();
-            (
-                call(
-                    reqwest::Method::POST,
-                    &format!("/v1/collections/{id}/finalize"),
-                ),
-                Box::new(move |_| format!("{id}: finalized\n")),
-            )
+        AdminCommand::Finalize { id, quiet } => {
+            return finalize(id, cfg.json, *quiet, &call, out).await;
         }
         AdminCommand::Delete { id } => (
             call(reqwest::Method::DELETE, &format!("/v1/collections/{id}")),
@@ -345,13 +342,10 @@ pub async fn run(
         writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
     } else {
         write!(out, "{}", summarize(&v))?;
-        // What the model cannot answer, where a model was just built or is asked about.
-        let model_of = match &cfg.command {
-            AdminCommand::Finalize { id } => Some(id),
-            AdminCommand::Status { id } if v["status"]["model_ready"] == json!(true) => Some(id),
-            _ => None,
-        };
-        if let Some(id) = model_of {
+        // What the model cannot answer, where a model is asked about.
+        if let AdminCommand::Status { id } = &cfg.command
+            && v["status"]["model_ready"] == json!(true)
+        {
             for w in fitness_warnings(&call, id).await {
                 writeln!(out, "warning: {w}")?;
             }
@@ -381,6 +375,82 @@ async fn fitness_warnings(
         .flatten()
         .filter_map(|w| w["message"].as_str().map(str::to_owned))
         .collect()
+}
+
+/// How often `finalize` asks whether a model that outlasted the server's wait is built.
+const MODEL_POLL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `finalize`: finalizes collection `id` and waits for its model. A finalize answered 202
+/// (the fit outlasted the server's wait) is followed by a poll of the collection's
+/// `status.model` every [`MODEL_POLL`], with a spinner on stderr unless `quiet`, until it is
+/// `ready` (then the model is read) or `failed`. Prints what the finalize answers once the
+/// model is built (`--json`: `{status, model}`), else a line and the fitness warnings.
+/// Errors: the server's refusal; a failed fit as [`AdminError::Refused`] with its reason.
+async fn finalize(
+    id: &str,
+    json_out: bool,
+    quiet: bool,
+    call: &impl Fn(reqwest::Method, &str) -> reqwest::RequestBuilder,
+    out: &mut impl Write,
+) -> Result<(), AdminError> {
+    let resp = call(
+        reqwest::Method::POST,
+        &format!("/v1/collections/{id}/finalize"),
+    )
+    .send()
+    .await?;
+    let building = resp.status() == reqwest::StatusCode::ACCEPTED;
+    let mut answer = json_of(resp).await?;
+    if building {
+        let bar = if quiet {
+            ProgressBar::hidden()
+        } else {
+            let bar = ProgressBar::new_spinner();
+            bar.set_style(
+                ProgressStyle::with_template("building the model {spinner} {elapsed}")
+                    .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+            );
+            bar.enable_steady_tick(std::time::Duration::from_millis(200));
+            bar
+        };
+        let status = loop {
+            tokio::time::sleep(MODEL_POLL).await;
+            let c = json_of(
+                call(reqwest::Method::GET, &format!("/v1/collections/{id}"))
+                    .send()
+                    .await?,
+            )
+            .await?;
+            if c["status"]["model"] != json!("building") {
+                break c["status"].clone();
+            }
+        };
+        bar.finish_and_clear();
+        if status["model"] != json!("ready") {
+            return Err(AdminError::Refused {
+                status: 500,
+                kind: "model-fit-failed".into(),
+                title: "the collection is finalized but fitting its model failed".into(),
+                detail: status["model_error"].as_str().map(str::to_owned),
+            });
+        }
+        let model = json_of(
+            call(reqwest::Method::GET, &format!("/v1/collections/{id}/model"))
+                .send()
+                .await?,
+        )
+        .await?;
+        answer = json!({"status": status, "model": model["model"]});
+    }
+    if json_out {
+        writeln!(out, "{}", serde_json::to_string_pretty(&answer)?)?;
+    } else {
+        writeln!(out, "{id}: finalized")?;
+        for w in fitness_warnings(call, id).await {
+            writeln!(out, "warning: {w}")?;
+        }
+    }
+    Ok(())
 }
 
 /// `download`: the synthetic rows streamed to a file, with a progress bar.

@@ -236,6 +236,14 @@ async fn send(
         .send()
         .await
         .map_err(|e| DemoError::Http(e.to_string()))?;
+    success(resp, refused).await
+}
+
+/// `resp` if it is a success, else its body as `refused`.
+async fn success(
+    resp: reqwest::Response,
+    refused: impl FnOnce(String) -> DemoError,
+) -> Result<reqwest::Response, DemoError> {
     if !resp.status().is_success() {
         return Err(refused(resp.text().await.unwrap_or_default()));
     }
@@ -247,7 +255,19 @@ async fn send_json(
     req: reqwest::RequestBuilder,
     refused: impl FnOnce(String) -> DemoError,
 ) -> Result<serde_json::Value, DemoError> {
-    send(req, refused)
+    let resp = req
+        .send()
+        .await
+        .map_err(|e| DemoError::Http(e.to_string()))?;
+    send_json_of(resp, refused).await
+}
+
+/// The JSON body of answer `resp`, or its body as `refused` if it is not a success.
+async fn send_json_of(
+    resp: reqwest::Response,
+    refused: impl FnOnce(String) -> DemoError,
+) -> Result<serde_json::Value, DemoError> {
+    success(resp, refused)
         .await?
         .json()
         .await
@@ -908,15 +928,40 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
         eprintln!("warning: simulated reports not accepted:\n{}", t.summary());
     }
 
-    // 4. Finalize.
+    // 4. Finalize, then the model once built: a fit that outlasts the server's wait answers
+    // 202 and the model route says `model-not-ready` until it is built.
     let t = Instant::now();
     let spinner = progress(1, "finalize", cfg.quiet);
-    let finalized = send_json(
+    send(
         http.post(format!("{base}/v1/collections/{collection}/finalize"))
             .bearer_auth(&admin),
         DemoError::Service,
     )
     .await?;
+    let finalized = loop {
+        let resp = http
+            .get(format!("{base}/v1/collections/{collection}/model"))
+            .bearer_auth(&admin)
+            .send()
+            .await
+            .map_err(|e| DemoError::Http(e.to_string()))?;
+        if resp.status() != reqwest::StatusCode::CONFLICT {
+            break send_json_of(resp, DemoError::Service).await?;
+        }
+        let status = send_json(
+            http.get(format!("{base}/v1/collections/{collection}"))
+                .bearer_auth(&admin),
+            DemoError::Service,
+        )
+        .await?;
+        if status["status"]["model"] == serde_json::json!("failed") {
+            return Err(DemoError::Service(format!(
+                "fitting the model failed: {}",
+                status["status"]["model_error"]
+            )));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    };
     spinner.finish();
     phases.insert("finalize".to_owned(), t.elapsed().as_secs_f64());
     let names: Vec<String> = input
@@ -927,13 +972,7 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
         .collect();
     let edges = model_edges(&finalized, &names);
     // The fitness report, as an analyst sees it at `GET …/model`.
-    let fitness = send_json(
-        http.get(format!("{base}/v1/collections/{collection}/model"))
-            .bearer_auth(&admin),
-        DemoError::Service,
-    )
-    .await?["fitness"]
-        .clone();
+    let fitness = finalized["fitness"].clone();
     if !cfg.quiet {
         for w in fitness["warnings"].as_array().into_iter().flatten() {
             eprintln!("warning: {}", w["message"].as_str().unwrap_or_default());

@@ -289,3 +289,119 @@ fn serve_prints_the_dashboard_url() {
     assert!(port.parse::<u16>().is_ok_and(|p| p != 0), "{line}");
     assert!(line.contains(&format!("{port}/ui/")), "{line}");
 }
+
+/// Issue 67 item 3: a fit that outlasts the server's wait. With a 2 s request timeout the
+/// server waits 1 s for the model, then answers 202; `collections finalize` (in this process,
+/// on a server in this process whose fit is held for 3 s, longer than the request timeout)
+/// waits while the model is built and prints it once ready: before, the request timed out
+/// (503) and the command failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finalize_waits_for_a_fit_longer_than_the_request_timeout() {
+    use clap::Parser;
+    use ldpsyn_aggregator::admin::{self, AdminCommand, AdminConfig};
+    use ldpsyn_aggregator::service::Server;
+    use ldpsyn_aggregator::service::config::ServeConfig;
+
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("f.db").display());
+    let config = ServeConfig::parse_from([
+        "serve",
+        "--bind",
+        "127.0.0.1:0",
+        "--database-url",
+        &url,
+        "--admin-token",
+        ADMIN,
+        "--rate-limit-per-ip",
+        "0",
+        "--request-timeout-ms",
+        "2000",
+    ]);
+    let server = Server::start(config).await.unwrap();
+    let base = format!("http://{}", server.addr());
+    let schema_json = json!({"attributes": [
+        {"name": "a", "type": "categorical", "labels": ["x", "y", "z"]},
+        {"name": "b", "type": "categorical", "labels": ["u", "v"]}]});
+    let created: Value = reqwest::Client::new()
+        .post(format!("{base}/v1/collections"))
+        .bearer_auth(ADMIN)
+        .json(
+            &json!({"schema": schema_json, "epsilon": 2.0, "target_users": 10_000,
+                      "protocol": "independence"}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id: Uuid = created["id"].as_str().unwrap().parse().unwrap();
+    let schema: Schema = serde_json::from_value(schema_json).unwrap();
+    let mut people: Vec<SimulatedPerson<MemoryLedger>> = (0..200u32)
+        .map(|i| SimulatedPerson {
+            record: schema.encoded(vec![i % 3, i % 2]).unwrap(),
+            ledger: MemoryLedger::default(),
+        })
+        .collect();
+    let options = ClientOptions::insecure_simulation(Epsilon::new(2.0).unwrap(), 7);
+    let mut client = Client::connect(&base, id, options, MemoryLedger::default())
+        .await
+        .unwrap();
+    for r in client.submit_batch(&mut people).await.unwrap() {
+        r.expect("accepted");
+    }
+
+    let hold = server
+        .state()
+        .collection(id)
+        .await
+        .unwrap()
+        .hold_fits()
+        .await;
+    // On a thread of its own: the command's future is not `Send`.
+    let cli = std::thread::spawn({
+        let cfg = AdminConfig {
+            server: base.clone(),
+            json: false,
+            command: AdminCommand::Finalize {
+                id: id.to_string(),
+                quiet: true,
+            },
+        };
+        move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let mut out = Vec::new();
+            rt.block_on(admin::run(&cfg, Some(ADMIN), &mut out))
+                .map(|()| String::from_utf8(out).unwrap())
+        }
+    });
+    // Held past the request timeout: the finalize has answered 202 by now and the command
+    // polls the collection, which says `building`.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let status: Value = reqwest::Client::new()
+        .get(format!("{base}/v1/collections/{id}"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (&status["status"]["phase"], &status["status"]["model"]),
+        (&json!("finalized"), &json!("building"))
+    );
+    assert!(!cli.is_finished(), "the command waits for the model");
+    drop(hold);
+    let printed = tokio::task::spawn_blocking(move || cli.join().unwrap())
+        .await
+        .unwrap()
+        .expect("finalize succeeds once the model is built");
+    assert!(
+        printed.starts_with(&format!("{id}: finalized")),
+        "{printed}"
+    );
+}

@@ -133,11 +133,23 @@ async fn main() -> anyhow::Result<()> {
     }
 
     // The analyst: finalize, then the marginal with ±1.96 standard errors.
+    // 200 with the model, or 202 while a long fit goes on: then its `Location` answers
+    // 409 `model-not-ready` until the model is built.
     http.post(format!("{base}/v1/collections/{collection}/finalize"))
         .bearer_auth(&admin)
         .send()
         .await?
         .error_for_status()?;
+    while http
+        .get(format!("{base}/v1/collections/{collection}/model"))
+        .bearer_auth(&admin)
+        .send()
+        .await?
+        .status()
+        == reqwest::StatusCode::CONFLICT
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
     let m: Value = http
         .get(format!(
             "{base}/v1/collections/{collection}/marginals?attrs=smoker,cough"

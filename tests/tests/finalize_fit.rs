@@ -55,15 +55,25 @@ async fn uploads_are_committed_while_a_finalize_fits() {
     let mut late = people(&schema, 50, 3);
     let late_batch = ca.prepare_batch(&mut late).await.unwrap();
 
-    // Finalize A with its fit held: the finalized state commits, the fit waits.
+    // Finalize A with its fit held: the finalized state commits, the fit waits, and the
+    // finalize answers 202 once its wait (here 1 s) is over, naming where the model will be.
     let handle = server.state().collection(a).await.unwrap();
     let fit = handle.hold_fits().await;
-    let finalize = tokio::spawn({
-        let base = base.clone();
-        async move { admin(&base, "POST", &format!("/v1/collections/{a}/finalize")).await }
-    });
+    let (s, accepted, location) = finalize_preferring(&base, a, "wait=1").await;
+    assert_eq!(s, 202, "{accepted}");
+    let model_url = format!("/v1/collections/{a}/model");
+    assert_eq!(
+        (location.as_deref(), accepted["model"].as_str()),
+        (Some(&*model_url), Some(&*model_url))
+    );
+    assert_eq!(accepted["status"]["phase"], "finalized");
+    assert_eq!(accepted["status"]["model"], "building");
     let v = view_until(&base, a, |v| v["status"]["phase"] == "finalized").await;
     assert_eq!(v["status"]["model_ready"], false, "the fit is held");
+    assert_eq!(v["status"]["model"], "building");
+    // A second finalize while it fits is answered 202 at once with `respond-async`.
+    let (s, _, _) = finalize_preferring(&base, a, "respond-async").await;
+    assert_eq!(s, 202);
 
     // Meanwhile the committer is free: B's uploads are committed and answered.
     let mut cb = client(&base, b, 4).await;
@@ -86,10 +96,6 @@ async fn uploads_are_committed_while_a_finalize_fits() {
         (s, m["type"].as_str()),
         (409, Some("urn:ldpsyn:problem:model-not-ready"))
     );
-    assert!(
-        !finalize.is_finished(),
-        "finalize answers only with the model"
-    );
 
     // A process started on the database now (as after a kill -9 during the fit) fits the
     // model of exactly the acknowledged reports from the committed state.
@@ -111,17 +117,34 @@ async fn uploads_are_committed_while_a_finalize_fits() {
         "the restarted fit is the model of the acknowledged reports"
     );
 
-    // Released, the fit completes and finalize answers with the same model.
+    // Released, the fit completes: the model answers where the 202 said, and a finalize
+    // now answers 200 with the same model, even one that prefers not to wait.
     drop(fit);
-    let (s, fin) = finalize.await.unwrap();
+    let m = model_when_ready(&base, a).await;
+    assert_eq!(m["model"], expected);
+    let v = view_until(&base, a, |v| v["status"]["model"] == "ready").await;
+    assert_eq!(v["status"]["model_ready"], true);
+    let (s, fin, _) = finalize_preferring(&base, a, "respond-async").await;
     assert_eq!(s, 200, "{fin}");
     assert_eq!(fin["model"], expected);
     assert_eq!(fin["status"]["reports_accepted"], 400);
-    let (s, _) = admin(&base, "GET", &format!("/v1/collections/{a}/model")).await;
-    assert_eq!(s, 200);
-    // A second finalize answers the model already built.
-    let (s, again) = admin(&base, "POST", &format!("/v1/collections/{a}/finalize")).await;
-    assert_eq!((s, &again["model"]), (200, &expected));
+}
+
+/// `POST …/finalize` of `id` with `Prefer: prefer`: status, body and `Location` header.
+async fn finalize_preferring(base: &str, id: Uuid, prefer: &str) -> (u16, Value, Option<String>) {
+    let resp = reqwest::Client::new()
+        .post(format!("{base}/v1/collections/{id}/finalize"))
+        .bearer_auth(ADMIN)
+        .header("prefer", prefer)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let location = resp
+        .headers()
+        .get("location")
+        .map(|l| l.to_str().unwrap().to_owned());
+    (status, resp.json().await.unwrap(), location)
 }
 
 /// Finalize with nothing collected is refused before the transition (`conflict`), and the

@@ -48,12 +48,32 @@ pub struct CollectionStatus {
     pub reports_accepted: u64,
     /// Attribute pairs `[a, b]` still measured (PrivIncr/auto phase 1).
     pub active_edges: Vec<[usize; 2]>,
-    /// The model is built (the collection is finalized).
+    /// The model is built (the collection is finalized): `model` is `ready`.
     pub model_ready: bool,
+    /// Where the model stands: `collecting` (not finalized), `building` (finalized, being
+    /// fitted: poll until `ready`), `ready` or `failed` (`model_error` says why; `POST
+    /// …/finalize` fits again).
+    pub model: ModelStatus,
+    /// Why the last fit failed, when `model` is `failed`.
+    pub model_error: Option<String>,
     /// PrivIncr, NoIncremental and `auto`: every round the collection's state holds, closed,
     /// open or still to come, phase 2 last; a finalized collection lists only the rounds that
     /// ran. Empty for the other protocols (SamPrivSyn counts its batches in `round`).
     pub rounds: Vec<RoundStatus>,
+}
+
+/// Where a collection's model stands (`CollectionHandle::model_status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelStatus {
+    /// Not finalized: no final model yet.
+    Collecting,
+    /// Finalized; the model is being fitted (after a finalize, or refitted after a restart).
+    Building,
+    /// Finalized; the model is built.
+    Ready,
+    /// Finalized; the last fit failed (`POST …/finalize` fits again).
+    Failed,
 }
 
 /// One round of a two-phase collection (PrivIncr, NoIncremental, `auto`).
@@ -160,6 +180,18 @@ pub struct FinalizeAnswer {
     /// The model built.
     #[schema(schema_with = model_schema)]
     pub model: ModelDescription,
+}
+
+/// `POST /v1/collections/{id}/finalize` while the model is still being fitted (202): the
+/// collection is finalized (no more reports) and the fit goes on; poll `model` (or the
+/// collection's `status.model`) until it is built.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct FinalizeAccepted {
+    /// The collection's status (phase `finalized`, `model` `building`).
+    pub status: CollectionStatus,
+    /// Where the model answers once built (also the `Location` header); 409
+    /// `model-not-ready` until then.
+    pub model: String,
 }
 
 /// `GET /v1/collections/{id}/model[?provisional=true]`.

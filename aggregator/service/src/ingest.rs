@@ -27,6 +27,7 @@ use ldpsyn::wire::{CollectionConfig, PastTarget, Problem, ProblemType};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
+use super::api::ModelStatus;
 use super::metrics::Metrics;
 use super::provisional::ProvisionalCache;
 use super::storage::{
@@ -245,8 +246,9 @@ pub struct CollectionHandle {
     /// Set while a background refit of the finalized model is queued or running
     /// (`AppState::queue_refit`): at most one at a time.
     refit_queued: AtomicBool,
-    /// Why the last background refit failed, if it did (answered by the model routes).
-    refit_error: RwLock<Option<String>>,
+    /// Why the last fit of the finalized model failed, if it did (answered by the model
+    /// routes and the collection's status); cleared when a fit starts.
+    fit_error: RwLock<Option<String>>,
     /// Group commits of this collection by this process since its last fold of the count
     /// deltas ([`CollectionHandle::fold_due`]).
     deltas_since_fold: AtomicU32,
@@ -283,7 +285,7 @@ impl CollectionHandle {
             accepted: AtomicU64::new(accepted),
             model: RwLock::new(None),
             refit_queued: AtomicBool::new(false),
-            refit_error: RwLock::new(None),
+            fit_error: RwLock::new(None),
             fit: Arc::default(),
             closing: AtomicBool::new(false),
             close_hold: Arc::default(),
@@ -468,19 +470,35 @@ impl CollectionHandle {
         !self.refit_queued.swap(true, Relaxed)
     }
 
-    /// Ends a background refit: `error` is why it failed (`None`: it succeeded or was
-    /// skipped).
-    pub(crate) fn end_refit(&self, error: Option<String>) {
-        *self.refit_error.write().unwrap_or_else(|e| e.into_inner()) = error;
+    /// Ends a background refit (it succeeded, failed or was skipped).
+    pub(crate) fn end_refit(&self) {
         self.refit_queued.store(false, Relaxed);
     }
 
-    /// Why the last background refit of the finalized model failed, if it did.
-    pub fn refit_error(&self) -> Option<String> {
-        self.refit_error
+    /// Why the last fit of the finalized model failed, if it did and no fit ran since.
+    pub fn fit_error(&self) -> Option<String> {
+        self.fit_error
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    pub(crate) fn set_fit_error(&self, error: Option<String>) {
+        *self.fit_error.write().unwrap_or_else(|e| e.into_inner()) = error;
+    }
+
+    /// Where the model of this collection stands: [`ModelStatus::Collecting`] before
+    /// finalize, then `Building` until the fit ends, `Ready` or `Failed`.
+    pub fn model_status(&self) -> ModelStatus {
+        if self.model().is_some() {
+            ModelStatus::Ready
+        } else if self.state().phase != Phase::Finalized {
+            ModelStatus::Collecting
+        } else if self.fit_error().is_some() {
+            ModelStatus::Failed
+        } else {
+            ModelStatus::Building
+        }
     }
 
     /// The model of the finalized `state` and its `tables`, fitted on the blocking pool unless
@@ -490,7 +508,8 @@ impl CollectionHandle {
     /// caller gets the same model (and a restart fits it again from the stored reports).
     /// `uploads`: what the parties of a vertical collection uploaded besides their records
     /// (stored with it; empty otherwise).
-    /// Errors: the engine's ([`Engine::finalize_vertical`]).
+    /// Errors: the engine's ([`Engine::finalize_vertical`]), also kept for
+    /// [`CollectionHandle::fit_error`] until the next fit starts.
     pub async fn ensure_model(
         &self,
         state: CollectionState,
@@ -501,9 +520,17 @@ impl CollectionHandle {
         if let Some(m) = self.model() {
             return Ok(m);
         }
-        let model = build_model(self.engine.clone(), state, tables, uploads).await?;
-        self.set_model(model.clone());
-        Ok(model)
+        self.set_fit_error(None);
+        match build_model(self.engine.clone(), state, tables, uploads).await {
+            Ok(model) => {
+                self.set_model(model.clone());
+                Ok(model)
+            }
+            Err(e) => {
+                self.set_fit_error(Some(e.to_string()));
+                Err(e)
+            }
+        }
     }
 
     /// Holds off this collection's model fits ([`CollectionHandle::ensure_model`]) while the
@@ -665,13 +692,24 @@ pub enum Command {
         /// Where to answer.
         reply: oneshot::Sender<Result<usize, IngestError>>,
     },
-    /// Build the model and mark the collection finalized.
+    /// Mark the collection finalized and start the fit of its model; answered once the
+    /// finalized state is committed, before the fit ends.
     Finalize {
         /// The collection.
         handle: Arc<CollectionHandle>,
         /// Where to answer.
-        reply: oneshot::Sender<Result<Arc<Model>, IngestError>>,
+        reply: oneshot::Sender<Result<FinalizeStarted, IngestError>>,
     },
+}
+
+/// What a finalize answers once the finalized state is committed ([`Command::Finalize`]).
+#[derive(Debug)]
+pub enum FinalizeStarted {
+    /// The model was built already.
+    Ready(Arc<Model>),
+    /// The model is being fitted on a task of its own, which answers here when it ends (the
+    /// fit goes on, and keeps its model or its error on the handle, if nobody waits).
+    Fitting(oneshot::Receiver<Result<Arc<Model>, IngestError>>),
 }
 
 /// A round close computed off the committer, waiting to be stored ([`Command::Closed`]).
@@ -783,33 +821,42 @@ pub async fn run_committer(
 }
 
 /// Finalizes `handle` (the committer's part, [`finalize`]) and fits its model on a task of
-/// its own, answering `reply` once it is built (or the refusal or failure). The committer
-/// goes on committing uploads (this collection's are refused from the finalize's commit on)
-/// while the model is fit. Used by `POST …/finalize` and by the commit that reaches an
+/// its own; `reply` is answered once the finalized state is committed, with the model if it
+/// was built before, else with where the fit will answer. The committer goes on committing
+/// uploads (this collection's are refused from the finalize's commit on) while the model is
+/// fit. Used by `POST …/finalize` and by the commit that reaches an
 /// `auto_finalize_at_target` collection's target.
 async fn start_finalize(
     store: &Store,
     writer: &mut Writer,
     handle: Arc<CollectionHandle>,
-    reply: oneshot::Sender<Result<Arc<Model>, IngestError>>,
+    reply: oneshot::Sender<Result<FinalizeStarted, IngestError>>,
 ) {
     match finalize(store, writer, &handle).await {
         Ok(Finalized::Ready(model)) => {
-            let _ = reply.send(Ok(model));
+            let _ = reply.send(Ok(FinalizeStarted::Ready(model)));
         }
         Ok(Finalized::Fit(inputs)) => {
+            let (done, fitted) = oneshot::channel();
+            let _ = reply.send(Ok(FinalizeStarted::Fitting(fitted)));
             tokio::spawn(async move {
                 let (state, tables, uploads) = *inputs;
+                let started = Instant::now();
                 let r = handle.ensure_model(state, tables, uploads).await;
-                if let Err(e) = &r {
-                    tracing::error!(
+                match &r {
+                    Ok(_) => tracing::info!(
+                        collection = %handle.id,
+                        elapsed_ms = started.elapsed().as_millis() as u64,
+                        "model fitted"
+                    ),
+                    Err(e) => tracing::error!(
                         collection = %handle.id,
                         error = %e,
                         "model fit failed; the collection stays finalized without a \
                          model (finalize again retries the fit)"
-                    );
+                    ),
                 }
-                let _ = reply.send(r);
+                let _ = done.send(r);
             });
         }
         Err(e) => {

@@ -272,12 +272,12 @@ impl AppState {
         let (app, handle) = (self.clone(), handle.clone());
         tokio::spawn(async move {
             let Ok(_permit) = app.inner.refits.clone().acquire_owned().await else {
-                handle.end_refit(None);
+                handle.end_refit();
                 return;
             };
             let state = (*handle.state()).clone();
             if handle.model().is_some() || handle.is_deleted() || state.phase != Phase::Finalized {
-                handle.end_refit(None);
+                handle.end_refit();
                 return;
             }
             let started = std::time::Instant::now();
@@ -295,7 +295,7 @@ impl AppState {
                         elapsed_ms = started.elapsed().as_millis() as u64,
                         "model refitted"
                     );
-                    handle.end_refit(None);
+                    handle.end_refit();
                 }
                 Err(e) => {
                     tracing::error!(
@@ -304,7 +304,8 @@ impl AppState {
                         "refitting the finalized model failed; its model routes say so and \
                          POST …/finalize fits again"
                     );
-                    handle.end_refit(Some(e.to_string()));
+                    handle.set_fit_error(Some(e.to_string()));
+                    handle.end_refit();
                 }
             }
         });

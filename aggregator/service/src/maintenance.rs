@@ -12,8 +12,10 @@ use std::time::Duration;
 use serde::Deserialize;
 use uuid::Uuid;
 
+use super::AppState;
+use super::error::ApiError;
+use super::ingest::{Command, FinalizeStarted};
 use super::storage::{Datastore, StorageError};
-use super::{AppState, ingest::Command};
 use ldpsyn_engine::Phase;
 
 /// Seconds in a day of `retain_reports_days`.
@@ -69,8 +71,17 @@ pub async fn finalize_due(state: &AppState) -> usize {
         }
         tracing::info!(collection = %h.id, "target reached: finalizing (maintenance)");
         let handle = h.clone();
-        match state.ask(|reply| Command::Finalize { handle, reply }).await {
-            Ok(_) => done += 1,
+        let fitted = match state.ask(|reply| Command::Finalize { handle, reply }).await {
+            Ok(FinalizeStarted::Ready(_)) => Ok(()),
+            // One fit at a time from here: the pass waits for it.
+            Ok(FinalizeStarted::Fitting(fit)) => match fit.await {
+                Ok(r) => r.map(drop).map_err(ApiError::from),
+                Err(_) => Err(ApiError::Internal("the model fit was dropped".into())),
+            },
+            Err(e) => Err(e),
+        };
+        match fitted {
+            Ok(()) => done += 1,
             Err(e) => tracing::error!(collection = %h.id, error = %e, "finalize at target failed"),
         }
     }

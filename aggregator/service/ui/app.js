@@ -152,7 +152,7 @@ function steps(c) {
   } else {
     out.push({ label: "1-ways", detail: `${num(st.reports_accepted)} reports`, state: done ? "done" : "current" });
   }
-  out.push({ label: "finalized", detail: st.model_ready ? "model ready" : done ? "building the model" : "", state: done ? "done" : "todo" });
+  out.push({ label: "finalized", detail: { ready: "model ready", building: "building the model", failed: "model fit failed" }[st.model] ?? "", state: done ? "done" : "todo" });
   return out;
 }
 
@@ -531,8 +531,11 @@ async function finalizeSelected() {
   state.finalizing = id;
   while (state.provisionalBusy) await new Promise((r) => setTimeout(r, 100));
   try {
-    await api.finalize(id);
-    message("Finalized: the model is built.");
+    // 202 (the fit outlasted the server's wait) names where the model will answer.
+    const answer = await api.finalize(id);
+    message(typeof answer.model === "string"
+      ? "Finalized: the model is being built; it shows here when it is ready."
+      : "Finalized: the model is built.");
   } catch (e) {
     message(`finalize refused: ${e.message}`, "error");
   } finally {
@@ -565,7 +568,8 @@ function renderDetail(c) {
   } else {
     $("#timeline").replaceChildren(timeline(steps(c)));
     drawCollecting(c);
-    if (st.phase === "finalized") $("#graph-note").textContent = "Finalized: the model is being built.";
+    if (st.model === "building") $("#graph-note").textContent = "Finalized: the model is being built.";
+    if (st.model === "failed") $("#graph-note").textContent = `Finalized, but fitting the model failed (${st.model_error}); finalize again to retry.`;
   }
 }
 

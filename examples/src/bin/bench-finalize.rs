@@ -321,13 +321,24 @@ async fn main() -> anyhow::Result<()> {
     println!("  {}", summary("upload (1 report)", up));
     println!("  {}", summary("/healthz", hz));
 
+    // Until the model is built: the finalize answers 202 when the fit outlasts its wait.
     let finalize = async {
         let t = Instant::now();
-        let r = http
+        let mut r = http
             .post(format!("{base}/v1/collections/{a}/finalize"))
             .bearer_auth(&args.admin_token)
             .send()
             .await;
+        while matches!(&r, Ok(resp) if resp.status() == reqwest::StatusCode::ACCEPTED
+            || resp.status() == reqwest::StatusCode::CONFLICT)
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            r = http
+                .get(format!("{base}/v1/collections/{a}/model"))
+                .bearer_auth(&args.admin_token)
+                .send()
+                .await;
+        }
         (r.map(|r| r.status()), t.elapsed())
     };
     let ((status, took), up, hz) = under_load(&args, &http, &base, target, finalize).await?;

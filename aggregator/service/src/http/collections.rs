@@ -1,11 +1,12 @@
 //! Collections: create (strictly parsed), list, get, close a round, finalize, delete.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use ldpsyn::schema::Schema;
 use ldpsyn::wire::{CollectionConfig, PROTOCOL_VERSION, ProblemType, Protocol};
@@ -15,7 +16,7 @@ use utoipa::IntoParams;
 use uuid::Uuid;
 
 use super::super::error::ApiError;
-use super::super::ingest::{CollectionHandle, Command};
+use super::super::ingest::{CollectionHandle, Command, FinalizeStarted};
 use super::super::storage::CollectionRow;
 use super::super::{AppState, api, now_secs};
 use super::extract::{
@@ -39,6 +40,8 @@ pub(super) fn status_of(h: &CollectionHandle) -> api::CollectionStatus {
             .map(|e| [e.a, e.b])
             .collect(),
         model_ready: h.model().is_some(),
+        model: h.model_status(),
+        model_error: h.fit_error(),
         rounds: rounds_of(h, &s),
     }
 }
@@ -655,11 +658,48 @@ pub(crate) async fn close_round(
     }))
 }
 
+/// How long `POST …/finalize` waits for the model when the request states no preference.
+/// Most fits take well under a second (`docs/results.md`, "Finalize"); a longer one answers
+/// 202 and goes on.
+pub const DEFAULT_FINALIZE_WAIT: Duration = Duration::from_secs(10);
+
+/// How long a finalize waits for its fit before answering 202, from the request's `Prefer`
+/// header (RFC 7240 §4.1 `respond-async`: not at all; §4.3 `wait=N`: N seconds; neither:
+/// [`DEFAULT_FINALIZE_WAIT`]), at most a second less than the request timeout so that the
+/// answer always beats it. Unknown or malformed preferences are ignored (RFC 7240 §2).
+fn finalize_wait(headers: &HeaderMap, request_timeout: Duration) -> Duration {
+    let (mut wait, mut respond_async) = (DEFAULT_FINALIZE_WAIT, false);
+    let prefs = headers
+        .get_all(header::HeaderName::from_static("prefer"))
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split([',', ';']))
+        .map(str::trim);
+    for p in prefs {
+        if p.eq_ignore_ascii_case("respond-async") {
+            respond_async = true;
+        } else if let Some(secs) = p
+            .split_once('=')
+            .filter(|(k, _)| k.trim().eq_ignore_ascii_case("wait"))
+            .and_then(|(_, v)| v.trim().trim_matches('"').parse::<u64>().ok())
+        {
+            wait = Duration::from_secs(secs);
+        }
+    }
+    if respond_async {
+        return Duration::ZERO;
+    }
+    wait.min(request_timeout.saturating_sub(Duration::from_secs(1)))
+}
+
 #[utoipa::path(post, path = "/v1/collections/{id}/finalize", tag = "collections",
     security(("admin" = [])),
-    params(("id" = uuid::Uuid, Path, description = "The collection id.")),
+    params(("id" = uuid::Uuid, Path, description = "The collection id."),
+        ("Prefer" = Option<String>, Header, description = "`respond-async` (answer 202 at once) or `wait=N` (wait at most N seconds for the model).")),
     responses(
         (status = 200, description = "The model built from everything collected.", body = api::FinalizeAnswer),
+        (status = 202, description = "Finalized; the model is being fitted. `Location` says where it will answer.", body = api::FinalizeAccepted,
+            headers(("Location" = String, description = "The model's URL."), ("Retry-After" = u32, description = "Seconds before polling."))),
         (status = 401, response = super::super::openapi::Unauthorized),
         (status = 404, response = super::super::openapi::NotFound),
         (status = 409, response = super::super::openapi::Conflict),
@@ -668,16 +708,47 @@ pub(crate) async fn finalize(
     State(state): State<AppState>,
     _admin: Admin,
     Path(id): Path<String>,
-) -> Result<Json<api::FinalizeAnswer>, ApiError> {
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
     let h = handle_of(&state, &id).await?;
+    let wait = finalize_wait(
+        &headers,
+        Duration::from_millis(state.config().request_timeout_ms),
+    );
     let handle = h.clone();
-    let model = state
+    let started = state
         .ask(|reply| Command::Finalize { handle, reply })
         .await?;
-    Ok(Json(api::FinalizeAnswer {
-        status: status_of(&h),
-        model: super::super::vertical::describe_model(&h, &model),
-    }))
+    let model = match started {
+        FinalizeStarted::Ready(m) => Some(m),
+        FinalizeStarted::Fitting(fit) => match tokio::time::timeout(wait, fit).await {
+            Ok(Ok(fitted)) => Some(fitted?),
+            Ok(Err(_)) => return Err(ApiError::Internal("the model fit was dropped".into())),
+            Err(_) => None,
+        },
+    };
+    Ok(match model {
+        Some(model) => Json(api::FinalizeAnswer {
+            status: status_of(&h),
+            model: super::super::vertical::describe_model(&h, &model),
+        })
+        .into_response(),
+        None => {
+            let location = format!("/v1/collections/{}/model", h.id);
+            (
+                StatusCode::ACCEPTED,
+                [
+                    (header::LOCATION, location.clone()),
+                    (header::RETRY_AFTER, "1".to_owned()),
+                ],
+                Json(api::FinalizeAccepted {
+                    status: status_of(&h),
+                    model: location,
+                }),
+            )
+                .into_response()
+        }
+    })
 }
 
 #[utoipa::path(delete, path = "/v1/collections/{id}", tag = "collections",
@@ -704,4 +775,33 @@ pub(crate) async fn delete_collection(
         id,
         reports_deleted,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wait(prefer: &[&str], timeout_s: u64) -> Duration {
+        let mut headers = HeaderMap::new();
+        for p in prefer {
+            headers.append("prefer", p.parse().unwrap());
+        }
+        finalize_wait(&headers, Duration::from_secs(timeout_s))
+    }
+
+    /// `Prefer` (RFC 7240) sets the finalize's wait: `respond-async` none, `wait=N` at most N
+    /// seconds, in any header or list position and any case; anything else is ignored; the
+    /// wait always ends a second before the request timeout.
+    #[test]
+    fn the_finalize_wait_follows_prefer_within_the_request_timeout() {
+        let s = Duration::from_secs;
+        assert_eq!(wait(&[], 30), DEFAULT_FINALIZE_WAIT);
+        assert_eq!(wait(&["respond-async"], 30), s(0));
+        assert_eq!(wait(&["handling=lenient, Wait=3"], 30), s(3));
+        assert_eq!(wait(&["wait=3", "RESPOND-ASYNC"], 30), s(0));
+        assert_eq!(wait(&["wait=60"], 30), s(29), "capped by the timeout");
+        assert_eq!(wait(&["wait=soon", "return=minimal"], 30), DEFAULT_FINALIZE_WAIT);
+        assert_eq!(wait(&[], 2), s(1));
+        assert_eq!(wait(&[], 1), s(0));
+    }
 }

@@ -159,21 +159,21 @@ pub(crate) async fn model_of(
 }
 
 /// 409 `model-not-ready` for a finalized collection whose model is not built: being fitted
-/// (a finalize in flight, or a refit after a restart), or its refit failed.
+/// (a finalize's fit, or a refit after a restart), or its last fit failed.
 fn refitting(h: &CollectionHandle) -> ApiError {
-    match h.refit_error() {
+    match h.fit_error() {
         Some(e) => ApiError::problem(
             ProblemType::ModelNotReady,
             format!(
-                "the collection is finalized but refitting its model after the server \
-                 started failed ({e}); POST …/finalize fits it again"
+                "the collection is finalized but fitting its model failed ({e}); POST \
+                 …/finalize fits it again"
             ),
         ),
         None => ApiError::problem(
             ProblemType::ModelNotReady,
             "the collection is finalized and its model is being fitted (after a finalize, or \
-             refitted from the stored reports after the server started); ask again shortly, \
-             or POST …/finalize, which answers once it is built",
+             refitted from the stored reports after the server started); ask again shortly \
+             (the collection's `status.model` turns `ready`)",
         ),
     }
 }

@@ -37,7 +37,8 @@ fn schema() -> Value {
 fn status(phase: &str, accepted: u64) -> Value {
     json!({"phase": phase, "round": 0, "round_quota": null, "round_accepted": accepted,
            "reports_accepted": accepted, "active_edges": [], "model_ready": phase == "finalized",
-           "rounds": []})
+           "model": if phase == "finalized" { "ready" } else { "collecting" },
+           "model_error": null, "rounds": []})
 }
 
 fn collection(phase: &str, accepted: u64) -> Value {
@@ -163,11 +164,17 @@ pub(crate) fn operations() -> Vec<OperationDoc> {
             method: "post",
             path: "/v1/collections/{id}/finalize",
             summary: "Finalize: build the model",
-            description: "Builds the model from every report collected and closes the \
-                collection to reports (admin); afterwards the model, marginals and synthetic \
-                data can be read. A device collection also finalizes by itself at its target \
-                unless created with `auto_finalize_at_target: false`. 409 without any report \
-                or when already finalized.",
+            description: "Closes the collection to reports and fits the model from every \
+                report collected (admin); afterwards the model, marginals and synthetic data \
+                can be read. Answers 200 with the model when the fit ends within the wait, \
+                else 202 while the fit goes on: poll `Location` (the model route, 409 \
+                `model-not-ready` until it is built) or the collection's `status.model` \
+                (`building`, then `ready` or `failed`). The wait is 10 s, or what \
+                `Prefer: wait=N` asks (RFC 7240), none with `Prefer: respond-async`, and \
+                always ends before the request timeout. Finalizing again answers the model \
+                once built, or fits again after a failed fit. A device collection also \
+                finalizes by itself at its target unless created with \
+                `auto_finalize_at_target: false`. 409 without any report.",
             request: None,
             response: json!({"status": status("finalized", 40), "model": model()}),
         },

@@ -48,7 +48,7 @@ pub struct ClientOptions {
     pub max_epsilon: Epsilon,
     /// Timeout of one HTTP request.
     pub request_timeout: Duration,
-    /// Attempts per request on 5xx, 429 and connection errors (≥ 1).
+    /// Attempts per request on 5xx, 408, 429 and connection errors (≥ 1).
     pub max_attempts: u32,
     /// First retry delay; doubles each attempt up to `max_backoff` (jittered).
     pub initial_backoff: Duration,
@@ -510,7 +510,7 @@ pub(crate) async fn fetch_config(
     Ok((config, limits))
 }
 
-/// Sends a request with retries on connection errors, timeouts, 5xx and 429 (honouring
+/// Sends a request with retries on connection errors, timeouts, 5xx, 408 and 429 (honouring
 /// `Retry-After` seconds), and decodes a 2xx JSON body or a problem document.
 pub(crate) async fn send_json<T: serde::de::DeserializeOwned>(
     http: &reqwest::Client,
@@ -550,7 +550,7 @@ pub(crate) async fn send_json<T: serde::de::DeserializeOwned>(
                         format!("HTTP {status}: {}", String::from_utf8_lossy(&bytes)),
                     )
                 });
-                if !(status.is_server_error() || status.as_u16() == 429) {
+                if !(status.is_server_error() || matches!(status.as_u16(), 408 | 429)) {
                     return Err(ClientError::Problem(problem));
                 }
                 last_error = format!("HTTP {status}: {}", problem.detail);

@@ -656,7 +656,7 @@ impl PartyRandomizer {
 }
 
 /// A party's connection to a vertical collection: its config, its randomizer and its upload
-/// token. Uploads are retried on 5xx, 429 and connection errors with identical bytes (safe:
+/// token. Uploads are retried on 5xx, 408, 429 and connection errors with identical bytes (safe:
 /// the server counts a record id once per party).
 #[cfg(feature = "http")]
 pub struct PartyClient {

@@ -775,8 +775,11 @@ problem_types! {
     RecordIdConflict = "record-id-conflict", 409, "Record id already holds other codes";
     /// The body is too large, or the batch has too many reports.
     PayloadTooLarge = "payload-too-large", 413, "Payload too large";
-    /// Too many requests from this client; retry later.
+    /// Too many requests from this client, or too many of its requests at once; retry later.
     RateLimited = "rate-limited", 429, "Too many requests";
+    /// The request's body arrived slower than the server's minimum rate and was cut; send it
+    /// again (RFC 9110 §15.5.9).
+    RequestTimeout = "request-timeout", 408, "Request body too slow";
     /// The server or a config asks for more ε than the app accepts (client side).
     EpsilonTooLarge = "epsilon-too-large", 400, "Epsilon above the accepted maximum";
     /// The device budget for this collection is spent (client side).

@@ -184,3 +184,118 @@ async fn the_in_flight_limit_holds_across_routes() {
     })
     .await;
 }
+
+/// A report upload to `addr` that declares a 100 kB body and sends one byte of it, from the
+/// local address `from`: it holds its place in flight for as long as the server lets it.
+async fn slow_upload(addr: &str, from: &str, id: impl std::fmt::Display) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    let mut s = socket.connect(addr.parse().unwrap()).await.unwrap();
+    let head = format!(
+        "POST /v1/collections/{id}/reports HTTP/1.1\r\nHost: {addr}\r\n\
+         Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n["
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s
+}
+
+/// Issue 67 item 4: a body trickled slower than `--min-body-bytes-per-sec` is cut once its
+/// grace is over and answered 408 `request-timeout` (which the SDKs retry), freeing its
+/// place: before, it held it until the request timeout (30 s by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_slower_than_the_minimum_rate_is_cut() {
+    use tokio::io::AsyncReadExt;
+
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("s.db").display());
+    let server = start(
+        &db,
+        &["--min-body-bytes-per-sec", "1000", "--body-grace-ms", "300"],
+    )
+    .await;
+    let base = base(&server);
+    let id = create(
+        &base,
+        json!({"protocol": "independence", "epsilon": 2.0, "target_users": 1000}),
+    )
+    .await;
+    let addr = base.trim_start_matches("http://").to_owned();
+    let mut s = slow_upload(&addr, "127.0.0.1", id).await;
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        s.read_to_end(&mut answer),
+    )
+    .await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(read.is_ok(), "no answer to a stalled body: {answer}");
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        answer.contains("urn:ldpsyn:problem:request-timeout") && answer.contains("1000 bytes/s"),
+        "{answer}"
+    );
+    let (_, v) = admin(&base, "GET", &format!("/v1/collections/{id}")).await;
+    assert_eq!(v["status"]["reports_accepted"], 0, "nothing stored");
+}
+
+/// Issue 67 item 4: one client (an address) holds at most `--max-in-flight-per-ip` requests:
+/// its next one is refused 429 at once with `Retry-After`, while a client on another address
+/// is served; before, one address could take every place of the service-wide limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_cannot_hold_every_place_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("p.db").display());
+    let server = start(
+        &db,
+        &[
+            "--max-in-flight-per-ip",
+            "2",
+            "--max-in-flight-requests",
+            "8",
+        ],
+    )
+    .await;
+    let base = base(&server);
+    let id = create(
+        &base,
+        json!({"protocol": "independence", "epsilon": 2.0, "target_users": 1000}),
+    )
+    .await;
+    let addr = base.trim_start_matches("http://").to_owned();
+    let slow = [
+        slow_upload(&addr, "127.0.0.1", id).await,
+        slow_upload(&addr, "127.0.0.1", id).await,
+    ];
+    let from = |ip: &str| {
+        reqwest::Client::builder()
+            .local_address(ip.parse::<std::net::IpAddr>().unwrap())
+            .build()
+            .unwrap()
+    };
+    let url = format!("{base}/v1/collections/{id}");
+    let refused = eventually("the third request of 127.0.0.1 to be refused", || {
+        let (c, url) = (from("127.0.0.1"), url.clone());
+        async move {
+            let r = c.get(url).send().await.ok()?;
+            (r.status() == 429).then_some(r)
+        }
+    })
+    .await;
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let p: Value = refused.json().await.unwrap();
+    assert_eq!(problem_kind(&p), Some(ProblemType::RateLimited));
+    assert!(p["detail"].as_str().unwrap().contains("in flight"), "{p}");
+    let other = from("127.0.0.2").get(&url).send().await.unwrap();
+    assert_eq!(other.status(), 200, "another client is served");
+    drop(slow);
+    eventually("127.0.0.1 is served again", || {
+        let (c, url) = (from("127.0.0.1"), url.clone());
+        async move {
+            let r = c.get(url).send().await.ok()?;
+            (r.status() == 200).then_some(())
+        }
+    })
+    .await;
+}

@@ -1,5 +1,5 @@
 //! HTTP through the global `fetch` (browsers; node ≥ 18), with the native client's retry
-//! rules: connection errors, timeouts, 5xx and 429 are retried (honouring `Retry-After`
+//! rules: connection errors, timeouts, 5xx, 408 and 429 are retried (honouring `Retry-After`
 //! seconds) with exponential, jittered backoff; the body is the same bytes on every attempt;
 //! any other non-2xx answer is a [`Problem`] and is not retried.
 
@@ -128,7 +128,7 @@ pub async fn send_json<T: serde::de::DeserializeOwned>(
             }
             Ok(answer) => {
                 let status = answer.status;
-                let retryable = status >= 500 || status == 429;
+                let retryable = status >= 500 || status == 408 || status == 429;
                 retry_after_ms = answer
                     .retry_after
                     .and_then(|v| v.trim().parse::<u32>().ok())

@@ -74,7 +74,7 @@ export type ProblemCode =
   | "invalid-payload" | "invalid-token" | "token-expired" | "token-reused" | "unauthorized"
   | "unknown-collection" | "not-found" | "method-not-allowed" | "collection-finalized"
   | "collection-target-reached" | "model-not-ready"
-  | "conflict" | "round-empty" | "record-id-conflict" | "payload-too-large" | "rate-limited" | "epsilon-too-large"
+  | "conflict" | "round-empty" | "record-id-conflict" | "payload-too-large" | "rate-limited" | "request-timeout" | "epsilon-too-large"
   | "budget-exhausted" | "ledger-unavailable" | "internal" | "unavailable"
   | "collection-unavailable";
 
@@ -104,7 +104,7 @@ export interface LdpClientOptions {
   storage?: "auto" | "localStorage" | "memory";
   /** Timeout of one request, ms (default 10000). */
   requestTimeoutMs?: number;
-  /** Attempts per request on network errors, timeouts, 5xx and 429 (default 5). */
+  /** Attempts per request on network errors, timeouts, 5xx, 408 and 429 (default 5). */
   maxAttempts?: number;
   /** First retry delay, ms, doubling (jittered) up to `maxBackoffMs` (default 100). */
   initialBackoffMs?: number;

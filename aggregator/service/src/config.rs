@@ -101,6 +101,21 @@ pub struct ServeConfig {
     /// Requests served at once; more are shed with 503.
     #[arg(long, env = "LDPSYN_MAX_IN_FLIGHT_REQUESTS", default_value_t = 4096)]
     pub max_in_flight_requests: usize,
+    /// Requests of one client served at once on the rate-limited routes (a client is an IPv4
+    /// address or an IPv6 /64, as for `--rate-limit-per-ip`); more are refused 429 at once,
+    /// so that slow clients of a few addresses cannot hold every place of
+    /// `--max-in-flight-requests`. 0 disables the cap.
+    #[arg(long, env = "LDPSYN_MAX_IN_FLIGHT_PER_IP", default_value_t = 64)]
+    pub max_in_flight_per_ip: usize,
+    /// Slowest a request body may arrive, bytes per second on average after
+    /// `--body-grace-ms`: a body behind that pace is cut and answered 408
+    /// `request-timeout` (the SDKs send it again). 0 disables the check.
+    #[arg(long, env = "LDPSYN_MIN_BODY_BYTES_PER_SEC", default_value_t = 4096)]
+    pub min_body_bytes_per_sec: u64,
+    /// Time a request body has before `--min-body-bytes-per-sec` applies, milliseconds
+    /// (slow starts on mobile networks).
+    #[arg(long, env = "LDPSYN_BODY_GRACE_MS", default_value_t = 5_000)]
+    pub body_grace_ms: u64,
     /// Requests per second per client on each route that may cost a database query without
     /// an admin token, in four buckets (burst twice the rate each): report uploads, task
     /// requests, lookups (`GET /v1/collections/{id}`, `/healthz`) and party uploads; a

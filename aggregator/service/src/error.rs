@@ -31,6 +31,12 @@ pub enum ApiError {
         /// Seconds until a request is allowed again.
         retry_after_secs: u64,
     },
+    /// The client has its cap of requests in flight already; retry after a second.
+    #[error("{max} requests of this client in flight already")]
+    InFlightCap {
+        /// The cap (`--max-in-flight-per-ip`).
+        max: usize,
+    },
     /// The storage layer failed (the database, or stored data it could not read).
     #[error("storage: {0}")]
     Storage(#[from] StorageError),
@@ -76,6 +82,13 @@ impl ApiError {
             ApiError::RateLimited { retry_after_secs } => Problem::new(
                 ProblemType::RateLimited,
                 format!("upload rate limit reached; retry after {retry_after_secs} s"),
+            ),
+            ApiError::InFlightCap { max } => Problem::new(
+                ProblemType::RateLimited,
+                format!(
+                    "{max} requests from this client are in flight already; finish or cancel \
+                     one, or retry after 1 s"
+                ),
             ),
             ApiError::Engine(e) => engine_problem(e).unwrap_or_else(internal),
             ApiError::Storage(e) => storage_problem(e).unwrap_or_else(internal),
@@ -168,9 +181,14 @@ impl IntoResponse for ApiError {
             tracing::error!(error = %self, "request failed");
         }
         let mut resp = problem_response(&problem);
-        if let ApiError::RateLimited { retry_after_secs } = self {
+        let retry_after_secs = match self {
+            ApiError::RateLimited { retry_after_secs } => Some(retry_after_secs),
+            ApiError::InFlightCap { .. } => Some(1),
+            _ => None,
+        };
+        if let Some(secs) = retry_after_secs {
             resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         resp
     }

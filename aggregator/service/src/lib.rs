@@ -66,7 +66,7 @@ use self::config::ServeConfig;
 use self::error::ApiError;
 use self::ingest::{Authority, CollectionHandle, Command, Store};
 use self::metrics::Metrics;
-use self::ratelimit::RateLimiter;
+use self::ratelimit::{InFlight, RateLimiter};
 use self::storage::Datastore;
 use self::tokens::TokenKey;
 use ldpsyn_engine::{CollectionState, Engine, Phase, TaskSampler, TaskSpec};
@@ -131,6 +131,8 @@ struct Inner {
     task_limiter: RateLimiter,
     lookup_limiter: RateLimiter,
     party_limiter: RateLimiter,
+    /// Requests in flight per client on the rate-limited routes.
+    in_flight: InFlight,
     /// The task stream of [`ServeConfig::task_seed`] (`None`: each draw from the OS-seeded
     /// thread RNG).
     task_rng: Option<std::sync::Mutex<rand_chacha::ChaCha12Rng>>,
@@ -176,6 +178,7 @@ impl AppState {
         let task_limiter = RateLimiter::new(config.rate_limit_per_ip);
         let lookup_limiter = RateLimiter::new(config.rate_limit_per_ip);
         let party_limiter = RateLimiter::new(config.rate_limit_per_ip);
+        let in_flight = InFlight::new(config.max_in_flight_per_ip);
         let task_rng = config
             .task_seed
             .map(|s| std::sync::Mutex::new(rand::SeedableRng::seed_from_u64(s)));
@@ -201,6 +204,7 @@ impl AppState {
                 task_limiter,
                 lookup_limiter,
                 party_limiter,
+                in_flight,
                 task_rng,
                 refits,
             }),
@@ -388,6 +392,11 @@ impl AppState {
     /// The token key.
     pub fn token_key(&self) -> &TokenKey {
         &self.inner.token_key
+    }
+
+    /// The per-client cap on requests in flight ([`ServeConfig::max_in_flight_per_ip`]).
+    pub fn in_flight(&self) -> &InFlight {
+        &self.inner.in_flight
     }
 
     /// The per-client limiter of `route` (each [`LimitedRoute`] has its own).

@@ -62,6 +62,8 @@ problem_responses! {
     Conflict = 409;
     /// 413: body or batch too large.
     PayloadTooLarge = 413;
+    /// 408: the body arrived slower than the minimum rate.
+    RequestTimeout = 408;
     /// 429: rate limited (with `Retry-After`).
     TooManyRequests = 429;
     /// 500: internal error (details only in the server log).

@@ -48,6 +48,65 @@ impl From<IpAddr> for ClientKey {
     }
 }
 
+/// Requests in flight per client, at most `max` at once (0: no cap). Memory holds only the
+/// clients with a request in flight, so it is bounded by the service's in-flight limit.
+#[derive(Debug)]
+pub struct InFlight {
+    max: usize,
+    counts: std::sync::Arc<DashMap<ClientKey, usize>>,
+}
+
+/// One request's place among its client's requests in flight ([`InFlight::enter`]); given
+/// back when dropped.
+#[derive(Debug)]
+pub struct InFlightPlace {
+    /// The client and the counts; `None` when nothing is capped.
+    counted: Option<(ClientKey, std::sync::Arc<DashMap<ClientKey, usize>>)>,
+}
+
+impl InFlight {
+    /// A cap of `max` requests in flight per client (0: none).
+    pub fn new(max: usize) -> Self {
+        Self {
+            max,
+            counts: Default::default(),
+        }
+    }
+
+    /// A place for one more request of `ip`, held until the returned place is dropped;
+    /// `None` when the client has `max` in flight already.
+    pub fn enter(&self, ip: IpAddr) -> Option<InFlightPlace> {
+        if self.max == 0 {
+            return Some(InFlightPlace { counted: None });
+        }
+        let key = ClientKey::from(ip);
+        let mut n = self.counts.entry(key).or_insert(0);
+        if *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(InFlightPlace {
+            counted: Some((key, self.counts.clone())),
+        })
+    }
+
+    /// Clients with a request in flight.
+    pub fn clients(&self) -> usize {
+        self.counts.len()
+    }
+}
+
+impl Drop for InFlightPlace {
+    fn drop(&mut self) {
+        if let Some((key, counts)) = &self.counted {
+            if let Some(mut n) = counts.get_mut(key) {
+                *n -= 1;
+            }
+            counts.remove_if(key, |_, n| *n == 0);
+        }
+    }
+}
+
 /// One client's bucket and when it was last charged.
 #[derive(Debug)]
 struct Bucket {
@@ -275,6 +334,29 @@ mod tests {
     /// Issue 33 item 12: a dual-stack listener sees an IPv4 proxy as `::ffff:10.0.0.9`; it is
     /// still the trusted `10.0.0.9` (and the reverse), and an IPv4-mapped client address is
     /// keyed as its IPv4 address.
+    /// At most `max` places per client (an IPv6 /64 is one client), given back on drop; the
+    /// map forgets a client with nothing in flight; a cap of 0 counts nothing.
+    #[test]
+    fn in_flight_places_are_capped_per_client() {
+        let cap = InFlight::new(2);
+        let a = [cap.enter(ip("10.0.0.1")), cap.enter(ip("10.0.0.1"))];
+        assert!(a.iter().all(Option::is_some));
+        assert!(cap.enter(ip("10.0.0.1")).is_none(), "third of one client");
+        let b = cap.enter(ip("10.0.0.2")).expect("another client");
+        let v6 = [cap.enter(ip("2001:db8::1")), cap.enter(ip("2001:db8::2"))];
+        assert!(v6.iter().all(Option::is_some));
+        assert!(cap.enter(ip("2001:db8::ffff")).is_none(), "same /64");
+        assert_eq!(cap.clients(), 3);
+        drop(a);
+        assert!(cap.enter(ip("10.0.0.1")).is_some(), "places given back");
+        drop((b, v6));
+        assert_eq!(cap.clients(), 0, "nothing in flight, nothing kept");
+        let off = InFlight::new(0);
+        let many: Vec<_> = (0..100).map(|_| off.enter(ip("10.0.0.1"))).collect();
+        assert!(many.iter().all(Option::is_some));
+        assert_eq!(off.clients(), 0);
+    }
+
     #[test]
     fn ipv4_mapped_addresses_match_their_ipv4_form() {
         let mut h = HeaderMap::new();

@@ -488,7 +488,7 @@ pub(crate) async fn create_collection(
     _admin: Admin,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let body = read_body(body, state.config().max_body_bytes).await?;
+    let body = read_body(body, state.config()).await?;
     // Checking a large schema and planning its first round is CPU work: on the blocking
     // pool, so no async worker (nor /healthz) waits for it.
     let (config, engine, initial) = tokio::task::spawn_blocking(move || {
@@ -800,7 +800,10 @@ mod tests {
         assert_eq!(wait(&["handling=lenient, Wait=3"], 30), s(3));
         assert_eq!(wait(&["wait=3", "RESPOND-ASYNC"], 30), s(0));
         assert_eq!(wait(&["wait=60"], 30), s(29), "capped by the timeout");
-        assert_eq!(wait(&["wait=soon", "return=minimal"], 30), DEFAULT_FINALIZE_WAIT);
+        assert_eq!(
+            wait(&["wait=soon", "return=minimal"], 30),
+            DEFAULT_FINALIZE_WAIT
+        );
         assert_eq!(wait(&[], 2), s(1));
         assert_eq!(wait(&[], 1), s(0));
     }

@@ -13,6 +13,7 @@ use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
 use super::super::AppState;
+use super::super::config::ServeConfig;
 use super::super::error::ApiError;
 use super::super::ingest::CollectionHandle;
 
@@ -68,9 +69,21 @@ pub(crate) async fn handle_of(
     state.collection(parse_id(id)?).await
 }
 
-/// Reads a body of at most `limit` bytes; 413 above. A body whose declared `Content-Length`
-/// (hyper's exact size hint) exceeds `limit` is refused before a byte of it is read.
-pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
+/// The body of a request, at most `cfg.max_body_bytes` bytes, arriving at least
+/// `cfg.min_body_bytes_per_sec` on average once `cfg.body_grace_ms` have passed: a body
+/// trickled slower is cut, so that it cannot hold its place among the requests in flight
+/// until the request timeout. Errors: 413 `payload-too-large` (declared or read past the
+/// limit), 408 `request-timeout` (too slow), 400 `malformed-request` (the body broke off).
+pub(crate) async fn read_body(body: Body, cfg: &ServeConfig) -> Result<Bytes, ApiError> {
+    use http_body_util::BodyExt;
+
+    let limit = cfg.max_body_bytes;
+    let too_large = || {
+        ApiError::problem(
+            ProblemType::PayloadTooLarge,
+            format!("the body exceeds {limit} bytes"),
+        )
+    };
     let declared = axum::body::HttpBody::size_hint(&body).lower();
     if declared > limit as u64 {
         return Err(ApiError::problem(
@@ -78,25 +91,52 @@ pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiErro
             format!("the body ({declared} bytes declared) exceeds {limit} bytes"),
         ));
     }
-    axum::body::to_bytes(body, limit).await.map_err(|e| {
-        let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(&e);
-        let mut too_large = false;
-        while let Some(s) = source {
-            too_large |= s.is::<http_body_util::LengthLimitError>();
-            source = s.source();
-        }
-        if too_large {
-            ApiError::problem(
-                ProblemType::PayloadTooLarge,
-                format!("the body exceeds {limit} bytes"),
-            )
+    let start = tokio::time::Instant::now();
+    let grace = std::time::Duration::from_millis(cfg.body_grace_ms);
+    let rate = cfg.min_body_bytes_per_sec;
+    let mut body = body;
+    let mut buf = bytes::BytesMut::with_capacity((declared as usize).min(limit));
+    loop {
+        // The next byte is due when the bytes so far plus it meet the rate.
+        let frame = if rate == 0 {
+            body.frame().await
         } else {
-            ApiError::problem(
-                ProblemType::MalformedRequest,
-                format!("cannot read the body: {e}"),
-            )
+            let due = start
+                + grace
+                + std::time::Duration::from_secs_f64((buf.len() + 1) as f64 / rate as f64);
+            match tokio::time::timeout_at(due, body.frame()).await {
+                Ok(frame) => frame,
+                Err(_) => {
+                    return Err(ApiError::problem(
+                        ProblemType::RequestTimeout,
+                        format!(
+                            "the body arrived slower than {rate} bytes/s ({} bytes in {:.1} s); \
+                             send it again",
+                            buf.len(),
+                            start.elapsed().as_secs_f64()
+                        ),
+                    ));
+                }
+            }
+        };
+        match frame {
+            None => return Ok(buf.freeze()),
+            Some(Err(e)) => {
+                return Err(ApiError::problem(
+                    ProblemType::MalformedRequest,
+                    format!("cannot read the body: {e}"),
+                ));
+            }
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    if buf.len() + data.len() > limit {
+                        return Err(too_large());
+                    }
+                    buf.extend_from_slice(&data);
+                }
+            }
         }
-    })
+    }
 }
 
 /// Deserializes `T` from a JSON request body. Errors in words, for a 400 detail: where

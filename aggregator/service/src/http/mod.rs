@@ -236,13 +236,22 @@ async fn rate_limit(
     req: Request,
     next: Next,
 ) -> Response {
-    if let Some(ConnectInfo(peer)) = req.extensions().get::<ConnectInfo<SocketAddr>>() {
-        let client = client_ip(*peer, req.headers(), state.trusted_proxies());
-        if let Err(retry_after_secs) = state.limiter(route).check(client) {
-            state.metrics().rejected(ProblemType::RateLimited);
-            return ApiError::RateLimited { retry_after_secs }.into_response();
-        }
+    let Some(ConnectInfo(peer)) = req.extensions().get::<ConnectInfo<SocketAddr>>() else {
+        return next.run(req).await;
+    };
+    let client = client_ip(*peer, req.headers(), state.trusted_proxies());
+    if let Err(retry_after_secs) = state.limiter(route).check(client) {
+        state.metrics().rejected(ProblemType::RateLimited);
+        return ApiError::RateLimited { retry_after_secs }.into_response();
     }
+    // Held until the response is ready (the body read included).
+    let Some(_place) = state.in_flight().enter(client) else {
+        state.metrics().rejected(ProblemType::RateLimited);
+        return ApiError::InFlightCap {
+            max: state.config().max_in_flight_per_ip,
+        }
+        .into_response();
+    };
     next.run(req).await
 }
 

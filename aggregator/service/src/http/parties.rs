@@ -107,7 +107,7 @@ pub async fn post_party_records(
              upload`",
         ));
     }
-    let body = read_body(body, state.config().max_body_bytes).await?;
+    let body = read_body(body, state.config()).await?;
     let upload: PartyUpload = super::extract::from_json_slice(&body, "").map_err(|e| {
         ApiError::problem(
             ProblemType::MalformedRequest,
@@ -203,7 +203,7 @@ pub async fn post_party_model(
             ),
         ));
     }
-    let body = read_body(body, state.config().max_body_bytes).await?;
+    let body = read_body(body, state.config()).await?;
     let model: LocalModel = super::extract::from_json_slice(&body, "").map_err(|e| {
         ApiError::problem(
             ProblemType::MalformedRequest,
@@ -280,7 +280,7 @@ pub async fn post_party_sketch(
             ),
         ));
     }
-    let body = read_body(body, state.config().max_body_bytes).await?;
+    let body = read_body(body, state.config()).await?;
     let sketch: SketchUpload = super::extract::from_json_slice(&body, "").map_err(|e| {
         ApiError::problem(
             ProblemType::MalformedRequest,

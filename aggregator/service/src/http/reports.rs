@@ -206,7 +206,7 @@ pub(crate) async fn post_reports(
 ) -> Result<Response, ApiError> {
     state.metrics().upload_request();
     let h = handle_of(&state, &id).await?;
-    let body = read_body(body, state.config().max_body_bytes).await?;
+    let body = read_body(body, state.config()).await?;
     let reports = parse_upload(&body, state.config().max_reports_per_upload)?;
     if h.state().phase == Phase::Finalized || h.target_reached() {
         return Err(ApiError::from_problem(h.closed_problem()));

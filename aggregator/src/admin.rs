@@ -12,6 +12,8 @@ use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Map, Value, json};
 
+use crate::api_client::{AdminClient, ApiClientError, Finalized};
+
 /// `collections` options.
 #[derive(Debug, Clone, Args)]
 pub struct AdminConfig {
@@ -150,22 +152,10 @@ pub enum AdminError {
     /// No admin token in the environment.
     #[error("set LDPSYN_ADMIN_TOKEN to the aggregator's admin token")]
     NoToken,
-    /// The server refused: its problem document.
-    #[error("HTTP {status} {kind}: {title}{}", detail.as_ref().map(|d| format!(" ({d})")).unwrap_or_default())]
-    Refused {
-        /// HTTP status.
-        status: u16,
-        /// Problem type (without the `urn:ldpsyn:problem:` prefix).
-        kind: String,
-        /// Problem title.
-        title: String,
-        /// Problem detail.
-        detail: Option<String>,
-    },
-    /// The server could not be reached or answered something unreadable; the message names
-    /// the URL, and asks whether `serve` runs there when nothing answered.
-    #[error("{}", http_message(.0))]
-    Http(#[from] reqwest::Error),
+    /// The server refused (its problem document), could not be reached, or the model fit
+    /// failed.
+    #[error(transparent)]
+    Api(#[from] ApiClientError),
     /// A local file could not be read or written.
     #[error("{}: {source}", path.display())]
     File {
@@ -190,28 +180,6 @@ pub enum AdminError {
     Json(#[from] serde_json::Error),
 }
 
-/// A reqwest error in words: the URL, the innermost cause (reqwest's own message says
-/// only "error sending request"), and for a connection that failed whether `serve` runs.
-fn http_message(e: &reqwest::Error) -> String {
-    let mut cause: &dyn std::error::Error = e;
-    while let Some(inner) = cause.source() {
-        cause = inner;
-    }
-    let url = e.url().map_or_else(String::new, ToString::to_string);
-    if e.is_connect() {
-        let server = e
-            .url()
-            .map_or_else(String::new, |u| u.origin().ascii_serialization());
-        format!("cannot connect to {url} ({cause}): is `serve` running at {server}?")
-    } else if e.is_timeout() {
-        format!("{url}: no answer in time ({cause})")
-    } else if url.is_empty() {
-        format!("HTTP: {cause}")
-    } else {
-        format!("{url}: {cause}")
-    }
-}
-
 /// Maps an I/O error on `path` to [`AdminError::File`].
 fn file_error(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> AdminError + '_ {
     move |source| AdminError::File {
@@ -219,9 +187,6 @@ fn file_error(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> AdminErr
         source,
     }
 }
-
-/// Turns a command's JSON answer into its human-readable summary.
-type Summary = Box<dyn Fn(&Value) -> String>;
 
 /// Runs one command against `cfg.server` with the admin `token`, writing its output to
 /// `out`. Errors: [`AdminError`].
@@ -231,15 +196,10 @@ pub async fn run(
     out: &mut impl Write,
 ) -> Result<(), AdminError> {
     let token = token.ok_or(AdminError::NoToken)?;
-    let base = cfg.server.trim_end_matches('/');
-    let http = reqwest::Client::new();
-    let call = |method: reqwest::Method, path: &str| {
-        http.request(method, format!("{base}{path}"))
-            .bearer_auth(token)
-    };
-    // Every command but `download`: one request, its JSON answer printed as it is or
-    // summarized.
-    let (request, summarize): (reqwest::RequestBuilder, Summary) = match &cfg.command {
+    let api = AdminClient::new(&cfg.server, token);
+    // Every command but `finalize` and `download`: one call, its JSON answer printed as it
+    // is or summarized.
+    let (v, text) = match &cfg.command {
         AdminCommand::Create {
             schema,
             epsilon,
@@ -285,88 +245,62 @@ pub async fn run(
                 body.insert("target".into(), json!(target));
             }
             body.extend(params.iter().cloned());
-            // A client-chosen id makes the create safe to retry: a retry of a request whose
-            // answer was lost names the same collection instead of making a second one.
-            body.entry("id")
-                .or_insert_with(|| json!(uuid::Uuid::new_v4()));
-            let v = create_with_retries(&call, &body).await?;
-            if cfg.json {
-                writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
-            } else {
-                writeln!(out, "{}", v["id"].as_str().unwrap_or(""))?;
-            }
-            return Ok(());
+            let v = api.create(&Value::Object(body)).await?;
+            let text = format!("{}\n", v["id"].as_str().unwrap_or(""));
+            (v, text)
         }
-        AdminCommand::List => (
-            call(reqwest::Method::GET, "/v1/collections"),
-            Box::new(|v| {
-                let all = v.as_array().cloned().unwrap_or_default();
-                if all.is_empty() {
-                    return "no collections\n".into();
-                }
+        AdminCommand::List => {
+            let v = api.list().await?;
+            let all = v.as_array().cloned().unwrap_or_default();
+            let text = if all.is_empty() {
+                "no collections\n".into()
+            } else {
                 all.iter().map(|c| one_line(c) + "\n").collect()
-            }),
-        ),
-        AdminCommand::Status { id } => (
-            call(reqwest::Method::GET, &format!("/v1/collections/{id}")),
-            Box::new(summary),
-        ),
-        AdminCommand::CloseRound { id, force } => {
-            let mut request = call(
-                reqwest::Method::POST,
-                &format!("/v1/collections/{id}/close-round"),
-            );
-            if *force {
-                request = request.query(&[("force", "true")]);
+            };
+            (v, text)
+        }
+        AdminCommand::Status { id } => {
+            let v = api.collection(id).await?;
+            let mut text = summary(&v);
+            // What the model cannot answer, once there is one.
+            if v["status"]["model_ready"] == json!(true) {
+                for w in fitness_warnings(&api, id).await {
+                    text += &format!("warning: {w}\n");
+                }
             }
-            let id = id.clone();
-            (request, Box::new(move |v| closed_summary(&id, v)))
+            (v, text)
+        }
+        AdminCommand::CloseRound { id, force } => {
+            let v = api.close_round(id, *force).await?;
+            let text = closed_summary(id, &v);
+            (v, text)
         }
         AdminCommand::Finalize { id, quiet } => {
-            return finalize(id, cfg.json, *quiet, &call, out).await;
+            return finalize(&api, id, cfg.json, *quiet, out).await;
         }
-        AdminCommand::Delete { id } => (
-            call(reqwest::Method::DELETE, &format!("/v1/collections/{id}")),
-            Box::new(|v| {
-                format!(
-                    "{}: deleted with its {} reports\n",
-                    v["id"].as_str().unwrap_or(""),
-                    v["reports_deleted"]
-                )
-            }),
-        ),
-        AdminCommand::Download(args) => return download(args, cfg.json, &call, out).await,
+        AdminCommand::Delete { id } => {
+            let v = api.delete(id).await?;
+            let text = format!(
+                "{}: deleted with its {} reports\n",
+                v["id"].as_str().unwrap_or(""),
+                v["reports_deleted"]
+            );
+            (v, text)
+        }
+        AdminCommand::Download(args) => return download(&api, args, cfg.json, out).await,
     };
-    let v = json_of(request.send().await?).await?;
     if cfg.json {
         writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
     } else {
-        write!(out, "{}", summarize(&v))?;
-        // What the model cannot answer, where a model is asked about.
-        if let AdminCommand::Status { id } = &cfg.command
-            && v["status"]["model_ready"] == json!(true)
-        {
-            for w in fitness_warnings(&call, id).await {
-                writeln!(out, "warning: {w}")?;
-            }
-        }
+        write!(out, "{text}")?;
     }
     Ok(())
 }
 
 /// The fitness report's warnings of collection `id`'s model (`GET …/model`), for people;
 /// none when the model cannot be read (the command's own answer already said why).
-async fn fitness_warnings(
-    call: &impl Fn(reqwest::Method, &str) -> reqwest::RequestBuilder,
-    id: &str,
-) -> Vec<String> {
-    let Ok(resp) = call(reqwest::Method::GET, &format!("/v1/collections/{id}/model"))
-        .send()
-        .await
-    else {
-        return Vec::new();
-    };
-    let Ok(v) = json_of(resp).await else {
+async fn fitness_warnings(api: &AdminClient, id: &str) -> Vec<String> {
+    let Ok(v) = api.model(id).await else {
         return Vec::new();
     };
     v["fitness"]["warnings"]
@@ -377,76 +311,42 @@ async fn fitness_warnings(
         .collect()
 }
 
-/// How often `finalize` asks whether a model that outlasted the server's wait is built.
-const MODEL_POLL: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// `finalize`: finalizes collection `id` and waits for its model. A finalize answered 202
-/// (the fit outlasted the server's wait) is followed by a poll of the collection's
-/// `status.model` every [`MODEL_POLL`], with a spinner on stderr unless `quiet`, until it is
-/// `ready` (then the model is read) or `failed`. Prints what the finalize answers once the
-/// model is built (`--json`: `{status, model}`), else a line and the fitness warnings.
-/// Errors: the server's refusal; a failed fit as [`AdminError::Refused`] with its reason.
+/// `finalize`: finalizes collection `id` and waits for its model, with a spinner on stderr
+/// unless `quiet` when the fit outlasts the server's wait. Prints what the finalize answers
+/// once the model is built (`--json`: `{status, model}`), else a line and the fitness
+/// warnings. Errors: the server's refusal, a failed fit.
 async fn finalize(
+    api: &AdminClient,
     id: &str,
     json_out: bool,
     quiet: bool,
-    call: &impl Fn(reqwest::Method, &str) -> reqwest::RequestBuilder,
     out: &mut impl Write,
 ) -> Result<(), AdminError> {
-    let resp = call(
-        reqwest::Method::POST,
-        &format!("/v1/collections/{id}/finalize"),
-    )
-    .send()
-    .await?;
-    let building = resp.status() == reqwest::StatusCode::ACCEPTED;
-    let mut answer = json_of(resp).await?;
-    if building {
-        let bar = if quiet {
-            ProgressBar::hidden()
-        } else {
-            let bar = ProgressBar::new_spinner();
-            bar.set_style(
-                ProgressStyle::with_template("building the model {spinner} {elapsed}")
-                    .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-            );
-            bar.enable_steady_tick(std::time::Duration::from_millis(200));
-            bar
-        };
-        let status = loop {
-            tokio::time::sleep(MODEL_POLL).await;
-            let c = json_of(
-                call(reqwest::Method::GET, &format!("/v1/collections/{id}"))
-                    .send()
-                    .await?,
-            )
-            .await?;
-            if c["status"]["model"] != json!("building") {
-                break c["status"].clone();
-            }
-        };
-        bar.finish_and_clear();
-        if status["model"] != json!("ready") {
-            return Err(AdminError::Refused {
-                status: 500,
-                kind: "model-fit-failed".into(),
-                title: "the collection is finalized but fitting its model failed".into(),
-                detail: status["model_error"].as_str().map(str::to_owned),
-            });
+    let answer = match api.finalize(id).await? {
+        Finalized::Built(v) => v,
+        Finalized::Building => {
+            let bar = if quiet {
+                ProgressBar::hidden()
+            } else {
+                let bar = ProgressBar::new_spinner();
+                bar.set_style(
+                    ProgressStyle::with_template("building the model {spinner} {elapsed}")
+                        .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+                );
+                bar.enable_steady_tick(std::time::Duration::from_millis(200));
+                bar
+            };
+            let model = api.wait_for_model(id).await;
+            bar.finish_and_clear();
+            let status = api.collection(id).await?["status"].clone();
+            json!({"status": status, "model": model?["model"]})
         }
-        let model = json_of(
-            call(reqwest::Method::GET, &format!("/v1/collections/{id}/model"))
-                .send()
-                .await?,
-        )
-        .await?;
-        answer = json!({"status": status, "model": model["model"]});
-    }
+    };
     if json_out {
         writeln!(out, "{}", serde_json::to_string_pretty(&answer)?)?;
     } else {
         writeln!(out, "{id}: finalized")?;
-        for w in fitness_warnings(call, id).await {
+        for w in fitness_warnings(api, id).await {
             writeln!(out, "warning: {w}")?;
         }
     }
@@ -455,9 +355,9 @@ async fn finalize(
 
 /// `download`: the synthetic rows streamed to a file, with a progress bar.
 async fn download(
+    api: &AdminClient,
     args: &DownloadArgs,
     json_out: bool,
-    call: &impl Fn(reqwest::Method, &str) -> reqwest::RequestBuilder,
     out: &mut impl Write,
 ) -> Result<(), AdminError> {
     let DownloadArgs {
@@ -472,29 +372,15 @@ async fn download(
     // The server needs a row count: by default as many rows as the collection has people.
     let rows = match rows {
         Some(r) => *r,
-        None => {
-            let c = json_of(
-                call(reqwest::Method::GET, &format!("/v1/collections/{id}"))
-                    .send()
-                    .await?,
-            )
-            .await?;
-            c["target_users"].as_u64().unwrap_or(1).max(1)
-        }
+        None => api.collection(id).await?["target_users"]
+            .as_u64()
+            .unwrap_or(1)
+            .max(1),
     };
     let mut query = vec![("format", format.clone()), ("rows", rows.to_string())];
     query.extend(seed.map(|s| ("seed", s.to_string())));
     query.extend(numeric.clone().map(|n| ("numeric", n)));
-    let mut resp = call(
-        reqwest::Method::GET,
-        &format!("/v1/collections/{id}/synthetic"),
-    )
-    .query(&query)
-    .send()
-    .await?;
-    if !resp.status().is_success() {
-        return Err(refusal(resp).await);
-    }
+    let mut resp = api.synthetic(id, &query).await?;
     // A Parquet file has no lines to count: its progress is in bytes, and it holds the rows
     // asked for (the server writes them all or stops the stream, which fails below).
     let parquet = format == "parquet";
@@ -521,7 +407,7 @@ async fn download(
     let mut file = std::io::BufWriter::new(std::fs::File::create(path).map_err(file_error(path))?);
     let mut lines = 0u64;
     let mut bytes = 0u64;
-    while let Some(chunk) = resp.chunk().await? {
+    while let Some(chunk) = resp.chunk().await.map_err(ApiClientError::from)? {
         file.write_all(&chunk).map_err(file_error(path))?;
         bytes += chunk.len() as u64;
         if parquet {
@@ -543,66 +429,11 @@ async fn download(
         writeln!(out, "{v}")?;
     } else {
         writeln!(out, "{rows_written} rows written to {}", path.display())?;
-        for w in fitness_warnings(call, id).await {
+        for w in fitness_warnings(api, id).await {
             writeln!(out, "warning: {w}")?;
         }
     }
     Ok(())
-}
-
-/// The body of a 2xx answer as JSON, or the server's problem as an error.
-/// Attempts of a create before its error is reported.
-const CREATE_ATTEMPTS: u32 = 4;
-
-/// `POST /v1/collections` with `body` (which names its `id`), sent again after a connection
-/// error or a 5xx, 1, 2, 4 s apart: safe because the id makes the server answer a repeat with
-/// the collection it stored. Errors: the last attempt's.
-async fn create_with_retries(
-    call: &impl Fn(reqwest::Method, &str) -> reqwest::RequestBuilder,
-    body: &Map<String, Value>,
-) -> Result<Value, AdminError> {
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        let last = attempt >= CREATE_ATTEMPTS;
-        match call(reqwest::Method::POST, "/v1/collections")
-            .json(body)
-            .send()
-            .await
-        {
-            Ok(resp) if resp.status().is_server_error() && !last => {}
-            Ok(resp) => return json_of(resp).await,
-            Err(e) if last || !(e.is_connect() || e.is_timeout() || e.is_request()) => {
-                return Err(e.into());
-            }
-            Err(_) => {}
-        }
-        tokio::time::sleep(std::time::Duration::from_secs(1 << (attempt - 1))).await;
-    }
-}
-
-async fn json_of(resp: reqwest::Response) -> Result<Value, AdminError> {
-    if !resp.status().is_success() {
-        return Err(refusal(resp).await);
-    }
-    Ok(resp.json().await?)
-}
-
-async fn refusal(resp: reqwest::Response) -> AdminError {
-    let status = resp.status().as_u16();
-    let problem: Value = resp.json().await.unwrap_or(Value::Null);
-    let text = |k: &str| problem.get(k).and_then(Value::as_str).map(str::to_owned);
-    AdminError::Refused {
-        status,
-        kind: text("type")
-            .map(|t| {
-                t.trim_start_matches(ldpsyn::wire::PROBLEM_TYPE_PREFIX)
-                    .to_owned()
-            })
-            .unwrap_or_else(|| "unknown".into()),
-        title: text("title").unwrap_or_default(),
-        detail: text("detail"),
-    }
 }
 
 /// What a close-round answer says was done: one line per transition ("round 0 closed, 3

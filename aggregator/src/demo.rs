@@ -27,6 +27,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use uuid::Uuid;
 
+use crate::api_client::{AdminClient, ApiClientError};
 use crate::devices::Tally;
 use crate::engine::DriftReport;
 use crate::eval::{MarginalCounts, NumericFidelity, Regrid, evaluation_schema, numeric_fidelity};
@@ -225,53 +226,6 @@ pub enum DemoError {
     /// Writing an output failed.
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
-}
-
-/// Sends `req`; an answer other than 2xx becomes `refused(body)`.
-async fn send(
-    req: reqwest::RequestBuilder,
-    refused: impl FnOnce(String) -> DemoError,
-) -> Result<reqwest::Response, DemoError> {
-    let resp = req
-        .send()
-        .await
-        .map_err(|e| DemoError::Http(e.to_string()))?;
-    success(resp, refused).await
-}
-
-/// `resp` if it is a success, else its body as `refused`.
-async fn success(
-    resp: reqwest::Response,
-    refused: impl FnOnce(String) -> DemoError,
-) -> Result<reqwest::Response, DemoError> {
-    if !resp.status().is_success() {
-        return Err(refused(resp.text().await.unwrap_or_default()));
-    }
-    Ok(resp)
-}
-
-/// [`send`], then the answer's JSON body.
-async fn send_json(
-    req: reqwest::RequestBuilder,
-    refused: impl FnOnce(String) -> DemoError,
-) -> Result<serde_json::Value, DemoError> {
-    let resp = req
-        .send()
-        .await
-        .map_err(|e| DemoError::Http(e.to_string()))?;
-    send_json_of(resp, refused).await
-}
-
-/// The JSON body of answer `resp`, or its body as `refused` if it is not a success.
-async fn send_json_of(
-    resp: reqwest::Response,
-    refused: impl FnOnce(String) -> DemoError,
-) -> Result<serde_json::Value, DemoError> {
-    success(resp, refused)
-        .await?
-        .json()
-        .await
-        .map_err(|e| DemoError::Http(e.to_string()))
 }
 
 /// Order in which a file's people arrive ([`DemoConfig::arrival`]).
@@ -677,18 +631,13 @@ struct Schedule {
 /// off the server's committer, after the upload that reached its quota is answered: while
 /// the quota is reached this polls (up to [`CLOSE_WAIT`]) for the close to land, so that the
 /// next people draw the next round's tasks.
-async fn round_left(
-    http: &reqwest::Client,
-    base: &str,
-    collection: Uuid,
-) -> Result<Option<u64>, DemoError> {
+async fn round_left(api: &AdminClient, collection: Uuid) -> Result<Option<u64>, DemoError> {
     let start = Instant::now();
     loop {
-        let view = send_json(
-            http.get(format!("{base}/v1/collections/{collection}")),
-            DemoError::Service,
-        )
-        .await?;
+        let view = api
+            .collection(&collection.to_string())
+            .await
+            .map_err(|e| DemoError::Service(e.to_string()))?;
         let status = &view["status"];
         let left = status["round_quota"]
             .as_u64()
@@ -749,6 +698,9 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
         &admin,
         "--rate-limit-per-ip",
         "0",
+        // One client (this process) plays every device.
+        "--max-in-flight-per-ip",
+        "0",
         "--max-synthetic-rows",
         &u64::MAX.to_string(),
     ])
@@ -762,7 +714,7 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
         .await
         .map_err(|e| DemoError::Service(e.to_string()))?;
     let base = format!("http://{}", server.addr());
-    let http = reqwest::Client::new();
+    let api = AdminClient::new(&base, &admin);
 
     // 2. The collection.
     let create = match &parties {
@@ -786,13 +738,10 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
     if !cfg.target.is_empty() {
         create["target"] = serde_json::json!(cfg.target);
     }
-    let created = send_json(
-        http.post(format!("{base}/v1/collections"))
-            .bearer_auth(&admin)
-            .json(&create),
-        |body| DemoError::Input(format!("collection refused: {body}")),
-    )
-    .await?;
+    let created = api
+        .create(&create)
+        .await
+        .map_err(|e| DemoError::Input(format!("collection refused: {e}")))?;
     let collection: Uuid = created["id"]
         .as_str()
         .and_then(|s| s.parse().ok())
@@ -826,18 +775,18 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
     let schedule = Arc::new(tokio::sync::Mutex::new(Schedule {
         next: 0,
         issued: 0,
-        round_left: round_left(&http, &base, collection).await?,
+        round_left: round_left(&api, collection).await?,
     }));
     let answered = Arc::new(AtomicU64::new(0));
     let aborted = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut workers = Vec::new();
     for _ in 0..streams {
-        let (people, bar, accepted, base, http) = (
+        let (people, bar, accepted, base, api) = (
             people.clone(),
             bar.clone(),
             accepted.clone(),
             base.clone(),
-            http.clone(),
+            api.clone(),
         );
         let (schedule, answered, aborted) = (schedule.clone(), answered.clone(), aborted.clone());
         let tally = tally.clone();
@@ -868,7 +817,7 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
                             }
                             tokio::time::sleep(std::time::Duration::from_millis(2)).await;
                         }
-                        turn.round_left = round_left(&http, &base, collection).await?;
+                        turn.round_left = round_left(&api, collection).await?;
                     }
                     let size = CHUNK
                         .min(people.len() - turn.next)
@@ -932,36 +881,15 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
     // 202 and the model route says `model-not-ready` until it is built.
     let t = Instant::now();
     let spinner = progress(1, "finalize", cfg.quiet);
-    send(
-        http.post(format!("{base}/v1/collections/{collection}/finalize"))
-            .bearer_auth(&admin),
-        DemoError::Service,
-    )
-    .await?;
-    let finalized = loop {
-        let resp = http
-            .get(format!("{base}/v1/collections/{collection}/model"))
-            .bearer_auth(&admin)
-            .send()
-            .await
-            .map_err(|e| DemoError::Http(e.to_string()))?;
-        if resp.status() != reqwest::StatusCode::CONFLICT {
-            break send_json_of(resp, DemoError::Service).await?;
-        }
-        let status = send_json(
-            http.get(format!("{base}/v1/collections/{collection}"))
-                .bearer_auth(&admin),
-            DemoError::Service,
-        )
-        .await?;
-        if status["status"]["model"] == serde_json::json!("failed") {
-            return Err(DemoError::Service(format!(
-                "fitting the model failed: {}",
-                status["status"]["model_error"]
-            )));
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    };
+    let service = |e: ApiClientError| DemoError::Service(e.to_string());
+    // Built or not yet, the model route answers with the fitness report as well.
+    api.finalize(&collection.to_string())
+        .await
+        .map_err(service)?;
+    let finalized = api
+        .wait_for_model(&collection.to_string())
+        .await
+        .map_err(service)?;
     spinner.finish();
     phases.insert("finalize".to_owned(), t.elapsed().as_secs_f64());
     let names: Vec<String> = input
@@ -990,17 +918,17 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
     // multiplicities), counted into the scored marginals: memory does not grow with rows.
     let t = Instant::now();
     let rows = cfg.rows.unwrap_or(n as u64);
-    let mut resp = send(
-        http.get(format!("{base}/v1/collections/{collection}/synthetic"))
-            .query(&[
+    let mut resp = api
+        .synthetic(
+            &collection.to_string(),
+            &[
                 ("rows", rows.to_string()),
                 ("seed", cfg.seed.to_string()),
                 ("format", "csv".into()),
-            ])
-            .bearer_auth(&admin),
-        DemoError::Service,
-    )
-    .await?;
+            ],
+        )
+        .await
+        .map_err(service)?;
     // Binned TVDs on the working bins of `bins: "auto"` attributes (their fine grids would
     // make every 3-way table huge and sparse), comparable with a fixed-count schema.
     let grid = evaluation_schema(&input.schema);

@@ -9,12 +9,13 @@
 //!   inference (`ldpsyn-sim`, which the service does not depend on).
 //!
 //! The commands here: [`demo`], [`admin`] (`collections`), [`devices`], [`party`] and
-//! [`synthesize`]. The crates are re-exported under their old module names, so
+//! [`synthesize`], over one client of the admin API ([`api_client`]). The crates are re-exported under their old module names, so
 //! `ldpsyn_aggregator::service::Server` and `ldpsyn_aggregator::sim::Simulation` still name
 //! the same items.
 #![warn(missing_docs)]
 
 pub mod admin;
+pub mod api_client;
 pub mod demo;
 pub mod devices;
 pub use ldpsyn_engine as engine;

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use ldpsyn::wire::{Problem, ProblemType};
+use ldpsyn::wire::Problem;
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
 use serde_json::{Value, json};
 
@@ -223,20 +223,10 @@ fn http_message(e: &reqwest::Error) -> String {
 
 /// The problem of a non-2xx answer.
 async fn refusal(resp: Response) -> ApiClientError {
-    let status = resp.status();
+    let status = resp.status().as_u16();
     let bytes = resp.bytes().await.unwrap_or_default();
-    let problem = serde_json::from_slice::<Problem>(&bytes).unwrap_or_else(|_| {
-        Problem::new(
-            if status.is_server_error() {
-                ProblemType::Internal
-            } else {
-                ProblemType::MalformedRequest
-            },
-            format!("HTTP {status}: {}", String::from_utf8_lossy(&bytes)),
-        )
-    });
     ApiClientError::Refused {
-        status: status.as_u16(),
-        problem,
+        status,
+        problem: Problem::of_answer(status, &bytes),
     }
 }

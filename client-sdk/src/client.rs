@@ -37,8 +37,7 @@ use crate::submission::{
 };
 use crate::upload::{Piece, published_limits, split_reports};
 use crate::wire::{
-    CollectionConfig, MAX_TASKS_PER_REQUEST, Problem, ProblemType, Report, ReportAnswer, Task,
-    UploadLimits,
+    CollectionConfig, MAX_TASKS_PER_REQUEST, Problem, Report, ReportAnswer, Task, UploadLimits,
 };
 
 /// Client settings. [`ClientOptions::new`] gives the defaults.
@@ -540,16 +539,7 @@ pub(crate) async fn send_json<T: serde::de::DeserializeOwned>(
                     .and_then(|v| v.trim().parse::<u64>().ok())
                     .map(Duration::from_secs);
                 let bytes = resp.bytes().await.unwrap_or_default();
-                let problem = serde_json::from_slice::<Problem>(&bytes).unwrap_or_else(|_| {
-                    Problem::new(
-                        if status.is_server_error() {
-                            ProblemType::Internal
-                        } else {
-                            ProblemType::MalformedRequest
-                        },
-                        format!("HTTP {status}: {}", String::from_utf8_lossy(&bytes)),
-                    )
-                });
+                let problem = Problem::of_answer(status.as_u16(), &bytes);
                 if !(status.is_server_error() || matches!(status.as_u16(), 408 | 429)) {
                     return Err(ClientError::Problem(problem));
                 }

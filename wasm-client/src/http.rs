@@ -3,7 +3,7 @@
 //! seconds) with exponential, jittered backoff; the body is the same bytes on every attempt;
 //! any other non-2xx answer is a [`Problem`] and is not retried.
 
-use ldpsyn::wire::{Problem, ProblemType};
+use ldpsyn::wire::Problem;
 use ldpsyn::submission::ClientError;
 use rand::Rng;
 use rand::rngs::StdRng;
@@ -133,16 +133,7 @@ pub async fn send_json<T: serde::de::DeserializeOwned>(
                     .retry_after
                     .and_then(|v| v.trim().parse::<u32>().ok())
                     .map(|s| s.saturating_mul(1000));
-                let problem = serde_json::from_str::<Problem>(&answer.body).unwrap_or_else(|_| {
-                    Problem::new(
-                        if status >= 500 {
-                            ProblemType::Internal
-                        } else {
-                            ProblemType::MalformedRequest
-                        },
-                        format!("HTTP {status}: {}", answer.body),
-                    )
-                });
+                let problem = Problem::of_answer(status, answer.body.as_bytes());
                 if !retryable {
                     return Err(ClientError::Problem(problem));
                 }

@@ -28,6 +28,29 @@ use crate::synth::recovery::{Expansion, Recovery};
 use crate::synth::sampler::{EstimatedConditional, SynthInner, Synthesizer, compile};
 use crate::synth::samprivsyn::SamPrivSynModel;
 
+/// A marginal's frequencies below this are answered as 0: a millionth of one person in a
+/// population of a billion, they are the fit's floating-point residue (a log-potential
+/// pushed towards −∞ for a cell nobody is in, e.g. 4e-301), not an estimate.
+pub const MARGINAL_ZERO: f64 = 1e-15;
+
+/// `frequencies` with the residue below [`MARGINAL_ZERO`] set to 0 and the rest rescaled to
+/// the same total.
+fn without_residue(mut frequencies: Vec<f64>) -> Vec<f64> {
+    let total: f64 = frequencies.iter().sum();
+    let mut kept = 0.0;
+    for f in &mut frequencies {
+        if *f < MARGINAL_ZERO {
+            *f = 0.0;
+        }
+        kept += *f;
+    }
+    if kept > 0.0 && kept != total {
+        let scale = total / kept;
+        frequencies.iter_mut().for_each(|f| *f *= scale);
+    }
+    frequencies
+}
+
 #[derive(Debug, Clone)]
 enum ModelKind {
     Graphical {
@@ -246,7 +269,7 @@ impl Model {
             std_errors,
             attrs: attrs.to_vec(),
             dims,
-            frequencies,
+            frequencies: without_residue(frequencies),
         })
     }
 
@@ -255,10 +278,10 @@ impl Model {
     /// Errors: as [`Model::marginal`].
     pub fn frequencies(&self, attrs: &[usize]) -> Result<Vec<f64>, EngineError> {
         let (_, frequencies) = self.working_marginal(attrs)?;
-        Ok(match &self.recovery {
+        Ok(without_residue(match &self.recovery {
             Some(r) => r.expand(attrs, &frequencies),
             None => frequencies,
-        })
+        }))
     }
 
     /// The schema domain sizes of `attrs` and their marginal over the working bins, checked
@@ -334,5 +357,26 @@ impl Model {
                 expand: None,
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The residue of the fit is answered as 0 (issue 70 item 9: a provisional marginal
+    /// answered 4.07e-301 for an empty cell); the rest keeps its total; a marginal without
+    /// residue is unchanged.
+    #[test]
+    fn residue_is_zero() {
+        assert_eq!(
+            without_residue(vec![0.25, 4.07e-301, 0.75]),
+            vec![0.25, 0.0, 0.75]
+        );
+        let f = without_residue(vec![0.5, 5e-16, 0.5 - 5e-16]);
+        assert_eq!(f[1], 0.0);
+        assert!((f.iter().sum::<f64>() - 1.0).abs() <= 1e-15);
+        let above = vec![2e-15, 0.5, 0.5 - 2e-15];
+        assert_eq!(without_residue(above.clone()), above);
     }
 }

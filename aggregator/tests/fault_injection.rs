@@ -6,7 +6,7 @@
 //! Each case prints a `FAULT` figures line (`--nocapture`); `docs/results.md` records them.
 //!
 //! Both cases bring their own fault domain, so they run beside any other test: the disk is
-//! a tmpfs of 16 MiB mounted by the test (root, or `CAP_SYS_ADMIN`), the PostgreSQL server
+//! a tmpfs of 16 MiB mounted by the test (as root, or through `sudo -n`), the PostgreSQL server
 //! one the test creates (`initdb`) on a free port and restarts at will, never the shared
 //! one of `LDPSYN_TEST_DATABASE_URL`. Without either the case fails, unless
 //! `LDPSYN_ALLOW_MISSING_SERVICES=1` lets it skip.
@@ -37,28 +37,32 @@ struct Tmpfs {
 }
 
 impl Tmpfs {
-    /// Mounts a tmpfs of `size` (e.g. `16m`); `None`, after [`missing_service`], when the
-    /// mount is refused (not root).
+    /// Mounts a tmpfs of `size` (e.g. `16m`; writable by anyone, as `/tmp`), as root or
+    /// through `sudo -n`; `None`, after [`missing_service`], when the mount is refused.
     fn mount(test: &str, size: &str) -> Option<Self> {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("disk");
         std::fs::create_dir(&path).unwrap();
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(&path)
-            .output();
+        let mut command = privileged("mount");
+        let options = format!("size={size},mode=1777");
+        command
+            .args(["-t", "tmpfs", "-o", &options, "tmpfs"])
+            .arg(&path);
+        let out = command.output();
         match out {
             Ok(o) if o.status.success() => Some(Self { path, _dir: dir }),
             Ok(o) => {
                 let why = String::from_utf8_lossy(&o.stderr).trim().to_owned();
                 missing_service(
                     test,
-                    &format!("cannot mount a tmpfs (run as root or with CAP_SYS_ADMIN): {why}"),
+                    &format!(
+                        "cannot mount a tmpfs (run as root, or with sudo without a password): {why}"
+                    ),
                 );
                 None
             }
             Err(e) => {
-                missing_service(test, &format!("cannot run mount: {e}"));
+                missing_service(test, &format!("cannot run {command:?}: {e}"));
                 None
             }
         }
@@ -91,7 +95,25 @@ impl Tmpfs {
 impl Drop for Tmpfs {
     fn drop(&mut self) {
         // Lazy: a process still holding a file there must not keep the mount alive.
-        let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+        let _ = privileged("umount").arg("-l").arg(&self.path).status();
+    }
+}
+
+/// Whether the tests run as root (a file they create is root's).
+fn root() -> bool {
+    let f = tempfile::NamedTempFile::new().unwrap();
+    f.as_file().metadata().unwrap().uid() == 0
+}
+
+/// `program` as a command run as root: itself when the tests are root, else through
+/// `sudo -n` (which fails rather than asking for a password).
+fn privileged(program: &str) -> Command {
+    if root() {
+        Command::new(program)
+    } else {
+        let mut c = Command::new("sudo");
+        c.args(["-n", program]);
+        c
     }
 }
 
@@ -147,7 +169,7 @@ impl Postgres {
             return None;
         };
         let dir = tempfile::tempdir().unwrap();
-        let as_postgres = std::fs::metadata(dir.path()).unwrap().uid() == 0;
+        let as_postgres = root();
         if as_postgres {
             let ok = Command::new("chown")
                 .args(["postgres:"])

@@ -388,6 +388,7 @@ async fn full_disk_under_sqlite_uploads() {
         "{problem}"
     );
     assert!(unavailable(&problem), "{problem}");
+    let before_close = shape(&http, &base, id).await;
     let (close, body) = admin_post(
         &http,
         format!("{base}/v1/collections/{id}/close-round?force=true"),
@@ -397,6 +398,12 @@ async fn full_disk_under_sqlite_uploads() {
     assert!(
         close < 300 || (close == 503 && unavailable(&body)),
         "{close} {body}"
+    );
+    let after_close = shape(&http, &base, id).await;
+    same_or_later(&before_close, &after_close, "a round close while full");
+    assert!(
+        close >= 300 || after_close.1 > before_close.1,
+        "closed, same round"
     );
     assert!(
         server.0.try_wait().unwrap().is_none(),

@@ -1,8 +1,9 @@
 //! The fault-injection suite beyond the kill -9 cases of `crash_safety.rs` (issue 67 item 8):
 //! under upload load, a full disk under a SQLite `serve` and a restart of the PostgreSQL
 //! server under a PostgreSQL `serve`. After each: every acknowledged report is stored exactly
-//! once, the service acknowledges uploads again within 10 s of the fault ending, and a round
-//! close and a finalize attempted during the fault leave the collection either done or not.
+//! once, the service acknowledges uploads again within 10 s of the fault ending, and what was
+//! attempted during the fault (a round close in both, a finalize on the full disk) left the
+//! collection either done or not.
 //! Each case prints a `FAULT` figures line (`--nocapture`); `docs/results.md` records them.
 //!
 //! Both cases bring their own fault domain, so they run beside any other test: the disk is

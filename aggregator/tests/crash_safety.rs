@@ -2,234 +2,25 @@
 //! restart it on the same SQLite file, resend what was pending; every acknowledged report is
 //! counted exactly once and the estimates equal a clean in-process reduction of the same
 //! reports. Scale-out: two `serve` processes on one PostgreSQL database give the estimates
-//! of one.
+//! of one. The helpers (the process, people, uploads, reduction, figures) are in `load/`,
+//! shared with `fault_injection.rs`; each kill case prints a `FAULT` figures line.
 
 mod common;
+mod load;
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::free_port;
 use ldpsyn::Epsilon;
 use ldpsyn::client::{Client, ClientError, ClientOptions, SimulatedPerson};
-use ldpsyn::ledger::{BudgetLedger, MemoryLedger, ReportState};
-use ldpsyn::mechanism::SufficientStatistics;
+use ldpsyn::ledger::{MemoryLedger, ReportState};
 use ldpsyn::schema::Schema;
-use ldpsyn::wire::{CollectionConfig, Report};
-use ldpsyn_aggregator::engine::{Engine, Tables};
-use ldpsyn_aggregator::service::tokens::TokenKey;
+use ldpsyn::wire::CollectionConfig;
+use ldpsyn_aggregator::engine::Engine;
+use load::*;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use uuid::Uuid;
-
-const ADMIN: &str = "crash-admin-token-42";
-const KEY: &str = "crash-token-key-0123456789abcdef0123456789";
-
-fn free_port() -> u16 {
-    // The port is released before the server binds it; a clash is unlikely on 127.0.0.1.
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-/// Kills the server when dropped, so a failing test leaves no process behind.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn(db: &str, port: u16) -> Server {
-    Server(
-        Command::new(env!("CARGO_BIN_EXE_ldpsyn-aggregator"))
-            .args([
-                "serve",
-                "--bind",
-                &format!("127.0.0.1:{port}"),
-                "--database-url",
-                db,
-            ])
-            .env("LDPSYN_ADMIN_TOKEN", ADMIN)
-            .env("LDPSYN_TOKEN_KEY", KEY)
-            .env("LDPSYN_RATE_LIMIT_PER_IP", "0")
-            .env("LDPSYN_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("the aggregator binary starts"),
-    )
-}
-
-async fn wait_healthy(base: &str) {
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(30) {
-        if let Ok(r) = reqwest::get(format!("{base}/healthz")).await {
-            if r.status() == 200 {
-                return;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("server did not become healthy");
-}
-
-/// How long a test waits for a state it expects (a commit, another process's refresh).
-const WAIT: Duration = Duration::from_secs(20);
-
-/// Polls `GET {base}/v1/collections/{id}` (admin) every 50 ms until `ok` holds for it, and
-/// returns it; panics naming `what` after [`WAIT`]. Tests wait for the state they assert
-/// rather than sleeping a fixed time.
-async fn status_until(
-    http: &reqwest::Client,
-    base: &str,
-    id: Uuid,
-    what: &str,
-    ok: impl Fn(&Value) -> bool,
-) -> Value {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let r = http
-            .get(format!("{base}/v1/collections/{id}"))
-            .bearer_auth(ADMIN)
-            .send()
-            .await;
-        let seen = match r {
-            Ok(r) if r.status() == 200 => r.json::<Value>().await.unwrap(),
-            Ok(r) => json!(r.status().as_u16()),
-            Err(e) => json!(e.to_string()),
-        };
-        if ok(&seen) {
-            return seen;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{base}: not {what} after {WAIT:?}: {seen}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Waits (as [`status_until`]) until `base` serves collection `id`'s model.
-async fn model_served(http: &reqwest::Client, base: &str, id: Uuid) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let r = http
-            .get(format!("{base}/v1/collections/{id}/model"))
-            .bearer_auth(ADMIN)
-            .send()
-            .await;
-        if r.is_ok_and(|r| r.status() == 200) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{base}: no model after {WAIT:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn schema() -> Value {
-    json!({"attributes": [
-        {"name": "a", "type": "categorical", "labels": ["0", "1", "2"]},
-        {"name": "b", "type": "categorical", "labels": ["0", "1", "2"]},
-        {"name": "c", "type": "categorical", "labels": ["0", "1"]}
-    ]})
-}
-
-fn people(schema: &Schema, n: usize) -> Vec<SimulatedPerson<MemoryLedger>> {
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
-    (0..n)
-        .map(|_| {
-            let a = rng.random_range(0..3u32);
-            let b = if rng.random::<f64>() < 0.7 {
-                a
-            } else {
-                rng.random_range(0..3)
-            };
-            let c = rng.random_range(0..2u32);
-            SimulatedPerson {
-                record: schema.encoded(vec![a, b, c]).unwrap(),
-                ledger: MemoryLedger::default(),
-            }
-        })
-        .collect()
-}
-
-fn reports(people: &[SimulatedPerson<MemoryLedger>], id: Uuid, state: ReportState) -> Vec<Report> {
-    people
-        .iter()
-        .filter_map(|p| p.ledger.get(id).unwrap())
-        .filter(|e| e.state == state)
-        .map(|e| e.report)
-        .collect()
-}
-
-fn reduce(engine: &Engine, reports: &[Report]) -> Tables {
-    let key = TokenKey::new(KEY.as_bytes().to_vec()).unwrap();
-    let mut t = Tables::new();
-    for r in reports {
-        let c = key.verify(&r.token).unwrap();
-        let k = engine.table_key(&c.task_spec());
-        let m = engine.mechanism(&k).unwrap();
-        m.accumulate(
-            &r.payload,
-            t.entry(k).or_insert_with(|| SufficientStatistics::new(&m)),
-        )
-        .unwrap();
-    }
-    t
-}
-
-/// Uploads `chunk` through `base` in batches of 50 people (one task fetch each), or of 10
-/// for an even `seed`, until an upload fails; returns the people with their ledgers.
-async fn upload_all(
-    base: String,
-    id: Uuid,
-    mut chunk: Vec<SimulatedPerson<MemoryLedger>>,
-    seed: u64,
-) -> Vec<SimulatedPerson<MemoryLedger>> {
-    let mut options = ClientOptions::insecure_simulation(Epsilon::new(2.0).unwrap(), seed);
-    options.max_attempts = 1;
-    let Ok(mut client) = Client::connect(&base, id, options, MemoryLedger::default()).await else {
-        return chunk;
-    };
-    let batch = if seed % 2 == 0 { 10 } else { 50 };
-    for part in chunk.chunks_mut(batch) {
-        if client.submit_batch(part).await.is_err() {
-            break;
-        }
-    }
-    chunk
-}
-
-/// An admin request (`GET` or `POST` without a body) that must succeed; its JSON answer.
-async fn admin(http: &reqwest::Client, method: &str, url: String) -> Value {
-    let req = match method {
-        "POST" => http.post(url),
-        _ => http.get(url),
-    };
-    let r = req.bearer_auth(ADMIN).send().await.unwrap();
-    assert!(r.status().is_success(), "{}", r.status());
-    r.json().await.unwrap()
-}
-
-/// Creates a collection of [`schema`] with `params` (protocol, ε, …) through `base`.
-async fn create(http: &reqwest::Client, base: &str, mut params: Value) -> (Uuid, CollectionConfig) {
-    params["schema"] = schema();
-    let r = http
-        .post(format!("{base}/v1/collections"))
-        .bearer_auth(ADMIN)
-        .json(&params)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 201);
-    let created: Value = r.json().await.unwrap();
-    let id = created["id"].as_str().unwrap().parse().unwrap();
-    (id, serde_json::from_value(created).unwrap())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_during_uploads_loses_nothing_acknowledged() {
@@ -285,23 +76,25 @@ async fn sigkill_during_uploads_loses_nothing_acknowledged() {
         "some uploads finished before the kill"
     );
 
-    // Restart on the same database: every acknowledged report is there, counted once.
+    // Restart on the same database (the fault ends as a supervisor restarts the process):
+    // fresh people upload until one batch is acknowledged; then every acknowledged report
+    // is there, counted once, and at most the pending ones were committed without an answer.
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
+    let restarted = Instant::now();
     let _child = spawn(&db, port);
-    wait_healthy(&base).await;
-    let status: Value = http
-        .get(format!("{base}/v1/collections/{id}"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let after_restart = status["status"]["reports_accepted"].as_u64().unwrap();
-    assert!(after_restart >= acked_before.len() as u64);
-    // At most the pending ones may have been committed without an answer.
-    assert!(after_restart <= (acked_before.len() + pending) as u64);
+    let mut probe = load::people(&schema, 20);
+    let recovery = recovery(&base, id, &mut probe, restarted).await;
+    let mut figures = Figures {
+        case: "sqlite-kill-9",
+        acknowledged: acked_before.len(),
+        pending,
+        stored: accepted(&http, &base, id).await - probe.len() as u64,
+        recovery,
+        ..Figures::default()
+    };
+    people.extend(probe);
+    let n = people.len();
 
     // Resend everything pending (same ids: accepted or duplicate), then everyone else; the
     // people already acknowledged are refused by their own ledgers (budget spent).
@@ -318,16 +111,18 @@ async fn sigkill_during_uploads_loses_nothing_acknowledged() {
         }
     }
     let acked = reports(&people, id, ReportState::Acknowledged);
-    assert_eq!(acked.len(), 6000, "everyone acknowledged once");
+    assert_eq!(acked.len(), n, "everyone acknowledged once");
     let fin = admin(
         &http,
         "POST",
         format!("{base}/v1/collections/{id}/finalize"),
     )
     .await;
-    assert_eq!(fin["status"]["reports_accepted"], 6000, "{fin}");
+    figures.final_acknowledged = acked.len();
+    figures.final_stored = fin["status"]["reports_accepted"].as_u64().unwrap();
+    figures.check();
 
-    // Estimates equal a clean reduction of the same 6000 reports.
+    // Estimates equal a clean reduction of the same reports.
     let engine = Engine::new(&config).unwrap();
     let tables = reduce(&engine, &acked);
     let mut state = engine.initial_state();
@@ -692,10 +487,23 @@ async fn sigkill_one_of_two_postgres_processes() {
 
     // A restarts; everyone not yet acknowledged (pending ones resent with their own bytes)
     // goes through the survivor and the restarted process alike.
+    // The fault ends as a supervisor restarts A (as C); its recovery is until C acknowledges
+    // an upload (the survivor never stopped).
     let port_c = free_port();
     let base_c = format!("http://127.0.0.1:{port_c}");
+    let restarted = Instant::now();
     let _c = spawn(&db, port_c);
-    wait_healthy(&base_c).await;
+    let mut probe = load::people(&config.schema, 20);
+    let mut figures = Figures {
+        case: "postgres-kill-9-one-of-two",
+        acknowledged: acked_before,
+        pending,
+        stored: seen,
+        recovery: recovery(&base_c, id, &mut probe, restarted).await,
+        ..Figures::default()
+    };
+    people.extend(probe);
+    let n = people.len();
     for (i, part) in people.chunks_mut(2000).enumerate() {
         let base = if i % 2 == 0 { &base_c } else { &base_b };
         let options = ClientOptions::insecure_simulation(Epsilon::new(2.0).unwrap(), 90 + i as u64);
@@ -712,22 +520,25 @@ async fn sigkill_one_of_two_postgres_processes() {
         }
     }
     let acked = reports(&people, id, ReportState::Acknowledged);
-    assert_eq!(acked.len(), 8000, "everyone acknowledged once");
+    assert_eq!(acked.len(), n, "everyone acknowledged once");
 
     // Both processes converge on the same count and, after finalize, the same model: one
-    // clean reduction of the 8000 reports (with the rounds each closed).
+    // clean reduction of the acknowledged reports (with the rounds each closed).
     for b in [&base_b, &base_c] {
-        status_until(&http, b, id, "8000 reports", |s| {
-            s["status"]["reports_accepted"] == 8000
+        status_until(&http, b, id, "every report", |s| {
+            s["status"]["reports_accepted"] == n
         })
         .await;
     }
-    admin(
+    let fin = admin(
         &http,
         "POST",
         format!("{base_c}/v1/collections/{id}/finalize"),
     )
     .await;
+    figures.final_acknowledged = n;
+    figures.final_stored = fin["status"]["reports_accepted"].as_u64().unwrap();
+    figures.check();
     for b in [&base_b, &base_c] {
         model_served(&http, b, id).await;
     }
@@ -987,6 +798,8 @@ async fn sigkill_during_a_finalize_fit_loses_nothing() {
     let _child = spawn(&db, port);
     wait_healthy(&base).await;
     let status = admin(&http, "GET", format!("{base}/v1/collections/{id}")).await;
+    // A finalized collection takes no upload: it has recovered once it answers.
+    let recovery = restarted.elapsed();
     assert_eq!(status["status"]["reports_accepted"], n, "{status}");
     assert_eq!(status["status"]["phase"], "finalized", "{status}");
     // The finalize answers 200 with the model, or 202 while the refit goes on.
@@ -998,8 +811,17 @@ async fn sigkill_during_a_finalize_fit_loses_nothing() {
     .await;
     model_served(&http, &base, id).await;
     let fin = admin(&http, "GET", format!("{base}/v1/collections/{id}/model")).await;
-    let status = admin(&http, "GET", format!("{base}/v1/collections/{id}")).await;
-    assert_eq!(status["status"]["reports_accepted"], n);
+    let after = admin(&http, "GET", format!("{base}/v1/collections/{id}")).await;
+    Figures {
+        case: "sqlite-kill-9-during-finalize",
+        acknowledged: n,
+        pending: 0,
+        stored: status["status"]["reports_accepted"].as_u64().unwrap(),
+        final_acknowledged: n,
+        final_stored: after["status"]["reports_accepted"].as_u64().unwrap(),
+        recovery,
+    }
+    .check();
     eprintln!("restart to model: {:?}", restarted.elapsed());
     let engine = Engine::new(&config).unwrap();
     let mut state = engine.initial_state();

@@ -2,7 +2,8 @@
 //! [`ApiError::to_problem`], which also holds the one mapping of engine errors
 //! ([`EngineError`]) to problem types. It wraps the errors of ingest ([`IngestError`]) and
 //! of party uploads ([`VerticalError`]). Storage errors ([`StorageError`]) are 500, but for a
-//! collection deleted meanwhile (404 `unknown-collection`).
+//! collection deleted meanwhile (404 `unknown-collection`) and a database unreachable or out
+//! of space (503 `unavailable`: retry later).
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -99,17 +100,29 @@ impl ApiError {
     }
 }
 
-/// The storage error a request can meet: its collection deleted by another process
-/// (PostgreSQL) while it used it. `None` (500) for the rest.
+/// The storage errors a request can meet: its collection deleted by another process
+/// (PostgreSQL) while it used it, the database unreachable or out of space (a fault of the
+/// moment, not of the request). `None` (500) for the rest.
 fn storage_problem(e: &StorageError) -> Option<Problem> {
     match e {
         StorageError::MissingCollection(id) => Some(Problem::new(
             ProblemType::UnknownCollection,
             format!("no collection {id} (it was deleted)"),
         )),
+        e if e.is_unavailable() => Some(Problem::new(
+            ProblemType::Unavailable,
+            DATABASE_UNAVAILABLE.to_owned(),
+        )),
         _ => None,
     }
 }
+
+/// The detail of a 503 for a database that is unreachable or out of space: nothing the
+/// request wrote is acknowledged, and the same request sent again later is safe (a report
+/// that was stored after all is answered `duplicate`).
+pub const DATABASE_UNAVAILABLE: &str = "the database is unreachable or out of space; nothing of \
+     this request is acknowledged: send it again later (a report already stored is answered \
+     duplicate)";
 
 /// Ingest's refusals, and the engine's and storage's errors it passes on.
 fn ingest_problem(e: &IngestError) -> Option<Problem> {

@@ -28,6 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
 use super::api::ModelStatus;
+use super::error::DATABASE_UNAVAILABLE;
 use super::metrics::Metrics;
 use super::provisional::ProvisionalCache;
 use super::storage::{
@@ -43,7 +44,8 @@ use ldpsyn_engine::{
 /// wraps them (`ApiError::Ingest`) and maps each to its problem document.
 #[derive(Debug, thiserror::Error)]
 pub enum IngestError {
-    /// Refused: a problem for the client (4xx) with its type and what went wrong.
+    /// Refused: a problem for the client (4xx, or 503 when the database cannot store now)
+    /// with its type and what went wrong.
     #[error("{kind}: {detail}")]
     Refused {
         /// The problem type (gives the status).
@@ -1126,8 +1128,14 @@ async fn commit_group(
         }
         Err(e) => {
             tracing::error!(error = %e, "group commit failed; nothing of it is acknowledged");
+            // A database down or out of space is the devices' cue to retry (503), not a bug.
+            let unavailable = matches!(&e, IngestError::Storage(s) if s.is_unavailable());
             for (_, reply) in group {
-                let _ = reply.send(Err(IngestError::Internal(format!("commit failed: {e}"))));
+                let _ = reply.send(Err(if unavailable {
+                    IngestError::refused(ProblemType::Unavailable, DATABASE_UNAVAILABLE)
+                } else {
+                    IngestError::Internal(format!("commit failed: {e}"))
+                }));
             }
         }
     }

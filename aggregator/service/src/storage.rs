@@ -21,9 +21,10 @@ use ldpsyn_engine::measure::local_model::LocalModel;
 use ldpsyn_engine::protocols::cross_party::SketchUpload;
 use ldpsyn_engine::{CollectionState, Engine, EngineError, PartyUploads, TableKey, Tables};
 
-/// Errors of the storage layer. The HTTP layer turns every one into a 500 `internal` problem
-/// (`From<StorageError> for ApiError` in [`super::error`]); their details are logged, never
-/// sent.
+/// Errors of the storage layer. The HTTP layer turns them into a 503 `unavailable` problem
+/// when the database is unreachable or out of space ([`StorageError::is_unavailable`]), else
+/// into a 500 `internal` one (`From<StorageError> for ApiError` in [`super::error`]); their
+/// details are logged, never sent.
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
     /// The database failed (connection, query, constraint, transaction).
@@ -49,6 +50,39 @@ pub enum StorageError {
     /// The database URL names neither `sqlite:` nor `postgres:`.
     #[error("unsupported database URL scheme `{0}` (sqlite:// or postgres://)")]
     UnsupportedUrl(String),
+}
+
+impl StorageError {
+    /// Whether the database could not do the work now though nothing is wrong with the
+    /// request or the stored data: it is unreachable (the connection refused, reset or
+    /// closed, the pool timed out, the server shutting down or starting) or out of space
+    /// (SQLite `SQLITE_FULL` and I/O errors, PostgreSQL class 53). Such a request is
+    /// answered 503 `unavailable`: a retry once the database is back can succeed.
+    pub fn is_unavailable(&self) -> bool {
+        let StorageError::Database(e) = self else {
+            return false;
+        };
+        match e {
+            sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
+            sqlx::Error::Database(d) => {
+                if d.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+                    // The primary result code is the low byte of the extended one.
+                    let code = d.code().and_then(|c| c.parse::<i32>().ok()).unwrap_or(0);
+                    matches!(code & 0xff, 10 | 13) // SQLITE_IOERR, SQLITE_FULL
+                } else if let Some(e) = d.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+                    // 08: connection exception; 53: insufficient resources (disk full);
+                    // 57P01-57P03: the server shutting down, crashed, or starting.
+                    let code = e.code();
+                    code.starts_with("08")
+                        || code.starts_with("53")
+                        || matches!(code, "57P01" | "57P02" | "57P03")
+                } else {
+                    false
+                }
+            }
+            _ => false,
+        }
+    }
 }
 
 /// The shared migrations (`migrations/` at the workspace root).
@@ -972,7 +1006,11 @@ impl Datastore {
                 Backend::Sqlite => max_connections.clamp(2, 4),
                 Backend::Postgres => max_connections.max(2),
             })
-            .acquire_timeout(Duration::from_secs(30))
+            // While the database is down, a waiting acquire retries its connect with a
+            // backoff that doubles up to a fifth of this timeout: 10 s keeps the wait after
+            // the database is back under 2 s (6 s at 30 s), and answers a request 503
+            // `unavailable` after 10 s of outage rather than holding it.
+            .acquire_timeout(Duration::from_secs(10))
             .after_connect(move |conn, _| {
                 Box::pin(async move {
                     if backend == Backend::Sqlite {

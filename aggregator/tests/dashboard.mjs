@@ -153,6 +153,22 @@ try {
   if (heatmaps < 1 || cells < 4) fail("no heat map drawn");
   if (barCharts !== 5) fail(`expected 5 1-way charts, got ${barCharts}`);
   if (whiskers < 1) fail("no error bars");
+  // Numeric 1-ways on a value axis: income's point mass at 0 is a stem at the axis's left end
+  // (it used to be drawn after the last cell, at the right), ticks are round and level.
+  const numeric = await page.$$eval("#oneways svg.bars.numeric", (l) => l.map((s) => ({
+    title: s.querySelector(".axis-title").textContent,
+    point: [...s.querySelectorAll("g.point circle")].map((c) => Number(c.getAttribute("cx"))),
+    firstBar: Math.min(...[...s.querySelectorAll("rect.bar")].map((r) => Number(r.getAttribute("x")))),
+    ticks: [...s.querySelectorAll("text.tick")].filter((t) => Number(t.getAttribute("y")) > 155).map((t) => [t.textContent, t.getAttribute("transform")]),
+  })));
+  log("numeric 1-ways:", JSON.stringify(numeric));
+  if (numeric.map((n) => n.title).join() !== "age,income") fail(`numeric charts: ${numeric.map((n) => n.title)}`);
+  const income = numeric[1];
+  if (income.point.length !== 1 || !(income.point[0] <= income.firstBar + 0.5)) fail(`income's point mass at 0 is not at the left end: ${JSON.stringify(income)}`);
+  for (const n of numeric) {
+    if (n.ticks.length < 3 || n.ticks.some(([, t]) => t)) fail(`${n.title}: ticks missing or turned: ${JSON.stringify(n.ticks)}`);
+  }
+  if (income.ticks.map(([t]) => t).join() !== "0,20K,40K,60K,80K,100K") fail(`income ticks: ${JSON.stringify(income.ticks)}`);
   if (!steps.length || !steps[steps.length - 1].includes("done")) fail("the timeline does not show the collection finalized");
   // auto ran round 0, its screening round and phase 2: no round that never ran is drawn.
   const ran = await timelineIsTheRounds(page, collection);

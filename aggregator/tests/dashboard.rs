@@ -211,7 +211,7 @@ fn schema_json() -> Value {
         {"name": "region", "type": "categorical", "labels": ["north", "south", "east", "west"]},
         {"name": "spoken-language", "type": "categorical", "labels": ["en", "es", "fr", "de"]},
         {"name": "age", "type": "numeric", "min": 20, "max": 80, "bins": 6, "integer": true},
-        {"name": "income", "type": "numeric", "min": 0, "max": 100000, "bins": 6},
+        {"name": "income", "type": "numeric", "min": 0, "max": 100000, "bins": 6, "points": [0]},
         {"name": "smoking-status", "type": "categorical", "labels": ["no", "yes"]}
     ]})
 }
@@ -292,7 +292,10 @@ fn population(n: usize, seed: u64) -> Vec<Vec<u32>> {
                 rng.random_range(0..4u32)
             };
             let age = rng.random_range(0..6u32);
-            let income = if rng.random_bool(0.85) {
+            // Code 6 is the point mass at 0 (no income), drawn at the axis's left end.
+            let income = if rng.random_bool(0.15) {
+                6
+            } else if rng.random_bool(0.85) {
                 age
             } else {
                 rng.random_range(0..6u32)

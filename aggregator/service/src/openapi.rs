@@ -251,6 +251,7 @@ impl Modify for CommonResponses {
             NotFound,
             MethodNotAllowed,
             Conflict,
+            RequestTimeout,
             PayloadTooLarge,
             TooManyRequests,
             InternalError,

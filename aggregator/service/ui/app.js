@@ -1,7 +1,7 @@
 // The dashboard: polls the admin API and draws what a collection is doing. Plain ES module,
 // no build step; every request carries the admin token as a bearer header (api.js).
 import * as api from "./api.js";
-import { bars, graph, heatmap, timeline, MAX_HEATMAP_CELLS } from "./charts.js";
+import { bars, forDisplay, graph, heatmap, histogram, timeline } from "./charts.js";
 
 const POLL_MS = 2000;
 /** Reports/s is measured over this window of polls. */
@@ -28,6 +28,8 @@ const state = {
   /** The model description drawn (final or provisional): edge weights, why no standard errors. */
   desc: null,
   provisionalBusy: false,
+  /** The view of the collection shown (its schema places numeric values on their axes). */
+  collection: null,
   /** id of the collection being finalized from the page: no provisional loads meanwhile. */
   finalizing: null,
   timer: null,
@@ -213,7 +215,13 @@ function stdErrorsNote(desc, a, b, has) {
   return "No standard errors for these cells.";
 }
 
-/** A heat map figure of marginal `m` (or the error loading it) captioned `a × b`. */
+/** The schema of attribute `name` of the collection shown. */
+const attributeOf = (name) => state.collection?.schema.attributes.find((x) => x.name === name);
+
+/**
+ * A heat map figure of marginal `m` (or the error loading it) captioned `a × b`: numeric
+ * axes in value order, large axes summed into at most 64 display cells (`forDisplay`).
+ */
 function heatmapFigure(a, b, m, desc) {
   const box = document.createElement("figure");
   box.className = "heatmap-box";
@@ -223,10 +231,12 @@ function heatmapFigure(a, b, m, desc) {
   box.appendChild(caption);
   if (m instanceof Error) {
     box.append(`cannot load: ${m.message}`);
-  } else if (m.dims[0] * m.dims[1] > MAX_HEATMAP_CELLS) {
-    box.append(`${m.dims[0]} × ${m.dims[1]} cells: too many to draw`);
   } else {
-    box.appendChild(heatmap(m));
+    const shown = forDisplay(m, [attributeOf(a), attributeOf(b)]);
+    box.appendChild(heatmap(shown));
+    if (shown.dims.join() !== m.dims.join() && shown.frequencies.length < m.frequencies.length) {
+      box.append(para(`${m.dims[0]} × ${m.dims[1]} cells drawn as ${shown.dims[0]} × ${shown.dims[1]}: neighbouring values summed.`, "note"));
+    }
     const note = stdErrorsNote(desc, a, b, Boolean(m.std_errors));
     if (note) box.append(para(note, m.std_errors ? "note se-model" : "note se-none"));
   }
@@ -257,8 +267,9 @@ async function showHeatmap(id, a, b, { prepend = true, provisional = false } = {
 function onewayFigure(name, m) {
   const fig = document.createElement("figure");
   fig.className = "oneway-box";
+  const attr = attributeOf(name);
   if (m instanceof Error) fig.append(`${name}: ${m.message}`);
-  else fig.appendChild(bars(m));
+  else fig.appendChild(attr?.type === "numeric" ? histogram(m, attr) : bars(m));
   return fig;
 }
 
@@ -547,6 +558,7 @@ async function finalizeSelected() {
 }
 
 function renderDetail(c) {
+  state.collection = c;
   const detail = $("#detail");
   detail.hidden = false;
   $("#detail-title").textContent =

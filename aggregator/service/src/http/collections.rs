@@ -481,6 +481,7 @@ pub fn parse_create(body: &[u8]) -> Result<(CollectionConfig, Engine), ApiError>
         (status = 409, response = super::super::openapi::Conflict),
         (status = 400, response = super::super::openapi::BadRequest),
         (status = 401, response = super::super::openapi::Unauthorized),
+        (status = 408, response = super::super::openapi::RequestTimeout),
         (status = 413, response = super::super::openapi::PayloadTooLarge),
     ))]
 pub(crate) async fn create_collection(

@@ -87,6 +87,7 @@ fn party_of<'a>(h: &'a CollectionHandle, party: &str) -> Result<(&'a Vertical, u
         (status = 401, response = super::super::openapi::Unauthorized),
         (status = 404, response = super::super::openapi::NotFound),
         (status = 409, response = super::super::openapi::Conflict),
+        (status = 408, response = super::super::openapi::RequestTimeout),
         (status = 413, response = super::super::openapi::PayloadTooLarge),
         (status = 429, response = super::super::openapi::TooManyRequests),
     ))]
@@ -181,6 +182,7 @@ pub async fn post_party_records(
         (status = 401, response = super::super::openapi::Unauthorized),
         (status = 404, response = super::super::openapi::NotFound),
         (status = 409, response = super::super::openapi::Conflict),
+        (status = 408, response = super::super::openapi::RequestTimeout),
         (status = 413, response = super::super::openapi::PayloadTooLarge),
         (status = 429, response = super::super::openapi::TooManyRequests),
     ))]
@@ -259,6 +261,7 @@ pub async fn post_party_model(
         (status = 401, response = super::super::openapi::Unauthorized),
         (status = 404, response = super::super::openapi::NotFound),
         (status = 409, response = super::super::openapi::Conflict),
+        (status = 408, response = super::super::openapi::RequestTimeout),
         (status = 413, response = super::super::openapi::PayloadTooLarge),
         (status = 429, response = super::super::openapi::TooManyRequests),
     ))]

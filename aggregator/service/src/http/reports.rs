@@ -196,6 +196,7 @@ pub fn parse_upload(body: &[u8], max: usize) -> Result<Vec<Report>, ApiError> {
         (status = 400, response = super::super::openapi::BadRequest),
         (status = 404, response = super::super::openapi::NotFound),
         (status = 409, response = super::super::openapi::Conflict),
+        (status = 408, response = super::super::openapi::RequestTimeout),
         (status = 413, response = super::super::openapi::PayloadTooLarge),
         (status = 429, response = super::super::openapi::TooManyRequests),
     ))]

@@ -169,6 +169,18 @@ try {
     if (n.ticks.length < 3 || n.ticks.some(([, t]) => t)) fail(`${n.title}: ticks missing or turned: ${JSON.stringify(n.ticks)}`);
   }
   if (income.ticks.map(([t]) => t).join() !== "0,20K,40K,60K,80K,100K") fail(`income ticks: ${JSON.stringify(income.ticks)}`);
+  // A pair too large to draw cell by cell (a 1,024-cell grid and a point mass at 0, by 3
+  // labels) is summed into at most 64 display cells per axis, in value order, mass kept.
+  const large = await page.evaluate(async () => {
+    const { forDisplay } = await import(new URL("charts.js", location.href).href);
+    const k = 1025, n = k * 3;
+    const m = { dims: [k, 3], labels: [Array.from({ length: k }, (_, i) => String(i)), ["a", "b", "c"]],
+      frequencies: Array.from({ length: n }, (_, i) => (i + 1) / ((n * (n + 1)) / 2)), std_errors: null };
+    const d = forDisplay(m, [{ type: "numeric", min: 0, max: 1024, bins: "auto", points: [0] }, { type: "categorical" }]);
+    return { dims: d.dims, first: d.labels[0].slice(0, 2), sum: d.frequencies.reduce((a, b) => a + b, 0), point: d.frequencies[0] };
+  });
+  log("a 1025 × 3 pair drawn as:", JSON.stringify(large));
+  if (large.dims.join() !== "62,3" || large.first[0] !== "= 0" || Math.abs(large.sum - 1) > 1e-9) fail(`large pair: ${JSON.stringify(large)}`);
   if (!steps.length || !steps[steps.length - 1].includes("done")) fail("the timeline does not show the collection finalized");
   // auto ran round 0, its screening round and phase 2: no round that never ran is drawn.
   const ran = await timelineIsTheRounds(page, collection);

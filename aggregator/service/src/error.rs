@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use ldpsyn::wire::{PROBLEM_CONTENT_TYPE, Problem, ProblemType};
 
 use super::ingest::IngestError;
-use super::storage::StorageError;
+use super::storage::{DATABASE_UNAVAILABLE, StorageError};
 use super::vertical::VerticalError;
 use ldpsyn_engine::EngineError;
 
@@ -116,13 +116,6 @@ fn storage_problem(e: &StorageError) -> Option<Problem> {
         _ => None,
     }
 }
-
-/// The detail of a 503 for a database that is unreachable or out of space: nothing the
-/// request wrote is acknowledged, and the same request sent again later is safe (a report
-/// that was stored after all is answered `duplicate`).
-pub const DATABASE_UNAVAILABLE: &str = "the database is unreachable or out of space; nothing of \
-     this request is acknowledged: send it again later (a report already stored is answered \
-     duplicate)";
 
 /// Ingest's refusals, and the engine's and storage's errors it passes on.
 fn ingest_problem(e: &IngestError) -> Option<Problem> {

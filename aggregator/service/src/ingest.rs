@@ -28,11 +28,11 @@ use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
 use super::api::ModelStatus;
-use super::error::DATABASE_UNAVAILABLE;
 use super::metrics::Metrics;
 use super::provisional::ProvisionalCache;
 use super::storage::{
-    Datastore, IngestGate, NewReport, Snapshot, StorageError, Transaction, Writer,
+    DATABASE_UNAVAILABLE, Datastore, IngestGate, NewReport, Snapshot, StorageError, Transaction,
+    Writer,
 };
 use super::vertical::VerticalError;
 use ldpsyn_engine::{

@@ -21,6 +21,13 @@ use ldpsyn_engine::measure::local_model::LocalModel;
 use ldpsyn_engine::protocols::cross_party::SketchUpload;
 use ldpsyn_engine::{CollectionState, Engine, EngineError, PartyUploads, TableKey, Tables};
 
+/// The detail of a 503 for a database that is unreachable or out of space: nothing the
+/// request wrote is acknowledged, and the same request sent again later is safe (a report
+/// that was stored after all is answered `duplicate`).
+pub const DATABASE_UNAVAILABLE: &str = "the database is unreachable or out of space; nothing of \
+     this request is acknowledged: send it again later (a report already stored is answered \
+     duplicate)";
+
 /// Errors of the storage layer. The HTTP layer turns them into a 503 `unavailable` problem
 /// when the database is unreachable or out of space ([`StorageError::is_unavailable`]), else
 /// into a 500 `internal` one (`From<StorageError> for ApiError` in [`super::error`]); their

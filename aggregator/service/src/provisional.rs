@@ -26,9 +26,8 @@ use std::time::{Duration, Instant};
 use ldpsyn::wire::ProblemType;
 use ldpsyn_engine::{Model, PartyUploads, Phase};
 
-use super::error::ApiError;
-use super::ingest::Store;
 use super::ingest::{CollectionHandle, build_model};
+use super::ingest::{IngestError, Store};
 use super::storage::Snapshot;
 
 /// A model refitted from the reports accepted so far, with what it saw.
@@ -80,7 +79,7 @@ pub async fn provisional_model(
     store: &Store,
     h: &Arc<CollectionHandle>,
     refresh: Duration,
-) -> Result<Arc<ProvisionalModel>, ApiError> {
+) -> Result<Arc<ProvisionalModel>, IngestError> {
     let mut slot = h.provisional().slot.clone().lock_owned().await;
     if let Some(m) = slot.as_ref()
         && is_fresh(m, h, refresh)
@@ -96,7 +95,7 @@ pub async fn provisional_model(
         Ok(m)
     })
     .await
-    .map_err(|e| ApiError::Internal(format!("the provisional refit stopped: {e}")))?
+    .map_err(|e| IngestError::Internal(format!("the provisional refit stopped: {e}")))?
 }
 
 /// One refit of `h` from a snapshot of what it collected (module docs). Errors: as
@@ -104,7 +103,7 @@ pub async fn provisional_model(
 async fn refit(
     store: &Store,
     h: &Arc<CollectionHandle>,
-) -> Result<Arc<ProvisionalModel>, ApiError> {
+) -> Result<Arc<ProvisionalModel>, IngestError> {
     let (state, version) = h.state_and_version();
     let Snapshot {
         state,
@@ -113,7 +112,7 @@ async fn refit(
         round_counts: counts,
     } = store.snapshot(h, &state, version).await?;
     if state.phase == Phase::Finalized {
-        return Err(ApiError::problem(
+        return Err(IngestError::refused(
             ProblemType::ModelNotReady,
             "the collection is finalized and its model is being fitted; ask again shortly \
              (the final model answers then, with or without `provisional=true`)",
@@ -128,7 +127,7 @@ async fn refit(
     };
     // A `sketch+locmrf` collection takes no records: its uploads below are all it has.
     if reports == 0 && h.engine.takes_records() {
-        return Err(ApiError::problem(
+        return Err(IngestError::refused(
             ProblemType::Conflict,
             "no reports collected yet: a provisional estimate needs at least one report",
         ));
@@ -139,7 +138,7 @@ async fn refit(
         PartyUploads::default()
     };
     if let Err(e) = h.engine.check_party_uploads(&uploads) {
-        return Err(ApiError::problem(
+        return Err(IngestError::refused(
             ProblemType::Conflict,
             format!("no provisional estimate yet: {e}"),
         ));

@@ -227,6 +227,6 @@ async fn refusal(resp: Response) -> ApiClientError {
     let bytes = resp.bytes().await.unwrap_or_default();
     ApiClientError::Refused {
         status,
-        problem: Problem::of_answer(status, &bytes),
+        problem: Problem::of_answer(status, &String::from_utf8_lossy(&bytes)),
     }
 }

@@ -539,7 +539,7 @@ pub(crate) async fn send_json<T: serde::de::DeserializeOwned>(
                     .and_then(|v| v.trim().parse::<u64>().ok())
                     .map(Duration::from_secs);
                 let bytes = resp.bytes().await.unwrap_or_default();
-                let problem = Problem::of_answer(status.as_u16(), &bytes);
+                let problem = Problem::of_answer(status.as_u16(), &String::from_utf8_lossy(&bytes));
                 if !(status.is_server_error() || matches!(status.as_u16(), 408 | 429)) {
                     return Err(ClientError::Problem(problem));
                 }

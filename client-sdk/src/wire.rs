@@ -870,15 +870,16 @@ impl Problem {
     /// The problem of a non-2xx answer of HTTP `status` whose body is `body`: the problem
     /// document it holds, else (a proxy's page, an empty body) an `internal` problem for a
     /// 5xx or `malformed-request` otherwise, with the status and the body as its detail.
-    pub fn of_answer(status: u16, body: &[u8]) -> Self {
-        serde_json::from_slice(body).unwrap_or_else(|_| {
+    pub fn of_answer(status: u16, body: &str) -> Self {
+        // `from_str`, as the WASM client parses every answer: one parser in its binary.
+        serde_json::from_str(body).unwrap_or_else(|_| {
             Problem::new(
                 if status >= 500 {
                     ProblemType::Internal
                 } else {
                     ProblemType::MalformedRequest
                 },
-                format!("HTTP {status}: {}", String::from_utf8_lossy(body)),
+                format!("HTTP {status}: {body}"),
             )
         })
     }

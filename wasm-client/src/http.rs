@@ -133,7 +133,7 @@ pub async fn send_json<T: serde::de::DeserializeOwned>(
                     .retry_after
                     .and_then(|v| v.trim().parse::<u32>().ok())
                     .map(|s| s.saturating_mul(1000));
-                let problem = Problem::of_answer(status, answer.body.as_bytes());
+                let problem = Problem::of_answer(status, &answer.body);
                 if !retryable {
                     return Err(ClientError::Problem(problem));
                 }

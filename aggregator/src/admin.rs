@@ -336,10 +336,10 @@ async fn finalize(
                 bar.enable_steady_tick(std::time::Duration::from_millis(200));
                 bar
             };
-            let model = api.wait_for_model(id).await;
+            let waited = api.wait_for_model(id).await;
             bar.finish_and_clear();
-            let status = api.collection(id).await?["status"].clone();
-            json!({"status": status, "model": model?["model"]})
+            let (status, model) = waited?;
+            json!({"status": status, "model": model["model"]})
         }
     };
     if json_out {

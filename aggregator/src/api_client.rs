@@ -157,11 +157,11 @@ impl AdminClient {
         })
     }
 
-    /// `GET /v1/collections/{id}/model` of a finalized collection once its model is built
-    /// (the model, its fitness report and what it was fitted from), polling the collection's
-    /// `status.model` while it is `building`. Errors: [`ApiClientError::FitFailed`] when the
-    /// fit failed; a collection that is not finalized is refused `model-not-ready`.
-    pub async fn wait_for_model(&self, id: &str) -> Result<Value, ApiClientError> {
+    /// The collection's `status` and `GET /v1/collections/{id}/model` (the model, its fitness
+    /// report and what it was fitted from) of a finalized collection once its model is built,
+    /// polling `status.model` while it is `building`. Errors: [`ApiClientError::FitFailed`]
+    /// when the fit failed; a collection that is not finalized is refused `model-not-ready`.
+    pub async fn wait_for_model(&self, id: &str) -> Result<(Value, Value), ApiClientError> {
         loop {
             let status = self.collection(id).await?["status"].clone();
             match status["model"].as_str() {
@@ -174,7 +174,7 @@ impl AdminClient {
                             .to_owned(),
                     ));
                 }
-                _ => return self.model(id).await,
+                _ => return Ok((status, self.model(id).await?)),
             }
         }
     }

@@ -886,7 +886,7 @@ pub async fn run(cfg: DemoConfig) -> Result<DemoReport, DemoError> {
     api.finalize(&collection.to_string())
         .await
         .map_err(service)?;
-    let finalized = api
+    let (_, finalized) = api
         .wait_for_model(&collection.to_string())
         .await
         .map_err(service)?;

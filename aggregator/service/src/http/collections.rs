@@ -660,8 +660,8 @@ pub(crate) async fn close_round(
 }
 
 /// How long `POST …/finalize` waits for the model when the request states no preference.
-/// Most fits take well under a second (`docs/results.md`, "Finalize"); a longer one answers
-/// 202 and goes on.
+/// The suite's measured fits take at most 4.3 s (`docs/results.md`, "Finalize"); a longer
+/// one answers 202 and goes on.
 pub const DEFAULT_FINALIZE_WAIT: Duration = Duration::from_secs(10);
 
 /// How long a finalize waits for its fit before answering 202, from the request's `Prefer`

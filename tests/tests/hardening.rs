@@ -146,28 +146,11 @@ async fn a_resend_after_token_expiry_is_a_duplicate() {
 /// to another route is then shed (503), and answered once they are gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_in_flight_limit_holds_across_routes() {
-    use tokio::io::AsyncWriteExt;
-
-    let dir = tempfile::tempdir().unwrap();
-    let db = format!("sqlite://{}", dir.path().join("f.db").display());
-    let server = start(&db, &["--max-in-flight-requests", "2"]).await;
-    let base = base(&server);
-    let id = create(
-        &base,
-        json!({"protocol": "independence", "epsilon": 2.0,
-                                  "target_users": 1000}),
-    )
-    .await;
+    let (_dir, _server, base, id) = serve_one(&["--max-in-flight-requests", "2"]).await;
     let addr = base.trim_start_matches("http://").to_owned();
     let mut slow = Vec::new();
     for _ in 0..2 {
-        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
-        let head = format!(
-            "POST /v1/collections/{id}/reports HTTP/1.1\r\nHost: {addr}\r\n\
-             Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n["
-        );
-        s.write_all(head.as_bytes()).await.unwrap();
-        slow.push(s);
+        slow.push(slow_upload(&addr, "127.0.0.1", id).await);
     }
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let other = reqwest::get(format!("{base}/v1/collections/{id}"))
@@ -183,6 +166,29 @@ async fn the_in_flight_limit_holds_across_routes() {
         }
     })
     .await;
+}
+
+/// A server on a fresh SQLite file with the options `extra`, holding an independence
+/// collection of 1,000 people: its folder (kept while the test runs), the server, its base URL
+/// and the collection's id.
+async fn serve_one(
+    extra: &[&str],
+) -> (
+    tempfile::TempDir,
+    ldpsyn_service::Server,
+    String,
+    uuid::Uuid,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("one.db").display());
+    let server = start(&db, extra).await;
+    let base = base(&server);
+    let id = create(
+        &base,
+        json!({"protocol": "independence", "epsilon": 2.0, "target_users": 1000}),
+    )
+    .await;
+    (dir, server, base, id)
 }
 
 /// A report upload to `addr` that declares a 100 kB body and sends one byte of it, from the
@@ -208,19 +214,8 @@ async fn slow_upload(addr: &str, from: &str, id: impl std::fmt::Display) -> toki
 async fn a_body_slower_than_the_minimum_rate_is_cut() {
     use tokio::io::AsyncReadExt;
 
-    let dir = tempfile::tempdir().unwrap();
-    let db = format!("sqlite://{}", dir.path().join("s.db").display());
-    let server = start(
-        &db,
-        &["--min-body-bytes-per-sec", "1000", "--body-grace-ms", "300"],
-    )
-    .await;
-    let base = base(&server);
-    let id = create(
-        &base,
-        json!({"protocol": "independence", "epsilon": 2.0, "target_users": 1000}),
-    )
-    .await;
+    let (_dir, _server, base, id) =
+        serve_one(&["--min-body-bytes-per-sec", "1000", "--body-grace-ms", "300"]).await;
     let addr = base.trim_start_matches("http://").to_owned();
     let mut s = slow_upload(&addr, "127.0.0.1", id).await;
     let mut answer = Vec::new();
@@ -245,23 +240,12 @@ async fn a_body_slower_than_the_minimum_rate_is_cut() {
 /// is served; before, one address could take every place of the service-wide limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_client_cannot_hold_every_place_in_flight() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = format!("sqlite://{}", dir.path().join("p.db").display());
-    let server = start(
-        &db,
-        &[
-            "--max-in-flight-per-ip",
-            "2",
-            "--max-in-flight-requests",
-            "8",
-        ],
-    )
-    .await;
-    let base = base(&server);
-    let id = create(
-        &base,
-        json!({"protocol": "independence", "epsilon": 2.0, "target_users": 1000}),
-    )
+    let (_dir, _server, base, id) = serve_one(&[
+        "--max-in-flight-per-ip",
+        "2",
+        "--max-in-flight-requests",
+        "8",
+    ])
     .await;
     let addr = base.trim_start_matches("http://").to_owned();
     let slow = [
